@@ -1,0 +1,33 @@
+# ddtree-deploy: the two set-up commands are `make demo` and `make test` (each installs first).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: install demo test bench matrix clean
+
+$(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch 2.14.1 + torchvision 0.29.1: the pair that imports SGLang's utils (see README).
+	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
+	$(PIP) install -q -r requirements/sglang-cpu.txt
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(PY) -m pytest -q
+
+demo: install
+	$(PY) scripts/demo.py
+
+bench: install
+	$(PY) -m bench
+
+matrix: install
+	$(VENV)/bin/ddtree-deploy matrix --from 0.5.11
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

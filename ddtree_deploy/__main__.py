@@ -1,0 +1,3 @@
+from ddtree_deploy.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""`ddtree-deploy check` (placeholder until the foundation lands)."""
