@@ -9,7 +9,13 @@ from __future__ import annotations
 from ddtree_deploy.cli.app import app
 
 # Command modules register on import. Keep this list in README order.
-from ddtree_deploy.cli import check_cmd  # noqa: E402,F401
+from ddtree_deploy.cli import (  # noqa: E402,F401
+    check_cmd,
+    snapshot_cmd,
+    deploy_cmd,
+    smoke_cmd,
+    matrix_cmd,
+)
 
 
 def main() -> None:

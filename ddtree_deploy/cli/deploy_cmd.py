@@ -1,0 +1,1 @@
+"""(placeholder: this command group has not landed yet)"""
