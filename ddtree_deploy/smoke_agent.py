@@ -1,0 +1,510 @@
+"""The host-side smoke program: runs the smoke levels ON the host and answers JSON.
+
+Stdlib only, run with the host's own interpreter (the one SGLang is installed in),
+so what it proves is what that interpreter sees. It reads one JSON request on
+stdin (or from the file named by its only argument) and prints one JSON document
+on stdout; it never changes the installed files. The request is built by
+``ddtree_deploy.smoke`` (pure); this program knows nothing about DDTree beyond
+what the request names, so its logic can be tested locally with plain
+subprocesses.
+
+Request::
+
+    {"levels": ["compile", "import", "cli", "launch"],
+     "compile": {"files": ["/abs/path.py", ...]},
+     "import":  {"modules": [...], "attributes": [["module", "Attr.PATH"], ...], "timeout_s": 120},
+     "cli":     {"argv": [...], "expect": ["--flag", ...], "timeout_s": 120,
+                 "validate": {"module": "...", "class": "ServerArgs", "kwargs": {...},
+                              "needs_paths": [...], "report": ["field", ...]} | null},
+     "launch":  {"argv": [...], "host": "127.0.0.1", "port": 30000, "log_path": "...",
+                 "gpu_check": true, "min_free_mib": 0, "ready_timeout_s": 900,
+                 "poll_s": 1.0, "probe": {"text": "...", "max_new_tokens": 32},
+                 "probe_timeout_s": 120, "expect_algorithm": "DDTREE",
+                 "term_grace_s": 20, "log_tail_lines": 40}}
+
+Answer: ``{"ok": bool, "levels": [{"level", "ok", "status", "seconds", "detail",
+"evidence"}...]}``; ``status`` is ``passed``, ``failed`` or ``skipped``. Levels run in
+the order given and stop at the first failure (later ones are ``skipped``), because a
+module that does not compile cannot import and a server that cannot import cannot start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+READY_LINE = "The server is fired up and ready to roll!"
+# Output kept in an answer: enough to see the error, small enough to ship back.
+TAIL_CHARS = 4000
+
+
+class LevelFailed(Exception):
+    """One level failed; ``evidence`` is what the report shows about why."""
+
+    def __init__(self, detail, evidence=None):
+        super().__init__(detail)
+        self.detail = detail
+        self.evidence = evidence or {}
+
+
+def _tail(text, limit=TAIL_CHARS):
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def _run(argv, timeout_s, cwd=None):
+    """Run argv (never a shell) with a deadline; (rc, combined output). rc None = timed out."""
+    try:
+        proc = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+            cwd=cwd,
+            # Its own session, so a timeout kills the whole tree, not only the leader.
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.output or b""
+        return None, out.decode("utf-8", "replace")
+    except FileNotFoundError as exc:
+        raise LevelFailed(f"cannot run {argv[0]!r}: {exc.strerror}")
+    return proc.returncode, proc.stdout.decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------- compile
+
+
+def level_compile(spec):
+    """Byte-compile every patched file in memory: no .pyc is written into the package."""
+    files = spec.get("files") or []
+    if not files:
+        raise LevelFailed("no files to compile: the request names none")
+    for path in files:
+        try:
+            with open(path, "rb") as fh:
+                source = fh.read()
+        except OSError as exc:
+            raise LevelFailed(f"{path}: cannot read ({exc.strerror})", {"file": path})
+        try:
+            compile(source, path, "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            raise LevelFailed(
+                f"{path}:{exc.lineno}: {exc.msg}",
+                {"file": path, "line": exc.lineno, "text": (exc.text or "").rstrip()},
+            )
+        except ValueError as exc:  # e.g. null bytes
+            raise LevelFailed(f"{path}: {exc}", {"file": path})
+    return f"{len(files)} files byte-compiled", {"files": len(files)}
+
+
+# ---------------------------------------------------------------------- import
+
+# Runs in a child interpreter (a fresh process: nothing cached from this one, and a
+# hanging import is bounded by the level's timeout). Its last stdout line is JSON.
+_IMPORT_CHILD = r"""
+import importlib, json, sys, traceback
+spec = json.loads(sys.argv[1])
+done = []
+for name in spec["modules"]:
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:
+        print(json.dumps({"ok": False, "module": name,
+                          "error": "%s: %s" % (type(exc).__name__, exc),
+                          "traceback": traceback.format_exc()[-3000:]}))
+        sys.exit(0)
+    done.append(name)
+for module, path in spec.get("attributes", []):
+    obj = importlib.import_module(module)
+    try:
+        for part in path.split("."):
+            obj = getattr(obj, part)
+    except AttributeError as exc:
+        print(json.dumps({"ok": False, "module": module, "attribute": path, "error": str(exc)}))
+        sys.exit(0)
+print(json.dumps({"ok": True, "modules": done, "file": {m: getattr(sys.modules[m], "__file__", None) for m in done}}))
+"""
+
+
+def level_import(spec):
+    modules = spec.get("modules") or []
+    if not modules:
+        raise LevelFailed("no modules to import: the request names none")
+    child = {"modules": modules, "attributes": spec.get("attributes", [])}
+    timeout_s = float(spec.get("timeout_s", 180))
+    with tempfile.TemporaryDirectory(prefix="ddtree-smoke-") as cwd:
+        # A neutral working folder: the import must find the INSTALLED package.
+        rc, out = _run([sys.executable, "-c", _IMPORT_CHILD, json.dumps(child)], timeout_s, cwd)
+    if rc is None:
+        raise LevelFailed(f"importing timed out after {timeout_s:g} s", {"output": _tail(out)})
+    answer = _last_json_line(out)
+    if answer is None:
+        raise LevelFailed(f"the import check exited {rc} without an answer", {"output": _tail(out)})
+    if not answer.get("ok"):
+        if "attribute" in answer:
+            raise LevelFailed(
+                f"{answer['module']}.{answer['attribute']} does not exist ({answer['error']})", answer
+            )
+        raise LevelFailed(f"import {answer['module']} failed: {answer['error']}", answer)
+    attrs = ", ".join(f"{m}.{a}" for m, a in spec.get("attributes", []))
+    detail = f"{len(modules)} modules imported" + (f"; {attrs} exists" if attrs else "")
+    return detail, {"modules": answer["modules"], "files": answer["file"]}
+
+
+def _last_json_line(text):
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+# ------------------------------------------------------------------------- cli
+
+_VALIDATE_CHILD = r"""
+import dataclasses, importlib, json, sys, traceback
+spec = json.loads(sys.argv[1])
+cls = getattr(importlib.import_module(spec["module"]), spec["class"])
+try:
+    obj = cls(**spec["kwargs"])
+except BaseException as exc:
+    print(json.dumps({"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
+                      "traceback": traceback.format_exc()[-3000:]}))
+    sys.exit(0)
+print(json.dumps({"ok": True, "fields": {k: getattr(obj, k, None) for k in spec.get("report", [])}}, default=str))
+"""
+
+
+def level_cli(spec):
+    argv = [sys.executable if a == "{python}" else a for a in spec["argv"]]
+    timeout_s = float(spec.get("timeout_s", 180))
+    with tempfile.TemporaryDirectory(prefix="ddtree-smoke-") as cwd:
+        rc, out = _run(argv, timeout_s, cwd)
+    if rc is None:
+        raise LevelFailed(f"{' '.join(argv[1:])} timed out after {timeout_s:g} s", {"output": _tail(out)})
+    if rc != 0:
+        raise LevelFailed(f"{' '.join(argv[1:])} exited {rc}", {"output": _tail(out)})
+    missing = [flag for flag in spec.get("expect", []) if flag not in out]
+    if missing:
+        raise LevelFailed(
+            "the help does not list " + ", ".join(missing), {"missing": missing, "output": _tail(out)}
+        )
+    evidence = {"flags": spec.get("expect", [])}
+    detail = f"help lists {len(evidence['flags'])} DDTree flags"
+    validate = spec.get("validate")
+    if validate:
+        absent = [p for p in validate.get("needs_paths", []) if not os.path.exists(p)]
+        if absent:
+            evidence["validation"] = {"skipped": "model files not on the host: " + ", ".join(absent)}
+            detail += "; ServerArgs validation skipped (model files not on the host)"
+        else:
+            evidence["validation"] = _validate(validate, timeout_s)
+            detail += f"; {validate['class']} accepts the configured model"
+    return detail, evidence
+
+
+def _validate(spec, timeout_s):
+    child = {k: spec[k] for k in ("module", "class", "kwargs")}
+    child["report"] = spec.get("report", [])
+    with tempfile.TemporaryDirectory(prefix="ddtree-smoke-") as cwd:
+        rc, out = _run([sys.executable, "-c", _VALIDATE_CHILD, json.dumps(child)], timeout_s, cwd)
+    if rc is None:
+        raise LevelFailed(f"{spec['class']} validation timed out after {timeout_s:g} s", {"output": _tail(out)})
+    answer = _last_json_line(out)
+    if answer is None:
+        raise LevelFailed(f"{spec['class']} validation exited {rc} without an answer", {"output": _tail(out)})
+    if not answer["ok"]:
+        raise LevelFailed(f"{spec['class']} rejects the configured model: {answer['error']}", answer)
+    return {"fields": answer["fields"]}
+
+
+# ---------------------------------------------------------------------- launch
+
+
+def check_gpus(min_free_mib):
+    """nvidia-smi must exist and show at least one GPU with enough free memory."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise LevelFailed(
+            "nvidia-smi not found on the host: the launch level needs an NVIDIA GPU "
+            "(run the compile/import/cli levels only, or fix the host's driver install)",
+            {"gpus": []},
+        )
+    query = [exe, "--query-gpu=index,name,memory.free,memory.total", "--format=csv,noheader,nounits"]
+    rc, out = _run(query, 30)
+    if rc != 0:
+        raise LevelFailed(f"nvidia-smi failed (exit {rc}): no usable GPU", {"output": _tail(out)})
+    gpus = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4 and parts[2].isdigit():
+            gpus.append({"index": parts[0], "name": parts[1], "free_mib": int(parts[2]), "total_mib": int(parts[3])})
+    if not gpus:
+        raise LevelFailed("nvidia-smi lists no GPU", {"output": _tail(out)})
+    if max(g["free_mib"] for g in gpus) < min_free_mib:
+        raise LevelFailed(
+            f"no GPU has {min_free_mib} MiB free (another server running?)", {"gpus": gpus}
+        )
+    return gpus
+
+
+def _port_open(host, port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _http(method, url, body=None, timeout=10.0):
+    """(status, parsed JSON or text); status None when nothing answered."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    except (urllib.error.URLError, OSError):
+        return None, None
+    try:
+        return status, json.loads(raw.decode("utf-8", "replace") or "null")
+    except ValueError:
+        return status, raw.decode("utf-8", "replace")
+
+
+def log_tail(path, lines):
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+def group_pids(pgid):
+    """The pids still in a process group (Linux /proc; elsewhere just 'any or none')."""
+    if os.path.isdir("/proc/self"):
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    stat = fh.read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            # Fields after the ")" closing the command name: state ppid pgrp ...
+            fields = stat.rsplit(")", 1)[-1].split()
+            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+                pids.append(int(entry))
+        return pids
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    return [pgid]
+
+
+def stop_group(proc, grace_s):
+    """TERM the whole process group, then KILL what is left; report what happened."""
+    pgid = proc.pid  # start_new_session made the server its own group leader
+    signals = []
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        if not group_pids(pgid) and proc.poll() is not None:
+            break
+        try:
+            os.killpg(pgid, sig)
+            signals.append(sig.name)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not group_pids(pgid):
+                break
+            time.sleep(0.1)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    return {"pgid": pgid, "signals": signals, "left": group_pids(pgid), "exit_code": proc.poll()}
+
+
+def level_launch(spec):
+    host, port = spec.get("host", "127.0.0.1"), int(spec["port"])
+    base = f"http://{host}:{port}"
+    evidence = {"log_path": spec["log_path"], "argv": spec["argv"]}
+    if spec.get("gpu_check", True):
+        evidence["gpus"] = check_gpus(int(spec.get("min_free_mib", 0)))
+    else:
+        evidence["gpus"] = "not checked (the inventory says gpu = false)"
+    if _port_open(host, port):
+        # Something already answers there: probing it would test the wrong server.
+        raise LevelFailed(f"port {port} on {host} is already in use: stop that server or pick another port", evidence)
+    os.makedirs(os.path.dirname(spec["log_path"]) or ".", exist_ok=True)
+    argv = [sys.executable if a == "{python}" else a for a in spec["argv"]]
+    with open(spec["log_path"], "ab") as log:
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True,
+            )
+        except OSError as exc:
+            raise LevelFailed(f"cannot start {argv[0]!r}: {exc.strerror}", evidence)
+    evidence["pid"] = proc.pid
+    try:
+        _serve_and_probe(proc, spec, base, evidence)
+    except LevelFailed as exc:
+        exc.evidence.update(evidence)
+        exc.evidence["log_tail"] = log_tail(spec["log_path"], int(spec.get("log_tail_lines", 40)))
+        raise
+    finally:
+        evidence["stopped"] = stop_group(proc, float(spec.get("term_grace_s", 20)))
+    if evidence["stopped"]["left"]:
+        raise LevelFailed(
+            f"processes {evidence['stopped']['left']} outlived TERM and KILL of group {proc.pid}", evidence
+        )
+    return _launch_detail(evidence), evidence
+
+
+def _serve_and_probe(proc, spec, base, evidence):
+    started = time.monotonic()
+    timeout_s = float(spec.get("ready_timeout_s", 900))
+    deadline = started + timeout_s
+    poll_s = float(spec.get("poll_s", 1.0))
+    offset = 0
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise LevelFailed(f"the server exited with code {code} before it was ready", {"exit_code": code})
+        status, _ = _http("GET", base + "/health_generate", timeout=min(10.0, poll_s + 5))
+        if status == 200:
+            evidence["ready_by"] = "/health_generate 200"
+            break
+        offset, seen = _scan_log(spec["log_path"], offset, READY_LINE)
+        if seen:
+            evidence["ready_by"] = "log line"
+            break
+        if time.monotonic() >= deadline:
+            raise LevelFailed(f"the server was not ready after {timeout_s:g} s", {"last_health_status": status})
+        time.sleep(poll_s)
+    evidence["ready_s"] = round(time.monotonic() - started, 2)
+
+    probe = spec.get("probe", {})
+    body = {"text": probe.get("text", "The capital of France is"),
+            "sampling_params": {"max_new_tokens": int(probe.get("max_new_tokens", 32)), "temperature": 0.0}}
+    status, reply = _http("POST", base + "/generate", body, timeout=float(spec.get("probe_timeout_s", 120)))
+    if status != 200 or not isinstance(reply, dict):
+        raise LevelFailed(f"POST /generate answered {status}", {"reply": _tail(str(reply))})
+    text = reply.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise LevelFailed("POST /generate returned empty text", {"reply": reply})
+    meta = reply.get("meta_info") or {}
+    evidence["probe"] = {"text": text[:200], "completion_tokens": meta.get("completion_tokens"),
+                         "spec_verify_ct": meta.get("spec_verify_ct")}
+    if meta.get("spec_verify_ct") and meta.get("completion_tokens") is not None:
+        evidence["accept_length"] = round(meta["completion_tokens"] / meta["spec_verify_ct"], 3)
+
+    info, endpoint = None, None
+    for endpoint in ("/server_info", "/get_server_info"):
+        status, info = _http("GET", base + endpoint, timeout=30)
+        if status == 200 and isinstance(info, dict):
+            break
+        info = None
+    if info is None:
+        raise LevelFailed("neither /server_info nor /get_server_info answered")
+    evidence["server_info_endpoint"] = endpoint
+    algorithm = info.get("speculative_algorithm")
+    evidence["speculative_algorithm"] = algorithm
+    expected = spec.get("expect_algorithm")
+    if expected and str(algorithm).upper() != expected.upper():
+        raise LevelFailed(f"the server reports speculative_algorithm={algorithm!r}, not {expected}")
+    states = info.get("internal_states") or [{}]
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        evidence["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
+
+
+def _scan_log(path, offset, needle):
+    """Look for needle in what the log gained since offset; (new offset, seen)."""
+    try:
+        with open(path, "rb") as fh:
+            # Step back a little so a line split across two reads is still seen.
+            fh.seek(max(0, offset - len(needle)))
+            chunk = fh.read()
+            return fh.tell(), needle.encode() in chunk
+    except OSError:
+        return offset, False
+
+
+def _launch_detail(evidence):
+    parts = [f"ready in {evidence['ready_s']} s ({evidence['ready_by']})"]
+    if evidence.get("speculative_algorithm"):
+        parts.append(f"algorithm {evidence['speculative_algorithm']}")
+    if evidence.get("accept_length") is not None:
+        parts.append(f"accept length {evidence['accept_length']}")
+    if evidence.get("avg_spec_accept_length") is not None:
+        parts.append(f"avg_spec_accept_length {evidence['avg_spec_accept_length']}")
+    return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------ main
+
+LEVELS = {"compile": level_compile, "import": level_import, "cli": level_cli, "launch": level_launch}
+
+
+def run(request):
+    results, failed = [], False
+    for name in request["levels"]:
+        if failed:
+            results.append({"level": name, "ok": False, "status": "skipped", "seconds": 0.0,
+                            "detail": "skipped: an earlier level failed", "evidence": {}})
+            continue
+        started = time.monotonic()
+        try:
+            detail, evidence = LEVELS[name](request.get(name) or {})
+            status = "passed"
+        except LevelFailed as exc:
+            detail, evidence, status, failed = exc.detail, exc.evidence, "failed", True
+        except Exception as exc:  # an agent bug must still answer JSON, not a traceback
+            detail, evidence, status, failed = f"{type(exc).__name__}: {exc}", {}, "failed", True
+        results.append({"level": name, "ok": status == "passed", "status": status,
+                        "seconds": round(time.monotonic() - started, 3), "detail": detail,
+                        "evidence": evidence})
+    return {"ok": not failed, "python": sys.executable, "levels": results}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    raw = open(argv[0]).read() if argv else sys.stdin.read()
+    try:
+        request = json.loads(raw)
+        unknown = [n for n in request["levels"] if n not in LEVELS]
+    except (ValueError, KeyError, TypeError) as exc:
+        print(json.dumps({"ok": False, "error": f"bad request: {exc}"}))
+        return 2
+    if unknown:
+        print(json.dumps({"ok": False, "error": f"unknown levels: {unknown}"}))
+        return 2
+    print(json.dumps(run(request), default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

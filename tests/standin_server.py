@@ -1,0 +1,148 @@
+"""STAND-IN for an SGLang server: NOT SGLang, used only where the real server cannot run.
+
+The launch smoke level starts a real SGLang server on a GPU host. This machine has no
+GPU, so the tests point the launch level at this small stdlib HTTP server instead. It
+speaks the endpoints the smoke uses with SGLang's shapes (read from SGLang
+0.5.12.post1's ``http_server.py``):
+
+- ``GET /health_generate``: 503 while starting, 200 once ready;
+- ``POST /generate``: ``{"text", "meta_info": {"completion_tokens", "spec_verify_ct"}}``;
+- ``GET /server_info`` (and the older ``/get_server_info``): the server args, including
+  ``speculative_algorithm`` exactly as given on the command line, and
+  ``internal_states[0].avg_spec_accept_length``;
+- the log line "The server is fired up and ready to roll!" once ready.
+
+It takes SGLang's launch flags (``--model-path``, ``--speculative-algorithm``, ``--port``,
+...; unknown ones are kept and reported), so the tests check the argv the smoke builds,
+and misbehaves on request (``--mode``) so the tests can exercise every failure path:
+
+    ok            ready after --ready-after seconds (slow start when > 0)
+    die-at-start  prints an error and exits 3 before listening
+    never-ready   listens, but /health_generate stays 503 and no ready line
+    empty-text    ready, but /generate returns empty text
+    ignore-term   ready, ignores SIGTERM (only SIGKILL stops it)
+    log-only      ready line in the log, /health_generate answers 404 (readiness by log)
+    old-info      /server_info answers 404, /get_server_info answers (older SGLang)
+    wrong-algo    reports speculative_algorithm DFLASH whatever it was given
+
+``--child`` also starts a worker child in the same process group (as SGLang starts its
+scheduler and detokenizer processes), so the tests can check that stopping the group
+leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description="stand-in SGLang server (tests only)")
+    p.add_argument("--mode", default="ok")
+    p.add_argument("--ready-after", type=float, default=0.0)
+    p.add_argument("--accept-length", type=float, default=3.5)
+    p.add_argument("--child", action="store_true")
+    p.add_argument("--pid-file")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--speculative-algorithm")
+    p.add_argument("--speculative-draft-model-path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    return p.parse_known_args(argv)
+
+
+def main(argv):
+    args, unknown = parse(argv)
+    log = lambda msg: print(f"[stand-in {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    log(f"stand-in server starting (pid {os.getpid()}, pgid {os.getpgid(0)}), mode {args.mode}")
+    if args.pid_file:
+        with open(args.pid_file, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+    if args.mode == "die-at-start":
+        log("RuntimeError: stand-in told to die at start (like a CUDA OOM during load)")
+        return 3
+    if args.mode == "ignore-term":
+        signal.signal(signal.SIGTERM, lambda *_: log("SIGTERM ignored"))
+    if args.child:
+        # Same process group (no new session): killing the group must reach it.
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"]
+            if args.mode == "ignore-term"
+            else [sys.executable, "-c", "import time; time.sleep(3600)"]
+        )
+        log(f"worker child pid {child.pid}")
+        if args.pid_file:
+            with open(args.pid_file, "a") as fh:
+                fh.write(f"{child.pid}\n")
+
+    state = {"ready": False}
+    algorithm = "DFLASH" if args.mode == "wrong-algo" else args.speculative_algorithm
+    server_args = {
+        "model_path": args.model_path,
+        "speculative_algorithm": algorithm,
+        "speculative_draft_model_path": args.speculative_draft_model_path,
+        "host": args.host,
+        "port": args.port,
+        "unparsed_args": unknown,
+        "stand_in": True,
+    }
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, fmt, *a):
+            log("http " + fmt % a)
+
+        def _send(self, code, body=None):
+            raw = b"" if body is None else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self):
+            if self.path in ("/health", "/health_generate"):
+                if args.mode == "log-only":
+                    return self._send(404, {"detail": "Not Found"})
+                return self._send(200 if state["ready"] else 503)
+            if self.path == "/server_info" and args.mode == "old-info":
+                return self._send(404, {"detail": "Not Found"})
+            if self.path in ("/server_info", "/get_server_info"):
+                states = [{"avg_spec_accept_length": args.accept_length}]
+                return self._send(200, {**server_args, "internal_states": states, "version": "stand-in"})
+            return self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self):
+            if self.path != "/generate":
+                return self._send(404, {"detail": "Not Found"})
+            if not state["ready"]:
+                return self._send(503)
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
+            text = "" if args.mode == "empty-text" else " Paris. (stand-in reply)"
+            meta = {"completion_tokens": n, "spec_verify_ct": math.ceil(n / args.accept_length),
+                    "prompt_tokens": len(str(body.get("text", "")).split())}
+            return self._send(200, {"text": text, "meta_info": meta})
+
+    httpd = ThreadingHTTPServer((args.host, args.port), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    log(f"listening on {args.host}:{args.port}")
+    if args.mode != "never-ready":
+        time.sleep(args.ready_after)
+        state["ready"] = True
+        log(READY_LINE)
+    while True:  # serve until signalled, like the real server
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

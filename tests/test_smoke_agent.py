@@ -1,0 +1,295 @@
+"""The host-side smoke program, run the way a host runs it: a separate interpreter,
+a JSON request on stdin, a JSON answer on stdout.
+
+The launch cases start tests/standin_server.py, a STAND-IN for SGLang's server (this
+machine has no GPU), and check after every case that no process of the server's group
+is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy import smoke_agent
+
+AGENT = Path(smoke_agent.__file__)
+STANDIN = Path(__file__).with_name("standin_server.py")
+
+
+def run_agent(request: dict, env: dict | None = None, timeout: float = 120) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(AGENT)], input=json.dumps(request), capture_output=True,
+        text=True, timeout=timeout, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper does not count: it runs nothing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+# ---------------------------------------------------------------- compile / import / cli
+
+
+def test_compile_passes_and_writes_no_bytecode(tmp_path):
+    good = tmp_path / "good.py"
+    good.write_text("x = 1\n")
+    answer = run_agent({"levels": ["compile"], "compile": {"files": [str(good)]}})
+    assert answer["ok"] and answer["levels"][0]["status"] == "passed"
+    assert not (tmp_path / "__pycache__").exists()
+
+
+def test_compile_names_file_and_line_and_skips_later_levels(tmp_path):
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text("x = 1\n")
+    bad.write_text("x = 1\ndef broken(:\n    pass\n")
+    answer = run_agent({"levels": ["compile", "import"], "compile": {"files": [str(good), str(bad)]},
+                        "import": {"modules": ["json"]}})
+    compile_level, import_level = answer["levels"]
+    assert not answer["ok"]
+    assert compile_level["status"] == "failed"
+    assert compile_level["detail"].startswith(f"{bad}:2: ")
+    assert import_level["status"] == "skipped"
+
+
+def test_compile_missing_file(tmp_path):
+    answer = run_agent({"levels": ["compile"], "compile": {"files": [str(tmp_path / "nope.py")]}})
+    assert "cannot read" in answer["levels"][0]["detail"]
+
+
+@pytest.fixture
+def fake_pkg(tmp_path):
+    """A tiny package on PYTHONPATH, standing for the host's installed SGLang."""
+    pkg = tmp_path / "site" / "fakepkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "algo.py").write_text("import enum\nclass Algo(enum.Enum):\n    DFLASH = 1\n    DDTREE = 2\n")
+    (pkg / "broken.py").write_text("import fakepkg.does_not_exist\n")
+    (pkg / "cli.py").write_text(textwrap.dedent("""
+        import argparse
+        p = argparse.ArgumentParser()
+        p.add_argument("--speculative-algorithm")
+        p.add_argument("--speculative-ddtree-budget")
+        p.parse_args()
+    """))
+    (pkg / "args.py").write_text(textwrap.dedent("""
+        import dataclasses
+        @dataclasses.dataclass
+        class Args:
+            model_path: str
+            budget: int = 0
+            def __post_init__(self):
+                if self.budget < 1:
+                    raise ValueError("budget must be >= 1")
+                self.width = self.budget + 1
+    """))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
+    return tmp_path, env
+
+
+def test_import_checks_modules_and_attribute(fake_pkg):
+    tmp, env = fake_pkg
+    ok = run_agent({"levels": ["import"], "import": {
+        "modules": ["fakepkg.algo"], "attributes": [["fakepkg.algo", "Algo.DDTREE"]]}}, env)
+    assert ok["ok"], ok
+    assert ok["levels"][0]["evidence"]["files"]["fakepkg.algo"] == str(tmp / "site/fakepkg/algo.py")
+    missing = run_agent({"levels": ["import"], "import": {
+        "modules": ["fakepkg.algo"], "attributes": [["fakepkg.algo", "Algo.EAGLE9"]]}}, env)
+    assert not missing["ok"]
+    assert missing["levels"][0]["detail"].startswith("fakepkg.algo.Algo.EAGLE9 does not exist")
+    broken = run_agent({"levels": ["import"], "import": {"modules": ["fakepkg.algo", "fakepkg.broken"]}}, env)
+    assert broken["levels"][0]["detail"].startswith("import fakepkg.broken failed: ModuleNotFoundError")
+
+
+def test_import_times_out(fake_pkg):
+    tmp, env = fake_pkg
+    (tmp / "site/fakepkg/slow.py").write_text("import time\ntime.sleep(60)\n")
+    answer = run_agent({"levels": ["import"], "import": {"modules": ["fakepkg.slow"], "timeout_s": 1}}, env)
+    assert answer["levels"][0]["detail"] == "importing timed out after 1 s"
+
+
+def cli_request(expect, validate=None):
+    return {"levels": ["cli"], "cli": {"argv": ["{python}", "-m", "fakepkg.cli", "--help"],
+                                       "expect": expect, "validate": validate}}
+
+
+def test_cli_lists_flags_and_validates(fake_pkg):
+    tmp, env = fake_pkg
+    validate = {"module": "fakepkg.args", "class": "Args", "kwargs": {"model_path": str(tmp), "budget": 8},
+                "needs_paths": [str(tmp)], "report": ["width"]}
+    answer = run_agent(cli_request(["--speculative-ddtree-budget"], validate), env)
+    assert answer["ok"], answer
+    assert answer["levels"][0]["evidence"]["validation"] == {"fields": {"width": 9}}
+
+
+def test_cli_missing_flag(fake_pkg):
+    _, env = fake_pkg
+    answer = run_agent(cli_request(["--speculative-ddtree-budget", "--speculative-ddtree-topk"]), env)
+    assert answer["levels"][0]["detail"] == "the help does not list --speculative-ddtree-topk"
+
+
+def test_cli_validation_rejects_and_skips_without_model_files(fake_pkg):
+    tmp, env = fake_pkg
+    rejected = {"module": "fakepkg.args", "class": "Args", "kwargs": {"model_path": "m", "budget": 0},
+                "needs_paths": [str(tmp)]}
+    answer = run_agent(cli_request([], rejected), env)
+    assert answer["levels"][0]["detail"] == "Args rejects the configured model: ValueError: budget must be >= 1"
+    absent = dict(rejected, needs_paths=[str(tmp / "no-model")])
+    answer = run_agent(cli_request([], absent), env)
+    assert answer["ok"]
+    assert answer["levels"][0]["evidence"]["validation"]["skipped"].startswith("model files not on the host")
+
+
+# ---------------------------------------------------------------------------- launch
+
+
+def launch_request(tmp_path, mode="ok", *extra, algorithm="DDTREE", **overrides):
+    port = free_port()
+    pid_file = tmp_path / "pids"
+    spec = {
+        "argv": ["{python}", str(STANDIN), "--mode", mode, "--pid-file", str(pid_file),
+                 "--model-path", "/models/target", "--speculative-algorithm", algorithm,
+                 "--host", "127.0.0.1", "--port", str(port), *extra],
+        "host": "127.0.0.1", "port": port, "log_path": str(tmp_path / "smoke" / "server.log"),
+        "gpu_check": False, "ready_timeout_s": 20, "poll_s": 0.1, "term_grace_s": 3,
+        "probe": {"text": "The capital of France is", "max_new_tokens": 14},
+        "expect_algorithm": "DDTREE",
+    }
+    spec.update(overrides)
+    return {"levels": ["launch"], "launch": spec}, pid_file
+
+
+def launch(tmp_path, *args, **kwargs):
+    request, pid_file = launch_request(tmp_path, *args, **kwargs)
+    answer = run_agent(request)
+    level = answer["levels"][0]
+    pids = [int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []
+    # The core promise: whatever happened, nothing the server started still runs.
+    assert [p for p in pids if alive(p)] == [], level
+    if "stopped" in level["evidence"]:
+        assert level["evidence"]["stopped"]["left"] == []
+    return answer["ok"], level, pids
+
+
+def test_launch_ok_reports_algorithm_and_accept_length(tmp_path):
+    ok, level, pids = launch(tmp_path, "ok", "--child", "--accept-length", "3.5")
+    assert ok, level
+    ev = level["evidence"]
+    assert len(pids) == 2  # server and its worker child, both gone
+    assert ev["speculative_algorithm"] == "DDTREE"
+    assert ev["accept_length"] == round(14 / 4, 3)  # 14 tokens over ceil(14 / 3.5) verifies
+    assert ev["avg_spec_accept_length"] == 3.5
+    assert ev["ready_by"] == "/health_generate 200"
+    assert ev["stopped"]["signals"] == ["SIGTERM"]
+    assert ev["gpus"].startswith("not checked")
+    assert "ready in" in level["detail"] and "accept length 3.5" in level["detail"]
+
+
+def test_launch_slow_start_waits(tmp_path):
+    ok, level, _ = launch(tmp_path, "ok", "--ready-after", "1.5")
+    assert ok, level
+    assert level["evidence"]["ready_s"] >= 1.5
+
+
+def test_launch_die_at_start_reports_exit_and_log_tail(tmp_path):
+    ok, level, _ = launch(tmp_path, "die-at-start")
+    assert not ok
+    assert level["detail"] == "the server exited with code 3 before it was ready"
+    assert any("told to die at start" in line for line in level["evidence"]["log_tail"])
+
+
+def test_launch_never_ready_times_out_and_kills_group(tmp_path):
+    ok, level, pids = launch(tmp_path, "never-ready", "--child", ready_timeout_s=1.5)
+    assert not ok
+    assert level["detail"] == "the server was not ready after 1.5 s"
+    assert level["evidence"]["last_health_status"] == 503
+    assert any("listening on" in line for line in level["evidence"]["log_tail"])
+    assert len(pids) == 2
+
+
+def test_launch_empty_text_fails(tmp_path):
+    ok, level, _ = launch(tmp_path, "empty-text")
+    assert not ok and level["detail"] == "POST /generate returned empty text"
+
+
+def test_launch_term_ignored_needs_kill(tmp_path):
+    ok, level, pids = launch(tmp_path, "ignore-term", "--child", term_grace_s=1)
+    assert ok, level
+    assert level["evidence"]["stopped"]["signals"] == ["SIGTERM", "SIGKILL"]
+    assert len(pids) == 2
+
+
+def test_launch_ready_by_log_line(tmp_path):
+    ok, level, _ = launch(tmp_path, "log-only")
+    assert ok, level
+    assert level["evidence"]["ready_by"] == "log line"
+
+
+def test_launch_falls_back_to_get_server_info(tmp_path):
+    ok, level, _ = launch(tmp_path, "old-info")
+    assert ok, level
+    assert level["evidence"]["server_info_endpoint"] == "/get_server_info"
+
+
+def test_launch_wrong_algorithm_fails(tmp_path):
+    ok, level, _ = launch(tmp_path, "wrong-algo")
+    assert not ok
+    assert level["detail"] == "the server reports speculative_algorithm='DFLASH', not DDTREE"
+
+
+def test_launch_gpu_check_without_nvidia_smi_starts_nothing(tmp_path):
+    request, pid_file = launch_request(tmp_path, gpu_check=True)
+    env = dict(os.environ, PATH=str(tmp_path))  # no nvidia-smi on this PATH (nor on this machine)
+    answer = run_agent(request, env)
+    assert answer["levels"][0]["detail"].startswith("nvidia-smi not found on the host")
+    assert not pid_file.exists()
+
+
+def test_launch_gpu_check_parses_nvidia_smi(tmp_path):
+    # A stand-in nvidia-smi (this machine has none) printing the real query format.
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho '0, NVIDIA H200, 1200, 143771'\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    request, _ = launch_request(tmp_path, gpu_check=True, min_free_mib=40000)
+    answer = run_agent(request, env)
+    assert answer["levels"][0]["detail"] == "no GPU has 40000 MiB free (another server running?)"
+    assert answer["levels"][0]["evidence"]["gpus"][0]["name"] == "NVIDIA H200"
+
+
+def test_launch_refuses_port_in_use(tmp_path):
+    request, pid_file = launch_request(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", request["launch"]["port"]))
+        busy.listen()
+        answer = run_agent(request)
+    assert "is already in use" in answer["levels"][0]["detail"]
+    assert not pid_file.exists()
+
+
+def test_bad_request_exits_2():
+    proc = subprocess.run([sys.executable, str(AGENT)], input='{"levels": ["fly"]}',
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert json.loads(proc.stdout)["error"] == "unknown levels: ['fly']"
