@@ -11,7 +11,7 @@ subprocesses.
 Request::
 
     {"levels": ["compile", "import", "cli", "launch"],
-     "compile": {"files": ["/abs/path.py", ...]},
+     "compile": {"package": "sglang", "files": ["sglang/srt/x.py", ...]},  # or absolute files
      "import":  {"modules": [...], "attributes": [["module", "Attr.PATH"], ...], "timeout_s": 120},
      "cli":     {"argv": [...], "expect": ["--flag", ...], "timeout_s": 120,
                  "validate": {"module": "...", "class": "ServerArgs", "kwargs": {...},
@@ -89,6 +89,13 @@ def level_compile(spec):
     files = spec.get("files") or []
     if not files:
         raise LevelFailed("no files to compile: the request names none")
+    evidence = {"files": len(files)}
+    if spec.get("package"):
+        # Package-relative paths: resolve them where THIS interpreter finds the package,
+        # which is where the push put the files and where the import level imports from.
+        root = package_root(spec["package"])
+        files = [os.path.join(root, rel) for rel in files]
+        evidence["root"] = root
     for path in files:
         try:
             with open(path, "rb") as fh:
@@ -104,7 +111,17 @@ def level_compile(spec):
             )
         except ValueError as exc:  # e.g. null bytes
             raise LevelFailed(f"{path}: {exc}", {"file": path})
-    return f"{len(files)} files byte-compiled", {"files": len(files)}
+    return f"{len(files)} files byte-compiled", evidence
+
+
+def package_root(name):
+    """The folder holding the top-level package ``name`` (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise LevelFailed(f"this interpreter ({sys.executable}) cannot find the {name} package")
+    return os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
 
 
 # ---------------------------------------------------------------------- import

@@ -293,3 +293,11 @@ def test_bad_request_exits_2():
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert json.loads(proc.stdout)["error"] == "unknown levels: ['fly']"
+
+
+def test_compile_resolves_package_relative_paths_where_the_interpreter_finds_the_package(fake_pkg):
+    tmp, env = fake_pkg
+    answer = run_agent({"levels": ["compile"], "compile": {"package": "fakepkg", "files": ["fakepkg/algo.py"]}}, env)
+    assert answer["ok"] and answer["levels"][0]["evidence"]["root"] == str(tmp / "site")
+    gone = run_agent({"levels": ["compile"], "compile": {"package": "nopkg", "files": ["nopkg/x.py"]}}, env)
+    assert "cannot find the nopkg package" in gone["levels"][0]["detail"]

@@ -1,0 +1,183 @@
+"""The pure side of the smoke: inventory settings, the request built for the host, and
+the report read back. Exact-equality tests, no host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy import smoke
+from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.inventory import parse_host
+
+REPO = Path(__file__).resolve().parent.parent
+SRC = "hosts/gpu1.toml"
+
+
+def settings(text: str) -> smoke.SmokeSettings:
+    host = parse_host('[host]\npython = "/opt/py/bin/python"\n[ssh]\nhost = "gpu1"\n' + text,
+                      name="gpu1", source=SRC)
+    return smoke.parse_settings(host.smoke, source=host.source)
+
+
+GPU_HOST = """
+[smoke]
+levels = ["launch", "compile", "import", "cli"]
+import_exclude = ["sglang.srt.speculative.dflash_worker"]
+[smoke.launch]
+model = "/models/Qwen3-8B"
+draft_model = "/models/Qwen3-8B-DFlash-b16"
+budget = 64
+topk = 8
+port = 30200
+extra_args = ["--mem-fraction-static", "0.8", "--tp-size", "1"]
+min_free_gib = 40
+"""
+
+
+def test_defaults_without_smoke_table():
+    s = settings("")
+    assert s == smoke.SmokeSettings(levels=("compile", "import", "cli"), launch=None)
+
+
+def test_gpu_host_settings_and_level_order():
+    s = settings(GPU_HOST)
+    assert s.levels == ("compile", "import", "cli", "launch")
+    assert s.launch.min_free_gib == 40.0 and s.launch.gpu is True
+    assert smoke.launch_argv(s.launch) == [
+        "{python}", "-m", "sglang.launch_server", "--model-path", "/models/Qwen3-8B",
+        "--speculative-algorithm", "DDTREE",
+        "--speculative-draft-model-path", "/models/Qwen3-8B-DFlash-b16",
+        "--speculative-ddtree-budget", "64", "--speculative-ddtree-topk", "8",
+        "--host", "127.0.0.1", "--port", "30200",
+        "--mem-fraction-static", "0.8", "--tp-size", "1",
+    ]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[smoke]\nlevels = ["compile", "fly"]\n',
+     f"{SRC}: key smoke.levels: unknown level 'fly'; levels are compile, import, cli, launch"),
+    ('[smoke]\nlevels = ["launch"]\n',
+     f"{SRC}: key smoke.levels: 'launch' needs a [smoke.launch] table (model, draft_model, port...)"),
+    ('[smoke]\ntimout_s = 3\n',
+     f"{SRC}: key smoke.timout_s: unknown key; known keys here: import_exclude, launch, levels, timeout_s"),
+    ('[smoke.launch]\nport = 70000\n',
+     f"{SRC}: key smoke.launch.port: must be an integer from 1 to 65535, not 70000"),
+    ('[smoke.launch]\nextra_args = "--tp 2"\n',
+     f"{SRC}: key smoke.launch.extra_args: must be a list of strings, not '--tp 2'"),
+    ('[smoke.launch]\ngpu = "no"\n', f"{SRC}: key smoke.launch.gpu: must be true or false, not 'no'"),
+    ('[smoke.launch]\ncommand = ["python", "{modle}"]\n',
+     f"{SRC}: key smoke.launch.command: unknown placeholder {{modle}}; known: {{python}}, {{model}}, "
+     "{draft_model}, {budget}, {topk}, {host}, {port}, {extra_args}"),
+    ('[smoke]\nlaunch = 3\n', f"{SRC}: key smoke.launch: must be a table ([smoke.launch])"),
+])
+def test_bad_settings_name_file_and_key(text, message):
+    with pytest.raises(BadInput) as exc:
+        settings(text)
+    assert exc.value.message == message
+
+
+def test_command_template_fills_argv_without_a_shell():
+    s = settings('[smoke.launch]\nmodel = "/m/a b; rm -rf ~"\nport = 1234\ngpu = false\n'
+                 'extra_args = ["--x", "$(y)"]\n'
+                 'command = ["{python}", "standin.py", "--model-path", "{model}", "--port={port}", "{extra_args}"]\n')
+    # Hostile-looking values stay single argv elements: nothing here is ever parsed by a shell.
+    assert smoke.launch_argv(s.launch) == ["{python}", "standin.py", "--model-path", "/m/a b; rm -rf ~",
+                                           "--port=1234", "--x", "$(y)"]
+
+
+def test_template_using_an_unset_value_is_bad_input():
+    s = settings('[smoke.launch]\nmodel = "/m"\ncommand = ["{python}", "x", "--topk", "{topk}"]\n')
+    with pytest.raises(BadInput) as exc:
+        smoke.launch_argv(s.launch, source=SRC)
+    assert exc.value.message == f"{SRC}: key smoke.launch.topk: not set, but the launch command uses {{topk}}"
+
+
+def test_series_flags_read_from_added_lines_only():
+    text = ('+        parser.add_argument(\n+            "--speculative-ddtree-budget",\n'
+            ' "--speculative-ddtree-context-only",\n-  "--speculative-ddtree-removed",\n'
+            '+  x = "--speculative-ddtree-topk"  # twice\n+  "--speculative-ddtree-topk"\n')
+    assert smoke.series_flags([text]) == ("--speculative-ddtree-budget", "--speculative-ddtree-topk")
+
+
+def test_the_real_series_adds_the_flags_the_default_launch_command_uses():
+    texts = [p.read_text() for p in sorted((REPO / "patches/sglang-0.5.12").glob("*.patch"))]
+    flags = smoke.series_flags(texts)
+    assert {"--speculative-ddtree-budget", "--speculative-ddtree-topk"} <= set(flags)
+
+
+TOUCHED = ("sglang/srt/speculative/spec_info.py", "sglang/srt/server_args.py",
+           "sglang/srt/speculative/dflash_worker.py", "sglang/srt/speculative/ddtree_utils.py")
+
+
+def test_plan_request_is_exact():
+    s = settings(GPU_HOST)
+    plan = smoke.plan_smoke(s, touched_paths=TOUCHED, flags=("--speculative-ddtree-budget",),
+                            log_path="/h/.ddtree-deploy/smoke/r1/server.log", source=SRC)
+    assert plan.levels == ("compile", "import", "cli", "launch")
+    assert plan.excluded_modules == ("sglang.srt.speculative.dflash_worker",)
+    req = plan.request
+    assert req["compile"] == {"package": "sglang", "files": list(TOUCHED)}
+    assert req["import"] == {
+        "modules": ["sglang.srt.speculative.spec_info", "sglang.srt.server_args",
+                    "sglang.srt.speculative.ddtree_utils"],
+        "attributes": [["sglang.srt.speculative.spec_info", "SpeculativeAlgorithm.DDTREE"]],
+        "timeout_s": 300.0,
+    }
+    assert req["cli"]["argv"] == ["{python}", "-m", "sglang.launch_server", "--help"]
+    assert req["cli"]["validate"]["kwargs"] == {
+        "model_path": "/models/Qwen3-8B", "speculative_algorithm": "DDTREE",
+        "speculative_draft_model_path": "/models/Qwen3-8B-DFlash-b16", "skip_tokenizer_init": True,
+        "device": "cuda", "speculative_ddtree_budget": 64, "speculative_ddtree_topk": 8,
+    }
+    assert req["launch"]["min_free_mib"] == 40 * 1024
+    assert req["launch"]["gpu_check"] is True
+    assert req["launch"]["log_path"] == "/h/.ddtree-deploy/smoke/r1/server.log"
+
+
+def test_plan_level_choice():
+    s = settings(GPU_HOST)
+    plan = smoke.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli", "compile"])
+    assert plan.levels == ("compile", "cli") and set(plan.request) == {"levels", "compile", "cli"}
+    with pytest.raises(BadInput, match="unknown smoke level 'smoke'"):
+        smoke.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["smoke"])
+    with pytest.raises(BadInput, match=r"the launch level needs a \[smoke.launch\] table"):
+        smoke.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l", levels=["launch"],
+                         source=SRC)
+
+
+def test_no_validation_without_model_and_draft():
+    plan = smoke.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l")
+    assert plan.request["cli"]["validate"] is None
+
+
+def test_read_answer():
+    s = settings(GPU_HOST)
+    plan = smoke.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["compile", "import"])
+    answer = {"ok": True, "python": "/opt/py/bin/python", "levels": [
+        {"level": "compile", "status": "passed", "seconds": 0.2, "detail": "4 files byte-compiled", "evidence": {}},
+        {"level": "import", "status": "passed", "seconds": 7.5, "detail": "3 modules imported", "evidence": {}},
+    ]}
+    report = smoke.run_smoke("gpu1", plan, lambda request: answer)
+    assert report.ok and report.failed is None
+    assert report.levels[1].detail == ("3 modules imported; not imported here (smoke.import_exclude): "
+                                       "sglang.srt.speculative.dflash_worker")
+    assert report.lines()[0] == "compile  passed       0.2 s  4 files byte-compiled"
+    failed = dict(answer, levels=[dict(answer["levels"][0], status="failed", detail="x.py:3: bad"),
+                                  dict(answer["levels"][1], status="skipped")])
+    report = smoke.read_answer("gpu1", plan, failed)
+    assert not report.ok and report.failed.detail == "x.py:3: bad"
+    assert report.to_json()["levels"][1]["status"] == "skipped"
+
+
+@pytest.mark.parametrize("answer, message", [
+    ({"ok": False, "error": "bad request: x"}, "gpu1: the smoke program gave no result (bad request: x)"),
+    ({"levels": [{"level": "compile"}]}, "gpu1: the smoke program's answer is malformed (KeyError('status'))"),
+    ({"levels": []}, "gpu1: the smoke program answered levels [], asked for ['compile']"),
+])
+def test_malformed_answers_are_deploy_errors(answer, message):
+    plan = smoke.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l", levels=["compile"])
+    with pytest.raises(DeployError) as exc:
+        smoke.read_answer("gpu1", plan, answer)
+    assert exc.value.message == message
