@@ -27,8 +27,9 @@ Conventions (one request = one row of the batch):
 from __future__ import annotations
 
 import heapq
-import math
+import struct
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
@@ -101,6 +102,11 @@ class KVPlan:
     free_slots: torch.Tensor  # [num_free] slots to free (data-dependent size: one host sync)
 
 
+# --------------------------------------------------------------------------------------------
+# Draft distributions
+# --------------------------------------------------------------------------------------------
+
+
 def topk_logprobs(logits: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Top-K log-probabilities per draft position.
 
@@ -109,7 +115,56 @@ def topk_logprobs(logits: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Ten
     Under tensor parallelism the caller gathers per-shard top-k and a global logsumexp and
     passes normalised top-K log-probs to the builder directly.
     """
-    raise NotImplementedError
+    if k < 1:
+        raise ValueError(f"top-k must be >= 1, got {k}")
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    kk = min(int(k), logits.shape[-1])
+    values, indices = torch.topk(logprobs, kk, dim=-1, largest=True, sorted=True)
+    return values, indices.long()
+
+
+def _check_builder_inputs(logprobs, tokens, root_tokens, budget, max_per_depth) -> None:
+    if logprobs.dim() != 3 or tokens.shape != logprobs.shape:
+        raise ValueError(
+            f"logprobs and tokens must both be [bs, L, K]; got {tuple(logprobs.shape)} "
+            f"and {tuple(tokens.shape)}"
+        )
+    if root_tokens.shape != logprobs.shape[:1]:
+        raise ValueError(
+            f"root_tokens must be [bs]={logprobs.shape[0]}; got {tuple(root_tokens.shape)}"
+        )
+    if logprobs.shape[1] < 1:
+        raise ValueError("the draft gives no depth (L = 0): nothing to build")
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    if max_per_depth is not None and max_per_depth < 1:
+        raise ValueError(f"max_per_depth must be >= 1 or None, got {max_per_depth}")
+
+
+def _width(budget: int, max_per_depth: Optional[int]) -> int:
+    # No depth can hold more than the budget, nor more than the cap.
+    return budget if max_per_depth is None else min(budget, int(max_per_depth))
+
+
+# --------------------------------------------------------------------------------------------
+# Vectorised builder
+# --------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=64)
+def _candidate_pairs(width: int, k: int) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
+    """(parent slot i, rank r) pairs that can reach a depth's top-`width`, in (i, r) order.
+
+    The i-th best prefix of depth d-1 extended with its r-th best token is beaten or tied by
+    the (i+1)(r+1) extensions (i' <= i, r' <= r), all earlier in the tie order; so it can only
+    be among the `width` best of depth d if (i+1)(r+1) <= width: ~width * ln(width) pairs.
+    """
+    parent_slots, ranks = [], []
+    for i in range(width):
+        for r in range(min(k, width // (i + 1))):
+            parent_slots.append(i)
+            ranks.append(r)
+    return tuple(parent_slots), tuple(ranks)
 
 
 def build_ddtree(
@@ -126,8 +181,173 @@ def build_ddtree(
     [bs, L, K] int64, root_tokens [bs] int64, budget B >= 1 draft nodes, max_per_depth: optional
     cap on the number of nodes at any one depth. Selects the B prefixes of highest path
     probability (optimal for the expected acceptance length, the paper's Prop. 1-2).
+
+    Per depth d it keeps the W = min(B, cap) best depth-d prefixes (sorted), generated from the
+    depth d-1 list by the (i+1)(r+1) <= W candidate pairs; the tree is the B best entries of
+    the L lists merged. Stable sorts over candidates laid out in (slot, rank) order give the
+    same tie order as the reference heap. Python loops run over depths only.
     """
-    raise NotImplementedError
+    _check_builder_inputs(logprobs, tokens, root_tokens, budget, max_per_depth)
+    device = logprobs.device
+    bs, depth_limit, k = logprobs.shape
+    logprobs = logprobs.float()
+    tokens = tokens.long()
+    width = _width(budget, max_per_depth)
+    n = budget + 1
+    neg_inf = float("-inf")
+
+    pair_slot_list, pair_rank_list = _candidate_pairs(width, k)
+    pair_slot = torch.tensor(pair_slot_list, dtype=torch.long, device=device)  # [C]
+    pair_rank = torch.tensor(pair_rank_list, dtype=torch.long, device=device)  # [C]
+    keep = min(width, len(pair_slot_list))  # a depth list never needs more than this
+
+    # Depth 0: the root alone, in slot 0 (other slots do not exist: -inf).
+    prev = torch.full((bs, width), neg_inf, dtype=torch.float32, device=device)
+    prev[:, 0] = 0.0
+    level_scores, level_parent_slot, level_rank = [], [], []
+    for d in range(depth_limit):
+        cand = prev[:, pair_slot] + logprobs[:, d, pair_rank]  # [bs, C]
+        order = torch.sort(cand, dim=1, descending=True, stable=True).indices[:, :keep]
+        top = cand.gather(1, order)  # [bs, keep]
+        if keep < width:
+            pad = torch.full((bs, width - keep), neg_inf, dtype=torch.float32, device=device)
+            top = torch.cat([top, pad], dim=1)
+            order = torch.cat([order, order.new_zeros(bs, width - keep)], dim=1)
+        level_scores.append(top)
+        level_parent_slot.append(pair_slot[order])
+        level_rank.append(pair_rank[order])
+        prev = top
+
+    # Merge the depth lists (depth-major, so ties go to the shallower node) and keep B.
+    all_scores = torch.stack(level_scores, dim=1).reshape(bs, depth_limit * width)
+    if depth_limit * width < budget:
+        pad = torch.full(
+            (bs, budget - depth_limit * width), neg_inf, dtype=torch.float32, device=device
+        )
+        all_scores = torch.cat([all_scores, pad], dim=1)
+    picked = torch.sort(all_scores, dim=1, descending=True, stable=True).indices[:, :budget]
+    node_scores = all_scores.gather(1, picked)  # [bs, B]
+    valid_nodes = node_scores > neg_inf
+    picked = torch.where(valid_nodes, picked, torch.zeros_like(picked))
+    node_depth0 = picked // width  # depth - 1
+    node_slot = picked % width
+
+    flat_parent_slot = torch.stack(level_parent_slot, dim=1).reshape(bs, -1)
+    flat_rank = torch.stack(level_rank, dim=1).reshape(bs, -1)
+    node_rank = flat_rank.gather(1, picked)
+    node_parent_slot = flat_parent_slot.gather(1, picked)
+    node_tokens = tokens.reshape(bs, depth_limit * k).gather(1, node_depth0 * k + node_rank)
+
+    # Tree index of every (depth, slot) entry that was picked, to resolve parents.
+    index_of = torch.zeros(bs, depth_limit * width + 1, dtype=torch.long, device=device)
+    node_index = torch.arange(1, n, device=device).expand(bs, budget)
+    sink = depth_limit * width  # padding nodes write here
+    index_of.scatter_(1, torch.where(valid_nodes, picked, sink), node_index)
+    parent_flat = (node_depth0 - 1).clamp(min=0) * width + node_parent_slot
+    node_parent = torch.where(node_depth0 > 0, index_of.gather(1, parent_flat), 0)
+
+    root = root_tokens.long().reshape(bs, 1)
+    toks = torch.cat([root, torch.where(valid_nodes, node_tokens, pad_token_id)], dim=1)
+    depths = torch.cat(
+        [torch.zeros_like(root), torch.where(valid_nodes, node_depth0 + 1, 1)], dim=1
+    )
+    parents = torch.cat([torch.full_like(root, -1), torch.where(valid_nodes, node_parent, 0)], 1)
+    valid = torch.cat([torch.ones_like(root, dtype=torch.bool), valid_nodes], dim=1)
+    scores = torch.cat([torch.zeros(bs, 1, device=device), node_scores], dim=1)
+    return _assemble(toks, depths, parents, valid, scores, depth_limit)
+
+
+def _assemble(tokens, depths, parents, valid, scores, depth_limit: int) -> DDTreeLayout:
+    """Tree mask and retrieve arrays from the parent array, batched (loops over depth only)."""
+    bs, n = tokens.shape
+    device = tokens.device
+    idx = torch.arange(n, device=device).expand(bs, n)
+    is_child = valid & (idx > 0)  # linked draft nodes (padding is never linked)
+
+    # First child: the smallest index among a node's children (siblings are index-ordered).
+    first = torch.full((bs, n), n, dtype=torch.long, device=device)
+    first.scatter_reduce_(
+        1, parents.clamp(min=0), torch.where(is_child, idx, n), reduce="amin", include_self=True
+    )
+    next_token = torch.where(first < n, first, -1)
+
+    # Next sibling: sort linked nodes by (parent, index); neighbours with one parent link up.
+    key = torch.where(is_child, parents * n + idx, n * n + idx)
+    order = key.argsort(dim=1)
+    s_parent = parents.gather(1, order)
+    s_linked = is_child.gather(1, order)
+    same = s_linked[:, :-1] & s_linked[:, 1:] & (s_parent[:, :-1] == s_parent[:, 1:])
+    next_sibling = torch.full((bs, n), -1, dtype=torch.long, device=device)
+    next_sibling.scatter_(1, order[:, :-1], torch.where(same, order[:, 1:], -1))
+
+    # Row i sees itself and its ancestors: follow parent pointers max-depth times.
+    tree_mask = torch.eye(n, dtype=torch.bool, device=device).expand(bs, n, n).clone()
+    cur = idx
+    for _ in range(max(depth_limit, 1)):
+        cur = parents.gather(1, cur.clamp(min=0))
+        # cur == -1 (past the root) is clamped onto the root: already an ancestor of all.
+        tree_mask.scatter_(2, cur.clamp(min=0).unsqueeze(-1), True)
+
+    retrieve_index = torch.arange(bs * n, device=device).reshape(bs, n)
+    return DDTreeLayout(
+        tokens=tokens,
+        depths=depths,
+        parents=parents,
+        tree_mask=tree_mask,
+        retrieve_index=retrieve_index,
+        retrieve_next_token=next_token,
+        retrieve_next_sibling=next_sibling,
+        valid=valid,
+        scores=scores,
+        max_depth=depth_limit,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Reference builder (readable; CPU; one request at a time)
+# --------------------------------------------------------------------------------------------
+
+
+def _f32(x: float) -> float:
+    # Round to float32 so the reference's path scores are bit-identical to the torch builder's
+    # (a float32 add computed in double and rounded once is the correctly rounded float32 add).
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _reference_one(lp, tok, budget: int, width: int):
+    """Best-first heap for one request. lp, tok: L lists of K floats / ints.
+
+    Returns the draft nodes in pop order as (token, depth, parent index, score) tuples.
+    Heap key: (-score, depth, parent's tree index, rank), the same total order as the
+    vectorised builder's stable sorts; parents pop before children, so indices grow downwards.
+    """
+    depth_limit = len(lp)
+    k = min(len(lp[0]) if depth_limit else 0, width)
+    nodes = []  # (token, depth, parent, score)
+    per_depth = [0] * (depth_limit + 1)
+    heap = []
+
+    def push(depth: int, parent: int, rank: int, parent_score: float) -> None:
+        if depth > depth_limit or rank >= k:
+            return
+        score = _f32(parent_score + lp[depth - 1][rank])
+        if score == float("-inf"):
+            return  # a -inf log-prob is a token the draft forbids; ranks after it too
+        heapq.heappush(heap, (-score, depth, parent, rank))
+
+    push(1, 0, 0, 0.0)
+    while heap and len(nodes) < budget:
+        neg_score, depth, parent, rank = heapq.heappop(heap)
+        if per_depth[depth] >= width:
+            continue  # depth full (cap): its later siblings and all descendants are out too
+        per_depth[depth] += 1
+        score = -neg_score
+        nodes.append((tok[depth - 1][rank], depth, parent, score))
+        me = len(nodes)  # tree index (root is 0)
+        parent_score = 0.0 if parent == 0 else nodes[parent - 1][3]
+        push(depth, parent, rank + 1, parent_score)  # next sibling
+        push(depth + 1, me, 0, score)  # first child
+    return nodes
 
 
 def build_ddtree_reference(
@@ -140,19 +360,87 @@ def build_ddtree_reference(
 ) -> DDTreeLayout:
     """Readable reference: the paper's best-first heap, one request at a time, on the CPU.
 
-    Same inputs and the identical layout as ``build_ddtree``.
+    Same inputs and the identical layout as ``build_ddtree`` (the layout is derived here with
+    plain loops, independently of the vectorised path).
     """
-    raise NotImplementedError
+    _check_builder_inputs(logprobs, tokens, root_tokens, budget, max_per_depth)
+    bs, depth_limit, _ = logprobs.shape
+    width = _width(budget, max_per_depth)
+    n = budget + 1
+    lp_all = logprobs.float().cpu().tolist()
+    tok_all = tokens.long().cpu().tolist()
+    roots = root_tokens.long().cpu().tolist()
+
+    out = {name: [] for name in ("tokens", "depths", "parents", "valid", "scores")}
+    out.update(next_token=[], next_sibling=[], mask=[])
+    for b in range(bs):
+        nodes = _reference_one(lp_all[b], tok_all[b], budget, width)
+        pad = n - 1 - len(nodes)
+        toks = [roots[b]] + [t for t, _, _, _ in nodes] + [pad_token_id] * pad
+        depths = [0] + [d for _, d, _, _ in nodes] + [1] * pad
+        parents = [-1] + [p for _, _, p, _ in nodes] + [0] * pad
+        valid = [True] * (1 + len(nodes)) + [False] * pad
+        scores = [0.0] + [s for _, _, _, s in nodes] + [float("-inf")] * pad
+
+        children = [[] for _ in range(n)]
+        for i in range(1, 1 + len(nodes)):
+            children[parents[i]].append(i)  # appended in index order = sibling order
+        next_token = [c[0] if c else -1 for c in children]
+        next_sibling = [-1] * n
+        for c in children:
+            for a, b2 in zip(c, c[1:]):
+                next_sibling[a] = b2
+        mask = []
+        for i in range(n):
+            row = [False] * n
+            j = i
+            while j != -1:
+                row[j] = True
+                j = parents[j]
+            mask.append(row)
+
+        for name, value in (
+            ("tokens", toks), ("depths", depths), ("parents", parents), ("valid", valid),
+            ("scores", scores), ("next_token", next_token), ("next_sibling", next_sibling),
+            ("mask", mask),
+        ):
+            out[name].append(value)
+
+    long = dict(dtype=torch.long)
+    return DDTreeLayout(
+        tokens=torch.tensor(out["tokens"], **long).reshape(bs, n),
+        depths=torch.tensor(out["depths"], **long).reshape(bs, n),
+        parents=torch.tensor(out["parents"], **long).reshape(bs, n),
+        tree_mask=torch.tensor(out["mask"], dtype=torch.bool).reshape(bs, n, n),
+        retrieve_index=torch.arange(bs * n).reshape(bs, n),
+        retrieve_next_token=torch.tensor(out["next_token"], **long).reshape(bs, n),
+        retrieve_next_sibling=torch.tensor(out["next_sibling"], **long).reshape(bs, n),
+        valid=torch.tensor(out["valid"], dtype=torch.bool).reshape(bs, n),
+        scores=torch.tensor(out["scores"], dtype=torch.float32).reshape(bs, n),
+        max_depth=depth_limit,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Objectives (the paper's Prop. 1: E[accepted draft tokens] under the draft's surrogate)
+# --------------------------------------------------------------------------------------------
 
 
 def tree_objective(layout: DDTreeLayout) -> torch.Tensor:
     """[bs] float64: sum over draft nodes of the path probability (Prop. 1: E[accepted])."""
-    raise NotImplementedError
+    probs = layout.scores[:, 1:].double().exp()
+    return torch.where(layout.valid[:, 1:], probs, 0.0).sum(dim=1)
 
 
 def chain_objective(logprobs: torch.Tensor, length: int) -> torch.Tensor:
     """[bs] float64: the same objective for DFlash's argmax chain of ``length`` nodes."""
-    raise NotImplementedError
+    head = logprobs[:, :length, 0].double()
+    return head.cumsum(dim=1).exp().sum(dim=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Verify inputs for SGLang
+# --------------------------------------------------------------------------------------------
 
 
 def flat_mask_for_sglang(
@@ -164,22 +452,129 @@ def flat_mask_for_sglang(
     tree mask; flattened row-major and concatenated over the batch. ``total_prefix_len`` (the
     host-side sum of prefix_lens, e.g. ``seq_lens_sum``) avoids a device-to-host sync.
     """
-    raise NotImplementedError
+    bs, n = layout.tokens.shape
+    device = layout.tokens.device
+    prefix = prefix_lens.to(device=device, dtype=torch.long)
+    if total_prefix_len is None:
+        total_prefix_len = int(prefix.sum().item())  # host sync: pass it in on the hot path
+    total = n * int(total_prefix_len) + bs * n * n
+    row_len = (prefix + n).repeat_interleave(n)  # [bs*n]
+    row_start = row_len.cumsum(0) - row_len
+    row = torch.repeat_interleave(
+        torch.arange(bs * n, device=device), row_len, output_size=total
+    )  # [total]: the row every element belongs to
+    col = torch.arange(total, device=device) - row_start[row]
+    row_prefix = prefix[row // n]
+    tree_col = (col - row_prefix).clamp(min=0, max=n - 1)
+    in_tree = layout.tree_mask.reshape(bs * n, n)[row, tree_col]
+    return (col < row_prefix) | in_tree
 
 
 def positions(layout: DDTreeLayout, seq_lens: torch.Tensor) -> torch.Tensor:
     """[bs*n] int64 position ids of the verify tokens: seq_lens[b] + depth."""
-    raise NotImplementedError
+    return (seq_lens.to(layout.depths.device).long().unsqueeze(1) + layout.depths).reshape(-1)
 
 
-def greedy_accept(layout: DDTreeLayout, target_tokens: torch.Tensor) -> Acceptance:
+# --------------------------------------------------------------------------------------------
+# Acceptance
+# --------------------------------------------------------------------------------------------
+
+
+def _sgl_kernel_available(t: torch.Tensor) -> bool:
+    if t.device.type != "cuda":
+        return False
+    try:
+        import sgl_kernel  # noqa: F401  (CUDA-only wheel; optional)
+    except Exception:
+        return False
+    return hasattr(sgl_kernel, "verify_tree_greedy")
+
+
+def _finish(layout, accept_index, accept_length, last_node, bonus_token, emitted) -> Acceptance:
+    """predicts like SGLang's: at every path node's flat index, the token emitted after it."""
+    bs, n = layout.tokens.shape
+    ok = accept_index >= 0
+    predicts = torch.zeros(bs * n + 1, dtype=torch.long, device=layout.tokens.device)
+    predicts.scatter_(0, torch.where(ok, accept_index, bs * n).reshape(-1), emitted.reshape(-1))
+    return Acceptance(
+        accept_index=accept_index,
+        accept_length=accept_length,
+        bonus=bonus_token,
+        last_node=last_node,
+        predicts=predicts[: bs * n],
+    )
+
+
+def greedy_accept(
+    layout: DDTreeLayout, target_tokens: torch.Tensor, backend: str = "torch"
+) -> Acceptance:
     """Greedy tree verify: target_tokens [bs, n] = the target's argmax at every node.
 
     From the root, move to the child whose token equals the target's token at the current node
     (children tried in sibling order) until none does; the target token at the last accepted
     node is the bonus. Semantics of SGLang's ``verify_tree_greedy`` with S = max_depth + 1.
+    backend: "torch" (pure torch, any device; loops over depth only), "sgl_kernel" (SGLang's
+    CUDA kernel), or "auto" (the kernel when the tensors are on CUDA and it is importable).
     """
-    raise NotImplementedError
+    if backend == "auto":
+        backend = "sgl_kernel" if _sgl_kernel_available(layout.tokens) else "torch"
+    if backend == "sgl_kernel":
+        return _greedy_accept_sgl_kernel(layout, target_tokens)
+    if backend != "torch":
+        raise ValueError(f"unknown backend {backend!r}")
+
+    bs, n = layout.tokens.shape
+    device = layout.tokens.device
+    target = target_tokens.long()
+    steps = layout.max_depth + 1
+    idx = torch.arange(n, device=device).expand(bs, n)
+    base = torch.arange(bs, device=device) * n
+    linked = layout.valid & (idx > 0)
+
+    cur = torch.zeros(bs, dtype=torch.long, device=device)
+    alive = torch.ones(bs, dtype=torch.bool, device=device)
+    columns = [base]
+    emitted = [target[:, 0]]
+    for _ in range(1, steps):
+        want = target.gather(1, cur.unsqueeze(1))  # [bs, 1]: the target's token at cur
+        match = linked & (layout.parents == cur.unsqueeze(1)) & (layout.tokens == want)
+        nxt = torch.where(match, idx, n).amin(dim=1)  # siblings are index-ordered
+        found = alive & (nxt < n)
+        cur = torch.where(found, nxt, cur)
+        columns.append(torch.where(found, base + nxt, -1))
+        emitted.append(torch.where(found, target.gather(1, cur.unsqueeze(1)).squeeze(1), 0))
+        alive = found
+    accept_index = torch.stack(columns, dim=1)  # [bs, S]
+    accept_length = (accept_index[:, 1:] >= 0).sum(dim=1)
+    bonus = target.gather(1, cur.unsqueeze(1)).squeeze(1)
+    return _finish(layout, accept_index, accept_length, cur, bonus, torch.stack(emitted, 1))
+
+
+def _greedy_accept_sgl_kernel(layout: DDTreeLayout, target_tokens: torch.Tensor) -> Acceptance:
+    from sgl_kernel import verify_tree_greedy  # CUDA only; imported lazily
+
+    bs, n = layout.tokens.shape
+    device = layout.tokens.device
+    steps = layout.max_depth + 1
+    predicts = torch.zeros(bs * n, dtype=torch.int32, device=device)
+    accept_index = torch.full((bs, steps), -1, dtype=torch.int32, device=device)
+    accept_num = torch.zeros(bs, dtype=torch.int32, device=device)
+    verify_tree_greedy(
+        predicts=predicts,
+        accept_index=accept_index,
+        accept_token_num=accept_num,
+        candidates=layout.tokens.contiguous(),
+        retrive_index=layout.retrieve_index.contiguous(),
+        retrive_next_token=layout.retrieve_next_token.contiguous(),
+        retrive_next_sibling=layout.retrieve_next_sibling.contiguous(),
+        target_predict=target_tokens.long().contiguous(),
+    )
+    accept_index = accept_index.long()
+    accept_length = accept_num.long()
+    last_flat = accept_index.gather(1, accept_length.unsqueeze(1)).squeeze(1)
+    last_node = last_flat - torch.arange(bs, device=device) * n
+    bonus = target_tokens.long().gather(1, last_node.unsqueeze(1)).squeeze(1)
+    return Acceptance(accept_index, accept_length, bonus, last_node, predicts.long())
 
 
 def sample_accept(
@@ -192,14 +587,76 @@ def sample_accept(
     """Lossless tree verify for sampling with a deterministic (one-hot) draft.
 
     target_probs [bs, n, V]: the target's (temperature / top-k / top-p adjusted) distribution
-    at every node. At the current node with residual p (initially the node's distribution),
-    children are tried in sibling order: child token x is accepted with probability
-    p(x) / (remaining mass); on rejection p(x) := 0. If no child is accepted the bonus is drawn
-    from the residual; at a leaf, from the node's full distribution. Uses one uniform per
-    depth (coins [bs, max_depth + 1]) plus one for the final draw (final_coins [bs]); drawn
-    from ``generator`` when not given.
+    at every node. At the current node with distribution p, children are tried in sibling
+    order and child token x is accepted with probability p(x) / (remaining mass), the
+    rejected tokens leaving the residual; if none is accepted the bonus is drawn from the
+    residual (p with the children's tokens removed, renormalised), at a leaf from p itself.
+    Implemented with one uniform u per depth: the first child whose cumulative mass (in sibling
+    order) exceeds u * mass(p) is accepted, which picks child x with probability p(x) / mass:
+    the same law as trying the children one by one (and as SGLang's
+    ``tree_speculative_sampling_target_only`` with both thresholds 1 and a one-hot draft).
+    coins [bs, max_depth + 1] and final_coins [bs] are uniforms in [0, 1), drawn from
+    ``generator`` when not given.
     """
-    raise NotImplementedError
+    bs, n = layout.tokens.shape
+    device = layout.tokens.device
+    steps = layout.max_depth + 1
+    probs = target_probs.float()
+    vocab = probs.shape[-1]
+    if coins is None:
+        coins = torch.rand((bs, steps), generator=generator, device=device)
+    if final_coins is None:
+        final_coins = torch.rand((bs,), generator=generator, device=device)
+    idx = torch.arange(n, device=device).expand(bs, n)
+    base = torch.arange(bs, device=device) * n
+    linked = layout.valid & (idx > 0)
+    tokens = layout.tokens.clamp(0, vocab - 1)
+
+    cur = torch.zeros(bs, dtype=torch.long, device=device)
+    alive = torch.ones(bs, dtype=torch.bool, device=device)
+    residual = torch.zeros(bs, vocab, device=device)
+    columns = [base]
+    for step in range(steps):
+        p = probs.gather(1, cur.view(bs, 1, 1).expand(bs, 1, vocab)).squeeze(1)  # [bs, V]
+        is_child = linked & (layout.parents == cur.unsqueeze(1))  # [bs, n]
+        p_child = torch.where(is_child, p.gather(1, tokens), 0.0)  # [bs, n]
+        cum = p_child.cumsum(dim=1)  # index order = sibling order
+        u = coins[:, step : step + 1] * p.sum(dim=1, keepdim=True)
+        hit = is_child & (u < cum)
+        nxt = torch.where(hit, idx, n).amin(dim=1)
+        found = alive & (nxt < n)
+        stops = alive & ~found
+        # Residual at the node where the walk stops: the rejected children's tokens removed.
+        removed = torch.zeros(bs, vocab, device=device).scatter_add_(
+            1, tokens, is_child.float()
+        )
+        res = torch.where(removed > 0, 0.0, p)
+        # Float rounding can leave (almost) no residual mass; then fall back to p itself.
+        res = torch.where(res.sum(dim=1, keepdim=True) > 0, res, p)
+        residual = torch.where(stops.unsqueeze(1), res, residual)
+        cur = torch.where(found, nxt, cur)
+        if step + 1 < steps:
+            columns.append(torch.where(found, base + nxt, -1))
+        alive = found
+
+    cdf = residual.cumsum(dim=1)
+    u_final = final_coins.unsqueeze(1) * cdf[:, -1:]
+    bonus = torch.searchsorted(cdf, u_final.contiguous(), right=True).squeeze(1).clamp(max=vocab - 1)
+    accept_index = torch.stack(columns, dim=1)
+    accept_length = (accept_index[:, 1:] >= 0).sum(dim=1)
+    # Emitted token after each path node: the next path node's token, then the bonus.
+    path_nodes = torch.where(accept_index >= 0, accept_index - base.unsqueeze(1), 0)
+    next_tokens = torch.cat(
+        [layout.tokens.gather(1, path_nodes[:, 1:]), torch.zeros_like(bonus).unsqueeze(1)], 1
+    )
+    pos = torch.arange(steps, device=device).expand(bs, steps)
+    emitted = torch.where(pos == accept_length.unsqueeze(1), bonus.unsqueeze(1), next_tokens)
+    return _finish(layout, accept_index, accept_length, cur, bonus, emitted)
+
+
+# --------------------------------------------------------------------------------------------
+# KV cache and draft-context bookkeeping
+# --------------------------------------------------------------------------------------------
 
 
 def kv_bookkeeping(out_cache_loc: torch.Tensor, acceptance: Acceptance) -> KVPlan:
@@ -207,15 +664,28 @@ def kv_bookkeeping(out_cache_loc: torch.Tensor, acceptance: Acceptance) -> KVPla
 
     keep_slots[b, :keep_counts[b]] are the slots the request's next positions
     seq_len .. seq_len + accept_length map to (req_to_token must be rewritten with them: the
-    tree wrote node i at seq_len + i, the path needs node at depth k at seq_len + k).
+    tree wrote node i at seq_len + i, the path needs the node at depth k at seq_len + k).
     """
-    raise NotImplementedError
+    accept_index = acceptance.accept_index
+    total = out_cache_loc.shape[0]
+    ok = accept_index >= 0
+    keep_slots = torch.where(ok, out_cache_loc[accept_index.clamp(min=0)], -1)
+    keep_mask = torch.zeros(total + 1, dtype=torch.bool, device=out_cache_loc.device)
+    keep_mask.scatter_(0, torch.where(ok, accept_index, total).reshape(-1), True)
+    keep_mask = keep_mask[:total]
+    return KVPlan(
+        keep_slots=keep_slots,
+        keep_counts=acceptance.accept_length + 1,
+        keep_mask=keep_mask,
+        free_slots=out_cache_loc[~keep_mask],
+    )
 
 
 def next_context_indices(acceptance: Acceptance) -> Tuple[torch.Tensor, torch.Tensor]:
     """Hidden states that form the next draft context: (padded [bs, S] flat indices into the
     verify batch, root first, -1 pad; mask [bs, S] bool of the valid entries)."""
-    raise NotImplementedError
+    index = acceptance.accept_index
+    return index, index >= 0
 
 
 def last_accepted_node(acceptance: Acceptance) -> torch.Tensor:
