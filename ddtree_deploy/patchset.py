@@ -13,12 +13,46 @@ Paths in FilePatch are the patch's paths with one leading component stripped
 (git's a/ and b/), i.e. package-relative like "sglang/srt/speculative/spec_info.py".
 Path *safety* (absolute, "..", symlinks) is checked by the series layer, not here,
 but parse_patch keeps the raw header line numbers so the series layer can name them.
+
+How a hunk is placed (GNU patch 2.7's rules, so that its verdicts and reported
+lines can be checked against ``patch`` itself; see tests/test_patch_differential.py):
+
+* Hunks of a file section are placed in order. Hunk k is first tried at the line
+  it states plus the offset the earlier hunks landed at, then at offsets +1, -1,
+  +2, -2, ... : on equal distance the LATER line wins (GNU patch and git apply
+  agree on that). A hunk never lands before the last line an earlier hunk changed.
+* A hunk whose leading context is shorter than its trailing context and that
+  states line 1 must match at the start of the file; one whose trailing context
+  is shorter must match at the end (the diff tool ran out of lines there, so the
+  hunk is anchored). Fuzz relaxes the anchors the way GNU patch does.
+* Lines match byte for byte, including whether the line has a newline: a hunk
+  line followed by "\\ No newline at end of file" matches only a last line that
+  lacks one, and a line with a newline never matches such a last line.
+* Order of attempts: forward without fuzz, then the reverse hunk without fuzz
+  (already applied; GNU patch checks this for the first hunk of a file only, we
+  check every hunk), then forward with fuzz 1..fuzz. A reverse match is never
+  fuzzy: "already applied" must be certain, or a change could be applied twice.
+* Fuzz f ignores up to f context lines at each end of the hunk (never changed
+  lines), limited by the hunk's context; lines kept from the file are the file's,
+  so fuzzed context is never rewritten.
+
+Line endings: a file whose every line ends in CRLF keeps CRLF (new lines get
+CRLF) whether the patch is LF or CRLF. A patch whose body lines all end in CRLF,
+applied to a file with none, raises BadInput ("CRLF patch against LF file"):
+the patch file was mangled (editor, checkout setting), and converting it is the
+fix. Any other mix is matched byte for byte, as GNU patch and git apply do.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
+
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from ddtree_deploy.errors import BadInput
 
 
 class HunkStatus(str, Enum):
@@ -49,10 +83,60 @@ class HunkResult:
     fuzz: int = 0  # context lines ignored at each end (0..2)
     nearest_line: int | None = None  # failed: best-matching location
     mismatches: tuple[Mismatch, ...] = ()  # failed: the lines that differ there
+    reason: str = ""  # failed for a reason other than mismatching lines (file absent, exists...)
 
     @property
     def ok(self) -> bool:
         return self.status is not HunkStatus.FAILED
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One parsed hunk, in the form the applier needs (the FilePatch.hunks items)."""
+
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+    header: str  # "@@ -a,b +c,d @@" as written, without the section heading
+    patch_line: int  # 1-based line of the header in the patch file
+    lines: tuple[tuple[str, str], ...]  # (tag, text): tag is " ", "-" or "+"; text has no "\n"
+    old_no_eol: bool = False  # the old side's last line has no newline
+    new_no_eol: bool = False  # the new side's last line has no newline
+
+    @property
+    def old_lines(self) -> list[str]:
+        return [t for tag, t in self.lines if tag != "+"]
+
+    @property
+    def new_lines(self) -> list[str]:
+        return [t for tag, t in self.lines if tag != "-"]
+
+    @property
+    def prefix_context(self) -> int:
+        n = 0
+        for tag, _ in self.lines:
+            if tag != " ":
+                break
+            n += 1
+        return n
+
+    @property
+    def suffix_context(self) -> int:
+        n = 0
+        for tag, _ in reversed(self.lines):
+            if tag != " ":
+                break
+            n += 1
+        return n
+
+    def reversed(self) -> Hunk:
+        swap = {" ": " ", "-": "+", "+": "-"}
+        return Hunk(
+            self.new_start, self.new_len, self.old_start, self.old_len, self.header,
+            self.patch_line, tuple((swap[tag], t) for tag, t in self.lines),
+            self.new_no_eol, self.old_no_eol,
+        )
 
 
 @dataclass(frozen=True)
@@ -64,6 +148,7 @@ class FilePatch:
     source_path: str | None  # stripped; None for /dev/null (new file)
     target_path: str | None  # stripped; None for /dev/null (deletion)
     hunks: tuple = field(default_factory=tuple)  # engine-internal parsed hunks
+    crlf: bool = False  # every body line of the section ends in CRLF
 
     @property
     def path(self) -> str:
@@ -90,13 +175,687 @@ class FileResult:
         return all(h.ok for h in self.hunks)
 
 
+# --------------------------------------------------------------------------- paths
+
+DEV_NULL = "/dev/null"
+
+
 def strip_path(path: str, strip: int = 1) -> str:
-    raise NotImplementedError
+    """Drop ``strip`` leading components, as ``patch -p`` does ("a/x/y.py" -> "x/y.py").
+
+    An absolute path is returned unchanged: stripping "/etc/x" to "etc/x" would hide
+    it from the series layer's safety check, which must see it and refuse it.
+    """
+    if path.startswith("/"):
+        return path
+    parts = [p for p in path.split("/") if p]
+    if len(parts) <= strip:
+        raise BadInput(
+            f"path {path!r} has no leading component to strip; "
+            "patch paths must look like a/sglang/... and b/sglang/... (git diff)"
+        )
+    return "/".join(parts[strip:])
+
+
+# --------------------------------------------------------------------------- parsing
+
+_HUNK_HEADER = re.compile(r"^(@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@)(?: .*)?$")
+_GIT_REFUSED = {
+    "rename from": "renames", "rename to": "renames",
+    "copy from": "copies", "copy to": "copies",
+    "old mode": "file mode changes", "new mode": "file mode changes",
+}
+_NO_EOL_PREFIX = "\\ "  # "\ No newline at end of file" (the text is localised by some tools)
+_HINT_REGEN = "regenerate the patch (git diff) rather than editing hunks by hand"
+
+
+def _split_lines(text: str) -> list[str]:
+    """Split on "\\n" only: str.splitlines also splits on \\r, \\f, \\x1c..., which are content."""
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def _meta(raw: str) -> str:
+    """A header line without its terminator (a CRLF patch has CRLF headers too)."""
+    return raw.rstrip("\n").removesuffix("\r")
+
+
+@dataclass
+class _ScannedHunk:
+    header_index: int  # 0-based line index of "@@"
+    header: str
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+    body_end: int = 0  # index after the last body line (markers included)
+
+
+@dataclass
+class _Section:
+    start: int  # 0-based index of "diff --git" or "--- "
+    minus_index: int | None = None  # 0-based index of "--- "
+    git_paths: tuple[str, str] | None = None
+    new_file: bool = False
+    deleted_file: bool = False
+    hunks: list[_ScannedHunk] = field(default_factory=list)
+    end: int = 0  # index after the section's last line that belongs to it
+
+
+class _Scanner:
+    """The strict pass unidiff does not do: counts, truncation, binary, renames, ordering.
+
+    It walks the patch once, names the 1-based line of every problem, and records where
+    each file section and hunk is, so that unidiff parses each section on its own and the
+    results carry the patch file's line numbers.
+    """
+
+    def __init__(self, lines: list[str], name: str):
+        self.lines = lines
+        self.name = name
+        self.sections: list[_Section] = []
+
+    def bad(self, index: int, what: str) -> BadInput:
+        return BadInput(f"{self.name}:{index + 1}: {what}")
+
+    def _is_file_header(self, i: int) -> bool:
+        return (self.lines[i].startswith("--- ") and i + 1 < len(self.lines)
+                and self.lines[i + 1].startswith("+++ "))
+
+    def _looks_like_header(self, i: int) -> bool:
+        line = self.lines[i]
+        return line.startswith(("@@ ", "diff --git ")) or self._is_file_header(i)
+
+    def scan(self) -> list[_Section]:
+        lines, i = self.lines, 0
+        cur: _Section | None = None
+        after_hunk = False  # the previous line closed a hunk
+        while i < len(lines):
+            raw, meta = lines[i], _meta(lines[i])
+            if raw.startswith("diff --git "):
+                cur = self._open(_Section(start=i))
+                cur.git_paths = self._git_paths(i, meta)
+            elif meta == "GIT binary patch" or (meta.startswith("Binary files ") and meta.endswith(" differ")):
+                raise self.bad(i, "binary patch; the engine applies text patches only, "
+                                  "so ship the file whole with an 'add' entry in the series")
+            elif cur is not None and not cur.hunks and cur.minus_index is None and any(
+                    meta.startswith(k) for k in _GIT_REFUSED):
+                what = next(v for k, v in _GIT_REFUSED.items() if meta.startswith(k))
+                raise self.bad(i, f"{what} are not supported ({meta!r}); "
+                                  "express the change as hunks on the file (or a new file and a deletion)")
+            elif cur is not None and not cur.hunks and meta.startswith("new file mode "):
+                cur.new_file = True
+            elif cur is not None and not cur.hunks and meta.startswith("deleted file mode "):
+                cur.deleted_file = True
+            elif raw.startswith("--- "):
+                if not self._is_file_header(i):
+                    raise self.bad(i, "'--- ' file header is not followed by a '+++ ' header; "
+                                      + _HINT_REGEN)
+                if cur is None or cur.minus_index is not None or cur.git_paths is None:
+                    cur = self._open(_Section(start=i))
+                cur.minus_index = i
+                i += 2
+                after_hunk = False
+                continue
+            elif raw.startswith("+++ "):
+                raise self.bad(i, "'+++ ' file header without a '--- ' header before it; " + _HINT_REGEN)
+            elif raw.startswith("@@"):
+                if cur is None or cur.minus_index is None:
+                    raise self.bad(i, "hunk header outside a file section (no '--- '/'+++ ' "
+                                      "header above it); " + _HINT_REGEN)
+                i = self._hunk(cur, i)
+                after_hunk = True
+                continue
+            elif raw.startswith(_NO_EOL_PREFIX):
+                raise self.bad(i, "'\\ No newline at end of file' marker not directly after a hunk line; "
+                               + _HINT_REGEN)
+            elif after_hunk and raw[:1] in (" ", "+", "-") and meta not in ("--", "-- "):
+                last = cur.hunks[-1] if cur else None
+                what = f"hunk {last.header} (line {last.header_index + 1})" if last else "the hunk above"
+                raise self.bad(i, f"{what} has more lines than its header says "
+                                  f"({self._counts_note(last)}); " + _HINT_REGEN)
+            elif raw in ("\n", "\r\n"):
+                pass  # blank lines between or after hunks are harmless (unidiff skips them too)
+            elif cur is not None and cur.hunks:
+                # Free text after a section's hunks ends the section (as unidiff reads it).
+                cur.end = i
+                cur = None
+            after_hunk = False
+            i += 1
+        if cur is not None and not cur.end:
+            cur.end = len(lines)
+        if not self.sections:
+            raise BadInput(f"{self.name}:1: empty patch: no file section ('--- a/...' and "
+                           "'+++ b/...' headers) found; make the patch with git diff or git format-patch")
+        return self.sections
+
+    def _open(self, section: _Section) -> _Section:
+        if self.sections and not self.sections[-1].end:
+            self.sections[-1].end = section.start
+        self.sections.append(section)
+        return section
+
+    def _git_paths(self, i: int, meta: str) -> tuple[str, str]:
+        rest = meta[len("diff --git "):]
+        if rest.startswith('"'):
+            raise self.bad(i, "quoted (escaped) path in the diff header; "
+                              "paths with special characters are not supported")
+        # "a/x b/x": when both halves are the same path the split is unambiguous.
+        half = (len(rest) - 1) // 2
+        if len(rest) % 2 == 1 and rest[half] == " " and rest[:half][2:] == rest[half + 1:][2:]:
+            return rest[:half], rest[half + 1:]
+        parts = rest.split(" b/", 1)
+        if len(parts) != 2:
+            raise self.bad(i, f"cannot read the two paths of {meta!r}; " + _HINT_REGEN)
+        return parts[0], "b/" + parts[1]
+
+    @staticmethod
+    def _counts_note(h: _ScannedHunk | None) -> str:
+        return f"{h.old_len} old and {h.new_len} new lines" if h else "its counts"
+
+    def _hunk(self, cur: _Section, i: int) -> int:
+        lines = self.lines
+        meta = _meta(lines[i])
+        m = _HUNK_HEADER.match(meta)
+        if not m:
+            raise self.bad(i, f"malformed hunk header {meta!r} (expected '@@ -a,b +c,d @@'); " + _HINT_REGEN)
+        header = m.group(1)
+        old_start, new_start = int(m.group(2)), int(m.group(4))
+        old_len = int(m.group(3)) if m.group(3) is not None else 1
+        new_len = int(m.group(5)) if m.group(5) is not None else 1
+        if (old_start == 0 and old_len) or (new_start == 0 and new_len):
+            raise self.bad(i, f"hunk {header} starts at line 0 but has lines; " + _HINT_REGEN)
+        h = _ScannedHunk(i, header, old_start, old_len, new_start, new_len)
+        old_left, new_left = old_len, new_len
+        j = i + 1
+        last_tag = None
+        closed: set[str] = set()  # sides whose last line was marked "no newline"
+        while old_left or new_left or (j < len(lines) and lines[j].startswith(_NO_EOL_PREFIX) and last_tag):
+            if j >= len(lines):
+                raise self.bad(i, f"truncated hunk {header}: the patch ends (line {len(lines)}) after "
+                                  f"{old_len - old_left} of {old_len} old and {new_len - new_left} of "
+                                  f"{new_len} new lines; the patch file was cut short, fetch or make it again")
+            raw = lines[j]
+            if raw.startswith(_NO_EOL_PREFIX):
+                if last_tag is None:
+                    raise self.bad(j, "'\\ No newline at end of file' marker before any hunk line; " + _HINT_REGEN)
+                closed |= {"old", "new"} if last_tag == " " else {"old" if last_tag == "-" else "new"}
+                last_tag = None
+                j += 1
+                continue
+            tag = raw[:1]
+            if raw in ("\n", "\r\n"):
+                tag = " "  # a blank context line whose leading space an editor stripped
+            if tag not in (" ", "-", "+") or self._looks_like_header(j):
+                self._wrong_counts(h, j)
+            if tag in (" ", "-") and "old" in closed or tag in (" ", "+") and "new" in closed:
+                raise self.bad(j, "line after a '\\ No newline at end of file' marker on the same side; "
+                                  "only the last line of a file can lack a newline; " + _HINT_REGEN)
+            if tag in (" ", "-"):
+                old_left -= 1
+            if tag in (" ", "+"):
+                new_left -= 1
+            if old_left < 0 or new_left < 0:
+                self._wrong_counts(h, j)
+            last_tag = tag
+            j += 1
+        h.body_end = j
+        if cur.hunks:
+            prev = cur.hunks[-1]
+            prev_end = prev.old_start + max(prev.old_len, 1)
+            first = old_start if old_len else old_start + 1
+            if first < prev_end:
+                raise self.bad(i, f"hunk {header} starts at old line {first}, before the hunk above "
+                                  f"({prev.header}) ends; hunks must be in file order, not overlapping; "
+                                  + _HINT_REGEN)
+        cur.hunks.append(h)
+        return j
+
+    def _wrong_counts(self, h: _ScannedHunk, at: int) -> None:
+        """Count the hunk's real body (up to the first line that is not one) and say which count is off."""
+        old = new = 0
+        j = h.header_index + 1
+        while j < len(self.lines):
+            raw = self.lines[j]
+            if raw.startswith(_NO_EOL_PREFIX):
+                j += 1
+                continue
+            tag = " " if raw in ("\n", "\r\n") else raw[:1]
+            if tag not in (" ", "-", "+") or self._looks_like_header(j):
+                break
+            old += tag in (" ", "-")
+            new += tag in (" ", "+")
+            j += 1
+        parts = []
+        if old != h.old_len:
+            parts.append(f"{h.old_len} old lines but has {old}")
+        if new != h.new_len:
+            parts.append(f"{h.new_len} new lines but has {new}")
+        says = " and ".join(parts) or f"{h.old_len} old and {h.new_len} new lines but its body is malformed"
+        raise BadInput(f"{self.name}:{h.header_index + 1}: hunk {h.header} says {says} "
+                       f"(body ends at line {j}); " + _HINT_REGEN)
+
+
+def _header_path(raw: str, prefix: str) -> str:
+    """The path of a '--- '/'+++ ' line, without a tab-separated timestamp."""
+    return _meta(raw)[len(prefix):].split("\t", 1)[0]
 
 
 def parse_patch(text: str, *, name: str) -> list[FilePatch]:
-    raise NotImplementedError
+    """Parse a unified diff into file sections; any defect raises BadInput naming ``name:line``."""
+    if not text.strip():
+        raise BadInput(f"{name}:1: empty patch (no text); make it with git diff or git format-patch")
+    lines = _split_lines(text)
+    sections = _Scanner(lines, name).scan()
+    return [_section_to_file_patch(s, lines, name) for s in sections]
+
+
+def _section_to_file_patch(s: _Section, lines: list[str], name: str) -> FilePatch:
+    where = f"{name}:{(s.minus_index if s.minus_index is not None else s.start) + 1}"
+    if s.minus_index is None:
+        # A git section without ---/+++: only an empty new or deleted file has none.
+        if s.new_file or s.deleted_file:
+            a, b = s.git_paths  # type: ignore[misc]
+            src = None if s.new_file else _strip(a, where)
+            dst = None if s.deleted_file else _strip(b, where)
+            return FilePatch(name, s.start + 1, src, dst, ())
+        raise BadInput(f"{where}: file section {_meta(lines[s.start])!r} has no hunks "
+                       "(a mode-only or empty change); remove it from the patch")
+    if not s.hunks:
+        raise BadInput(f"{where}: file section has headers but no hunk ('@@ ... @@'); "
+                       "the patch is truncated or hand-edited; " + _HINT_REGEN)
+    minus, plus = lines[s.minus_index], lines[s.minus_index + 1]
+    raw_src, raw_dst = _header_path(minus, "--- "), _header_path(plus, "+++ ")
+    for raw_path, idx in ((raw_src, s.minus_index), (raw_dst, s.minus_index + 1)):
+        if raw_path.startswith('"'):
+            raise BadInput(f"{name}:{idx + 1}: quoted (escaped) path {raw_path}; "
+                           "paths with special characters are not supported")
+    if raw_src == DEV_NULL and raw_dst == DEV_NULL:
+        raise BadInput(f"{where}: both sides of the file section are /dev/null; " + _HINT_REGEN)
+    src = None if raw_src == DEV_NULL else _strip(raw_src, where)
+    dst = None if raw_dst == DEV_NULL else _strip(raw_dst, where)
+    if src is not None and dst is not None and src != dst:
+        raise BadInput(f"{where}: the section renames {src} to {dst}; renames are not supported, "
+                       "express it as a new file and a deletion")
+    if s.git_paths is not None:
+        for git_path, path in zip(s.git_paths, (src, dst)):
+            if path is not None and _strip(git_path, where) != path:
+                raise BadInput(f"{where}: 'diff --git' names {git_path} but the ---/+++ headers name "
+                               f"{path}; " + _HINT_REGEN)
+    hunks = _unidiff_hunks(s, lines, name)
+    for h in hunks:
+        if src is None and (h.old_len or len(hunks) > 1):
+            raise BadInput(f"{name}:{h.patch_line}: hunk {h.header} of a new file has old lines; "
+                           + _HINT_REGEN)
+        if dst is None and h.new_len:
+            raise BadInput(f"{name}:{h.patch_line}: hunk {h.header} of a deleted file has new lines; "
+                           + _HINT_REGEN)
+    return FilePatch(name, s.minus_index + 1, src, dst, tuple(hunks), crlf=_is_crlf(hunks))
+
+
+def _strip(path: str, where: str) -> str:
+    try:
+        return strip_path(path, 1)
+    except BadInput as exc:
+        raise BadInput(f"{where}: {exc.message}") from None
+
+
+def _unidiff_hunks(s: _Section, lines: list[str], name: str) -> list[Hunk]:
+    """Parse one section with unidiff and attach the patch file's line numbers."""
+    first = s.minus_index  # the section handed to unidiff starts at its ---/+++ headers
+    assert first is not None
+    # Headers with their CR removed (unidiff would keep it in the path); bodies verbatim.
+    chunk = [_meta(lines[first]) + "\n", _meta(lines[first + 1]) + "\n"]
+    base = first + 2
+    for h in s.hunks:
+        chunk.extend(lines[base:h.header_index])
+        chunk.append(_meta(lines[h.header_index]) + "\n")
+        chunk.extend(lines[h.header_index + 1:h.body_end])
+        base = h.body_end
+    try:
+        parsed = PatchSet("".join(chunk))
+    except UnidiffParseError as exc:  # the scanner should have caught it; say where anyway
+        raise BadInput(f"{name}:{first + 1}: unreadable file section ({exc}); " + _HINT_REGEN) from None
+    if len(parsed) != 1 or len(parsed[0]) != len(s.hunks):
+        raise BadInput(f"{name}:{first + 1}: unreadable file section (unidiff found "
+                       f"{sum(len(f) for f in parsed)} hunks, expected {len(s.hunks)}); " + _HINT_REGEN)
+    out = []
+    for scanned, uh in zip(s.hunks, parsed[0]):
+        body: list[tuple[str, str]] = []
+        old_no_eol = new_no_eol = False
+        for ln in uh:
+            if ln.line_type == "\\":
+                tag = body[-1][0]
+                old_no_eol |= tag in (" ", "-")
+                new_no_eol |= tag in (" ", "+")
+            elif ln.line_type in (" ", "-", "+"):
+                body.append((ln.line_type, ln.value[:-1] if ln.value.endswith("\n") else ln.value))
+        out.append(Hunk(uh.source_start, uh.source_length, uh.target_start, uh.target_length,
+                        scanned.header, scanned.header_index + 1, tuple(body), old_no_eol, new_no_eol))
+    _check_no_eol_is_last(out, name)
+    return out
+
+
+def _check_no_eol_is_last(hunks: list[Hunk], name: str) -> None:
+    for h in hunks[:-1]:
+        if h.old_no_eol or h.new_no_eol:
+            raise BadInput(f"{name}:{h.patch_line}: hunk {h.header} marks a line '\\ No newline at end of "
+                           "file' but is not the section's last hunk; " + _HINT_REGEN)
+
+
+def _is_crlf(hunks: list[Hunk]) -> bool:
+    """True when every body line that has a line terminator ends in CR (a CRLF patch)."""
+    seen = False
+    for h in hunks:
+        for k, (tag, text) in enumerate(h.lines):
+            if _ends_without_newline(h, k):
+                continue
+            if not text.endswith("\r"):
+                return False
+            seen = True
+    return seen
+
+
+def _ends_without_newline(h: Hunk, k: int) -> bool:
+    """Whether body line k of h is a side's last line marked '\\ No newline'."""
+    tag = h.lines[k][0]
+    later = [t for t, _ in h.lines[k + 1:]]
+    old_last = tag in (" ", "-") and not any(t in (" ", "-") for t in later)
+    new_last = tag in (" ", "+") and not any(t in (" ", "+") for t in later)
+    return (old_last and h.old_no_eol) or (new_last and h.new_no_eol)
+
+
+# --------------------------------------------------------------------------- applying
+
+@dataclass
+class _Lines:
+    """A text as lines: body (no terminator) and its terminator ("\\n", "\\r\\n" or "")."""
+
+    bodies: list[str]
+    eols: list[str]
+
+    @classmethod
+    def from_text(cls, text: str, crlf: bool) -> _Lines:
+        parts = text.split("\n")
+        bodies, eols = parts[:-1], ["\n"] * (len(parts) - 1)
+        if parts[-1]:
+            bodies.append(parts[-1])
+            eols.append("")
+        if crlf:
+            for k, b in enumerate(bodies):
+                if eols[k] and b.endswith("\r"):
+                    bodies[k], eols[k] = b[:-1], "\r\n"
+        return cls(bodies, eols)
+
+    def text(self) -> str:
+        return "".join(b + e for b, e in zip(self.bodies, self.eols))
+
+    def __len__(self) -> int:
+        return len(self.bodies)
+
+
+def _is_crlf_text(text: str) -> bool:
+    """Every line that ends has CRLF, and at least one does."""
+    n = text.count("\n")
+    return n > 0 and text.count("\r\n") == n
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    """What a hunk expects to find: (body, has_newline) per old-side line."""
+
+    lines: tuple[tuple[str, bool], ...]
+    prefix: int  # leading context lines
+    suffix: int  # trailing context lines
+
+
+def _pattern(h: Hunk, strip_cr: bool) -> _Pattern:
+    old = [t for tag, t in h.lines if tag != "+"]
+    if strip_cr:
+        old = [t[:-1] if t.endswith("\r") else t for t in old]
+    flags = [True] * len(old)
+    if old and h.old_no_eol:
+        flags[-1] = False
+    return _Pattern(tuple(zip(old, flags)), h.prefix_context, h.suffix_context)
+
+
+class _Applier:
+    """GNU patch's placement over one input text: in_offset, out_offset, last_frozen_line."""
+
+    def __init__(self, fp: FilePatch, src: _Lines, strip_cr: bool, eol: str, fuzz: int):
+        self.fp, self.src, self.strip_cr, self.eol, self.fuzz = fp, src, strip_cr, eol, fuzz
+        self.in_offset = 0  # input line minus the line the patch states, after the last placed hunk
+        self.out_offset = 0  # lines added minus removed by the hunks applied so far
+        # Input lines already written out or deleted: GNU's last_frozen_line. No later
+        # hunk may change a line at or before it.
+        self.copied = 0
+        self.out = _Lines([], [])
+
+    # -- matching
+
+    def _matches(self, pat: _Pattern, start: int, pf: int, sf: int) -> bool:
+        """Does the pattern match with its first line at 1-based input line ``start``?"""
+        src = self.src
+        for k in range(pf, len(pat.lines) - sf):
+            idx = start - 1 + k
+            if idx < 0 or idx >= len(src):
+                return False
+            body, has_nl = pat.lines[k]
+            if src.bodies[idx] != body or (src.eols[idx] != "") != has_nl:
+                return False
+        return True
+
+    def _locate(self, pat: _Pattern, first: int, fuzz: int, whole_file: bool = False) -> int | None:
+        """The 1-based line where the hunk lands at this fuzz level, or None (GNU's locate_hunk)."""
+        m, n = len(pat.lines), len(self.src)
+        if m == 0:  # nothing to match: a pure insertion lands where it says
+            return first if self.copied < first <= n + 1 else None
+        context = max(pat.prefix, pat.suffix)
+        pf = fuzz + pat.prefix - context
+        sf = fuzz + pat.suffix - context
+        if whole_file:  # a deletion must remove the whole file, nothing else
+            return 1 if m == n and self.copied == 0 and self._matches(pat, 1, 0, 0) else None
+        max_where = n - (m - sf) + 1
+        min_where = max(self.copied + 1 - (pat.prefix - pf), 1)
+        if pf < 0 and first - self.in_offset <= 1:
+            # Anchored at the start of the file (and, if sf < 0 too, at its end).
+            if sf < 0 and (m != n or pat.prefix < self.copied):
+                return None
+            ok = self.copied <= pat.prefix and 1 <= max_where and self._matches(pat, 1, 0, max(sf, 0))
+            return 1 if ok else None
+        pf = max(pf, 0)
+        if sf < 0:  # anchored at the end of the file
+            start = n - m + 1
+            ok = start >= min_where and self._matches(pat, start, pf, 0)
+            return start if ok else None
+        for dist in range(0, max(max_where - first, first - min_where) + 1):
+            for start in ((first + dist,) if dist == 0 else (first + dist, first - dist)):
+                if min_where <= start <= max_where and self._matches(pat, start, pf, sf):
+                    return start
+        return None
+
+    def _nearest(self, pat: _Pattern, first: int) -> tuple[int, tuple[Mismatch, ...]]:
+        """The location with the most matching lines (ties: nearest, then later) and its differences."""
+        n, m = len(self.src), len(pat.lines)
+        best: tuple[int, int, int] | None = None  # (-matches, distance, -start)
+        for start in range(1, max(n - m + 1, 1) + 1):
+            hits = sum(1 for k in range(m) if self._matches(pat, start, k, m - k - 1))
+            key = (-hits, abs(start - first), -start)
+            if best is None or key < best:
+                best = key
+        start = -best[2] if best else 1
+        mismatches = []
+        for k, (body, has_nl) in enumerate(pat.lines):
+            idx = start - 1 + k
+            if not self._matches(pat, start, k, m - k - 1):
+                actual = self._show(idx) if idx < n else None
+                expected = body if has_nl else body + "  (no newline at end of file)"
+                mismatches.append(Mismatch(start + k + self.out_offset, expected, actual))
+        return start + self.out_offset, tuple(mismatches)
+
+    def _show(self, idx: int) -> str:
+        body = self.src.bodies[idx]
+        return body if self.src.eols[idx] else body + "  (no newline at end of file)"
+
+    # -- output
+
+    def _copy_till(self, line: int) -> None:
+        while self.copied < line:
+            self._emit(self.src.bodies[self.copied], self.src.eols[self.copied])
+            self.copied += 1
+
+    def _emit(self, body: str, eol: str) -> None:
+        if self.out.eols and self.out.eols[-1] == "":
+            self.out.eols[-1] = self.eol  # a line now follows the old last line
+        self.out.bodies.append(body)
+        self.out.eols.append(eol)
+
+    def _apply(self, h: Hunk, where: int) -> None:
+        """Write hunk h at 1-based input line ``where`` (GNU's apply_hunk, for unified hunks)."""
+        old_idx = 0
+        new_total = sum(1 for tag, _ in h.lines if tag != "-")
+        new_seen = 0
+        for tag, text in h.lines:
+            if tag == " ":
+                old_idx += 1
+                new_seen += 1
+            elif tag == "-":
+                self._copy_till(where - 1 + old_idx)
+                self.copied += 1
+                old_idx += 1
+            else:
+                self._copy_till(where - 1 + old_idx)
+                new_seen += 1
+                body = text[:-1] if self.strip_cr and text.endswith("\r") else text
+                last_of_file = new_seen == new_total and h.new_no_eol
+                self._emit(body, "" if last_of_file else self.eol)
+        self.out_offset += h.new_len - h.old_len
+
+    def finish(self) -> str:
+        self._copy_till(len(self.src))
+        return self.out.text()
+
+    # -- one hunk
+
+    def place(self, index: int, h: Hunk) -> HunkResult:
+        fwd = _pattern(h, self.strip_cr)
+        first = (h.old_start if h.old_len else h.old_start + 1) + self.in_offset
+        whole = self.fp.is_deletion
+        levels = min(self.fuzz, max(fwd.prefix, fwd.suffix))
+        for fuzz in range(levels + 1):
+            where = self._locate(fwd, first, fuzz, whole)
+            if where is not None and h.new_no_eol and where - 1 + len(fwd.lines) != len(self.src):
+                where = None  # the new side ends the file: it can only land at the end
+            if where is not None:
+                line = where + self.out_offset
+                self.in_offset = where - (first - self.in_offset)
+                self._apply(h, where)
+                status = (HunkStatus.FUZZ if fuzz else
+                          HunkStatus.OFFSET if self.in_offset else HunkStatus.EXACT)
+                return HunkResult(index, h.header, h.patch_line, status, line, self.in_offset, fuzz)
+            if fuzz == 0:
+                done = self._already_applied(index, h, first)
+                if done is not None:
+                    return done
+        nearest, mismatches = self._nearest(fwd, first)
+        reason = ""
+        if whole and len(fwd.lines) != len(self.src):
+            reason = (f"the patch deletes {self.fp.path} expecting {len(fwd.lines)} lines, "
+                      f"but it has {len(self.src)}")
+        return HunkResult(index, h.header, h.patch_line, HunkStatus.FAILED, None, 0, 0,
+                          nearest, mismatches, reason)
+
+    def _already_applied(self, index: int, h: Hunk, first: int) -> HunkResult | None:
+        rev = h.reversed()
+        pat = _pattern(rev, self.strip_cr)
+        if not pat.lines:  # nothing to recognise the change by
+            return None
+        where = self._locate(pat, first, 0, whole_file=False)
+        if where is None or (h.old_no_eol and where - 1 + len(pat.lines) != len(self.src)):
+            return None
+        offset = where - (first - self.in_offset)
+        # Later hunks sit further down by what this one added (it is in the input already).
+        self.in_offset = offset + h.new_len - h.old_len
+        # Nothing changes, but later hunks must land after it, as after an applied one.
+        self._copy_till(where - 1 + len(pat.lines) - pat.suffix)
+        return HunkResult(index, h.header, h.patch_line, HunkStatus.ALREADY_APPLIED,
+                          where + self.out_offset, offset, 0)
+
+
+def _failed_all(fp: FilePatch, reason: str, nearest: int | None = None,
+                mismatches: tuple[Mismatch, ...] = ()) -> FileResult:
+    hunks = tuple(HunkResult(k, h.header, h.patch_line, HunkStatus.FAILED, None,
+                             nearest_line=nearest, mismatches=mismatches, reason=reason)
+                  for k, h in enumerate(fp.hunks, 1))
+    if not hunks:  # a section without hunks (empty new/deleted file) still needs a verdict
+        hunks = (HunkResult(1, "(no hunks)", fp.header_line, HunkStatus.FAILED, None,
+                            nearest_line=nearest, mismatches=mismatches, reason=reason),)
+    return FileResult(fp, hunks, None)
+
+
+def _all_already(fp: FilePatch, text: str | None) -> FileResult:
+    hunks = tuple(HunkResult(k, h.header, h.patch_line, HunkStatus.ALREADY_APPLIED,
+                             h.new_start or 1) for k, h in enumerate(fp.hunks, 1))
+    return FileResult(fp, hunks, text)
 
 
 def apply_file_patch(fp: FilePatch, original: str | None, *, fuzz: int = 0) -> FileResult:
-    raise NotImplementedError
+    """Apply one file section to ``original`` (None: the file does not exist).
+
+    The text is None when a hunk failed or the section deletes the file. Raises
+    BadInput for a fuzz outside 0..2 and for a CRLF patch against an LF file.
+    """
+    if not 0 <= fuzz <= 2:
+        raise BadInput(f"fuzz {fuzz} is out of range; use 0, 1 or 2")
+    where = f"{fp.patch_name}:{fp.header_line}"
+    if original is None:
+        if fp.is_deletion:
+            return _all_already(fp, None)
+        if not fp.is_new:
+            return _failed_all(fp, f"{fp.path} does not exist; the patch changes an existing file")
+        original = ""
+    elif not fp.hunks and original:
+        what = "creates it empty" if fp.is_new else "deletes it as an empty file"
+        return _failed_all(fp, f"{fp.path} is not empty; the patch {what}")
+
+    file_crlf = _is_crlf_text(original)
+    if fp.crlf and "\n" in original and "\r\n" not in original:
+        raise BadInput(f"{where}: CRLF patch against LF file {fp.path}: the patch's lines end in CRLF "
+                       "but the file's end in LF; convert the patch to LF (dos2unix) or regenerate it")
+    strip_cr = file_crlf  # compare and write in the file's CRLF style; otherwise byte for byte
+    src = _Lines.from_text(original, crlf=file_crlf)
+
+    if fp.is_new and len(src):
+        return _new_file_exists(fp, src, strip_cr, original)
+
+    ap = _Applier(fp, src, strip_cr, "\r\n" if file_crlf else "\n", fuzz)
+    results = tuple(ap.place(k, h) for k, h in enumerate(fp.hunks, 1))
+    if not all(r.ok for r in results):
+        return FileResult(fp, results, None)
+    text = ap.finish()
+    if fp.is_deletion:
+        return FileResult(fp, results, None)
+    return FileResult(fp, results, text)
+
+
+def _new_file_exists(fp: FilePatch, src: _Lines, strip_cr: bool, original: str) -> FileResult:
+    """A section creating a file that exists: already applied if the file is exactly its content."""
+    created = _Applier(fp, _Lines([], []), strip_cr, "\r\n" if strip_cr else "\n", 0)
+    for k, h in enumerate(fp.hunks, 1):
+        created.place(k, h)
+    expected = _Lines.from_text(created.finish(), crlf=strip_cr)
+    if expected.bodies == src.bodies and expected.eols == src.eols:
+        return _all_already(fp, original)
+    mismatches = []
+    for k in range(max(len(expected), len(src))):
+        exp = expected.bodies[k] if k < len(expected) else "(end of file)"
+        act = src.bodies[k] if k < len(src) else None
+        if k >= len(expected) or k >= len(src) or exp != act or expected.eols[k] != src.eols[k]:
+            mismatches.append(Mismatch(k + 1, exp, act))
+        if len(mismatches) >= 20:
+            break
+    return _failed_all(fp, f"{fp.path} already exists with other content; the patch creates it",
+                       1, tuple(mismatches))
