@@ -1,1 +1,213 @@
-"""(placeholder: this command group has not landed yet)"""
+"""`ddtree-deploy push | rollback | status`, and `snapshot pull`: the host commands.
+
+Thin: parse options, load the inventory and the series, call ddtree_deploy.deploy,
+render. Progress goes to stderr, one summary line per host (or one JSON document) to
+stdout. With several ``--host``, every host is attempted and reported; the exit code is
+the worst one.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import typer
+
+from ddtree_deploy import deploy
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.snapshot_cmd import report_snapshot, snapshot_app
+from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.inventory import Host, load_host
+from ddtree_deploy.transport import transport_for
+
+HOST_HELP = "inventory name (hosts/<name>.toml), a .toml path, or 'local' (this machine); repeatable"
+FAMILY_HELP = "family folder or name under the patches folder (default: the one covering the host's SGLang)"
+
+
+def _series_chooser(family: str | None):
+    """(paths to discover, facts -> Series): the family is chosen by the host's version unless forced."""
+    from ddtree_deploy.series import families, load_family, pick_family
+    from ddtree_deploy.snapshot import all_touched_paths
+
+    if family:
+        series = load_family(family)
+        return list(series.touched_paths()), (lambda facts: series), True
+    paths = list(all_touched_paths())
+
+    def choose(facts: dict):
+        version = facts.get("sglang_version")
+        if not version:
+            raise DeployError(f"cannot tell the SGLang version at {facts.get('package_root')}", code="no-version")
+        return load_family(pick_family(version, families()).folder)
+
+    return paths, choose, False
+
+
+def _desire(host: Host, choose: Callable, forced: bool):
+    from ddtree_deploy.desired import desired_for
+
+    return lambda facts: desired_for(choose(facts), host.name, facts, forced=forced)
+
+
+def _each_host(names: List[str], command: str, json_output: bool, run: Callable[[Host], dict]) -> None:
+    """Run ``run`` per host; print each result; one failure never hides the other hosts."""
+    hosts = [load_host(n) for n in names]  # every inventory parses before any connection
+    results, worst = [], 0
+    for host in hosts:
+        try:
+            results.append(run(host))
+        except DeployError as exc:
+            if len(hosts) == 1:
+                raise
+            worst = max(worst, exc.exit_code)
+            results.append({"host": host.name, "ok": False, **exc.to_json()})
+            err.print(f"[bold red]{host.name}: error:[/] {exc.message}", highlight=False, soft_wrap=True)
+            if exc.hint:
+                err.print(f"[dim]hint:[/] {exc.hint}", highlight=False, soft_wrap=True)
+    if json_output:
+        emit_json({"command": command, "ok": worst == 0, "hosts": results})
+    if worst:
+        raise typer.Exit(worst)
+
+
+def _progress(host: Host) -> Callable[[str], None]:
+    return lambda step: err.print(f"[dim]{host.name}:[/] {step}", highlight=False)
+
+
+def _print_plan(outcome: deploy.Outcome) -> None:
+    if outcome.plan is None:
+        return
+    for step in outcome.plan.steps:
+        frm = (step.current or "absent")[:12]
+        to = (step.want or "absent")[:12]
+        out.print(f"  {step.action:<8} {step.path}  {step.state.value}  {frm} -> {to}")
+
+
+def _summary(outcome: deploy.Outcome, json_output: bool, show_plan: bool) -> dict:
+    if not json_output:
+        out.print(f"{outcome.host}: {outcome.summary}")
+        if show_plan:
+            _print_plan(outcome)
+        if outcome.broke_lock:
+            err.print(f"[yellow]{outcome.host}: broke the lock of run {outcome.broke_lock.get('run_id')} "
+                      f"({outcome.broke_lock.get('holder')})[/]")
+    return outcome.to_json()
+
+
+@app.command("push")
+@handles_errors
+def push(
+    host: List[str] = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (files, hashes, changes); touch nothing"),
+    break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+) -> None:
+    """Deploy the series: lock, drift check, check, back up, stage + verify, switch, journal."""
+    paths, choose, forced = _series_chooser(family)
+
+    def run(h: Host) -> dict:
+        outcome = deploy.push(h, transport_for(h, trust_new_host=trust_new_host), paths, _desire(h, choose, forced),
+                              dry_run=dry_run, break_lock=break_lock, progress=_progress(h))
+        return _summary(outcome, json_output, show_plan=dry_run or outcome.changed)
+
+    _each_host(host, "push", json_output, run)
+
+
+@app.command("rollback")
+@handles_errors
+def rollback(
+    host: List[str] = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    to: Optional[str] = typer.Option(None, "--to", help="backup id to restore (default: the newest)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan; touch nothing"),
+    break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+) -> None:
+    """Restore a backup through the same staged, verified switch; every file checked by sha256."""
+
+    def run(h: Host) -> dict:
+        outcome = deploy.rollback(h, transport_for(h, trust_new_host=trust_new_host), to=to, dry_run=dry_run,
+                                  break_lock=break_lock, progress=_progress(h))
+        return _summary(outcome, json_output, show_plan=dry_run or outcome.changed)
+
+    _each_host(host, "rollback", json_output, run)
+
+
+@app.command("status")
+@handles_errors
+def status(
+    host: List[str] = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+) -> None:
+    """Per host: SGLang version, phase, deployed series, per-file state, backups, lock holder."""
+    paths, choose, forced = _series_chooser(family)
+
+    def run(h: Host) -> dict:
+        desire = _desire(h, choose, forced)
+
+        def expected(facts: dict):
+            try:
+                return desire(facts)
+            except DeployError:
+                return None  # status still reports what the journal knows
+
+        doc = deploy.status(h, transport_for(h, trust_new_host=trust_new_host), paths, expected)
+        if not json_output:
+            _print_status(doc)
+        return doc
+
+    _each_host(host, "status", json_output, run)
+
+
+def _print_status(doc: dict) -> None:
+    out.print(f"{doc['host']}: sglang {doc['sglang_version']} at {doc['package_root']}")
+    out.print(f"  phase: {doc['phase']}: {doc['explanation']}")
+    if doc["series"]:
+        s = doc["series"]
+        out.print(f"  series: {s['name']} ({(s['id'] or '')[:12]}), run {s['run_id']}, {s['updated']}, "
+                  f"backup {s['backup_id']}")
+    for f in doc["files"]:
+        out.print(f"  {f['state']:<9} {f['path']}  {(f['sha256'] or 'absent')[:12]}")
+    for b in doc["backups"]:
+        out.print(f"  backup {b['id']}  {b['created']}  {b.get('series') or ''}")
+    lock = doc["lock"]
+    if lock:
+        stale = " (stale: its process is gone)" if lock.get("stale") else ""
+        out.print(f"  lock: held by {lock.get('holder')} since {lock.get('time')} (run {lock.get('run_id')}, "
+                  f"{lock.get('command')}){stale}")
+    else:
+        out.print("  lock: free")
+
+
+@snapshot_app.command("pull")
+@handles_errors
+def pull(
+    host: str = typer.Option(..., "--host", "-H", help="inventory name, a .toml path, or 'local'"),
+    family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
+    name: Optional[str] = typer.Option(None, "--name", help="snapshot name (default: the host's name)"),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+) -> None:
+    """Snapshot the host's own SGLang files (the pristine state push compares against)."""
+    from ddtree_deploy.snapshot import snapshot_from_files
+
+    h = load_host(host)
+    paths, _choose, _forced = _series_chooser(family)
+    err.print(f"[dim]{h.name}:[/] reading {len(paths)} file(s)")
+    facts, files = deploy.pull(h, transport_for(h, trust_new_host=trust_new_host), paths)
+    patched = deploy.patched_paths(facts, files)
+    if patched:
+        raise DeployError(f"{h.name}: {', '.join(patched)} are patched by ddtree-deploy, not pristine",
+                          code="not-pristine", hint=f"roll back first (ddtree-deploy rollback --host {h.name})")
+    if not facts.get("sglang_version"):
+        raise BadInput(f"{h.name}: cannot tell the SGLang version at {facts.get('package_root')}")
+    source = {"kind": "host", "host": h.name, "python": h.python}
+    snap = snapshot_from_files(name or h.name, facts["sglang_version"], source, files,
+                               package_root=facts.get("package_root"))
+    report_snapshot(snap, json_output=json_output)
+
+
+__all__ = ["push", "rollback", "status", "pull"]

@@ -1,0 +1,666 @@
+"""The host agent: a stdlib-only program that runs ON the host, with the host's interpreter.
+
+It is shipped once per command (the transport runs ``python -c BOOTSTRAP`` and sends
+this source, then JSON requests, on stdin) and answers one JSON line per request on
+stdout. One process serves the whole command, so a push is two round trips however
+many files it touches: (init, lock, facts) pipelined, then (apply, unlock).
+
+Why a program and not shell commands: the host-side steps (lock, back up, stage,
+switch, journal) must finish even when the connection drops half-way, and no value
+from a patch, an inventory or a path may reach a shell. Here every path travels as
+JSON and is used through os.* calls only.
+
+Host-side state (``state_dir``, default ``~/.ddtree-deploy``)::
+
+    lock/owner.json       who holds the deploy lock (taken by one atomic rename)
+    journal.json          what is deployed and the phase (written by temp + rename)
+    backups/<id>/         original files by index + manifest.json (written last)
+    staging/<run_id>/     uploaded files, verified, before the switch
+
+Keep this file compatible with Python 3.8 and free of third-party imports.
+"""
+
+import base64
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+
+AGENT_PROTOCOL = 1
+JOURNAL_VERSION = 1
+TMP_TAG = ".ddtree-tmp-"  # marks our temporary files, so a rerun can sweep leftovers
+
+
+class AgentError(Exception):
+    """A refused or failed request; ``code`` is a stable slug the client maps."""
+
+    def __init__(self, code, message, **extra):
+        Exception.__init__(self, message)
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+# ---------------------------------------------------------------- small file helpers
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_bytes(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def now_iso():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def write_private(path, data):
+    """Create ``path`` (must not exist) as 0600 and write ``data`` durably.
+
+    O_EXCL + mode 0600 means nobody else can read or pre-create it, whatever the umask.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path, document):
+    """Replace ``path`` with ``document``: a reader sees the old or the new JSON, never half."""
+    tmp = "%s%s%d" % (path, TMP_TAG, os.getpid())
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    write_private(tmp, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def read_json(path):
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode())
+    except (OSError, ValueError):
+        return None
+
+
+def makedirs_private(path):
+    os.makedirs(path, mode=0o700, exist_ok=True)
+
+
+# ---------------------------------------------------------------- process identity (lock)
+
+
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def process_start(pid):
+    """The process's start time in clock ticks since boot (Linux), to tell pid reuse apart."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 22; the command name (field 2) may hold spaces, so split after its ')'.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def holder_is_dead(owner):
+    """True only when we can *prove* the lock's holder process is gone (same boot, pid gone)."""
+    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
+        return False
+    mine = boot_id()
+    if mine is None or owner.get("boot_id") is None:
+        return False
+    if owner["boot_id"] != mine:
+        return True  # the host rebooted since: nothing from that boot is running
+    start = process_start(int(owner.get("pid", 0)))
+    return start is None or start != owner.get("pid_start")
+
+
+# ---------------------------------------------------------------- the agent
+
+
+class Agent(object):
+    def __init__(self, state_dir=None, hooks=None):
+        self.state_dir = None
+        self.root = None
+        self.locked = False
+        self.lock_owner = None
+        self.hooks = hooks or {}
+        if state_dir:
+            self._set_state_dir(state_dir)
+
+    # -- paths
+
+    def _set_state_dir(self, state_dir):
+        self.state_dir = os.path.abspath(os.path.expanduser(state_dir))
+
+    def _p(self, *parts):
+        return os.path.join(self.state_dir, *parts)
+
+    def target(self, rel):
+        """The absolute path of a package-relative file, refusing anything outside the root."""
+        if self.root is None:
+            raise AgentError("protocol", "facts must run before any file operation")
+        if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\0" in rel:
+            raise AgentError("bad-path", "not a package-relative path: %r" % (rel,))
+        parts = rel.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise AgentError("bad-path", "not a package-relative path: %r" % (rel,))
+        path = os.path.join(self.root, *parts)
+        # A symlinked directory could carry the write outside the package: refuse it.
+        real_parent = os.path.realpath(os.path.dirname(path))
+        real_root = os.path.realpath(self.root)
+        if real_parent != real_root and not real_parent.startswith(real_root + os.sep):
+            raise AgentError("bad-path", "%s leaves the package root through a symlink" % rel)
+        if os.path.islink(path):
+            raise AgentError("bad-path", "%s is a symlink; refusing to replace it" % rel)
+        return path
+
+    # -- dispatch
+
+    def handle(self, request):
+        op = request.get("op")
+        fn = getattr(self, "op_" + str(op), None)
+        if fn is None:
+            return {"ok": False, "code": "protocol", "message": "unknown op %r" % (op,)}
+        try:
+            result = fn(request)
+        except AgentError as exc:
+            out = {"ok": False, "code": exc.code, "message": exc.message}
+            out.update(exc.extra)
+            return out
+        except OSError as exc:
+            return {"ok": False, "code": "os-error", "message": "%s: %s" % (exc.filename or op, exc.strerror)}
+        result["ok"] = True
+        return result
+
+    # -- ops
+
+    def op_init(self, request):
+        self._set_state_dir(request.get("state_dir") or "~/.ddtree-deploy")
+        return {
+            "protocol": AGENT_PROTOCOL,
+            "python": "%d.%d.%d" % sys.version_info[:3],
+            "executable": sys.executable,
+            "state_dir": self.state_dir,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+
+    def op_lock(self, request):
+        makedirs_private(self.state_dir)
+        lock = self._p("lock")
+        owner = {
+            "run_id": request["run_id"],
+            "holder": request.get("holder"),
+            "command": request.get("command"),
+            "time": now_iso(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "pid_start": process_start(os.getpid()),
+            "boot_id": boot_id(),
+        }
+        # Build the lock complete with its owner file, then rename it into place: a
+        # directory rename onto an existing non-empty lock fails, so exactly one wins,
+        # and nobody ever sees a lock without its owner.
+        tmp = self._p("lock%s%s" % (TMP_TAG, request["run_id"]))
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.mkdir(tmp, 0o700)
+        write_private(os.path.join(tmp, "owner.json"), json.dumps(owner).encode())
+        broke = None
+        for _attempt in range(2):
+            try:
+                os.rename(tmp, lock)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):
+                    raise
+            held = read_json(os.path.join(lock, "owner.json")) or {}
+            stale = holder_is_dead(held)
+            if broke is None and (stale or request.get("break_lock")):
+                broke = dict(held, stale=stale)
+                self._remove_lock(lock)
+                continue
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise AgentError("locked", "deploy lock held", holder=held, stale=stale)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise AgentError("locked", "deploy lock taken concurrently", holder=None, stale=False)
+        self.locked = True
+        self.lock_owner = owner
+        return {"owner": owner, "broke": broke}
+
+    def _remove_lock(self, lock):
+        # Rename first so a concurrent taker never sees a half-deleted lock.
+        gone = "%s%sbroken-%d" % (lock, TMP_TAG, os.getpid())
+        try:
+            os.rename(lock, gone)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return
+            raise
+        shutil.rmtree(gone, ignore_errors=True)
+
+    def op_unlock(self, request):
+        released = self.release()
+        return {"released": released}
+
+    def release(self):
+        if not self.locked:
+            return False
+        lock = self._p("lock")
+        held = read_json(os.path.join(lock, "owner.json")) or {}
+        if held.get("run_id") == self.lock_owner["run_id"]:
+            self._remove_lock(lock)
+        self.locked = False
+        return True
+
+    def op_facts(self, request):
+        """Read-only: SGLang version and root, sha256 (and optionally bytes) of files, state."""
+        self.root, version, how = find_sglang()
+        paths = set(request.get("paths") or ())
+        journal = read_json(self._p("journal.json")) if self.state_dir else None
+        backups = self.list_backups() if self.state_dir else []
+        if request.get("include_state_paths", True):
+            if journal:
+                paths.update(journal.get("files", {}))
+            for b in backups:
+                paths.update(b.get("files", {}))
+        files = {}
+        for rel in sorted(paths):
+            files[rel] = self.stat_file(rel, bool(request.get("content")))
+        lock_owner = None
+        if self.state_dir and os.path.isdir(self._p("lock")):
+            lock_owner = read_json(self._p("lock", "owner.json")) or {}
+            lock_owner["stale"] = holder_is_dead(lock_owner)
+        return {
+            "sglang_version": version,
+            "version_source": how,
+            "package_root": self.root,
+            "files": files,
+            "journal": journal,
+            "backups": backups,
+            "lock": lock_owner,
+        }
+
+    def stat_file(self, rel, content=False):
+        path = self.target(rel)
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None
+            raise
+        with open(path, "rb") as f:
+            data = f.read()
+        info = {
+            "sha256": sha256_bytes(data),
+            "size": st.st_size,
+            "mode": st.st_mode & 0o7777,
+            "uid": st.st_uid,
+            "gid": st.st_gid,
+        }
+        if content:
+            info["data"] = base64.b64encode(data).decode("ascii")
+        return info
+
+    def list_backups(self):
+        out = []
+        base = self._p("backups")
+        if not os.path.isdir(base):
+            return out
+        for name in sorted(os.listdir(base)):
+            manifest = read_json(os.path.join(base, name, "manifest.json"))
+            if manifest is not None and TMP_TAG not in name:
+                out.append(manifest)
+        return out
+
+    # -- the one mutating op: push and rollback both go through here
+
+    def op_apply(self, request):
+        """Back up (push), stage and verify, switch by rename, purge bytecode, journal.
+
+        ``files``: [{path, expect, want, data | backup}] where expect/want are sha256 or
+        None (absent). Every file's current hash must still equal ``expect`` (checked
+        under the lock), so what changes is exactly the plan the client printed.
+        """
+        if not self.locked:
+            raise AgentError("protocol", "apply needs the deploy lock")
+        if self.root is None:
+            raise AgentError("protocol", "facts must run before apply")
+        run_id = request["run_id"]
+        files = request["files"]
+        targets = [(f, self.target(f["path"])) for f in files]
+        for f, path in targets:
+            current = self.stat_file(f["path"])
+            have = current["sha256"] if current else None
+            if have != f["expect"]:
+                raise AgentError(
+                    "changed",
+                    "%s changed since it was read (now %s, planned from %s)"
+                    % (f["path"], short(have), short(f["expect"])),
+                    path=f["path"],
+                )
+        self.sweep_leftovers([p for _f, p in targets])
+        journal = dict(request["journal"])
+        journal.update(version=JOURNAL_VERSION, run_id=run_id, op=request["kind"])
+
+        backup_id = request.get("backup_id")
+        if request.get("make_backup"):
+            backup_id = self.make_backup(run_id, request["backup"], request.get("backup_meta") or {})
+        journal["backup_id"] = backup_id
+
+        staging = self._p("staging", run_id)
+        staged = self.stage(staging, files, request.get("from_backup"))
+        self.journal(journal, "staged")
+        self.hook("exit_after_staging")
+
+        self.journal(journal, "switching")
+        switched, purged = [], []
+        for (f, path), src in zip(targets, staged):
+            self.switch_one(f, path, src)
+            switched.append(f["path"])
+            purged.extend(purge_bytecode(path))
+            if self.hooks.get("exit_after_renames") == len(switched):
+                os._exit(75)  # TEST HOOK: simulate the agent killed mid-switch
+        for d in sorted(set(os.path.dirname(p) for _f, p in targets)):
+            fsync_dir(d)
+
+        mismatched = []
+        for f, _path in targets:
+            info = self.stat_file(f["path"])
+            have = info["sha256"] if info else None
+            if have != f["want"]:
+                mismatched.append(f["path"])
+        if mismatched:
+            raise AgentError("verify", "after the switch these files differ from the plan: %s"
+                             % ", ".join(mismatched))
+        self.journal(journal, request["final_phase"])
+        shutil.rmtree(staging, ignore_errors=True)
+        pruned = self.prune_backups(int(request.get("keep_backups", 5)), keep=(backup_id,))
+        return {"backup_id": backup_id, "switched": switched, "purged": purged,
+                "pruned": pruned, "verified": len(targets)}
+
+    def hook(self, name):
+        if self.hooks.get(name):
+            os._exit(75)  # TEST HOOK: simulate the agent killed at this step
+
+    def journal(self, journal, phase):
+        journal["phase"] = phase
+        journal["updated"] = now_iso()
+        write_json_atomic(self._p("journal.json"), journal)
+
+    def sweep_leftovers(self, paths):
+        """Remove temporaries a killed run left (ours only: they carry TMP_TAG), and old staging."""
+        for d in set(os.path.dirname(p) for p in paths):
+            if not os.path.isdir(d):
+                continue
+            for name in os.listdir(d):
+                if name.startswith(".") and TMP_TAG in name:
+                    os.unlink(os.path.join(d, name))
+        shutil.rmtree(self._p("staging"), ignore_errors=True)
+        for name in os.listdir(self.state_dir):
+            if TMP_TAG in name and name.startswith("journal.json"):
+                os.unlink(self._p(name))
+        backups = self._p("backups")
+        if os.path.isdir(backups):
+            for name in os.listdir(backups):
+                if TMP_TAG in name:
+                    shutil.rmtree(os.path.join(backups, name), ignore_errors=True)
+
+    def make_backup(self, run_id, entries, meta):
+        """Copy each file's pristine version into backups/<id>/, verify, then write the manifest.
+
+        A file already switched by an interrupted run is backed up from an older backup
+        holding its pristine hash, so a rerun never records a patched file as 'original'.
+        """
+        backup_id = "%s-%s" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), run_id[:8])
+        base = self._p("backups")
+        makedirs_private(base)
+        tmp = os.path.join(base, backup_id + TMP_TAG)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.mkdir(tmp, 0o700)
+        older = self.list_backups()
+        manifest_files = {}
+        for i, entry in enumerate(entries):
+            rel, pristine = entry["path"], entry["pristine"]
+            if pristine is None:
+                manifest_files[rel] = {"sha256": None, "blob": None}
+                continue
+            path = self.target(rel)
+            info = self.stat_file(rel)
+            if info is not None and info["sha256"] == pristine:
+                src = path
+            else:
+                src = self.find_in_backups(older, rel, pristine)
+                if src is None:
+                    raise AgentError("backup", "%s: no copy of its original (%s) on the host to back up"
+                                     % (rel, short(pristine)))
+            blob = "%04d" % i
+            with open(src, "rb") as f:
+                data = f.read()
+            write_private(os.path.join(tmp, blob), data)
+            if sha256_file(os.path.join(tmp, blob)) != pristine:
+                raise AgentError("backup", "%s: backup copy does not verify" % rel)
+            st = os.stat(src) if src == path else None
+            manifest_files[rel] = {
+                "sha256": pristine, "blob": blob,
+                "mode": (st.st_mode & 0o7777) if st else entry.get("mode"),
+                "uid": st.st_uid if st else None, "gid": st.st_gid if st else None,
+            }
+        manifest = dict(meta, id=backup_id, created=now_iso(), run_id=run_id, files=manifest_files)
+        write_private(os.path.join(tmp, "manifest.json"),
+                      (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+        fsync_dir(tmp)
+        os.rename(tmp, os.path.join(base, backup_id))
+        fsync_dir(base)
+        return backup_id
+
+    def find_in_backups(self, backups, rel, sha):
+        for manifest in reversed(backups):
+            entry = manifest.get("files", {}).get(rel)
+            if entry and entry.get("sha256") == sha and entry.get("blob"):
+                path = self._p("backups", manifest["id"], entry["blob"])
+                if os.path.isfile(path) and sha256_file(path) == sha:
+                    return path
+        return None
+
+    def stage(self, staging, files, from_backup):
+        """Write every wanted file under staging/<run>/ (0600) and verify its sha256."""
+        makedirs_private(self._p("staging"))
+        os.mkdir(staging, 0o700)
+        manifest = None
+        if from_backup:
+            manifest = read_json(self._p("backups", from_backup, "manifest.json"))
+            if manifest is None:
+                raise AgentError("backup", "backup %s has no readable manifest" % from_backup)
+        staged = []
+        for i, f in enumerate(files):
+            if f["want"] is None:
+                staged.append(None)
+                continue
+            if "data" in f:
+                data = base64.b64decode(f["data"])
+            else:
+                entry = manifest["files"].get(f["path"]) if manifest else None
+                if not entry or not entry.get("blob"):
+                    raise AgentError("backup", "backup %s holds no copy of %s" % (from_backup, f["path"]))
+                with open(self._p("backups", from_backup, entry["blob"]), "rb") as fh:
+                    data = fh.read()
+            dest = os.path.join(staging, "%04d" % i)
+            write_private(dest, data)
+            if sha256_file(dest) != f["want"]:
+                raise AgentError("verify", "%s: staged copy has the wrong sha256 (transfer damaged?)"
+                                 % f["path"])
+            staged.append(dest)
+        return staged
+
+    def switch_one(self, f, path, src):
+        """Replace one file atomically: temp file beside it, owner/group/mode copied, rename."""
+        if src is None:
+            if os.path.lexists(path):
+                os.unlink(path)
+            return
+        d, name = os.path.split(path)
+        tmp = os.path.join(d, ".%s%s%d" % (name, TMP_TAG, os.getpid()))
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        with open(src, "rb") as fh:
+            write_private(tmp, fh.read())
+        try:
+            st = os.stat(path)
+            mode, uid, gid = st.st_mode & 0o7777, st.st_uid, st.st_gid
+        except OSError:
+            # A new file: take the mode the request asks for, owner from its directory.
+            dst = os.stat(d)
+            mode, uid, gid = int(f.get("mode") or 0o644), dst.st_uid, dst.st_gid
+        if (uid, gid) != (os.geteuid(), os.getegid()):
+            try:
+                os.chown(tmp, uid, gid)
+            except OSError as exc:
+                os.unlink(tmp)
+                raise AgentError("permission", "%s: cannot keep owner %d:%d (%s); use sudo in the inventory"
+                                 % (f["path"], uid, gid, exc.strerror))
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+
+    def prune_backups(self, keep_n, keep=()):
+        journal = read_json(self._p("journal.json")) or {}
+        protected = set(k for k in keep if k) | set([journal.get("backup_id")])
+        backups = [b["id"] for b in self.list_backups()]
+        pruned = []
+        for bid in backups[: max(0, len(backups) - keep_n)]:
+            if bid in protected:
+                continue
+            shutil.rmtree(self._p("backups", bid), ignore_errors=True)
+            pruned.append(bid)
+        return pruned
+
+
+def short(sha):
+    return "absent" if sha is None else sha[:12]
+
+
+def purge_bytecode(path):
+    """Delete the cached bytecode of a replaced source file (every tag and opt level)."""
+    d, name = os.path.split(path)
+    stem = name[:-3] if name.endswith(".py") else name
+    cache = os.path.join(d, "__pycache__")
+    purged = []
+    if not os.path.isdir(cache):
+        return purged
+    for entry in os.listdir(cache):
+        if entry.startswith(stem + ".") and entry.endswith(".pyc"):
+            os.unlink(os.path.join(cache, entry))
+            purged.append(os.path.join(cache, entry))
+    return purged
+
+
+def find_sglang():
+    """The folder holding the sglang package, and its version, without importing sglang.
+
+    Importing sglang would pull torch and CUDA; find_spec only locates it.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise AgentError("no-sglang", "this interpreter (%s) cannot find the sglang package" % sys.executable)
+    pkg = list(spec.submodule_search_locations)[0]
+    root = os.path.dirname(os.path.abspath(pkg))
+    try:
+        from importlib import metadata
+
+        return root, metadata.version("sglang"), "metadata"
+    except Exception:
+        pass
+    version_file = os.path.join(pkg, "version.py")
+    try:
+        with open(version_file) as f:
+            for line in f:
+                if line.startswith("__version__"):
+                    return root, line.split("=", 1)[1].strip().strip("\"'"), "version.py"
+    except OSError:
+        pass
+    return root, None, None
+
+
+# ---------------------------------------------------------------- the program
+
+
+def serve(stdin, stdout, hooks=None):
+    """Answer one JSON line per request line until EOF; always release the lock at the end."""
+    agent = Agent(hooks=hooks)
+    writable = [True]
+
+    def answer(doc):
+        if not writable[0]:
+            return
+        try:
+            stdout.write((json.dumps(doc) + "\n").encode())
+            stdout.flush()
+        except (OSError, ValueError):
+            # The client went away: finish the job we are in, stop talking.
+            writable[0] = False
+
+    try:
+        for line in stdin:
+            if not line.endswith(b"\n"):
+                break  # a truncated request (connection cut mid-send): do nothing with it
+            try:
+                request = json.loads(line.decode())
+            except ValueError:
+                answer({"ok": False, "code": "protocol", "message": "request is not JSON"})
+                break
+            if request.get("hooks"):
+                agent.hooks.update(request["hooks"])
+            answer(agent.handle(request))
+    finally:
+        agent.release()
+
+
+def main():
+    # A dropped SSH connection must not stop a switch half-way: ignore hangups, and
+    # treat a closed stdout as "stop talking" (see serve.answer), never as "stop working".
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+if __name__ == "__main__":
+    main()

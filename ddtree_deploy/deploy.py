@@ -1,0 +1,375 @@
+"""Push, rollback, status and pull on one host: read facts, plan, execute the plan.
+
+Each command is one agent session over one connection (see transport.AgentSession):
+
+    push:      [init, lock, facts]  -> plan in memory -> [apply, unlock]     2 round trips
+    rollback:  [init, lock, facts]  -> plan           -> [apply, unlock]     2 round trips
+    status:    [init, facts]                                                 1 round trip
+    pull:      [init, facts+content]                                         1 round trip
+
+The caller gives a ``desire`` function that turns the host's facts (SGLang version,
+file hashes) into a ``Desired`` (snapshot choice + series check, all in memory): it
+runs while the lock is held, so nothing can change the host between the read and the
+write, and the agent re-checks every hash anyway.
+"""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.inventory import Host
+from ddtree_deploy.plan import Desired, FileState, Plan, classify, plan_push, plan_rollback, sha256
+from ddtree_deploy.transport import AgentFailed, AgentSession, Transport, expect_ok
+
+#: TEST HOOK: a JSON object of agent hooks (e.g. {"exit_after_renames": 1}) that make the
+#: agent kill itself at a step, to prove interrupted runs are explained and completed.
+TEST_HOOKS_ENV = "DDTREE_DEPLOY_TEST_HOOKS"
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_step: str) -> None:
+    pass
+
+
+def test_hooks() -> dict:
+    raw = os.environ.get(TEST_HOOKS_ENV)
+    return json.loads(raw) if raw else {}
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def holder_name() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass
+class Outcome:
+    """What one command did on one host: a value the CLI renders (one summary line, or JSON)."""
+
+    host: str
+    command: str
+    run_id: str
+    ok: bool = True
+    changed: bool = False
+    summary: str = ""
+    plan: Plan | None = None
+    sglang_version: str | None = None
+    backup_id: str | None = None
+    purged: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+    broke_lock: dict | None = None
+    round_trips: int = 0
+    connections: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "host": self.host,
+            "command": self.command,
+            "run_id": self.run_id,
+            "ok": self.ok,
+            "changed": self.changed,
+            "summary": self.summary,
+            "sglang_version": self.sglang_version,
+            "backup_id": self.backup_id,
+            "plan": self.plan.to_json() if self.plan else None,
+            "purged_bytecode": self.purged,
+            "pruned_backups": self.pruned,
+            "broke_lock": self.broke_lock,
+            "round_trips": self.round_trips,
+            "connections": self.connections,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _init(host: Host) -> dict:
+    return {"op": "init", "state_dir": host.state_dir, "hooks": test_hooks()}
+
+
+def _lock(run_id: str, command: str, break_lock: bool) -> dict:
+    return {"op": "lock", "run_id": run_id, "holder": holder_name(), "command": command, "break_lock": break_lock}
+
+
+def _locked_error(host: Host, reply: dict) -> DeployError:
+    h = reply.get("holder") or {}
+    stale = " (its process is gone)" if reply.get("stale") else ""
+    return DeployError(
+        f"{host.name}: deploy lock held by {h.get('holder', '?')} since {h.get('time', '?')} "
+        f"(run {h.get('run_id', '?')}, {h.get('command', '?')}, pid {h.get('pid', '?')}){stale}",
+        code="locked",
+        hint="wait for that run to finish; if it is dead, rerun with --break-lock",
+    )
+
+
+def _open_locked(sess: AgentSession, host: Host, run_id: str, command: str, paths: list[str],
+                 break_lock: bool, dry_run: bool) -> tuple[dict, dict | None]:
+    """One round trip: init, lock (unless a dry run), facts. Returns (facts, lock reply)."""
+    requests = [_init(host)] + ([] if dry_run else [_lock(run_id, command, break_lock)])
+    requests.append({"op": "facts", "paths": paths})
+    replies = sess.call(*requests)
+    expect_ok(replies[0], host.name, "agent start")
+    lock = None
+    if not dry_run:
+        lock = replies[1]
+        if not lock.get("ok"):
+            if lock.get("code") == "locked":
+                raise _locked_error(host, lock)
+            expect_ok(lock, host.name, "lock")
+    facts = expect_ok(replies[-1], host.name, "discover")
+    return facts, lock
+
+
+def _hashes(facts: dict) -> dict[str, str | None]:
+    return {path: (info or {}).get("sha256") for path, info in facts["files"].items()}
+
+
+def _finish(sess: AgentSession, apply: dict | None) -> dict | None:
+    """Second round trip: apply (if any) and unlock, in one write."""
+    requests = ([apply] if apply else []) + [{"op": "unlock"}]
+    replies = sess.call(*requests)
+    return replies[0] if apply else None
+
+
+def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
+         dry_run: bool = False, break_lock: bool = False, progress: Progress = _quiet) -> Outcome:
+    """Deploy the series on ``host``: lock, discover, drift check, check, back up, stage, switch."""
+    t0 = time.monotonic()
+    out = Outcome(host.name, "push", new_run_id())
+    progress("connect")
+    with transport, AgentSession(transport, host) as sess:
+        progress("lock + discover")
+        facts, lock = _open_locked(sess, host, out.run_id, "push", paths, break_lock, dry_run)
+        out.broke_lock = (lock or {}).get("broke")
+        out.sglang_version = facts["sglang_version"]
+        try:
+            progress("check")
+            desired = desire(facts)
+            out.plan = plan = plan_push(host.name, desired, _hashes(facts))
+        except DeployError:
+            if not dry_run:
+                _finish(sess, None)
+            raise
+        if dry_run or plan.noop:
+            if not dry_run:
+                _finish(sess, None)
+            out.summary = _push_summary(plan, dry_run, desired)
+            out.round_trips, out.connections = sess.round_trips, transport.connections
+            out.seconds = time.monotonic() - t0
+            return out
+        progress(f"back up + stage + switch {len(plan.changes)} file(s)")
+        request = _apply_push(host, out.run_id, desired, plan)
+        reply = _finish(sess, request)
+        done = expect_ok(reply, host.name, "apply")
+    out.changed = True
+    out.backup_id = done["backup_id"]
+    out.purged, out.pruned = done["purged"], done["pruned"]
+    out.summary = (f"pushed {desired.series} ({desired.series_id[:12]}): {len(plan.changes)} file(s) switched, "
+                   f"backup {out.backup_id}")
+    out.round_trips, out.connections = sess.round_trips, transport.connections
+    out.seconds = time.monotonic() - t0
+    return out
+
+
+def _push_summary(plan: Plan, dry_run: bool, desired: Desired) -> str:
+    if plan.noop:
+        return f"already deployed: {desired.series} ({desired.series_id[:12]}); nothing changed"
+    return f"dry run: would switch {len(plan.changes)} of {len(plan.steps)} file(s); nothing changed"
+
+
+def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan) -> dict:
+    by_path = {t.path: t for t in desired.targets}
+    files = []
+    for step in plan.changes:
+        t = by_path[step.path]
+        files.append({"path": t.path, "expect": step.current, "want": t.patched, "mode": t.mode,
+                      "data": base64.b64encode(t.data).decode("ascii")})
+    meta = {"series": desired.series, "series_id": desired.series_id, "sglang_version": desired.sglang_version}
+    return {
+        "op": "apply",
+        "kind": "push",
+        "run_id": run_id,
+        "files": files,
+        "make_backup": True,
+        # Back up every target, not only the changing ones: a rollback restores the whole set.
+        "backup": [{"path": t.path, "pristine": t.pristine, "mode": t.mode} for t in desired.targets],
+        "backup_meta": meta,
+        "journal": dict(meta, snapshot=desired.snapshot,
+                        files={t.path: {"pristine": t.pristine, "patched": t.patched} for t in desired.targets}),
+        "final_phase": "deployed",
+        "keep_backups": host.keep_backups,
+    }
+
+
+def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
+             break_lock: bool = False, progress: Progress = _quiet) -> Outcome:
+    """Restore a backup (the newest, or ``to``) through the same staged, verified switch as push."""
+    t0 = time.monotonic()
+    out = Outcome(host.name, "rollback", new_run_id())
+    progress("connect")
+    with transport, AgentSession(transport, host) as sess:
+        progress("lock + discover")
+        facts, lock = _open_locked(sess, host, out.run_id, "rollback", [], break_lock, dry_run)
+        out.broke_lock = (lock or {}).get("broke")
+        out.sglang_version = facts["sglang_version"]
+        try:
+            manifest = _choose_backup(host, facts["backups"], to)
+            out.plan = plan = plan_rollback(host.name, manifest, _hashes(facts), facts["journal"])
+        except DeployError:
+            if not dry_run:
+                _finish(sess, None)
+            raise
+        out.backup_id = manifest["id"]
+        if dry_run or plan.noop:
+            if not dry_run:
+                _finish(sess, None)
+            out.summary = (f"already at backup {manifest['id']}; nothing changed" if plan.noop else
+                           f"dry run: would restore {len(plan.changes)} file(s) from {manifest['id']}; nothing changed")
+            out.round_trips, out.connections = sess.round_trips, transport.connections
+            out.seconds = time.monotonic() - t0
+            return out
+        progress(f"stage + switch {len(plan.changes)} file(s) from backup {manifest['id']}")
+        journal = dict(facts["journal"] or {})
+        journal.pop("phase", None)
+        request = {
+            "op": "apply",
+            "kind": "rollback",
+            "run_id": out.run_id,
+            "files": [{"path": s.path, "expect": s.current, "want": s.want,
+                       "mode": (manifest["files"][s.path].get("mode") or 0o644)} for s in plan.changes],
+            "from_backup": manifest["id"],
+            "backup_id": manifest["id"],
+            "make_backup": False,
+            "journal": journal,
+            "final_phase": "rolled-back",
+            "keep_backups": host.keep_backups,
+        }
+        done = expect_ok(_finish(sess, request), host.name, "apply")
+    out.changed = True
+    out.purged, out.pruned = done["purged"], done["pruned"]
+    out.summary = f"rolled back {len(plan.changes)} file(s) to backup {manifest['id']} (sha256 verified)"
+    out.round_trips, out.connections = sess.round_trips, transport.connections
+    out.seconds = time.monotonic() - t0
+    return out
+
+
+def _choose_backup(host: Host, backups: list[dict], to: str | None) -> dict:
+    if not backups:
+        raise DeployError(f"{host.name}: no backups on the host (nothing was ever pushed)", code="no-backup")
+    if to is None:
+        return backups[-1]  # ids start with a UTC timestamp: the last is the newest
+    for b in backups:
+        if b["id"] == to:
+            return b
+    raise BadInput(f"{host.name}: no backup {to!r}; on the host: {', '.join(b['id'] for b in backups)}")
+
+
+# ---------------------------------------------------------------- status and pull
+
+
+def status(host: Host, transport: Transport, paths: list[str] = (),
+           expected: Callable[[dict], Desired | None] | None = None) -> dict:
+    """The host's state as one JSON-able document (read-only: takes no lock)."""
+    with transport, AgentSession(transport, host) as sess:
+        init, facts = sess.call(_init(host), {"op": "facts", "paths": list(paths)})
+        expect_ok(init, host.name, "agent start")
+        expect_ok(facts, host.name, "discover")
+        round_trips = sess.round_trips
+    return describe(host.name, facts, expected(facts) if expected else None, round_trips)
+
+
+def describe(name: str, facts: dict, desired: Desired | None, round_trips: int = 0) -> dict:
+    """Pure: facts (+ optionally what the series wants) -> the status document."""
+    journal = facts.get("journal")
+    current = _hashes(facts)
+    expect: dict[str, tuple[str | None, str | None]] = {}
+    if journal:
+        expect.update({p: (e.get("pristine"), e.get("patched")) for p, e in journal.get("files", {}).items()})
+    if desired is not None:
+        for t in desired.targets:
+            expect.setdefault(t.path, (t.pristine, t.patched))
+    files = []
+    for path in sorted(set(expect) | set(current)):
+        pristine, patched = expect.get(path, (None, None))
+        state = classify(current.get(path), pristine, patched) if path in expect else None
+        files.append({"path": path, "state": state.value if state else "unknown", "sha256": current.get(path)})
+    return {
+        "host": name,
+        "sglang_version": facts.get("sglang_version"),
+        "package_root": facts.get("package_root"),
+        "phase": (journal or {}).get("phase", "never-deployed"),
+        "explanation": explain(journal, files),
+        "series": ({"name": journal.get("series"), "id": journal.get("series_id"), "run_id": journal.get("run_id"),
+                    "updated": journal.get("updated"), "backup_id": journal.get("backup_id")} if journal else None),
+        "files": files,
+        "backups": [{"id": b["id"], "created": b.get("created"), "series": b.get("series")}
+                    for b in facts.get("backups", [])],
+        "lock": facts.get("lock"),
+        "round_trips": round_trips,
+    }
+
+
+def explain(journal: dict | None, files: list[dict]) -> str:
+    """One sentence saying what state the host is in and what to run next."""
+    counts: dict[str, int] = {}
+    for f in files:
+        counts[f["state"]] = counts.get(f["state"], 0) + 1
+    tally = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no files known"
+    if not journal:
+        return f"never deployed by ddtree-deploy ({tally})"
+    op, phase, run = journal.get("op"), journal.get("phase"), journal.get("run_id")
+    bad = counts.get(FileState.DRIFTED.value, 0) + counts.get(FileState.MISSING.value, 0)
+    suffix = f"; {bad} file(s) changed outside ddtree-deploy" if bad else ""
+    if phase == "deployed":
+        return f"deployed {journal.get('series')} by run {run} ({tally}){suffix}"
+    if phase == "rolled-back":
+        return f"rolled back to backup {journal.get('backup_id')} by run {run} ({tally}){suffix}"
+    if phase == "staged":
+        return (f"{op} run {run} stopped after staging, before any file changed ({tally}); "
+                f"rerun `{op}` to complete it{suffix}")
+    if phase == "switching":
+        return (f"{op} run {run} was interrupted while switching files ({tally}); each file is wholly old or new; "
+                f"rerun `{op}` to complete it" + (" or `rollback` to restore the backup" if op == "push" else "")
+                + suffix)
+    return f"journal phase {phase!r} ({tally}){suffix}"
+
+
+def pull(host: Host, transport: Transport, paths: list[str]) -> tuple[dict, dict[str, bytes | None]]:
+    """The host's SGLang version/root facts and the bytes of ``paths`` (None: absent)."""
+    with transport, AgentSession(transport, host) as sess:
+        init, facts = sess.call(_init(host), {"op": "facts", "paths": list(paths), "content": True,
+                                              "include_state_paths": False})
+        expect_ok(init, host.name, "agent start")
+        expect_ok(facts, host.name, "discover")
+    files = {p: (base64.b64decode(i["data"]) if i else None) for p, i in facts["files"].items()}
+    return facts, files
+
+
+def patched_paths(facts: dict, files: dict[str, bytes | None]) -> list[str]:
+    """Paths whose bytes are the patched version the host's journal records (not pristine)."""
+    recorded = (facts.get("journal") or {}).get("files", {})
+    out = []
+    for path, data in files.items():
+        entry = recorded.get(path) or {}
+        have = None if data is None else sha256(data)
+        if have is not None and have == entry.get("patched") and have != entry.get("pristine"):
+            out.append(path)
+    return out
+
+
+__all__ = ["AgentFailed", "Outcome", "describe", "patched_paths", "explain", "pull", "push", "rollback", "status", "TEST_HOOKS_ENV"]

@@ -1,0 +1,208 @@
+"""Inventory: ``hosts/<name>.toml`` into a typed, validated ``Host``.
+
+One file per host. Only the ``[ssh]`` table concerns the connection; ``~/.ssh/config``
+(or the file named by ``ssh.ssh_config``) still applies to the alias, as with ``ssh``.
+A broken file is ``BadInput`` naming the file, the key and what to do; nothing is
+connected before the whole inventory parses.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddtree_deploy.errors import BadInput
+from ddtree_deploy.locations import repo_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEFAULT_STATE_DIR = "~/.ddtree-deploy"
+DEFAULT_KEEP_BACKUPS = 5
+DEFAULT_CONNECT_TIMEOUT = 10.0
+LOCAL = "local"
+
+# A host name or ssh-config alias: letters, digits, dots, dashes, underscores, or an
+# IPv6 literal. Anything else (spaces, quotes, ;, $) is refused here, so even a
+# ProxyCommand expansion in the user's ssh config never sees it.
+_HOSTNAME = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}|[0-9A-Fa-f:.]+)$")
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_HOST_FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_JUMP_HOP = re.compile(
+    r"^(?:(?P<user>[A-Za-z0-9_][A-Za-z0-9_.-]*)@)?(?P<host>[A-Za-z0-9_][A-Za-z0-9_.-]*)(?::(?P<port>\d{1,5}))?$"
+)
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    host: str  # hostname or ssh-config alias
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    jump: str | None = None  # ProxyJump: "[user@]host[:port]" hops, comma-separated
+    known_hosts: str = "~/.ssh/known_hosts"
+    ssh_config: str | None = "~/.ssh/config"
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    python: str  # the host's interpreter that has sglang installed
+    ssh: SSHTarget | None  # None: the local transport (running on the GPU box itself)
+    state_dir: str = DEFAULT_STATE_DIR
+    keep_backups: int = DEFAULT_KEEP_BACKUPS
+    sudo: bool = False
+    smoke: dict[str, Any] = field(default_factory=dict)  # read by the smoke command
+    source: str | None = None  # the inventory file, for messages
+
+    @property
+    def is_local(self) -> bool:
+        return self.ssh is None
+
+
+def hosts_dir() -> Path:
+    return repo_dir("hosts")
+
+
+def load_host(name_or_path: str, *, directory: Path | None = None) -> Host:
+    """``ct200`` -> hosts/ct200.toml; a path ending in .toml is read as is; ``local`` is built in."""
+    if name_or_path.endswith(".toml"):
+        path = Path(name_or_path)
+    else:
+        if not _HOST_FILE_NAME.match(name_or_path):
+            raise BadInput(
+                f"host name {name_or_path!r}: use letters, digits, '.', '-', '_' "
+                "(the name of a file in hosts/)"
+            )
+        path = (directory or hosts_dir()) / f"{name_or_path}.toml"
+        if not path.exists():
+            if name_or_path == LOCAL:
+                return Host(name=LOCAL, python=sys.executable, ssh=None, source=None)
+            raise BadInput(f"{path}: no such inventory file", hint="create it from hosts/ct200.toml")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read inventory ({exc.strerror})") from None
+    return parse_host(text, name=path.stem, source=str(path))
+
+
+def parse_host(text: str, *, name: str, source: str) -> Host:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"{source}: not valid TOML ({exc})") from None
+    r = _Reader(data, source)
+    transport = r.choice("transport", ("ssh", "local"), default="ssh")
+    host_tab = r.table("host")
+    python = r.string("host.python", host_tab.get("python"), required=True)
+    state_dir = r.string("host.state_dir", host_tab.get("state_dir"), default=DEFAULT_STATE_DIR)
+    keep = r.integer("host.keep_backups", host_tab.get("keep_backups"), default=DEFAULT_KEEP_BACKUPS, lo=1, hi=1000)
+    sudo = r.boolean("host.sudo", host_tab.get("sudo"), default=False)
+    r.unknown("host", host_tab, {"python", "state_dir", "keep_backups", "sudo"})
+    ssh = None
+    if transport == "ssh":
+        t = r.table("ssh", required=True)
+        host = r.string("ssh.host", t.get("host"), required=True)
+        if not _HOSTNAME.match(host):
+            raise BadInput(f"{source}: key ssh.host: {host!r} is not a host name or ssh alias "
+                           "(letters, digits, '.', '-', '_' only)")
+        user = r.string("ssh.user", t.get("user"))
+        if user is not None and not _USER.match(user):
+            raise BadInput(f"{source}: key ssh.user: {user!r} is not a valid user name")
+        jump = r.string("ssh.jump", t.get("jump"))
+        if jump is not None:
+            for hop in jump.split(","):
+                m = _JUMP_HOP.match(hop.strip())
+                if not m or (m["port"] and not 0 < int(m["port"]) < 65536):
+                    raise BadInput(f"{source}: key ssh.jump: hop {hop!r} is not [user@]host[:port]")
+        ssh = SSHTarget(
+            host=host,
+            user=user,
+            port=r.integer("ssh.port", t.get("port"), default=None, lo=1, hi=65535),
+            identity_file=r.string("ssh.identity_file", t.get("identity_file")),
+            jump=jump,
+            known_hosts=r.string("ssh.known_hosts", t.get("known_hosts"), default="~/.ssh/known_hosts"),
+            ssh_config=r.string("ssh.ssh_config", t.get("ssh_config"), default="~/.ssh/config"),
+            connect_timeout=r.number("ssh.connect_timeout", t.get("connect_timeout"),
+                                     default=DEFAULT_CONNECT_TIMEOUT),
+        )
+        r.unknown("ssh", t, {f.name for f in SSHTarget.__dataclass_fields__.values()} | {"jump"})
+    elif "ssh" in data:
+        raise BadInput(f"{source}: key ssh: a local host (transport = \"local\") takes no [ssh] table")
+    smoke = data.get("smoke", {})
+    if not isinstance(smoke, dict):
+        raise BadInput(f"{source}: key smoke: must be a table ([smoke])")
+    r.unknown("", data, {"transport", "host", "ssh", "smoke"})
+    return Host(name=name, python=python, ssh=ssh, state_dir=state_dir, keep_backups=keep,
+                sudo=sudo, smoke=smoke, source=source)
+
+
+class _Reader:
+    """Typed getters that name the file and the key in every error."""
+
+    def __init__(self, data: dict, source: str):
+        self.data = data
+        self.source = source
+
+    def _bad(self, key: str, problem: str) -> BadInput:
+        return BadInput(f"{self.source}: key {key}: {problem}")
+
+    def table(self, key: str, required: bool = False) -> dict:
+        value = self.data.get(key)
+        if value is None:
+            if required:
+                raise self._bad(key, f"missing; add a [{key}] table")
+            return {}
+        if not isinstance(value, dict):
+            raise self._bad(key, f"must be a table ([{key}])")
+        return value
+
+    def choice(self, key, options, default):
+        value = self.data.get(key, default)
+        if value not in options:
+            raise self._bad(key, f"must be one of {', '.join(map(repr, options))}, not {value!r}")
+        return value
+
+    def string(self, key, value, *, required=False, default=None):
+        if value is None:
+            if required:
+                raise self._bad(key, "missing (required)")
+            return default
+        if not isinstance(value, str) or not value.strip():
+            raise self._bad(key, f"must be a non-empty string, not {value!r}")
+        if "\0" in value or "\n" in value:
+            raise self._bad(key, "must not contain NUL or newline characters")
+        return value
+
+    def integer(self, key, value, *, default, lo, hi):
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise self._bad(key, f"must be an integer from {lo} to {hi}, not {value!r}")
+        return value
+
+    def number(self, key, value, *, default):
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise self._bad(key, f"must be a positive number of seconds, not {value!r}")
+        return float(value)
+
+    def boolean(self, key, value, *, default):
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._bad(key, f"must be true or false, not {value!r}")
+        return value
+
+    def unknown(self, where: str, table: dict, known: set[str]) -> None:
+        extra = sorted(set(table) - known)
+        if extra:
+            key = f"{where}.{extra[0]}" if where else extra[0]
+            raise self._bad(key, f"unknown key; known keys here: {', '.join(sorted(known))}")

@@ -1,0 +1,404 @@
+"""Transports: start one program on a host and talk to it over stdin/stdout.
+
+The whole toolkit needs exactly one remote primitive — start ``argv`` with pipes — because
+everything host-side is done by the agent (``ddtree_deploy.agent``) speaking JSON lines.
+``SSHTransport`` (fabric + paramiko, one connection per host per command, strict
+known_hosts) and ``LocalTransport`` (subprocess, for running on the GPU box itself)
+implement it; only this module imports fabric/paramiko.
+
+``AgentSession`` ships the agent source once per command and counts round trips.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shlex
+import socket
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.inventory import Host, SSHTarget
+
+# Read the agent (source + a JSON-line loop) from stdin and run it. Short, fixed, and
+# free of any inventory value: the interpreter path is the only thing that varies, and
+# it is quoted by shlex.join in agent_argv.
+BOOTSTRAP = (
+    "import sys;b=sys.stdin.buffer;g={'__name__':'ddtree_agent'};"
+    "exec(compile(b.read(int(b.readline())),'ddtree_agent.py','exec'),g);g['main']()"
+)
+
+DEFAULT_IO_TIMEOUT = 600.0  # seconds one agent request may take (a backup of big files)
+
+
+def agent_argv(host: Host) -> list[str]:
+    """The command that runs the agent on ``host`` (pure; tested by equality)."""
+    prefix = ["sudo", "-n", "--"] if host.sudo else []
+    return [*prefix, host.python, "-c", BOOTSTRAP]
+
+
+def remote_command(argv: list[str]) -> str:
+    """An argv as the one string an SSH exec request carries, every word quoted."""
+    return shlex.join(argv)
+
+
+def agent_source() -> bytes:
+    return resources.files("ddtree_deploy").joinpath("agent.py").read_bytes()
+
+
+# ---------------------------------------------------------------- processes
+
+
+class Process:
+    """A started program: write to its stdin, read lines from its stdout."""
+
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def readline(self) -> bytes:
+        raise NotImplementedError
+
+    def close(self) -> tuple[int | None, str]:
+        """Close stdin, wait (bounded), return (exit code or None, stderr tail)."""
+        raise NotImplementedError
+
+
+class Transport:
+    """Start programs on one host. Open once per command; ``close`` always."""
+
+    label = "?"
+    connections = 0  # how many network connections this transport opened
+
+    def open(self) -> None:
+        pass
+
+    def start(self, argv: list[str]) -> Process:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        self.open()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _LocalProcess(Process):
+    def __init__(self, argv: list[str]):
+        self._err = tempfile.TemporaryFile()
+        try:
+            self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
+        except OSError as exc:
+            raise DeployError(f"cannot start {argv[0]}: {exc.strerror}", code="agent") from None
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.p.stdin.write(data)
+            self.p.stdin.flush()
+        except OSError:
+            pass  # the agent exited; readline reports it with its stderr
+
+    def readline(self) -> bytes:
+        return self.p.stdout.readline()
+
+    def close(self):
+        try:
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            code = self.p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            code = self.p.wait()
+        self.p.stdout.close()
+        self._err.seek(0)
+        tail = self._err.read()[-2000:].decode(errors="replace")
+        self._err.close()
+        return code, tail
+
+
+class LocalTransport(Transport):
+    """Run on this machine (``--host local``): same agent, no network."""
+
+    label = "local"
+
+    def start(self, argv: list[str]) -> Process:
+        return _LocalProcess(argv)
+
+
+class _SSHProcess(Process):
+    def __init__(self, channel, label: str):
+        self.chan = channel
+        self.label = label
+        self.out = channel.makefile("rb")
+        self.err = channel.makefile_stderr("rb")
+
+    def _lost(self, exc: BaseException) -> DeployError:
+        return DeployError(f"{self.label}: connection lost ({exc.__class__.__name__}: {exc})",
+                           code="connection-lost",
+                           hint="run `ddtree-deploy status` to see where the host stands, then rerun")
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.chan.sendall(data)
+        except (OSError, EOFError) as exc:
+            raise self._lost(exc) from None
+        except Exception as exc:  # paramiko.SSHException and friends
+            raise self._lost(exc) from None
+
+    def readline(self) -> bytes:
+        try:
+            return self.out.readline()
+        except (OSError, EOFError) as exc:  # socket.timeout is an OSError
+            raise self._lost(exc) from None
+        except Exception as exc:
+            raise self._lost(exc) from None
+
+    def close(self):
+        try:
+            self.chan.shutdown_write()
+            if self.chan.status_event.wait(60):
+                code = self.chan.recv_exit_status()
+            else:
+                code = None
+            tail = self.err.read()[-2000:].decode(errors="replace") if code is not None else ""
+        except Exception:
+            return None, ""
+        finally:
+            self.chan.close()
+        return code, tail
+
+
+class HostKeyRefused(DeployError):
+    code = "host-key"
+
+
+def fingerprint(key) -> str:
+    """OpenSSH's SHA256 fingerprint of a paramiko key."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class SSHTransport(Transport):
+    """One SSH connection per host per command, through fabric (ssh_config, ProxyJump).
+
+    Host keys are checked strictly against ``known_hosts``: an unknown key is refused
+    with its fingerprint unless ``trust_new_host`` (then recorded); a changed key is
+    always refused. Fabric's default (auto-add) is replaced on every hop.
+    """
+
+    def __init__(self, host: Host, *, trust_new_host: bool = False, io_timeout: float = DEFAULT_IO_TIMEOUT):
+        if host.ssh is None:
+            raise BadInput(f"host {host.name}: has no [ssh] table")
+        self.host = host
+        self.target: SSHTarget = host.ssh
+        self.trust_new_host = trust_new_host
+        self.io_timeout = io_timeout
+        self.conn = None
+        self.label = host.name
+        self.connections = 0
+
+    def _connection(self):
+        import paramiko
+        from fabric import Config, Connection
+
+        t = self.target
+        ssh_config = paramiko.SSHConfig()
+        if t.ssh_config:
+            path = Path(t.ssh_config).expanduser()
+            if path.exists():
+                try:
+                    ssh_config = paramiko.SSHConfig.from_path(str(path))
+                except Exception as exc:
+                    raise BadInput(f"{path}: cannot parse ssh config ({exc})") from None
+        config = Config(ssh_config=ssh_config)
+        connect_kwargs = {}
+        if t.identity_file:
+            connect_kwargs["key_filename"] = [str(Path(t.identity_file).expanduser())]
+            connect_kwargs["look_for_keys"] = False
+        if t.jump:
+            # Build the ProxyJump chain ourselves so every hop gets the same strict policy.
+            gateway = None
+            for hop in t.jump.split(","):
+                gateway = Connection(hop.strip(), config=config.clone(), gateway=gateway or False,
+                                     connect_timeout=int(t.connect_timeout),
+                                     connect_kwargs=dict(connect_kwargs))
+        else:
+            gateway = None
+        conn = Connection(t.host, user=t.user, port=t.port, config=config,
+                          gateway=gateway if gateway is not None else None,
+                          connect_timeout=int(t.connect_timeout), connect_kwargs=connect_kwargs)
+        hop = conn
+        while hop is not None and not isinstance(hop, str):
+            self._strict(hop.client)
+            hop = hop.gateway or None
+        return conn
+
+    def _strict(self, client) -> None:
+        import paramiko
+
+        known = Path(self.target.known_hosts).expanduser()
+        if known.exists():
+            client.load_host_keys(str(known))
+        transport = self
+
+        class Policy(paramiko.MissingHostKeyPolicy):
+            def missing_host_key(self, client, hostname, key):
+                if not transport.trust_new_host:
+                    raise HostKeyRefused(
+                        f"{transport.label}: unknown host key for {hostname}: {key.get_name()} "
+                        f"{fingerprint(key)} (not in {known})",
+                        hint="check the fingerprint with the host's owner, then rerun with --trust-new-host",
+                    )
+                client.get_host_keys().add(hostname, key.get_name(), key)
+                known.parent.mkdir(parents=True, exist_ok=True)
+                client.save_host_keys(str(known))
+
+        client.set_missing_host_key_policy(Policy())
+
+    def open(self) -> None:
+        import paramiko
+
+        if self.conn is not None:
+            return
+        conn = self._connection()
+        t = self.target
+        where = f"{conn.user}@{conn.host}:{conn.port}"
+        try:
+            conn.open()
+        except HostKeyRefused:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            name = exc.hostname
+            raise HostKeyRefused(
+                f"{self.label}: HOST KEY CHANGED for {name}: got {fingerprint(exc.key)}, "
+                f"known_hosts has {fingerprint(exc.expected_key)}; refusing to connect",
+                hint=f"if the change is expected: ssh-keygen -f {shlex.quote(str(Path(t.known_hosts).expanduser()))} "
+                f"-R {shlex.quote(name)}, then rerun with --trust-new-host",
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            raise DeployError(f"{self.label}: authentication failed for {where} ({exc})", code="auth",
+                              hint="check ssh.user and ssh.identity_file in the inventory") from None
+        except (socket.timeout, TimeoutError):
+            raise DeployError(f"{self.label}: timed out connecting to {where} after {t.connect_timeout:g}s",
+                              code="connect") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise DeployError(f"{self.label}: cannot connect to {where}: {exc}", code="connect") from None
+        self.conn = conn
+        self.connections += 1
+
+    def start(self, argv: list[str]) -> Process:
+        self.open()
+        try:
+            chan = self.conn.transport.open_session(timeout=self.target.connect_timeout)
+            chan.settimeout(self.io_timeout)
+            chan.exec_command(remote_command(argv))
+        except Exception as exc:
+            raise DeployError(f"{self.label}: cannot start the agent: {exc}", code="connection-lost") from None
+        return _SSHProcess(chan, self.label)
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            finally:
+                self.conn = None
+
+
+def transport_for(host: Host, *, trust_new_host: bool = False) -> Transport:
+    return LocalTransport() if host.is_local else SSHTransport(host, trust_new_host=trust_new_host)
+
+
+# ---------------------------------------------------------------- the agent session
+
+
+class AgentFailed(DeployError):
+    """The agent refused or failed a request; ``reply`` holds its JSON answer."""
+
+    def __init__(self, message: str, reply: dict, **kw):
+        super().__init__(message, **kw)
+        self.reply = reply
+
+
+class AgentSession:
+    """One agent process on one host for the whole command.
+
+    ``call(*requests)`` pipelines the requests (one write) and reads one answer per
+    request: one round trip however many requests or files.
+    """
+
+    def __init__(self, transport: Transport, host: Host):
+        self.transport = transport
+        self.host = host
+        self.proc: Process | None = None
+        self.round_trips = 0
+
+    def __enter__(self):
+        self.proc = self.transport.start(agent_argv(self.host))
+        source = agent_source()
+        self.proc.write(b"%d\n" % len(source) + source)
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.close()
+            self.proc = None
+
+    def call(self, *requests: dict) -> list[dict]:
+        payload = b"".join(json.dumps(r).encode() + b"\n" for r in requests)
+        self.proc.write(payload)
+        self.round_trips += 1
+        replies = []
+        for request in requests:
+            line = self.proc.readline()
+            if not line.endswith(b"\n"):
+                code, tail = self.proc.close()
+                self.proc = None
+                detail = tail.strip().splitlines()[-1] if tail.strip() else "no output"
+                raise DeployError(
+                    f"{self.transport.label}: the agent stopped during {request.get('op')} "
+                    f"(exit {code}; {detail})",
+                    code="connection-lost",
+                    hint="run `ddtree-deploy status` to see where the host stands, then rerun",
+                )
+            try:
+                replies.append(json.loads(line))
+            except ValueError:
+                raise DeployError(f"{self.transport.label}: the agent answered garbage: {line[:200]!r}",
+                                  code="agent") from None
+        return replies
+
+    def one(self, request: dict) -> dict:
+        return self.call(request)[0]
+
+
+def expect_ok(reply: dict, label: str, what: str) -> dict:
+    """A reply's payload, or an AgentFailed carrying the agent's code and message."""
+    if reply.get("ok"):
+        return reply
+    raise AgentFailed(f"{label}: {what}: {reply.get('message')}", reply, code=reply.get("code") or "agent")
+
+
+__all__ = [
+    "AgentFailed",
+    "AgentSession",
+    "BOOTSTRAP",
+    "HostKeyRefused",
+    "LocalTransport",
+    "SSHTransport",
+    "Transport",
+    "agent_argv",
+    "agent_source",
+    "expect_ok",
+    "fingerprint",
+    "remote_command",
+    "transport_for",
+]
