@@ -1,1 +1,155 @@
-"""`ddtree-deploy check` (placeholder until the foundation lands)."""
+"""`ddtree-deploy check`: apply the series to a snapshot in memory and byte-compile the results.
+
+The table is for people (stderr); ``--json`` prints the report on stdout.
+Exit 0 only when every hunk applied and every result compiles; 1 otherwise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ddtree_deploy.check import CheckReport, EntryCheck, check_series
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.errors import EXIT_FAILED, BadInput
+from ddtree_deploy.patchset import HunkResult, HunkStatus
+from ddtree_deploy.series import (
+    Series,
+    check_no_symlink_escape,
+    families,
+    load_family,
+    pick_family,
+    show,
+)
+from ddtree_deploy.snapshot import Snapshot, fresh_release_snapshot, load_snapshot
+
+_STYLE = {"applied": "green", "already-applied": "cyan", "failed": "bold red", "skipped": "yellow"}
+
+
+def _resolve(snapshot: str | None, release: str | None, family: str | None) -> tuple[Snapshot, Series]:
+    """The snapshot to check and the family to apply (all bad input raised before any write)."""
+    if (snapshot is None) == (release is None):
+        raise BadInput("give exactly one of --snapshot NAME or --release VERSION")
+    version = release if release is not None else None
+    snap = None
+    if snapshot is not None:
+        snap = load_snapshot(snapshot)
+        version = snap.manifest.sglang_version
+    assert version is not None
+    series = load_family(family) if family else load_family(pick_family(version, families()).folder)
+    if family and not series.info.covers(version):
+        err.print(f"[yellow]note:[/] family {series.name} ({series.specifier}) does not cover "
+                  f"SGLang {version}; checking it anyway because --family was given")
+    if snap is None:
+        err.print(f"[dim]snapshot sglang-{version}: from the cached, verified wheel[/]")
+        snap = fresh_release_snapshot(version, series.touched_paths())
+    return snap, series
+
+
+def _hunks_cell(hunks: tuple[HunkResult, ...]) -> str:
+    parts = []
+    for status in HunkStatus:
+        these = [h for h in hunks if h.status is status]
+        if not these:
+            continue
+        text = f"{len(these)} {status.value}"
+        if status is HunkStatus.OFFSET:
+            text += " (" + ", ".join(f"{h.offset:+d}" for h in these) + ")"
+        if status is HunkStatus.FUZZ:
+            text += " (" + ", ".join(f"fuzz {h.fuzz}" for h in these) + ")"
+        parts.append(text)
+    return ", ".join(parts) or "-"
+
+
+def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
+    table = Table(title=f"check: family {series.name} on snapshot {snap.name} "
+                        f"(sglang {snap.manifest.sglang_version}, fuzz {report.fuzz})")
+    # fold, never truncate: a path cut to "sglang/srt/…" tells nobody anything.
+    table.add_column("line", justify="right")
+    table.add_column("entry", overflow="fold")
+    table.add_column("file", overflow="fold")
+    table.add_column("hunks", overflow="fold")
+    table.add_column("result", no_wrap=True)
+    for entry in report.entries:
+        for i, f in enumerate(entry.files):
+            style = _STYLE.get(f.status, "")
+            table.add_row(
+                str(entry.line) if i == 0 else "",
+                escape(entry.name) if i == 0 else "",
+                escape(f.path),
+                _hunks_cell(f.hunks),
+                f"[{style}]{f.status}[/]" if style else f.status,
+            )
+    err.print(table)
+    for entry in report.entries:
+        _render_failures(entry, series)
+    for c in report.compile_errors:
+        err.print(f"[bold red]does not compile:[/] {escape(str(c))}", highlight=False)
+
+
+def _render_failures(entry: EntryCheck, series: Series) -> None:
+    patch_file = next((show(e.file) for e in series.entries if e.line == entry.line), entry.name)
+    for f in entry.files:
+        if f.ok:
+            continue
+        if f.message and not f.hunks:
+            err.print(f"[red]{escape(entry.name)}[/]: {escape(f.path)}: {escape(f.message)}", highlight=False)
+        for h in f.hunks:
+            if h.ok:
+                continue
+            near = f" nearest match at line {h.nearest_line}" if h.nearest_line else ""
+            err.print(f"[red]{escape(patch_file)}:{h.patch_line}[/] hunk {h.index} {escape(h.header)} "
+                      f"failed on {escape(f.path)};{near}", highlight=False)
+            for m in h.mismatches[:5]:
+                actual = "(end of file)" if m.actual is None else repr(m.actual)
+                err.print(f"    line {m.line}: expected {m.expected!r}, found {escape(actual)}", highlight=False)
+
+
+def _write(directory: Path, report: CheckReport) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise BadInput(f"--write {directory}: exists and is not a folder")
+    for p in report.patched.values():
+        dest = directory / p.path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(p.patched)
+    err.print(f"[dim]wrote {len(report.patched)} patched files under {show(directory)}[/]")
+
+
+@app.command("check")
+@handles_errors
+def check(
+    snapshot: Optional[str] = typer.Option(None, "--snapshot", help="check this snapshot (snapshot/<NAME>)"),
+    release: Optional[str] = typer.Option(
+        None, "--release", help="check a PyPI release (builds or refreshes snapshot/sglang-<VERSION>)"),
+    family: Optional[str] = typer.Option(
+        None, "--family", help="family name under patches/ or a family folder (default: by version)"),
+    fuzz: int = typer.Option(0, "--fuzz", min=0, max=2, help="context lines a hunk may ignore (0..2)"),
+    json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+    write: Optional[Path] = typer.Option(None, "--write", help="write the patched files under DIR"),
+) -> None:
+    """Apply the series in memory and byte-compile the results; nothing leaves this machine."""
+    if write is not None and write.exists() and not write.is_dir():
+        raise BadInput(f"--write {write}: exists and is not a folder")
+    snap, series = _resolve(snapshot, release, family)
+    check_no_symlink_escape(series, snap.files_dir)
+    report = check_series(series, snap.read_files(), fuzz=fuzz)
+    if write is not None:
+        _write(write, report)
+    _render(report, snap, series)
+    counts = ", ".join(f"{n} {s}" for s, n in report.hunk_counts().items() if n)
+    verdict = "ok" if report.ok else "FAILED"
+    if json_output:
+        emit_json({"snapshot": {"name": snap.name, "sglang_version": snap.manifest.sglang_version,
+                                "source": snap.manifest.source}, **report.to_json()})
+    else:
+        out.print(f"check {verdict}: family {series.name} on {snap.name}: hunks {counts or 'none'}; "
+                  f"{len(report.compile_errors)} compile errors")
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+__all__ = ["check"]
