@@ -48,9 +48,8 @@ def _desire(host: Host, choose: Callable, forced: bool):
     return lambda facts: desired_for(choose(facts), host.name, facts, forced=forced)
 
 
-def _each_host(names: List[str], command: str, json_output: bool, run: Callable[[Host], dict]) -> None:
+def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable[[Host], dict]) -> None:
     """Run ``run`` per host; print each result; one failure never hides the other hosts."""
-    hosts = [load_host(n) for n in names]  # every inventory parses before any connection
     results, worst = [], 0
     for host in hosts:
         try:
@@ -104,6 +103,7 @@ def push(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Deploy the series: lock, drift check, check, back up, stage + verify, switch, journal."""
+    hosts = [load_host(n) for n in host]  # every inventory parses before the series, and any connection
     paths, choose, forced = _series_chooser(family)
 
     def run(h: Host) -> dict:
@@ -111,7 +111,7 @@ def push(
                               dry_run=dry_run, break_lock=break_lock, progress=_progress(h))
         return _summary(outcome, json_output, show_plan=dry_run or outcome.changed)
 
-    _each_host(host, "push", json_output, run)
+    _each_host(hosts, "push", json_output, run)
 
 
 @app.command("rollback")
@@ -125,13 +125,14 @@ def rollback(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Restore a backup through the same staged, verified switch; every file checked by sha256."""
+    hosts = [load_host(n) for n in host]
 
     def run(h: Host) -> dict:
         outcome = deploy.rollback(h, transport_for(h, trust_new_host=trust_new_host), to=to, dry_run=dry_run,
                                   break_lock=break_lock, progress=_progress(h))
         return _summary(outcome, json_output, show_plan=dry_run or outcome.changed)
 
-    _each_host(host, "rollback", json_output, run)
+    _each_host(hosts, "rollback", json_output, run)
 
 
 @app.command("status")
@@ -143,14 +144,21 @@ def status(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Per host: SGLang version, phase, deployed series, per-file state, backups, lock holder."""
-    paths, choose, forced = _series_chooser(family)
+    hosts = [load_host(n) for n in host]
+    try:
+        paths, choose, forced = _series_chooser(family)
+    except BadInput as exc:
+        # A broken series must not hide a host's state: report what the journal knows.
+        err.print(f"[yellow]series not loaded ({exc.message}); per-file states come from the host's journal[/]",
+                  highlight=False, soft_wrap=True)
+        paths, choose, forced = [], None, False
 
     def run(h: Host) -> dict:
-        desire = _desire(h, choose, forced)
+        desire = _desire(h, choose, forced) if choose else None
 
         def expected(facts: dict):
             try:
-                return desire(facts)
+                return desire(facts) if desire else None
             except DeployError:
                 return None  # status still reports what the journal knows
 
@@ -159,7 +167,7 @@ def status(
             _print_status(doc)
         return doc
 
-    _each_host(host, "status", json_output, run)
+    _each_host(hosts, "status", json_output, run)
 
 
 def _print_status(doc: dict) -> None:

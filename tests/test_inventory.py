@@ -1,0 +1,108 @@
+"""Inventory parsing: the example, every kind of broken file (exit 2, file + key), builders."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+from typer.testing import CliRunner
+
+from ddtree_deploy.cli import app
+from ddtree_deploy.errors import BadInput
+from ddtree_deploy.inventory import DEFAULT_KEEP_BACKUPS, DEFAULT_STATE_DIR, load_host, parse_host
+from ddtree_deploy.locations import REPO_ROOT
+from ddtree_deploy.transport import BOOTSTRAP, agent_argv, remote_command
+
+GOOD = """
+[ssh]
+host = "gpu-1.example.org"
+user = "deploy"
+port = 2222
+identity_file = "~/.ssh/id_ed25519"
+jump = "ops@bastion:22,inner"
+
+[host]
+python = "/opt/sglang/.venv/bin/python"
+"""
+
+
+def test_example_inventory_parses():
+    host = load_host(str(REPO_ROOT / "hosts" / "ct200.toml"))
+    assert host.name == "ct200"
+    assert host.ssh.host == "ct200" and host.ssh.user == "ubuntu" and host.ssh.connect_timeout == 10
+    assert host.python == "/opt/sglang/.venv/bin/python"
+    assert (host.state_dir, host.keep_backups, host.sudo) == ("~/.ddtree-deploy", 5, False)
+
+
+def test_defaults_and_all_keys():
+    host = parse_host(GOOD, name="gpu1", source="hosts/gpu1.toml")
+    assert host.ssh.port == 2222 and host.ssh.jump == "ops@bastion:22,inner"
+    assert host.state_dir == DEFAULT_STATE_DIR and host.keep_backups == DEFAULT_KEEP_BACKUPS
+    assert host.ssh.known_hosts == "~/.ssh/known_hosts" and not host.is_local
+
+
+def test_local_transport_takes_no_ssh_table():
+    host = parse_host('transport = "local"\n[host]\npython = "/usr/bin/python3"\n', name="box", source="x.toml")
+    assert host.is_local and host.ssh is None
+    with pytest.raises(BadInput, match=r"x.toml: key ssh: a local host"):
+        parse_host('transport = "local"\n[ssh]\nhost = "a"\n[host]\npython = "p"\n', name="box", source="x.toml")
+
+
+def test_builtin_local_host(tmp_path):
+    host = load_host("local", directory=tmp_path)
+    assert host.is_local and host.python
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[ssh\nhost='a'", r"not valid TOML"),
+        ("[host]\npython = '/p'\n", r"key ssh: missing"),
+        ("[ssh]\nhost = 'a'\n", r"key host.python: missing"),
+        ("[ssh]\nhost = 'a'\nport = 70000\n[host]\npython = '/p'\n", r"key ssh.port: must be an integer from 1 to 65535"),
+        ("[ssh]\nhost = 'a'\nport = '22'\n[host]\npython = '/p'\n", r"key ssh.port: must be an integer"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nkeep_backups = 0\n", r"key host.keep_backups"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nsudo = 'yes'\n", r"key host.sudo: must be true or false"),
+        ("[ssh]\nhost = 'a'\nprot = 22\n[host]\npython = '/p'\n", r"key ssh.prot: unknown key"),
+        ("[ssh]\nhost = 'a b'\n[host]\npython = '/p'\n", r"key ssh.host: 'a b' is not a host name"),
+        ("[ssh]\nhost = 'a;id'\n[host]\npython = '/p'\n", r"key ssh.host"),
+        ("[ssh]\nhost = '$(id)'\n[host]\npython = '/p'\n", r"key ssh.host"),
+        ("[ssh]\nhost = 'a'\nuser = \"x'y\"\n[host]\npython = '/p'\n", r"key ssh.user"),
+        ("[ssh]\nhost = 'a'\njump = 'b;c'\n[host]\npython = '/p'\n", r"key ssh.jump"),
+        ("[ssh]\nhost = 'a'\nconnect_timeout = -1\n[host]\npython = '/p'\n", r"key ssh.connect_timeout"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = \"a\\nb\"\n", r"key host.python: must not contain"),
+        ("transport = 'telnet'\n[host]\npython = '/p'\n", r"key transport: must be one of"),
+    ],
+)
+def test_broken_inventory_names_file_and_key(text, message):
+    with pytest.raises(BadInput, match=r"^hosts/h\.toml: ") as info:
+        parse_host(text, name="h", source="hosts/h.toml")
+    assert re.search(message, info.value.message), info.value.message
+
+
+def test_missing_inventory_and_bad_name(tmp_path):
+    with pytest.raises(BadInput, match=r"no such inventory file"):
+        load_host("nosuch", directory=tmp_path)
+    with pytest.raises(BadInput, match=r"host name"):
+        load_host("../etc/passwd", directory=tmp_path)
+
+
+def test_cli_broken_inventory_is_one_line_exit_2(tmp_path, monkeypatch):
+    (tmp_path / "bad.toml").write_text("[ssh]\nhost = 'a'\nport = 0\n[host]\npython = '/p'\n")
+    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(tmp_path))
+    for command in (["push"], ["rollback"], ["status"], ["snapshot", "pull"]):
+        result = CliRunner().invoke(app, [*command, "--host", "bad"])
+        assert result.exit_code == 2, (command, result.output)
+        assert "bad.toml: key ssh.port: must be an integer from 1 to 65535" in result.output
+        assert "Traceback" not in result.output
+
+
+def test_agent_command_is_quoted_argv():
+    host = parse_host("[ssh]\nhost='a'\n[host]\npython = \"/o p/it's $(x);/python\"\nsudo = true\n",
+                      name="h", source="h.toml")
+    argv = agent_argv(host)
+    assert argv == ["sudo", "-n", "--", "/o p/it's $(x);/python", "-c", BOOTSTRAP]
+    command = remote_command(argv)
+    assert command == "sudo -n -- '/o p/it'\"'\"'s $(x);/python' -c " + shlex.quote(BOOTSTRAP)
+    assert shlex.split(command) == argv
