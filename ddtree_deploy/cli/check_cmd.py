@@ -120,7 +120,6 @@ def _write(directory: Path, report: CheckReport) -> None:
 
 
 @app.command("check")
-@handles_errors
 def check(
     snapshot: Optional[str] = typer.Option(None, "--snapshot", help="check this snapshot (snapshot/<NAME>)"),
     release: Optional[str] = typer.Option(
@@ -132,6 +131,16 @@ def check(
     write: Optional[Path] = typer.Option(None, "--write", help="write the patched files under DIR"),
 ) -> None:
     """Apply the series in memory and byte-compile the results; nothing leaves this machine."""
+    ok = _check(snapshot=snapshot, release=release, family=family, fuzz=fuzz,
+                json_output=json_output, write=write)
+    # Raised outside @handles_errors, which reports any other exception as a crash.
+    if not ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@handles_errors
+def _check(*, snapshot: str | None, release: str | None, family: str | None, fuzz: int,
+           json_output: bool, write: Path | None) -> bool:
     if write is not None and write.exists() and not write.is_dir():
         raise BadInput(f"--write {write}: exists and is not a folder")
     snap, series = _resolve(snapshot, release, family)
@@ -148,8 +157,7 @@ def check(
     else:
         out.print(f"check {verdict}: family {series.name} on {snap.name}: hunks {counts or 'none'}; "
                   f"{len(report.compile_errors)} compile errors")
-    if not report.ok:
-        raise typer.Exit(EXIT_FAILED)
+    return report.ok
 
 
 __all__ = ["check"]

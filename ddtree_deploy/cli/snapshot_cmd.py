@@ -46,7 +46,7 @@ def release(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Snapshot a PyPI release: the files every family touches, from the verified wheel."""
-    err.print(f"[dim]snapshot of sglang {version} from its wheel (cached under the user's cache folder)[/]")
+    err.print(f"[dim]snapshot of sglang {version} from its wheel (cached under the user's cache folder)[/]", soft_wrap=True)
     snap = snapshot_from_release(version, name=name)
     report_snapshot(snap, json_output=json_output)
 

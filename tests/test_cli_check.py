@@ -1,0 +1,265 @@
+"""`ddtree-deploy check` and `ddtree-deploy snapshot release` through the CLI.
+
+CliRunner for the cases, one real subprocess of the installed console script.
+Every bad input: exit 2, exactly one "error:" line naming the problem, and
+nothing written anywhere (snapshot folder unchanged, --write folder absent).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddtree_deploy import snapshot as SN
+from ddtree_deploy.cli import app
+from ddtree_deploy.series import load_family
+
+VERSION = "0.5.12.post1"
+SNAP = f"sglang-{VERSION}"
+P1 = "0001-spec-info-test-algorithm.patch"
+P2 = "0002-wire-test-algorithm.patch"
+ARGS = "sglang/srt/server_args.py"
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, data_dir, release_wheel):
+    """A writable copy of the test family as the repo's only family; snapshots in tmp."""
+    patches = tmp_path / "patches"
+    shutil.copytree(data_dir / "patches", patches)
+    shutil.copytree(data_dir / "payload", tmp_path / "payload")
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(patches))
+    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def snap(env):
+    return SN.snapshot_from_release(VERSION)
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    if root.exists():
+        for p in sorted(root.rglob("*")):
+            h.update(str(p.relative_to(root)).encode())
+            if p.is_file():
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+# --- success ----------------------------------------------------------------------
+
+
+def test_check_snapshot_ok(snap):
+    r = _run("check", "--snapshot", SNAP)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.startswith("check ok: family test-0.5.12 on sglang-0.5.12.post1: hunks 5 exact")
+    assert r.stderr.count("applied") == 5  # the table, for people, on stderr
+
+
+def test_check_json_is_one_document_on_stdout(snap):
+    r = _run("check", "--snapshot", SNAP, "--json")
+    assert r.exit_code == 0
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is True and doc["snapshot"]["name"] == SNAP
+    assert doc["snapshot"]["sglang_version"] == VERSION
+    assert doc["hunks"]["exact"] == 5
+
+
+def test_check_release_builds_the_snapshot(env):
+    r = _run("check", "--release", VERSION)
+    assert r.exit_code == 0, r.stderr
+    assert (env / "snapshot" / SNAP / "MANIFEST.json").is_file()
+
+
+def test_check_write_writes_what_gnu_patch_makes(snap, env, release_tree):
+    out = env / "out"
+    r = _run("check", "--snapshot", SNAP, "--write", str(out))
+    assert r.exit_code == 0, r.stderr
+    oracle = env / "oracle"
+    series = load_family(env / "patches" / "test-0.5.12")
+    for p in series.touched_paths():
+        if (release_tree / p).exists():
+            (oracle / p).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(release_tree / p, oracle / p)
+    for name in (P1, P2):
+        subprocess.run(["patch", "-p1", "--batch", "-i", str(env / "patches" / "test-0.5.12" / name)],
+                       cwd=oracle, check=True, capture_output=True)
+    for p in series.touched_paths():
+        expected = (oracle / p).read_bytes() if (oracle / p).exists() else (env / "payload" / "ddtree_test_utils.py").read_bytes()
+        assert (out / p).read_bytes() == expected
+
+
+def test_forced_family_outside_its_range_is_checked_with_a_note(snap, env):
+    _edit(env / "patches" / "test-0.5.12" / "family.toml", '">=0.5.12,<0.5.13"', '">=0.6"')
+    r = _run("check", "--snapshot", SNAP, "--family", "test-0.5.12")
+    assert r.exit_code == 0, r.stderr
+    assert "does not cover" in r.stderr
+
+
+# --- the check fails: exit 1 ------------------------------------------------------
+
+
+def test_a_failing_hunk_exits_1_and_names_the_patch_line(snap, env):
+    patch = env / "patches" / "test-0.5.12" / P1
+    _edit(patch, "     EAGLE = auto()\n", "     EAGLE_ELSEWHERE = auto()\n")
+    r = _run("check", "--snapshot", SNAP, "--json")
+    assert r.exit_code == 1
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False
+    hunk = doc["entries"][0]["files"][0]["hunks"][0]
+    assert hunk["status"] == "failed"
+    assert f"{P1}:{hunk['patch_line']}" in r.stderr
+    assert "EAGLE_ELSEWHERE" in r.stderr  # the mismatch evidence
+    assert "Traceback" not in r.stderr and "Exit" not in r.stderr  # a verdict, not a crash
+
+
+def test_a_compile_error_exits_1(snap, env):
+    (env / "payload" / "ddtree_test_utils.py").write_text("def broken(:\n")
+    r = _run("check", "--snapshot", SNAP)
+    assert r.exit_code == 1
+    assert "does not compile" in r.stderr and "ddtree_test_utils.py:1" in r.stderr
+    assert r.stdout.startswith("check FAILED")
+
+
+# --- bad input: exit 2, one line, nothing written ---------------------------------
+
+
+def _family(env: Path) -> Path:
+    return env / "patches" / "test-0.5.12"
+
+
+def _absolute(env):
+    p = _family(env) / P1
+    text = p.read_text().replace("diff --git a/sglang/srt/speculative/spec_info.py b/sglang/srt/speculative/spec_info.py\n", "")
+    p.write_text(text.replace("--- a/sglang/srt/speculative/spec_info.py", "--- /usr/lib/python3/spec_info.py"))
+
+
+def _dotdot(env):
+    _edit(_family(env) / P1, "+++ b/sglang/srt/speculative/spec_info.py", "+++ b/sglang/../../../../tmp/x.py")
+
+
+def _truncated(env):
+    p = _family(env) / P1
+    lines = p.read_text().splitlines(keepends=True)
+    p.write_text("".join(lines[:-3]))  # the second hunk loses its last context lines
+
+
+def _malformed(env):
+    _edit(_family(env) / P1, "@@ -103,6 +105,9 @@", "@@ -103,six +105,9 @@")
+
+
+def _not_in_snapshot(env):
+    # A snapshot that does not cover server_args.py (taken for another series).
+    SN.snapshot_from_release(VERSION, paths=["sglang/srt/speculative/spec_info.py"])
+
+
+BAD = {
+    "neither": ([], None, "give exactly one of --snapshot NAME or --release VERSION"),
+    "both": (["--release", VERSION], None, "give exactly one"),
+    "missing-snapshot": (None, None, "no such snapshot"),
+    "bad-range": ([], lambda env: _edit(_family(env) / "family.toml", '">=0.5.12,<0.5.13"', '">=0.5.12 <0.5.13"'),
+                  "family.toml:3: sglang = '>=0.5.12 <0.5.13' is not a valid PEP 440 specifier"),
+    "missing-entry": ([], lambda env: (_family(env) / P2).unlink(), f"series:3: entry '{P2}' does not exist"),
+    "duplicate-entry": ([], lambda env: open(_family(env) / "series", "a").write(P1 + "\n"),
+                        "series:6: duplicate entry"),
+    "absolute-path": ([], _absolute, "absolute path '/usr/lib/python3/spec_info.py'"),
+    "dotdot-path": ([], _dotdot, "contains '..'"),
+    "not-in-snapshot": ([], _not_in_snapshot, f"{ARGS} is not in the snapshot"),
+    "malformed-diff": ([], _malformed, P1),
+    "truncated-hunk": ([], _truncated, P1),
+    "unknown-family": (["--family", "nope"], None, "no such family folder"),
+    "tampered-snapshot": ([], lambda env: (env / "snapshot" / SNAP / "files" / ARGS).write_text("x = 1\n"),
+                          "does not match MANIFEST.json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(snap, env, case):
+    extra, mutate, message = BAD[case]
+    if mutate is not None:
+        mutate(env)
+    if case == "missing-snapshot":
+        args = ["check", "--snapshot", "nope"]
+    elif case == "neither":
+        args = ["check"]
+    else:
+        args = ["check", "--snapshot", SNAP, *extra]
+    before = _tree_digest(env / "snapshot")
+    out = env / "written"
+    r = _run(*args, "--write", str(out))
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1, r.stderr
+    assert message in errors[0], errors[0]
+    assert _tree_digest(env / "snapshot") == before
+    assert not out.exists()
+    assert r.stdout == ""
+
+
+def test_bad_input_with_json_prints_an_error_document(env):
+    r = _run("check", "--json")
+    assert r.exit_code == 2
+    assert json.loads(r.stdout)["error"]["code"] == "bad-input"
+
+
+def test_bad_family_with_release_writes_no_snapshot(env):
+    open(_family(env) / "series", "a").write(P1 + "\n")
+    r = _run("check", "--release", VERSION)
+    assert r.exit_code == 2
+    assert not (env / "snapshot").exists()
+
+
+def test_fuzz_out_of_range_is_a_usage_error(snap):
+    r = _run("check", "--snapshot", SNAP, "--fuzz", "3")
+    assert r.exit_code == 2 and "--fuzz" in r.stderr
+
+
+# --- snapshot release -------------------------------------------------------------
+
+
+def test_snapshot_release(env):
+    r = _run("snapshot", "release", VERSION)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.startswith(f"snapshot {SNAP}: sglang {VERSION}, 3 files, 1 absent")
+    r = _run("snapshot", "release", VERSION, "--name", "mine", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["snapshot"] == "mine" and doc["manifest"]["sglang_version"] == VERSION
+    assert (env / "snapshot" / "mine" / "MANIFEST.json").is_file()
+
+
+@pytest.mark.parametrize("version, message", [("latest", "not a valid PEP 440 version")])
+def test_snapshot_release_bad_version(env, version, message):
+    r = _run("snapshot", "release", version)
+    assert r.exit_code == 2 and message in r.stderr
+
+
+# --- the installed console script, for real -----------------------------------------
+
+
+def test_console_script_check_release(env):
+    exe = Path(sys.executable).parent / "ddtree-deploy"
+    proc = subprocess.run([str(exe), "check", "--release", VERSION, "--json"], capture_output=True,
+                          text=True, env=dict(os.environ), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] and doc["family"] == "test-0.5.12"
