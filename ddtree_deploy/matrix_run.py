@@ -208,6 +208,7 @@ def run_matrix(
     """The series against every SGLang release in [from, to]; see ``matrix`` for the rules."""
     t0 = time.perf_counter()
     jobs = jobs or os.cpu_count() or 1
+    _series.cache_clear()  # a family may have been edited since the last run in this process
     infos: list[FamilyInfo] = families(patches_dir)
     chosen = None
     if family is not None:

@@ -626,6 +626,7 @@ def port_family(series: Series, version: str, *, into: Path, tree_dir: Path, fuz
 
     into.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=into.parent, prefix=f".{into.name}."))
+    staging.chmod(0o755)  # mkdtemp makes it private; a family folder is an ordinary one
     rej_files = []
     try:
         description = f"{series.name} ported to SGLang {version} by ddtree-deploy port"
@@ -662,6 +663,7 @@ def write_tree(tree_dir: Path, files: Mapping[str, str], manifest: dict) -> None
                        hint="choose another --tree folder")
     tree_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=tree_dir.parent, prefix=f".{tree_dir.name}."))
+    staging.chmod(0o755)
     try:
         for path, text in files.items():
             target = staging.joinpath(*path.split("/"))

@@ -1,0 +1,350 @@
+"""The matrix: pure verdict rules on hand-made values, then the real thing over real wheels.
+
+Tiers:
+- pure: cells from check results, family assignment by version range, exit codes,
+  renderings (no files);
+- release facts from the real wheels' file lists;
+- the CI matrix (marked ``network``: it fills the wheel cache from PyPI on the first
+  run, then runs offline): SGLang 0.5.11 .. 0.5.14 (six wheels), with the expected
+  verdicts asserted for the test family under tests/data/matrix_family and for the
+  real DDTree series' patches that exist;
+- the CLI through typer's CliRunner.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from packaging.specifiers import SpecifierSet
+from typer.testing import CliRunner
+
+from ddtree_deploy import releases
+from ddtree_deploy.check import ALREADY, APPLIED, FAILED, SKIPPED, EntryCheck, FileCheck
+from ddtree_deploy.cli import app
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.locations import REPO_ROOT
+from ddtree_deploy.matrix import (
+    Cell,
+    CellStatus,
+    Coverage,
+    Matrix,
+    ReleaseRow,
+    assign,
+    cell_from_entry,
+    upper_bound,
+)
+from ddtree_deploy.matrix_run import run_matrix, select_releases
+from ddtree_deploy.patchset import HunkResult, HunkStatus, Mismatch
+from ddtree_deploy.release_facts import DFlashWorker, describe, explain_missing, facts_from_names
+from ddtree_deploy.series import FamilyInfo, load_family
+
+DATA = Path(__file__).resolve().parent / "data"
+TEST_FAMILY = DATA / "matrix_family"
+#: The CI matrix: 0.5.11 .. 0.5.14, six wheels (about 60 MB), kept small so CI stays fast.
+CI_RELEASES = ("0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14")
+
+
+# --- pure: cells ---------------------------------------------------------------
+
+
+def _hunk(index, status, *, offset=0, fuzz=0, nearest=None, mismatches=()):
+    return HunkResult(index=index, header="@@ -10,6 +10,7 @@", patch_line=5 + index, status=status,
+                      line=None if status is HunkStatus.FAILED else 10 + offset, offset=offset, fuzz=fuzz,
+                      nearest_line=nearest, mismatches=tuple(mismatches))
+
+
+def _entry(*files):
+    return EntryCheck(name="0002-x.patch", line=2, kind="patch", files=tuple(files))
+
+
+def test_cell_takes_the_worst_hunk_and_reports_the_biggest_offset():
+    fc = FileCheck("sglang/a.py", APPLIED, hunks=(_hunk(1, HunkStatus.EXACT), _hunk(2, HunkStatus.OFFSET, offset=-7),
+                                                  _hunk(3, HunkStatus.OFFSET, offset=3)))
+    cell = cell_from_entry(_entry(fc))
+    assert (cell.status, cell.note, cell.short()) == (CellStatus.OFFSET, "-7", "offset -7")
+    fuzzy = FileCheck("sglang/a.py", APPLIED, hunks=(_hunk(1, HunkStatus.OFFSET, offset=2),
+                                                     _hunk(2, HunkStatus.FUZZ, fuzz=1)))
+    assert cell_from_entry(_entry(fuzzy)).short() == "fuzz 1"
+    already = FileCheck("sglang/a.py", ALREADY, hunks=(_hunk(1, HunkStatus.ALREADY_APPLIED),))
+    assert cell_from_entry(_entry(already)).status is CellStatus.ALREADY_APPLIED
+    assert cell_from_entry(_entry(fc)).ok and cell_from_entry(_entry(already)).ok
+
+
+def test_failed_cell_names_file_hunk_patch_line_nearest_line_and_the_differing_line():
+    bad = _hunk(2, HunkStatus.FAILED, nearest=3631,
+                mismatches=[Mismatch(3633, "    old line\n", "    new line\n"), Mismatch(3634, "x\n", None)])
+    fc = FileCheck("sglang/srt/server_args.py", FAILED, hunks=(_hunk(1, HunkStatus.EXACT), bad),
+                   message="1 of 2 hunks failed")
+    cell = cell_from_entry(_entry(fc))
+    assert cell.status is CellStatus.FAILED and not cell.ok
+    assert cell.note == ("sglang/srt/server_args.py hunk 2 (patch line 7), nearest line 3631: "
+                         "line 3633 expected '    old line', found '    new line'")
+
+
+def test_missing_file_and_skipped_cells():
+    missing = FileCheck("sglang/srt/speculative/dflash_worker.py", FAILED,
+                        message="sglang/srt/speculative/dflash_worker.py does not exist in this SGLang")
+    cell = cell_from_entry(_entry(missing))
+    assert cell.status is CellStatus.FAILED and "does not exist" in cell.note
+    skipped = FileCheck("sglang/a.py", SKIPPED, message="0002-x.patch failed on this file")
+    assert cell_from_entry(_entry(skipped)).status is CellStatus.SKIPPED
+    assert not cell_from_entry(_entry(skipped)).ok
+
+
+# --- pure: which family, and what counts -------------------------------------------
+
+
+def _info(name, spec):
+    return FamilyInfo(name=name, folder=Path("/nonexistent") / name, specifier=SpecifierSet(spec), description="")
+
+
+FAMS = [_info("sglang-0.5.12", ">=0.5.12,<0.5.13"), _info("sglang-0.5.15", ">=0.5.15,<=0.5.16")]
+
+
+@pytest.mark.parametrize(
+    "version, family, coverage",
+    [
+        ("0.5.12", "sglang-0.5.12", Coverage.IN_RANGE),
+        ("0.5.12.post1", "sglang-0.5.12", Coverage.IN_RANGE),  # a post release is in its range
+        ("0.5.11", None, Coverage.NO_FAMILY),  # older than every range
+        ("0.5.13", None, Coverage.NO_FAMILY),  # in the gap between the two families
+        ("0.5.16", "sglang-0.5.15", Coverage.IN_RANGE),  # <= is inclusive
+        ("0.5.16.post1", "sglang-0.5.15", Coverage.UNCOVERED),  # newer than all: probed with the newest
+        ("0.5.23", "sglang-0.5.15", Coverage.UNCOVERED),
+    ],
+)
+def test_assign_picks_the_covering_family_or_says_why_not(version, family, coverage):
+    info, cov = assign(version, FAMS)
+    assert (info.name if info else None, cov) == (family, coverage)
+
+
+def test_an_explicit_family_applies_everywhere_and_marks_releases_outside_its_range():
+    assert assign("0.5.11", FAMS, FAMS[0]) == (FAMS[0], Coverage.OUTSIDE)
+    assert assign("0.5.12.post1", FAMS, FAMS[0]) == (FAMS[0], Coverage.IN_RANGE)
+
+
+@pytest.mark.parametrize(
+    "spec, bound",
+    [(">=0.5.12,<0.5.13", ("0.5.13", False)), ("==0.5.12", ("0.5.12", True)), ("~=0.5.12", ("0.6", False)),
+     (">=0.5.12", None), ("<=0.5.20,<0.5.18", ("0.5.18", False))],
+)
+def test_upper_bound_of_a_range(spec, bound):
+    got = upper_bound(_info("f", spec))
+    assert (None if got is None else (str(got[0]), got[1])) == bound
+
+
+def _row(version, coverage, ok=True, family="f"):
+    cells = (Cell("0001-a.patch", CellStatus.EXACT), Cell("0002-b.patch", CellStatus.EXACT if ok else CellStatus.FAILED,
+                                                         "" if ok else "sglang/a.py hunk 1 (patch line 9)"))
+    return ReleaseRow(version, family, coverage, cells=cells)
+
+
+def test_exit_code_fails_only_for_a_release_inside_its_range_or_uncovered_with_strict():
+    clean = [_row("0.5.12", Coverage.IN_RANGE), _row("0.5.14", Coverage.UNCOVERED, ok=False),
+             _row("0.5.11", Coverage.OUTSIDE, ok=False)]
+    assert Matrix(tuple(clean)).exit_code == 0
+    assert Matrix(tuple(clean), strict=True).exit_code == 1
+    assert Matrix(tuple(clean[:1] + clean[2:]), strict=True).exit_code == 0
+    broken = [_row("0.5.12", Coverage.IN_RANGE, ok=False)]
+    assert Matrix(tuple(broken)).exit_code == 1
+    assert Matrix(tuple(broken)).failures()[0].verdict == "failed"
+    compile_broken = ReleaseRow("0.5.12", "f", Coverage.IN_RANGE, cells=clean[0].cells,
+                                compile_errors=("sglang/a.py:3: invalid syntax",))
+    assert Matrix((compile_broken,)).exit_code == 1
+
+
+def test_markdown_and_json_carry_every_row_column_and_failure():
+    m = Matrix((_row("0.5.12", Coverage.IN_RANGE), _row("0.5.12.post1", Coverage.IN_RANGE, ok=False),
+                ReleaseRow("0.5.11", None, Coverage.NO_FAMILY, why="no family's range contains it")))
+    md = m.to_markdown()
+    assert "| release | family | 0001 | 0002 | compile | verdict | why |" in md
+    assert "| 0.5.12.post1 | f | exact | failed | skipped | failed |" in md
+    assert "| 0.5.11 | - | no family | no family | - | no family | no family's range contains it |" in md
+    assert "- 0.5.12.post1 [f] 0002-b.patch: sglang/a.py hunk 1 (patch line 9)" in md
+    doc = json.loads(json.dumps(m.to_json()))
+    assert doc["failed"] == ["0.5.12.post1"] and doc["exit_code"] == 1
+    assert doc["columns"] == ["0001-a.patch", "0002-b.patch"]
+    assert [r["verdict"] for r in doc["rows"]] == ["ok", "failed", "no family"]
+
+
+def test_select_releases_keeps_wheel_releases_in_range(data_dir):
+    doc = json.loads((data_dir / "pypi" / "sglang-trimmed.json").read_text())
+    listing = releases.parse_project(doc, base_url="https://x/pypi/sglang/json")
+    assert [str(r.version) for r in select_releases(listing, "0.5.10", "latest")] == [
+        "0.5.10", "0.5.11", "0.5.12", "0.5.12.post1"]
+    assert [str(r.version) for r in select_releases(listing, "0.5.11", "0.5.12")] == ["0.5.11", "0.5.12"]
+
+
+# --- release facts --------------------------------------------------------------
+
+
+def test_facts_date_a_removed_file_and_a_file_not_yet_added():
+    paths = ("sglang/srt/speculative/spec_registry.py", "sglang/srt/speculative/dflash_worker.py")
+    base = ["sglang/srt/server_args.py", "sglang-x.dist-info/RECORD"]
+    v1 = base + ["sglang/srt/speculative/dflash_worker.py"]
+    history = [
+        facts_from_names("0.5.11", v1, paths),
+        facts_from_names("0.5.12", v1 + ["sglang/srt/speculative/spec_registry.py"], paths),
+        facts_from_names("0.5.14", base + ["sglang/srt/speculative/spec_registry.py",
+                                           "sglang/srt/speculative/dflash_worker_v2.py"], paths),
+    ]
+    assert [f.dflash_worker for f in history] == [DFlashWorker.V1, DFlashWorker.V1, DFlashWorker.V2]
+    assert explain_missing(history[0], history) == ("spec_registry.py not yet added (first in 0.5.12)",)
+    assert explain_missing(history[2], history) == (
+        "dflash_worker.py removed in 0.5.14 (only the v2 worker, dflash_worker_v2.py)",)
+    assert describe(history[1], history) == "DFlash worker v1; validation in server_args.py"
+
+
+# --- the CI matrix over real wheels ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ci_wheels() -> dict[str, Path]:
+    """The six CI wheels, verified; downloaded once (network), offline afterwards."""
+    try:
+        return {v: releases.ensure_wheel(v) for v in CI_RELEASES}
+    except DeployError as exc:
+        pytest.skip(f"CI wheels not cached and PyPI unreachable: {exc.message}")
+
+
+@pytest.fixture
+def test_family_env(monkeypatch, tmp_path):
+    """The test family as the repository's patches/ (a copy: port tests write beside it)."""
+    patches = tmp_path / "patches"
+    shutil.copytree(TEST_FAMILY / "patches", patches)
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(patches))
+    monkeypatch.setenv("DDTREE_DEPLOY_PAYLOAD", str(TEST_FAMILY / "payload"))
+    return patches
+
+
+def _by_version(matrix):
+    return {r.version: r for r in matrix.rows}
+
+
+def _statuses(row):
+    return [c.short() for c in row.cells]
+
+
+@pytest.mark.network
+def test_ci_matrix_test_family_verdicts(ci_wheels, test_family_env):
+    m = run_matrix(from_version="0.5.11", to_version="0.5.14", offline=True, jobs=2)
+    rows = _by_version(m)
+    assert list(rows) == list(CI_RELEASES)
+    assert rows["0.5.11"].verdict == "no family" and rows["0.5.11"].family is None
+    for v in ("0.5.12", "0.5.12.post1"):
+        assert rows[v].verdict == "ok"
+        assert _statuses(rows[v]) == ["exact"] * 5 and rows[v].compile_text() == "ok"
+    for v in ("0.5.13", "0.5.13.post1"):
+        row = rows[v]
+        assert row.verdict == "uncovered" and row.family == "sglang-0.5.12"
+        # 0.5.13 moved DFLASH's validation to arg_groups/: the validation hunk fails there.
+        assert _statuses(row) == ["offset +6", "failed", "failed", "skipped", "exact"]
+        assert "server_args.py hunk 2" in row.cells[1].note
+        assert row.facts.validation_in == "arg_groups/speculative_hook.py"
+    row = rows["0.5.14"]
+    assert row.facts.dflash_worker is DFlashWorker.V2
+    assert "sglang/srt/speculative/dflash_worker.py" in row.facts.missing
+    assert "dflash_worker.py removed in 0.5.14" in row.why
+    assert "does not exist" in row.cells[2].note
+    assert m.exit_code == 0
+    strict = run_matrix(from_version="0.5.11", to_version="0.5.14", offline=True, strict=True, jobs=1)
+    assert strict.exit_code == 1
+    # Parallel and serial runs give the same rows.
+    assert [r.to_json() for r in strict.rows] == [r.to_json() for r in m.rows]
+
+
+@pytest.mark.network
+def test_ci_matrix_an_explicit_family_on_an_older_release(ci_wheels, test_family_env):
+    m = run_matrix(from_version="0.5.11", to_version="0.5.11", family="sglang-0.5.12", offline=True, jobs=1)
+    row = m.rows[0]
+    # 0.5.11 predates the names the 0.5.12 family's context uses.
+    assert row.coverage is Coverage.OUTSIDE and row.verdict == "outside range"
+    assert [c.status for c in row.cells[:2]] == [CellStatus.FAILED, CellStatus.FAILED]
+    assert m.exit_code == 0
+
+
+def _real_family(tmp_path: Path) -> Path:
+    """The real DDTree family; while it is incomplete, the entries whose patches exist.
+
+    Entries are taken in series order up to the first missing patch file, so the
+    verdicts asserted are about real patches only.
+    """
+    real = REPO_ROOT / "patches" / "sglang-0.5.12"
+    try:
+        load_family(real)
+        return real.parent
+    except Exception:
+        pass
+    dest = tmp_path / "real-patches" / "sglang-0.5.12"
+    dest.mkdir(parents=True)
+    shutil.copy(real / "family.toml", dest)
+    kept = []
+    for line in (real / "series").read_text().splitlines():
+        name = line.strip()
+        if not name or name.startswith("#"):
+            continue
+        if name.startswith("add ") or not (real / name).is_file():
+            break
+        shutil.copy(real / name, dest)
+        kept.append(name)
+    if not kept:
+        pytest.skip("the real series has no patch yet")
+    (dest / "series").write_text("\n".join(kept) + "\n")
+    return dest.parent
+
+
+@pytest.mark.network
+def test_ci_matrix_real_series(ci_wheels, tmp_path, monkeypatch):
+    patches = _real_family(tmp_path)
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(patches))
+    m = run_matrix(from_version="0.5.11", to_version="0.5.14", offline=True, jobs=2)
+    rows = _by_version(m)
+    # The 0.5.12 family applies to 0.5.12 and 0.5.12.post1 and the results compile.
+    for v in ("0.5.12", "0.5.12.post1"):
+        assert rows[v].verdict == "ok", rows[v].to_json()
+        assert all(c.status is CellStatus.EXACT for c in rows[v].cells)
+    # 0.5.11 has no family; applied explicitly, it differs (names, no spec_registry.py).
+    assert rows["0.5.11"].verdict == "no family"
+    older = run_matrix(from_version="0.5.11", to_version="0.5.11", family="sglang-0.5.12", offline=True, jobs=1)
+    assert not older.rows[0].applies
+    assert "spec_registry.py not yet added (first in 0.5.12)" in rows["0.5.11"].why
+    # Newer releases are uncovered, and 0.5.14's facts say why the v1-worker series cannot follow.
+    for v in ("0.5.13", "0.5.13.post1", "0.5.14"):
+        assert rows[v].verdict == "uncovered"
+    assert rows["0.5.14"].facts.dflash_worker is DFlashWorker.V2
+    assert m.exit_code == 0
+
+
+# --- CLI ------------------------------------------------------------------------------
+
+
+@pytest.mark.network
+def test_cli_matrix_json_markdown_and_exit_codes(ci_wheels, test_family_env, tmp_path):
+    runner = CliRunner()
+    md = tmp_path / "report" / "compat.md"
+    res = runner.invoke(app, ["matrix", "--from", "0.5.12", "--to", "0.5.13", "--offline", "--jobs", "1",
+                              "--json", "--markdown", str(md)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [r["verdict"] for r in doc["rows"]] == ["ok", "ok", "uncovered"]
+    assert "| 0.5.13 | sglang-0.5.12 | offset +6 | failed |" in md.read_text()
+    res = runner.invoke(app, ["matrix", "--from", "0.5.12", "--to", "0.5.13", "--offline", "--jobs", "1",
+                              "--strict"])
+    assert res.exit_code == 1
+    assert "matrix: 3 release(s): 2 ok, 1 uncovered; exit 1" in res.stdout
+
+
+def test_cli_matrix_bad_range_is_one_line_exit_2(test_family_env, monkeypatch, data_dir, tmp_path):
+    # A cached listing (the real, trimmed PyPI document) so that nothing touches the network.
+    cache = tmp_path / "cache"
+    (cache / "pypi").mkdir(parents=True)
+    shutil.copy(data_dir / "pypi" / "sglang-trimmed.json", cache / "pypi" / "sglang.json")
+    monkeypatch.setenv("DDTREE_DEPLOY_CACHE", str(cache))
+    res = CliRunner().invoke(app, ["matrix", "--from", "0.5.13", "--to", "0.5.12", "--offline"])
+    assert res.exit_code == 2
+    assert "--from 0.5.13 is newer than --to 0.5.12" in res.stderr
+    res = CliRunner().invoke(app, ["matrix", "--from", "banana", "--offline"])
+    assert res.exit_code == 2 and "not a valid PEP 440 version" in res.stderr
