@@ -449,7 +449,10 @@ class Agent(object):
         A file already switched by an interrupted run is backed up from an older backup
         holding its pristine hash, so a rerun never records a patched file as 'original'.
         """
-        backup_id = "%s-%s" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), run_id[:8])
+        # Sortable by creation time down to the microsecond: "newest N" must be exact.
+        now = time.time()
+        backup_id = "%s.%06dZ-%s" % (time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)),
+                                      int(now % 1 * 1e6), run_id[:8])
         base = self._p("backups")
         makedirs_private(base)
         tmp = os.path.join(base, backup_id + TMP_TAG)

@@ -71,6 +71,8 @@ def make_python_env(dest: Path, files: list[str] | None = None, version: str = S
 class TestHost:
     """One host served by an SSHServer: its own interpreter, package root and state dir."""
 
+    __test__ = False  # a helper, not a test class
+
     name: str
     server: "SSHServer"
     python: Path

@@ -1,0 +1,339 @@
+"""push / status / rollback / snapshot pull end to end: a real sshd on loopback, real SGLang files.
+
+Each test gets its own host (venv + site-packages from the 0.5.12.post1 wheel) on one
+module-wide sshd; the series is the small real one under tests/data/deploy_series,
+and GNU patch is the oracle for what the patched files must be.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddtree_deploy import deploy
+from ddtree_deploy.cli import app
+from ddtree_deploy.desired import desired_for
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.inventory import load_host
+from ddtree_deploy.series import load_family
+from ddtree_deploy.transport import SSHTransport
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sshd_host import SSHServer, TestHost  # noqa: E402
+
+pytestmark = pytest.mark.sshd
+
+DATA = Path(__file__).parent / "data" / "deploy_series"
+FAMILY = DATA / "patches" / "sglang-0.5.12"
+SPEC = "sglang/srt/speculative/spec_info.py"
+UTILS = "sglang/srt/speculative/dflash_utils.py"
+ADDED = "sglang/srt/speculative/ddtree_deploy_test_marker.py"
+TARGETS = (SPEC, UTILS, ADDED)
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory, sshd):
+    """The patched files as GNU patch makes them from the release files (plus the added file)."""
+    work = tmp_path_factory.mktemp("oracle")
+    ref = sshd.add_host("oracle", work / "ref", files=[SPEC, UTILS])
+    tree = work / "tree"
+    shutil.copytree(ref.site / "sglang", tree / "sglang")
+    for patch in sorted(FAMILY.glob("*.patch")):
+        subprocess.run(["patch", "-p1", "-s", "--no-backup-if-mismatch", "-i", str(patch)], cwd=tree, check=True)
+    patched = {p: (tree / p).read_bytes() for p in (SPEC, UTILS)}
+    patched[ADDED] = (DATA / "payload" / "ddtree_deploy_test_marker.py").read_bytes()
+    pristine = {SPEC: ref.read(SPEC), UTILS: ref.read(UTILS), ADDED: None}
+    return pristine, patched
+
+
+@pytest.fixture
+def host(sshd, tmp_path, monkeypatch) -> TestHost:
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(DATA / "patches"))
+    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
+    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
+    h = sshd.add_host(f"h{next(_names)}", tmp_path / "host", files=[SPEC, UTILS])
+    h.inventory()
+    return h
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def ok(*args: str):
+    result = cli(*args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def files_of(h: TestHost) -> dict[str, bytes | None]:
+    return {p: h.read(p) for p in TARGETS}
+
+
+def test_push_status_rollback(host, oracle):
+    pristine, patched = oracle
+    assert files_of(host) == pristine
+    spec = host.file(SPEC)
+    os.chown(spec, 4321, 8765)
+    os.chmod(spec, 0o640)
+    cache = spec.parent / "__pycache__"
+    cache.mkdir()
+    (cache / "spec_info.cpython-311.pyc").write_bytes(b"stale")
+
+    dry = ok("push", "--host", host.name, "--dry-run")
+    assert "would switch 3 of 3 file(s)" in dry.stdout
+    for path in TARGETS:
+        assert path in dry.stdout
+    assert hashlib.sha256(patched[SPEC]).hexdigest()[:12] in dry.stdout
+    assert files_of(host) == pristine and not host.state_dir.exists()  # a dry run touches nothing
+
+    pushed = json.loads(ok("push", "--host", host.name, "--json").stdout)["hosts"][0]
+    assert pushed["changed"] and pushed["round_trips"] == 2 and pushed["connections"] == 1
+    assert files_of(host) == patched  # byte-identical to GNU patch's result
+    st = spec.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (4321, 8765, 0o640)
+    assert not (cache / "spec_info.cpython-311.pyc").exists()
+    assert any(p.endswith("spec_info.cpython-311.pyc") for p in pushed["purged_bytecode"])
+
+    again = ok("push", "--host", host.name)
+    assert "already deployed" in again.stdout and "nothing changed" in again.stdout
+    assert len(list((host.state_dir / "backups").iterdir())) == 1  # a no-op makes no backup
+
+    status = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
+    assert status["phase"] == "deployed" and status["sglang_version"] == "0.5.12.post1"
+    assert {f["path"]: f["state"] for f in status["files"]} == {p: "patched" for p in TARGETS}
+    assert status["series"]["name"] == "sglang-0.5.12" and status["series"]["backup_id"] == pushed["backup_id"]
+    assert [b["id"] for b in status["backups"]] == [pushed["backup_id"]] and status["lock"] is None
+    human = ok("status", "--host", host.name).stdout
+    assert "phase: deployed" in human and "lock: free" in human
+
+    rolled = json.loads(ok("rollback", "--host", host.name, "--json").stdout)["hosts"][0]
+    assert rolled["changed"] and rolled["backup_id"] == pushed["backup_id"] and rolled["round_trips"] == 2
+    assert files_of(host) == pristine
+    st = spec.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (4321, 8765, 0o640)
+    status = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
+    assert status["phase"] == "rolled-back"
+    assert {f["path"]: f["state"] for f in status["files"]} == {p: "pristine" for p in TARGETS}
+    assert "already at backup" in ok("rollback", "--host", host.name).stdout
+
+
+def _family(tmp_path: Path, n_added: int) -> Path:
+    """A family of ``n_added`` new files (plus the two real patches), for round-trip counts."""
+    folder = tmp_path / f"fam{n_added}" / "patches" / "sglang-0.5.12"
+    shutil.copytree(FAMILY, folder)
+    payload = folder.parent.parent / "payload"
+    payload.mkdir()
+    lines = (FAMILY / "series").read_text().splitlines()[:-1]
+    for i in range(n_added):
+        (payload / f"m{i}.py").write_text(f"VALUE = {i}\n")
+        lines.append(f"add payload/m{i}.py sglang/srt/speculative/ddtree_deploy_m{i}.py")
+    (folder / "series").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_round_trips_and_connections_do_not_grow_with_files(host, tmp_path):
+    counts = {}
+    for n in (1, 12):
+        family = _family(tmp_path, n)
+        pushed = json.loads(ok("push", "--host", host.name, "--family", str(family), "--json").stdout)["hosts"][0]
+        assert len(pushed["plan"]["files"]) == n + 2
+        rolled = json.loads(ok("rollback", "--host", host.name, "--json").stdout)["hosts"][0]
+        counts[n] = (pushed["round_trips"], pushed["connections"], rolled["round_trips"], rolled["connections"])
+    assert counts[1] == counts[12] == (2, 1, 2, 1)
+
+
+def test_drift_is_refused_until_snapshot_pull(host, oracle):
+    pristine, patched = oracle
+    edited = pristine[UTILS] + b"# a hand edit on the host\n"
+    host.file(UTILS).write_bytes(edited)
+    result = cli("push", "--host", host.name)
+    assert result.exit_code == 1
+    assert f"{UTILS} (drifted)" in result.stderr and "snapshot pull" in result.stderr
+    assert SPEC not in result.stderr.split("match neither")[1].split("hint")[0]
+    assert files_of(host) == {**pristine, UTILS: edited}
+    assert not (host.state_dir / "backups").exists() and not (host.state_dir / "lock").exists()
+
+    as_json = cli("push", "--host", host.name, "--json")
+    assert as_json.exit_code == 1 and json.loads(as_json.stdout)["error"]["code"] == "drift"
+
+    pulled = json.loads(ok("snapshot", "pull", "--host", host.name, "--json").stdout)
+    assert pulled["manifest"]["sglang_version"] == "0.5.12.post1"
+    assert pulled["manifest"]["source"]["kind"] == "host"
+    ok("push", "--host", host.name)
+    assert host.read(UTILS) == patched[UTILS] + b"# a hand edit on the host\n"
+    assert host.read(SPEC) == patched[SPEC]
+    status = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
+    assert {f["state"] for f in status["files"]} == {"patched"}
+    # The journal records which snapshot was the pristine side.
+    assert json.loads((host.state_dir / "journal.json").read_text())["snapshot"] == f"snapshot/{host.name}"
+    # Pulling a patched host would record patched files as pristine: refused.
+    refused = cli("snapshot", "pull", "--host", host.name)
+    assert refused.exit_code == 1 and "patched by ddtree-deploy" in refused.stderr
+
+
+def test_a_series_that_does_not_apply_changes_nothing(host, oracle, tmp_path):
+    pristine, _patched = oracle
+    family = _family(tmp_path, 0)
+    bad = family / "0002-dflash-utils-marker.patch"
+    bad.write_text(bad.read_text().replace(" def is_dflash_sampling_verify_available", " def not_in_the_file"))
+    result = cli("push", "--host", host.name, "--family", str(family))
+    assert result.exit_code == 1 and "does not apply cleanly" in result.stderr
+    assert files_of(host) == pristine
+    assert not (host.state_dir / "backups").exists() and not (host.state_dir / "lock").exists()
+
+
+def test_two_pushes_at_once_exactly_one_proceeds(host, oracle):
+    """The first push holds the lock while it plans; the second arrives then and is refused."""
+    _pristine, patched = oracle
+    h = load_host(host.name)
+    series = load_family(FAMILY)
+    holding = threading.Event()
+    release = threading.Event()
+    results: dict[str, object] = {}
+
+    def slow_desire(facts):
+        holding.set()
+        assert release.wait(30)
+        return desired_for(series, h.name, facts)
+
+    def first():
+        try:
+            results["first"] = deploy.push(h, SSHTransport(h), list(TARGETS), slow_desire)
+        except Exception as exc:  # reported below
+            results["first"] = exc
+
+    t = threading.Thread(target=first)
+    t.start()
+    try:
+        assert holding.wait(30)
+        with pytest.raises(DeployError) as second:
+            deploy.push(h, SSHTransport(h), list(TARGETS), lambda facts: desired_for(series, h.name, facts))
+    finally:
+        release.set()
+        t.join(60)
+    assert second.value.code == "locked"
+    first_outcome = results["first"]
+    assert isinstance(first_outcome, deploy.Outcome) and first_outcome.changed
+    assert f"(run {first_outcome.run_id}, push" in second.value.message
+    assert "since 20" in second.value.message and "@" in second.value.message
+    assert files_of(host) == patched
+    assert len(list((host.state_dir / "backups").iterdir())) == 1
+
+
+def test_lock_of_a_live_run_needs_break_lock(host, oracle):
+    _pristine, patched = oracle
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        from ddtree_deploy.agent import boot_id, process_start
+        import socket
+
+        lock = host.state_dir / "lock"
+        lock.mkdir(parents=True)
+        (lock / "owner.json").write_text(json.dumps({
+            "run_id": "hung-run", "holder": "alice@laptop", "command": "push", "time": "2026-11-01T10:00:00Z",
+            "host": socket.gethostname(), "pid": sleeper.pid, "pid_start": process_start(sleeper.pid),
+            "boot_id": boot_id()}))
+        refused = cli("push", "--host", host.name)
+        assert refused.exit_code == 1
+        assert ("deploy lock held by alice@laptop since 2026-11-01T10:00:00Z (run hung-run, push"
+                in refused.stderr), refused.stderr
+        assert "--break-lock" in refused.stderr and host.read(ADDED) is None
+        broke = ok("push", "--host", host.name, "--break-lock")
+        assert "broke the lock of run hung-run" in broke.stderr
+        assert files_of(host) == patched and not lock.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_keeps_the_newest_backups(host, sshd):
+    host.inventory(keep_backups=2)
+    made = []
+    for _ in range(4):
+        made.append(json.loads(ok("push", "--host", host.name, "--json").stdout)["hosts"][0]["backup_id"])
+        ok("rollback", "--host", host.name)
+    kept = sorted(p.name for p in (host.state_dir / "backups").iterdir())
+    assert kept == made[-2:]
+    assert made == sorted(made)
+
+
+def _fingerprint(pub: Path) -> str:
+    out = subprocess.run(["ssh-keygen", "-lf", str(pub)], check=True, capture_output=True, text=True).stdout
+    return out.split()[1]
+
+
+def test_unknown_and_changed_host_keys_are_refused(host, sshd, oracle):
+    pristine, patched = oracle
+    saved = sshd.known_hosts.read_text()
+    try:
+        sshd.forget()
+        refused = cli("push", "--host", host.name)
+        assert refused.exit_code == 1 and "unknown host key" in refused.stderr
+        assert _fingerprint(Path(f"{sshd.host_key}.pub")) in refused.stderr
+        assert "--trust-new-host" in refused.stderr and files_of(host) == pristine
+        ok("push", "--host", host.name, "--trust-new-host")
+        assert files_of(host) == patched
+        assert sshd.host_key_line().split()[2] in sshd.known_hosts.read_text()
+
+        other = sshd.dir / "other_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+        kind, key = Path(f"{other}.pub").read_text().split()[:2]
+        sshd.known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {kind} {key}\n")
+        changed = cli("rollback", "--host", host.name, "--trust-new-host")
+        assert changed.exit_code == 1 and "HOST KEY CHANGED" in changed.stderr
+        assert "ssh-keygen -f" in changed.stderr and files_of(host) == patched
+    finally:
+        sshd.known_hosts.write_text(saved)
+
+
+def test_proxyjump_through_a_jump_host(host, sshd, oracle):
+    """ProxyJump from the inventory: the jump is this sshd itself (its own known_hosts entry)."""
+    _pristine, patched = oracle
+    path = host.inventory()
+    text = path.read_text().replace("[host]", f'jump = "{sshd.user}@127.0.0.1:{sshd.port}"\n\n[host]')
+    path.write_text(text)
+    pushed = json.loads(ok("push", "--host", host.name, "--json").stdout)["hosts"][0]
+    assert pushed["changed"] and files_of(host) == patched
+
+
+def test_local_transport(host, oracle, tmp_path):
+    pristine, patched = oracle
+    (host.server.hosts_dir / f"{host.name}-local.toml").write_text(
+        f'transport = "local"\n[host]\npython = "{host.python}"\nstate_dir = "{host.state_dir}"\n')
+    pushed = json.loads(ok("push", "--host", f"{host.name}-local", "--json").stdout)["hosts"][0]
+    assert pushed["changed"] and pushed["connections"] == 0 and files_of(host) == patched
+    status = json.loads(ok("status", "--host", f"{host.name}-local", "--json").stdout)["hosts"][0]
+    assert status["phase"] == "deployed"
+    ok("rollback", "--host", f"{host.name}-local")
+    assert files_of(host) == pristine
+
+
+def test_several_hosts_report_separately(host, sshd, tmp_path, oracle):
+    _pristine, patched = oracle
+    broken = sshd.add_host(f"h{next(_names)}", tmp_path / "second", files=[SPEC, UTILS])
+    broken.inventory()
+    broken.file(SPEC).write_bytes(b"# not SGLang's file\n")
+    result = cli("push", "--host", host.name, "--host", broken.name, "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    assert [r["ok"] for r in doc["hosts"]] == [True, False]
+    assert doc["hosts"][1]["error"]["code"] == "drift"
+    assert files_of(host) == patched and broken.read(ADDED) is None
