@@ -33,9 +33,10 @@ def report_snapshot(snap: Snapshot, *, json_output: bool) -> None:
     present = [f for f in m.files if not f.absent]
     out.print(f"snapshot {m.name}: sglang {m.sglang_version}, {len(present)} files, "
               f"{len(m.files) - len(present)} absent -> {show(snap.folder)}")
+    width = max((len(f.path) for f in m.files), default=0)
     for f in m.files:
-        detail = "absent (the series creates it)" if f.absent else f"{f.size:>8} B  {f.sha256[:16]}"
-        out.print(f"  {f.path}  {detail}")
+        detail = "absent (the series creates it)" if f.absent else f"{f.size:>8} B  sha256 {f.sha256[:16]}"
+        out.print(f"  {f.path:<{width}}  {detail}")
 
 
 @snapshot_app.command("release")
