@@ -263,3 +263,22 @@ def test_console_script_check_release(env):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["ok"] and doc["family"] == "test-0.5.12"
+
+
+def test_a_version_no_family_covers_is_bad_input(env):
+    SN.snapshot_from_files("old", "0.4.0", {"kind": "host", "host": "old"},
+                           {"sglang/srt/server_args.py": b"x = 1\n"})
+    r = _run("check", "--snapshot", "old")
+    assert r.exit_code == 2
+    errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert errors == ["error: no family covers SGLang 0.4.0; families: test-0.5.12 (<0.5.13,>=0.5.12)"]
+
+
+def test_a_symlink_escaping_the_snapshot_is_bad_input(snap, tmp_path):
+    spec_dir = snap.files_dir / "sglang" / "srt" / "speculative"
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(str(spec_dir), elsewhere)
+    os.symlink(elsewhere, spec_dir)
+    r = _run("check", "--snapshot", SNAP)
+    assert r.exit_code == 2
+    assert "outside the package root" in r.stderr
