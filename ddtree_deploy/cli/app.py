@@ -58,6 +58,8 @@ def handles_errors(fn: Callable) -> Callable:
             if exc.hint:
                 err.print(f"[dim]hint:[/] {_escape(exc.hint)}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code)
+        except typer.Exit:  # typer's own exit is a RuntimeError subclass: let it through
+            raise
         except KeyboardInterrupt:
             err.print("[bold red]interrupted[/]")
             raise typer.Exit(130)
