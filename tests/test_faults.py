@@ -1,0 +1,265 @@
+"""Fault injection: cut the SSH connection at every step of push and rollback, and kill the agent.
+
+A small TCP proxy of our own sits between paramiko and the real sshd and cuts both
+sockets after N bytes. N walks across the whole conversation of a clean run (key
+exchange, auth, agent upload, discover, the apply request, the apply reply, unlock).
+The agent is also killed (its test hook ``DDTREE_DEPLOY_TEST_HOOKS``) after staging and
+after each rename. After every fault:
+
+* every target file is byte-identical to its pristine or its patched version,
+* ``status`` explains the state (phase + per-file states, only pristine/patched),
+* running the same command again completes.
+
+The number of faults injected and recovered is printed (run with -s) and asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy import deploy
+from ddtree_deploy.desired import desired_for
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.inventory import load_host
+from ddtree_deploy.series import load_family
+from ddtree_deploy.transport import SSHTransport
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sshd_host import SSHServer  # noqa: E402
+
+pytestmark = pytest.mark.sshd
+
+DATA = Path(__file__).parent / "data" / "deploy_series"
+FAMILY = DATA / "patches" / "sglang-0.5.12"
+SPEC = "sglang/srt/speculative/spec_info.py"
+UTILS = "sglang/srt/speculative/dflash_utils.py"
+ADDED = "sglang/srt/speculative/ddtree_deploy_test_marker.py"
+TARGETS = [SPEC, UTILS, ADDED]
+CUTS_PER_COMMAND = 10
+
+
+class CutProxy:
+    """Relay 127.0.0.1:<port> <-> sshd, cutting both sockets once ``cut_after`` bytes went through."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.cut_after: int | None = None
+        self.relayed = 0
+        self.cut = False
+        self._lock = threading.Lock()
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self, cut_after: int | None) -> None:
+        with self._lock:
+            self.cut_after, self.relayed, self.cut = cut_after, 0, False
+
+    def close(self) -> None:
+        self._stop = True
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            pair = (client, server)
+            threading.Thread(target=self._pump, args=(client, server, pair), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, pair), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, pair) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            with self._lock:
+                allowed = len(data)
+                if self.cut_after is not None:
+                    allowed = max(0, min(allowed, self.cut_after - self.relayed))
+                self.relayed += allowed
+                cut_now = allowed < len(data)
+            try:
+                if allowed:
+                    dst.sendall(data[:allowed])
+            except OSError:
+                break
+            if cut_now:
+                self.cut = True
+                break
+        for s in pair:  # a cut (or a normal close) ends both sides at once
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("faults")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp / "snapshot"))
+    with SSHServer(tmp / "sshd") as sshd:
+        proxy = CutProxy(sshd.port)
+        sshd.trust(port=proxy.port)
+        h = sshd.add_host("faulty", tmp / "host", files=[SPEC, UTILS])
+        direct = load_host(str(h.inventory(sshd.dir / "direct")))
+        proxied = load_host(str(h.inventory(sshd.dir / "proxied", port=proxy.port)))
+        series = load_family(FAMILY)
+        pristine = {p: h.read(p) for p in TARGETS}
+        yield {"h": h, "direct": direct, "proxied": proxied, "proxy": proxy, "series": series,
+               "pristine": pristine}
+        proxy.close()
+    mp.undo()
+
+
+def desire(w):
+    return lambda facts: desired_for(w["series"], w["direct"].name, facts)
+
+
+def run(w, command: str, host=None, **kw):
+    host = host or w["direct"]
+    if command == "push":
+        return deploy.push(host, SSHTransport(host), TARGETS, desire(w), **kw)
+    return deploy.rollback(host, SSHTransport(host), **kw)
+
+
+def files(w):
+    return {p: w["h"].read(p) for p in TARGETS}
+
+
+def wait_unlocked(w, deadline_s: float = 15.0) -> None:
+    """A cut does not stop the host agent: let the one still running finish (bounded)."""
+    lock = w["h"].state_dir / "lock"
+    deadline = time.monotonic() + deadline_s
+    while lock.exists():
+        owner = json.loads((lock / "owner.json").read_text())
+        if time.monotonic() > deadline:
+            raise AssertionError(f"lock still held after {deadline_s}s: {owner}")
+        time.sleep(0.05)
+
+
+def check_explained(w, patched: dict) -> dict:
+    """Every file wholly pristine or wholly patched, and status says so, with a phase."""
+    for path, data in files(w).items():
+        assert data in (w["pristine"][path], patched[path]), f"{path} is neither pristine nor patched"
+    doc = deploy.status(w["direct"], SSHTransport(w["direct"]), TARGETS, desire(w))
+    states = {f["path"]: f["state"] for f in doc["files"] if f["path"] in TARGETS}
+    assert set(states) == set(TARGETS) and set(states.values()) <= {"pristine", "patched"}, states
+    assert doc["explanation"]
+    if doc["phase"] == "deployed":
+        assert set(states.values()) == {"patched"}
+    if doc["phase"] in ("never-deployed", "staged"):
+        assert set(states.values()) == {"pristine"} or doc["series"]["name"]
+    if "patched" in states.values() and "pristine" in states.values():
+        assert doc["phase"] == "switching" and "interrupted while switching" in doc["explanation"]
+    return doc
+
+
+def cut_points(total: int) -> list[int]:
+    """Offsets across the whole conversation, plus the tail where the last replies travel."""
+    spread = [total * k // (CUTS_PER_COMMAND - 3) for k in range(1, CUTS_PER_COMMAND - 3)]
+    return sorted(set(spread + [total - 2000, total - 600, total - 150]))
+
+
+def test_cut_connection_at_every_step_then_rerun_completes(world, capsys):
+    w = world
+    proxy = w["proxy"]
+    # A clean run through the proxy measures each conversation.
+    proxy.arm(None)
+    pushed = run(w, "push", w["proxied"])
+    push_total = proxy.relayed
+    patched = files(w)
+    assert pushed.changed and patched != w["pristine"]
+    proxy.arm(None)
+    run(w, "rollback", w["proxied"])
+    rollback_total = proxy.relayed
+    assert files(w) == w["pristine"]
+
+    faults = recoveries = 0
+    phases_seen: set[str] = set()
+    for command, total in (("push", push_total), ("rollback", rollback_total)):
+        for cut in cut_points(total):
+            if command == "rollback":
+                run(w, "push")  # start from a deployed host
+            proxy.arm(cut)
+            try:
+                run(w, command, w["proxied"])
+            except DeployError as exc:
+                assert exc.code in ("connection-lost", "connect", "auth"), exc.message
+            assert proxy.cut, f"{command}: cut at {cut}/{total} bytes never happened"
+            faults += 1
+            wait_unlocked(w)
+            doc = check_explained(w, patched)
+            phases_seen.add(doc["phase"])
+            outcome = run(w, command)  # the rerun, on a good connection
+            assert files(w) == (patched if command == "push" else w["pristine"])
+            recoveries += 1
+            assert outcome.summary
+            if command == "push":
+                run(w, "rollback")  # back to pristine for the next cut
+    with capsys.disabled():
+        print(f"\nfault injection (connection cuts): {faults} faults injected, {recoveries} recoveries; "
+              f"push {push_total} B, rollback {rollback_total} B; phases seen: {sorted(phases_seen)}")
+    assert faults == recoveries == len(cut_points(push_total)) + len(cut_points(rollback_total))
+
+
+@pytest.mark.parametrize(
+    "command, hook",
+    [
+        ("push", {"exit_after_staging": True}),
+        ("push", {"exit_after_renames": 1}),
+        ("push", {"exit_after_renames": 2}),
+        ("rollback", {"exit_after_renames": 1}),
+        ("rollback", {"exit_after_renames": 2}),
+    ],
+)
+def test_agent_killed_mid_switch_then_rerun_completes(world, monkeypatch, command, hook):
+    w = world
+    run(w, "push")  # learn the patched bytes, then set up the starting state
+    patched = files(w)
+    if command == "push":
+        run(w, "rollback")
+    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps(hook))
+    with pytest.raises(DeployError, match="agent stopped during apply"):
+        run(w, command)
+    monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+    doc = check_explained(w, patched)
+    if "exit_after_renames" in hook:
+        assert doc["phase"] == "switching" and f"rerun `{command}`" in doc["explanation"]
+        n = hook["exit_after_renames"]
+        done = patched if command == "push" else w["pristine"]
+        assert sum(files(w)[p] == done[p] for p in TARGETS) == n
+    else:
+        assert doc["phase"] == "staged" and files(w) == w["pristine"]
+    assert doc["lock"] and doc["lock"]["stale"] is True  # the killed agent's lock, provably stale
+    outcome = run(w, command)  # no --break-lock needed: the holder is provably dead
+    assert outcome.broke_lock and outcome.broke_lock["stale"] is True
+    assert files(w) == (patched if command == "push" else w["pristine"])
+    if command == "push":
+        run(w, "rollback")
+
+
+def test_rollback_after_an_interrupted_push(world, monkeypatch):
+    w = world
+    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": 2}))
+    with pytest.raises(DeployError):
+        run(w, "push")
+    monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+    assert files(w) != w["pristine"]
+    outcome = run(w, "rollback")
+    assert outcome.changed and files(w) == w["pristine"]
