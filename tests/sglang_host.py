@@ -12,6 +12,7 @@ Helpers for test modules (not a test module itself):
     release_wheel(version)                      -> Path of the cached wheel (downloads once)
     pristine_files(version, paths=None)         -> {package-relative path: bytes}
     make_host_env(dest, *, overlay=None, version) -> HostEnv(python, site_packages)
+    write_kernel_standin(dest)                  -> folder to put on PYTHONPATH (see there)
     run_python(env, code_or_args, ...)          -> subprocess.CompletedProcess
 """
 
@@ -43,24 +44,17 @@ def wheel_dir() -> Path:
 
 
 def release_wheel(version: str = BASELINE_RELEASE) -> Path:
-    """The cached SGLang wheel for ``version``; fetched from PyPI with pip on first use.
+    """The cached SGLang wheel for ``version``; fetched from PyPI on first use.
 
     Only the wheel itself (``--no-deps``): SGLang publishes wheels only from 0.5.11 on.
     """
-    folder = wheel_dir()
-    found = sorted(folder.glob(f"sglang-{version}-*.whl"))
+    found = sorted(wheel_dir().glob(f"sglang-{version}-*.whl"))
     if found:
         return found[0]
-    folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-         "--only-binary=:all:", f"sglang=={version}", "-d", str(folder)],
-        check=True,
-    )
-    found = sorted(folder.glob(f"sglang-{version}-*.whl"))
-    if not found:
-        raise FileNotFoundError(f"pip download left no sglang-{version} wheel in {folder}")
-    return found[0]
+    # Not cached yet: the toolkit's own downloader (sha256-verified against PyPI).
+    from ddtree_deploy.releases import ensure_wheel
+
+    return ensure_wheel(version)
 
 
 def pristine_files(
@@ -75,6 +69,80 @@ def pristine_files(
         if paths is None:
             return {n: zf.read(n) for n in zf.namelist() if not n.endswith("/")}
         return {p: zf.read(p) for p in paths}
+
+
+_KERNEL_STANDIN = '''"""STAND-IN for SGLang's CUDA kernel package (sglang-kernel), for CPU test hosts only.
+
+The real package is a CUDA build that cannot load on a machine without a GPU, yet
+modules such as sglang.srt.mem_cache.memory_pool_host import names from it at module
+top on every non-NPU/XPU/MPS device. Any sgl_kernel.<module>.<name> resolves to a
+function that raises when called, so imports succeed and nothing pretends to compute.
+"""
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
+STANDIN = True
+
+
+class _StandIn:
+    """A missing kernel (or kernel-side constant): attributes give more stand-ins,
+    calling one raises."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _StandIn(f"{self._name}.{name}")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(
+            f"{self._name}: CPU stand-in, the CUDA kernel is not available here"
+        )
+
+    def __repr__(self):
+        return f"<sgl_kernel stand-in {self._name}>"
+
+
+class _StandInModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _StandIn(f"{self.__name__}.{name}")
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if fullname.startswith(__name__ + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return _StandInModule(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []
+
+
+sys.meta_path.append(_Finder())
+sys.modules[__name__].__class__ = _StandInModule
+'''
+
+
+def write_kernel_standin(dest: Path) -> Path:
+    """Write a NAMED STAND-IN ``sgl_kernel`` package under ``dest``; return ``dest``.
+
+    Put ``dest`` on PYTHONPATH (``run_python(..., extra_env={"PYTHONPATH": ...})``) only
+    for probes that must IMPORT modules pulling in sgl_kernel (dflash_worker does, via
+    the scheduler); every call into it raises. Never part of a host env by default.
+    """
+    pkg = Path(dest) / "sgl_kernel"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(_KERNEL_STANDIN)
+    return Path(dest)
 
 
 def _shared_site_packages() -> Path:
@@ -135,6 +203,7 @@ def run_python(
 ) -> subprocess.CompletedProcess:
     """Run the host interpreter with ``args`` (e.g. ``["-c", code]``), output captured."""
     environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    # (extra_env may set PYTHONPATH again, e.g. to a kernel stand-in folder.)
     # No GPU here: keep torch and SGLang from probing for one, and stay offline.
     environ.update({"CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1",
                     "TRANSFORMERS_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"})

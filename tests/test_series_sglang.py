@@ -1,0 +1,425 @@
+"""The DDTree series against the REAL SGLang 0.5.12.post1 release, on CPU.
+
+The series (patches/sglang-0.5.12/) is applied with GNU patch (the oracle: every hunk
+must land exactly, no offset, no fuzz) to the release wheel's own files, the results
+are overlaid on a host environment (tests/sglang_host.py: a venv with the wheel
+installed), and the host interpreter then runs the probes at the bottom of this file
+in subprocesses: imports, the launch_server CLI, and real ``ServerArgs`` validation on
+tiny config-only model folders (tests/data/models/). A pristine host environment runs
+the same DFLASH case as the baseline.
+
+Series entries whose files do not exist yet are left out (the patches 0004/0005 are
+written separately); ``test_series_entries_present`` names them.
+
+The one stand-in: ``sgl_kernel`` (SGLang's CUDA kernel package cannot load without a
+GPU) for the import probe only; see sglang_host.write_kernel_standin.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FAMILY = REPO / "patches" / "sglang-0.5.12"
+MODELS = REPO / "tests" / "data" / "models"
+PROBE_TAG = "PROBE-JSON:"
+
+pytestmark = pytest.mark.sglang_env
+
+
+# ---------------------------------------------------------------------------
+# The series, applied with GNU patch
+
+
+def _series_entries() -> list[tuple[str, Path, str | None]]:
+    """(kind, source file, destination for adds) in series order."""
+    entries = []
+    for raw in (FAMILY / "series").read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        tokens = line.split()
+        if tokens[0] == "add":
+            entries.append(("add", REPO / tokens[1], tokens[2]))
+        else:
+            entries.append(("patch", FAMILY / tokens[0], None))
+    return entries
+
+
+def _patch_targets(patch: Path) -> list[str]:
+    return [
+        line[len("+++ b/"):].split("\t")[0]
+        for line in patch.read_text().splitlines()
+        if line.startswith("+++ b/")
+    ]
+
+
+def _apply_series(work: Path) -> tuple[dict[str, bytes], dict[str, bytes], list[str]]:
+    """Apply the present entries to the pristine files in ``work``.
+
+    Returns (patched files, their pristine bytes, entries left out).
+    """
+    from sglang_host import pristine_files
+
+    entries = _series_entries()
+    present = [e for e in entries if e[1].is_file()]
+    missing = [e[1].name for e in entries if not e[1].is_file()]
+    targets = sorted({t for kind, src, _ in present if kind == "patch" for t in _patch_targets(src)})
+    pristine = pristine_files(paths=targets)
+    for rel, data in pristine.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_bytes(data)
+    touched = set(targets)
+    for kind, src, dest in present:
+        if kind == "add":
+            (work / dest).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, work / dest)
+            touched.add(dest)
+            continue
+        run = subprocess.run(
+            ["patch", "-p1", "-F0", "--no-backup-if-mismatch", "-i", str(src)],
+            cwd=work, capture_output=True, text=True,
+        )
+        assert run.returncode == 0, f"{src.name} does not apply:\n{run.stdout}{run.stderr}"
+        # GNU patch reports a hunk that needed an offset as "succeeded at N (offset ...)".
+        assert "offset" not in run.stdout and "fuzz" not in run.stdout, (
+            f"{src.name}: a hunk did not apply exactly:\n{run.stdout}"
+        )
+    patched = {rel: (work / rel).read_bytes() for rel in sorted(touched)}
+    return patched, pristine, missing
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    return _apply_series(tmp_path_factory.mktemp("series"))
+
+
+@pytest.fixture(scope="module")
+def patched_env(series, tmp_path_factory):
+    from sglang_host import make_host_env
+
+    return make_host_env(tmp_path_factory.mktemp("host") / "patched", overlay=series[0])
+
+
+@pytest.fixture(scope="module")
+def pristine_env(tmp_path_factory):
+    from sglang_host import make_host_env
+
+    return make_host_env(tmp_path_factory.mktemp("host") / "pristine")
+
+
+def _probe(env, what: str, *args: str, pythonpath: Path | None = None) -> dict:
+    from sglang_host import run_python
+
+    extra = {"PYTHONPATH": str(pythonpath)} if pythonpath else None
+    run = run_python(env, [__file__, what, str(MODELS), *args], timeout=600, extra_env=extra)
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith(PROBE_TAG)]
+    assert run.returncode == 0 and lines, (
+        f"probe {what} failed (rc {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    )
+    return json.loads(lines[-1][len(PROBE_TAG):])
+
+
+@pytest.fixture(scope="module")
+def server_args_probe(patched_env):
+    return _probe(patched_env, "server-args")
+
+
+@pytest.fixture(scope="module")
+def baseline_probe(pristine_env):
+    return _probe(pristine_env, "server-args")
+
+
+# ---------------------------------------------------------------------------
+# The series itself
+
+
+def test_series_entries_present(series):
+    # Patches 0001-0003 are this file's subject; 0004/0005 and the utils module
+    # join every probe below as soon as they exist.
+    _, _, missing = series
+    assert not {m for m in missing if m.startswith(("0001", "0002", "0003"))}
+
+
+def test_series_applies_exactly_and_compiles(series):
+    patched, pristine, _ = series
+    assert "sglang/srt/speculative/spec_info.py" in patched
+    for rel, data in patched.items():
+        assert data != pristine.get(rel), f"{rel} unchanged by the series"
+        compile(data, rel, "exec")
+
+
+def test_git_apply_agrees_with_gnu_patch(series, tmp_path):
+    # A second oracle: git apply (no fuzz at all) gives the same bytes.
+    patched, pristine, _ = series
+    for rel, data in pristine.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    for kind, src, _ in _series_entries():
+        if kind == "patch" and src.is_file():
+            subprocess.run(["git", "apply", "-p1", str(src)], cwd=tmp_path, check=True)
+    for rel in pristine:
+        assert (tmp_path / rel).read_bytes() == patched[rel], rel
+
+
+# ---------------------------------------------------------------------------
+# In the host environment
+
+
+def test_patched_modules_import(series, patched_env, tmp_path):
+    from sglang_host import write_kernel_standin
+
+    # The modules the issue names, plus every module the series touches or adds.
+    modules = {"sglang.srt.speculative.spec_info", "sglang.srt.server_args",
+               "sglang.srt.speculative.dflash_info", "sglang.srt.speculative.dflash_worker"}
+    modules |= {rel[: -len(".py")].replace("/", ".") for rel in series[0] if rel.endswith(".py")}
+    result = _probe(patched_env, "imports", *sorted(modules),
+                    pythonpath=write_kernel_standin(tmp_path))
+    assert result["errors"] == {}, result
+    assert set(result["imported"]) == modules
+    algo = result["algorithm"]
+    assert algo["from_string"] == "DDTREE"
+    assert algo["ddtree_is_dflash"] and algo["ddtree_is_ddtree"]
+    assert algo["dflash_is_dflash"] and not algo["dflash_is_ddtree"]
+    assert not algo["ddtree_supports_spec_v2"]
+    assert algo["worker"] == "DFlashWorker"
+    assert "DDTREE does not support overlap" in algo["overlap_error"]
+    assert "reserved" in algo["register_ddtree_error"]
+    assert algo["plugin_is_ddtree"] is False
+
+
+def test_launch_server_help_lists_ddtree_flags(patched_env):
+    from sglang_host import run_python
+
+    run = run_python(patched_env, ["-m", "sglang.launch_server", "--help"], timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    for flag in (
+        "--speculative-ddtree-budget",
+        "--speculative-ddtree-topk",
+        "--speculative-ddtree-allow-hybrid-unsafe",
+    ):
+        assert flag in run.stdout
+    assert "DFLASH, DDTREE" in run.stdout
+
+
+def test_baseline_dflash_unpatched(baseline_probe):
+    base = baseline_probe["dflash"]
+    assert base["ok"], base
+    assert base["speculative_num_draft_tokens"] == 16  # the draft config's block_size
+    assert base["speculative_eagle_topk"] == 1 and base["max_running_requests"] == 48
+    # Unpatched SGLang does not know DDTREE: the patched results below are the series'.
+    assert not baseline_probe["ddtree_default"]["ok"]
+    assert "Unknown speculative algorithm" in baseline_probe["ddtree_default"]["error"]
+
+
+def test_dflash_unchanged_by_series(server_args_probe, baseline_probe):
+    for case in ("dflash", "dflash_hybrid"):
+        before, after = baseline_probe[case], server_args_probe[case]
+        assert before["ok"] and after["ok"], (before, after)
+        # Every field the release has keeps its value; the DDTree fields are new.
+        known = {k: v for k, v in before.items() if v != "<absent>"}
+        assert {k: after[k] for k in known} == known
+        assert before["speculative_ddtree_budget"] == "<absent>"
+        assert len(known) == len(before) - 3
+
+
+def test_ddtree_defaults(server_args_probe):
+    got = server_args_probe["ddtree_default"]
+    assert got["ok"], got
+    assert got["speculative_algorithm"] == "DDTREE"
+    assert got["speculative_ddtree_budget"] == 64
+    assert got["speculative_ddtree_topk"] is None
+    assert got["speculative_num_draft_tokens"] == 65  # verify width = budget + 1
+    assert got["speculative_dflash_block_size"] == 16  # draft block, from the draft config
+    assert got["speculative_eagle_topk"] == 1 and got["speculative_num_steps"] == 1
+    assert got["max_running_requests"] == 48
+    assert got["disable_overlap_schedule"] is True
+    assert got["disable_cuda_graph"] is True
+    assert got["enable_mixed_chunk"] is False
+    assert got["page_size"] == 1
+
+
+def test_ddtree_explicit_values_and_revalidation(server_args_probe):
+    got = server_args_probe["ddtree_explicit"]
+    assert got["ok"], got
+    assert got["speculative_num_draft_tokens"] == 256
+    assert got["speculative_dflash_block_size"] == 8
+    assert got["speculative_ddtree_topk"] == 4
+    # Validating the same args again (a copy re-runs __post_init__) changes nothing.
+    assert server_args_probe["ddtree_revalidated"] == got
+
+
+def test_ddtree_cli_flags_reach_server_args(server_args_probe):
+    got = server_args_probe["ddtree_cli"]
+    assert got["ok"], got
+    assert got["speculative_ddtree_budget"] == 32
+    assert got["speculative_ddtree_topk"] == 8
+    assert got["speculative_ddtree_allow_hybrid_unsafe"] is True
+    assert got["speculative_num_draft_tokens"] == 33
+
+
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("budget_zero", "--speculative-ddtree-budget must be an integer in [1, 1024], got 0"),
+        ("budget_too_big", "in [1, 1024], got 1025"),
+        ("budget_bool", "got True"),
+        ("topk_zero", "--speculative-ddtree-topk must be an integer >= 1"),
+        ("num_draft_tokens_conflict", "Drop --speculative-num-draft-tokens"),
+        ("page_size", "DDTREE requires --page-size 1, got 16"),
+        ("causal_verify_backend", "got 'fa3'"),
+        ("no_draft_model", "DDTREE speculative decoding requires setting --speculative-draft-model-path"),
+    ],
+)
+def test_ddtree_bad_values_refused(server_args_probe, case, needle):
+    got = server_args_probe[f"refuse_{case}"]
+    assert not got["ok"], got
+    assert needle in got["error"]
+
+
+def test_hybrid_gate(server_args_probe):
+    refused = server_args_probe["hybrid_refused"]
+    assert not refused["ok"]
+    assert "Qwen3NextConfig" in refused["error"]
+    assert "--speculative-ddtree-allow-hybrid-unsafe" in refused["error"]
+    allowed = server_args_probe["hybrid_allowed"]
+    assert allowed["ok"], allowed
+    assert allowed["speculative_num_draft_tokens"] == 65
+    # The gate is DDTREE's: DFLASH on the same hybrid target constructs.
+    assert server_args_probe["dflash_hybrid"]["ok"]
+
+
+# ---------------------------------------------------------------------------
+# Probes: run by the HOST interpreter (python this_file <probe> <models dir>)
+
+_FIELDS = (
+    "speculative_algorithm", "speculative_num_draft_tokens", "speculative_dflash_block_size",
+    "speculative_eagle_topk", "speculative_num_steps", "max_running_requests",
+    "disable_overlap_schedule", "disable_cuda_graph", "enable_mixed_chunk", "page_size",
+    "speculative_ddtree_budget", "speculative_ddtree_topk",
+    "speculative_ddtree_allow_hybrid_unsafe",
+)
+
+
+def _outcome(build) -> dict:
+    try:
+        args = build()
+    except (Exception, SystemExit) as exc:  # every refusal, argparse's exit included
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": True, **{f: getattr(args, f, "<absent>") for f in _FIELDS}}
+
+
+def _probe_server_args(models: Path, *unused: str) -> dict:
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    llama, draft, hybrid = (str(models / n) for n in ("tiny-llama", "tiny-dflash-draft", "tiny-qwen3-next"))
+
+    def make(**kw):
+        base = dict(model_path=llama, speculative_algorithm="DDTREE",
+                    speculative_draft_model_path=draft, device="cpu",
+                    skip_tokenizer_init=True, attention_backend="triton")
+        base.update(kw)
+        return lambda: ServerArgs(**base)
+
+    def dflash(**kw):
+        base = dict(model_path=llama, speculative_algorithm="DFLASH",
+                    speculative_draft_model_path=draft, device="cpu", skip_tokenizer_init=True)
+        base.update(kw)
+        return lambda: ServerArgs(**base)
+
+    def revalidate():
+        args = make(speculative_ddtree_budget=255, speculative_dflash_block_size=8,
+                    speculative_ddtree_topk=4)()
+        args.__post_init__()
+        return args
+
+    def from_cli():
+        parser = argparse.ArgumentParser()
+        ServerArgs.add_cli_args(parser)
+        ns = parser.parse_args([
+            "--model-path", llama, "--speculative-algorithm", "ddtree",
+            "--speculative-draft-model-path", draft, "--device", "cpu",
+            "--skip-tokenizer-init", "--attention-backend", "triton",
+            "--speculative-ddtree-budget", "32", "--speculative-ddtree-topk", "8",
+            "--speculative-ddtree-allow-hybrid-unsafe",
+        ])
+        return ServerArgs.from_cli_args(ns)
+
+    cases = {
+        "dflash": dflash(),
+        "dflash_hybrid": dflash(model_path=hybrid, disable_radix_cache=True),
+        "ddtree_default": make(),
+        "ddtree_explicit": make(speculative_ddtree_budget=255, speculative_dflash_block_size=8,
+                                speculative_ddtree_topk=4),
+        "ddtree_revalidated": revalidate,
+        "ddtree_cli": from_cli,
+        "refuse_budget_zero": make(speculative_ddtree_budget=0),
+        "refuse_budget_too_big": make(speculative_ddtree_budget=1025),
+        "refuse_budget_bool": make(speculative_ddtree_budget=True),
+        "refuse_topk_zero": make(speculative_ddtree_topk=0),
+        "refuse_num_draft_tokens_conflict": make(speculative_num_draft_tokens=16),
+        "refuse_page_size": make(page_size=16),
+        "refuse_causal_verify_backend": make(attention_backend="fa3"),
+        "refuse_no_draft_model": make(speculative_draft_model_path=None),
+        # Radix cache off: SGLang itself refuses speculative decoding on a Mamba
+        # target with the no_buffer radix cache, before any DDTREE check runs.
+        "hybrid_refused": make(model_path=hybrid, disable_radix_cache=True),
+        "hybrid_allowed": make(model_path=hybrid, disable_radix_cache=True,
+                               speculative_ddtree_allow_hybrid_unsafe=True),
+    }
+    return {name: _outcome(build) for name, build in cases.items()}
+
+
+def _probe_imports(models: Path, *names: str) -> dict:
+    import importlib
+    from types import SimpleNamespace
+
+    imported, errors = [], {}
+    for name in names:
+        try:
+            importlib.import_module(name)
+            imported.append(name)
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm as S
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    ddtree, dflash = S.from_string("ddtree"), S.DFLASH
+    algo = {
+        "from_string": ddtree.name,
+        "ddtree_is_dflash": ddtree.is_dflash(), "ddtree_is_ddtree": ddtree.is_ddtree(),
+        "dflash_is_dflash": dflash.is_dflash(), "dflash_is_ddtree": dflash.is_ddtree(),
+        "ddtree_supports_spec_v2": ddtree.supports_spec_v2(),
+        "plugin_is_ddtree": CustomSpecAlgo("X", lambda a: None).is_ddtree(),
+    }
+    try:
+        algo["worker"] = ddtree.create_worker(SimpleNamespace(disable_overlap_schedule=True)).__name__
+    except Exception as exc:
+        algo["worker"] = f"{type(exc).__name__}: {exc}"
+    try:
+        ddtree.create_worker(SimpleNamespace(disable_overlap_schedule=False))
+        algo["overlap_error"] = ""
+    except ValueError as exc:
+        algo["overlap_error"] = str(exc)
+    try:
+        S.register("ddtree")(lambda a: None)
+        algo["register_ddtree_error"] = ""
+    except ValueError as exc:
+        algo["register_ddtree_error"] = str(exc)
+    return {"imported": imported, "errors": errors, "algorithm": algo}
+
+
+if __name__ == "__main__":
+    _probes = {"server-args": _probe_server_args, "imports": _probe_imports}
+    _result = _probes[sys.argv[1]](Path(sys.argv[2]), *sys.argv[3:])
+    print(PROBE_TAG + json.dumps(_result, default=str), flush=True)
