@@ -88,18 +88,100 @@ def _body_line(prefix: str, line: str) -> str:
     return prefix + line if line.endswith("\n") else prefix + line + "\n" + NO_EOL
 
 
-def diff_hunks(old: str, new: str, *, context: int = CONTEXT) -> list[tuple[int, str]]:
-    """The unified-diff hunks turning ``old`` into ``new``: ``(old start line, hunk text)``.
+_BLANK = 100  # a blank line "indents" more than any code line: blocks avoid starting at one
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip()) if line.strip() else _BLANK
+
+
+def opcodes(a: Sequence[str], b: Sequence[str]) -> list[tuple[str, int, int, int, int]]:
+    """difflib's edit blocks between two line lists, ambiguous blocks placed the way people read them.
 
     ``autojunk`` is off: with it, difflib ignores frequent lines (blank lines,
     closing brackets) in files over 200 lines, which on server_args.py gives
     hunks that are correct but far larger than the change.
+
+    A pure insertion (or deletion) can often slide up or down with the same
+    meaning (when the line it starts with repeats right after it). difflib puts it
+    as high as it goes; a reader wants a new function to end with its blank lines
+    and a new call to start at its own first line. So among the positions it can
+    take, we pick the one whose first line and whose following line are the least
+    indented (a blank line counts as deeply indented), the lowest on a tie. On the
+    DDTree series this gives the very hunks ``git diff`` wrote.
     """
+    ops = [["equal", 0, 0, 0, 0]]  # an empty block above the first, so every change has one
+    ops += [list(op) for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()]
+    for k in range(1, len(ops) - 1):
+        op, above, below = ops[k], ops[k - 1], ops[k + 1]
+        if op[0] not in ("insert", "delete") or above[0] != "equal" or below[0] != "equal":
+            continue
+        lines = b if op[0] == "insert" else a
+        s, e = (op[3], op[4]) if op[0] == "insert" else (op[1], op[2])
+        # Keep a line of each neighbouring equal block (so blocks never merge), except
+        # at the ends of the file.
+        room_up = (above[2] - above[1]) - (1 if k > 1 else 0)
+        room_down = (below[2] - below[1]) - (1 if k + 2 < len(ops) else 0)
+        up = 0
+        while up < room_up and lines[s - up - 1] == lines[e - up - 1]:
+            up += 1
+        down = 0
+        while down < room_down and lines[s + down] == lines[e + down]:
+            down += 1
+
+        def score(shift: int) -> tuple[int, int]:
+            after = lines[e + shift] if e + shift < len(lines) else ""
+            return (_indent(lines[s + shift]) + (_indent(after) if after else 0), -shift)
+
+        shift = min(range(-up, down + 1), key=score)
+        for i in range(1, 5):
+            op[i] += shift
+        above[2] += shift
+        above[4] += shift
+        below[1] += shift
+        below[3] += shift
+    return [tuple(op) for op in ops if op[1] != op[2] or op[3] != op[4]]
+
+
+def _groups(ops: Sequence[tuple[str, int, int, int, int]], context: int) -> list[list[tuple[str, int, int, int, int]]]:
+    """Edit blocks grouped into hunks: changes closer than 2 * context lines share a hunk."""
+    changes = [k for k, op in enumerate(ops) if op[0] != "equal"]
+    if not changes:
+        return []
+    groups, current = [], []
+    for k, op in enumerate(ops):
+        tag, i1, i2, j1, j2 = op
+        if tag != "equal":
+            current.append(op)
+            continue
+        first, last = k == 0, k == len(ops) - 1
+        size = i2 - i1
+        if first:
+            current.append((tag, max(i1, i2 - context), i2, max(j1, j2 - context), j2))
+        elif last:
+            current.append((tag, i1, min(i2, i1 + context), j1, min(j2, j1 + context)))
+        elif size > 2 * context:
+            current.append((tag, i1, i1 + context, j1, j1 + context))
+            groups.append(current)
+            current = [(tag, i2 - context, i2, j2 - context, j2)]
+        else:
+            current.append(op)
+    groups.append(current)
+    # Drop a leading group made of context only (when the file starts with changes
+    # the first group starts with one), and trim pure-context edges.
+    out = []
+    for g in groups:
+        if any(op[0] != "equal" for op in g):
+            out.append(g)
+    return out
+
+
+def diff_hunks(old: str, new: str, *, context: int = CONTEXT) -> list[tuple[int, str]]:
+    """The unified-diff hunks turning ``old`` into ``new``: ``(old start line, hunk text)``."""
     a = old.splitlines(keepends=True)
     b = new.splitlines(keepends=True)
-    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
     hunks = []
-    for group in matcher.get_grouped_opcodes(context):
+    for group in _groups(opcodes(a, b), context):
         i1, i2 = group[0][1], group[-1][2]
         j1, j2 = group[0][3], group[-1][4]
         lines = [f"@@ -{_range(i1, i2 - i1)} +{_range(j1, j2 - j1)} @@{_section_heading(a, i1)}\n"]
@@ -120,7 +202,7 @@ def line_map(old: str, new: str):
     """
     a = old.splitlines(keepends=True)
     b = new.splitlines(keepends=True)
-    blocks = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    blocks = opcodes(a, b)
 
     def to_new(line: int) -> int:
         index = line - 1
@@ -489,7 +571,7 @@ def refresh_series(
             raise BadInput(f"{path}: missing from the working tree", hint="restore it, or remove the entries that change it")
         a = old.splitlines(keepends=True)
         b = new.splitlines(keepends=True)
-        blocks = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+        blocks = opcodes(a, b)
         owner: list[int | None] = []
         signatures = [(k, _changed_lines([hunks])) for k, _, hunks in users]
         for tag, i1, i2, j1, j2 in blocks:

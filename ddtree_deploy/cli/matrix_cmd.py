@@ -57,7 +57,7 @@ def _render_matrix(matrix: Matrix) -> None:
             err.print(f"  {escape(version)}: {escape(why)}", highlight=False, soft_wrap=True)
     for line in matrix.details():
         err.print(f"[red]does not apply:[/] {escape(line)}", highlight=False, soft_wrap=True)
-    err.print(f"{matrix.summary()}; time {matrix.timings.line()}", highlight=False)
+    err.print(f"{matrix.summary()}; time {matrix.timings.line()}", highlight=False, soft_wrap=True)
 
 
 @app.command("matrix")
@@ -103,12 +103,12 @@ def _matrix(*, from_version: str, to_version: str, family: Optional[str], strict
         matrix = run_matrix(
             from_version=from_version, to_version=to_version, family=family, strict=strict, fuzz=fuzz,
             offline=offline, jobs=jobs, progress=progress,
-            warn=lambda message: err.print(f"[yellow]warning:[/] {escape(message)}"),
+            warn=lambda message: err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True),
         )
     if markdown is not None:
         markdown.parent.mkdir(parents=True, exist_ok=True)
         markdown.write_text(matrix.to_markdown(), encoding="utf-8")
-        err.print(f"[dim]markdown report: {escape(show(markdown))}[/]")
+        err.print(f"[dim]markdown report: {escape(show(markdown))}[/]", soft_wrap=True)
     _render_matrix(matrix)
     if json_output:
         emit_json(matrix.to_json())
@@ -170,18 +170,18 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
         landed = [h for _, h in entry.results if h.ok]
         status = "ok" if entry.ok else f"{len(entry.rejects)} rejected"
         note = "" if entry.text is not None or entry.kind == "add" else " (all already upstream: dropped)"
-        err.print(f"  {escape(entry.entry)}: {len(landed)} hunk(s) landed, {status}{note}", highlight=False)
-    err.print(f"wrote family {escape(show(outcome.family_dir))} and working tree {escape(show(outcome.tree_dir))}")
+        err.print(f"  {escape(entry.entry)}: {len(landed)} hunk(s) landed, {status}{note}", highlight=False, soft_wrap=True)
+    err.print(f"wrote family {escape(show(outcome.family_dir))} and working tree {escape(show(outcome.tree_dir))}", soft_wrap=True)
     if not result.ok:
-        err.print("[bold]what to edit:[/]")
+        err.print("[bold]what to edit:[/]", soft_wrap=True)
         for reject in result.rejects:
             where = (f"{show(outcome.tree_dir / reject.path)} near line {reject.tree_line}"
                      if reject.tree_line else f"{reject.path} (absent in {to_version}: move the change)")
-            err.print(f"  {escape(where)}: {escape(reject.entry)}: {escape(reject.describe()[0])}", highlight=False)
+            err.print(f"  {escape(where)}: {escape(reject.entry)}: {escape(reject.describe()[0])}", highlight=False, soft_wrap=True)
         for rej in outcome.rej_files:
-            err.print(f"  details: {escape(show(rej))}", highlight=False)
+            err.print(f"  details: {escape(show(rej))}", highlight=False, soft_wrap=True)
         err.print(f"then: ddtree-deploy series refresh --family {escape(outcome.family_dir.name)} "
-                  f"--from {escape(show(outcome.tree_dir))} --resolved", highlight=False)
+                  f"--from {escape(show(outcome.tree_dir))} --resolved", highlight=False, soft_wrap=True)
     if not json_output:
         verdict = "ok" if result.ok else f"{len(result.rejects)} hunk(s) rejected"
         out.print(f"port {verdict}: family {outcome.family_dir.name} for SGLang {to_version}", highlight=False)
@@ -240,16 +240,16 @@ def refresh_command(
             "dropped": [{"entry": e, "path": p} for e, p in outcome.dropped],
         })
     for name in outcome.changed:
-        err.print(f"  refreshed {escape(name)}", highlight=False)
+        err.print(f"  refreshed {escape(name)}", highlight=False, soft_wrap=True)
     for name in outcome.unchanged:
-        err.print(f"  [dim]unchanged {escape(name)}[/]", highlight=False)
+        err.print(f"  [dim]unchanged {escape(name)}[/]", highlight=False, soft_wrap=True)
     for entry, path in outcome.dropped:
-        err.print(f"  [yellow]note:[/] {escape(entry)} no longer changes {escape(path)}", highlight=False)
+        err.print(f"  [yellow]note:[/] {escape(entry)} no longer changes {escape(path)}", highlight=False, soft_wrap=True)
     for name in outcome.payload_drift:
         err.print(f"  [yellow]note:[/] the tree's copy of {escape(name)} differs from its payload file; "
-                  "the payload is the source: copy the edit there", highlight=False)
+                  "the payload is the source: copy the edit there", highlight=False, soft_wrap=True)
     for rej in outcome.removed_rejects:
-        err.print(f"  removed {escape(show(rej))}", highlight=False)
+        err.print(f"  removed {escape(show(rej))}", highlight=False, soft_wrap=True)
     if not json_output:
         out.print(f"refresh: family {family}: {len(outcome.changed)} patch file(s) rewritten from the tree "
                   f"(SGLang {outcome.version})", highlight=False)

@@ -1,0 +1,274 @@
+"""port and series refresh, on real SGLang release files, with GNU patch and git as oracles.
+
+- the diff writer: the real 0.5.12.post1 -> 0.5.13 changes of SGLang files, written by
+  us, applied by GNU patch and checked by git apply, must rebuild 0.5.13 exactly;
+- identity: porting a family onto the release it was made against, and refreshing
+  from an unedited tree, give back its patch files byte for byte (git wrote them);
+- the porting workflow the issue asks for: port the test family from 0.5.12.post1 to
+  0.5.13 (asserting the ported family's `check` result), fix the rejects in the
+  working tree, `series refresh`, and `check` is clean; GNU patch agrees;
+- bad input: one line, exit 2, nothing written.
+
+Tests that need a release other than the baseline are marked ``network``: they fill
+the wheel cache on the first run and are offline afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddtree_deploy import port, releases
+from ddtree_deploy.check import check_series
+from ddtree_deploy.cli import app
+from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.locations import REPO_ROOT
+from ddtree_deploy.series import load_family
+
+DATA = Path(__file__).resolve().parent / "data"
+TEST_FAMILY = DATA / "matrix_family"
+SERVER_ARGS = "sglang/srt/server_args.py"
+WORKER = "sglang/srt/speculative/dflash_worker.py"
+
+
+@pytest.fixture(scope="module")
+def wheel_0513() -> Path:
+    try:
+        return releases.ensure_wheel("0.5.13")
+    except DeployError as exc:
+        pytest.skip(f"the 0.5.13 wheel is not cached and PyPI is unreachable: {exc.message}")
+
+
+@pytest.fixture
+def patches(monkeypatch, tmp_path) -> Path:
+    """A writable copy of the test family as the repository's patches/."""
+    dest = tmp_path / "patches"
+    shutil.copytree(TEST_FAMILY / "patches", dest)
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(dest))
+    monkeypatch.setenv("DDTREE_DEPLOY_PAYLOAD", str(TEST_FAMILY / "payload"))
+    monkeypatch.setenv("DDTREE_DEPLOY_BUILD", str(tmp_path / "build"))
+    return dest
+
+
+def _gnu_patch(root: Path, patch_text: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["patch", "-p1", "--batch", "--no-backup-if-mismatch", "-d", str(root)],
+                          input=patch_text, text=True, capture_output=True)
+
+
+def _write(root: Path, files: dict[str, bytes | str | None]) -> None:
+    for path, data in files.items():
+        if data is None:
+            continue
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# --- the diff writer ------------------------------------------------------------------
+
+
+@pytest.mark.network
+def test_real_release_diff_written_by_us_rebuilds_the_new_release_with_gnu_patch_and_git(
+        release_wheel, wheel_0513, tmp_path):
+    paths = [SERVER_ARGS, "sglang/srt/speculative/spec_info.py", WORKER]
+    old = releases.read_wheel_files(release_wheel, paths)
+    new = releases.read_wheel_files(wheel_0513, paths)
+    text = ""
+    for path in paths:
+        a, b = old[path].decode(), new[path].decode()
+        text += f"--- a/{path}\n+++ b/{path}\n" + "".join(h for _, h in port.diff_hunks(a, b))
+    root = tmp_path / "tree"
+    _write(root, old)
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    check = subprocess.run(["git", "-C", str(root), "apply", "--check", "-"], input=text, text=True,
+                           capture_output=True)
+    assert check.returncode == 0, check.stderr
+    res = _gnu_patch(root, text)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "offset" not in res.stdout and "fuzz" not in res.stdout  # every hunk where it says
+    for path in paths:
+        assert (root / path).read_bytes() == new[path]
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("a\nb\nc\n", "a\nB\nc"),  # the new text loses its final newline
+        ("a\nb\nc", "a\nb\nc\nd\n"),  # the old text had none
+        ("x", "y"),
+        ("", "one\ntwo\n"),  # a file that was empty
+        ("".join(f"line {i}\n" for i in range(40)), "".join(f"line {i}\n" for i in range(40) if i not in (3, 30))),
+    ],
+)
+def test_diff_hunks_edge_cases_agree_with_gnu_patch(old, new, tmp_path):
+    text = "--- a/sglang/f.py\n+++ b/sglang/f.py\n" + "".join(h for _, h in port.diff_hunks(old, new))
+    _write(tmp_path, {"sglang/f.py": old})
+    res = _gnu_patch(tmp_path, text)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (tmp_path / "sglang/f.py").read_text() == new
+
+
+def test_blob_id_is_gits(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text("print('ddtree')\n")
+    git = subprocess.run(["git", "hash-object", str(f)], capture_output=True, text=True, check=True).stdout
+    assert port.blob_id(f.read_text()) == git[:7]
+
+
+def test_next_micro():
+    assert [port.next_micro(v) for v in ("0.5.13", "0.5.13.post1", "0.6")] == ["0.5.14", "0.5.14", "0.6.1"]
+
+
+# --- identity: onto the release a family was made for ------------------------------------
+
+
+def _families_to_check_for_identity() -> list[Path]:
+    """The test family, and the real series when every one of its entries exists."""
+    out = [TEST_FAMILY / "patches" / "sglang-0.5.12"]
+    try:
+        load_family(REPO_ROOT / "patches" / "sglang-0.5.12")
+        out.append(REPO_ROOT / "patches" / "sglang-0.5.12")
+    except BadInput:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("folder", _families_to_check_for_identity(), ids=lambda p: p.parent.parent.name)
+def test_port_and_refresh_onto_the_same_release_give_back_git_s_patches(folder, release_wheel, release_version,
+                                                                      monkeypatch):
+    if folder.is_relative_to(TEST_FAMILY):
+        monkeypatch.setenv("DDTREE_DEPLOY_PAYLOAD", str(TEST_FAMILY / "payload"))
+    series = load_family(folder)
+    files = port.release_files(release_version, series.touched_paths())
+    result = port.port_series(series, files, version=release_version)
+    assert result.ok
+    originals = {e.name: e.file.read_text() for e in series.entries if e.kind == "patch"}
+    assert {e.entry: e.text for e in result.entries if e.kind == "patch"} == originals
+    tree = {path: text.encode() for path, text in result.tree.items()}
+    refreshed = port.refresh_series(series, files, tree)
+    assert {r.entry: r.text for r in refreshed} == originals
+
+
+# --- the porting workflow -------------------------------------------------------------------
+
+
+@pytest.mark.network
+def test_port_to_0513_then_fix_then_refresh(patches, release_wheel, wheel_0513, tmp_path):
+    runner = CliRunner()
+    tree = tmp_path / "tree"
+    res = runner.invoke(app, ["port", "--to", "0.5.13", "--family", "sglang-0.5.12", "--tree", str(tree)])
+    assert res.exit_code == 1, res.output  # hunks were rejected
+    assert "what to edit:" in res.stderr
+    assert f"{SERVER_ARGS} near line" in res.stderr and "series refresh --family sglang-0.5.13" in res.stderr
+    new = patches / "sglang-0.5.13"
+    assert sorted(p.name for p in new.iterdir()) == [
+        "0001-enum.patch", "0002-server-args.patch", "0002-server-args.patch.rej", "0003-worker.patch",
+        "0003-worker.patch.rej", "0004-server-args-help.patch", "family.toml", "series"]
+    assert 'sglang = ">=0.5.13,<0.5.14"' in (new / "family.toml").read_text()
+    rej = (new / "0002-server-args.patch.rej").read_text()
+    assert "# sglang/srt/server_args.py hunk 2 (@@ -3607,6 +3608,7 @@, patch line 17): no match; nearest at line" in rej
+    assert "#   line " in rej and "expected '            # RoPE reservation)." in rej
+    assert "+            # DDTREE keeps the same rule: one draft step, verified as a tree.\n" in rej
+
+    # The ported family's check on 0.5.13: the landed hunks now apply exactly, the
+    # rejected ones still fail (the family does not pretend to be complete).
+    ported = load_family(new)
+    files = port.release_files("0.5.13", ported.touched_paths())
+    report = check_series(ported, files)
+    got = [(e.name, [(f.status, [h.status.value for h in f.hunks]) for f in e.files]) for e in report.entries]
+    assert got == [
+        ("0001-enum.patch", [("applied", ["exact", "exact"])]),
+        ("0002-server-args.patch", [("failed", ["exact", "failed"])]),
+        ("0003-worker.patch", [("failed", ["failed"])]),
+        ("0004-server-args-help.patch", [("skipped", [])]),
+        ("add payload/ddtree_marker.py", [("applied", [])]),
+    ]
+
+    # An engineer applies the rejected hunks by hand in the working tree.
+    sa, worker = tree / SERVER_ARGS, tree / WORKER
+    anchor = '            help="DFLASH only. Block size (verify window length).'
+    text = sa.read_text()
+    assert text.count(anchor) == 1
+    sa.write_text(text.replace(anchor, "            # DDTREE keeps the same rule: one draft step, verified as a tree.\n"
+                               + anchor))
+    text = worker.read_text()
+    assert text.count('"Invariant broken: DFLASH batch') == 2  # 0.5.13 has it twice; the test family edits one
+    worker.write_text(text.replace('"Invariant broken: DFLASH batch', '"Invariant broken: DFLASH/DDTREE batch', 1))
+
+    # Refresh refuses while the .rej files are there, unless told they are resolved.
+    before = _digest(new)
+    res = runner.invoke(app, ["series", "refresh", "--family", "sglang-0.5.13", "--from", str(tree)])
+    assert res.exit_code == 2 and "still has reject files" in res.stderr
+    assert _digest(new) == before
+    res = runner.invoke(app, ["series", "refresh", "--family", "sglang-0.5.13", "--from", str(tree), "--resolved"])
+    assert res.exit_code == 0, res.output
+    assert not list(new.glob("*.rej"))
+
+    # Each change went to the entry it belongs to (two entries share server_args.py).
+    p2, p4 = (new / "0002-server-args.patch").read_text(), (new / "0004-server-args-help.patch").read_text()
+    assert "+            # DDTREE keeps the same rule" in p2 and "DDTREE keeps" not in p4
+    assert '+                "NGRAM, DFLASH, DDTREE. Or any name' in p4 and "NGRAM, DFLASH, DDTREE" not in p2
+    assert p2.startswith("Subject: DDTREE budget field and validation note (matrix test family)\n")
+
+    refreshed = load_family(new)
+    report = check_series(refreshed, files)
+    assert report.ok
+    assert {h.status.value for e in report.entries for f in e.files for h in f.hunks} == {"exact"}
+
+    # GNU patch agrees: the refreshed series turns 0.5.13's files into the edited tree.
+    oracle = tmp_path / "oracle"
+    _write(oracle, {p: d for p, d in files.items()})
+    for entry in refreshed.entries:
+        if entry.kind == "patch":
+            res = _gnu_patch(oracle, entry.file.read_text())
+            assert res.returncode == 0, res.stdout + res.stderr
+    for path in (SERVER_ARGS, WORKER, "sglang/srt/speculative/spec_info.py"):
+        assert (oracle / path).read_bytes() == (tree / path).read_bytes()
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def test_port_refuses_an_existing_folder_and_a_covered_release(patches, release_wheel, tmp_path):
+    runner = CliRunner()
+    (patches / "taken").mkdir()
+    before = _digest(patches)
+    res = runner.invoke(app, ["port", "--to", "0.5.13", "--into", "taken", "--tree", str(tmp_path / "t")])
+    assert res.exit_code == 2 and "already exists" in res.stderr
+    res = runner.invoke(app, ["port", "--to", "0.5.12.post1", "--into", "x", "--tree", str(tmp_path / "t")])
+    assert res.exit_code == 2 and "already covered by family sglang-0.5.12" in res.stderr
+    res = runner.invoke(app, ["port", "--to", "not-a-version", "--tree", str(tmp_path / "t")])
+    assert res.exit_code == 2 and "not a valid PEP 440 version" in res.stderr
+    assert _digest(patches) == before and not (tmp_path / "t").exists()
+
+
+def test_refresh_without_a_release_to_compare_with_is_bad_input(patches, tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    before = _digest(patches)
+    res = CliRunner().invoke(app, ["series", "refresh", "--family", "sglang-0.5.12", "--from", str(tree)])
+    assert res.exit_code == 2 and "no .ddtree-port.json naming the SGLang release" in res.stderr
+    assert _digest(patches) == before
+
+
+def test_refresh_of_a_tree_missing_an_entry_s_changes_is_bad_input(patches, release_wheel, release_version,
+                                                                  tmp_path):
+    series = load_family(patches / "sglang-0.5.12")
+    files = port.release_files(release_version, series.touched_paths())
+    tree = tmp_path / "tree"
+    pristine = {p: d.decode() for p, d in files.items() if d is not None}
+    port.write_tree(tree, pristine, {"sglang": release_version})  # no entry applied at all
+    before = _digest(patches)
+    res = CliRunner().invoke(app, ["series", "refresh", "--family", "sglang-0.5.12", "--from", str(tree)])
+    assert res.exit_code == 2 and "holds none of the changes of 0001-enum.patch" in res.stderr
+    assert _digest(patches) == before
