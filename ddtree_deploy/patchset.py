@@ -746,9 +746,9 @@ class _Applier:
         whole = self.fp.is_deletion
         levels = min(self.fuzz, max(fwd.prefix, fwd.suffix))
         for fuzz in range(levels + 1):
+            # A new side marked "no newline" that lands mid-file gets its newline back
+            # when the next line is written (_emit), as GNU patch does.
             where = self._locate(fwd, first, fuzz, whole)
-            if where is not None and h.new_no_eol and where - 1 + len(fwd.lines) != len(self.src):
-                where = None  # the new side ends the file: it can only land at the end
             if where is not None:
                 line = where + self.out_offset
                 self.in_offset = where - (first - self.in_offset)
@@ -774,7 +774,7 @@ class _Applier:
         if not pat.lines:  # nothing to recognise the change by
             return None
         where = self._locate(pat, first, 0, whole_file=False)
-        if where is None or (h.old_no_eol and where - 1 + len(pat.lines) != len(self.src)):
+        if where is None:
             return None
         offset = where - (first - self.in_offset)
         # Later hunks sit further down by what this one added (it is in the input already).

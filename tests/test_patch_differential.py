@@ -1,0 +1,361 @@
+"""Differential test: the patch engine against GNU patch and git apply, on generated cases.
+
+Each case: a random original file drawn from a tiny alphabet (so that repeated lines and
+ambiguous matches are common), random edits, the unified diff between the two (written the
+way `diff -u` writes it, "\\ No newline at end of file" included), then a random drift of the
+file the patch is applied to: lines inserted or deleted above a hunk, an edited context
+line, the patch already applied (wholly or some hunks), the patch reversed.
+
+Every case runs through the engine (fuzz 0), through `patch -p1 -F0 -N` (a --dry-run, then
+for real) and through `git apply --check` then `git apply`. Verdicts, the line and offset
+GNU patch prints for each hunk, and resulting texts are compared. Where the tools differ
+by design the difference must be explained by one of the named RULES below, checked on
+the case itself; any other difference fails the test with the seed and the whole case.
+
+Rerun with another seed: DDTREE_DIFF_SEED=123 pytest tests/test_patch_differential.py
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from ddtree_deploy.patchset import FilePatch, HunkStatus, apply_file_patch, parse_patch
+
+SEED = int(os.environ.get("DDTREE_DIFF_SEED", "20261129"))
+EXAMPLES = int(os.environ.get("DDTREE_DIFF_EXAMPLES", "600"))
+ALPHABET = ["a", "b", "c", "d", "e"]  # five distinct lines: repeats everywhere
+NEW_WORDS = ALPHABET + ["X", "Y"]
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("patch") and shutil.which("git")), reason="needs GNU patch and git"
+)
+
+# The named rules: each is a reason two tools may legitimately disagree.
+RULES = {
+    "gnu-first-hunk-reverse": "GNU patch decides 'reversed or previously applied' from the first "
+    "hunk alone and then skips the whole file (-N); the engine judges every hunk",
+    "gnu-no-later-reverse": "GNU patch has no already-applied check after the first hunk: a later "
+    "hunk the engine finds already applied FAILS there, and GNU keeps its old offset, so the hunks "
+    "after it are compared by verdict only",
+    "git-no-reverse": "git apply has no already-applied detection: it rejects the patch",
+    "git-start-anchor": "git apply anchors every hunk that states old line 1 to the start of the "
+    "file; GNU patch and the engine only one whose leading context is shorter than its trailing context",
+    "gnu-end-anchor": "GNU patch and the engine anchor a hunk whose trailing context is shorter than "
+    "its leading context to the end of the file; git apply only one with no trailing context",
+    "ambiguous-placement": "a hunk's old lines occur at several places in the text it is placed in: "
+    "git apply searches from the hunk's new-side line in the partly patched text, GNU patch from its "
+    "old-side line plus the offset so far, so they may pick different places",
+    "gnu-ordered": "GNU patch and the engine never place a hunk above lines an earlier hunk "
+    "changed; git apply searches the whole file",
+}
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+def _with_eol(lines: list[str], final_newline: bool) -> list[str]:
+    out = [w + "\n" for w in lines]
+    if out and not final_newline:
+        out[-1] = out[-1][:-1]
+    return out
+
+
+def unified_diff(a: list[str], b: list[str], n: int) -> str:
+    """`diff -u` output for two line lists (with terminators), markers included."""
+    text = []
+    for line in difflib.unified_diff(a, b, "a/f.txt", "b/f.txt", n=n):
+        text.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(text)
+
+
+@dataclass
+class Case:
+    original: list[str]  # with terminators
+    patched: list[str]
+    target: list[str]  # what the patch is applied to
+    patch: str
+    drift: str
+
+    def dump(self) -> str:
+        return (f"seed={SEED} drift={self.drift}\n--- original\n{''.join(self.original)!r}\n"
+                f"--- target\n{''.join(self.target)!r}\n--- patch\n{self.patch}")
+
+
+def _groups(a: list[str], b: list[str], n: int):
+    return list(difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(n))
+
+
+@st.composite
+def cases(draw) -> Case:
+    size = draw(st.integers(3, 30))
+    old_words = draw(st.lists(st.sampled_from(ALPHABET), min_size=size, max_size=size))
+    new_words = list(old_words)
+    for _ in range(draw(st.integers(1, 4))):
+        op = draw(st.sampled_from(["replace", "insert", "delete"]))
+        pos = draw(st.integers(0, len(new_words)))
+        word = draw(st.sampled_from(NEW_WORDS))
+        if op == "insert" or not new_words:
+            new_words.insert(pos, word)
+        elif op == "delete" and len(new_words) > 1:
+            del new_words[min(pos, len(new_words) - 1)]
+        else:
+            new_words[min(pos, len(new_words) - 1)] = word
+    old_nl = draw(st.sampled_from([True, True, True, False]))
+    new_nl = old_nl if draw(st.integers(0, 5)) else not old_nl
+    a, b = _with_eol(old_words, old_nl), _with_eol(new_words, new_nl)
+    if a == b:
+        b = b + ["Y\n"] if new_nl or not b else b[:-1] + [b[-1] + "\n", "Y"]
+    n = draw(st.sampled_from([3, 3, 3, 2, 1]))
+    drift = draw(st.sampled_from(["none", "insert-above", "delete-above", "edit-context",
+                                  "already-applied", "partly-applied", "reversed",
+                                  "insert-above+already-applied"]))
+    groups = _groups(a, b, n)
+    if drift == "reversed":  # the patch was made the wrong way round: new -> old
+        return Case(b, a, list(a), unified_diff(b, a, n), drift)
+    patch = unified_diff(a, b, n)
+    target = list(a)
+    if drift in ("already-applied", "insert-above+already-applied"):
+        target = list(b)
+    elif drift == "partly-applied" and len(groups) > 1:
+        keep = draw(st.lists(st.booleans(), min_size=len(groups), max_size=len(groups)))
+        target = _apply_groups(a, b, [g for g, k in zip(groups, keep) if k])
+    if drift in ("insert-above", "delete-above", "insert-above+already-applied"):
+        side = 3 if drift == "insert-above+already-applied" else 1  # index into opcode (i1 or j1)
+        g = draw(st.sampled_from(groups))
+        top = g[0][side]
+        prev_end = 0
+        for other in groups:
+            if other[-1][side + 1] <= top:
+                prev_end = max(prev_end, other[-1][side + 1])
+        pos = draw(st.integers(prev_end, top))
+        if drift == "delete-above":
+            count = draw(st.integers(1, 3))
+            del target[pos:min(pos + count, top)]
+        else:
+            words = draw(st.lists(st.sampled_from(ALPHABET + ["I"]), min_size=1, max_size=4))
+            target[pos:pos] = [w + "\n" for w in words]
+    elif drift == "edit-context":
+        g = draw(st.sampled_from(groups))
+        context = [i for tag, i1, i2, _, _ in g if tag == "equal" for i in range(i1, i2)]
+        if context:
+            i = draw(st.sampled_from(context))
+            target[i] = "E" + target[i][1:] if target[i] else "E"
+    return Case(a, b, target, patch, drift)
+
+
+def _apply_groups(a: list[str], b: list[str], groups) -> list[str]:
+    """a with the changes of the chosen opcode groups applied (a partly applied patch)."""
+    out, pos = [], 0
+    for g in groups:
+        for tag, i1, i2, j1, j2 in g:
+            if tag == "equal":
+                continue
+            out.extend(a[pos:i1])
+            out.extend(b[j1:j2])
+            pos = i2
+    out.extend(a[pos:])
+    return out
+
+
+# ----------------------------------------------------------------------------- tools
+
+_HUNK_RE = re.compile(r"^Hunk #(\d+) (succeeded|FAILED|ignored) at (-?\d+)"
+                      r"(?: with fuzz (\d+))?(?: \(offset (-?\d+) lines?\))?\.$", re.M)
+
+_SCRIPT = r"""
+cd "$1/gnu"
+patch --dry-run --verbose -p1 -F0 -N -r - --no-backup-if-mismatch -i ../p.diff >../gnu_dry.out 2>&1; echo $? >../gnu_dry.rc
+patch --verbose -p1 -F0 -N -r - --no-backup-if-mismatch -i ../p.diff >../gnu.out 2>&1; echo $? >../gnu.rc
+cd "$1/git"
+git apply --check ../p.diff >../git_check.out 2>&1; echo $? >../git_check.rc
+git apply ../p.diff >../git.out 2>&1; echo $? >../git.rc
+"""
+
+
+@dataclass
+class ToolRun:
+    gnu_dry_rc: int
+    gnu_rc: int
+    gnu_out: str
+    gnu_text: str
+    gnu_hunks: dict[int, tuple[str, int, int]]  # hunk -> (verdict, line, offset)
+    git_check_rc: int
+    git_rc: int
+    git_text: str
+
+
+def run_tools(case: Case, workdir: Path) -> ToolRun:
+    for d in ("gnu", "git"):
+        (workdir / d).mkdir(parents=True, exist_ok=True)
+        (workdir / d / "f.txt").write_bytes("".join(case.target).encode())
+    (workdir / "p.diff").write_bytes(case.patch.encode())
+    env = {"PATH": os.environ["PATH"], "HOME": str(workdir), "LC_ALL": "C",
+           "GIT_CEILING_DIRECTORIES": str(workdir.parent)}
+    subprocess.run(["bash", "-c", _SCRIPT, "run", str(workdir)], check=True, env=env, timeout=60)
+
+    def read(name: str) -> str:
+        return (workdir / name).read_bytes().decode()
+
+    gnu_out = read("gnu.out")
+    hunks = {int(m[1]): (m[2], int(m[3]), int(m[5] or 0)) for m in _HUNK_RE.finditer(gnu_out)}
+    return ToolRun(int(read("gnu_dry.rc")), int(read("gnu.rc")), gnu_out, read("gnu/f.txt"), hunks,
+                   int(read("git_check.rc")), int(read("git.rc")), read("git/f.txt"))
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def _occurrences(block: list[str], text: list[str]) -> list[int]:
+    k = len(block)
+    return [i for i in range(len(text) - k + 1) if text[i:i + k] == block]
+
+
+def _old_block(fp: FilePatch, index: int) -> list[str]:
+    """Hunk index's old side as file lines (terminators as they are in the file)."""
+    h = fp.hunks[index]
+    lines = [t + "\n" for tag, t in h.lines if tag != "+"]
+    if lines and h.old_no_eol:
+        lines[-1] = lines[-1][:-1]
+    return lines
+
+
+def _images(fp: FilePatch, target: str) -> list[list[str]]:
+    """The engine's text before each hunk (hunks 1..k-1 applied), as line lists."""
+    images = []
+    for k in range(len(fp.hunks)):
+        partial = FilePatch(fp.patch_name, fp.header_line, fp.source_path, fp.target_path, fp.hunks[:k])
+        res = apply_file_patch(partial, target)
+        images.append((res.text if res.text is not None else target).splitlines(keepends=True))
+    return images
+
+
+def git_rules(fp: FilePatch, case: Case, res, git_applies: bool) -> list[str]:
+    """The rules whose prediction matches this disagreement with git apply."""
+    statuses = [h.status for h in res.hunks]
+    rules = []
+    if HunkStatus.ALREADY_APPLIED in statuses and not git_applies:
+        rules.append("git-no-reverse")
+    for h, r in zip(fp.hunks, res.hunks):
+        if (h.old_start == 1 and h.prefix_context >= h.suffix_context and r.ok
+                and r.line != 1 and not git_applies):
+            rules.append("git-start-anchor")
+        if 0 < h.suffix_context < h.prefix_context and not r.ok and git_applies:
+            rules.append("gnu-end-anchor")
+    images = _images(fp, "".join(case.target))
+    for k, image in enumerate(images):
+        found = _occurrences(_old_block(fp, k), image)
+        if len(found) > 1:
+            rules.append("ambiguous-placement")
+        if found and statuses[k] is HunkStatus.FAILED and git_applies:
+            rules.append("gnu-ordered")
+    return rules
+
+
+# ----------------------------------------------------------------------------- the test
+
+STATS: Counter = Counter()
+
+
+@pytest.fixture(scope="module")
+def scratch():
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    path = Path(tempfile.mkdtemp(prefix="ddtree-diff-", dir=base))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+    print("\ndifferential cases:", dict(sorted(STATS.items())))
+
+
+def check_case(case: Case, workdir: Path) -> None:
+    where = "\n" + case.dump()
+    target = "".join(case.target)
+    (fp,) = parse_patch(case.patch, name="p.diff")
+    res = apply_file_patch(fp, target, fuzz=0)
+    statuses = [h.status for h in res.hunks]
+    tools = run_tools(case, workdir)
+    STATS["cases"] += 1
+    STATS[f"drift:{case.drift}"] += 1
+
+    # GNU patch against itself: the dry run says what the real run does.
+    assert tools.gnu_dry_rc == tools.gnu_rc, "GNU dry run and real run disagree" + where
+
+    # ---- GNU patch
+    gnu_reversed = "Reversed (or previously applied) patch detected" in tools.gnu_out
+    if statuses[0] is HunkStatus.ALREADY_APPLIED or gnu_reversed:
+        STATS["rule:gnu-first-hunk-reverse"] += 1
+        assert statuses[0] is HunkStatus.ALREADY_APPLIED and gnu_reversed, (
+            f"first hunk: engine {statuses[0].value}, GNU reversed={gnu_reversed}" + where)
+        assert tools.gnu_text == target, "GNU patch changed a skipped file" + where
+        if all(s is HunkStatus.ALREADY_APPLIED for s in statuses):
+            assert res.text == target, "already-applied result must be the input" + where
+    else:
+        exact_until = next((k for k, s in enumerate(statuses) if s is HunkStatus.ALREADY_APPLIED),
+                           len(statuses))
+        if exact_until < len(statuses):
+            STATS["rule:gnu-no-later-reverse"] += 1
+        for k, h in enumerate(res.hunks):
+            verdict, line, offset = tools.gnu_hunks[k + 1]
+            if h.status is HunkStatus.ALREADY_APPLIED:
+                assert verdict == "FAILED", f"hunk {k + 1}: GNU {verdict}, engine already-applied" + where
+            elif h.status is HunkStatus.FAILED:
+                assert verdict == "FAILED", f"hunk {k + 1}: GNU {verdict}, engine failed" + where
+            else:
+                assert verdict == "succeeded", f"hunk {k + 1}: GNU {verdict}, engine {h.status.value}" + where
+                if k < exact_until:
+                    assert (h.line, h.offset) == (line, offset), (
+                        f"hunk {k + 1}: engine line {h.line} offset {h.offset}, "
+                        f"GNU line {line} offset {offset}" + where)
+        if res.ok and exact_until == len(statuses):
+            assert tools.gnu_rc == 0, "engine applies, GNU patch does not" + where
+            assert res.text == tools.gnu_text, "engine and GNU patch texts differ" + where
+            STATS["gnu:same-text"] += 1
+        elif not res.ok:
+            assert tools.gnu_rc == 1, "engine fails, GNU patch exits 0" + where
+            STATS["gnu:both-fail"] += 1
+
+    # ---- git apply
+    assert (tools.git_check_rc == 0) == (tools.git_rc == 0), "git apply --check disagrees with git apply" + where
+    engine_applies = res.ok and HunkStatus.ALREADY_APPLIED not in statuses
+    git_applies = tools.git_rc == 0
+    if engine_applies and git_applies and res.text == tools.git_text:
+        STATS["git:same-text"] += 1
+    elif not engine_applies and not git_applies:
+        STATS["git:both-refuse"] += 1
+    else:
+        rules = git_rules(fp, case, res, git_applies)
+        assert rules, (f"engine applies={engine_applies} (text equal={res.text == tools.git_text}), "
+                       f"git applies={git_applies}, and no rule explains it" + where)
+        for r in sorted(set(rules)):
+            STATS[f"rule:{r}"] += 1
+
+
+@seed(SEED)
+@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=False,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                 HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@given(case=cases())
+def test_engine_agrees_with_gnu_patch_and_git_apply(case: Case, scratch: Path):
+    workdir = scratch / "case"
+    shutil.rmtree(workdir, ignore_errors=True)
+    check_case(case, workdir)
+
+
+def test_enough_cases_were_compared_in_full(scratch: Path):
+    """The rules must explain exceptions, not swallow the run: most cases compare in full."""
+    if STATS["cases"] < EXAMPLES // 2:
+        pytest.skip("run together with the differential test")
+    assert STATS["cases"] >= min(EXAMPLES, 500)
+    assert STATS["gnu:same-text"] >= STATS["cases"] // 4, dict(STATS)
+    assert STATS["git:same-text"] >= STATS["cases"] // 4, dict(STATS)
+    assert STATS["gnu:both-fail"] > 0 and STATS["rule:gnu-first-hunk-reverse"] > 0, dict(STATS)
