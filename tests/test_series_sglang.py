@@ -1,15 +1,12 @@
 """The DDTree series against the REAL SGLang 0.5.12.post1 release, on CPU.
 
-The series (patches/sglang-0.5.12/) is applied with GNU patch (the oracle: every hunk
-must land exactly, no offset, no fuzz) to the release wheel's own files, the results
-are overlaid on a host environment (tests/sglang_host.py: a venv with the wheel
+The series (patches/sglang-0.5.12/) is applied in memory by the toolkit's check layer
+to the release wheel's own files (every hunk exact; GNU patch and git apply, the
+oracles, must give the same bytes), the results are overlaid on a host environment (tests/sglang_host.py: a venv with the wheel
 installed), and the host interpreter then runs the probes at the bottom of this file
 in subprocesses: imports, the launch_server CLI, and real ``ServerArgs`` validation on
 tiny config-only model folders (tests/data/models/). A pristine host environment runs
 the same DFLASH case as the baseline.
-
-Series entries whose files do not exist yet are left out (the patches 0004/0005 are
-written separately); ``test_series_entries_present`` names them.
 
 The one stand-in: ``sgl_kernel`` (SGLang's CUDA kernel package cannot load without a
 GPU) for the import probe only; see sglang_host.write_kernel_standin.
@@ -18,7 +15,6 @@ GPU) for the import probe only; see sglang_host.write_kernel_standin.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,75 +25,39 @@ REPO = Path(__file__).resolve().parent.parent
 FAMILY = REPO / "patches" / "sglang-0.5.12"
 MODELS = REPO / "tests" / "data" / "models"
 PROBE_TAG = "PROBE-JSON:"
+BASELINE = "0.5.12.post1"
 
 pytestmark = pytest.mark.sglang_env
 
 
 # ---------------------------------------------------------------------------
-# The series, applied with GNU patch
-
-
-def _series_entries() -> list[tuple[str, Path, str | None]]:
-    """(kind, source file, destination for adds) in series order."""
-    entries = []
-    for raw in (FAMILY / "series").read_text().splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        tokens = line.split()
-        if tokens[0] == "add":
-            entries.append(("add", REPO / tokens[1], tokens[2]))
-        else:
-            entries.append(("patch", FAMILY / tokens[0], None))
-    return entries
-
-
-def _patch_targets(patch: Path) -> list[str]:
-    return [
-        line[len("+++ b/"):].split("\t")[0]
-        for line in patch.read_text().splitlines()
-        if line.startswith("+++ b/")
-    ]
-
-
-def _apply_series(work: Path) -> tuple[dict[str, bytes], dict[str, bytes], list[str]]:
-    """Apply the present entries to the pristine files in ``work``.
-
-    Returns (patched files, their pristine bytes, entries left out).
-    """
-    from sglang_host import pristine_files
-
-    entries = _series_entries()
-    present = [e for e in entries if e[1].is_file()]
-    missing = [e[1].name for e in entries if not e[1].is_file()]
-    targets = sorted({t for kind, src, _ in present if kind == "patch" for t in _patch_targets(src)})
-    pristine = pristine_files(paths=targets)
-    for rel, data in pristine.items():
-        (work / rel).parent.mkdir(parents=True, exist_ok=True)
-        (work / rel).write_bytes(data)
-    touched = set(targets)
-    for kind, src, dest in present:
-        if kind == "add":
-            (work / dest).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, work / dest)
-            touched.add(dest)
-            continue
-        run = subprocess.run(
-            ["patch", "-p1", "-F0", "--no-backup-if-mismatch", "-i", str(src)],
-            cwd=work, capture_output=True, text=True,
-        )
-        assert run.returncode == 0, f"{src.name} does not apply:\n{run.stdout}{run.stderr}"
-        # GNU patch reports a hunk that needed an offset as "succeeded at N (offset ...)".
-        assert "offset" not in run.stdout and "fuzz" not in run.stdout, (
-            f"{src.name}: a hunk did not apply exactly:\n{run.stdout}"
-        )
-    patched = {rel: (work / rel).read_bytes() for rel in sorted(touched)}
-    return patched, pristine, missing
+# The series, applied in memory by the toolkit's check layer
 
 
 @pytest.fixture(scope="module")
-def series(tmp_path_factory):
-    return _apply_series(tmp_path_factory.mktemp("series"))
+def series():
+    """(patched files, their pristine bytes) for every path the series touches."""
+    from sglang_host import pristine_files
+
+    from ddtree_deploy.check import check_series
+    from ddtree_deploy.series import load_family
+
+    family = load_family(FAMILY)
+    wheel = pristine_files(BASELINE)
+    files = {path: wheel.get(path) for path in family.touched_paths()}  # None: added
+    report = check_series(family, files)
+    assert report.ok, report.to_json()
+    counts = report.hunk_counts()
+    assert counts["exact"] > 0 and sum(counts.values()) == counts["exact"], counts
+    patched = {path: pf.patched for path, pf in report.patched.items()}
+    pristine = {path: data for path, data in files.items() if data is not None}
+    return patched, pristine
+
+
+def _patch_files() -> list[Path]:
+    from ddtree_deploy.series import PatchEntry, load_family
+
+    return [e.file for e in load_family(FAMILY).entries if isinstance(e, PatchEntry)]
 
 
 @pytest.fixture(scope="module")
@@ -140,33 +100,45 @@ def baseline_probe(pristine_env):
 # The series itself
 
 
-def test_series_entries_present(series):
-    # Patches 0001-0003 are this file's subject; 0004/0005 and the utils module
-    # join every probe below as soon as they exist.
-    _, _, missing = series
-    assert not {m for m in missing if m.startswith(("0001", "0002", "0003"))}
-
-
-def test_series_applies_exactly_and_compiles(series):
-    patched, pristine, _ = series
+def test_series_compiles_and_changes_every_file(series):
+    patched, pristine = series
     assert "sglang/srt/speculative/spec_info.py" in patched
+    assert "sglang/srt/speculative/ddtree_utils.py" not in pristine  # added by the series
     for rel, data in patched.items():
         assert data != pristine.get(rel), f"{rel} unchanged by the series"
         compile(data, rel, "exec")
 
 
-def test_git_apply_agrees_with_gnu_patch(series, tmp_path):
-    # A second oracle: git apply (no fuzz at all) gives the same bytes.
-    patched, pristine, _ = series
+@pytest.mark.parametrize("tool", ["gnu-patch", "git-apply"])
+def test_oracles_agree_with_the_check_layer(series, tmp_path, tool):
+    # GNU patch without fuzz and git apply (never fuzzy) must land every hunk where
+    # the toolkit did and give the same bytes.
+    patched, pristine = series
     for rel, data in pristine.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(data)
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    for kind, src, _ in _series_entries():
-        if kind == "patch" and src.is_file():
-            subprocess.run(["git", "apply", "-p1", str(src)], cwd=tmp_path, check=True)
+    if tool == "git-apply":
+        subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    for patch in _patch_files():
+        if tool == "gnu-patch":
+            argv = ["patch", "-p1", "-F0", "--no-backup-if-mismatch", "-i", str(patch)]
+        else:
+            argv = ["git", "apply", "-p1", str(patch)]
+        run = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
+        assert run.returncode == 0, f"{patch.name}:\n{run.stdout}{run.stderr}"
+        # GNU patch reports a hunk that needed an offset as "succeeded at N (offset ...)".
+        assert "offset" not in run.stdout and "fuzz" not in run.stdout, run.stdout
     for rel in pristine:
         assert (tmp_path / rel).read_bytes() == patched[rel], rel
+
+
+def test_release_0_5_12_has_the_same_files(series):
+    # The family covers 0.5.12 and 0.5.12.post1: the series is checked on one, so
+    # the other must ship byte-identical files for every path it patches.
+    from sglang_host import pristine_files
+
+    _, pristine = series
+    assert pristine_files("0.5.12", paths=sorted(pristine)) == pristine
 
 
 # ---------------------------------------------------------------------------
