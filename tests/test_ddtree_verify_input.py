@@ -43,11 +43,22 @@ CASES = [
     "verify_padding_nodes",
     "verify_sampling_top1_is_greedy",
     "renorm_top_k_top_p",
+    "sampling_law_first_token",
     "idle_batch",
     "page_size_refused",
     "worker_topk_single_shard",
     "worker_topk_two_shards",
     "worker_tree_mamba_indices",
+]
+# Run by scripts/gpu_check_series.sh with ``--device cuda`` (SGLang's CUDA kernels).
+GPU_CASES = [
+    "prepare_layout",
+    "verify_greedy",
+    "verify_finished_request",
+    "verify_padding_nodes",
+    "verify_sampling_top1_is_greedy",
+    "sampling_law_first_token",
+    "greedy_kernel_matches_reference",
 ]
 
 
@@ -142,13 +153,14 @@ def _greedy_walk(tokens, parents, valid, target) -> list[int]:
 
 
 class _Probe:
-    def __init__(self):
+    def __init__(self, device: str = "cpu"):
         import torch
 
         from sglang.srt.speculative import ddtree_utils
         from sglang.srt.speculative.dflash_info import DDTreeVerifyInput
 
         self.torch = torch
+        self.device = device
         self.ddtree_utils = ddtree_utils
         self.DDTreeVerifyInput = DDTreeVerifyInput
 
@@ -168,11 +180,13 @@ class _Probe:
         from sglang.srt.sampling.sampling_params import SamplingParams
 
         bs = len(prefix_lens)
+        dev = self.device
         req_to_token_pool = ReqToTokenPool(
-            size=bs + 2, max_context_len=256, device="cpu", enable_memory_saver=False
+            size=bs + 2, max_context_len=256, device=dev, enable_memory_saver=False
         )
         allocator = TokenToKVPoolAllocator(
-            size=4096, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False
+            size=max(4096, 64 * bs), dtype=torch.float16, device=dev, kvcache=None,
+            need_sort=False,
         )
         cache = ChunkCache(CacheInitParams(
             disable=True, req_to_token_pool=req_to_token_pool,
@@ -195,20 +209,21 @@ class _Probe:
         batch = ScheduleBatch(
             reqs=reqs, req_to_token_pool=req_to_token_pool,
             token_to_kv_pool_allocator=allocator, tree_cache=cache,
-            forward_mode=ForwardMode.DECODE, device="cpu",
+            forward_mode=ForwardMode.DECODE, device=dev,
         )
-        batch.req_pool_indices = torch.tensor(pool_rows, dtype=torch.int64)
-        batch.seq_lens = seq_lens.clone()
+        batch.req_pool_indices = torch.tensor(pool_rows, dtype=torch.int64, device=dev)
+        batch.seq_lens = seq_lens.to(dev)
         batch.seq_lens_cpu = seq_lens.clone()
         batch.seq_lens_sum = int(sum(prefix_lens))
         if sampling is not None:
             top_k, top_p, temperature = sampling
             info = SamplingBatchInfo(
-                temperatures=torch.full((bs, 1), temperature),
-                top_ps=torch.full((bs,), top_p), top_ks=torch.full((bs,), top_k, dtype=torch.int32),
-                min_ps=torch.zeros(bs), is_all_greedy=False,
+                temperatures=torch.full((bs, 1), temperature, device=dev),
+                top_ps=torch.full((bs,), top_p, device=dev),
+                top_ks=torch.full((bs,), top_k, dtype=torch.int32, device=dev),
+                min_ps=torch.zeros(bs, device=dev), is_all_greedy=False,
                 need_top_p_sampling=top_p < 1.0, need_top_k_sampling=True,
-                need_min_p_sampling=False, vocab_size=vocab, device="cpu",
+                need_min_p_sampling=False, vocab_size=vocab, device=dev,
             )
             info.penalizer_orchestrator = BatchedPenalizerOrchestrator(vocab, batch, set())
             batch.sampling_info = info
@@ -223,7 +238,8 @@ class _Probe:
             logprobs[:, :, 2:] = float("-inf")
         roots = torch.randint(0, vocab, (bs,), generator=gen)
         return self.ddtree_utils.build_ddtree(
-            logprobs, tokens, roots, budget, max_per_depth=max_per_depth
+            logprobs.to(self.device), tokens.to(self.device), roots.to(self.device),
+            budget, max_per_depth=max_per_depth,
         )
 
     def target_logits(self, gen, layout, vocab, follow=0.75):
@@ -246,7 +262,7 @@ class _Probe:
         logits = torch.randn(bs * n, vocab, generator=gen)
         flat = torch.tensor(target).reshape(-1)
         logits[torch.arange(bs * n), flat] += 50.0
-        return logits, target
+        return logits.to(self.device), target
 
     def logits_output(self, logits, hidden_dim=3):
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -254,7 +270,9 @@ class _Probe:
         rows = logits.shape[0]
         # Row r's hidden state is r: the next draft context is checkable by value.
         hidden = self.torch.arange(rows, dtype=self.torch.float32)[:, None].repeat(1, hidden_dim)
-        return LogitsProcessorOutput(next_token_logits=logits, hidden_states=hidden)
+        return LogitsProcessorOutput(
+            next_token_logits=logits.to(self.device), hidden_states=hidden.to(self.device)
+        )
 
     # -- shared verify check -------------------------------------------------------------
 
@@ -349,7 +367,9 @@ class _Probe:
             # The mask must also be what the core's own tree layout says.
             assert torch.equal(
                 vi.custom_mask,
-                self.ddtree_utils.flat_mask_for_sglang(layout, torch.tensor(prefix)),
+                self.ddtree_utils.flat_mask_for_sglang(
+                    layout, torch.tensor(prefix, device=self.device)
+                ),
             )
 
     def verify_greedy(self):
@@ -438,6 +458,51 @@ class _Probe:
             total = sum(p[t] for t in keep)
             want = [p[t] / total if t in keep else 0.0 for t in range(9)]
             assert torch.allclose(got[r], torch.tensor(want), atol=1e-6), (r, got[r], want)
+
+    def sampling_law_first_token(self):
+        """Lossless sampling: the first emitted token follows the target's distribution
+        at the root, whatever the tree proposes (many copies of one tree, one verify)."""
+        torch = self.torch
+        copies, vocab = 20000, 8
+        batch = self.batch([2] * copies, sampling=(vocab, 1.0, 1.0), vocab=vocab)
+        # One tree copied: root children 3, 5, 1 (best first), one grandchild under 3.
+        gen = torch.Generator().manual_seed(11)
+        lp = torch.full((1, 2, vocab), float("-inf"))
+        lp[0, 0, [3, 5, 1]] = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+        lp[0, 1, 6] = 0.0
+        logprobs, tokens = lp.sort(dim=-1, descending=True)
+        layout = self.ddtree_utils.build_ddtree(
+            logprobs.expand(copies, -1, -1).to(self.device),
+            tokens.expand(copies, -1, -1).to(self.device),
+            torch.zeros(copies, dtype=torch.int64, device=self.device), 4,
+        )
+        n = layout.num_nodes
+        target = torch.softmax(torch.randn(vocab, generator=gen), dim=-1)
+        logits = target.log().repeat(copies * n, 1).to(self.device)
+        vi = self.DDTreeVerifyInput.from_layout(layout, batch.seq_lens)
+        acc = vi._sample_accept(batch.sampling_info, logits, copies)
+        path1 = acc.accept_index[:, 1] - torch.arange(copies, device=self.device) * n
+        first = torch.where(
+            acc.accept_length > 0, layout.tokens.gather(1, path1.clamp(min=0)[:, None])[:, 0],
+            acc.bonus,
+        )
+        freq = torch.bincount(first.cpu(), minlength=vocab).double() / copies
+        tol = 5 * (target.double() * (1 - target.double()) / copies).sqrt() + 1e-3
+        assert bool(((freq - target.double()).abs() <= tol).all()), (freq, target)
+
+    def greedy_kernel_matches_reference(self):
+        """sgl_kernel's verify_tree_greedy (what verify uses on CUDA) against the
+        pure-torch walk, on larger random trees (GPU only)."""
+        torch = self.torch
+        gen = torch.Generator().manual_seed(12)
+        for bs, budget, depth in ((1, 16, 15), (8, 64, 15), (32, 256, 15), (4, 1024, 15)):
+            layout = self.layout(gen, bs, depth=depth, budget=budget, vocab=64, k=budget)
+            logits, _ = self.target_logits(gen, layout, 64)
+            target = logits.argmax(dim=-1).view(bs, -1)
+            ref = self.ddtree_utils.greedy_accept(layout, target, backend="torch")
+            ker = self.ddtree_utils.greedy_accept(layout, target, backend="sgl_kernel")
+            for name in ("accept_index", "accept_length", "bonus", "last_node"):
+                assert torch.equal(getattr(ref, name), getattr(ker, name)), (bs, budget, name)
 
     def idle_batch(self):
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -580,11 +645,15 @@ class _Probe:
         assert seen["last_correct_step_indices"].tolist() == [2, 0, 3], "DFLASH unchanged"
 
 
-def _main(cases: list[str]) -> None:
+def _main(args: list[str]) -> None:
     import warnings
 
     warnings.filterwarnings("ignore")
-    probe = _Probe()
+    device = "cpu"
+    if args[:1] == ["--device"]:
+        device, args = args[1], args[2:]
+    cases = args
+    probe = _Probe(device)
     results = {}
     for case in cases:
         try:
