@@ -7,8 +7,9 @@ The levels, in the order they run (each proves what the next one needs):
 - ``compile``: the host's interpreter byte-compiles every file the series touched;
 - ``import``: those modules import there and ``SpeculativeAlgorithm.DDTREE`` exists;
 - ``cli``: ``python -m sglang.launch_server --help`` lists every flag the series adds,
-  and ``ServerArgs`` accepts DDTREE for the host's configured model (when the host
-  has the model files);
+  and SGLang's own parser and ``ServerArgs`` validation accept the launch arguments
+  (DDTREE, the host's model and draft, budget, extra args) when the host has the
+  model files;
 - ``launch`` (GPU hosts): a real server with DDTree, a readiness wait, a ``/generate``
   probe, DDTREE confirmed by ``/server_info``, the acceptance length measured, and the
   whole process group stopped afterwards.
@@ -20,7 +21,7 @@ runs from the inventory and the series, and reads its answer into typed results.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ddtree_deploy.errors import BadInput, DeployError
@@ -330,25 +331,19 @@ def plan_smoke(
 
 
 def _validation(launch: LaunchSettings | None) -> dict | None:
-    """ServerArgs(DDTREE, the host's model) when the inventory names a model and a draft."""
+    """SGLang's own parser over the launch arguments (``prepare_server_args``: argparse,
+    then ``ServerArgs`` and its validation), when the inventory names a model and a draft.
+
+    The arguments are those of the default SGLang launch command, even when
+    ``command`` replaces it (a stand-in), so the validation is always SGLang's.
+    """
     if launch is None or launch.model is None or launch.draft_model is None:
         return None
-    kwargs: dict[str, Any] = {
-        "model_path": launch.model,
-        "speculative_algorithm": ALGORITHM,
-        "speculative_draft_model_path": launch.draft_model,
-        # No tokenizer: validation needs the config files only, not a full download.
-        "skip_tokenizer_init": True,
-        "device": "cuda" if launch.gpu else "cpu",
-    }
-    if launch.budget is not None:
-        kwargs["speculative_ddtree_budget"] = launch.budget
-    if launch.topk is not None:
-        kwargs["speculative_ddtree_topk"] = launch.topk
+    argv = launch_argv(replace(launch, command=None))
     return {
         "module": "sglang.srt.server_args",
-        "class": "ServerArgs",
-        "kwargs": kwargs,
+        "function": "prepare_server_args",
+        "argv": argv[3:],  # after `{python} -m sglang.launch_server`
         # "Where the host has the model files": a hub id or a missing folder is skipped, said so.
         "needs_paths": [launch.model, launch.draft_model],
         "report": list(VALIDATION_REPORT),
@@ -437,3 +432,196 @@ def _note_excluded(result: LevelResult, excluded: tuple[str, ...]) -> LevelResul
 def run_smoke(host: str, plan: SmokePlan, run: Callable[[dict], Mapping[str, Any]]) -> SmokeReport:
     """Run the plan through ``run`` (request -> the host program's JSON answer)."""
     return read_answer(host, plan, run(plan.request))
+
+
+# ------------------------------------------------------------------ on a host (the edge)
+# Below: the only part of this module that does I/O, through the transport and a local
+# folder for copied-back logs. Everything it decides was decided above.
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_step: str) -> None:
+    pass
+
+
+def smoke_agent_source() -> bytes:
+    from importlib import resources
+
+    return resources.files("ddtree_deploy").joinpath("smoke_agent.py").read_bytes()
+
+
+def series_inputs(series) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(touched package paths, DDTree flags the patches add) of a loaded Series."""
+    from ddtree_deploy.series import PatchEntry
+
+    texts = [e.file.read_text(encoding="utf-8") for e in series.entries if isinstance(e, PatchEntry)]
+    return series.touched_paths(), series_flags(texts)
+
+
+def host_log_path(state_dir: str, run_id: str) -> str:
+    """Where the launch level keeps the server's log on the host (``~`` expanded there)."""
+    return f"{state_dir.rstrip('/')}/smoke/{run_id}/server.log"
+
+
+def run_on_host(host, transport, plan: SmokePlan, *, log_dir=None, progress: Progress = _quiet) -> SmokeReport:
+    """Ship the smoke program to ``host`` over ``transport``, run ``plan``, read its report.
+
+    The program streams one JSON line per event (level start, heartbeat, level result)
+    and the whole answer last; a failed launch's server log comes back with it and is
+    written under ``log_dir`` (default: the user's cache, ``smoke-logs/<host>/``).
+    """
+    import json
+
+    from ddtree_deploy.transport import BOOTSTRAP
+
+    source = smoke_agent_source()
+    answer = None
+    # Never sudo: the smoke reads files and starts a server as the SSH user.
+    with transport:
+        proc = transport.start([host.python, "-c", BOOTSTRAP])
+        try:
+            proc.write(b"%d\n" % len(source) + source + json.dumps(plan.request).encode() + b"\n")
+            while answer is None:
+                line = proc.readline()
+                if not line.endswith(b"\n"):
+                    code, tail = proc.close()
+                    proc = None
+                    last = tail.strip().splitlines()[-1] if tail.strip() else "no output"
+                    raise DeployError(f"{host.name}: the smoke program stopped without a result "
+                                      f"(exit {code}; {last})", code="smoke-agent")
+                try:
+                    doc = json.loads(line)
+                except ValueError:
+                    raise DeployError(f"{host.name}: the smoke program answered garbage: {line[:200]!r}",
+                                      code="smoke-agent") from None
+                event = doc.get("event")
+                if event == "start":
+                    progress(f"smoke {doc['level']} ...")
+                elif event == "wait":
+                    progress(f"smoke {doc['level']}: still waiting ({doc['seconds']:.0f} s)")
+                elif event == "level":
+                    progress(f"smoke {doc['level']}: {doc['status']} ({doc['seconds']:.1f} s)")
+                elif event == "done":
+                    answer = doc
+        finally:
+            if proc is not None:
+                proc.close()
+    report = read_answer(host.name, plan, answer)
+    if answer.get("server_log") is not None:
+        report = report.with_log_copy(str(_keep_log(host.name, answer["server_log"], log_dir)))
+    return report
+
+
+def _keep_log(host_name: str, text: str, log_dir) -> "Path":
+    import time
+    from pathlib import Path
+
+    from ddtree_deploy.locations import cache_dir
+
+    folder = Path(log_dir) if log_dir else cache_dir() / "smoke-logs" / host_name
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-server.log"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@dataclass(frozen=True)
+class AfterPush:
+    """The smoke that ``push`` ran after its switch, and the automatic rollback if it failed."""
+
+    report: SmokeReport | None  # None: not run (see ``skipped``)
+    skipped: str | None = None
+    rollback: Any = None  # deploy.Outcome of the automatic rollback, when one ran
+    rollback_error: str | None = None  # the rollback itself failed: the host needs a person
+    kept: bool = False  # failed, and --no-rollback kept the new files
+
+    @property
+    def ok(self) -> bool:
+        return self.report is None or self.report.ok
+
+    def to_json(self) -> dict:
+        return {
+            "smoke": self.report.to_json() if self.report else None,
+            "smoke_skipped": self.skipped,
+            "auto_rollback": (None if self.report is None or self.report.ok else {
+                "done": self.rollback is not None,
+                "outcome": self.rollback.to_json() if self.rollback is not None else None,
+                "error": self.rollback_error,
+                "kept_new_files": self.kept,
+            }),
+        }
+
+    def lines(self) -> list[str]:
+        if self.report is None:
+            return [f"smoke: not run ({self.skipped})"]
+        out = ["smoke:"] + ["  " + line for line in self.report.lines()]
+        if self.report.ok:
+            return out
+        if self.rollback is not None:
+            out.append(f"smoke failed at {self.report.failed.level}: rolled back automatically: "
+                       f"{self.rollback.summary}")
+        elif self.kept:
+            out.append(f"smoke failed at {self.report.failed.level}: new files KEPT (--no-rollback); "
+                       "roll back with `ddtree-deploy rollback`")
+        else:
+            out.append(f"smoke failed at {self.report.failed.level}, and the automatic rollback FAILED: "
+                       f"{self.rollback_error}")
+        return out
+
+
+def after_push(host, make_transport: Callable[[], Any], outcome, series, *, levels: Sequence[str] | None = None,
+               auto_rollback: bool = True, log_dir=None, progress: Progress = _quiet) -> AfterPush:
+    """Run the host's smoke levels after a push switched files; roll back if one fails.
+
+    ``outcome`` is ``deploy.push``'s; nothing runs when it changed nothing (a dry run,
+    or already deployed: ``smoke`` checks those on demand). The rollback restores the
+    backup this push made, through ``deploy.rollback`` (the same verified switch).
+    """
+    if not outcome.changed:
+        return AfterPush(None, skipped="nothing was switched")
+    settings = parse_settings(host.smoke, source=host.source)
+    touched, flags = series_inputs(series)
+    plan = plan_smoke(settings, touched_paths=touched, flags=flags, levels=levels, source=host.source,
+                      log_path=host_log_path(host.state_dir, outcome.run_id))
+    if not plan.levels:
+        return AfterPush(None, skipped="no smoke levels configured")
+    report = run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress)
+    if report.ok:
+        return AfterPush(report)
+    if not auto_rollback:
+        return AfterPush(report, kept=True)
+    from ddtree_deploy import deploy
+
+    progress(f"smoke failed at {report.failed.level}: rolling back to backup {outcome.backup_id}")
+    try:
+        undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress)
+    except DeployError as exc:
+        return AfterPush(report, rollback_error=exc.message)
+    return AfterPush(report, rollback=undone)
+
+
+def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str] | None = None,
+               patches_dir=None, log_dir=None, progress: Progress = _quiet) -> SmokeReport:
+    """``ddtree-deploy smoke``: the levels against what the host's journal says is deployed."""
+    import uuid
+    from pathlib import Path
+
+    from ddtree_deploy import deploy
+    from ddtree_deploy.locations import repo_dir
+    from ddtree_deploy.series import load_family
+
+    settings = parse_settings(host.smoke, source=host.source)
+    progress("read the host's journal")
+    doc = deploy.status(host, make_transport())
+    if doc["phase"] != "deployed" or not doc["series"]:
+        raise DeployError(f"{host.name}: no series is deployed (phase {doc['phase']}): the smoke checks a "
+                          "deployed series", code="not-deployed",
+                          hint=f"push first: ddtree-deploy push --host {host.name}")
+    folder = Path(patches_dir or repo_dir("patches")) / doc["series"]["name"]
+    series = load_family(folder)
+    touched, flags = series_inputs(series)
+    deployed = [f["path"] for f in doc["files"]]
+    plan = plan_smoke(settings, touched_paths=deployed or touched, flags=flags, levels=levels,
+                      source=host.source, log_path=host_log_path(host.state_dir, uuid.uuid4().hex[:12]))
+    return run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress)

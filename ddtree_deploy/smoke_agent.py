@@ -14,7 +14,7 @@ Request::
      "compile": {"package": "sglang", "files": ["sglang/srt/x.py", ...]},  # or absolute files
      "import":  {"modules": [...], "attributes": [["module", "Attr.PATH"], ...], "timeout_s": 120},
      "cli":     {"argv": [...], "expect": ["--flag", ...], "timeout_s": 120,
-                 "validate": {"module": "...", "class": "ServerArgs", "kwargs": {...},
+                 "validate": {"module": "...", "function": "prepare_server_args", "argv": [...],
                               "needs_paths": [...], "report": ["field", ...]} | null},
      "launch":  {"argv": [...], "host": "127.0.0.1", "port": 30000, "log_path": "...",
                  "gpu_check": true, "min_free_mib": 0, "ready_timeout_s": 900,
@@ -192,11 +192,11 @@ def _last_json_line(text):
 # ------------------------------------------------------------------------- cli
 
 _VALIDATE_CHILD = r"""
-import dataclasses, importlib, json, sys, traceback
+import importlib, json, sys, traceback
 spec = json.loads(sys.argv[1])
-cls = getattr(importlib.import_module(spec["module"]), spec["class"])
+parse = getattr(importlib.import_module(spec["module"]), spec["function"])
 try:
-    obj = cls(**spec["kwargs"])
+    obj = parse(spec["argv"])
 except BaseException as exc:
     print(json.dumps({"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
                       "traceback": traceback.format_exc()[-3000:]}))
@@ -229,23 +229,27 @@ def level_cli(spec):
             detail += "; ServerArgs validation skipped (model files not on the host)"
         else:
             evidence["validation"] = _validate(validate, timeout_s)
-            detail += f"; {validate['class']} accepts the configured model"
+            detail += f"; {validate['function']} accepts the launch arguments"
     return detail, evidence
 
 
 def _validate(spec, timeout_s):
-    child = {k: spec[k] for k in ("module", "class", "kwargs")}
+    """Parse and validate the launch arguments with the host's own parser, as the server would."""
+    child = {k: spec[k] for k in ("module", "function", "argv")}
     child["report"] = spec.get("report", [])
+    name = spec["function"]
     with tempfile.TemporaryDirectory(prefix="ddtree-smoke-") as cwd:
         rc, out = _run([sys.executable, "-c", _VALIDATE_CHILD, json.dumps(child)], timeout_s, cwd)
     if rc is None:
-        raise LevelFailed(f"{spec['class']} validation timed out after {timeout_s:g} s", {"output": _tail(out)})
+        raise LevelFailed(f"{name} timed out after {timeout_s:g} s", {"output": _tail(out)})
     answer = _last_json_line(out)
     if answer is None:
-        raise LevelFailed(f"{spec['class']} validation exited {rc} without an answer", {"output": _tail(out)})
+        raise LevelFailed(f"{name} exited {rc} without an answer", {"output": _tail(out)})
     if not answer["ok"]:
-        raise LevelFailed(f"{spec['class']} rejects the configured model: {answer['error']}", answer)
-    return {"fields": answer["fields"]}
+        # argparse explains a bad flag on stderr before its SystemExit: keep that output.
+        answer["output"] = _tail(out)
+        raise LevelFailed(f"{name} rejects the launch arguments: {answer['error']}", answer)
+    return {"argv": spec["argv"], "fields": answer["fields"]}
 
 
 # ---------------------------------------------------------------------- launch
@@ -484,42 +488,124 @@ def _launch_detail(evidence):
 # ------------------------------------------------------------------------ main
 
 LEVELS = {"compile": level_compile, "import": level_import, "cli": level_cli, "launch": level_launch}
+HEARTBEAT_S = 20.0  # under any SSH read timeout, so a long readiness wait is not a dead link
+LOG_COPY_CHARS = 1 << 20  # the server log shipped back on a failed launch: its last MiB
 
 
-def run(request):
+class Emitter:
+    """One JSON line per event on stdout; a heartbeat thread keeps a long level talking.
+
+    A closed stdout (the client went away) stops the talking, never the work: the
+    launch level must still stop the server it started.
+    """
+
+    def __init__(self, stream, interval_s=HEARTBEAT_S):
+        import threading
+
+        self.stream = stream
+        self.interval_s = interval_s
+        self.lock = threading.Lock()
+        self.current = None
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.writable = True
+        threading.Thread(target=self._beat, daemon=True).start()
+
+    def emit(self, doc):
+        with self.lock:
+            if not self.writable:
+                return
+            try:
+                self.stream.write(json.dumps(doc, default=str) + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.writable = False
+
+    def _beat(self):
+        while not self.done.wait(self.interval_s):
+            if self.current:
+                self.emit({"event": "wait", "level": self.current,
+                           "seconds": round(time.monotonic() - self.started, 1)})
+
+    def close(self):
+        self.done.set()
+
+
+def run(request, emitter=None):
     results, failed = [], False
     for name in request["levels"]:
         if failed:
-            results.append({"level": name, "ok": False, "status": "skipped", "seconds": 0.0,
-                            "detail": "skipped: an earlier level failed", "evidence": {}})
-            continue
-        started = time.monotonic()
-        try:
-            detail, evidence = LEVELS[name](request.get(name) or {})
-            status = "passed"
-        except LevelFailed as exc:
-            detail, evidence, status, failed = exc.detail, exc.evidence, "failed", True
-        except Exception as exc:  # an agent bug must still answer JSON, not a traceback
-            detail, evidence, status, failed = f"{type(exc).__name__}: {exc}", {}, "failed", True
-        results.append({"level": name, "ok": status == "passed", "status": status,
-                        "seconds": round(time.monotonic() - started, 3), "detail": detail,
-                        "evidence": evidence})
-    return {"ok": not failed, "python": sys.executable, "levels": results}
+            result = {"level": name, "ok": False, "status": "skipped", "seconds": 0.0,
+                      "detail": "skipped: an earlier level failed", "evidence": {}}
+        else:
+            started = time.monotonic()
+            if emitter:
+                emitter.current, emitter.started = name, started
+                emitter.emit({"event": "start", "level": name})
+            try:
+                detail, evidence = LEVELS[name](request.get(name) or {})
+                status = "passed"
+            except LevelFailed as exc:
+                detail, evidence, status, failed = exc.detail, exc.evidence, "failed", True
+            except Exception as exc:  # an agent bug must still answer JSON, not a traceback
+                detail, evidence, status, failed = "%s: %s" % (type(exc).__name__, exc), {}, "failed", True
+            result = {"level": name, "ok": status == "passed", "status": status,
+                      "seconds": round(time.monotonic() - started, 3), "detail": detail,
+                      "evidence": evidence}
+        results.append(result)
+        if emitter:
+            emitter.current = None
+            emitter.emit(dict(result, event="level"))
+    answer = {"event": "done", "ok": not failed, "python": sys.executable, "levels": results}
+    launch = request.get("launch")
+    if launch and any(r["level"] == "launch" and r["status"] == "failed" for r in results):
+        answer["server_log"] = _read_log(launch["log_path"])
+    return answer
+
+
+def _read_log(path):
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - LOG_COPY_CHARS))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
 
 
 def main(argv=None):
+    """Read one request line (stdin, or the file named by the only argument); stream the answer.
+
+    Run as a file, or shipped like the deploy agent: ``python -c BOOTSTRAP`` reads this
+    source from stdin, then ``main()`` reads the request line that follows it.
+    """
+    # A dropped connection must not orphan a server: ignore hangups and broken pipes,
+    # finish the level (every wait has a deadline) and stop the process group.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     argv = sys.argv[1:] if argv is None else argv
-    raw = open(argv[0]).read() if argv else sys.stdin.read()
+    if argv:
+        with open(argv[0], "rb") as fh:
+            raw = fh.read()
+    else:
+        raw = sys.stdin.buffer.readline()
     try:
-        request = json.loads(raw)
+        request = json.loads(raw.decode("utf-8"))
         unknown = [n for n in request["levels"] if n not in LEVELS]
     except (ValueError, KeyError, TypeError) as exc:
-        print(json.dumps({"ok": False, "error": f"bad request: {exc}"}))
+        print(json.dumps({"event": "done", "ok": False, "error": "bad request: %s" % exc}))
         return 2
     if unknown:
-        print(json.dumps({"ok": False, "error": f"unknown levels: {unknown}"}))
+        print(json.dumps({"event": "done", "ok": False, "error": "unknown levels: %s" % unknown}))
         return 2
-    print(json.dumps(run(request), default=str))
+    for spec in request.values():
+        if isinstance(spec, dict) and spec.get("log_path"):
+            spec["log_path"] = os.path.expanduser(spec["log_path"])
+    emitter = Emitter(sys.stdout, float(request.get("heartbeat_s", HEARTBEAT_S)))
+    try:
+        emitter.emit(run(request, emitter))
+    finally:
+        emitter.close()
     return 0
 
 

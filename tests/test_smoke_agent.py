@@ -30,7 +30,12 @@ def run_agent(request: dict, env: dict | None = None, timeout: float = 120) -> d
         text=True, timeout=timeout, env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(proc.stdout)
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    # Streamed: start/level events (and heartbeats), then the whole answer last.
+    assert events[-1]["event"] == "done"
+    assert [e["level"] for e in events if e["event"] == "level"] == [r["level"] for r in events[-1]["levels"]]
+    events[-1]["events"] = events[:-1]
+    return events[-1]
 
 
 def free_port() -> int:
@@ -93,15 +98,17 @@ def fake_pkg(tmp_path):
         p.parse_args()
     """))
     (pkg / "args.py").write_text(textwrap.dedent("""
-        import dataclasses
-        @dataclasses.dataclass
+        import argparse
         class Args:
-            model_path: str
-            budget: int = 0
-            def __post_init__(self):
-                if self.budget < 1:
+            def __init__(self, ns):
+                if ns.budget < 1:
                     raise ValueError("budget must be >= 1")
-                self.width = self.budget + 1
+                self.width = ns.budget + 1
+        def prepare(argv):
+            p = argparse.ArgumentParser()
+            p.add_argument("--model-path", required=True)
+            p.add_argument("--budget", type=int, default=0)
+            return Args(p.parse_args(argv))
     """))
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
     return tmp_path, env
@@ -133,13 +140,18 @@ def cli_request(expect, validate=None):
                                        "expect": expect, "validate": validate}}
 
 
+def validation(argv, needs):
+    return {"module": "fakepkg.args", "function": "prepare", "argv": argv, "needs_paths": needs,
+            "report": ["width"]}
+
+
 def test_cli_lists_flags_and_validates(fake_pkg):
     tmp, env = fake_pkg
-    validate = {"module": "fakepkg.args", "class": "Args", "kwargs": {"model_path": str(tmp), "budget": 8},
-                "needs_paths": [str(tmp)], "report": ["width"]}
-    answer = run_agent(cli_request(["--speculative-ddtree-budget"], validate), env)
+    argv = ["--model-path", str(tmp), "--budget", "8"]
+    answer = run_agent(cli_request(["--speculative-ddtree-budget"], validation(argv, [str(tmp)])), env)
     assert answer["ok"], answer
-    assert answer["levels"][0]["evidence"]["validation"] == {"fields": {"width": 9}}
+    assert answer["levels"][0]["evidence"]["validation"] == {"argv": argv, "fields": {"width": 9}}
+    assert answer["levels"][0]["detail"] == "help lists 1 DDTree flags; prepare accepts the launch arguments"
 
 
 def test_cli_missing_flag(fake_pkg):
@@ -150,11 +162,13 @@ def test_cli_missing_flag(fake_pkg):
 
 def test_cli_validation_rejects_and_skips_without_model_files(fake_pkg):
     tmp, env = fake_pkg
-    rejected = {"module": "fakepkg.args", "class": "Args", "kwargs": {"model_path": "m", "budget": 0},
-                "needs_paths": [str(tmp)]}
-    answer = run_agent(cli_request([], rejected), env)
-    assert answer["levels"][0]["detail"] == "Args rejects the configured model: ValueError: budget must be >= 1"
-    absent = dict(rejected, needs_paths=[str(tmp / "no-model")])
+    answer = run_agent(cli_request([], validation(["--model-path", "m", "--budget", "0"], [str(tmp)])), env)
+    assert answer["levels"][0]["detail"] == "prepare rejects the launch arguments: ValueError: budget must be >= 1"
+    # A flag the parser does not know: argparse's own message comes back as evidence.
+    answer = run_agent(cli_request([], validation(["--model-path", "m", "--bugdet", "3"], [str(tmp)])), env)
+    assert answer["levels"][0]["detail"] == "prepare rejects the launch arguments: SystemExit: 2"
+    assert "unrecognized arguments: --bugdet 3" in answer["levels"][0]["evidence"]["output"]
+    absent = validation(["--model-path", "m"], [str(tmp / "no-model")])
     answer = run_agent(cli_request([], absent), env)
     assert answer["ok"]
     assert answer["levels"][0]["evidence"]["validation"]["skipped"].startswith("model files not on the host")
@@ -182,7 +196,7 @@ def launch_request(tmp_path, mode="ok", *extra, algorithm="DDTREE", **overrides)
 def launch(tmp_path, *args, **kwargs):
     request, pid_file = launch_request(tmp_path, *args, **kwargs)
     answer = run_agent(request)
-    level = answer["levels"][0]
+    level = dict(answer["levels"][0], server_log=answer.get("server_log"))
     pids = [int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []
     # The core promise: whatever happened, nothing the server started still runs.
     assert [p for p in pids if alive(p)] == [], level
@@ -205,10 +219,13 @@ def test_launch_ok_reports_algorithm_and_accept_length(tmp_path):
     assert "ready in" in level["detail"] and "accept length 3.5" in level["detail"]
 
 
-def test_launch_slow_start_waits(tmp_path):
-    ok, level, _ = launch(tmp_path, "ok", "--ready-after", "1.5")
-    assert ok, level
-    assert level["evidence"]["ready_s"] >= 1.5
+def test_launch_slow_start_waits_and_keeps_talking(tmp_path):
+    request, _ = launch_request(tmp_path, "ok", "--ready-after", "1.5")
+    answer = run_agent(dict(request, heartbeat_s=0.3))
+    assert answer["ok"], answer
+    assert answer["levels"][0]["evidence"]["ready_s"] >= 1.5
+    # Heartbeats while waiting: an SSH read timeout never mistakes a slow start for a dead link.
+    assert [e["event"] for e in answer["events"]].count("wait") >= 3
 
 
 def test_launch_die_at_start_reports_exit_and_log_tail(tmp_path):
@@ -216,6 +233,8 @@ def test_launch_die_at_start_reports_exit_and_log_tail(tmp_path):
     assert not ok
     assert level["detail"] == "the server exited with code 3 before it was ready"
     assert any("told to die at start" in line for line in level["evidence"]["log_tail"])
+    # The whole log comes back with a failed launch, to be kept on the controller.
+    assert "told to die at start" in level["server_log"]
 
 
 def test_launch_never_ready_times_out_and_kills_group(tmp_path):

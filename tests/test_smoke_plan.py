@@ -126,11 +126,9 @@ def test_plan_request_is_exact():
         "timeout_s": 300.0,
     }
     assert req["cli"]["argv"] == ["{python}", "-m", "sglang.launch_server", "--help"]
-    assert req["cli"]["validate"]["kwargs"] == {
-        "model_path": "/models/Qwen3-8B", "speculative_algorithm": "DDTREE",
-        "speculative_draft_model_path": "/models/Qwen3-8B-DFlash-b16", "skip_tokenizer_init": True,
-        "device": "cuda", "speculative_ddtree_budget": 64, "speculative_ddtree_topk": 8,
-    }
+    assert req["cli"]["validate"]["function"] == "prepare_server_args"
+    assert req["cli"]["validate"]["argv"] == smoke.launch_argv(s.launch)[3:]
+    assert req["cli"]["validate"]["needs_paths"] == ["/models/Qwen3-8B", "/models/Qwen3-8B-DFlash-b16"]
     assert req["launch"]["min_free_mib"] == 40 * 1024
     assert req["launch"]["gpu_check"] is True
     assert req["launch"]["log_path"] == "/h/.ddtree-deploy/smoke/r1/server.log"
@@ -145,6 +143,16 @@ def test_plan_level_choice():
     with pytest.raises(BadInput, match=r"the launch level needs a \[smoke.launch\] table"):
         smoke.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l", levels=["launch"],
                          source=SRC)
+
+
+def test_validation_uses_sglang_flags_even_with_a_stand_in_command():
+    s = settings('[smoke.launch]\nmodel = "/m"\ndraft_model = "/d"\nextra_args = ["--device", "cpu"]\n'
+                 'command = ["{python}", "standin.py", "--model-path", "{model}"]\n')
+    plan = smoke.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli", "launch"])
+    assert plan.request["cli"]["validate"]["argv"] == [
+        "--model-path", "/m", "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/d",
+        "--host", "127.0.0.1", "--port", "30188", "--device", "cpu"]
+    assert plan.request["launch"]["argv"] == ["{python}", "standin.py", "--model-path", "/m"]
 
 
 def test_no_validation_without_model_and_draft():

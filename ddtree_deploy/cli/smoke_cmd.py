@@ -1,1 +1,46 @@
-"""(placeholder: this command group has not landed yet)"""
+"""`ddtree-deploy smoke`: prove a host's deployed series works, level by level.
+
+Thin: load the inventory, call ``smoke.smoke_host``, render. Progress on stderr; one
+line per level (or one JSON document) on stdout; exit 1 when a level fails.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from ddtree_deploy import smoke
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.inventory import load_host
+from ddtree_deploy.transport import transport_for
+
+LEVEL_HELP = ("a level to run: " + ", ".join(smoke.LEVELS) +
+              "; repeatable (default: the host's [smoke] levels)")
+
+
+@app.command("smoke")
+@handles_errors
+def smoke_cmd(
+    host: str = typer.Option(..., "--host", "-H", help="inventory name (hosts/<name>.toml), a .toml path, or 'local'"),
+    level: Optional[List[str]] = typer.Option(None, "--level", "-l", help=LEVEL_HELP),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+) -> None:
+    """Run the smoke levels (compile, import, cli, launch) against the series deployed on a host."""
+    h = load_host(host)
+    report = smoke.smoke_host(
+        h, lambda: transport_for(h, trust_new_host=trust_new_host), levels=level or None,
+        progress=lambda step: err.print(f"[dim]{h.name}:[/] {step}", highlight=False),
+    )
+    if json_output:
+        emit_json(report.to_json())
+    else:
+        out.print(f"{h.name}: smoke {'passed' if report.ok else 'FAILED'}")
+        for line in report.lines():
+            out.print("  " + line, highlight=False, markup=False)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+__all__ = ["smoke_cmd"]
