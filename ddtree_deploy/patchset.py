@@ -312,11 +312,8 @@ class _Scanner:
             elif raw.startswith(_NO_EOL_PREFIX):
                 raise self.bad(i, "'\\ No newline at end of file' marker not directly after a hunk line; "
                                + _HINT_REGEN)
-            elif after_hunk and raw[:1] in (" ", "+", "-") and meta not in ("--", "-- "):
-                last = cur.hunks[-1] if cur else None
-                what = f"hunk {last.header} (line {last.header_index + 1})" if last else "the hunk above"
-                raise self.bad(i, f"{what} has more lines than its header says "
-                                  f"({self._counts_note(last)}); " + _HINT_REGEN)
+            elif after_hunk and cur is not None and raw[:1] in (" ", "+", "-") and meta not in ("--", "-- "):
+                self._wrong_counts(cur.hunks[-1], i)  # the hunk goes on past its counts
             elif raw in ("\n", "\r\n"):
                 pass  # blank lines between or after hunks are harmless (unidiff skips them too)
             elif cur is not None and cur.hunks:
@@ -351,10 +348,6 @@ class _Scanner:
         if len(parts) != 2:
             raise self.bad(i, f"cannot read the two paths of {meta!r}; " + _HINT_REGEN)
         return parts[0], "b/" + parts[1]
-
-    @staticmethod
-    def _counts_note(h: _ScannedHunk | None) -> str:
-        return f"{h.old_len} old and {h.new_len} new lines" if h else "its counts"
 
     def _hunk(self, cur: _Section, i: int) -> int:
         lines = self.lines

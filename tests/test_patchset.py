@@ -1,0 +1,533 @@
+"""Unit tests of the patch engine: parsing, every hunk status, line endings, bad input.
+
+The engine's agreement with GNU patch and git apply on generated cases is in
+test_patch_differential.py; the end of this file checks it on the real series too.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.errors import BadInput
+from ddtree_deploy.patchset import (
+    FilePatch,
+    HunkStatus,
+    Mismatch,
+    apply_file_patch,
+    parse_patch,
+    strip_path,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+SERIES_DIR = REPO / "patches" / "sglang-0.5.12"
+SGLANG_TREE = Path("/tmp/sglang-0.5.12.post1")  # the cached 0.5.12.post1 wheel, extracted
+
+WORDS = [f"line {i}\n" for i in range(1, 31)]
+BASE = "".join(WORDS)
+
+# Line 5 -> FIVE and a line added after line 20 (two hunks, three lines of context).
+TWO_HUNKS = """\
+diff --git a/pkg/f.py b/pkg/f.py
+index 1111111..2222222 100644
+--- a/pkg/f.py
++++ b/pkg/f.py
+@@ -2,7 +2,7 @@
+ line 2
+ line 3
+ line 4
+-line 5
++FIVE
+ line 6
+ line 7
+ line 8
+@@ -18,6 +18,7 @@ def g():
+ line 18
+ line 19
+ line 20
++added
+ line 21
+ line 22
+ line 23
+"""
+PATCHED = BASE.replace("line 5\n", "FIVE\n").replace("line 20\n", "line 20\nadded\n")
+
+
+def one(text: str, name: str = "p.patch") -> FilePatch:
+    (fp,) = parse_patch(text, name=name)
+    return fp
+
+
+def bad(text: str, name: str = "p.patch") -> str:
+    with pytest.raises(BadInput) as info:
+        parse_patch(text, name=name)
+    assert info.value.exit_code == 2
+    assert "\n" not in info.value.message  # one line
+    return info.value.message
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def test_parse_git_patch_paths_lines_and_hunks():
+    fp = one(TWO_HUNKS)
+    assert (fp.source_path, fp.target_path, fp.path) == ("pkg/f.py", "pkg/f.py", "pkg/f.py")
+    assert fp.header_line == 3 and not fp.is_new and not fp.is_deletion and not fp.crlf
+    assert [h.header for h in fp.hunks] == ["@@ -2,7 +2,7 @@", "@@ -18,6 +18,7 @@"]
+    assert [h.patch_line for h in fp.hunks] == [5, 14]
+    assert fp.hunks[0].lines[3:5] == (("-", "line 5"), ("+", "FIVE"))
+    assert (fp.hunks[1].prefix_context, fp.hunks[1].suffix_context) == (3, 3)
+
+
+def test_parse_real_series_patches():
+    """Every patch of the real series parses; each '@@' line becomes one hunk at its line."""
+    patches = sorted(SERIES_DIR.glob("*.patch"))
+    assert patches
+    for path in patches:
+        text = path.read_text()
+        fps = parse_patch(text, name=path.name)
+        lines = text.split("\n")
+        assert [i + 1 for i, ln in enumerate(lines) if ln.startswith("@@ ")] == [
+            h.patch_line for fp in fps for h in fp.hunks]
+        for fp in fps:
+            assert lines[fp.header_line - 1].startswith("--- ")
+            assert fp.path.startswith("sglang/")
+
+
+def test_strip_path():
+    assert strip_path("a/sglang/srt/x.py") == "sglang/srt/x.py"
+    assert strip_path("b/x.py") == "x.py"
+    assert strip_path("a/b/c.py", strip=2) == "c.py"
+    # absolute paths stay visible to the series layer's safety check
+    assert strip_path("/etc/passwd") == "/etc/passwd"
+    with pytest.raises(BadInput, match="no leading component"):
+        strip_path("x.py")
+
+
+def test_parse_plain_diff_with_timestamps_and_commit_message():
+    text = ("From 123 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] x\n\n---\n f.py | 2 +-\n\n"
+            "--- a/f.py\t2026-01-01 00:00:00.000000000 +0000\n"
+            "+++ b/f.py\t2026-01-02 00:00:00.000000000 +0000\n"
+            "@@ -1 +1 @@\n-old\n+new\n-- \n2.39.5\n\n")
+    fp = one(text)
+    assert fp.path == "f.py" and fp.header_line == 7
+    assert fp.hunks[0].lines == (("-", "old"), ("+", "new"))
+
+
+def test_parse_new_file_and_deletion_sections():
+    new = one("--- /dev/null\n+++ b/n.py\n@@ -0,0 +1,2 @@\n+a\n+b\n")
+    assert new.is_new and new.path == "n.py" and new.source_path is None
+    gone = one("--- a/n.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-a\n-b\n")
+    assert gone.is_deletion and gone.path == "n.py"
+    empty = one("diff --git a/e.py b/e.py\nnew file mode 100644\nindex 0000000..e69de29\n")
+    assert empty.is_new and empty.hunks == () and empty.header_line == 1
+
+
+def test_parse_no_newline_markers_both_sides():
+    fp = one("--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n\\ No newline at end of file\n+b\n")
+    assert fp.hunks[0].old_no_eol and not fp.hunks[0].new_no_eol
+    fp = one("--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n+b\n\\ No newline at end of file\n")
+    assert fp.hunks[0].new_no_eol and not fp.hunks[0].old_no_eol
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_bad_empty_patch():
+    assert bad("").startswith("p.patch:1: empty patch")
+    assert bad("  \n\n").startswith("p.patch:1: empty patch")
+
+
+def test_bad_garbage_has_no_file_section():
+    msg = bad("hello\nthis is not a diff\n", name="patches/x/0002.patch")
+    assert msg.startswith("patches/x/0002.patch:1: ") and "no file section" in msg
+
+
+def test_bad_malformed_hunk_header():
+    msg = bad("--- a/f\n+++ b/f\n@@ -1,2 +1,2\n a\n-b\n+c\n")
+    assert msg.startswith("p.patch:3: malformed hunk header '@@ -1,2 +1,2'")
+
+
+def test_bad_truncated_hunk():
+    msg = bad("--- a/f\n+++ b/f\n@@ -1,4 +1,4 @@\n a\n-b\n+c\n")
+    assert msg.startswith("p.patch:3: truncated hunk @@ -1,4 +1,4 @@")
+    assert "2 of 4 old" in msg
+
+
+def test_bad_wrong_counts_too_few_lines():
+    text = TWO_HUNKS.replace("@@ -2,7 +2,7 @@", "@@ -2,8 +2,8 @@")
+    msg = bad(text, name="patches/x/0002.patch")
+    assert msg.startswith("patches/x/0002.patch:5: hunk @@ -2,8 +2,8 @@ says 8 old lines but has 7 "
+                          "and 8 new lines but has 7")
+    assert "regenerate the patch" in msg
+
+
+def test_bad_wrong_counts_too_many_lines():
+    text = TWO_HUNKS.replace("@@ -2,7 +2,7 @@", "@@ -2,6 +2,6 @@")
+    msg = bad(text)
+    assert msg.startswith("p.patch:5: hunk @@ -2,6 +2,6 @@ says 6 old lines but has 7 and 6 new lines but has 7")
+
+
+def test_bad_wrong_count_one_side():
+    msg = bad("--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n+d\n")
+    assert msg.startswith("p.patch:3: hunk @@ -1,2 +1,2 @@ says 2 new lines but has 3")
+
+
+def test_bad_git_binary_patch():
+    text = ("diff --git a/w.bin b/w.bin\nindex 1..2 100644\nGIT binary patch\nliteral 3\n"
+            "KcmZQzfB*mh00aO4\n\nliteral 0\nKcmV+b0RR6000031\n\n")
+    assert bad(text).startswith("p.patch:3: binary patch")
+
+
+def test_bad_binary_files_differ():
+    assert bad("diff --git a/w.bin b/w.bin\nBinary files a/w.bin and b/w.bin differ\n").startswith(
+        "p.patch:2: binary patch")
+
+
+def test_bad_rename_only():
+    text = "diff --git a/x.py b/y.py\nsimilarity index 100%\nrename from x.py\nrename to y.py\n"
+    assert bad(text).startswith("p.patch:3: renames are not supported")
+
+
+def test_bad_copy():
+    text = "diff --git a/x.py b/y.py\nsimilarity index 100%\ncopy from x.py\ncopy to y.py\n"
+    assert bad(text).startswith("p.patch:3: copies are not supported")
+
+
+def test_bad_mode_change():
+    assert bad("diff --git a/x.sh b/x.sh\nold mode 100644\nnew mode 100755\n").startswith(
+        "p.patch:2: file mode changes are not supported")
+
+
+def test_bad_rename_by_headers():
+    msg = bad("--- a/x.py\n+++ b/y.py\n@@ -1 +1 @@\n-a\n+b\n")
+    assert msg.startswith("p.patch:1: the section renames x.py to y.py")
+
+
+def test_bad_minus_header_without_plus():
+    assert bad("--- a/f\n@@ -1 +1 @@\n-a\n+b\n").startswith(
+        "p.patch:1: '--- ' file header is not followed by a '+++ ' header")
+
+
+def test_bad_plus_header_without_minus():
+    assert bad("+++ b/f\n@@ -1 +1 @@\n-a\n+b\n").startswith("p.patch:1: '+++ ' file header without")
+
+
+def test_bad_hunk_outside_section():
+    assert bad("@@ -1 +1 @@\n-a\n+b\n").startswith("p.patch:1: hunk header outside a file section")
+
+
+def test_bad_headers_without_hunks():
+    assert bad("--- a/f\n+++ b/f\n").startswith("p.patch:1: file section has headers but no hunk")
+
+
+def test_bad_misordered_hunks():
+    text = "--- a/f\n+++ b/f\n@@ -10,2 +10,2 @@\n a\n-b\n+c\n@@ -5,2 +5,2 @@\n a\n-b\n+c\n"
+    msg = bad(text)
+    assert msg.startswith("p.patch:7: hunk @@ -5,2 +5,2 @@ starts at old line 5, before the hunk above")
+
+
+def test_bad_line_after_no_newline_marker():
+    text = "--- a/f\n+++ b/f\n@@ -1,3 +1,3 @@\n-a\n\\ No newline at end of file\n b\n+c\n"
+    assert bad(text).startswith("p.patch:6: line after a '\\ No newline at end of file' marker")
+
+
+def test_bad_no_newline_marker_in_earlier_hunk():
+    text = ("--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n\\ No newline at end of file\n"
+            "@@ -8,2 +8,2 @@\n a\n-b\n+c\n")
+    assert bad(text).startswith("p.patch:3: hunk @@ -1,2 +1,2 @@ marks a line")
+
+
+def test_bad_stray_no_newline_marker():
+    text = "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n\nfree text\n\\ No newline at end of file\n"
+    assert bad(text).startswith("p.patch:8: '\\ No newline at end of file' marker not directly after")
+
+
+def test_bad_quoted_path():
+    assert bad('--- "a/f\\tx"\n+++ "b/f\\tx"\n@@ -1 +1 @@\n-a\n+b\n').startswith(
+        "p.patch:1: quoted (escaped) path")
+
+
+def test_bad_both_dev_null():
+    assert bad("--- /dev/null\n+++ /dev/null\n@@ -0,0 +1 @@\n+a\n").startswith(
+        "p.patch:1: both sides of the file section are /dev/null")
+
+
+def test_bad_path_without_prefix():
+    msg = bad("--- f.py\n+++ f.py\n@@ -1 +1 @@\n-a\n+b\n")
+    assert msg.startswith("p.patch:1: path 'f.py' has no leading component to strip")
+
+
+def test_bad_new_file_with_old_lines():
+    assert bad("--- /dev/null\n+++ b/n\n@@ -1,1 +1,1 @@\n-a\n+b\n").startswith(
+        "p.patch:3: hunk @@ -1,1 +1,1 @@ of a new file has old lines")
+
+
+def test_bad_crlf_patch_against_lf_file():
+    fp = one("--- a/f\r\n+++ b/f\r\n@@ -1,2 +1,2 @@\r\n a\r\n-b\r\n+c\r\n")
+    assert fp.crlf and fp.path == "f"
+    with pytest.raises(BadInput) as info:
+        apply_file_patch(fp, "a\nb\n")
+    assert info.value.message.startswith("p.patch:1: CRLF patch against LF file f")
+
+
+def test_bad_fuzz_out_of_range():
+    with pytest.raises(BadInput, match="fuzz 3 is out of range"):
+        apply_file_patch(one(TWO_HUNKS), BASE, fuzz=3)
+
+
+# ----------------------------------------------------------------------------- statuses
+
+
+def test_exact():
+    res = apply_file_patch(one(TWO_HUNKS), BASE)
+    assert res.ok and res.text == PATCHED
+    assert [(h.status, h.line, h.offset, h.fuzz) for h in res.hunks] == [
+        (HunkStatus.EXACT, 2, 0, 0), (HunkStatus.EXACT, 18, 0, 0)]
+
+
+def test_offset_accumulates_across_hunks():
+    """Three lines above hunk 1: both hunks land 3 lines down; hunk 2's line counts hunk 1's change."""
+    drifted = "x\ny\nz\n" + BASE
+    res = apply_file_patch(one(TWO_HUNKS), drifted)
+    assert res.text == "x\ny\nz\n" + PATCHED
+    assert [(h.status, h.line, h.offset) for h in res.hunks] == [
+        (HunkStatus.OFFSET, 5, 3), (HunkStatus.OFFSET, 21, 3)]
+
+
+def test_offset_line_counts_earlier_hunks_changes():
+    # hunk 1 adds two lines; hunk 2's landed line is in the text after hunk 1 (as GNU patch prints it)
+    patch = TWO_HUNKS.replace("@@ -2,7 +2,7 @@", "@@ -2,7 +2,9 @@").replace("+FIVE\n", "+FIVE\n+5b\n+5c\n")
+    patch = patch.replace("@@ -18,6 +18,7 @@", "@@ -18,6 +20,7 @@")
+    res = apply_file_patch(one(patch), "w\n" + BASE)
+    assert [(h.status, h.line, h.offset) for h in res.hunks] == [
+        (HunkStatus.OFFSET, 3, 1), (HunkStatus.OFFSET, 21, 1)]
+
+
+def test_equal_distance_prefers_the_later_line():
+    # The hunk states line 5; its old side "p q r" is at lines 2 and 8, both 3 away.
+    text = "o\np\nq\nr\no\no\no\np\nq\nr\no\n"
+    fp = one("--- a/f\n+++ b/f\n@@ -5,3 +5,3 @@\n p\n-q\n+Q\n r\n")
+    res = apply_file_patch(fp, text)
+    assert (res.hunks[0].status, res.hunks[0].line, res.hunks[0].offset) == (HunkStatus.OFFSET, 8, 3)
+    assert res.text == "o\np\nq\nr\no\no\no\np\nQ\nr\no\n"
+
+
+def test_fuzz_1_ignores_one_context_line_at_each_end_and_keeps_the_files_version():
+    edited = BASE.replace("line 2\n", "LINE TWO\n")  # hunk 1's first context line
+    fp = one(TWO_HUNKS)
+    at0 = apply_file_patch(fp, edited)
+    assert not at0.ok and at0.text is None and at0.hunks[0].status is HunkStatus.FAILED
+    res = apply_file_patch(fp, edited, fuzz=1)
+    assert [(h.status, h.fuzz, h.line) for h in res.hunks] == [
+        (HunkStatus.FUZZ, 1, 2), (HunkStatus.EXACT, 0, 18)]
+    assert res.text == PATCHED.replace("line 2\n", "LINE TWO\n")
+
+
+def test_fuzz_2():
+    edited = BASE.replace("line 2\n", "L2\n").replace("line 3\n", "L3\n")
+    fp = one(TWO_HUNKS)
+    assert not apply_file_patch(fp, edited, fuzz=1).ok
+    res = apply_file_patch(fp, edited, fuzz=2)
+    assert (res.hunks[0].status, res.hunks[0].fuzz) == (HunkStatus.FUZZ, 2)
+    assert res.text == PATCHED.replace("line 2\n", "L2\n").replace("line 3\n", "L3\n")
+
+
+def test_fuzz_never_ignores_changed_lines():
+    fp = one(TWO_HUNKS)
+    res = apply_file_patch(fp, BASE.replace("line 5\n", "line five\n"), fuzz=2)
+    assert res.hunks[0].status is HunkStatus.FAILED
+
+
+def test_already_applied():
+    res = apply_file_patch(one(TWO_HUNKS), PATCHED)
+    assert [h.status for h in res.hunks] == [HunkStatus.ALREADY_APPLIED] * 2
+    assert res.ok and res.text == PATCHED
+    assert [h.line for h in res.hunks] == [2, 18]
+
+
+def test_already_applied_beats_a_fuzzy_forward_match():
+    # The reverse matches exactly at line 1, the forward hunk with fuzz 1 at line 6 ("q b c r"):
+    # exact already-applied must win over fuzz, or the change would be made a second time.
+    patch = "--- a/f\n+++ b/f\n@@ -1,4 +1,5 @@\n a\n b\n+X\n c\n d\n"
+    text = "a\nb\nX\nc\nd\nq\nb\nc\nr\n"
+    res = apply_file_patch(one(patch), text, fuzz=1)
+    assert res.hunks[0].status is HunkStatus.ALREADY_APPLIED and res.text == text
+    # without the already-applied copy, the same hunk does land with fuzz 1 ("q b c r")
+    res = apply_file_patch(one(patch), "q\nb\nc\nr\n", fuzz=1)
+    assert (res.hunks[0].status, res.hunks[0].line, res.text) == (HunkStatus.FUZZ, 1, "q\nb\nX\nc\nr\n")
+
+
+def test_partly_applied():
+    half = BASE.replace("line 5\n", "FIVE\n")
+    res = apply_file_patch(one(TWO_HUNKS), half)
+    assert [h.status for h in res.hunks] == [HunkStatus.ALREADY_APPLIED, HunkStatus.EXACT]
+    assert res.text == PATCHED
+
+
+def test_failed_reports_nearest_location_and_differing_lines():
+    edited = BASE.replace("line 4\n", "line four\n").replace("line 6\n", "line six\n")
+    res = apply_file_patch(one(TWO_HUNKS), edited)
+    h1, h2 = res.hunks
+    assert not res.ok and res.text is None
+    assert (h1.status, h1.line, h1.nearest_line) == (HunkStatus.FAILED, None, 2)
+    assert h1.mismatches == (Mismatch(4, "line 4", "line four"), Mismatch(6, "line 6", "line six"))
+    assert h2.status is HunkStatus.EXACT  # later hunks still get their verdict
+
+
+def test_failed_past_end_of_file():
+    res = apply_file_patch(one("--- a/f\n+++ b/f\n@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n"), "a\nb\n")
+    (h,) = res.hunks
+    assert h.status is HunkStatus.FAILED and h.nearest_line == 1
+    assert h.mismatches == (Mismatch(3, "c", None),)
+
+
+def test_hunk_never_lands_above_an_earlier_hunks_change():
+    # Hunk 2's old side occurs only above hunk 1's change: GNU patch refuses it, so do we.
+    text = "k\nm\nA\nB\nC\nq\nr\n"
+    patch = ("--- a/f\n+++ b/f\n@@ -3,3 +3,3 @@\n A\n-B\n+b\n C\n"
+             "@@ -8,2 +8,2 @@\n k\n-m\n+M\n")
+    res = apply_file_patch(one(patch), text)
+    assert [h.status for h in res.hunks] == [HunkStatus.EXACT, HunkStatus.FAILED]
+
+
+def test_hunk_at_start_with_short_leading_context_is_anchored():
+    # Leading context 0 < trailing 3 and stated line 1: it may only match line 1.
+    patch = "--- a/f\n+++ b/f\n@@ -1,3 +1,4 @@\n+top\n a\n b\n c\n"
+    assert apply_file_patch(one(patch), "a\nb\nc\nd\n").text == "top\na\nb\nc\nd\n"
+    res = apply_file_patch(one(patch), "new\na\nb\nc\nd\n")
+    assert res.hunks[0].status is HunkStatus.FAILED
+
+
+def test_hunk_at_end_with_short_trailing_context_is_anchored():
+    patch = "--- a/f\n+++ b/f\n@@ -2,3 +2,4 @@\n a\n b\n c\n+end\n"
+    assert apply_file_patch(one(patch), "z\na\nb\nc\n").text == "z\na\nb\nc\nend\n"
+    assert not apply_file_patch(one(patch), "z\na\nb\nc\nmore\n").ok
+
+
+# ----------------------------------------------------------------------------- line endings
+
+
+def test_no_final_newline_removed_by_patch():
+    patch = "--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n+b\n\\ No newline at end of file\n"
+    assert apply_file_patch(one(patch), "a\nb\n").text == "a\nb"
+
+
+def test_no_final_newline_added_by_patch():
+    patch = "--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n a\n-b\n\\ No newline at end of file\n+b\n"
+    assert apply_file_patch(one(patch), "a\nb").text == "a\nb\n"
+    # the old side says "no newline": a last line that has one does not match ...
+    assert not apply_file_patch(one(patch), "a\nb\nc\n").ok
+    # ... and "a\nb\n" is the patched text itself
+    assert apply_file_patch(one(patch), "a\nb\n").hunks[0].status is HunkStatus.ALREADY_APPLIED
+
+
+def test_no_final_newline_kept_when_untouched():
+    patch = "--- a/f\n+++ b/f\n@@ -1,3 +1,3 @@\n-a\n+A\n b\n c\n"
+    assert apply_file_patch(one(patch), "a\nb\nc\nd").text == "A\nb\nc\nd"
+
+
+def test_no_final_newline_on_both_sides_of_context():
+    patch = "--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n-a\n+A\n b\n\\ No newline at end of file\n"
+    assert apply_file_patch(one(patch), "a\nb").text == "A\nb"
+    assert not apply_file_patch(one(patch), "a\nb\n").ok
+
+
+def test_crlf_file_with_lf_patch_keeps_crlf():
+    crlf = BASE.replace("\n", "\r\n")
+    res = apply_file_patch(one(TWO_HUNKS), crlf)
+    assert res.ok and res.text == PATCHED.replace("\n", "\r\n")
+
+
+def test_crlf_file_with_crlf_patch():
+    crlf = BASE.replace("\n", "\r\n")
+    body = TWO_HUNKS.split("@@ -2,7", 1)[1]
+    patch = TWO_HUNKS.split("@@ -2,7", 1)[0] + "@@ -2,7" + body.replace("\n", "\r\n")
+    fp = one(patch)
+    assert fp.crlf
+    res = apply_file_patch(fp, crlf)
+    assert res.ok and res.text == PATCHED.replace("\n", "\r\n")
+
+
+def test_crlf_file_without_final_newline():
+    patch = "--- a/f\n+++ b/f\n@@ -1,2 +1,3 @@\n a\n+x\n b\n\\ No newline at end of file\n"
+    assert apply_file_patch(one(patch), "a\r\nb").text == "a\r\nx\r\nb"
+
+
+def test_mixed_line_endings_match_byte_for_byte():
+    # Not every line is CRLF, so nothing is converted: CR is content, as for GNU patch.
+    text = "a\r\nb\nc\n"
+    patch = "--- a/f\n+++ b/f\n@@ -1,3 +1,3 @@\n a\r\n-b\n+B\n c\n"
+    assert apply_file_patch(one(patch), text).text == "a\r\nB\nc\n"
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def test_new_file():
+    fp = one("--- /dev/null\n+++ b/n.py\n@@ -0,0 +1,2 @@\n+a\n+b\n")
+    res = apply_file_patch(fp, None)
+    assert res.ok and res.text == "a\nb\n" and res.hunks[0].status is HunkStatus.EXACT
+    assert apply_file_patch(fp, "a\nb\n").hunks[0].status is HunkStatus.ALREADY_APPLIED
+    clash = apply_file_patch(fp, "other\n")
+    assert not clash.ok and clash.text is None and "already exists" in clash.hunks[0].reason
+    assert clash.hunks[0].mismatches[0] == Mismatch(1, "a", "other")
+
+
+def test_new_empty_file_from_git():
+    fp = one("diff --git a/e.py b/e.py\nnew file mode 100644\nindex 0000000..e69de29\n")
+    assert apply_file_patch(fp, None).text == ""
+    res = apply_file_patch(fp, "x\n")
+    assert not res.ok and "not empty" in res.hunks[0].reason
+
+
+def test_deletion():
+    fp = one("--- a/n.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-a\n-b\n")
+    res = apply_file_patch(fp, "a\nb\n")
+    assert res.ok and res.text is None and res.hunks[0].status is HunkStatus.EXACT
+    assert apply_file_patch(fp, None).hunks[0].status is HunkStatus.ALREADY_APPLIED
+    more = apply_file_patch(fp, "a\nb\nc\n")
+    assert not more.ok and "expecting 2 lines, but it has 3" in more.hunks[0].reason
+
+
+def test_missing_file_fails_every_hunk():
+    res = apply_file_patch(one(TWO_HUNKS), None)
+    assert not res.ok and res.text is None
+    assert all(h.status is HunkStatus.FAILED and "does not exist" in h.reason for h in res.hunks)
+
+
+# ----------------------------------------------------------------------------- real series
+
+
+@pytest.mark.skipif(not (SGLANG_TREE / "sglang").is_dir() or not shutil.which("patch"),
+                    reason="needs the extracted SGLang 0.5.12.post1 wheel and GNU patch")
+def test_real_series_against_gnu_patch(tmp_path: Path):
+    """The series, in order, on SGLang 0.5.12.post1's own files: same verdicts and texts as GNU patch."""
+    series = [ln.strip() for ln in (SERIES_DIR / "series").read_text().splitlines()
+              if ln.strip() and not ln.startswith("#") and not ln.startswith("add ")]
+    texts: dict[str, str | None] = {}
+    gnu_root = tmp_path / "gnu"
+    for name in series:
+        for fp in parse_patch((SERIES_DIR / name).read_text(), name=name):
+            if fp.path not in texts:
+                src = SGLANG_TREE / fp.path
+                texts[fp.path] = src.read_text() if src.exists() else None
+                if src.exists():
+                    (gnu_root / fp.path).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(src, gnu_root / fp.path)
+    for name in series:
+        engine_ok = True
+        for fp in parse_patch((SERIES_DIR / name).read_text(), name=name):
+            res = apply_file_patch(fp, texts[fp.path])
+            engine_ok &= res.ok and all(h.status is not HunkStatus.ALREADY_APPLIED for h in res.hunks)
+            if res.ok:
+                texts[fp.path] = res.text
+        run = subprocess.run(["patch", "-p1", "-F0", "-N", "-r", "-", "--no-backup-if-mismatch",
+                              "-i", str(SERIES_DIR / name)], cwd=gnu_root, capture_output=True, text=True)
+        assert engine_ok == (run.returncode == 0), f"{name}: engine ok={engine_ok}\n{run.stdout}"
+    for path, text in texts.items():
+        on_disk = gnu_root / path
+        assert (on_disk.read_text() if on_disk.exists() else None) == text, path
