@@ -243,7 +243,8 @@ class Timings:
     Wall-clock phases: ``listing`` (release listing, family parsing), ``download``
     (wheels fetched or verified in the cache), ``check`` (apply + byte-compile in
     parallel workers), ``report`` (facts history, verdicts). Summed over workers:
-    ``apply_cpu`` and, when measured (benchmark), ``compile_cpu``.
+    ``check_cpu`` (reading the wheel, applying, byte-compiling) and, when measured
+    (benchmark), ``compile_cpu``: the byte-compile part of it.
     """
 
     listing: float = 0.0
@@ -251,7 +252,7 @@ class Timings:
     check: float = 0.0
     report: float = 0.0
     total: float = 0.0
-    apply_cpu: float = 0.0
+    check_cpu: float = 0.0
     compile_cpu: float | None = None
 
     def to_json(self) -> dict:
@@ -263,7 +264,8 @@ class Timings:
             f"apply+compile {self.check:.1f} s, report {self.report:.2f} s"
         )
         if self.compile_cpu is not None:
-            text += f" (worker CPU: apply {self.apply_cpu:.2f} s, compile {self.compile_cpu:.2f} s)"
+            text += (f" (worker CPU: read+apply {self.check_cpu - self.compile_cpu:.2f} s, "
+                     f"byte-compile {self.compile_cpu:.2f} s)")
         return text
 
 

@@ -242,12 +242,12 @@ def run_matrix(
     if progress:
         progress("apply", 0, len(jobs_list))
     rows: list[ReleaseRow] = []
-    apply_cpu = compile_cpu = 0.0
+    check_cpu = compile_cpu = 0.0
     if jobs <= 1 or len(jobs_list) <= 1:
         done_iter = map(_check_one, jobs_list)
         for n, done in enumerate(done_iter, start=1):
             rows.append(done.row)
-            apply_cpu += done.seconds
+            check_cpu += done.seconds
             compile_cpu += done.compile_seconds
             if progress:
                 progress("apply", n, len(jobs_list))
@@ -257,7 +257,7 @@ def run_matrix(
             for n, future in enumerate(as_completed(futures), start=1):
                 done = future.result()
                 rows.append(done.row)
-                apply_cpu += done.seconds
+                check_cpu += done.seconds
                 compile_cpu += done.compile_seconds
                 if progress:
                     progress("apply", n, len(jobs_list))
@@ -276,7 +276,7 @@ def run_matrix(
         check=t3 - t2,
         report=t4 - t3,
         total=t4 - t0,
-        apply_cpu=apply_cpu,
+        check_cpu=check_cpu,
         compile_cpu=compile_cpu if measure_compile else None,
     )
     return Matrix(rows=rows, timings=timings, strict=strict)

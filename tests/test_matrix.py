@@ -14,6 +14,7 @@ Tiers:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -348,3 +349,24 @@ def test_cli_matrix_bad_range_is_one_line_exit_2(test_family_env, monkeypatch, d
     assert "--from 0.5.13 is newer than --to 0.5.12" in res.stderr
     res = CliRunner().invoke(app, ["matrix", "--from", "banana", "--offline"])
     assert res.exit_code == 2 and "not a valid PEP 440 version" in res.stderr
+
+
+# --- the CI workflow -----------------------------------------------------------------------
+
+
+def test_the_ci_workflow_runs_the_matrix_command_with_options_it_has():
+    yaml = pytest.importorskip("yaml")
+    import typer.main
+
+    doc = yaml.safe_load((REPO_ROOT / ".github" / "workflows" / "sglang-compat.yml").read_text())
+    triggers = doc[True]  # YAML 1.1 reads the key "on" as True
+    assert "schedule" in triggers and "patches/**" in triggers["push"]["paths"]
+    runs = [s.get("run", "") for s in doc["jobs"]["matrix"]["steps"]]
+    command = next(r for r in runs if "ddtree-deploy matrix" in r)
+    used = set(re.findall(r"(--[a-z][a-z-]*)", command.split("ddtree-deploy matrix", 1)[1]))
+    matrix = typer.main.get_command(app).commands["matrix"]
+    known = {opt for p in matrix.params for opt in p.opts}
+    assert used and used <= known, used - known
+    assert {"--markdown", "--json"} <= used
+    # The markdown report is what the job summary shows.
+    assert any("sglang-compat.md" in r and "GITHUB_STEP_SUMMARY" in r for r in runs)

@@ -272,3 +272,38 @@ def test_refresh_of_a_tree_missing_an_entry_s_changes_is_bad_input(patches, rele
     res = CliRunner().invoke(app, ["series", "refresh", "--family", "sglang-0.5.12", "--from", str(tree)])
     assert res.exit_code == 2 and "holds none of the changes of 0001-enum.patch" in res.stderr
     assert _digest(patches) == before
+
+
+@pytest.mark.network
+def test_port_of_the_real_series_to_0513_is_consistent_with_check(release_wheel, wheel_0513, tmp_path,
+                                                                  monkeypatch):
+    """The real DDTree series ported to 0.5.13: `check` on the new family agrees with the port.
+
+    Every hunk the port re-anchored applies exactly; every file with a rejected hunk
+    fails (the rejected hunk is kept as it was); and every .rej names a nearest line.
+    """
+    real = REPO_ROOT / "patches" / "sglang-0.5.12"
+    try:
+        series = load_family(real)
+    except BadInput:
+        pytest.skip("the real series is not complete yet")
+    monkeypatch.setenv("DDTREE_DEPLOY_PAYLOAD", str(REPO_ROOT / "payload"))
+    outcome = port.port_family(series, "0.5.13", into=tmp_path / "patches" / "sglang-0.5.13",
+                               tree_dir=tmp_path / "tree")
+    ported = load_family(outcome.family_dir)
+    report = check_series(ported, port.release_files("0.5.13", ported.touched_paths()))
+    rejected = {(r.entry, r.path) for r in outcome.result.rejects}
+    broken: set[str] = set()
+    for entry in report.entries:
+        for f in entry.files:
+            if (entry.name, f.path) in rejected:
+                assert f.status == "failed", (entry.name, f.path)
+                broken.add(f.path)
+            elif f.path in broken:
+                assert f.status == "skipped", (entry.name, f.path)  # an earlier entry failed on this file
+            else:
+                assert f.status in ("applied", "already-applied"), (entry.name, f.path, f.message)
+                assert {h.status.value for h in f.hunks} <= {"exact"}, (entry.name, f.path)
+    assert report.ok == (not rejected)
+    for rej in outcome.rej_files:
+        assert "nearest at line" in rej.read_text() or "does not exist" in rej.read_text()

@@ -167,6 +167,9 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
     if json_output:
         emit_json(_port_json(outcome))
     for entry in result.entries:
+        if entry.kind == "add":
+            err.print(f"  {escape(entry.entry)}: whole file, kept as is", highlight=False, soft_wrap=True)
+            continue
         landed = [h for _, h in entry.results if h.ok]
         status = "ok" if entry.ok else f"{len(entry.rejects)} rejected"
         note = "" if entry.text is not None or entry.kind == "add" else " (all already upstream: dropped)"
