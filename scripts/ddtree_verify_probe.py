@@ -1,0 +1,598 @@
+"""Probe for patches 0004/0005: drives the PATCHED dflash_info / dflash_worker of an
+installed SGLang 0.5.12.x with SGLang's own pieces and checks every result against a
+brute-force reference computed here in plain Python.
+
+Run by the host interpreter (the patched SGLang importable), never imported by SGLang:
+
+    python scripts/ddtree_verify_probe.py [--device cuda] [--strict] CASE... | gpu | cpu
+
+It prints one line ``DDTREE-VERIFY-PROBE:{"case": "ok" | traceback}``; with --strict it
+exits 1 when a case failed. tests/test_ddtree_verify_input.py runs the CPU cases on
+CPU; scripts/gpu_check_series.sh runs the GPU cases with ``--device cuda`` (SGLang's
+CUDA tree kernels). Stand-ins (named): the target's logits and hidden states are random
+tensors; the LM head given to the worker's top-k helper is a plain object holding a
+weight tensor and a real shard-indices record; a hybrid attention backend is a
+recording object (worker_tree_mamba_indices). Only the standard library is imported at
+module level, so the test module can import CASES without SGLang.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+TAG = "DDTREE-VERIFY-PROBE:"
+
+CASES = [
+    "prepare_layout",
+    "verify_greedy",
+    "verify_finished_request",
+    "verify_padding_nodes",
+    "verify_sampling_top1_is_greedy",
+    "renorm_top_k_top_p",
+    "sampling_law_first_token",
+    "idle_batch",
+    "page_size_refused",
+    "worker_topk_single_shard",
+    "worker_topk_two_shards",
+    "worker_tree_mamba_indices",
+]
+# Run by scripts/gpu_check_series.sh with ``--device cuda`` (SGLang's CUDA tree kernels).
+GPU_CASES = [
+    "prepare_layout",
+    "verify_greedy",
+    "verify_finished_request",
+    "verify_padding_nodes",
+    "verify_sampling_top1_is_greedy",
+    "sampling_law_first_token",
+    "greedy_kernel_matches_reference",
+]
+
+
+def _ancestors(parents: list[int], i: int) -> list[int]:
+    """i and its ancestors, by walking the parent array (the brute-force reference)."""
+    out = []
+    while i != -1:
+        out.append(i)
+        i = parents[i]
+    return out
+
+
+def _greedy_walk(tokens, parents, valid, target) -> list[int]:
+    """Reference greedy tree walk: from the root, move to the first child (index
+    order) whose token equals the target's token at the current node."""
+    n = len(tokens)
+    path = [0]
+    while True:
+        cur = path[-1]
+        nxt = [
+            j for j in range(1, n)
+            if valid[j] and parents[j] == cur and tokens[j] == target[cur]
+        ]
+        if not nxt:
+            return path
+        path.append(nxt[0])
+
+
+class _Probe:
+    def __init__(self, device: str = "cpu"):
+        import torch
+
+        from sglang.srt.speculative import ddtree_utils
+        from sglang.srt.speculative.dflash_info import DDTreeVerifyInput
+
+        self.torch = torch
+        self.device = device
+        self.ddtree_utils = ddtree_utils
+        self.DDTreeVerifyInput = DDTreeVerifyInput
+
+    # -- real SGLang pieces ------------------------------------------------------------
+
+    def batch(self, prefix_lens, *, max_new_tokens=1000, sampling=None, vocab=64):
+        """A decode ScheduleBatch whose requests hold `prefix_lens` committed tokens."""
+        torch = self.torch
+        from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.chunk_cache import ChunkCache
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        from sglang.srt.sampling.penaltylib.orchestrator import BatchedPenalizerOrchestrator
+        from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        bs = len(prefix_lens)
+        dev = self.device
+        req_to_token_pool = ReqToTokenPool(
+            size=bs + 2, max_context_len=256, device=dev, enable_memory_saver=False
+        )
+        allocator = TokenToKVPoolAllocator(
+            size=max(4096, 64 * bs), dtype=torch.float16, device=dev, kvcache=None,
+            need_sort=False,
+        )
+        cache = ChunkCache(CacheInitParams(
+            disable=True, req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=allocator, page_size=1,
+        ))
+        reqs = []
+        for i, plen in enumerate(prefix_lens):
+            params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+            params.normalize(None)
+            params.verify(vocab)
+            req = Req(f"r{i}", "", list(range(1, plen + 1)), params, vocab_size=vocab)
+            req.kv_committed_len = plen
+            req.kv_allocated_len = plen
+            reqs.append(req)
+        pool_rows = req_to_token_pool.alloc(reqs)
+        # The prefill's KV: each request's prefix owns its own slots.
+        for row, plen in zip(pool_rows, prefix_lens):
+            req_to_token_pool.req_to_token[row, :plen] = allocator.alloc(plen).to(torch.int32)
+        seq_lens = torch.tensor(prefix_lens, dtype=torch.int64)
+        batch = ScheduleBatch(
+            reqs=reqs, req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool_allocator=allocator, tree_cache=cache,
+            forward_mode=ForwardMode.DECODE, device=dev,
+        )
+        batch.req_pool_indices = torch.tensor(pool_rows, dtype=torch.int64, device=dev)
+        batch.seq_lens = seq_lens.to(dev)
+        batch.seq_lens_cpu = seq_lens.clone()
+        batch.seq_lens_sum = int(sum(prefix_lens))
+        if sampling is not None:
+            top_k, top_p, temperature = sampling
+            info = SamplingBatchInfo(
+                temperatures=torch.full((bs, 1), temperature, device=dev),
+                top_ps=torch.full((bs,), top_p, device=dev),
+                top_ks=torch.full((bs,), top_k, dtype=torch.int32, device=dev),
+                min_ps=torch.zeros(bs, device=dev), is_all_greedy=False,
+                need_top_p_sampling=top_p < 1.0, need_top_k_sampling=True,
+                need_min_p_sampling=False, vocab_size=vocab, device=dev,
+            )
+            info.penalizer_orchestrator = BatchedPenalizerOrchestrator(vocab, batch, set())
+            batch.sampling_info = info
+        return batch
+
+    def layout(self, gen, bs, depth, budget, vocab, k, max_per_depth=None, mass=1.0):
+        torch = self.torch
+        logits = torch.randn(bs, depth, vocab, generator=gen) * 3
+        logprobs, tokens = self.ddtree_utils.topk_logprobs(logits, k)
+        if mass < 1.0:
+            # Only the first `k` tokens per position are drawable: small trees get padding.
+            logprobs[:, :, 2:] = float("-inf")
+        roots = torch.randint(0, vocab, (bs,), generator=gen)
+        return self.ddtree_utils.build_ddtree(
+            logprobs.to(self.device), tokens.to(self.device), roots.to(self.device),
+            budget, max_per_depth=max_per_depth,
+        )
+
+    def target_logits(self, gen, layout, vocab, follow=0.75):
+        """Target logits whose argmax follows a child's token with prob `follow`."""
+        torch = self.torch
+        bs, n = layout.tokens.shape
+        tokens, parents, valid = (layout.tokens.tolist(), layout.parents.tolist(),
+                                  layout.valid.tolist())
+        target = []
+        for b in range(bs):
+            row = []
+            for i in range(n):
+                kids = [j for j in range(1, n) if valid[b][j] and parents[b][j] == i]
+                if kids and torch.rand(1, generator=gen).item() < follow:
+                    pick = kids[int(torch.randint(len(kids), (1,), generator=gen))]
+                    row.append(tokens[b][pick])
+                else:
+                    row.append(int(torch.randint(vocab, (1,), generator=gen)))
+            target.append(row)
+        logits = torch.randn(bs * n, vocab, generator=gen)
+        flat = torch.tensor(target).reshape(-1)
+        logits[torch.arange(bs * n), flat] += 50.0
+        return logits.to(self.device), target
+
+    def logits_output(self, logits, hidden_dim=3):
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        rows = logits.shape[0]
+        # Row r's hidden state is r: the next draft context is checkable by value.
+        hidden = self.torch.arange(rows, dtype=self.torch.float32)[:, None].repeat(1, hidden_dim)
+        return LogitsProcessorOutput(
+            next_token_logits=logits.to(self.device), hidden_states=hidden.to(self.device)
+        )
+
+    # -- shared verify check -------------------------------------------------------------
+
+    def run_and_check_verify(self, batch, layout, logits, target, commit_limit=None):
+        """Prepare + verify on a real batch, then compare everything with brute force."""
+        torch = self.torch
+        bs, n = layout.tokens.shape
+        free_before = set(batch.token_to_kv_pool_allocator.free_pages.tolist())
+        seq0 = batch.seq_lens.tolist()
+        rows = batch.req_pool_indices.tolist()
+        prefix_table = [batch.req_to_token_pool.req_to_token[r, :s].tolist()
+                        for r, s in zip(rows, seq0)]
+        vi = self.DDTreeVerifyInput.from_layout(layout, batch.seq_lens)
+        vi.prepare_for_verify(batch, 1)
+        loc = batch.out_cache_loc.tolist()
+        out = self.logits_output(logits)
+        new_bonus, commit_lens, next_hidden, ncorrect = vi.verify(
+            batch=batch, logits_output=out, page_size=1
+        )
+        tokens, parents, valid = (layout.tokens.tolist(), layout.parents.tolist(),
+                                  layout.valid.tolist())
+        expect_hidden, kept = [], set()
+        for b in range(bs):
+            path = _greedy_walk(tokens[b], parents[b], valid[b], target[b])
+            emitted = [tokens[b][p] for p in path[1:]] + [target[b][path[-1]]]
+            c = len(emitted) if commit_limit is None else min(commit_limit[b], len(emitted))
+            req = batch.reqs[b]
+            assert req.output_ids == emitted[:c], (b, req.output_ids, emitted, c)
+            assert int(commit_lens[b]) == c and ncorrect[b] == c - 1
+            assert int(new_bonus[b]) == emitted[c - 1]
+            assert req.kv_committed_len == seq0[b] + c and req.spec_verify_ct == 1
+            assert int(batch.seq_lens[b]) == seq0[b] + c == int(batch.seq_lens_cpu[b])
+            table = batch.req_to_token_pool.req_to_token[rows[b]].tolist()
+            assert table[: seq0[b]] == prefix_table[b], "the prefix must not move"
+            path_slots = [loc[b * n + p] for p in path[:c]]
+            assert table[seq0[b] : seq0[b] + c] == path_slots, (b, path, table[seq0[b]:])
+            kept |= set(path_slots)
+            expect_hidden += [b * n + p for p in path[:c]]
+            assert int(vi.last_committed_node[b]) == path[c - 1]
+            assert vi.committed_path_nodes[b].tolist()[:c] == path[:c]
+            assert all(x == -1 for x in vi.committed_path_nodes[b].tolist()[c:])
+        assert batch.seq_lens_sum == sum(seq0) + int(commit_lens.sum())
+        assert next_hidden[:, 0].tolist() == [float(x) for x in expect_hidden]
+        assert out.hidden_states is None
+        assert batch.out_cache_loc.tolist() == [
+            int(batch.req_to_token_pool.req_to_token[rows[b], seq0[b] + j])
+            for b in range(bs) for j in range(int(commit_lens[b]))
+        ]
+        # Every tree slot is either kept (on a committed path) or back in the allocator.
+        free_after = set(batch.token_to_kv_pool_allocator.free_pages.tolist())
+        tree_slots = set(loc)
+        assert len(tree_slots) == bs * n
+        assert free_after == (free_before - kept), "freed set differs"
+        assert len(batch.token_to_kv_pool_allocator.free_pages) == len(free_after)
+        assert not (tree_slots - kept) & (set(range(4097)) - free_after)
+        return vi
+
+    # -- cases ---------------------------------------------------------------------------
+
+    def prepare_layout(self):
+        torch = self.torch
+        gen = torch.Generator().manual_seed(1)
+        for trial in range(6):
+            prefix = [int(x) for x in torch.randint(1, 20, (1 + trial % 3,), generator=gen)]
+            budget = [3, 8, 15][trial % 3]
+            batch = self.batch(prefix)
+            layout = self.layout(gen, len(prefix), depth=4, budget=budget, vocab=10, k=budget)
+            bs, n = layout.tokens.shape
+            vi = self.DDTreeVerifyInput.from_layout(layout, batch.seq_lens)
+            free0 = len(batch.token_to_kv_pool_allocator.free_pages)
+            vi.prepare_for_verify(batch, 1)
+            assert vi.draft_token_num == n == budget + 1
+            assert torch.equal(batch.input_ids, layout.tokens.reshape(-1))
+            loc = batch.out_cache_loc.tolist()
+            assert len(loc) == bs * n == len(set(loc))
+            assert free0 - len(batch.token_to_kv_pool_allocator.free_pages) == bs * n
+            parents = layout.parents.tolist()
+            mask = vi.custom_mask.tolist()
+            # What generate_attn_arg_prefill sizes: sum(prefix) * n + n * n * bs.
+            assert len(mask) == sum(prefix) * n + n * n * bs
+            expect, positions = [], []
+            for b in range(bs):
+                row = int(batch.req_pool_indices[b])
+                table = batch.req_to_token_pool.req_to_token[row].tolist()
+                assert table[prefix[b] : prefix[b] + n] == loc[b * n : (b + 1) * n]
+                for i in range(n):
+                    anc = set(_ancestors(parents[b], i))
+                    positions.append(prefix[b] + len(anc) - 1)
+                    expect += [True] * prefix[b] + [j in anc for j in range(n)]
+            assert mask == expect, f"trial {trial}: FULL mask differs from the ancestor walk"
+            assert vi.positions.tolist() == positions
+            # The mask must also be what the core's own tree layout says.
+            assert torch.equal(
+                vi.custom_mask,
+                self.ddtree_utils.flat_mask_for_sglang(
+                    layout, torch.tensor(prefix, device=self.device)
+                ),
+            )
+
+    def verify_greedy(self):
+        torch = self.torch
+        gen = torch.Generator().manual_seed(2)
+        lengths = []
+        for trial in range(12):
+            bs = 1 + trial % 4
+            budget = [1, 4, 9, 20][trial % 4]
+            vocab = 16
+            prefix = [int(x) for x in torch.randint(1, 30, (bs,), generator=gen)]
+            batch = self.batch(prefix, vocab=vocab)
+            layout = self.layout(gen, bs, depth=5, budget=budget, vocab=vocab, k=budget,
+                                 max_per_depth=[None, 2][trial % 2])
+            logits, target = self.target_logits(gen, layout, vocab)
+            self.run_and_check_verify(batch, layout, logits, target)
+            lengths += [len(r.output_ids) for r in batch.reqs]
+        # The trees must have exercised both rejection at the root and deep acceptance.
+        assert min(lengths) == 1 and max(lengths) >= 4, lengths
+
+    def verify_finished_request(self):
+        torch = self.torch
+        gen = torch.Generator().manual_seed(3)
+        vocab = 16
+        for trial in range(4):
+            bs = 2
+            batch = self.batch([7, 11], max_new_tokens=2, vocab=vocab)
+            layout = self.layout(gen, bs, depth=5, budget=12, vocab=vocab, k=12)
+            logits, target = self.target_logits(gen, layout, vocab, follow=1.0)
+            # max_new_tokens=2: a request commits at most 2 tokens, whatever its path.
+            self.run_and_check_verify(batch, layout, logits, target, commit_limit=[2, 2])
+            assert all(r.finished() for r in batch.reqs if len(r.output_ids) == 2)
+
+    def verify_padding_nodes(self):
+        torch = self.torch
+        gen = torch.Generator().manual_seed(4)
+        vocab = 16
+        # Two drawable tokens per position over depth 2: at most 2 + 4 = 6 real nodes,
+        # so a budget of 10 leaves padding nodes (never accepted, always freed).
+        batch = self.batch([5, 9, 3], vocab=vocab)
+        layout = self.layout(gen, 3, depth=2, budget=10, vocab=vocab, k=10, mass=0.5)
+        assert not bool(layout.valid.all()), "the case needs padding nodes"
+        logits, target = self.target_logits(gen, layout, vocab, follow=1.0)
+        # Request 0's target predicts the padding token (0) everywhere: padding nodes
+        # hang under the root with token 0, so a walk that entered padding would show.
+        n = layout.num_nodes
+        target[0] = [0] * n
+        logits[:n, 0] += 1000.0
+        vi = self.run_and_check_verify(batch, layout, logits, target)
+        pad = ~layout.valid
+        for b in range(3):
+            nodes = [x for x in vi.committed_path_nodes[b].tolist() if x >= 0]
+            assert not any(bool(pad[b, x]) for x in nodes)
+
+    def verify_sampling_top1_is_greedy(self):
+        torch = self.torch
+        gen = torch.Generator().manual_seed(5)
+        vocab = 16
+        for trial in range(6):
+            bs = 3
+            # top_k = 1: the target distribution is one-hot at its argmax, so the lossless
+            # sampling walk (ddtree_utils.sample_accept on CPU) must equal the greedy walk.
+            batch = self.batch([4, 8, 12], sampling=(1, 1.0, 0.7), vocab=vocab)
+            layout = self.layout(gen, bs, depth=4, budget=9, vocab=vocab, k=9)
+            logits, target = self.target_logits(gen, layout, vocab)
+            self.run_and_check_verify(batch, layout, logits, target)
+
+    def renorm_top_k_top_p(self):
+        torch = self.torch
+        from sglang.srt.speculative.dflash_info import _renorm_top_k_top_p
+
+        gen = torch.Generator().manual_seed(6)
+        probs = torch.softmax(torch.randn(40, 9, generator=gen) * 2, dim=-1)
+        top_ks = torch.randint(1, 12, (40,), generator=gen)
+        top_ps = torch.rand(40, generator=gen) * 0.9 + 0.1
+        got = _renorm_top_k_top_p(probs, top_ks, top_ps)
+        for r in range(40):
+            p = probs[r].tolist()
+            order = sorted(range(9), key=lambda t: -p[t])[: int(top_ks[r])]
+            mass = sum(p[t] for t in order)
+            keep, acc = [], 0.0
+            for t in order:
+                if acc < float(top_ps[r]):
+                    keep.append(t)
+                acc += p[t] / mass
+            total = sum(p[t] for t in keep)
+            want = [p[t] / total if t in keep else 0.0 for t in range(9)]
+            assert torch.allclose(got[r], torch.tensor(want), atol=1e-6), (r, got[r], want)
+
+    def sampling_law_first_token(self):
+        """Lossless sampling: the first emitted token follows the target's distribution
+        at the root, whatever the tree proposes (many copies of one tree, one verify)."""
+        torch = self.torch
+        copies, vocab = 20000, 8
+        batch = self.batch([2] * copies, sampling=(vocab, 1.0, 1.0), vocab=vocab)
+        # One tree copied: root children 3, 5, 1 (best first), one grandchild under 3.
+        gen = torch.Generator().manual_seed(11)
+        lp = torch.full((1, 2, vocab), float("-inf"))
+        lp[0, 0, [3, 5, 1]] = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+        lp[0, 1, 6] = 0.0
+        logprobs, tokens = lp.sort(dim=-1, descending=True)
+        layout = self.ddtree_utils.build_ddtree(
+            logprobs.expand(copies, -1, -1).to(self.device),
+            tokens.expand(copies, -1, -1).to(self.device),
+            torch.zeros(copies, dtype=torch.int64, device=self.device), 4,
+        )
+        n = layout.num_nodes
+        target = torch.softmax(torch.randn(vocab, generator=gen), dim=-1)
+        logits = target.log().repeat(copies * n, 1).to(self.device)
+        vi = self.DDTreeVerifyInput.from_layout(layout, batch.seq_lens)
+        acc = vi._sample_accept(batch.sampling_info, logits, copies)
+        path1 = acc.accept_index[:, 1] - torch.arange(copies, device=self.device) * n
+        first = torch.where(
+            acc.accept_length > 0, layout.tokens.gather(1, path1.clamp(min=0)[:, None])[:, 0],
+            acc.bonus,
+        )
+        freq = torch.bincount(first.cpu(), minlength=vocab).double() / copies
+        tol = 5 * (target.double() * (1 - target.double()) / copies).sqrt() + 1e-3
+        assert bool(((freq - target.double()).abs() <= tol).all()), (freq, target)
+
+    def greedy_kernel_matches_reference(self):
+        """sgl_kernel's verify_tree_greedy (what verify uses on CUDA) against the
+        pure-torch walk, on larger random trees (GPU only)."""
+        torch = self.torch
+        gen = torch.Generator().manual_seed(12)
+        for bs, budget, depth in ((1, 16, 15), (8, 64, 15), (32, 256, 15), (4, 1024, 15)):
+            layout = self.layout(gen, bs, depth=depth, budget=budget, vocab=64, k=budget)
+            logits, _ = self.target_logits(gen, layout, 64)
+            target = logits.argmax(dim=-1).view(bs, -1)
+            ref = self.ddtree_utils.greedy_accept(layout, target, backend="torch")
+            ker = self.ddtree_utils.greedy_accept(layout, target, backend="sgl_kernel")
+            for name in ("accept_index", "accept_length", "bonus", "last_node"):
+                assert torch.equal(getattr(ref, name), getattr(ker, name)), (bs, budget, name)
+
+    def idle_batch(self):
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        torch = self.torch
+        gen = torch.Generator().manual_seed(7)
+        batch = self.batch([3])
+        layout = self.layout(gen, 1, depth=3, budget=4, vocab=8, k=4)
+        vi = self.DDTreeVerifyInput.from_layout(layout, batch.seq_lens)
+        batch.forward_mode = ForwardMode.IDLE
+        free0 = len(batch.token_to_kv_pool_allocator.free_pages)
+        vi.prepare_for_verify(batch, 1)
+        assert batch.out_cache_loc is None
+        bonus, commit, hidden, ncorrect = vi.verify(
+            batch=batch, logits_output=self.logits_output(torch.zeros(0, 8)), page_size=1
+        )
+        assert bonus.numel() == commit.numel() == 0 and ncorrect == []
+        assert len(batch.token_to_kv_pool_allocator.free_pages) == free0
+
+    def page_size_refused(self):
+        torch = self.torch
+        gen = torch.Generator().manual_seed(8)
+        batch = self.batch([3])
+        layout = self.layout(gen, 1, depth=3, budget=4, vocab=8, k=4)
+        vi = self.DDTreeVerifyInput.from_layout(layout, batch.seq_lens)
+        free0 = len(batch.token_to_kv_pool_allocator.free_pages)
+        try:
+            vi.prepare_for_verify(batch, 16)
+        except ValueError as exc:
+            assert "--page-size 1" in str(exc) and "16" in str(exc), str(exc)
+        else:
+            raise AssertionError("page_size 16 was accepted")
+        assert len(batch.token_to_kv_pool_allocator.free_pages) == free0
+
+    def _lm_head(self, weight, shard):
+        class LMHead:  # stand-in: the worker reads only .weight and .shard_indices
+            pass
+
+        head = LMHead()
+        head.weight, head.shard_indices = weight, shard
+        return head
+
+    def _shard(self, org_start, org_end, padded_len, added=(0, 0)):
+        from sglang.srt.layers.vocab_parallel_embedding import (
+            VocabParallelEmbeddingShardIndices,
+        )
+
+        return VocabParallelEmbeddingShardIndices(
+            padded_org_vocab_start_index=org_start,
+            padded_org_vocab_end_index=org_start + padded_len,
+            padded_added_vocab_start_index=added[0],
+            padded_added_vocab_end_index=added[0] + (added[1] - added[0]),
+            org_vocab_start_index=org_start,
+            org_vocab_end_index=org_end,
+            added_vocab_start_index=added[0],
+            added_vocab_end_index=added[1],
+        )
+
+    def worker_topk_single_shard(self):
+        torch = self.torch
+        from sglang.srt.speculative.dflash_worker import (
+            _merge_shard_topk_logprobs,
+            _shard_topk_logprobs,
+        )
+
+        gen = torch.Generator().manual_seed(9)
+        vocab, hidden = 50, 8
+        # 64 padded rows, 50 real: padding rows get huge logits and must never be picked.
+        weight = torch.randn(64, hidden, generator=gen)
+        weight[vocab:] = 100.0
+        head = self._lm_head(weight, self._shard(0, vocab, 64))
+        hs = torch.randn(7, hidden, generator=gen)
+        for k in (1, 5, 50, 70):
+            values, ids, lse = _shard_topk_logprobs(hs, head, k)
+            lp, tok = _merge_shard_topk_logprobs(values[None], ids[None], lse[None], k)
+            ref = torch.log_softmax(hs @ weight[:vocab].T, dim=-1)
+            kk = min(k, vocab)
+            ref_lp, ref_tok = ref.topk(kk, dim=-1)
+            assert torch.allclose(lp[:, :kk], ref_lp, atol=1e-5)
+            assert torch.equal(tok[:, :kk], ref_tok)
+            assert bool(torch.isinf(lp[:, kk:]).all()), "k beyond the vocab must be -inf"
+
+    def worker_topk_two_shards(self):
+        torch = self.torch
+        from sglang.srt.speculative.dflash_worker import (
+            _merge_shard_topk_logprobs,
+            _shard_topk_logprobs,
+        )
+
+        # Tensor parallelism by hand: vocab 45 split 24 + 21 (second shard padded to 24),
+        # plus 3 added tokens on the second rank; the merge must equal the full softmax.
+        gen = torch.Generator().manual_seed(10)
+        hidden = 6
+        full = torch.randn(48, hidden, generator=gen)  # ids 0..44 base, 45..47 added
+        w0 = full[:24].clone()
+        w1 = torch.cat([full[24:45], torch.full((3, hidden), 99.0), full[45:48]])
+        s0 = self._shard(0, 24, 24)
+        s1 = self._shard(24, 45, 24, added=(45, 48))
+        hs = torch.randn(9, hidden, generator=gen)
+        for k in (1, 4, 30):
+            parts = [_shard_topk_logprobs(hs, self._lm_head(w, s), k) for w, s in ((w0, s0), (w1, s1))]
+            values, ids, lse = (torch.stack([p[i] for p in parts]) for i in range(3))
+            lp, tok = _merge_shard_topk_logprobs(values, ids, lse, k)
+            ref_lp, ref_tok = torch.log_softmax(hs @ full.T, dim=-1).topk(k, dim=-1)
+            assert torch.allclose(lp, ref_lp, atol=1e-5), (k, lp, ref_lp)
+            assert torch.equal(tok, ref_tok)
+
+    def worker_tree_mamba_indices(self):
+        """The worker's recurrent-state commit reads tree indices, not commit_len - 1."""
+        torch = self.torch
+        from sglang.srt.speculative.dflash_worker import DFlashWorker
+
+        seen = {}
+
+        class Backend:  # stand-in for a hybrid attention backend (GPU-only in SGLang)
+            def update_mamba_state_after_mtp_verify(self, **kwargs):
+                seen.update(kwargs)
+
+        class Worker:  # the method reads only these attributes
+            pass
+
+        worker = Worker()
+        worker.target_worker = Worker()
+        worker.target_worker.model_runner = Worker()
+        worker.target_worker.model_runner.attn_backend = Backend()
+        worker.target_worker.model_runner.model = None
+        batch = Worker()
+        batch.mamba_track_indices = None
+        path = torch.tensor([[0, 3, 7, -1], [0, -1, -1, -1], [0, 2, 5, 9]])
+        commit = torch.tensor([3, 1, 4], dtype=torch.int32)
+        DFlashWorker._update_target_mamba_state_after_verify(
+            worker, batch=batch, seq_lens_pre_verify=torch.tensor([5, 5, 5]),
+            commit_lens=commit, committed_path_nodes=path,
+        )
+        assert seen["last_correct_step_indices"].tolist() == [7, 0, 9]
+        DFlashWorker._update_target_mamba_state_after_verify(
+            worker, batch=batch, seq_lens_pre_verify=torch.tensor([5, 5, 5]),
+            commit_lens=commit,
+        )
+        assert seen["last_correct_step_indices"].tolist() == [2, 0, 3], "DFLASH unchanged"
+
+
+def _main(args: list[str]) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    device, strict, cases = "cpu", False, []
+    while args:
+        arg, args = args[0], args[1:]
+        if arg == "--device":
+            device, args = args[0], args[1:]
+        elif arg == "--strict":
+            strict = True
+        else:
+            cases += {"cpu": CASES, "gpu": GPU_CASES}.get(arg, [arg])
+    probe = _Probe(device)
+    results = {}
+    for case in cases:
+        try:
+            getattr(probe, case)()
+            results[case] = "ok"
+        except Exception:
+            results[case] = traceback.format_exc()[-3000:]
+        print(f"{case}: {'ok' if results[case] == 'ok' else 'FAILED'}", file=sys.stderr)
+    print(TAG + json.dumps(results), flush=True)
+    return 1 if strict and any(v != "ok" for v in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

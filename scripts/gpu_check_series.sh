@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Prepared GPU check of the DDTree series on SGLang 0.5.12.post1 (patches 0004/0005:
+# the tree verify input and the worker wiring) with SGLang's real CUDA kernels.
+# Under 10 minutes on one GPU; no network. See docs/patches-0004-0005.md.
+#
+# Needs on the GPU machine: a Python 3.11 whose site-packages already run SGLang
+# 0.5.12.x on CUDA (torch with CUDA, sgl_kernel, triton and SGLang's other
+# dependencies: any environment that serves SGLang 0.5.12.x), and GNU patch.
+# Carries (from this checkout): patches/, payload/, scripts/, tests/data/models/, and
+# the SGLang 0.5.12.post1 wheel (~8 MB): $SGLANG_WHEEL, else .gpu-carry/*.whl, else
+# the toolkit's wheel cache (~/.cache/ddtree-deploy/wheels/).
+#
+# Steps: (1) a venv over the machine's site-packages, with the release wheel and the
+# patched files installed on top; (2) the verify-input probe with --device cuda
+# (verify_tree_greedy / tree_speculative_sampling_target_only / the batched tree
+# builder on CUDA, every result against brute force); (3) a served tiny Llama target +
+# DFlash draft (random weights) with --speculative-algorithm DDTREE.
+# Writes its logs to $OUT (or a temp folder). Exit 0 only if every step passed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+WHEEL=${SGLANG_WHEEL:-}
+if [ -z "$WHEEL" ]; then
+    for candidate in .gpu-carry/sglang-0.5.12.post1-*.whl \
+        "$HOME"/.cache/ddtree-deploy/wheels/sglang-0.5.12.post1-*.whl; do
+        if [ -f "$candidate" ]; then WHEEL=$candidate; break; fi
+    done
+fi
+if [ -z "$WHEEL" ] || [ ! -f "$WHEEL" ]; then
+    echo "gpu_check_series: no SGLang 0.5.12.post1 wheel: set SGLANG_WHEEL or put it in .gpu-carry/" >&2
+    exit 2
+fi
+if ! "$PY" -c 'import torch, sgl_kernel, triton; assert torch.cuda.is_available()' 2>"$OUT/precheck.txt"; then
+    echo "gpu_check_series: $PY lacks CUDA torch / sgl_kernel / triton (see $OUT/precheck.txt)" >&2
+    exit 2
+fi
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+echo "[1/3] venv over the machine's packages + SGLang 0.5.12.post1 + the series" >&2
+"$PY" -m venv --system-site-packages "$WORK/venv"
+VPY=$WORK/venv/bin/python
+SP=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$VPY" scripts/gpu_check_series.py install --wheel "$WHEEL" --site-packages "$SP" \
+    | tee "$OUT/install.txt"
+
+echo "[2/3] tree verify on CUDA (SGLang kernels vs brute force)" >&2
+status=0
+timeout 240 "$VPY" scripts/ddtree_verify_probe.py --device cuda --strict gpu \
+    >"$OUT/verify.txt" 2>&1 || status=1
+tail -n 20 "$OUT/verify.txt" >&2
+
+echo "[3/3] served tiny target + draft with DDTREE" >&2
+timeout 420 "$VPY" scripts/gpu_check_series.py serve --models tests/data/models \
+    >"$OUT/serve.txt" 2>&1 || status=1
+grep '^GPU-SERVE:' "$OUT/serve.txt" >&2 || tail -n 40 "$OUT/serve.txt" >&2
+
+if [ "$status" -ne 0 ]; then
+    echo "gpu_check_series: FAILED (logs in $OUT)" >&2
+else
+    echo "gpu_check_series: passed (logs in $OUT)" >&2
+fi
+exit "$status"
