@@ -606,6 +606,18 @@ def find_sglang():
         raise AgentError("no-sglang", "this interpreter (%s) cannot find the sglang package" % sys.executable)
     pkg = list(spec.submodule_search_locations)[0]
     root = os.path.dirname(os.path.abspath(pkg))
+    # Fast path: the one dist-info beside the package (importlib.metadata costs ~50 ms to import).
+    infos = [n for n in os.listdir(root) if n.lower().startswith("sglang-") and n.endswith(".dist-info")]
+    if len(infos) == 1:
+        try:
+            with open(os.path.join(root, infos[0], "METADATA"), encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("Version:"):
+                        return root, line.split(":", 1)[1].strip(), "metadata"
+                    if not line.strip():
+                        break  # end of the headers
+        except OSError:
+            pass
     try:
         from importlib import metadata
 

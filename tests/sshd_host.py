@@ -171,6 +171,7 @@ class SSHServer:
                 "MaxStartups 50",
                 "MaxSessions 50",
                 "LogLevel ERROR",
+                "Subsystem sftp internal-sftp",
                 "",
             ])
         )
