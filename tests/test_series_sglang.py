@@ -145,17 +145,30 @@ def test_release_0_5_12_has_the_same_files(series):
 # In the host environment
 
 
-def test_patched_modules_import(series, patched_env, tmp_path):
+# The modules the issue names; every module the series touches or adds joins them.
+NAMED_MODULES = {"sglang.srt.speculative.spec_info", "sglang.srt.server_args",
+                 "sglang.srt.speculative.dflash_info", "sglang.srt.speculative.dflash_worker",
+                 "sglang.srt.speculative.ddtree_utils"}
+
+
+def _modules(series) -> set[str]:
+    return NAMED_MODULES | {
+        rel[: -len(".py")].replace("/", ".") for rel in series[0] if rel.endswith(".py")
+    }
+
+
+@pytest.fixture(scope="module")
+def import_probe(series, patched_env, tmp_path_factory):
     from sglang_host import write_kernel_standin
 
-    # The modules the issue names, plus every module the series touches or adds.
-    modules = {"sglang.srt.speculative.spec_info", "sglang.srt.server_args",
-               "sglang.srt.speculative.dflash_info", "sglang.srt.speculative.dflash_worker"}
-    modules |= {rel[: -len(".py")].replace("/", ".") for rel in series[0] if rel.endswith(".py")}
-    result = _probe(patched_env, "imports", *sorted(modules),
-                    pythonpath=write_kernel_standin(tmp_path))
+    standin = write_kernel_standin(tmp_path_factory.mktemp("standin"))
+    return _probe(patched_env, "imports", *sorted(_modules(series)), pythonpath=standin)
+
+
+def test_patched_modules_import(series, import_probe):
+    result = import_probe
     assert result["errors"] == {}, result
-    assert set(result["imported"]) == modules
+    assert set(result["imported"]) == _modules(series)
     algo = result["algorithm"]
     assert algo["from_string"] == "DDTREE"
     assert algo["ddtree_is_dflash"] and algo["ddtree_is_ddtree"]
@@ -165,6 +178,20 @@ def test_patched_modules_import(series, patched_env, tmp_path):
     assert "DDTREE does not support overlap" in algo["overlap_error"]
     assert "reserved" in algo["register_ddtree_error"]
     assert algo["plugin_is_ddtree"] is False
+
+
+def test_hybrid_gate_agrees_with_sglang_runtime(import_probe):
+    # Differential: the gate (server args, before any runner exists) and SGLang's
+    # ModelRunner.mambaish_config (what picks the recurrent backends at run time)
+    # classify every config class the release ships the same way.
+    views = import_probe["hybrid_views"]
+    disagree = {name: v for name, v in views.items() if v[0] != v[1]}
+    assert disagree == {}
+    hybrid = {name for name, v in views.items() if v[0]}
+    assert {"Qwen3NextConfig", "NemotronHConfig", "FalconH1Config", "KimiLinearConfig",
+            "GraniteMoeHybridConfig"} <= hybrid
+    assert {"LlamaConfig", "Qwen3MoeConfig", "GraniteMoeHybridConfig(attention only)"}.isdisjoint(hybrid)
+    assert len(views) > 30
 
 
 def test_launch_server_help_lists_ddtree_flags(patched_env):
@@ -228,6 +255,12 @@ def test_ddtree_explicit_values_and_revalidation(server_args_probe):
     assert server_args_probe["ddtree_revalidated"] == got
 
 
+def test_ddtree_verify_backend_follows_attention_mode(server_args_probe):
+    # Prefill on FA3 is fine when the tree is verified by the decode backend.
+    got = server_args_probe["ddtree_decode_mode_triton"]
+    assert got["ok"], got
+
+
 def test_ddtree_cli_flags_reach_server_args(server_args_probe):
     got = server_args_probe["ddtree_cli"]
     assert got["ok"], got
@@ -248,6 +281,7 @@ def test_ddtree_cli_flags_reach_server_args(server_args_probe):
         ("page_size", "DDTREE requires --page-size 1, got 16"),
         ("causal_verify_backend", "got 'fa3'"),
         ("no_draft_model", "DDTREE speculative decoding requires setting --speculative-draft-model-path"),
+        ("causal_decode_verify", "got 'fa3' (speculative_attention_mode=decode)"),
     ],
 )
 def test_ddtree_bad_values_refused(server_args_probe, case, needle):
@@ -342,6 +376,12 @@ def _probe_server_args(models: Path, *unused: str) -> dict:
         "refuse_page_size": make(page_size=16),
         "refuse_causal_verify_backend": make(attention_backend="fa3"),
         "refuse_no_draft_model": make(speculative_draft_model_path=None),
+        # Target verify runs on the decode backend in "decode" attention mode.
+        "refuse_causal_decode_verify": make(speculative_attention_mode="decode",
+                                            decode_attention_backend="fa3"),
+        "ddtree_decode_mode_triton": make(speculative_attention_mode="decode",
+                                          prefill_attention_backend="fa3",
+                                          decode_attention_backend="triton"),
         # Radix cache off: SGLang itself refuses speculative decoding on a Mamba
         # target with the no_buffer radix cache, before any DDTREE check runs.
         "hybrid_refused": make(model_path=hybrid, disable_radix_cache=True),
@@ -388,7 +428,37 @@ def _probe_imports(models: Path, *names: str) -> dict:
         algo["register_ddtree_error"] = ""
     except ValueError as exc:
         algo["register_ddtree_error"] = str(exc)
-    return {"imported": imported, "errors": errors, "algorithm": algo}
+    return {"imported": imported, "errors": errors, "algorithm": algo,
+            "hybrid_views": _hybrid_views()}
+
+
+def _hybrid_views() -> dict:
+    """For every config class SGLang ships (and a few plain transformers ones): does the
+    runtime (ModelRunner.mambaish_config) see a recurrent target, and does the DDTREE
+    gate? The runner's own property code runs on a runner SHELL (object.__new__: no
+    model, no device), given only the hf_config that property reads."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    import sglang.srt.configs as sglang_configs
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import _ddtree_recurrent_target
+
+    classes = [getattr(sglang_configs, n) for n in sglang_configs.__all__]
+    classes += [getattr(transformers, n) for n in ("LlamaConfig", "Qwen3Config", "Qwen3MoeConfig")]
+    configs = {cls.__name__: cls() for cls in classes}
+    # GraniteMoeHybrid is hybrid only when a layer is Mamba: both layouts.
+    configs["GraniteMoeHybridConfig(attention only)"] = sglang_configs.GraniteMoeHybridConfig(
+        layer_types=["attention", "attention"], num_hidden_layers=2)
+    views = {}
+    for name, config in configs.items():
+        shell = object.__new__(ModelRunner)
+        shell.model_config = SimpleNamespace(hf_config=config)
+        shell.is_draft_worker = False
+        views[name] = [shell.mambaish_config is not None,
+                       _ddtree_recurrent_target(config) is not None]
+    return views
 
 
 if __name__ == "__main__":
