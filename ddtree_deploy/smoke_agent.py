@@ -208,8 +208,26 @@ print(json.dumps({"ok": True, "fields": {k: getattr(obj, k, None) for k in spec.
 def level_cli(spec):
     argv = [sys.executable if a == "{python}" else a for a in spec["argv"]]
     timeout_s = float(spec.get("timeout_s", 180))
+    validate = spec.get("validate")
+    absent = [p for p in (validate or {}).get("needs_paths", []) if not os.path.exists(p)]
+    checked = {}
+    worker = None
+    if validate and not absent:
+        # Both children import SGLang's server args (seconds each): run them side by side.
+        import threading
+
+        def check():
+            try:
+                checked["result"] = _validate(validate, timeout_s)
+            except LevelFailed as exc:
+                checked["error"] = exc
+
+        worker = threading.Thread(target=check, daemon=True)
+        worker.start()
     with tempfile.TemporaryDirectory(prefix="ddtree-smoke-") as cwd:
         rc, out = _run(argv, timeout_s, cwd)
+    if worker is not None:
+        worker.join()
     if rc is None:
         raise LevelFailed(f"{' '.join(argv[1:])} timed out after {timeout_s:g} s", {"output": _tail(out)})
     if rc != 0:
@@ -221,14 +239,14 @@ def level_cli(spec):
         )
     evidence = {"flags": spec.get("expect", [])}
     detail = f"help lists {len(evidence['flags'])} DDTree flags"
-    validate = spec.get("validate")
     if validate:
-        absent = [p for p in validate.get("needs_paths", []) if not os.path.exists(p)]
         if absent:
             evidence["validation"] = {"skipped": "model files not on the host: " + ", ".join(absent)}
             detail += "; ServerArgs validation skipped (model files not on the host)"
+        elif "error" in checked:
+            raise checked["error"]
         else:
-            evidence["validation"] = _validate(validate, timeout_s)
+            evidence["validation"] = checked["result"]
             detail += f"; {validate['function']} accepts the launch arguments"
     return detail, evidence
 

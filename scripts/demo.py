@@ -1,11 +1,15 @@
-"""`make demo`, interim: snapshot a PyPI release of SGLang and check the series against it.
+"""`make demo`: the whole job against a sandbox host built on this machine, then cleaned up.
 
-Until the deploy commands land (push, smoke, rollback), the demo shows the
-first two steps of a deploy on real release files: take the snapshot, then
-apply the series in memory and byte-compile the results. While the real DDTree
-series (patches/sglang-0.5.12) is incomplete, it says so and runs the small test
-series from tests/data instead, with its snapshots in a temporary folder so the
-committed manifests are left alone. Each command is printed before it runs.
+1. A sandbox "GPU host" without the GPU: a Python environment holding the real SGLang
+   0.5.12.post1 files from the PyPI wheel (cached after the first download, so the demo
+   runs offline afterwards), importing the rest of SGLang's CPU dependencies from this
+   project's venv. It is reached through a real OpenSSH sshd on loopback when one can be
+   started here, else through the local transport (said on screen).
+2. The real commands, each printed before it runs, with their real output:
+   check -> push (the smoke levels the sandbox supports: compile, import, cli; launch
+   needs a GPU) -> status -> rollback -> status.
+3. Everything it made (sshd, sandbox, snapshots) lives in one temporary folder, removed
+   at the end whatever happened; the repository is left as it was.
 """
 
 from __future__ import annotations
@@ -15,51 +19,126 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import textwrap
+import time
 from pathlib import Path
 
-from ddtree_deploy.errors import BadInput
-from ddtree_deploy.series import families, load_family, pick_family
-
 REPO = Path(__file__).resolve().parent.parent
-VERSION = "0.5.12.post1"  # the baseline release the series is made against
+sys.path.insert(0, str(REPO / "tests"))  # the sandbox builders are the test suite's own
+
+from ddtree_deploy import releases  # noqa: E402
+from ddtree_deploy.errors import DeployError  # noqa: E402
+
+VERSION = "0.5.12.post1"  # the release the DDTree series is made against
+MODELS = REPO / "tests" / "data" / "models"  # tiny model CONFIGS (no weights): enough for validation
+# The import level skips the worker module: it imports sgl_kernel, which needs CUDA libraries.
+NO_CUDA = "sglang.srt.speculative.dflash_worker"
 
 
-def real_series_problem() -> str | None:
-    """None when the family for VERSION loads; else why not (one line)."""
-    try:
-        load_family(pick_family(VERSION, families()).folder)
-    except BadInput as exc:
-        return exc.message
-    return None
+def say(text: str = "") -> None:
+    print(text, flush=True)
 
 
-def run(args: list[str], overrides: dict[str, str]) -> int:
-    shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in overrides.items())
-    print(f"\n$ {shown + ' ' if shown else ''}{shlex.join(['ddtree-deploy', *args])}", flush=True)
+def run(args: list[str], env: dict[str, str]) -> int:
+    say(f"\n$ {shlex.join(['ddtree-deploy', *args])}")
     exe = Path(sys.executable).parent / "ddtree-deploy"
-    return subprocess.run([str(exe), *args], env={**os.environ, **overrides}, cwd=REPO).returncode
+    return subprocess.run([str(exe), *args], env=env, cwd=REPO).returncode
+
+
+def smoke_table() -> str:
+    return textwrap.dedent(f"""
+        [smoke]
+        levels = ["compile", "import", "cli"]   # no GPU in the sandbox: no launch level
+        import_exclude = ["{NO_CUDA}"]          # needs CUDA libraries to import
+        timeout_s = 120
+
+        [smoke.launch]
+        # Read by the cli level's validation (the launch level itself is not run here).
+        model = "{MODELS / 'tiny-llama'}"
+        draft_model = "{MODELS / 'tiny-dflash-draft'}"
+        budget = 32
+        extra_args = ["--device", "cpu", "--attention-backend", "triton", "--skip-tokenizer-init"]
+        gpu = false
+    """)
+
+
+def start_sshd(workdir: Path):
+    """A loopback sshd for the sandbox, or (None, why not)."""
+    from sshd_host import SSHServer
+
+    server = SSHServer(workdir)
+    try:
+        server.start()
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        server.stop()
+        return None, str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    return server, None
+
+
+def write_inventory(tmp: Path, python: Path, sshd) -> Path:
+    state = tmp / "host-state"
+    host = f'[host]\npython = "{python}"\nstate_dir = "{state}"\n'
+    if sshd is None:
+        head = 'transport = "local"\n'
+    else:
+        head = textwrap.dedent(f"""
+            [ssh]
+            host = "127.0.0.1"
+            user = "{sshd.user}"
+            port = {sshd.port}
+            identity_file = "{sshd.identity}"
+            known_hosts = "{sshd.known_hosts}"
+            ssh_config = "{sshd.ssh_config}"
+            connect_timeout = 5
+        """)
+    path = tmp / "hosts" / "sandbox.toml"
+    path.parent.mkdir()
+    path.write_text(head + host + smoke_table())
+    return path
 
 
 def main() -> int:
-    print("ddtree-deploy demo (interim): until push/smoke/rollback land, this takes a snapshot of "
-          f"SGLang {VERSION} from PyPI and checks the DDTree series against it.")
-    overrides: dict[str, str] = {}
-    problem = real_series_problem()
-    with tempfile.TemporaryDirectory(prefix="ddtree-demo-") as tmp:
-        if problem is not None:
-            print(f"note: the real DDTree series is not complete yet ({problem}).\n"
-                  "      Running the test series from tests/data instead (snapshots in a temp folder).")
-            overrides = {
-                "DDTREE_DEPLOY_PATCHES": "tests/data/patches",
-                "DDTREE_DEPLOY_PAYLOAD": "tests/data/payload",
-                "DDTREE_DEPLOY_SNAPSHOT": tmp,
-            }
-        for args in (["snapshot", "release", VERSION], ["check", "--release", VERSION]):
-            rc = run(args, overrides)
-            if rc != 0:
-                print(f"demo: `ddtree-deploy {' '.join(args)}` exited {rc}", file=sys.stderr)
-                return rc
-    print("\ndemo: done (exit 0).")
+    started = time.monotonic()
+    say(f"ddtree-deploy demo: deploy the DDTree series into SGLang {VERSION} on a sandbox host, "
+        "smoke it, roll it back.")
+    try:
+        wheel = releases.ensure_wheel(VERSION)
+    except DeployError as exc:
+        say(f"demo: cannot get the SGLang {VERSION} wheel: {exc.message}")
+        return 1
+    say(f"SGLang wheel: {wheel}")
+    with tempfile.TemporaryDirectory(prefix="ddtree-demo-") as name:
+        tmp = Path(name)
+        from sglang_host import make_host_env
+
+        env = make_host_env(tmp / "sandbox-env")
+        say(f"sandbox host: {env.python} (SGLang {VERSION} files in {env.site_packages})")
+        sshd, why = start_sshd(tmp / "sshd")
+        try:
+            if sshd is None:
+                say(f"transport: LOCAL (no loopback sshd here: {why})")
+            else:
+                say(f"transport: SSH to a real sshd on 127.0.0.1:{sshd.port} (loopback, its own keys)")
+            inventory = str(write_inventory(tmp, env.python, sshd))
+            # Snapshots go to the sandbox too: the repository's snapshot/ is left alone.
+            cli_env = {**os.environ, "DDTREE_DEPLOY_SNAPSHOT": str(tmp / "snapshot")}
+            steps = [
+                ["check", "--release", VERSION],
+                ["push", "--host", inventory],
+                ["smoke", "--host", inventory],
+                ["status", "--host", inventory],
+                ["rollback", "--host", inventory],
+                ["status", "--host", inventory],
+            ]
+            for args in steps:
+                rc = run(args, cli_env)
+                if rc != 0:
+                    say(f"\ndemo: `ddtree-deploy {args[0]}` exited {rc}")
+                    return rc
+        finally:
+            if sshd is not None:
+                sshd.stop()
+    say(f"\ndemo: done in {time.monotonic() - started:.0f} s; the sandbox and its sshd are gone.")
     return 0
 
 
