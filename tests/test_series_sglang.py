@@ -2,11 +2,12 @@
 
 The series (patches/sglang-0.5.12/) is applied in memory by the toolkit's check layer
 to the release wheel's own files (every hunk exact; GNU patch and git apply, the
-oracles, must give the same bytes), the results are overlaid on a host environment (tests/sglang_host.py: a venv with the wheel
-installed), and the host interpreter then runs the probes at the bottom of this file
-in subprocesses: imports, the launch_server CLI, and real ``ServerArgs`` validation on
-tiny config-only model folders (tests/data/models/). A pristine host environment runs
-the same DFLASH case as the baseline.
+oracles, must give the same bytes). The results are overlaid on a host environment
+(tests/sglang_host.py: a venv with the wheel installed), whose interpreter runs the
+probes at the bottom of this file in subprocesses: imports, the launch_server CLI,
+real ``ServerArgs`` validation on tiny config-only model folders (tests/data/models/),
+and the hybrid gate against SGLang's own runtime test. A pristine host environment runs
+the same ServerArgs cases as the baseline.
 
 The one stand-in: ``sgl_kernel`` (SGLang's CUDA kernel package cannot load without a
 GPU) for the import probe only; see sglang_host.write_kernel_standin.
