@@ -265,6 +265,19 @@ class SmokePlan:
     excluded_modules: tuple[str, ...] = ()
 
 
+def choose_levels(settings: SmokeSettings, levels: Sequence[str] | None, *,
+                  source: str | None = None) -> tuple[str, ...]:
+    """The levels to run, in their fixed order: those asked for, else the host's."""
+    chosen = tuple(levels) if levels else settings.levels
+    for level in chosen:
+        if level not in LEVELS:
+            raise BadInput(f"unknown smoke level {level!r}; levels are {', '.join(LEVELS)}")
+    if "launch" in chosen and settings.launch is None:
+        raise BadInput(f"{source or '<inventory>'}: the launch level needs a [smoke.launch] table "
+                       "(model, draft_model, port...)")
+    return tuple(sorted(set(chosen), key=LEVELS.index))
+
+
 def plan_smoke(
     settings: SmokeSettings,
     *,
@@ -281,13 +294,7 @@ def plan_smoke(
     keeps the server's log on the host; ``levels``: a subset chosen on the command line.
     """
     where = source or "<inventory>"
-    chosen = tuple(levels) if levels else settings.levels
-    for level in chosen:
-        if level not in LEVELS:
-            raise BadInput(f"unknown smoke level {level!r}; levels are {', '.join(LEVELS)}")
-    chosen = tuple(sorted(set(chosen), key=LEVELS.index))
-    if "launch" in chosen and settings.launch is None:
-        raise BadInput(f"{where}: the launch level needs a [smoke.launch] table (model, draft_model, port...)")
+    chosen = choose_levels(settings, levels, source=source)
     py_files = [p for p in touched_paths if p.endswith(".py")]
     modules = [m for m in map(module_name, py_files) if m]
     excluded = tuple(m for m in modules if m in settings.import_exclude)
@@ -612,6 +619,7 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
     from ddtree_deploy.series import load_family
 
     settings = parse_settings(host.smoke, source=host.source)
+    choose_levels(settings, levels, source=host.source)  # bad input stops here, before any connection
     progress("read the host's journal")
     doc = deploy.status(host, make_transport())
     if doc["phase"] != "deployed" or not doc["series"]:
