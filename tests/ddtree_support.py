@@ -7,8 +7,10 @@ shadow a real `sglang`). DDTREE_TEST_DEVICE=cuda runs the tests on a GPU.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +99,29 @@ def perturbed_copy(model, scale: float, seed: int):
     return draft
 
 
+@contextmanager
+def one_thread():
+    """Tiny models: torch's intra-op threads only add overhead (and oversubscribe a shared
+    CI machine); restored afterwards so nothing else in the process is affected."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def tiny_model_run(fn):
+    """Decorator: no autograd, one intra-op thread (see one_thread)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with torch.no_grad(), one_thread():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 @dataclass
 class DecodeResult:
     tokens: list[int]
@@ -110,7 +135,7 @@ def _gap(logits: torch.Tensor) -> float:
     return float((top[..., 0] - top[..., 1]).min())
 
 
-@torch.no_grad()
+@tiny_model_run
 def greedy_decode(model, prompt: list[int], num_tokens: int) -> DecodeResult:
     """Plain greedy decoding with a DynamicCache: one target forward per token."""
     from transformers import DynamicCache
@@ -136,16 +161,18 @@ def draft_marginals(draft, context: list[int], depth: int) -> torch.Tensor:
     model is run along its own greedy chain (position d's distribution conditioned on the
     draft's argmax at depths < d), which gives per-position marginals of the same shape.
     """
-    seq = list(context)
-    rows = []
-    for _ in range(depth):
-        logits = draft(input_ids=torch.tensor([seq])).logits[0, -1]
-        rows.append(logits)
-        seq.append(int(logits.argmax()))
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    logits = draft(input_ids=torch.tensor([context]), past_key_values=cache, use_cache=True)
+    rows = [logits.logits[0, -1]]
+    for _ in range(depth - 1):
+        nxt = rows[-1].argmax().view(1, 1)
+        rows.append(draft(input_ids=nxt, past_key_values=cache, use_cache=True).logits[0, -1])
     return torch.stack(rows)
 
 
-@torch.no_grad()
+@tiny_model_run
 def ddtree_decode(
     target, draft, prompt: list[int], num_tokens: int, budget: int, depth: int
 ) -> DecodeResult:
