@@ -566,6 +566,18 @@ class _Probe:
             commit_lens=commit,
         )
         assert seen["last_correct_step_indices"].tolist() == [2, 0, 3], "DFLASH unchanged"
+        # Mamba tracking (extra buffer): the committed step that crosses a tracking point
+        # is a path position; the state to track is at that path node's tree index.
+        worker.server_args = Worker()
+        worker.server_args.mamba_track_interval = 4
+        batch.mamba_track_indices = torch.tensor([0, 1, 2])
+        batch.seq_lens = torch.tensor([8, 6, 9])  # after the commit of 3, 1, 4 tokens
+        for nodes, expect in ((path, [7, -1, 5]), (None, [2, -1, 2])):
+            DFlashWorker._update_target_mamba_state_after_verify(
+                worker, batch=batch, seq_lens_pre_verify=torch.tensor([5, 5, 5]),
+                commit_lens=commit, committed_path_nodes=nodes,
+            )
+            assert seen["mamba_steps_to_track"].tolist() == expect, seen
 
 
 def _main(args: list[str]) -> int:
