@@ -160,7 +160,7 @@ def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[d
         try:
             progress("check")
             desired = desire(facts)
-            out.plan = plan = plan_push(host.name, desired, _hashes(facts))
+            out.plan = plan = plan_push(host.name, desired, _hashes(facts), facts["journal"])
         except DeployError:
             if not dry_run:
                 _finish(sess, None)

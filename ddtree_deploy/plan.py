@@ -108,15 +108,34 @@ def drift_error(host: str, bad: list[tuple[str, FileState]], source: str, *, hin
                        code="drift", hint=hint)
 
 
-def plan_push(host: str, desired: Desired, current: dict[str, str | None]) -> Plan:
-    """Every target goes to its patched version; refuse if any is drifted or missing."""
-    steps, bad = [], []
+def plan_push(host: str, desired: Desired, current: dict[str, str | None], journal: dict | None = None) -> Plan:
+    """Every target goes to its patched version; refuse if any is drifted or missing.
+
+    A file holding the patched version of *another* series (as the host's journal records
+    it) is not drift but a different deployment: refuse with the way out (roll back first),
+    so that backups only ever hold pristine files and no file of the old series is orphaned.
+    """
+    recorded = (journal or {}).get("files", {})
+    steps, bad, other = [], [], []
     for t in desired.targets:
         have = current.get(t.path)
         state = classify(have, t.pristine, t.patched)
         if state in (FileState.DRIFTED, FileState.MISSING):
-            bad.append((t.path, state))
+            if have is not None and have == recorded.get(t.path, {}).get("patched"):
+                other.append(t.path)
+            else:
+                bad.append((t.path, state))
         steps.append(FileStep(t.path, state, have, t.patched))
+    for path, entry in recorded.items():  # patched by the old series, untouched by this one
+        if path not in {t.path for t in desired.targets} and current.get(path) == entry.get("patched") \
+                and entry.get("patched") != entry.get("pristine"):
+            other.append(path)
+    if other:
+        j = journal or {}
+        raise DeployError(
+            f"{host}: series {j.get('series')} ({str(j.get('series_id'))[:12]}) is deployed there, not "
+            f"{desired.series} ({desired.series_id[:12]}): {', '.join(sorted(other))} hold its patched versions",
+            code="other-series", hint=f"`ddtree-deploy rollback --host {host}` first, then push")
     if bad:
         raise drift_error(host, bad, f"the snapshot ({desired.snapshot})",
                           hint=f"`ddtree-deploy snapshot pull --host {host}` records the host's files as the new "

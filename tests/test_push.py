@@ -337,3 +337,20 @@ def test_several_hosts_report_separately(host, sshd, tmp_path, oracle):
     assert [r["ok"] for r in doc["hosts"]] == [True, False]
     assert doc["hosts"][1]["error"]["code"] == "drift"
     assert files_of(host) == patched and broken.read(ADDED) is None
+
+
+def test_another_series_deployed_needs_a_rollback_first(host, oracle, tmp_path):
+    pristine, patched = oracle
+    ok("push", "--host", host.name)
+    newer = _family(tmp_path, 0)
+    first = newer / "0001-spec-info-enum.patch"
+    first.write_text(first.read_text().replace("a tree-shaped variant", "a newer tree-shaped variant"))
+    refused = cli("push", "--host", host.name, "--family", str(newer))
+    assert refused.exit_code == 1
+    assert "series sglang-0.5.12" in refused.stderr and f"{SPEC}" in refused.stderr
+    assert "rollback --host" in refused.stderr and files_of(host) == patched
+    ok("rollback", "--host", host.name)
+    ok("push", "--host", host.name, "--family", str(newer))
+    assert b"a newer tree-shaped variant" in host.read(SPEC) and host.read(UTILS) == patched[UTILS]
+    ok("rollback", "--host", host.name)
+    assert files_of(host) == pristine
