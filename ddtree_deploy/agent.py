@@ -376,6 +376,7 @@ class Agent(object):
                     % (f["path"], short(have), short(f["expect"])),
                     path=f["path"],
                 )
+        self.preflight(targets)
         self.sweep_leftovers([p for _f, p in targets])
         journal = dict(request["journal"])
         journal.update(version=JOURNAL_VERSION, run_id=run_id, op=request["kind"])
@@ -415,6 +416,20 @@ class Agent(object):
         pruned = self.prune_backups(int(request.get("keep_backups", 5)), keep=(backup_id,))
         return {"backup_id": backup_id, "switched": switched, "purged": purged,
                 "pruned": pruned, "verified": len(targets)}
+
+    def preflight(self, targets):
+        """Refuse before any write what would fail half-way: unwritable folders, owners we cannot keep."""
+        euid = os.geteuid()
+        for f, path in targets:
+            d = os.path.dirname(path)
+            if not os.path.isdir(d):
+                raise AgentError("preflight", "%s: folder %s does not exist" % (f["path"], d))
+            if not os.access(d, os.W_OK | os.X_OK):
+                raise AgentError("permission", "%s: cannot write in %s as uid %d; set sudo = true in the inventory"
+                                 % (f["path"], d, euid))
+            if os.path.exists(path) and euid != 0 and os.stat(path).st_uid != euid:
+                raise AgentError("permission", "%s: owned by uid %d, cannot keep its owner as uid %d; "
+                                 "set sudo = true in the inventory" % (f["path"], os.stat(path).st_uid, euid))
 
     def hook(self, name):
         if self.hooks.get(name):

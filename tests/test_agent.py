@@ -7,6 +7,7 @@ is tested directly, including its test hooks that kill it at a step.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -281,3 +282,25 @@ def test_killed_mid_switch_then_rerun_completes_from_older_backup(env):
     for rel, data in originals.items():
         blob = state / "backups" / reply["backup_id"] / manifest["files"][rel]["blob"]
         assert blob.read_bytes() == data
+
+
+def test_preflight_refuses_before_any_write(env):
+    h, root = env
+    before = (root / SPEC).read_bytes()
+    with session(h) as sess:
+        _i, _l, facts = opened(sess, h, paths=(SPEC, "sglang/srt/no_such_folder/x.py"))
+        data = b"X = 1\n"
+        reply = sess.one({
+            "op": "apply", "kind": "push", "run_id": "run-a", "make_backup": True, "final_phase": "deployed",
+            "journal": {}, "backup": [{"path": SPEC, "pristine": facts["files"][SPEC]["sha256"]}],
+            "files": [
+                {"path": SPEC, "expect": facts["files"][SPEC]["sha256"], "want": sha256(data),
+                 "data": base64.b64encode(data).decode()},
+                {"path": "sglang/srt/no_such_folder/x.py", "expect": None, "want": sha256(data),
+                 "data": base64.b64encode(data).decode()},
+            ],
+        })
+    assert not reply["ok"] and reply["code"] == "preflight" and "no_such_folder" in reply["message"]
+    assert (root / SPEC).read_bytes() == before
+    state = Path(h.state_dir)
+    assert not (state / "backups").exists() and not (state / "journal.json").exists()
