@@ -265,6 +265,15 @@ class SmokePlan:
     excluded_modules: tuple[str, ...] = ()
 
 
+def check_settings(host) -> SmokeSettings:
+    """The host's ``[smoke]`` settings, checked whole (launch template included) BEFORE a
+    push changes anything: a typo there must not surface only after the switch."""
+    settings = parse_settings(host.smoke, source=host.source)
+    if settings.launch is not None and (settings.launch.model is not None or settings.launch.command):
+        launch_argv(settings.launch, source=host.source)
+    return settings
+
+
 def choose_levels(settings: SmokeSettings, levels: Sequence[str] | None, *,
                   source: str | None = None) -> tuple[str, ...]:
     """The levels to run, in their fixed order: those asked for, else the host's."""

@@ -39,8 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 
 READY_LINE = "The server is fired up and ready to roll!"
 # Output kept in an answer: enough to see the error, small enough to ship back.
@@ -308,6 +306,10 @@ def _port_open(host, port):
 
 def _http(method, url, body=None, timeout=10.0):
     """(status, parsed JSON or text); status None when nothing answered."""
+    # Imported here: only the launch level talks HTTP, and urllib costs the others ~0.1 s.
+    import urllib.error
+    import urllib.request
+
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
