@@ -8,6 +8,7 @@ the worst one.
 
 from __future__ import annotations
 
+import time
 from typing import Callable, List, Optional
 
 import typer
@@ -48,12 +49,17 @@ def _desire(host: Host, choose: Callable, forced: bool):
     return lambda facts: desired_for(choose(facts), host.name, facts, forced=forced)
 
 
-def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable[[Host], dict]) -> None:
-    """Run ``run`` per host; print each result; one failure never hides the other hosts."""
+def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable[[Host, Callable], dict]) -> None:
+    """Run ``run`` per host with live progress; one failure never hides the other hosts."""
     results, worst = [], 0
     for host in hosts:
         try:
-            results.append(run(host))
+            with err.status(f"{host.name}: starting") as spinner:
+                steps = _Steps(host.name, spinner)
+                try:
+                    results.append(run(host, steps))
+                finally:
+                    steps.finish()
         except DeployError as exc:
             if len(hosts) == 1:
                 raise
@@ -68,8 +74,24 @@ def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable
         raise typer.Exit(worst)
 
 
-def _progress(host: Host) -> Callable[[str], None]:
-    return lambda step: err.print(f"[dim]{host.name}:[/] {step}", highlight=False)
+class _Steps:
+    """Progress on stderr: a live spinner for the running step, a timed line for each finished one."""
+
+    def __init__(self, host: str, spinner):
+        self.host, self.spinner = host, spinner
+        self.step: str | None = None
+        self.started = time.monotonic()
+
+    def __call__(self, step: str) -> None:
+        self.finish()
+        self.step, self.started = step, time.monotonic()
+        self.spinner.update(f"{self.host}: {step}")
+
+    def finish(self) -> None:
+        if self.step is not None:
+            err.print(f"[dim]{self.host}:[/] {self.step} [dim]({time.monotonic() - self.started:.2f} s)[/]",
+                      highlight=False)
+            self.step = None
 
 
 def _print_plan(outcome: deploy.Outcome) -> None:
@@ -106,9 +128,9 @@ def push(
     hosts = [load_host(n) for n in host]  # every inventory parses before the series, and any connection
     paths, choose, forced = _series_chooser(family)
 
-    def run(h: Host) -> dict:
+    def run(h: Host, progress) -> dict:
         outcome = deploy.push(h, transport_for(h, trust_new_host=trust_new_host), paths, _desire(h, choose, forced),
-                              dry_run=dry_run, break_lock=break_lock, progress=_progress(h))
+                              dry_run=dry_run, break_lock=break_lock, progress=progress)
         return _summary(outcome, json_output, show_plan=dry_run or outcome.changed)
 
     _each_host(hosts, "push", json_output, run)
@@ -127,9 +149,9 @@ def rollback(
     """Restore a backup through the same staged, verified switch; every file checked by sha256."""
     hosts = [load_host(n) for n in host]
 
-    def run(h: Host) -> dict:
+    def run(h: Host, progress) -> dict:
         outcome = deploy.rollback(h, transport_for(h, trust_new_host=trust_new_host), to=to, dry_run=dry_run,
-                                  break_lock=break_lock, progress=_progress(h))
+                                  break_lock=break_lock, progress=progress)
         return _summary(outcome, json_output, show_plan=dry_run or outcome.changed)
 
     _each_host(hosts, "rollback", json_output, run)
@@ -153,8 +175,9 @@ def status(
                   highlight=False, soft_wrap=True)
         paths, choose, forced = [], None, False
 
-    def run(h: Host) -> dict:
+    def run(h: Host, progress) -> dict:
         desire = _desire(h, choose, forced) if choose else None
+        progress("read state")
 
         def expected(facts: dict):
             try:
