@@ -89,7 +89,8 @@ class _Probe:
 
     # -- real SGLang pieces ------------------------------------------------------------
 
-    def batch(self, prefix_lens, *, max_new_tokens=1000, sampling=None, vocab=64):
+    def batch(self, prefix_lens, *, max_new_tokens=1000, sampling=None, vocab=64,
+              max_context_len=256, kv_slots=4096):
         """A decode ScheduleBatch whose requests hold `prefix_lens` committed tokens."""
         torch = self.torch
         from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -105,10 +106,11 @@ class _Probe:
         bs = len(prefix_lens)
         dev = self.device
         req_to_token_pool = ReqToTokenPool(
-            size=bs + 2, max_context_len=256, device=dev, enable_memory_saver=False
+            size=bs + 2, max_context_len=max_context_len, device=dev,
+            enable_memory_saver=False,
         )
         allocator = TokenToKVPoolAllocator(
-            size=max(4096, 64 * bs), dtype=torch.float16, device=dev, kvcache=None,
+            size=max(kv_slots, 64 * bs), dtype=torch.float16, device=dev, kvcache=None,
             need_sort=False,
         )
         cache = ChunkCache(CacheInitParams(
