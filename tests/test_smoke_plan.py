@@ -189,3 +189,12 @@ def test_malformed_answers_are_deploy_errors(answer, message):
     with pytest.raises(DeployError) as exc:
         smoke.read_answer("gpu1", plan, answer)
     assert exc.value.message == message
+
+
+def test_check_settings_catches_template_mistakes_before_any_push():
+    host = parse_host('[host]\npython = "/p"\n[ssh]\nhost = "gpu1"\n[smoke.launch]\nmodel = "/m"\n'
+                      'command = ["{python}", "x", "--topk", "{topk}"]\n', name="gpu1", source=SRC)
+    with pytest.raises(BadInput, match=r"key smoke.launch.topk: not set, but the launch command uses \{topk\}"):
+        smoke.check_settings(host)
+    fine = parse_host('[host]\npython = "/p"\n[ssh]\nhost = "gpu1"\n' + GPU_HOST, name="gpu1", source=SRC)
+    assert smoke.check_settings(fine).levels == ("compile", "import", "cli", "launch")
