@@ -203,6 +203,7 @@ class ReleaseRow:
     compile_errors: tuple[str, ...] = ()  # "sglang/x.py:12: invalid syntax"
     facts: ReleaseFacts | None = None
     why: str = ""  # release facts and probe result, for people
+    smoke: tuple[tuple[str, str, str], ...] = ()  # --import: (level, status, detail) each
 
     @property
     def applies(self) -> bool:
@@ -210,10 +211,23 @@ class ReleaseRow:
         return self.family is not None and all(c.ok for c in self.cells) and not self.compile_errors
 
     @property
+    def smoke_ok(self) -> bool:
+        """No smoke level failed (true when none ran)."""
+        return all(status != "failed" for _, status, _ in self.smoke)
+
+    @property
     def verdict(self) -> str:
         if self.coverage is Coverage.IN_RANGE:
-            return "ok" if self.applies else "failed"
+            return "ok" if self.applies and self.smoke_ok else "failed"
         return self.coverage.value
+
+    def smoke_text(self) -> str:
+        if not self.smoke:
+            return "-"
+        failed = [level for level, status, _ in self.smoke if status == "failed"]
+        if failed:
+            return "/".join(failed) + " failed"
+        return "passed" if all(status == "passed" for _, status, _ in self.smoke) else "skipped"
 
     def compile_text(self) -> str:
         if self.family is None:
@@ -233,6 +247,7 @@ class ReleaseRow:
             "compile_errors": list(self.compile_errors),
             "facts": self.facts.to_json() if self.facts else None,
             "why": self.why,
+            "smoke": [{"level": lv, "status": st, "detail": d} for lv, st, d in self.smoke],
         }
 
 
@@ -254,6 +269,7 @@ class Timings:
     total: float = 0.0
     check_cpu: float = 0.0
     compile_cpu: float | None = None
+    smoke: float = 0.0  # --import: throwaway venvs and their smoke levels
 
     def to_json(self) -> dict:
         return {k: (None if v is None else round(v, 3)) for k, v in self.__dict__.items()}
@@ -263,6 +279,8 @@ class Timings:
             f"{self.total:.1f} s: listing {self.listing:.1f} s, download {self.download:.1f} s, "
             f"apply+compile {self.check:.1f} s, report {self.report:.2f} s"
         )
+        if self.smoke:
+            text += f", import smoke {self.smoke:.1f} s"
         if self.compile_cpu is not None:
             text += (f" (worker CPU: read+apply {self.check_cpu - self.compile_cpu:.2f} s, "
                      f"byte-compile {self.compile_cpu:.2f} s)")
@@ -315,7 +333,9 @@ class Matrix:
     def table(self) -> tuple[list[str], list[list[str]]]:
         """Header and rows of strings for a text table (the CLI renders them)."""
         columns = self.columns()
-        header = ["release", "family", *map(short_entry, columns), "compile", "verdict", "why"]
+        smoked = any(row.smoke for row in self.rows)
+        header = ["release", "family", *map(short_entry, columns), "compile", *(["import"] if smoked else []),
+                  "verdict", "why"]
         body = []
         for row in self.rows:
             by_entry = {c.entry: c for c in row.cells}
@@ -323,7 +343,8 @@ class Matrix:
             for name in columns:
                 cell = by_entry.get(name)
                 cells.append(cell.short() if cell else ("no family" if row.family is None else "-"))
-            body.append([row.version, row.family or "-", *cells, row.compile_text(), row.verdict, row.why])
+            smoke = [row.smoke_text()] if smoked else []
+            body.append([row.version, row.family or "-", *cells, row.compile_text(), *smoke, row.verdict, row.why])
         return header, body
 
     def details(self) -> list[str]:
@@ -335,6 +356,9 @@ class Matrix:
                     lines.append(f"{row.version} [{row.family}] {cell.entry}: {cell.note}")
             for error in row.compile_errors:
                 lines.append(f"{row.version} [{row.family}] compile: {error}")
+            for level, status, detail in row.smoke:
+                if status == "failed":
+                    lines.append(f"{row.version} [{row.family}] {level}: {detail}")
         return lines
 
     def to_json(self) -> dict:

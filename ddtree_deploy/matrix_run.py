@@ -28,6 +28,7 @@ from ddtree_deploy.check import check_series, compile_check
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.locations import repo_dir
 from ddtree_deploy.matrix import Coverage, Matrix, ReleaseRow, Timings, assign, cell_from_entry, sort_rows
+from ddtree_deploy.matrix_import import smoke_releases
 from ddtree_deploy.release_facts import ReleaseFacts, describe, facts_from_names
 from ddtree_deploy.series import FamilyInfo, PatchEntry, Series, families, load_family, read_family_info
 
@@ -204,6 +205,7 @@ def run_matrix(
     progress: Progress | None = None,
     warn: Warn = lambda message: None,
     measure_compile: bool = False,
+    import_smoke: bool = False,
 ) -> Matrix:
     """The series against every SGLang release in [from, to]; see ``matrix`` for the rules."""
     t0 = time.perf_counter()
@@ -263,9 +265,17 @@ def run_matrix(
                     progress("apply", n, len(jobs_list))
     t3 = time.perf_counter()
 
+    smokes = {}
+    ts = time.perf_counter()
+    if import_smoke:
+        # Only where the series applied and compiled: an env for a broken series proves nothing.
+        todo = [(r.version, wheels[r.version], loaded[plan[r.version][0].folder]) for r in rows if r.applies]
+        smokes = smoke_releases(sorted(todo, key=lambda t: Version(t[0])), fuzz=fuzz, progress=progress)
+    smoke_seconds = time.perf_counter() - ts
     history = [r.facts for r in rows if r.facts is not None]
     rows = [
-        ReleaseRow(r.version, r.family, r.coverage, r.cells, r.compile_errors, r.facts, _why(r, history))
+        ReleaseRow(r.version, r.family, r.coverage, r.cells, r.compile_errors, r.facts, _why(r, history),
+                   smokes[r.version].levels if r.version in smokes else ())
         for r in rows
     ]
     rows = sort_rows(rows)
@@ -274,7 +284,8 @@ def run_matrix(
         listing=t1 - t0,
         download=t2 - t1,
         check=t3 - t2,
-        report=t4 - t3,
+        report=t4 - t3 - smoke_seconds,
+        smoke=smoke_seconds,
         total=t4 - t0,
         check_cpu=check_cpu,
         compile_cpu=compile_cpu if measure_compile else None,

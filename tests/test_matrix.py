@@ -370,3 +370,49 @@ def test_the_ci_workflow_runs_the_matrix_command_with_options_it_has():
     assert {"--markdown", "--json"} <= used
     # The markdown report is what the job summary shows.
     assert any("sglang-compat.md" in r and "GITHUB_STEP_SUMMARY" in r for r in runs)
+
+
+# --- --import: throwaway CPU virtualenvs ---------------------------------------------------
+
+
+@pytest.mark.sglang_env
+def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_import(
+        release_wheel, monkeypatch, tmp_path):
+    """Two families split 0.5.12 and 0.5.12.post1: the test family, and the same plus a patch
+    that compiles but imports a module that does not exist. Real wheels, real venvs, the real
+    smoke program; dflash_worker.py is left out of the import level on CPU because the
+    unpatched release cannot import it here either (sgl_kernel is CUDA-only)."""
+    from ddtree_deploy import port
+
+    try:
+        releases.ensure_wheel("0.5.12")
+    except DeployError as exc:
+        pytest.skip(f"0.5.12 wheel not cached and PyPI unreachable: {exc.message}")
+    patches = tmp_path / "patches"
+    good = patches / "good"
+    shutil.copytree(TEST_FAMILY / "patches" / "sglang-0.5.12", good)
+    (good / "family.toml").write_text('sglang = "==0.5.12"\n')
+    bad = patches / "bad"
+    shutil.copytree(TEST_FAMILY / "patches" / "sglang-0.5.12", bad)
+    (bad / "family.toml").write_text('sglang = "==0.5.12.post1"\n')
+    spec = "sglang/srt/speculative/spec_info.py"
+    old = releases.read_wheel_files(release_wheel, [spec])[spec].decode()
+    new = old.replace("from enum import", "import ddtree_no_such_module_for_this_test  # noqa\nfrom enum import", 1)
+    assert new != old
+    (bad / "0005-broken-import.patch").write_text(
+        f"--- a/{spec}\n+++ b/{spec}\n" + "".join(h for _, h in port.diff_hunks(old, new)))
+    with open(bad / "series", "a") as fh:
+        fh.write("0005-broken-import.patch\n")
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(patches))
+    monkeypatch.setenv("DDTREE_DEPLOY_PAYLOAD", str(TEST_FAMILY / "payload"))
+    m = run_matrix(from_version="0.5.12", to_version="0.5.12.post1", offline=True, jobs=1, import_smoke=True)
+    rows = _by_version(m)
+    assert rows["0.5.12"].verdict == "ok" and rows["0.5.12.post1"].applies  # both apply and compile
+    levels = {lv: (st, d) for lv, st, d in rows["0.5.12"].smoke}
+    assert levels["import"][0] == "passed" and levels["cli"][0] == "passed"
+    assert "sglang.srt.speculative.dflash_worker" in levels["import"][1] and "sgl_kernel" in levels["import"][1]
+    broken = {lv: (st, d) for lv, st, d in rows["0.5.12.post1"].smoke}
+    assert broken["import"][0] == "failed" and "ddtree_no_such_module_for_this_test" in broken["import"][1]
+    assert broken["cli"][0] == "skipped"
+    assert rows["0.5.12.post1"].verdict == "failed" and m.exit_code == 1
+    assert "| 0.5.12.post1 | bad |" in m.to_markdown() and "import failed" in m.to_markdown()

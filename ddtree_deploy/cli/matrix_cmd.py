@@ -40,7 +40,7 @@ def _render_matrix(matrix: Matrix) -> None:
     table = Table(title="DDTree series vs SGLang releases")
     for name in header:
         table.add_column(name, overflow="fold")
-    verdict_at, cells_from, cells_to = len(header) - 1, 2, len(header) - 2
+    verdict_at, cells_from, cells_to = len(header) - 1, 2, 2 + len(matrix.columns())
     for row in body:
         styled = []
         for i, text in enumerate(row):
@@ -70,6 +70,8 @@ def matrix_command(
     offline: bool = typer.Option(False, "--offline", help="Use the cached release listing and wheels only."),
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="Parallel workers (default: CPU count)."),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the report as markdown here."),
+    import_smoke: bool = typer.Option(False, "--import", help="Also install each release that takes the series "
+                                      "into a throwaway CPU virtualenv and run the import and cli smoke levels."),
     json_output: bool = typer.Option(False, "--json", help="Print the matrix as one JSON document."),
 ) -> None:
     """The series against every SGLang release on PyPI in a range: release x patch.
@@ -78,7 +80,8 @@ def matrix_command(
     release is newer than every family's range).
     """
     _exit(_matrix(from_version=from_version, to_version=to_version, family=family, strict=strict, fuzz=fuzz,
-                  offline=offline, jobs=jobs, markdown=markdown, json_output=json_output))
+                  offline=offline, jobs=jobs, markdown=markdown, import_smoke=import_smoke,
+                  json_output=json_output))
 
 
 def _exit(code: int) -> None:
@@ -89,20 +92,22 @@ def _exit(code: int) -> None:
 
 @handles_errors
 def _matrix(*, from_version: str, to_version: str, family: Optional[str], strict: bool, fuzz: int,
-            offline: bool, jobs: Optional[int], markdown: Optional[Path], json_output: bool) -> int:
+            offline: bool, jobs: Optional[int], markdown: Optional[Path], import_smoke: bool,
+            json_output: bool) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:
         tasks: dict[str, int] = {}
 
         def progress(phase: str, done: int, total: int) -> None:
             if phase not in tasks:
-                label = "wheels (download / verify)" if phase == "download" else "apply + compile"
+                label = {"download": "wheels (download / verify)", "apply": "apply + compile",
+                         "import": "import smoke (throwaway venvs)"}.get(phase, phase)
                 tasks[phase] = bar.add_task(label, total=total)
             bar.update(tasks[phase], completed=done, total=total)
 
         matrix = run_matrix(
             from_version=from_version, to_version=to_version, family=family, strict=strict, fuzz=fuzz,
-            offline=offline, jobs=jobs, progress=progress,
+            offline=offline, jobs=jobs, progress=progress, import_smoke=import_smoke,
             warn=lambda message: err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True),
         )
     if markdown is not None:
