@@ -36,6 +36,8 @@ CASES = [
     "page_size_refused",
     "worker_topk_single_shard",
     "worker_topk_two_shards",
+    "worker_topk_method_chunked",
+    "worker_builds_tree_input",
     "worker_tree_mamba_indices",
 ]
 # Run by scripts/gpu_check_series.sh with ``--device cuda`` (SGLang's CUDA tree kernels).
@@ -47,6 +49,7 @@ GPU_CASES = [
     "verify_sampling_top1_is_greedy",
     "sampling_law_first_token",
     "greedy_kernel_matches_reference",
+    "worker_builds_tree_input",
 ]
 
 
@@ -85,6 +88,7 @@ class _Probe:
         self.torch = torch
         self.device = device
         self.ddtree_utils = ddtree_utils
+        self._tp_group_ready = False
         self.DDTreeVerifyInput = DDTreeVerifyInput
 
     # -- real SGLang pieces ------------------------------------------------------------
@@ -351,6 +355,7 @@ class _Probe:
 
     def verify_sampling_top1_is_greedy(self):
         torch = self.torch
+        self._single_rank_tp_group()  # the CUDA sampling path broadcasts over TP
         gen = torch.Generator().manual_seed(5)
         vocab = 16
         for trial in range(6):
@@ -388,6 +393,7 @@ class _Probe:
         """Lossless sampling: the first emitted token follows the target's distribution
         at the root, whatever the tree proposes (many copies of one tree, one verify)."""
         torch = self.torch
+        self._single_rank_tp_group()  # the CUDA sampling path broadcasts over TP
         copies, vocab = 20000, 8
         batch = self.batch([2] * copies, sampling=(vocab, 1.0, 1.0), vocab=vocab)
         # One tree copied: root children 3, 5, 1 (best first), one grandchild under 3.
@@ -534,6 +540,89 @@ class _Probe:
             ref_lp, ref_tok = torch.log_softmax(hs @ full.T, dim=-1).topk(k, dim=-1)
             assert torch.allclose(lp, ref_lp, atol=1e-5), (k, lp, ref_lp)
             assert torch.equal(tok, ref_tok)
+
+    def _single_rank_tp_group(self):
+        """SGLang's own TP group with one rank (what a tp_size=1 server has)."""
+        if self._tp_group_ready:
+            return
+        import socket
+
+        from sglang.srt.distributed import (
+            init_distributed_environment,
+            initialize_model_parallel,
+        )
+
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, backend=backend,
+            distributed_init_method=f"tcp://127.0.0.1:{port}",
+        )
+        initialize_model_parallel(1, backend=backend)
+        self._tp_group_ready = True
+
+    def _worker_self(self, **attrs):
+        """The attributes DFlashWorker's DDTree methods read (no model runners)."""
+        import functools
+        import types
+
+        from sglang.srt.speculative.dflash_worker import DFlashWorker
+
+        ns = types.SimpleNamespace(**attrs)
+        ns._topk_logprobs_from_vocab_parallel_head = functools.partial(
+            DFlashWorker._topk_logprobs_from_vocab_parallel_head, ns
+        )
+        return ns
+
+    def worker_topk_method_chunked(self):
+        torch = self.torch
+        from sglang.srt.speculative.dflash_worker import DFlashWorker
+
+        self._single_rank_tp_group()
+        gen = torch.Generator().manual_seed(13)
+        vocab, hidden = 40, 8
+        weight = torch.randn(48, hidden, generator=gen)
+        head = self._lm_head(weight, self._shard(0, vocab, 48))
+        hs = torch.randn(11, hidden, generator=gen)
+        lp, tok = DFlashWorker._topk_logprobs_from_vocab_parallel_head(
+            self._worker_self(), hidden_states=hs, lm_head=head, k=6, chunk_size=4
+        )
+        ref_lp, ref_tok = torch.log_softmax(hs @ weight[:vocab].T, dim=-1).topk(6, dim=-1)
+        assert torch.allclose(lp, ref_lp, atol=1e-5) and torch.equal(tok, ref_tok)
+
+    def worker_builds_tree_input(self):
+        """Draft step after the draft forward: per-position top-K, batched tree build,
+        verify input (tokens, positions) and prepare, as _prepare_for_speculative_decoding
+        runs them for DDTREE."""
+        torch = self.torch
+        from sglang.srt.speculative.dflash_worker import DFlashWorker
+
+        self._single_rank_tp_group()
+        gen = torch.Generator().manual_seed(14)
+        vocab, hidden, block, budget, cap = 30, 8, 5, 12, 3
+        weight = torch.randn(32, hidden, generator=gen)
+        head = self._lm_head(weight.to(self.device), self._shard(0, vocab, 32))
+        batch = self.batch([6, 9], vocab=vocab)
+        draft_hidden = torch.randn(2, block, hidden, generator=gen)
+        roots = torch.tensor([3, 17])
+        worker = self._worker_self(ddtree_k=min(budget, cap), ddtree_budget=budget,
+                                   ddtree_max_per_depth=cap)
+        vi = DFlashWorker._build_ddtree_verify_input(
+            worker, batch, roots.to(self.device), draft_hidden.to(self.device), head
+        )
+        ref_lp = torch.log_softmax(draft_hidden[:, 1:] @ weight[:vocab].T, dim=-1)
+        lp, tok = ref_lp.topk(min(budget, cap), dim=-1)
+        ref = self.ddtree_utils.build_ddtree(lp, tok, roots, budget, max_per_depth=cap)
+        assert vi.draft_token_num == budget + 1
+        assert torch.equal(vi.draft_token.cpu(), ref.tokens.reshape(-1))
+        assert torch.equal(vi.layout.parents.cpu(), ref.parents)
+        assert vi.draft_token.view(2, -1)[:, 0].tolist() == [3, 17]
+        depth = ref.depths.tolist()
+        assert vi.positions.tolist() == [p + d for p, row in zip([6, 9], depth) for d in row]
+        vi.prepare_for_verify(batch, 1)
+        assert batch.out_cache_loc.numel() == 2 * (budget + 1)
 
     def worker_tree_mamba_indices(self):
         """The worker's recurrent-state commit reads tree indices, not commit_len - 1."""
