@@ -87,8 +87,13 @@ class TestHost:
         p = self.file(rel)
         return p.read_bytes() if p.exists() else None
 
-    def inventory(self, hosts_dir: Path | None = None, *, port: int | None = None, **host_keys) -> Path:
-        """Write ``<hosts_dir>/<name>.toml`` for this host and return its path."""
+    def inventory(self, hosts_dir: Path | None = None, *, port: int | None = None,
+                  smoke_levels: list[str] | None = None, **host_keys) -> Path:
+        """Write ``<hosts_dir>/<name>.toml`` for this host and return its path.
+
+        ``smoke_levels``: when given, a ``[smoke]`` table with those levels (``[]``: no smoke
+        after push); else no table (the smoke's defaults apply, or append your own).
+        """
         hosts_dir = hosts_dir or self.server.hosts_dir
         hosts_dir.mkdir(parents=True, exist_ok=True)
         s = self.server
@@ -107,6 +112,8 @@ class TestHost:
         ]
         for k, v in table.items():
             lines.append(f"{k} = {_toml_value(v)}")
+        if smoke_levels is not None:
+            lines += ["", "[smoke]", "levels = [" + ", ".join(_toml_str(x) for x in smoke_levels) + "]"]
         path = hosts_dir / f"{self.name}.toml"
         path.write_text("\n".join(lines) + "\n")
         return path

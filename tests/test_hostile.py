@@ -65,7 +65,7 @@ def test_hostile_paths_and_names_reach_no_shell(sshd, tmp_path, monkeypatch):
 
     host = sshd.add_host("hostile", env_dir, files=[SPEC, UTILS])
     host.state_dir = state_dir
-    host.inventory()
+    host.inventory(smoke_levels=[])
     monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
     monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
     assert " " in str(host.python) and "$(" in str(host.python)

@@ -69,7 +69,7 @@ def host(sshd, tmp_path, monkeypatch) -> TestHost:
     monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
     monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
     h = sshd.add_host(f"h{next(_names)}", tmp_path / "host", files=[SPEC, UTILS])
-    h.inventory()
+    h.inventory(smoke_levels=[])  # smoke after push: tested on its own below
     return h
 
 
@@ -265,7 +265,7 @@ def test_lock_of_a_live_run_needs_break_lock(host, oracle):
 
 
 def test_keeps_the_newest_backups(host, sshd):
-    host.inventory(keep_backups=2)
+    host.inventory(keep_backups=2, smoke_levels=[])
     made = []
     for _ in range(4):
         made.append(json.loads(ok("push", "--host", host.name, "--json").stdout)["hosts"][0]["backup_id"])
@@ -307,7 +307,7 @@ def test_unknown_and_changed_host_keys_are_refused(host, sshd, oracle):
 def test_proxyjump_through_a_jump_host(host, sshd, oracle):
     """ProxyJump from the inventory: the jump is this sshd itself (its own known_hosts entry)."""
     _pristine, patched = oracle
-    path = host.inventory()
+    path = host.inventory(smoke_levels=[])
     text = path.read_text().replace("[host]", f'jump = "{sshd.user}@127.0.0.1:{sshd.port}"\n\n[host]')
     path.write_text(text)
     pushed = json.loads(ok("push", "--host", host.name, "--json").stdout)["hosts"][0]
@@ -317,7 +317,8 @@ def test_proxyjump_through_a_jump_host(host, sshd, oracle):
 def test_local_transport(host, oracle, tmp_path):
     pristine, patched = oracle
     (host.server.hosts_dir / f"{host.name}-local.toml").write_text(
-        f'transport = "local"\n[host]\npython = "{host.python}"\nstate_dir = "{host.state_dir}"\n')
+        f'transport = "local"\n[host]\npython = "{host.python}"\nstate_dir = "{host.state_dir}"\n'
+        "[smoke]\nlevels = []\n")
     pushed = json.loads(ok("push", "--host", f"{host.name}-local", "--json").stdout)["hosts"][0]
     assert pushed["changed"] and pushed["connections"] == 0 and files_of(host) == patched
     status = json.loads(ok("status", "--host", f"{host.name}-local", "--json").stdout)["hosts"][0]
@@ -329,7 +330,7 @@ def test_local_transport(host, oracle, tmp_path):
 def test_several_hosts_report_separately(host, sshd, tmp_path, oracle):
     _pristine, patched = oracle
     broken = sshd.add_host(f"h{next(_names)}", tmp_path / "second", files=[SPEC, UTILS])
-    broken.inventory()
+    broken.inventory(smoke_levels=[])
     broken.file(SPEC).write_bytes(b"# not SGLang's file\n")
     result = cli("push", "--host", host.name, "--host", broken.name, "--json")
     assert result.exit_code == 1
@@ -354,3 +355,30 @@ def test_another_series_deployed_needs_a_rollback_first(host, oracle, tmp_path):
     assert b"a newer tree-shaped variant" in host.read(SPEC) and host.read(UTILS) == patched[UTILS]
     ok("rollback", "--host", host.name)
     assert files_of(host) == pristine
+
+
+def test_push_runs_the_smoke_and_rolls_back_when_it_fails(host, oracle):
+    """The smoke levels are real: compile passes; import fails on this host because its venv
+    holds only the series' files, not SGLang's dependencies (a real ImportError)."""
+    pristine, patched = oracle
+    bad = cli("push", "--host", host.name, "--level", "nope")
+    assert bad.exit_code == 2 and "unknown smoke level 'nope'" in bad.stderr and files_of(host) == pristine
+
+    host.inventory(smoke_levels=["compile"])
+    doc = json.loads(ok("push", "--host", host.name, "--json").stdout)["hosts"][0]
+    assert doc["ok"] and [(l["level"], l["status"]) for l in doc["smoke"]["levels"]] == [("compile", "passed")]
+    assert files_of(host) == patched
+    ok("rollback", "--host", host.name)
+
+    host.inventory(smoke_levels=["import"])
+    failed = cli("push", "--host", host.name, "--json")
+    assert failed.exit_code == 1, failed.output
+    doc = json.loads(failed.stdout)["hosts"][0]
+    assert doc["ok"] is False and doc["changed"] and doc["auto_rollback"]["done"] is True
+    assert files_of(host) == pristine  # rolled back automatically, sha256-verified
+    assert json.loads((host.state_dir / "journal.json").read_text())["phase"] == "rolled-back"
+
+    kept = cli("push", "--host", host.name, "--no-rollback")
+    assert kept.exit_code == 1 and "KEPT" in kept.stdout and files_of(host) == patched
+    skipped = cli("push", "--host", host.name, "--no-smoke")
+    assert skipped.exit_code == 0 and "already deployed" in skipped.stdout

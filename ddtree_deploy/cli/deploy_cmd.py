@@ -43,10 +43,17 @@ def _series_chooser(family: str | None):
     return paths, choose, False
 
 
-def _desire(host: Host, choose: Callable, forced: bool):
+def _desire(host: Host, choose: Callable, forced: bool, chosen: dict | None = None):
+    """facts -> Desired; records the series it chose in ``chosen`` (the smoke needs it)."""
     from ddtree_deploy.desired import desired_for
 
-    return lambda facts: desired_for(choose(facts), host.name, facts, forced=forced)
+    def desire(facts: dict):
+        series = choose(facts)
+        if chosen is not None:
+            chosen[host.name] = series
+        return desired_for(series, host.name, facts, forced=forced)
+
+    return desire
 
 
 def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable[[Host, Callable], dict]) -> None:
@@ -57,9 +64,12 @@ def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable
             with err.status(f"{host.name}: starting") as spinner:
                 steps = _Steps(host.name, spinner)
                 try:
-                    results.append(run(host, steps))
+                    doc = run(host, steps)
                 finally:
                     steps.finish()
+            results.append(doc)
+            if doc.get("ok") is False:  # e.g. a failed smoke: reported in full, exit 1
+                worst = max(worst, 1)
         except DeployError as exc:
             if len(hosts) == 1:
                 raise
@@ -122,16 +132,39 @@ def push(
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (files, hashes, changes); touch nothing"),
     break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    no_smoke: bool = typer.Option(False, "--no-smoke", help="switch only: run no smoke level afterwards"),
+    no_rollback: bool = typer.Option(False, "--no-rollback", help="keep the new files when a smoke level fails"),
+    level: Optional[List[str]] = typer.Option(None, "--level", "-l",
+                                              help="smoke level to run after the switch; repeatable "
+                                              "(default: the host's [smoke] levels)"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
-    """Deploy the series: lock, drift check, check, back up, stage + verify, switch, journal."""
+    """Deploy the series: lock, drift check, check, back up, stage + verify, switch, journal, smoke."""
+    from ddtree_deploy import smoke
+
     hosts = [load_host(n) for n in host]  # every inventory parses before the series, and any connection
+    smoking = not (no_smoke or dry_run)
+    if smoking:  # a typo in [smoke] must not surface only after the switch
+        for h in hosts:
+            smoke.choose_levels(smoke.check_settings(h), level, source=h.source)
     paths, choose, forced = _series_chooser(family)
+    chosen: dict = {}
 
     def run(h: Host, progress) -> dict:
-        outcome = deploy.push(h, transport_for(h, trust_new_host=trust_new_host), paths, _desire(h, choose, forced),
-                              dry_run=dry_run, break_lock=break_lock, progress=progress)
-        return _summary(outcome, json_output, show_plan=dry_run or outcome.changed)
+        outcome = deploy.push(h, transport_for(h, trust_new_host=trust_new_host), paths,
+                              _desire(h, choose, forced, chosen), dry_run=dry_run, break_lock=break_lock,
+                              progress=progress)
+        doc = _summary(outcome, json_output, show_plan=dry_run or outcome.changed)
+        if not smoking or not outcome.changed:
+            return doc
+        after = smoke.after_push(h, lambda: transport_for(h, trust_new_host=trust_new_host), outcome,
+                                 chosen[h.name], levels=level or None, auto_rollback=not no_rollback,
+                                 progress=progress)
+        doc.update(after.to_json(), ok=after.ok)
+        if not json_output:
+            for line in after.lines():
+                out.print(f"{h.name}: {line}" if not line.startswith(" ") else line, highlight=False)
+        return doc
 
     _each_host(hosts, "push", json_output, run)
 
