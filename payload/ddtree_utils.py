@@ -167,6 +167,15 @@ def _candidate_pairs(width: int, k: int) -> Tuple[Tuple[int, ...], Tuple[int, ..
     return tuple(parent_slots), tuple(ranks)
 
 
+@lru_cache(maxsize=64)
+def _candidate_tensors(width: int, k: int, device: torch.device):
+    # Cached per device: no host-to-device copy on later calls (and none while a CUDA graph
+    # captures the builder, once a warm-up call has filled the cache).
+    slots, ranks = _candidate_pairs(width, k)
+    as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+    return as_tensor(slots), as_tensor(ranks)
+
+
 def build_ddtree(
     logprobs: torch.Tensor,
     tokens: torch.Tensor,
@@ -196,46 +205,40 @@ def build_ddtree(
     n = budget + 1
     neg_inf = float("-inf")
 
-    pair_slot_list, pair_rank_list = _candidate_pairs(width, k)
-    pair_slot = torch.tensor(pair_slot_list, dtype=torch.long, device=device)  # [C]
-    pair_rank = torch.tensor(pair_rank_list, dtype=torch.long, device=device)  # [C]
-    keep = min(width, len(pair_slot_list))  # a depth list never needs more than this
+    pair_slot, pair_rank = _candidate_tensors(width, k, device)  # [C], [C]
+    keep = min(width, pair_slot.shape[0])  # a depth list never needs more than this
+    cand_logprobs = logprobs[:, :, pair_rank]  # [bs, L, C]: each pair's token log-prob
 
+    # level_scores[:, d, j]: score of the j-th best prefix of depth d + 1 (-inf: none);
+    # level_order[:, d, j]: which candidate pair it came from (its parent slot and rank).
+    level_scores = torch.full((bs, depth_limit, width), neg_inf, device=device)
+    level_order = torch.zeros((bs, depth_limit, width), dtype=torch.long, device=device)
     # Depth 0: the root alone, in slot 0 (other slots do not exist: -inf).
     prev = torch.full((bs, width), neg_inf, dtype=torch.float32, device=device)
     prev[:, 0] = 0.0
-    level_scores, level_parent_slot, level_rank = [], [], []
     for d in range(depth_limit):
-        cand = prev[:, pair_slot] + logprobs[:, d, pair_rank]  # [bs, C]
-        order = torch.sort(cand, dim=1, descending=True, stable=True).indices[:, :keep]
-        top = cand.gather(1, order)  # [bs, keep]
-        if keep < width:
-            pad = torch.full((bs, width - keep), neg_inf, dtype=torch.float32, device=device)
-            top = torch.cat([top, pad], dim=1)
-            order = torch.cat([order, order.new_zeros(bs, width - keep)], dim=1)
-        level_scores.append(top)
-        level_parent_slot.append(pair_slot[order])
-        level_rank.append(pair_rank[order])
-        prev = top
+        cand = prev[:, pair_slot] + cand_logprobs[:, d]  # [bs, C]
+        values, order = torch.sort(cand, dim=1, descending=True, stable=True)
+        level_scores[:, d, :keep] = values[:, :keep]
+        level_order[:, d, :keep] = order[:, :keep]
+        prev = level_scores[:, d]
 
     # Merge the depth lists (depth-major, so ties go to the shallower node) and keep B.
-    all_scores = torch.stack(level_scores, dim=1).reshape(bs, depth_limit * width)
+    all_scores = level_scores.reshape(bs, depth_limit * width)
     if depth_limit * width < budget:
         pad = torch.full(
             (bs, budget - depth_limit * width), neg_inf, dtype=torch.float32, device=device
         )
         all_scores = torch.cat([all_scores, pad], dim=1)
-    picked = torch.sort(all_scores, dim=1, descending=True, stable=True).indices[:, :budget]
-    node_scores = all_scores.gather(1, picked)  # [bs, B]
+    node_scores, picked = torch.sort(all_scores, dim=1, descending=True, stable=True)
+    node_scores, picked = node_scores[:, :budget], picked[:, :budget]  # [bs, B]
     valid_nodes = node_scores > neg_inf
     picked = torch.where(valid_nodes, picked, torch.zeros_like(picked))
     node_depth0 = picked // width  # depth - 1
-    node_slot = picked % width
 
-    flat_parent_slot = torch.stack(level_parent_slot, dim=1).reshape(bs, -1)
-    flat_rank = torch.stack(level_rank, dim=1).reshape(bs, -1)
-    node_rank = flat_rank.gather(1, picked)
-    node_parent_slot = flat_parent_slot.gather(1, picked)
+    node_pair = level_order.reshape(bs, -1).gather(1, picked)  # [bs, B]
+    node_rank = pair_rank[node_pair]
+    node_parent_slot = pair_slot[node_pair]
     node_tokens = tokens.reshape(bs, depth_limit * k).gather(1, node_depth0 * k + node_rank)
 
     # Tree index of every (depth, slot) entry that was picked, to resolve parents.
