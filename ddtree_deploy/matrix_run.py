@@ -27,7 +27,16 @@ from ddtree_deploy import releases
 from ddtree_deploy.check import check_series, compile_check
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.locations import repo_dir
-from ddtree_deploy.matrix import Coverage, Matrix, ReleaseRow, Timings, assign, cell_from_entry, sort_rows
+from ddtree_deploy.matrix import (
+    Coverage,
+    Matrix,
+    ReleaseRow,
+    Timings,
+    assign,
+    cell_from_entry,
+    short_entry,
+    sort_rows,
+)
 from ddtree_deploy.matrix_import import smoke_releases
 from ddtree_deploy.release_facts import ReleaseFacts, describe, facts_from_names
 from ddtree_deploy.series import FamilyInfo, PatchEntry, Series, families, load_family, read_family_info
@@ -183,7 +192,7 @@ def _why(row: ReleaseRow, history: Sequence[ReleaseFacts]) -> str:
         if row.applies:
             parts.append(f"newer than every family; {row.family} would apply cleanly")
         else:
-            bad = [c.entry for c in row.cells if not c.ok]
+            bad = [short_entry(c.entry) for c in row.cells if not c.ok]
             parts.append(f"newer than every family; {row.family} fails at {', '.join(bad) or 'compile'}")
     elif row.coverage is Coverage.NO_FAMILY:
         parts.append("no family's range contains it")
