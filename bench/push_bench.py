@@ -155,7 +155,8 @@ def main() -> None:
             outcome["last"] = deploy.push(host, SSHTransport(host), targets, desire)
 
         env = dict(os.environ, DDTREE_DEPLOY_HOSTS=str(sshd.hosts_dir))
-        cli = [str(Path(sys.executable).parent / "ddtree-deploy"), "push", "--host", "bench", "--family", str(family)]
+        cli = [str(Path(sys.executable).parent / "ddtree-deploy"), "push", "--host", "bench", "--family", str(family),
+               "--no-smoke"]
 
         def ddtree_cli():
             subprocess.run(cli, env=env, check=True, capture_output=True)
