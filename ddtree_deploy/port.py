@@ -241,6 +241,11 @@ def _preamble_and_sections(text: str, file_patches: Sequence[FilePatch]) -> tupl
         first -= 1
     preamble = "".join(lines[:first])
     parsed = unidiff.PatchSet(text)
+    if [fp.path for fp in file_patches] != [p.path for p in parsed]:
+        # Our engine and unidiff must see the same sections, or hunks would be mislabelled.
+        raise BadInput(f"{file_patches[0].patch_name}: its file sections read differently by unidiff "
+                       f"({[p.path for p in parsed]}) and by the patch engine",
+                       hint="regenerate the patch with git diff")
     sections = []
     for fp, pf in zip(file_patches, parsed):
         start = fp.header_line - 1
@@ -699,6 +704,7 @@ def port_family(series: Series, version: str, *, into: Path, tree_dir: Path, fuz
         raise BadInput(f"--to {version!r} is not a valid PEP 440 version", hint="e.g. 0.5.13") from None
     if into.exists():
         raise BadInput(f"{show(into)} already exists", hint="choose another name with --into, or remove that folder")
+    _check_tree_dir(tree_dir)
     covering = [f.name for f in existing if f.covers(version)]
     if covering:
         raise BadInput(f"SGLang {version} is already covered by family {', '.join(covering)}",
@@ -735,14 +741,18 @@ def port_family(series: Series, version: str, *, into: Path, tree_dir: Path, fuz
     return PortOutcome(result, into, tree_dir, tuple(rej_files))
 
 
+def _check_tree_dir(tree_dir: Path) -> None:
+    if tree_dir.exists() and not (tree_dir / TREE_MANIFEST).is_file():
+        raise BadInput(f"{show(tree_dir)} exists and is not a working tree written by port",
+                       hint="choose another --tree folder")
+
+
 def write_tree(tree_dir: Path, files: Mapping[str, str], manifest: dict) -> None:
     """The working tree: package-relative files plus a manifest naming family and release.
 
     An existing folder is replaced only when it is a tree this command wrote before.
     """
-    if tree_dir.exists() and not (tree_dir / TREE_MANIFEST).is_file():
-        raise BadInput(f"{show(tree_dir)} exists and is not a working tree written by port",
-                       hint="choose another --tree folder")
+    _check_tree_dir(tree_dir)
     tree_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=tree_dir.parent, prefix=f".{tree_dir.name}."))
     staging.chmod(0o755)

@@ -307,3 +307,32 @@ def test_port_of_the_real_series_to_0513_is_consistent_with_check(release_wheel,
     assert report.ok == (not rejected)
     for rej in outcome.rej_files:
         assert "nearest at line" in rej.read_text() or "does not exist" in rej.read_text()
+
+
+def test_port_refuses_a_tree_folder_it_did_not_write_before_writing_anything(patches, tmp_path):
+    tree = tmp_path / "mine"
+    tree.mkdir()
+    (tree / "notes.txt").write_text("not a port tree")
+    before = _digest(patches)
+    res = CliRunner().invoke(app, ["port", "--to", "0.5.13", "--tree", str(tree)])
+    assert res.exit_code == 2 and "is not a working tree written by port" in res.stderr
+    assert _digest(patches) == before and sorted(p.name for p in tree.iterdir()) == ["notes.txt"]
+
+
+def test_an_entry_already_in_the_release_is_dropped_from_the_ported_series(release_wheel, release_version,
+                                                                          monkeypatch):
+    # A release that already contains entry 0001 (made by applying it to the real files).
+    monkeypatch.setenv("DDTREE_DEPLOY_PAYLOAD", str(TEST_FAMILY / "payload"))
+    series = load_family(TEST_FAMILY / "patches" / "sglang-0.5.12")
+    files = port.release_files(release_version, series.touched_paths())
+    first = series.entries[0]
+    upstream = dict(files)
+    for fp in first.file_patches:
+        upstream[fp.path] = port.apply_partial(fp, files[fp.path].decode(), fuzz=0)[0].encode()
+    result = port.port_series(series, upstream, version="9.9.9")
+    assert result.ok
+    dropped = result.entries[0]
+    assert dropped.text is None and {h.status.value for _, h in dropped.results} == {"already-applied"}
+    text = port._ported_series_text(series, result)
+    assert "# 0001-enum.patch  (every hunk already in SGLang 9.9.9: dropped by port)\n" in text
+    assert "\n0002-server-args.patch\n" in text
