@@ -85,7 +85,7 @@ def matrix_command(
 
 
 def _exit(code: int) -> None:
-    # Raised here, outside @handles_errors, whose catch-all would report typer.Exit as a crash.
+    # The bodies return their exit code (a result, not an error); the command turns it into one.
     if code:
         raise typer.Exit(code)
 
