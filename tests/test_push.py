@@ -73,6 +73,68 @@ def host(sshd, tmp_path, monkeypatch) -> TestHost:
     return h
 
 
+# ---------------------------------------------------------------- pure: plans and status text
+
+def _desired(**files) -> "Desired":
+    from ddtree_deploy.plan import Desired, Target
+
+    return Desired("fam", "f" * 64, "0.5.12.post1", "release snapshot",
+                   tuple(Target(p, pr, pa, b"") for p, (pr, pa) in files.items()))
+
+
+def test_plan_push_states_noop_and_drift():
+    from ddtree_deploy.plan import FileState, classify, plan_push
+
+    assert classify("a", "a", "b") is FileState.PRISTINE and classify("b", "a", "b") is FileState.PATCHED
+    assert classify(None, None, "b") is FileState.PRISTINE  # an added file, not yet there
+    assert classify(None, "a", "b") is FileState.MISSING and classify("z", "a", "b") is FileState.DRIFTED
+    want = _desired(x=("a", "b"), y=(None, "c"))
+    plan = plan_push("h", want, {"x": "a", "y": None})
+    assert [(s.path, s.action) for s in plan.steps] == [("x", "replace"), ("y", "create")] and not plan.noop
+    assert plan_push("h", want, {"x": "b", "y": "c"}).noop
+    with pytest.raises(DeployError) as drift:
+        plan_push("h", want, {"x": "z", "y": None})
+    assert drift.value.code == "drift" and "x (drifted)" in drift.value.message
+    journal = {"series": "old", "series_id": "0" * 64, "files": {"x": {"pristine": "a", "patched": "q"},
+                                                               "gone": {"pristine": "g", "patched": "h"}}}
+    with pytest.raises(DeployError) as other:
+        plan_push("h", want, {"x": "q", "y": None, "gone": "h"}, journal)
+    assert other.value.code == "other-series" and "gone, x" in other.value.message
+
+
+def test_plan_rollback_refuses_foreign_edits():
+    from ddtree_deploy.plan import plan_rollback
+
+    manifest = {"id": "b1", "files": {"x": {"sha256": "a"}, "y": {"sha256": None}}}
+    journal = {"files": {"x": {"patched": "b"}, "y": {"patched": "c"}}}
+    plan = plan_rollback("h", manifest, {"x": "b", "y": "c"}, journal)
+    assert [(s.path, s.action) for s in plan.steps] == [("x", "replace"), ("y", "remove")]
+    assert plan_rollback("h", manifest, {"x": "a", "y": None}, journal).noop
+    with pytest.raises(DeployError, match=r"x \(drifted\)"):
+        plan_rollback("h", manifest, {"x": "edited", "y": "c"}, journal)
+
+
+@pytest.mark.parametrize("phase, op, expect", [
+    ("deployed", "push", "deployed fam by run r1 (1 patched, 1 pristine)"),
+    ("switching", "push", "push run r1 was interrupted while switching files (1 patched, 1 pristine); each file "
+                          "is wholly old or new; rerun `push` to complete it or `rollback` to restore the backup"),
+    ("switching", "rollback", "rerun `rollback` to complete it"),
+    ("staged", "push", "stopped after staging, before any file changed"),
+    ("rolled-back", "rollback", "rolled back to backup b1 by run r1"),
+])
+def test_status_explains_every_phase(phase, op, expect):
+    from ddtree_deploy.deploy import describe
+
+    facts = {"sglang_version": "0.5.12.post1", "files": {"x": {"sha256": "b"}, "y": {"sha256": "c"}},
+             "journal": {"op": op, "phase": phase, "run_id": "r1", "series": "fam", "backup_id": "b1",
+                         "files": {"x": {"pristine": "a", "patched": "b"}, "y": {"pristine": "c", "patched": "d"}}}}
+    doc = describe("h", facts, None)
+    assert doc["phase"] == phase and expect in doc["explanation"]
+    assert [(f["path"], f["state"]) for f in doc["files"]] == [("x", "patched"), ("y", "pristine")]
+    never = describe("h", {"files": {"x": {"sha256": "a"}}}, _desired(x=("a", "b")))
+    assert never["phase"] == "never-deployed" and never["files"][0]["state"] == "pristine"
+
+
 def cli(*args: str):
     return CliRunner().invoke(app, list(args))
 
