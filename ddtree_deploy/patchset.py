@@ -20,7 +20,9 @@ lines can be checked against ``patch`` itself; see tests/test_patch_differential
 * Hunks of a file section are placed in order. Hunk k is first tried at the line
   it states plus the offset the earlier hunks landed at, then at offsets +1, -1,
   +2, -2, ... : on equal distance the LATER line wins (GNU patch and git apply
-  agree on that). A hunk never lands before the last line an earlier hunk changed.
+  agree on that). A hunk, its leading context included, never starts at or above
+  the last line an earlier hunk changed (GNU patch 2.7.6, the version the
+  differential test runs against; 2.8 lets the leading context overlap it).
 * A hunk whose leading context is shorter than its trailing context and that
   states line 1 must match at the start of the file; one whose trailing context
   is shorter must match at the end (the diff tool ran out of lines there, so the
@@ -652,7 +654,9 @@ class _Applier:
         if whole_file:  # a deletion must remove the whole file, nothing else
             return 1 if m == n and self.copied == 0 and self._matches(pat, 1, 0, 0) else None
         max_where = n - (m - sf) + 1
-        min_where = max(self.copied + 1 - (pat.prefix - pf), 1)
+        # GNU patch 2.7: the whole hunk, leading context included, lies below the last
+        # line an earlier hunk changed (2.8 lets the leading context overlap it).
+        min_where = self.copied + 1
         if pf < 0 and first - self.in_offset <= 1:
             # Anchored at the start of the file (and, if sf < 0 too, at its end).
             if sf < 0 and (m != n or pat.prefix < self.copied):
