@@ -11,10 +11,10 @@ Conventions (one request = one row of the batch):
   ``[bonus, MASK x (B-1)]`` that is the draft output at block positions 1..B-1, so L = B-1.
 - A tree of budget B has n = B + 1 verify tokens per request. Node 0 is the root (the bonus
   token of the previous step, depth 0, parent -1); nodes 1..B are draft nodes.
-- Nodes are ordered best first: by path log-probability (descending), ties broken by depth
-  (ascending) then by the ranks along the path (lexicographic). So a parent's index is always
-  smaller than its children's, siblings are ordered by rank, and both builders produce the
-  identical layout.
+- Nodes are ordered best first: by path log-probability (float32, accumulated as parent +
+  log-prob; descending), exact ties broken by depth, then by the parent's index, then by the
+  token's rank (all ascending). So a parent's index is always smaller than its children's,
+  siblings are ordered by rank, and both builders produce the identical layout.
 - Padding: when B exceeds the number of prefixes the draft allows (sum over d of K^d, or fewer
   when some log-probs are -inf), the remaining nodes are padding (``valid`` False), at the end
   of the node order: token ``pad_token_id`` (0 by default), depth 1, parent 0 (the root), and
@@ -141,6 +141,14 @@ def _check_builder_inputs(logprobs, tokens, root_tokens, budget, max_per_depth) 
         raise ValueError(f"max_per_depth must be >= 1 or None, got {max_per_depth}")
 
 
+def _sorted_candidates(logprobs: torch.Tensor, tokens: torch.Tensor):
+    """Candidates sorted by log-prob, descending, per depth. A no-op for ``topk_logprobs``'
+    output, but per-shard top-k lists gathered under tensor parallelism arrive unsorted, and
+    both builders rely on rank order. Stable, so equal log-probs keep their input order."""
+    values, order = torch.sort(logprobs.float(), dim=-1, descending=True, stable=True)
+    return values, tokens.long().gather(-1, order)
+
+
 def _width(budget: int, max_per_depth: Optional[int]) -> int:
     # No depth can hold more than the budget, nor more than the cap.
     return budget if max_per_depth is None else min(budget, int(max_per_depth))
@@ -186,7 +194,7 @@ def build_ddtree(
 ) -> DDTreeLayout:
     """Batched, vectorised builder (the hot path): no per-request loop, no host sync.
 
-    logprobs [bs, L, K] (sorted descending along K, e.g. from ``topk_logprobs``), tokens
+    logprobs [bs, L, K] (normalised top-K log-probs, e.g. from ``topk_logprobs``), tokens
     [bs, L, K] int64, root_tokens [bs] int64, budget B >= 1 draft nodes, max_per_depth: optional
     cap on the number of nodes at any one depth. Selects the B prefixes of highest path
     probability (optimal for the expected acceptance length, the paper's Prop. 1-2).
@@ -199,8 +207,7 @@ def build_ddtree(
     _check_builder_inputs(logprobs, tokens, root_tokens, budget, max_per_depth)
     device = logprobs.device
     bs, depth_limit, k = logprobs.shape
-    logprobs = logprobs.float()
-    tokens = tokens.long()
+    logprobs, tokens = _sorted_candidates(logprobs, tokens)
     width = _width(budget, max_per_depth)
     n = budget + 1
     neg_inf = float("-inf")
@@ -370,8 +377,9 @@ def build_ddtree_reference(
     bs, depth_limit, _ = logprobs.shape
     width = _width(budget, max_per_depth)
     n = budget + 1
-    lp_all = logprobs.float().cpu().tolist()
-    tok_all = tokens.long().cpu().tolist()
+    logprobs, tokens = _sorted_candidates(logprobs.cpu(), tokens.cpu())
+    lp_all = logprobs.tolist()
+    tok_all = tokens.tolist()
     roots = root_tokens.long().cpu().tolist()
 
     out = {name: [] for name in ("tokens", "depths", "parents", "valid", "scores")}

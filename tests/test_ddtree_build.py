@@ -79,6 +79,18 @@ def test_minus_inf_logprobs_are_never_nodes():
     assert torch.equal(ref.valid[:, 1:].sum(dim=1), chosen)
 
 
+def test_unsorted_candidates_give_the_same_tree():
+    # Per-shard top-k lists gathered under tensor parallelism are not sorted globally.
+    gen = torch.Generator().manual_seed(8)
+    logprobs, tokens = du.topk_logprobs(torch.randn(200, 6, 40, generator=gen), 12)
+    shuffle = torch.rand(200, 6, 12, generator=gen).argsort(dim=-1)
+    roots = torch.zeros(200, dtype=torch.long)
+    want = du.build_ddtree_reference(logprobs, tokens, roots, 30)
+    mixed = (logprobs.gather(-1, shuffle), tokens.gather(-1, shuffle))
+    assert layout_mismatch(du.build_ddtree(*mixed, roots, 30), want) is None
+    assert layout_mismatch(du.build_ddtree_reference(*mixed, roots, 30), want) is None
+
+
 def _check_well_formed(layout, cap) -> None:
     """Structural invariants SGLang's kernels and our walk rely on, checked per request."""
     bs, n = layout.tokens.shape
