@@ -480,12 +480,15 @@ def host_log_path(state_dir: str, run_id: str) -> str:
     return f"{state_dir.rstrip('/')}/smoke/{run_id}/server.log"
 
 
-def run_on_host(host, transport, plan: SmokePlan, *, log_dir=None, progress: Progress = _quiet) -> SmokeReport:
+def run_on_host(host, transport, plan: SmokePlan, *, log_dir=None, progress: Progress = _quiet,
+                heartbeat: Callable[[str, float], None] | None = None) -> SmokeReport:
     """Ship the smoke program to ``host`` over ``transport``, run ``plan``, read its report.
 
     The program streams one JSON line per event (level start, heartbeat, level result)
     and the whole answer last; a failed launch's server log comes back with it and is
     written under ``log_dir`` (default: the user's cache, ``smoke-logs/<host>/``).
+    ``progress`` hears each level's start; ``heartbeat(level, seconds)``, when given,
+    hears the host program's keep-alives during long levels.
     """
     import json
 
@@ -512,12 +515,12 @@ def run_on_host(host, transport, plan: SmokePlan, *, log_dir=None, progress: Pro
                     raise DeployError(f"{host.name}: the smoke program answered garbage: {line[:200]!r}",
                                       code="smoke-agent") from None
                 event = doc.get("event")
+                # One progress step per level (a caller's step timer times it); the
+                # results themselves are in the report.
                 if event == "start":
-                    progress(f"smoke {doc['level']} ...")
-                elif event == "wait":
-                    progress(f"smoke {doc['level']}: still waiting ({doc['seconds']:.0f} s)")
-                elif event == "level":
-                    progress(f"smoke {doc['level']}: {doc['status']} ({doc['seconds']:.1f} s)")
+                    progress(f"smoke {doc['level']}")
+                elif event == "wait" and heartbeat is not None:
+                    heartbeat(doc["level"], float(doc["seconds"]))
                 elif event == "done":
                     answer = doc
         finally:
@@ -618,7 +621,8 @@ def after_push(host, make_transport: Callable[[], Any], outcome, series, *, leve
 
 
 def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str] | None = None,
-               patches_dir=None, log_dir=None, progress: Progress = _quiet) -> SmokeReport:
+               patches_dir=None, log_dir=None, progress: Progress = _quiet,
+               heartbeat: Callable[[str, float], None] | None = None) -> SmokeReport:
     """``ddtree-deploy smoke``: the levels against what the host's journal says is deployed."""
     import uuid
     from pathlib import Path
@@ -641,4 +645,4 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
     deployed = [f["path"] for f in doc["files"]]
     plan = plan_smoke(settings, touched_paths=deployed or touched, flags=flags, levels=levels,
                       source=host.source, log_path=host_log_path(host.state_dir, uuid.uuid4().hex[:12]))
-    return run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress)
+    return run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress, heartbeat=heartbeat)

@@ -6,8 +6,8 @@
    project's venv. It is reached through a real OpenSSH sshd on loopback when one can be
    started here, else through the local transport (said on screen).
 2. The real commands, each printed before it runs, with their real output:
-   check -> push (the smoke levels the sandbox supports: compile, import, cli; launch
-   needs a GPU) -> status -> rollback -> status.
+   check -> push (then the smoke levels the sandbox supports: compile, import, cli;
+   launch needs a GPU) -> status -> rollback -> status.
 3. Everything it made (sshd, sandbox, snapshots) lives in one temporary folder, removed
    at the end whatever happened; the repository is left as it was.
 """
@@ -60,15 +60,6 @@ def smoke_table() -> str:
         extra_args = ["--device", "cpu", "--attention-backend", "triton", "--skip-tokenizer-init"]
         gpu = false
     """)
-
-
-def push_runs_smoke() -> bool:
-    """Whether `push` has the smoke hook (its --no-rollback option) in this checkout."""
-    import inspect
-
-    from ddtree_deploy.cli import deploy_cmd
-
-    return "no_rollback" in inspect.signature(deploy_cmd.push).parameters
 
 
 def start_sshd(workdir: Path):
@@ -131,15 +122,15 @@ def main() -> int:
             inventory = str(write_inventory(tmp, env.python, sshd))
             # Snapshots go to the sandbox too: the repository's snapshot/ is left alone.
             cli_env = {**os.environ, "DDTREE_DEPLOY_SNAPSHOT": str(tmp / "snapshot")}
-            steps = [["check", "--release", VERSION], ["push", "--host", inventory]]
-            if push_runs_smoke():
-                say("push runs the sandbox's smoke levels after its switch (compile, import, cli; "
-                    "launch needs a GPU), and rolls back by itself if one fails")
-            else:
-                say("this checkout's push does not run the smoke yet: `smoke` runs right after it")
-                steps.append(["smoke", "--host", inventory])
-            steps += [["status", "--host", inventory], ["rollback", "--host", inventory],
-                      ["status", "--host", inventory]]
+            say("push runs the sandbox's smoke levels after its switch (compile, import, cli; "
+                "launch needs a GPU), and rolls back by itself if one fails")
+            steps = [
+                ["check", "--release", VERSION],
+                ["push", "--host", inventory],
+                ["status", "--host", inventory],
+                ["rollback", "--host", inventory],
+                ["status", "--host", inventory],
+            ]
             for args in steps:
                 rc = run(args, cli_env)
                 if rc != 0:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The prepared GPU smoke: push the DDTree series to a real GPU host, run every smoke level
+# The prepared GPU smoke: push the DDTree series to a real GPU host with every smoke level
 # (compile, import, cli, launch), print the measured acceptance length, and (unless KEEP=1)
-# roll the host back to pristine. Run it from a checkout on the controller (or on the GPU
+# roll the host back to pristine (a failed level already rolled it back). Run it from a checkout on the controller (or on the GPU
 # box itself with a `transport = "local"` inventory):
 #
 #     scripts/gpu_smoke.sh ct200            # hosts/ct200.toml
@@ -41,21 +41,37 @@ CLI="${DDTREE_DEPLOY:-$REPO/.venv/bin/ddtree-deploy}"
 REPORT="${REPORT:-smoke-$HOST.json}"
 started=$(date +%s)
 
-echo "== push (the push runs the host's smoke levels and rolls back by itself if one fails)"
-"$CLI" push --host "$HOST"
+LEVELS=(--level compile --level import --level cli --level launch)
 
-echo "== smoke: every level, launch included"
+echo "== push, then every smoke level, launch included (a failed level rolls the host back)"
 set +e
-"$CLI" smoke --host "$HOST" --level compile --level import --level cli --level launch --json >"$REPORT"
+"$CLI" push --host "$HOST" "${LEVELS[@]}" --json >"$REPORT"
 rc=$?
 set -e
+if "$REPO/.venv/bin/python" -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if "hosts" in d and d["hosts"][0].get("smoke") is None and d["ok"] else 1)' "$REPORT"; then
+    echo "== already deployed (push switched nothing): smoke on its own"
+    set +e
+    "$CLI" smoke --host "$HOST" "${LEVELS[@]}" --json >"$REPORT"
+    rc=$?
+    set -e
+fi
 
 "$REPO/.venv/bin/python" - "$REPORT" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
 if "error" in doc:
-    print("smoke error:", doc["error"]["message"])
+    print("error:", doc["error"]["message"])
     sys.exit(0)
+if "hosts" in doc:  # the push document: the smoke and the auto-rollback are in it
+    host = doc["hosts"][0]
+    if "error" in host:
+        print("error:", host["error"]["message"])
+        sys.exit(0)
+    print(host["summary"])
+    rollback = host.get("auto_rollback")
+    doc = host["smoke"]
+else:
+    rollback = None
 for level in doc["levels"]:
     print(f"  {level['level']:<8} {level['status']:<8} {level['seconds']:7.1f} s  {level['detail']}")
 launch = next((l for l in doc["levels"] if l["level"] == "launch"), None)
@@ -65,11 +81,13 @@ if launch and launch["status"] == "passed":
           f"avg_spec_accept_length {ev.get('avg_spec_accept_length')}")
 if doc.get("log_copy"):
     print("server log copied to", doc["log_copy"])
+if rollback:
+    print("auto-rollback:", json.dumps(rollback)[:400])
 PY
 
-if [ "${KEEP:-0}" != "1" ]; then
+if [ "$rc" = "0" ] && [ "${KEEP:-0}" != "1" ]; then
     echo "== rollback to pristine (KEEP=1 leaves DDTree deployed)"
     "$CLI" rollback --host "$HOST"
 fi
-echo "== done in $(( $(date +%s) - started )) s; smoke exit code $rc; report in $REPORT"
+echo "== done in $(( $(date +%s) - started )) s; exit code $rc; report in $REPORT"
 exit "$rc"

@@ -30,7 +30,8 @@ from ddtree_deploy.series import load_family
 from ddtree_deploy.transport import transport_for
 
 import sglang_host
-from sshd_host import SSHServer, TestHost, free_port
+from sshd_host import SSHServer, free_port
+from sshd_host import TestHost as SandboxHost  # aliased: pytest would try to collect a Test* class
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
 
@@ -65,9 +66,9 @@ def sshd(tmp_path_factory):
         yield server
 
 
-def make_host(sshd, root: Path, name: str, levels, launch_extra="") -> tuple[TestHost, object]:
+def make_host(sshd, root: Path, name: str, levels, launch_extra="") -> tuple[SandboxHost, object]:
     env = sglang_host.make_host_env(root / "env")
-    test_host = TestHost(name=name, server=sshd, python=env.python, site=env.site_packages,
+    test_host = SandboxHost(name=name, server=sshd, python=env.python, site=env.site_packages,
                          state_dir=root / "state")
     path = test_host.inventory(root / "hosts")
     with open(path, "a") as fh:
@@ -79,7 +80,7 @@ def sha(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def assert_pristine(test_host: TestHost, paths) -> None:
+def assert_pristine(test_host: SandboxHost, paths) -> None:
     wheel = sglang_host.pristine_files(sglang_host.BASELINE_RELEASE, [p for p in paths
                                                                       if test_host.read(p) is not None])
     for path in paths:

@@ -32,6 +32,8 @@ def smoke_cmd(
     report = smoke.smoke_host(
         h, lambda: transport_for(h, trust_new_host=trust_new_host), levels=level or None,
         progress=lambda step: err.print(f"[dim]{h.name}:[/] {step}", highlight=False),
+        heartbeat=lambda lvl, s: err.print(f"[dim]{h.name}: smoke {lvl}: still running ({s:.0f} s)[/]",
+                                           highlight=False),
     )
     if json_output:
         emit_json(report.to_json())
