@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import time
-import zipfile
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import lru_cache
@@ -38,7 +37,7 @@ from ddtree_deploy.matrix import (
     sort_rows,
 )
 from ddtree_deploy.matrix_import import smoke_releases
-from ddtree_deploy.release_facts import ReleaseFacts, describe, facts_from_names
+from ddtree_deploy.release_facts import MARKERS, ReleaseFacts, describe, facts_from_names
 from ddtree_deploy.series import FamilyInfo, PatchEntry, Series, families, load_family, read_family_info
 
 #: progress(phase, done, total): phase is "download" or "apply".
@@ -143,15 +142,15 @@ def _series(folder: str) -> Series:
 
 def _check_one(job: _Job) -> _Done:
     started = time.perf_counter()
-    with zipfile.ZipFile(job.wheel) as zf:
-        names = zf.namelist()
-    facts = facts_from_names(job.version, names, job.fact_paths)
-    if job.family_folder is None:
+    series = _series(str(job.family_folder)) if job.family_folder is not None else None
+    wanted = series.touched_paths() if series is not None else ()
+    # One pass over the wheel (opening a large wheel's zip directory is most of the cost
+    # here): the files to patch, plus the few whose presence the release facts read.
+    found = releases.read_wheel_files(job.wheel, dict.fromkeys((*wanted, *job.fact_paths, *MARKERS)))
+    facts = facts_from_names(job.version, found, job.fact_paths)
+    if series is None:
         row = ReleaseRow(job.version, None, job.coverage, facts=facts)
         return _Done(row, time.perf_counter() - started)
-    series = _series(str(job.family_folder))
-    wanted = series.touched_paths()
-    found = releases.read_wheel_files(job.wheel, wanted)
     files = {path: found.get(path) for path in wanted}
     report = check_series(series, files, fuzz=job.fuzz)
     compile_seconds = 0.0

@@ -24,6 +24,8 @@ V2_WORKER = SPECULATIVE + "dflash_worker_v2.py"
 # From 0.5.13 on, DFLASH's server-argument validation lives in this hook instead of
 # server_args.py; a patch that edits the validation has to follow it there.
 SPEC_HOOK = "sglang/srt/arg_groups/speculative_hook.py"
+#: The files whose presence the facts read, besides the series' own.
+MARKERS = (V1_WORKER, V2_WORKER, SPEC_HOOK)
 
 
 class DFlashWorker(str, Enum):
@@ -65,6 +67,9 @@ def package_names(names: Iterable[str]) -> frozenset[str]:
 
 def facts_from_names(version: str, names: Iterable[str], series_paths: Sequence[str]) -> ReleaseFacts:
     """The facts of one release from its wheel's file names and the series' touched paths.
+
+    ``names`` may be every name in the wheel, or just those of ``series_paths`` and
+    ``MARKERS`` that it holds: only their presence is read.
 
     ``series_paths`` should hold only paths the series *changes* (files it creates
     with ``add`` are expected to be absent, so the caller leaves them out).
@@ -131,6 +136,7 @@ def describe(facts: ReleaseFacts, history: Sequence[ReleaseFacts]) -> str:
 
 
 __all__ = [
+    "MARKERS",
     "DFlashWorker",
     "ReleaseFacts",
     "describe",
