@@ -37,6 +37,7 @@ CASES = [
     "worker_topk_single_shard",
     "worker_topk_two_shards",
     "worker_topk_method_chunked",
+    "worker_topk_method_two_ranks",
     "worker_builds_tree_input",
     "worker_tree_mamba_indices",
 ]
@@ -590,6 +591,45 @@ class _Probe:
             self._worker_self(), hidden_states=hs, lm_head=head, k=6, chunk_size=4
         )
         ref_lp, ref_tok = torch.log_softmax(hs @ weight[:vocab].T, dim=-1).topk(6, dim=-1)
+        assert torch.allclose(lp, ref_lp, atol=1e-5) and torch.equal(tok, ref_tok)
+
+    def worker_topk_method_two_ranks(self):
+        """The worker's TP gather path, as rank 0 of 2. SGLang's TP group cannot have two
+        ranks on CPU (it opens PyNccl), so the group is a STAND-IN whose all-gather
+        appends the other rank's shard results, computed here from its weight shard."""
+        torch = self.torch
+        from sglang.srt.speculative import dflash_worker
+        from sglang.srt.speculative.dflash_worker import _shard_topk_logprobs
+
+        gen = torch.Generator().manual_seed(15)
+        hidden, k, chunk = 6, 5, 4
+        full = torch.randn(40, hidden, generator=gen)
+        shards = [(full[:20], self._shard(0, 20, 20)), (full[20:], self._shard(20, 40, 20))]
+        heads = [self._lm_head(w, s) for w, s in shards]
+        hs = torch.randn(10, hidden, generator=gen)
+        other = []  # rank 1's gathered inputs, in the order rank 0 gathers them
+        for start in range(0, hs.shape[0], chunk):
+            other += list(_shard_topk_logprobs(hs[start : start + chunk], heads[1], k))
+
+        class TwoRankGroup:
+            world_size = 2
+
+            def __init__(self, parts):
+                self.parts = iter(parts)
+
+            def all_gather_into_tensor(self, output, inp):
+                output.copy_(torch.cat([inp.reshape(-1), next(self.parts).reshape(-1)]))
+
+        saved = dflash_worker.get_tp_group
+        dflash_worker.get_tp_group = lambda: TwoRankGroup(other)
+        try:
+            lp, tok = dflash_worker.DFlashWorker._topk_logprobs_from_vocab_parallel_head(
+                self._worker_self(), hidden_states=hs, lm_head=heads[0], k=k,
+                chunk_size=chunk,
+            )
+        finally:
+            dflash_worker.get_tp_group = saved
+        ref_lp, ref_tok = torch.log_softmax(hs @ full.T, dim=-1).topk(k, dim=-1)
         assert torch.allclose(lp, ref_lp, atol=1e-5) and torch.equal(tok, ref_tok)
 
     def worker_builds_tree_input(self):
