@@ -10,8 +10,9 @@
 # the SGLang 0.5.12.post1 wheel (~8 MB): $SGLANG_WHEEL, else .gpu-carry/*.whl, else
 # the toolkit's wheel cache (~/.cache/ddtree-deploy/wheels/).
 #
-# Steps: (1) a venv over the machine's site-packages, with the release wheel and the
-# patched files installed on top; (2) the verify-input probe with --device cuda
+# Steps: (1) the release wheel and the patched files installed into a temp folder put
+# first on PYTHONPATH (ahead of any SGLang the machine has; no venv, so a machine whose
+# python is itself a venv keeps its packages); (2) the verify-input probe with --device cuda
 # (verify_tree_greedy / tree_speculative_sampling_target_only / the batched tree
 # builder on CUDA, every result against brute force); (3) a served tiny Llama target +
 # DFlash draft (random weights) with --speculative-algorithm DDTREE.
@@ -40,21 +41,22 @@ fi
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-echo "[1/3] venv over the machine's packages + SGLang 0.5.12.post1 + the series" >&2
-"$PY" -m venv --system-site-packages "$WORK/venv"
-VPY=$WORK/venv/bin/python
-SP=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-"$VPY" scripts/gpu_check_series.py install --wheel "$WHEEL" --site-packages "$SP" \
+echo "[1/3] SGLang 0.5.12.post1 + the series, first on PYTHONPATH" >&2
+SP=$WORK/site-packages
+"$PY" scripts/gpu_check_series.py install --wheel "$WHEEL" --site-packages "$SP" \
     | tee "$OUT/install.txt"
+export PYTHONPATH="$SP${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -c 'import sglang, sglang.srt.speculative.ddtree_utils as du; print("sglang", sglang.__version__, sglang.__file__, du.__file__)' \
+    | tee -a "$OUT/install.txt"
 
 echo "[2/3] tree verify on CUDA (SGLang kernels vs brute force)" >&2
 status=0
-timeout 240 "$VPY" scripts/ddtree_verify_probe.py --device cuda --strict gpu \
+timeout 240 "$PY" scripts/ddtree_verify_probe.py --device cuda --strict gpu \
     >"$OUT/verify.txt" 2>&1 || status=1
 tail -n 20 "$OUT/verify.txt" >&2
 
 echo "[3/3] served tiny target + draft with DDTREE" >&2
-timeout 420 "$VPY" scripts/gpu_check_series.py serve --models tests/data/models \
+timeout 420 "$PY" scripts/gpu_check_series.py serve --models tests/data/models \
     >"$OUT/serve.txt" 2>&1 || status=1
 grep '^GPU-SERVE:' "$OUT/serve.txt" >&2 || tail -n 40 "$OUT/serve.txt" >&2
 
