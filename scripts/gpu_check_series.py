@@ -5,13 +5,15 @@
         apply the whole series of patches/sglang-0.5.12/ to it with GNU patch (exact
         hunks only: -F0 and no offset) and add the payload files.
     python scripts/gpu_check_series.py serve --models tests/data/models
-        End-to-end smoke on the GPU: SGLang's offline Engine serves the tiny Llama
-        target with the tiny DFlash draft (random weights, --load-format dummy, no
-        tokenizer), first with DDTREE, then without speculation, greedy; prints a JSON
-        summary. Fails when DDTREE does not generate, does not verify trees or does not
-        accept at least the bonus token per step; a difference from the plain greedy
-        output is REPORTED, not failed (random 1e-3 weights give near-tied logits, and the
-        tree verify sums in a different order than plain decoding).
+        End-to-end on the GPU: SGLang's offline Engine serves the tiny Llama target
+        (tests/data/models/tiny-llama's config, random weights written here with
+        transformers, LM head scaled up so greedy has no near-ties) with the tiny DFlash
+        draft (random weights: --speculative-draft-load-format dummy), no tokenizer,
+        float32, Triton attention: greedy generation with DDTREE, then without
+        speculation. Prints a JSON summary; fails unless every DDTREE request generates
+        all its tokens through tree verifies and equals the plain greedy output (DDTree
+        is lossless). A random draft rarely agrees with the target, so the accept length
+        is near 1: this checks correctness, not speed.
 
 Standard library only at module level; SGLang is imported inside ``serve``.
 """
@@ -72,10 +74,28 @@ def _generate(engine_kwargs: dict, prompts: list[list[int]], max_new_tokens: int
         engine.shutdown()
 
 
+def _random_target(models: Path, dest: Path) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig.from_pretrained(models / "tiny-llama"))
+    with torch.no_grad():
+        # Sharp logits: plain decoding and the tree verify sum in different orders, so a
+        # near-tie could flip an argmax and fake a mismatch.
+        model.lm_head.weight.mul_(20.0)
+    model.save_pretrained(dest, safe_serialization=True)
+    shutil.copyfile(models / "tiny-llama" / "generation_config.json",
+                    dest / "generation_config.json")
+    return dest
+
+
 def serve(models: Path) -> int:
+    import tempfile
+
+    target = _random_target(models, Path(tempfile.mkdtemp()) / "tiny-llama-random")
     common = dict(
-        model_path=str(models / "tiny-llama"),
-        load_format="dummy",
+        model_path=str(target),
         skip_tokenizer_init=True,
         attention_backend="triton",
         mem_fraction_static=0.3,
@@ -87,7 +107,8 @@ def serve(models: Path) -> int:
     ddtree = _generate(
         dict(common, speculative_algorithm="DDTREE",
              speculative_draft_model_path=str(models / "tiny-dflash-draft"),
-             speculative_ddtree_budget=32),
+             speculative_draft_load_format="dummy",
+             speculative_ddtree_budget=128),
         prompts, max_new,
     )
     plain = _generate(common, prompts, max_new)
@@ -104,7 +125,8 @@ def serve(models: Path) -> int:
             "matches_plain_greedy": same is None and len(ids) == len(ref_ids),
             "first_difference": same,
         })
-        ok &= len(ids) == max_new and verify_ct > 0 and accept_len >= 1.0
+        ok &= (len(ids) == max_new and verify_ct > 0 and accept_len >= 1.0
+               and summary["requests"][-1]["matches_plain_greedy"])
     summary["ok"] = ok
     print("GPU-SERVE:" + json.dumps(summary), flush=True)
     return 0 if ok else 1
