@@ -320,3 +320,25 @@ def test_compile_resolves_package_relative_paths_where_the_interpreter_finds_the
     assert answer["ok"] and answer["levels"][0]["evidence"]["root"] == str(tmp / "site")
     gone = run_agent({"levels": ["compile"], "compile": {"package": "nopkg", "files": ["nopkg/x.py"]}}, env)
     assert "cannot find the nopkg package" in gone["levels"][0]["detail"]
+
+
+def test_dropped_connection_still_stops_the_server(tmp_path):
+    """SSH gone mid-launch (SIGHUP, pipes closed): the program finishes the level and stops the group."""
+    import signal
+    import time
+
+    request, pid_file = launch_request(tmp_path, "ok", "--child", "--ready-after", "1.5")
+    proc = subprocess.Popen([sys.executable, str(AGENT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    proc.stdin.write((json.dumps(request) + "\n").encode())
+    proc.stdin.close()
+    assert json.loads(proc.stdout.readline())["event"] == "start"
+    deadline = time.monotonic() + 10
+    while not (pid_file.exists() and len(pid_file.read_text().split()) == 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.stdout.close()  # the client is gone: nobody reads the answer
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=60) == 0
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert len(pids) == 2 and [p for p in pids if alive(p)] == []
+    assert "ready to roll" in (tmp_path / "smoke" / "server.log").read_text()  # it ran to the end
