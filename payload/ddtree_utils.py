@@ -70,6 +70,9 @@ class DDTreeLayout:
     valid: torch.Tensor  # [bs, n] bool; False for padding nodes (never accepted)
     scores: torch.Tensor  # [bs, n] float32; path log-probability (root 0, padding -inf)
     max_depth: int  # L: static bound on any node's depth (host int, no sync to read)
+    # [bs, n, L + 1] int64: entry t = the ancestor t levels up (t = 0: the node), -1 past the
+    # root. Built once with the tree; the greedy walk reads it (None: recomputed there).
+    ancestors: Optional[torch.Tensor] = None
 
     @property
     def batch_size(self) -> int:
@@ -213,22 +216,21 @@ def build_ddtree(
     neg_inf = float("-inf")
 
     pair_slot, pair_rank = _candidate_tensors(width, k, device)  # [C], [C]
-    keep = min(width, pair_slot.shape[0])  # a depth list never needs more than this
+    # Every slot i < W has the pair (i, 0), so there are always >= W candidates per depth.
     cand_logprobs = logprobs[:, :, pair_rank]  # [bs, L, C]: each pair's token log-prob
 
-    # level_scores[:, d, j]: score of the j-th best prefix of depth d + 1 (-inf: none);
-    # level_order[:, d, j]: which candidate pair it came from (its parent slot and rank).
-    level_scores = torch.full((bs, depth_limit, width), neg_inf, device=device)
-    level_order = torch.zeros((bs, depth_limit, width), dtype=torch.long, device=device)
     # Depth 0: the root alone, in slot 0 (other slots do not exist: -inf).
     prev = torch.full((bs, width), neg_inf, dtype=torch.float32, device=device)
     prev[:, 0] = 0.0
+    scores_per_depth, orders_per_depth = [], []
     for d in range(depth_limit):
         cand = prev[:, pair_slot] + cand_logprobs[:, d]  # [bs, C]
         values, order = torch.sort(cand, dim=1, descending=True, stable=True)
-        level_scores[:, d, :keep] = values[:, :keep]
-        level_order[:, d, :keep] = order[:, :keep]
-        prev = level_scores[:, d]
+        prev = values[:, :width]  # the W best prefixes of depth d + 1 (-inf: none)
+        scores_per_depth.append(prev)
+        orders_per_depth.append(order[:, :width])  # their candidate pairs
+    level_scores = torch.stack(scores_per_depth, dim=1)  # [bs, L, W]
+    level_order = torch.stack(orders_per_depth, dim=1)  # [bs, L, W]
 
     # Merge the depth lists (depth-major, so ties go to the shallower node) and keep B.
     all_scores = level_scores.reshape(bs, depth_limit * width)
@@ -267,6 +269,22 @@ def build_ddtree(
     return _assemble(toks, depths, parents, valid, scores, depth_limit)
 
 
+def _ancestor_table(parents: torch.Tensor, depth_limit: int) -> torch.Tensor:
+    """[bs, n, L + 1]: entry t is the ancestor t levels up (t = 0: the node itself), -1 past
+    the root. Pointer doubling: log2(L + 1) batched gathers instead of L sequential ones."""
+    bs, n = parents.shape
+    table = torch.arange(n, device=parents.device).expand(bs, n).unsqueeze(2)  # [bs, n, 1]
+    jump = parents  # ancestor 2^k levels up, [bs, n]
+    while table.shape[2] < depth_limit + 1:
+        # ancestor (t + 2^k) of i = ancestor t of (ancestor 2^k of i); -1 stays -1
+        start = jump.clamp(min=0).reshape(bs, n, 1).expand(bs, n, table.shape[2])
+        further = table.gather(1, start)
+        further = torch.where(jump.unsqueeze(2) >= 0, further, -1)
+        table = torch.cat([table, further], dim=2)
+        jump = torch.where(jump >= 0, jump.gather(1, jump.clamp(min=0)), -1)  # 2^(k+1) up
+    return table[:, :, : depth_limit + 1]
+
+
 def _assemble(tokens, depths, parents, valid, scores, depth_limit: int) -> DDTreeLayout:
     """Tree mask and retrieve arrays from the parent array, batched (loops over depth only)."""
     bs, n = tokens.shape
@@ -290,13 +308,11 @@ def _assemble(tokens, depths, parents, valid, scores, depth_limit: int) -> DDTre
     next_sibling = torch.full((bs, n), -1, dtype=torch.long, device=device)
     next_sibling.scatter_(1, order[:, :-1], torch.where(same, order[:, 1:], -1))
 
-    # Row i sees itself and its ancestors: follow parent pointers max-depth times.
-    tree_mask = torch.eye(n, dtype=torch.bool, device=device).expand(bs, n, n).clone()
-    cur = idx
-    for _ in range(max(depth_limit, 1)):
-        cur = parents.gather(1, cur.clamp(min=0))
-        # cur == -1 (past the root) is clamped onto the root: already an ancestor of all.
-        tree_mask.scatter_(2, cur.clamp(min=0).unsqueeze(-1), True)
+    # Row i sees itself and its ancestors.
+    ancestors = _ancestor_table(parents, depth_limit)  # [bs, n, L + 1], -1 past the root
+    tree_mask = torch.zeros(bs, n, n + 1, dtype=torch.bool, device=device)
+    tree_mask.scatter_(2, torch.where(ancestors >= 0, ancestors, n), True)
+    tree_mask = tree_mask[:, :, :n]
 
     retrieve_index = torch.arange(bs * n, device=device).reshape(bs, n)
     return DDTreeLayout(
@@ -310,6 +326,7 @@ def _assemble(tokens, depths, parents, valid, scores, depth_limit: int) -> DDTre
         valid=valid,
         scores=scores,
         max_depth=depth_limit,
+        ancestors=ancestors,
     )
 
 
@@ -383,7 +400,7 @@ def build_ddtree_reference(
     roots = root_tokens.long().cpu().tolist()
 
     out = {name: [] for name in ("tokens", "depths", "parents", "valid", "scores")}
-    out.update(next_token=[], next_sibling=[], mask=[])
+    out.update(next_token=[], next_sibling=[], mask=[], ancestors=[])
     for b in range(bs):
         nodes = _reference_one(lp_all[b], tok_all[b], budget, width)
         pad = n - 1 - len(nodes)
@@ -401,19 +418,21 @@ def build_ddtree_reference(
         for c in children:
             for a, b2 in zip(c, c[1:]):
                 next_sibling[a] = b2
-        mask = []
+        mask, ancestors = [], []
         for i in range(n):
-            row = [False] * n
+            row, up = [False] * n, []
             j = i
             while j != -1:
                 row[j] = True
+                up.append(j)
                 j = parents[j]
             mask.append(row)
+            ancestors.append(up + [-1] * (depth_limit + 1 - len(up)))
 
         for name, value in (
             ("tokens", toks), ("depths", depths), ("parents", parents), ("valid", valid),
             ("scores", scores), ("next_token", next_token), ("next_sibling", next_sibling),
-            ("mask", mask),
+            ("mask", mask), ("ancestors", ancestors),
         ):
             out[name].append(value)
 
@@ -429,6 +448,7 @@ def build_ddtree_reference(
         valid=torch.tensor(out["valid"], dtype=torch.bool).reshape(bs, n),
         scores=torch.tensor(out["scores"], dtype=torch.float32).reshape(bs, n),
         max_depth=depth_limit,
+        ancestors=torch.tensor(out["ancestors"], **long).reshape(bs, n, depth_limit + 1),
     )
 
 
@@ -524,7 +544,7 @@ def greedy_accept(
     From the root, move to the child whose token equals the target's token at the current node
     (children tried in sibling order) until none does; the target token at the last accepted
     node is the bonus. Semantics of SGLang's ``verify_tree_greedy`` with S = max_depth + 1.
-    backend: "torch" (pure torch, any device; loops over depth only), "sgl_kernel" (SGLang's
+    backend: "torch" (pure torch, any device; no loop), "sgl_kernel" (SGLang's
     CUDA kernel), or "auto" (the kernel when the tensors are on CUDA and it is importable).
     """
     if backend == "auto":
@@ -539,26 +559,42 @@ def greedy_accept(
     target = target_tokens.long()
     steps = layout.max_depth + 1
     idx = torch.arange(n, device=device).expand(bs, n)
-    base = torch.arange(bs, device=device) * n
     linked = layout.valid & (idx > 0)
+    parents = layout.parents.clamp(min=0)
 
-    cur = torch.zeros(bs, dtype=torch.long, device=device)
-    alive = torch.ones(bs, dtype=torch.bool, device=device)
-    columns = [base]
-    emitted = [target[:, 0]]
-    for _ in range(1, steps):
-        want = target.gather(1, cur.unsqueeze(1))  # [bs, 1]: the target's token at cur
-        match = linked & (layout.parents == cur.unsqueeze(1)) & (layout.tokens == want)
-        nxt = torch.where(match, idx, n).amin(dim=1)  # siblings are index-ordered
-        found = alive & (nxt < n)
-        cur = torch.where(found, nxt, cur)
-        columns.append(torch.where(found, base + nxt, -1))
-        emitted.append(torch.where(found, target.gather(1, cur.unsqueeze(1)).squeeze(1), 0))
-        alive = found
-    accept_index = torch.stack(columns, dim=1)  # [bs, S]
-    accept_length = (accept_index[:, 1:] >= 0).sum(dim=1)
-    bonus = target.gather(1, cur.unsqueeze(1)).squeeze(1)
-    return _finish(layout, accept_index, accept_length, cur, bonus, torch.stack(emitted, 1))
+    # A node matches when its token is the target's token at its parent and no earlier
+    # sibling carries the same token (the walk tries siblings in order and stops at the first;
+    # build_ddtree's siblings never repeat a token, other layouts may).
+    matches = linked & (layout.tokens == target.gather(1, parents))
+    key = torch.where(linked, parents * (1 << 32) + layout.tokens, -1 - idx)
+    sorted_key, order = torch.sort(key, dim=1, stable=True)
+    repeat = torch.zeros(bs, n + 1, dtype=torch.bool, device=device)
+    repeat.scatter_(
+        1, torch.where(sorted_key[:, 1:] == sorted_key[:, :-1], order[:, 1:], n), True
+    )
+    matches &= ~repeat[:, :n]
+
+    # Accepted = every node from it up to the root matched (the root always counts): the
+    # walk's path, found for all nodes at once instead of one depth per step.
+    ancestors = layout.ancestors
+    if ancestors is None:
+        ancestors = _ancestor_table(layout.parents, layout.max_depth)  # [bs, n, L + 1]
+    ok = torch.cat([matches, torch.ones(bs, 1, dtype=torch.bool, device=device)], dim=1)
+    ok[:, 0] = True
+    anc = torch.where(ancestors >= 0, ancestors, n)
+    accepted = ok.gather(1, anc.reshape(bs, -1)).reshape(anc.shape).all(dim=2)  # [bs, n]
+
+    # At most one accepted node per depth: place it in the path at its depth.
+    base = torch.arange(bs, device=device).unsqueeze(1) * n
+    depth_slot = torch.where(accepted, layout.depths, steps)  # steps = a sink column
+    accept_index = torch.full((bs, steps + 1), -1, dtype=torch.long, device=device)
+    accept_index.scatter_(1, depth_slot, base + idx)
+    accept_index = accept_index[:, :steps]
+    accept_length = accepted.sum(dim=1) - 1
+    last_node = accept_index.gather(1, accept_length.unsqueeze(1)).squeeze(1) - base.squeeze(1)
+    bonus = target.gather(1, last_node.unsqueeze(1)).squeeze(1)
+    emitted = target.gather(1, (accept_index - base).clamp(min=0))  # the token after each
+    return _finish(layout, accept_index, accept_length, last_node, bonus, emitted)
 
 
 def _greedy_accept_sgl_kernel(layout: DDTreeLayout, target_tokens: torch.Tensor) -> Acceptance:

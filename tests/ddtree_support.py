@@ -34,6 +34,7 @@ LAYOUT_FIELDS = (
     "retrieve_next_sibling",
     "valid",
     "scores",
+    "ancestors",
 )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -83,6 +85,31 @@ def test_greedy_accept_equals_sglang_kernel_walk(bs, depth, vocab, k, budget):
     assert acc.accept_index.shape == (bs, depth + 1)  # S = max depth + 1
     if budget > 1:
         assert max(accept_num) >= 3  # deep paths were exercised, not only rejections
+    # A layout without the builder's ancestor table (e.g. made elsewhere): same result.
+    again = du.greedy_accept(dataclasses.replace(layout, ancestors=None), target)
+    assert torch.equal(again.accept_index, acc.accept_index)
+    assert torch.equal(again.bonus, acc.bonus)
+
+
+def test_greedy_accept_with_repeated_sibling_tokens_takes_the_first():
+    # build_ddtree never repeats a token among siblings, but a layout from elsewhere may:
+    # like the kernel, the walk must then take the first such sibling and ignore the others.
+    layout, gen = _random_trees(300, 5, 6, 6, 24, seed=61)
+    sib = layout.retrieve_next_sibling
+    has_next = sib >= 0
+    later = torch.where(has_next, sib, 0)
+    tokens = layout.tokens.clone()
+    copy = has_next & (torch.rand(has_next.shape, generator=gen).to(DEVICE) < 0.5)
+    tokens.scatter_(1, torch.where(copy, later, 0), torch.where(copy, tokens, tokens[:, :1]))
+    layout.tokens = tokens
+    assert (layout.tokens.gather(1, later)[has_next] == layout.tokens[has_next]).any()
+    target = _targets_that_follow_the_tree(layout, 6, gen, p_follow=0.9)
+    acc = du.greedy_accept(layout, target)
+    accept_index, accept_num, bonus, last, predicts = _kernel_walk(layout, target)
+    assert acc.accept_index.cpu().tolist() == accept_index
+    assert acc.accept_length.cpu().tolist() == accept_num
+    assert acc.bonus.cpu().tolist() == bonus
+    assert acc.predicts.cpu().tolist() == predicts
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="SGLang's CUDA kernel: GPU only")
