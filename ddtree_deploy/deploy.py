@@ -146,50 +146,73 @@ def _finish(sess: AgentSession, apply: dict | None) -> dict | None:
     return replies[0] if apply else None
 
 
-def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
-         dry_run: bool = False, break_lock: bool = False, progress: Progress = _quiet) -> Outcome:
-    """Deploy the series on ``host``: lock, discover, drift check, check, back up, stage, switch."""
+@dataclass(frozen=True)
+class _Prepared:
+    """A plan and what to say and send for it (push and rollback differ only here)."""
+
+    plan: Plan
+    noop: str  # summary when nothing changes
+    dry: str  # summary of a dry run
+    step: str  # progress label of the apply
+    request: Callable[[str], dict]  # run id -> the apply request
+    done: Callable[[dict], str]  # the agent's apply reply -> summary
+
+
+def _execute(command: str, host: Host, transport: Transport, paths: list[str],
+             prepare: Callable[[dict, Progress], _Prepared], *, dry_run: bool, break_lock: bool,
+             progress: Progress) -> Outcome:
+    """Lock + discover, plan in memory, then apply + unlock: the one path of push and rollback."""
     t0 = time.monotonic()
-    out = Outcome(host.name, "push", new_run_id())
+    out = Outcome(host.name, command, new_run_id())
     progress("connect")
     with transport, AgentSession(transport, host) as sess:
         progress("lock + discover")
-        facts, lock = _open_locked(sess, host, out.run_id, "push", paths, break_lock, dry_run)
+        facts, lock = _open_locked(sess, host, out.run_id, command, paths, break_lock, dry_run)
         out.broke_lock = (lock or {}).get("broke")
         out.sglang_version = facts["sglang_version"]
         try:
-            progress("check")
-            desired = desire(facts)
-            out.plan = plan = plan_push(host.name, desired, _hashes(facts), facts["journal"])
+            prepared = prepare(facts, progress)
         except DeployError:
             if not dry_run:
-                _finish(sess, None)
+                _finish(sess, None)  # release the lock now, not at EOF
             raise
-        if dry_run or plan.noop:
+        out.plan = prepared.plan
+        if dry_run or prepared.plan.noop:
             if not dry_run:
                 _finish(sess, None)
-            out.summary = _push_summary(plan, dry_run, desired)
-            out.round_trips, out.connections = sess.round_trips, transport.connections
-            out.seconds = time.monotonic() - t0
-            return out
-        progress(f"back up + stage + switch {len(plan.changes)} file(s)")
-        request = _apply_push(host, out.run_id, desired, plan)
-        reply = _finish(sess, request)
-        done = expect_ok(reply, host.name, "apply")
-    out.changed = True
-    out.backup_id = done["backup_id"]
-    out.purged, out.pruned = done["purged"], done["pruned"]
-    out.summary = (f"pushed {desired.series} ({desired.series_id[:12]}): {len(plan.changes)} file(s) switched, "
-                   f"backup {out.backup_id}")
-    out.round_trips, out.connections = sess.round_trips, transport.connections
+            out.summary = prepared.noop if prepared.plan.noop else prepared.dry
+        else:
+            progress(prepared.step)
+            done = expect_ok(_finish(sess, prepared.request(out.run_id)), host.name, "apply")
+            out.changed = True
+            out.backup_id = done["backup_id"]
+            out.purged, out.pruned = done["purged"], done["pruned"]
+            out.summary = prepared.done(done)
+        out.round_trips, out.connections = sess.round_trips, transport.connections
     out.seconds = time.monotonic() - t0
     return out
 
 
-def _push_summary(plan: Plan, dry_run: bool, desired: Desired) -> str:
-    if plan.noop:
-        return f"already deployed: {desired.series} ({desired.series_id[:12]}); nothing changed"
-    return f"dry run: would switch {len(plan.changes)} of {len(plan.steps)} file(s); nothing changed"
+def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
+         dry_run: bool = False, break_lock: bool = False, progress: Progress = _quiet) -> Outcome:
+    """Deploy the series on ``host``: lock, discover, drift check, check, back up, stage, switch."""
+
+    def prepare(facts: dict, progress: Progress) -> _Prepared:
+        progress("check")
+        desired = desire(facts)
+        plan = plan_push(host.name, desired, _hashes(facts), facts["journal"])
+        name = f"{desired.series} ({desired.series_id[:12]})"
+        return _Prepared(
+            plan,
+            noop=f"already deployed: {name}; nothing changed",
+            dry=f"dry run: would switch {len(plan.changes)} of {len(plan.steps)} file(s); nothing changed",
+            step=f"back up + stage + switch {len(plan.changes)} file(s)",
+            request=lambda run_id: _apply_push(host, run_id, desired, plan),
+            done=lambda d: f"pushed {name}: {len(plan.changes)} file(s) switched, backup {d['backup_id']}",
+        )
+
+    return _execute("push", host, transport, paths, prepare, dry_run=dry_run, break_lock=break_lock,
+                    progress=progress)
 
 
 def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan) -> dict:
@@ -219,53 +242,42 @@ def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan) -> dict:
 def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
              break_lock: bool = False, progress: Progress = _quiet) -> Outcome:
     """Restore a backup (the newest, or ``to``) through the same staged, verified switch as push."""
-    t0 = time.monotonic()
-    out = Outcome(host.name, "rollback", new_run_id())
-    progress("connect")
-    with transport, AgentSession(transport, host) as sess:
-        progress("lock + discover")
-        facts, lock = _open_locked(sess, host, out.run_id, "rollback", [], break_lock, dry_run)
-        out.broke_lock = (lock or {}).get("broke")
-        out.sglang_version = facts["sglang_version"]
-        try:
-            manifest = _choose_backup(host, facts["backups"], to)
-            out.plan = plan = plan_rollback(host.name, manifest, _hashes(facts), facts["journal"])
-        except DeployError:
-            if not dry_run:
-                _finish(sess, None)
-            raise
-        out.backup_id = manifest["id"]
-        if dry_run or plan.noop:
-            if not dry_run:
-                _finish(sess, None)
-            out.summary = (f"already at backup {manifest['id']}; nothing changed" if plan.noop else
-                           f"dry run: would restore {len(plan.changes)} file(s) from {manifest['id']}; nothing changed")
-            out.round_trips, out.connections = sess.round_trips, transport.connections
-            out.seconds = time.monotonic() - t0
-            return out
-        progress(f"stage + switch {len(plan.changes)} file(s) from backup {manifest['id']}")
-        journal = dict(facts["journal"] or {})
-        journal.pop("phase", None)
-        request = {
-            "op": "apply",
-            "kind": "rollback",
-            "run_id": out.run_id,
-            "files": [{"path": s.path, "expect": s.current, "want": s.want,
-                       "mode": (manifest["files"][s.path].get("mode") or 0o644)} for s in plan.changes],
-            "from_backup": manifest["id"],
-            "backup_id": manifest["id"],
-            "make_backup": False,
-            "journal": journal,
-            "final_phase": "rolled-back",
-            "keep_backups": host.keep_backups,
-        }
-        done = expect_ok(_finish(sess, request), host.name, "apply")
-    out.changed = True
-    out.purged, out.pruned = done["purged"], done["pruned"]
-    out.summary = f"rolled back {len(plan.changes)} file(s) to backup {manifest['id']} (sha256 verified)"
-    out.round_trips, out.connections = sess.round_trips, transport.connections
-    out.seconds = time.monotonic() - t0
-    return out
+
+    def prepare(facts: dict, progress: Progress) -> _Prepared:
+        manifest = _choose_backup(host, facts["backups"], to)
+        plan = plan_rollback(host.name, manifest, _hashes(facts), facts["journal"])
+        bid = manifest["id"]
+        return _Prepared(
+            plan,
+            noop=f"already at backup {bid}; nothing changed",
+            dry=f"dry run: would restore {len(plan.changes)} file(s) from {bid}; nothing changed",
+            step=f"stage + switch {len(plan.changes)} file(s) from backup {bid}",
+            request=lambda run_id: _apply_rollback(host, run_id, manifest, plan, facts["journal"]),
+            done=lambda d: f"rolled back {len(plan.changes)} file(s) to backup {bid} (sha256 verified)",
+        )
+
+    outcome = _execute("rollback", host, transport, [], prepare, dry_run=dry_run, break_lock=break_lock,
+                       progress=progress)
+    outcome.backup_id = outcome.plan.backup_id if outcome.plan else None
+    return outcome
+
+
+def _apply_rollback(host: Host, run_id: str, manifest: dict, plan: Plan, journal: dict | None) -> dict:
+    journal = dict(journal or {})
+    journal.pop("phase", None)
+    return {
+        "op": "apply",
+        "kind": "rollback",
+        "run_id": run_id,
+        "files": [{"path": s.path, "expect": s.current, "want": s.want,
+                   "mode": manifest["files"][s.path].get("mode") or 0o644} for s in plan.changes],
+        "from_backup": manifest["id"],
+        "backup_id": manifest["id"],
+        "make_backup": False,
+        "journal": journal,  # the series stays recorded: status can still tell patched from pristine
+        "final_phase": "rolled-back",
+        "keep_backups": host.keep_backups,
+    }
 
 
 def _choose_backup(host: Host, backups: list[dict], to: str | None) -> dict:
