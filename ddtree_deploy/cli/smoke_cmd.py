@@ -16,7 +16,7 @@ from ddtree_deploy.inventory import load_host
 from ddtree_deploy.transport import transport_for
 
 LEVEL_HELP = ("a level to run: " + ", ".join(smoke.LEVELS) +
-              "; repeatable (default: the host's [smoke] levels)")
+              "; repeatable (default: the levels of the host's smoke table)")
 
 
 @app.command("smoke")
