@@ -259,8 +259,12 @@ class SSHTransport(Transport):
                         hint="check the fingerprint with the host's owner, then rerun with --trust-new-host",
                     )
                 client.get_host_keys().add(hostname, key.get_name(), key)
+                # Append one line: rewriting the file through paramiko would drop what it
+                # cannot parse (markers, comments) from the user's known_hosts.
                 known.parent.mkdir(parents=True, exist_ok=True)
-                client.save_host_keys(str(known))
+                line = paramiko.hostkeys.HostKeyEntry([hostname], key).to_line()
+                with open(known, "a", encoding="utf-8") as fh:
+                    fh.write(line)
 
         client.set_missing_host_key_policy(Policy())
 

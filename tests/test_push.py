@@ -346,7 +346,7 @@ def test_unknown_and_changed_host_keys_are_refused(host, sshd, oracle):
     pristine, patched = oracle
     saved = sshd.known_hosts.read_text()
     try:
-        sshd.forget()
+        sshd.known_hosts.write_text("# the user's own comment, kept when a key is trusted\n")
         refused = cli("push", "--host", host.name)
         assert refused.exit_code == 1 and "unknown host key" in refused.stderr
         assert _fingerprint(Path(f"{sshd.host_key}.pub")) in refused.stderr
@@ -354,6 +354,7 @@ def test_unknown_and_changed_host_keys_are_refused(host, sshd, oracle):
         ok("push", "--host", host.name, "--trust-new-host")
         assert files_of(host) == patched
         assert sshd.host_key_line().split()[2] in sshd.known_hosts.read_text()
+        assert sshd.known_hosts.read_text().startswith("# the user's own comment")
 
         other = sshd.dir / "other_key"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
