@@ -445,3 +445,16 @@ def test_push_runs_the_smoke_and_rolls_back_when_it_fails(host, oracle):
     assert kept.exit_code == 1 and "KEPT" in kept.stdout and files_of(host) == patched
     skipped = cli("push", "--host", host.name, "--no-smoke")
     assert skipped.exit_code == 0 and "already deployed" in skipped.stdout
+
+
+def test_ssh_config_alias_is_honoured(host, sshd, oracle):
+    """host = an ~/.ssh/config alias: HostName, Port, User and IdentityFile come from that file."""
+    _pristine, patched = oracle
+    config = sshd.dir / f"ssh_config_{host.name}"
+    config.write_text(f"Host gpu-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+                      f"  IdentityFile {sshd.identity}\n")
+    (sshd.hosts_dir / f"{host.name}-alias.toml").write_text(
+        f'[ssh]\nhost = "gpu-alias"\nknown_hosts = "{sshd.known_hosts}"\nssh_config = "{config}"\n'
+        f'[host]\npython = "{host.python}"\nstate_dir = "{host.state_dir}"\n[smoke]\nlevels = []\n')
+    ok("push", "--host", f"{host.name}-alias")
+    assert files_of(host) == patched
