@@ -286,7 +286,8 @@ def _ancestor_table(parents: torch.Tensor, depth_limit: int) -> torch.Tensor:
 
 
 def _assemble(tokens, depths, parents, valid, scores, depth_limit: int) -> DDTreeLayout:
-    """Tree mask and retrieve arrays from the parent array, batched (loops over depth only)."""
+    """Tree mask, ancestor table and retrieve arrays from the parent array, batched (no
+    per-request loop; log2(depth) steps for the ancestors)."""
     bs, n = tokens.shape
     device = tokens.device
     idx = torch.arange(n, device=device).expand(bs, n)
@@ -310,9 +311,9 @@ def _assemble(tokens, depths, parents, valid, scores, depth_limit: int) -> DDTre
 
     # Row i sees itself and its ancestors.
     ancestors = _ancestor_table(parents, depth_limit)  # [bs, n, L + 1], -1 past the root
-    tree_mask = torch.zeros(bs, n, n + 1, dtype=torch.bool, device=device)
-    tree_mask.scatter_(2, torch.where(ancestors >= 0, ancestors, n), True)
-    tree_mask = tree_mask[:, :, :n]
+    tree_mask = torch.zeros(bs, n, n, dtype=torch.bool, device=device)
+    # Entries past the root (-1) point at the node itself, which is set anyway.
+    tree_mask.scatter_(2, torch.where(ancestors >= 0, ancestors, idx.unsqueeze(2)), True)
 
     retrieve_index = torch.arange(bs * n, device=device).reshape(bs, n)
     return DDTreeLayout(
@@ -511,14 +512,18 @@ def positions(layout: DDTreeLayout, seq_lens: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def _sgl_kernel_available(t: torch.Tensor) -> bool:
-    if t.device.type != "cuda":
-        return False
+@lru_cache(maxsize=1)
+def _sgl_kernel_importable() -> bool:
+    # Cached: a failed import would otherwise be retried on every verify step.
     try:
-        import sgl_kernel  # noqa: F401  (CUDA-only wheel; optional)
+        import sgl_kernel  # CUDA-only wheel; optional
     except Exception:
         return False
     return hasattr(sgl_kernel, "verify_tree_greedy")
+
+
+def _sgl_kernel_available(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" and _sgl_kernel_importable()
 
 
 def _finish(layout, accept_index, accept_length, last_node, bonus_token, emitted) -> Acceptance:
