@@ -367,6 +367,13 @@ class AgentSession:
                 code, tail = self.proc.close()
                 self.proc = None
                 detail = tail.strip().splitlines()[-1] if tail.strip() else "no output"
+                if self.round_trips == 1 and code in (126, 127):
+                    # The shell could not run the interpreter: nothing ran on the host.
+                    raise DeployError(
+                        f"{self.transport.label}: cannot run the host's Python {self.host.python!r} "
+                        f"(exit {code}; {detail})", code="agent",
+                        hint=f"set host.python in {self.host.source or 'the inventory'} to an interpreter "
+                        "on the host that has sglang installed")
                 raise DeployError(
                     f"{self.transport.label}: the agent stopped during {request.get('op')} "
                     f"(exit {code}; {detail})",

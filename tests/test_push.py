@@ -458,3 +458,11 @@ def test_ssh_config_alias_is_honoured(host, sshd, oracle):
         f'[host]\npython = "{host.python}"\nstate_dir = "{host.state_dir}"\n[smoke]\nlevels = []\n')
     ok("push", "--host", f"{host.name}-alias")
     assert files_of(host) == patched
+
+
+def test_a_wrong_interpreter_is_named(host):
+    path = host.inventory(smoke_levels=[], python="/nonexistent/bin/python")
+    result = cli("status", "--host", host.name)
+    assert result.exit_code == 1, result.output
+    assert "cannot run the host's Python '/nonexistent/bin/python' (exit 127" in result.stderr
+    assert f"set host.python in {path}" in result.stderr
