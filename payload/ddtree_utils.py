@@ -40,6 +40,7 @@ __all__ = [
     "KVPlan",
     "topk_logprobs",
     "build_ddtree",
+    "build_ddtree_from_logits",
     "build_ddtree_reference",
     "tree_objective",
     "chain_objective",
@@ -267,6 +268,19 @@ def build_ddtree(
     valid = torch.cat([torch.ones_like(root, dtype=torch.bool), valid_nodes], dim=1)
     scores = torch.cat([torch.zeros(bs, 1, device=device), node_scores], dim=1)
     return _assemble(toks, depths, parents, valid, scores, depth_limit)
+
+
+def build_ddtree_from_logits(
+    logits: torch.Tensor,
+    root_tokens: torch.Tensor,
+    budget: int,
+    topk: Optional[int] = None,
+    max_per_depth: Optional[int] = None,
+) -> DDTreeLayout:
+    """Draft logits [bs, L, V] -> layout: ``topk_logprobs`` (K = min(topk or budget, V); more
+    than the budget can never be used) then ``build_ddtree``."""
+    logprobs, tokens = topk_logprobs(logits, min(topk or budget, budget))
+    return build_ddtree(logprobs, tokens, root_tokens, budget, max_per_depth)
 
 
 def _ancestor_table(parents: torch.Tensor, depth_limit: int) -> torch.Tensor:

@@ -159,6 +159,22 @@ def test_top1_input_gives_the_dflash_chain():
     assert torch.allclose(du.tree_objective(layout), du.chain_objective(logprobs, 7))
 
 
+def test_build_from_logits_equals_topk_then_build():
+    logits = torch.randn(50, 6, 30, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    roots = torch.zeros(50, dtype=torch.long, device=DEVICE)
+    for topk, budget in [(None, 20), (4, 20), (64, 20), (None, 100)]:
+        want = du.build_ddtree(*du.topk_logprobs(logits, min(topk or budget, budget)), roots, budget)
+        got = du.build_ddtree_from_logits(logits, roots, budget, topk)
+        assert layout_mismatch(got, want) is None
+    # topk = 4: every node's token is among its depth's 4 most likely tokens.
+    got = du.build_ddtree_from_logits(logits, roots, 40, 4)
+    top4 = logits.topk(4, dim=-1).indices  # [50, 6, 4]
+    depth0 = (got.depths[:, 1:] - 1).clamp(min=0)
+    allowed = top4.gather(1, depth0.unsqueeze(2).expand(-1, -1, 4))  # [50, 40, 4]
+    hit = (allowed == got.tokens[:, 1:].unsqueeze(2)).any(dim=2)
+    assert bool(hit[got.valid[:, 1:]].all())
+
+
 def test_topk_logprobs_shapes_and_values():
     logits = torch.randn(3, 5, 11)
     values, tokens = du.topk_logprobs(logits, 4)
