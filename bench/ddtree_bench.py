@@ -1,17 +1,17 @@
 """DDTree core benchmark (`python -m bench ddtree_bench`; ~1-2 min on CPU).
 
 (a) Expected acceptance length (the paper's Proposition 1 objective, +1 for the bonus token)
-    of the DDTree tree vs the DFlash chain on the same per-position draft distributions:
-    random Dirichlet marginals, depth 15, budgets 1..512, printed as ratios.
+    of the DDTree tree vs the DFlash chain on the same per-position draft distributions
+    (random peaked Dirichlet marginals, depth 15), budgets 1..512, printed as ratios.
 (b) Tree construction time, from top-K log-probs [bs, L, K] to the full verify layout:
-    vectorised builder vs the heap, batch 1/8/32/64, budgets 16/64/256, depth 15. The top-k
-    over a 32k and a 152k vocabulary (shared by every builder) is timed separately.
+    vectorised builder vs the heap, batch 1/8/32/64, budgets 16/64/256, depth 15.
+(c) The top-k over a 32k and a 152k vocabulary, shared by every builder, timed separately.
+(d) Target forward passes of DDTree vs greedy decoding on the tests' tiny Llama (CPU).
 
-DDTREE_BENCH_DEVICE=cuda runs (b) on a GPU, adding the builder replayed from a CUDA graph
-(it has no host sync, so it can be captured) and the heap's device-to-host copy.
-Times are medians of a few runs (one torch thread on CPU) on a possibly shared machine:
-compare rows, not absolutes.
-"""
+DDTREE_BENCH_DEVICE=cuda runs (b) and (c) on a GPU, adding the builder replayed from a CUDA
+graph (it has no host sync, so it can be captured); the heap column then includes the
+device-to-host copy. Times are medians of a few runs (one torch thread on CPU) on a possibly
+shared machine: compare rows, not absolutes."""
 
 from __future__ import annotations
 
@@ -120,6 +120,13 @@ def _heap_then_assemble(logprobs, tokens, roots, budget):
     )
 
 
+def _heap_only(logprobs, tokens, budget):
+    """Node selection alone: device-to-host copy and the per-request heap, no layout."""
+    lp = logprobs.float().cpu().tolist()
+    tk = tokens.long().cpu().tolist()
+    return [du._reference_one(lp[b], tk[b], budget, budget) for b in range(len(lp))]
+
+
 def _graphed_builder(logprobs, tokens, roots, budget):
     """Capture build_ddtree in a CUDA graph (static shapes); returns a replay function."""
     stream = torch.cuda.Stream()
@@ -141,7 +148,9 @@ def construction_table() -> None:
           "layout assembly;")
     print("    reference = build_ddtree_reference (heap and layout in plain Python, the "
           "readable oracle)")
-    cols = f"  {'batch':>5} {'budget':>6} {'vectorised':>11} {'heap+asm':>9} {'reference':>10}"
+    print("    heap only = the heap's node selection alone (no layout), for scale")
+    cols = (f"  {'batch':>5} {'budget':>6} {'vectorised':>11} {'heap+asm':>9} {'heap only':>9}"
+            f" {'reference':>10}")
     if device.type == "cuda":
         cols += f" {'graphed':>8}"
     print(cols + f" {'heap+asm/vec':>13}   (ms per batch; vec per request)")
@@ -155,10 +164,11 @@ def construction_table() -> None:
             reps = 5 if bs * budget <= 2048 else 3
             vec = _median_ms(lambda: du.build_ddtree(logprobs, tokens, roots, budget), device, reps)
             heap = _median_ms(lambda: _heap_then_assemble(logprobs, tokens, roots, budget), device, reps)
+            pick = _median_ms(lambda: _heap_only(logprobs, tokens, budget), device, reps)
             ref = _median_ms(
                 lambda: du.build_ddtree_reference(logprobs, tokens, roots, budget), device, 1
             )
-            row = f"  {bs:>5} {budget:>6} {vec:>11.3f} {heap:>9.3f} {ref:>10.2f}"
+            row = f"  {bs:>5} {budget:>6} {vec:>11.3f} {heap:>9.3f} {pick:>9.3f} {ref:>10.2f}"
             if device.type == "cuda":
                 replay = _graphed_builder(logprobs, tokens, roots, budget)
                 row += f" {_median_ms(replay, device, 20):>8.3f}"
@@ -180,6 +190,33 @@ def topk_table() -> None:
             del logits
 
 
+def tiny_llama_table(num_tokens: int = 64, depth: int = 8) -> None:
+    """Target forward passes of DDTree decoding vs greedy on the tests' tiny Llama (CPU).
+    Reuses the end-to-end test's decoders (tests/ddtree_support.py) so the figures are the
+    ones the test asserts on; the emitted tokens are checked equal to greedy here too."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import ddtree_support as sup
+
+    print(f"\n(d) tiny random Llama (tests' model, CPU): target forwards for {num_tokens} tokens,"
+          f" draft depth {depth}")
+    print(f"  {'seed':>4} {'draft':>16} {'budget':>6} {'forwards':>8} {'greedy':>6} "
+          f"{'ratio':>6} {'accepted/step':>13} {'same tokens':>11}")
+    for seed in (0, 1):
+        target = sup.tiny_llama(seed)
+        prompt = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(seed))
+        greedy = sup.greedy_decode(target, prompt.tolist(), num_tokens)
+        drafts = [("perturbed 0.03", sup.perturbed_copy(target, 0.03, seed + 100)),
+                  ("= target", target)]
+        for name, draft in drafts:
+            for budget in (1, 4, 16, 64):
+                run = sup.ddtree_decode(target, draft, prompt.tolist(), num_tokens, budget, depth)
+                mean_acc = sum(run.accept_lengths) / len(run.accept_lengths)
+                print(f"  {seed:>4} {name:>16} {budget:>6} {run.target_forwards:>8} "
+                      f"{greedy.target_forwards:>6} "
+                      f"{greedy.target_forwards / run.target_forwards:>6.2f} {mean_acc:>13.2f} "
+                      f"{str(run.tokens == greedy.tokens):>11}", flush=True)
+
+
 def main() -> None:
     # One intra-op thread on CPU: steadier numbers on a shared machine (restored after).
     threads = torch.get_num_threads()
@@ -189,6 +226,7 @@ def main() -> None:
         acceptance_table()
         construction_table()
         topk_table()
+        tiny_llama_table()
     finally:
         torch.set_num_threads(threads)
 
