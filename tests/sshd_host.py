@@ -28,6 +28,13 @@ from pathlib import Path
 SGLANG_VERSION = "0.5.12.post1"
 SSHD = "/usr/sbin/sshd"
 
+# The small real series the deploy tests push (tests/data/deploy_series): two patches, one add.
+DEPLOY_SERIES = Path(__file__).resolve().parent / "data" / "deploy_series"
+DEPLOY_FAMILY = DEPLOY_SERIES / "patches" / "sglang-0.5.12"
+SPEC = "sglang/srt/speculative/spec_info.py"
+UTILS = "sglang/srt/speculative/dflash_utils.py"
+ADDED = "sglang/srt/speculative/ddtree_deploy_test_marker.py"
+
 
 def sglang_wheel(version: str = SGLANG_VERSION) -> Path:
     """The cached release wheel (filled by the releases layer / `make install`)."""

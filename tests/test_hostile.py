@@ -21,14 +21,11 @@ from typer.testing import CliRunner
 from ddtree_deploy.cli import app
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import SSHServer  # noqa: E402
+from sshd_host import SPEC, UTILS, SSHServer  # noqa: E402
+from sshd_host import DEPLOY_FAMILY as FAMILY  # noqa: E402
 
 pytestmark = pytest.mark.sshd
 
-DATA = Path(__file__).parent / "data" / "deploy_series"
-FAMILY = DATA / "patches" / "sglang-0.5.12"
-SPEC = "sglang/srt/speculative/spec_info.py"
-UTILS = "sglang/srt/speculative/dflash_utils.py"
 
 
 def payload(canary: Path) -> str:

@@ -29,15 +29,11 @@ from ddtree_deploy.series import load_family
 from ddtree_deploy.transport import SSHTransport
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import SSHServer, TestHost  # noqa: E402
+from sshd_host import ADDED, SPEC, UTILS, SSHServer, TestHost  # noqa: E402
+from sshd_host import DEPLOY_FAMILY as FAMILY, DEPLOY_SERIES as DATA  # noqa: E402
 
 pytestmark = pytest.mark.sshd
 
-DATA = Path(__file__).parent / "data" / "deploy_series"
-FAMILY = DATA / "patches" / "sglang-0.5.12"
-SPEC = "sglang/srt/speculative/spec_info.py"
-UTILS = "sglang/srt/speculative/dflash_utils.py"
-ADDED = "sglang/srt/speculative/ddtree_deploy_test_marker.py"
 TARGETS = (SPEC, UTILS, ADDED)
 _names = itertools.count()
 
