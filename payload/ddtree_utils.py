@@ -504,16 +504,15 @@ def flat_mask_for_sglang(
     if total_prefix_len is None:
         total_prefix_len = int(prefix.sum().item())  # host sync: pass it in on the hot path
     total = n * int(total_prefix_len) + bs * n * n
+    # Everything is visible except inside each request's n x n tree block, so start from all
+    # True and scatter only the tree blocks: O(bs*n*n) index work instead of O(total).
     row_len = (prefix + n).repeat_interleave(n)  # [bs*n]
-    row_start = row_len.cumsum(0) - row_len
-    row = torch.repeat_interleave(
-        torch.arange(bs * n, device=device), row_len, output_size=total
-    )  # [total]: the row every element belongs to
-    col = torch.arange(total, device=device) - row_start[row]
-    row_prefix = prefix[row // n]
-    tree_col = (col - row_prefix).clamp(min=0, max=n - 1)
-    in_tree = layout.tree_mask.reshape(bs * n, n)[row, tree_col]
-    return (col < row_prefix) | in_tree
+    row_start = row_len.cumsum(0) - row_len  # [bs*n]
+    block_start = row_start + prefix.repeat_interleave(n)  # [bs*n]: first tree column of each row
+    block_cols = block_start.unsqueeze(1) + torch.arange(n, device=device)  # [bs*n, n]
+    mask = torch.ones(total, dtype=torch.bool, device=device)
+    mask[block_cols.reshape(-1)] = layout.tree_mask.reshape(-1)
+    return mask
 
 
 def positions(layout: DDTreeLayout, seq_lens: torch.Tensor) -> torch.Tensor:
