@@ -462,3 +462,17 @@ def test_a_wrong_interpreter_is_named(host):
     assert result.exit_code == 1, result.output
     assert "cannot run the host's Python '/nonexistent/bin/python' (exit 127" in result.stderr
     assert f"set host.python in {path}" in result.stderr
+
+
+def test_rollback_without_backups_or_with_an_unknown_id(host, oracle):
+    pristine, _patched = oracle
+    none = cli("rollback", "--host", host.name)
+    assert none.exit_code == 1 and "no backups on the host" in none.stderr
+    ok("push", "--host", host.name)
+    unknown = cli("rollback", "--host", host.name, "--to", "20200101T000000.000000Z-nope")
+    assert unknown.exit_code == 2 and "no backup '20200101T000000.000000Z-nope'; on the host: 20" in unknown.stderr
+    assert not (host.state_dir / "lock").exists()  # released on the refusal, not left for EOF
+    dry = ok("rollback", "--host", host.name, "--dry-run")
+    assert "dry run: would restore 3 file(s)" in dry.stdout and host.read(ADDED) is not None
+    ok("rollback", "--host", host.name)
+    assert files_of(host) == pristine
