@@ -28,6 +28,20 @@ BASELINE_RELEASE = "0.5.12.post1"
 DATA = Path(__file__).resolve().parent / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _snapshots_outside_the_repo(tmp_path_factory: pytest.TempPathFactory):
+    """No test writes into the repository's snapshot/ folder (its manifests are committed):
+    every test, and every process it starts, sees a copy of it instead."""
+    import shutil
+
+    copy = tmp_path_factory.mktemp("snapshot-folder") / "snapshot"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "snapshot", copy,
+                    ignore=shutil.ignore_patterns("files"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DDTREE_DEPLOY_SNAPSHOT", str(copy))
+        yield copy
+
+
 @pytest.fixture(scope="session")
 def release_version() -> str:
     return BASELINE_RELEASE
