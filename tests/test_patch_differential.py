@@ -48,8 +48,8 @@ RULES = {
     "gnu-first-hunk-reverse": "GNU patch decides 'reversed or previously applied' from the first "
     "hunk alone and then skips the whole file (-N); the engine judges every hunk",
     "gnu-no-later-reverse": "GNU patch has no already-applied check after the first hunk: a later "
-    "hunk the engine finds already applied FAILS there, and GNU keeps its old offset, so the hunks "
-    "after it are compared by verdict only",
+    "hunk the engine finds already applied FAILS there; GNU then keeps its old offset and window "
+    "while the engine moves past the lines it recognised, so the hunks after it are not compared",
     "git-no-reverse": "git apply has no already-applied detection: it rejects the patch",
     "git-start-anchor": "git apply anchors every hunk that states old line 1 to the start of the "
     "file; GNU patch and the engine only one whose leading context is shorter than its trailing context",
@@ -60,6 +60,9 @@ RULES = {
     "old-side line plus the offset so far, so they may pick different places",
     "gnu-ordered": "GNU patch and the engine never place a hunk above lines an earlier hunk "
     "changed; git apply searches the whole file",
+    "git-overlap": "git apply never matches a hunk against lines an earlier hunk wrote, context "
+    "included; GNU patch and the engine let a hunk's leading context overlap the previous hunk's "
+    "trailing context",
     "git-incomplete-line": "git apply places a hunk whose last line has no newline where GNU patch "
     "and the engine, which compare the newline too, do not, and may join two lines (seen: "
     "'a\\na\\na' with a hunk adding 'a' above 'a\\na<no newline>' gives 'a\\na\\naa')",
@@ -272,6 +275,12 @@ def git_rules(fp: FilePatch, case: Case, res, git_applies: bool) -> list[str]:
             rules.append("git-start-anchor")
         if 0 < h.suffix_context < h.prefix_context and not r.ok and git_applies:
             rules.append("gnu-end-anchor")
+    prev = None  # the previous hunk the engine applied, and its result
+    for h, r in zip(fp.hunks, res.hunks):
+        if r.status in (HunkStatus.EXACT, HunkStatus.OFFSET, HunkStatus.FUZZ):
+            if prev is not None and r.line <= prev[1].line + prev[0].new_len - 1 and not git_applies:
+                rules.append("git-overlap")
+            prev = (h, r)
     if git_applies and any(h.old_no_eol or h.new_no_eol for h in fp.hunks):
         rules.append("git-incomplete-line")
     images = _images(fp, "".join(case.target))
@@ -321,11 +330,11 @@ def check_gnu(case: Case, res, tools: ToolRun, fuzz: int, stats: Counter, where:
                        len(statuses))
     if exact_until < len(statuses):
         stats["rule:gnu-no-later-reverse"] += 1
-    compared = len(res.hunks)
+    compared = min(len(res.hunks), exact_until + 1)
     misordered = re.search(r"misordered hunks! output would be garbled\nHunk #(\d+) FAILED", tools.gnu_out)
     if misordered:
         stats["rule:gnu-misordered"] += 1
-        compared = int(misordered[1]) - 1
+        compared = min(compared, int(misordered[1]) - 1)
         assert tools.gnu_rc == 1, "GNU patch exits 0 after a misordered hunk" + where
     for k, h in enumerate(res.hunks[:compared]):
         verdict, line, offset, gnu_fuzz = tools.gnu_hunks[k + 1]
@@ -339,11 +348,10 @@ def check_gnu(case: Case, res, tools: ToolRun, fuzz: int, stats: Counter, where:
             assert verdict == "FAILED", f"hunk {k + 1}: GNU {verdict}, engine failed" + where
         else:
             assert verdict == "succeeded", f"hunk {k + 1}: GNU {verdict}, engine {h.status.value}" + where
-            if k < exact_until:
-                assert (h.line, h.offset, h.fuzz) == (line, offset, gnu_fuzz), (
-                    f"hunk {k + 1}: engine line {h.line} offset {h.offset} fuzz {h.fuzz}, "
-                    f"GNU line {line} offset {offset} fuzz {gnu_fuzz}" + where)
-                stats["gnu:fuzzed-hunks"] += h.fuzz > 0
+            assert (h.line, h.offset, h.fuzz) == (line, offset, gnu_fuzz), (
+                f"hunk {k + 1}: engine line {h.line} offset {h.offset} fuzz {h.fuzz}, "
+                f"GNU line {line} offset {offset} fuzz {gnu_fuzz}" + where)
+            stats["gnu:fuzzed-hunks"] += h.fuzz > 0
     if misordered:
         return
     if res.ok and exact_until == len(statuses):
