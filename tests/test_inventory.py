@@ -35,6 +35,17 @@ def test_example_inventory_parses():
     assert (host.state_dir, host.keep_backups, host.sudo) == ("~/.ddtree-deploy", 5, False)
 
 
+def test_example_inventory_smoke_launch_uses_a_tree_mask_backend():
+    # Patch 0003 refuses DDTREE with FA3 (SGLang's Hopper default): the example must pick one.
+    from ddtree_deploy.smoke import parse_settings
+
+    host = load_host(str(REPO_ROOT / "hosts" / "ct200.toml"))
+    settings = parse_settings(host.smoke, source="hosts/ct200.toml")
+    assert settings.levels == ("compile", "import", "cli", "launch")
+    extra = list(settings.launch.extra_args)
+    assert extra[extra.index("--attention-backend") + 1] in ("flashinfer", "triton")
+
+
 def test_defaults_and_all_keys():
     host = parse_host(GOOD, name="gpu1", source="hosts/gpu1.toml")
     assert host.ssh.port == 2222 and host.ssh.jump == "ops@bastion:22,inner"
