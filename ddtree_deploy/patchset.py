@@ -244,7 +244,6 @@ class _Section:
     new_file: bool = False
     deleted_file: bool = False
     hunks: list[_ScannedHunk] = field(default_factory=list)
-    end: int = 0  # index after the section's last line that belongs to it
 
 
 class _Scanner:
@@ -315,25 +314,19 @@ class _Scanner:
                 raise self.bad(i, "'\\ No newline at end of file' marker not directly after a hunk line; "
                                + _HINT_REGEN)
             elif after_hunk and cur is not None and raw[:1] in (" ", "+", "-") and meta not in ("--", "-- "):
-                self._wrong_counts(cur.hunks[-1], i)  # the hunk goes on past its counts
+                self._wrong_counts(cur.hunks[-1])  # the hunk goes on past its counts
             elif raw in ("\n", "\r\n"):
                 pass  # blank lines between or after hunks are harmless (unidiff skips them too)
             elif cur is not None and cur.hunks:
-                # Free text after a section's hunks ends the section (as unidiff reads it).
-                cur.end = i
-                cur = None
+                cur = None  # free text after a section's hunks ends the section (as for unidiff)
             after_hunk = False
             i += 1
-        if cur is not None and not cur.end:
-            cur.end = len(lines)
         if not self.sections:
             raise BadInput(f"{self.name}:1: empty patch: no file section ('--- a/...' and "
                            "'+++ b/...' headers) found; make the patch with git diff or git format-patch")
         return self.sections
 
     def _open(self, section: _Section) -> _Section:
-        if self.sections and not self.sections[-1].end:
-            self.sections[-1].end = section.start
         self.sections.append(section)
         return section
 
@@ -385,7 +378,7 @@ class _Scanner:
             if raw in ("\n", "\r\n"):
                 tag = " "  # a blank context line whose leading space an editor stripped
             if tag not in (" ", "-", "+") or self._looks_like_header(j):
-                self._wrong_counts(h, j)
+                self._wrong_counts(h)
             if tag in (" ", "-") and "old" in closed or tag in (" ", "+") and "new" in closed:
                 raise self.bad(j, "line after a '\\ No newline at end of file' marker on the same side; "
                                   "only the last line of a file can lack a newline; " + _HINT_REGEN)
@@ -394,7 +387,7 @@ class _Scanner:
             if tag in (" ", "+"):
                 new_left -= 1
             if old_left < 0 or new_left < 0:
-                self._wrong_counts(h, j)
+                self._wrong_counts(h)
             last_tag = tag
             j += 1
         h.body_end = j
@@ -409,7 +402,7 @@ class _Scanner:
         cur.hunks.append(h)
         return j
 
-    def _wrong_counts(self, h: _ScannedHunk, at: int) -> None:
+    def _wrong_counts(self, h: _ScannedHunk) -> None:
         """Count the hunk's real body (up to the first line that is not one) and say which count is off."""
         old = new = 0
         j = h.header_index + 1
@@ -502,14 +495,12 @@ def _unidiff_hunks(s: _Section, lines: list[str], name: str) -> list[Hunk]:
     """Parse one section with unidiff and attach the patch file's line numbers."""
     first = s.minus_index  # the section handed to unidiff starts at its ---/+++ headers
     assert first is not None
-    # Headers with their CR removed (unidiff would keep it in the path); bodies verbatim.
+    # Headers with their CR removed (unidiff would keep it in the path), hunk bodies verbatim,
+    # nothing else (blank lines between hunks mean nothing).
     chunk = [_meta(lines[first]) + "\n", _meta(lines[first + 1]) + "\n"]
-    base = first + 2
     for h in s.hunks:
-        chunk.extend(lines[base:h.header_index])
         chunk.append(_meta(lines[h.header_index]) + "\n")
         chunk.extend(lines[h.header_index + 1:h.body_end])
-        base = h.body_end
     try:
         parsed = PatchSet("".join(chunk))
     except UnidiffParseError as exc:  # the scanner should have caught it; say where anyway
@@ -677,13 +668,18 @@ class _Applier:
     def _nearest(self, pat: _Pattern, first: int) -> tuple[int, tuple[Mismatch, ...]]:
         """The location with the most matching lines (ties: nearest, then later) and its differences."""
         n, m = len(self.src), len(pat.lines)
-        best: tuple[int, int, int] | None = None  # (-matches, distance, -start)
-        for start in range(1, max(n - m + 1, 1) + 1):
-            hits = sum(1 for k in range(m) if self._matches(pat, start, k, m - k - 1))
-            key = (-hits, abs(start - first), -start)
-            if best is None or key < best:
-                best = key
-        start = -best[2] if best else 1
+        # Count, for every start, how many pattern lines match there: one pass over where each
+        # distinct line occurs, not m comparisons at each of n starts (a big file stays fast).
+        where: dict[tuple[str, bool], list[int]] = {}
+        for idx, (body, eol) in enumerate(zip(self.src.bodies, self.src.eols)):
+            where.setdefault((body, eol != ""), []).append(idx)
+        last = max(n - m + 1, 1)
+        hits = [0] * (last + 1)  # by 1-based start
+        for k, key in enumerate(pat.lines):
+            for idx in where.get(key, ()):
+                if 1 <= idx - k + 1 <= last:
+                    hits[idx - k + 1] += 1
+        start = min(range(1, last + 1), key=lambda s: (-hits[s], abs(s - first), -s))
         mismatches = []
         for k, (body, has_nl) in enumerate(pat.lines):
             idx = start - 1 + k
