@@ -427,3 +427,93 @@ def test_enough_cases_were_compared_in_full(scratch: Path):
     assert f0["git:same-text"] >= f0["cases"] // 4, dict(f0)
     assert f0["gnu:both-fail"] > 0 and f0["rule:gnu-first-hunk-reverse"] > 0, dict(f0)
     assert f2["gnu:same-text"] >= f2["cases"] // 4 and f2["gnu:fuzzed-hunks"] > 0, dict(f2)
+
+
+# ----------------------------------------------------------------------------- real releases
+
+FAMILY = Path(__file__).resolve().parent.parent / "patches" / "sglang-0.5.12"
+
+
+def _cached_wheels() -> list[Path]:
+    from ddtree_deploy.locations import cache_dir
+
+    return sorted((cache_dir() / "wheels").glob("sglang-*.whl"))
+
+
+def _gnu_by_file(output: str) -> dict[str, tuple[bool, dict[int, tuple[str, int, int]]]]:
+    """GNU patch --verbose output, per file: (reversed?, hunk -> (verdict, line, offset))."""
+    files: dict[str, tuple[bool, dict[int, tuple[str, int, int]]]] = {}
+    current = None
+    for line in output.splitlines():
+        m = re.match(r"^(?:patching|checking) file (.+)$", line)
+        if m:
+            current = m[1]
+            files[current] = (False, {})
+        elif current and line.startswith("Reversed (or previously applied) patch detected"):
+            files[current] = (True, files[current][1])
+        elif current and (h := _HUNK_RE.match(line)):
+            files[current][1][int(h[1])] = (h[2], int(h[3]), int(h[5] or 0))
+    return files
+
+
+@pytest.mark.skipif(not _cached_wheels(), reason="no SGLang wheel in the cache (make matrix fills it)")
+def test_real_series_on_every_cached_release(tmp_path: Path):
+    """The real series on every cached SGLang release: real drift, real offsets, real failures.
+
+    Per release, the patches are applied in order by the engine and by GNU patch (-F0 -N) to
+    the release's own files; every hunk's verdict, line and offset must agree, and so must
+    the resulting files. A file whose patch failed is left out of later patches (GNU patch
+    keeps the hunks that did apply; the engine keeps nothing), as the check layer does.
+    """
+    import zipfile
+
+    names = [ln.strip() for ln in (FAMILY / "series").read_text().splitlines()]
+    series = [FAMILY / n for n in names if n and not n.startswith("#") and not n.startswith("add ")]
+    parsed = {p.name: parse_patch(p.read_text(), name=p.name) for p in series}
+    paths = {fp.path for fps in parsed.values() for fp in fps}
+    seen = Counter()
+    for wheel in _cached_wheels():
+        release = wheel.name.split("-")[1]
+        root = tmp_path / release
+        with zipfile.ZipFile(wheel) as zf:
+            present = set(zf.namelist())
+            texts = {p: zf.read(p).decode() for p in paths if p in present}
+        for path, text in texts.items():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(text.encode())
+        broken: set[str] = set()
+        for patch in series:
+            fps = parsed[patch.name]
+            if any(fp.path not in texts or fp.path in broken for fp in fps):
+                broken.update(fp.path for fp in fps)
+                seen["patch skipped"] += 1
+                continue
+            run = subprocess.run(["patch", "--verbose", "-p1", "-F0", "-N", "-r", "-",
+                                  "--no-backup-if-mismatch", "-i", str(patch)],
+                                 cwd=root, capture_output=True, text=True, timeout=60)
+            gnu = _gnu_by_file(run.stdout)
+            for fp in fps:
+                where = f"{release} {patch.name} {fp.path}\n{run.stdout}"
+                res = apply_file_patch(fp, texts[fp.path])
+                gnu_reversed, gnu_hunks = gnu[fp.path]
+                if gnu_reversed or res.hunks[0].status is HunkStatus.ALREADY_APPLIED:
+                    assert gnu_reversed and res.hunks[0].status is HunkStatus.ALREADY_APPLIED, where
+                    broken.add(fp.path)
+                    continue
+                for k, h in enumerate(res.hunks, 1):
+                    verdict, line, offset = gnu_hunks[k]
+                    seen[f"hunk {h.status.value}"] += 1
+                    if h.status is HunkStatus.ALREADY_APPLIED:  # rule gnu-no-later-reverse
+                        assert verdict == "FAILED", where
+                        break
+                    assert (verdict == "succeeded") == h.ok, f"hunk {k}: {h}\n" + where
+                    if h.ok:
+                        assert (h.line, h.offset) == (line, offset), f"hunk {k}: {h}\n" + where
+                if res.ok and all(h.status is not HunkStatus.ALREADY_APPLIED for h in res.hunks):
+                    texts[fp.path] = res.text
+                    assert (root / fp.path).read_bytes().decode() == res.text, where
+                    seen["file same text"] += 1
+                else:
+                    broken.add(fp.path)
+    print("\nreal releases:", dict(sorted(seen.items())))
+    assert seen["file same text"] > 0 and seen["hunk exact"] > 0
