@@ -70,6 +70,52 @@ def hosts_dir() -> Path:
     return repo_dir("hosts")
 
 
+GROUPS_FILE = "groups.toml"
+
+
+def load_groups(directory: Path | None = None) -> dict[str, tuple[str, ...]]:
+    """``hosts/groups.toml`` -> group name -> member host names, in the file's order.
+
+    One file for all groups (rather than a ``groups`` key in each host's file): a group
+    is an ordered list, and its order matters (the first member is the default canary),
+    which per-host keys could not say. No file means no groups.
+    """
+    path = (directory or hosts_dir()) / GROUPS_FILE
+    if not path.exists():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"{path}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
+    return parse_groups(data, source=str(path))
+
+
+def parse_groups(data: dict, *, source: str) -> dict[str, tuple[str, ...]]:
+    extra = sorted(set(data) - {"groups"})
+    if extra:
+        raise BadInput(f"{source}: key {extra[0]}: unknown key; put groups in a [groups] table")
+    table = data.get("groups", {})
+    if not isinstance(table, dict):
+        raise BadInput(f"{source}: key groups: must be a table ([groups])")
+    groups: dict[str, tuple[str, ...]] = {}
+    for name, members in table.items():
+        key = f"groups.{name}"
+        if not _HOST_FILE_NAME.match(name):
+            raise BadInput(f"{source}: key {key}: a group name uses letters, digits, '.', '-', '_'")
+        if not isinstance(members, list) or not members:
+            raise BadInput(f"{source}: key {key}: must be a non-empty list of host names, e.g. [\"ct200\"]")
+        for m in members:
+            if not isinstance(m, str) or not _HOST_FILE_NAME.match(m):
+                raise BadInput(f"{source}: key {key}: {m!r} is not a host name (the name of a file in hosts/)")
+        if len(set(members)) != len(members):
+            dup = next(m for m in members if members.count(m) > 1)
+            raise BadInput(f"{source}: key {key}: {dup!r} is listed twice")
+        groups[name] = tuple(members)
+    return groups
+
+
 def load_host(name_or_path: str, *, directory: Path | None = None) -> Host:
     """``ct200`` -> hosts/ct200.toml; a path ending in .toml is read as is; ``local`` is built in."""
     if name_or_path.endswith(".toml"):
@@ -80,6 +126,9 @@ def load_host(name_or_path: str, *, directory: Path | None = None) -> Host:
                 f"host name {name_or_path!r}: use letters, digits, '.', '-', '_' "
                 "(the name of a file in hosts/)"
             )
+        if name_or_path == GROUPS_FILE[:-5]:
+            raise BadInput(f"host name {name_or_path!r}: reserved (hosts/{GROUPS_FILE} holds the host groups); "
+                           "use --group NAME, or name the host's file otherwise")
         path = (directory or hosts_dir()) / f"{name_or_path}.toml"
         if not path.exists():
             if name_or_path == LOCAL:

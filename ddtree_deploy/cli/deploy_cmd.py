@@ -2,12 +2,14 @@
 
 Thin: parse options, load the inventory and the series, call ddtree_deploy.deploy,
 render. Progress goes to stderr, one summary line per host (or one JSON document) to
-stdout. With several ``--host``, every host is attempted and reported; the exit code is
-the worst one.
+stdout. One host is the plain path; several (``--host`` repeated, ``--group``) are a
+fleet: canary first, then ``--parallel`` at a time (ddtree_deploy.fleet decides, and
+ddtree_deploy.fleet_run runs the threads), with an outcome table at the end.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable, List, Optional
 
@@ -17,10 +19,13 @@ from ddtree_deploy import deploy
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.cli.snapshot_cmd import report_snapshot, snapshot_app
 from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy
 from ddtree_deploy.inventory import Host, load_host
 from ddtree_deploy.transport import transport_for
 
 HOST_HELP = "inventory name (hosts/<name>.toml), a .toml path, or 'local' (this machine); repeatable"
+GROUP_HELP = "host group from hosts/groups.toml (its members, in order); repeatable"
+PARALLEL_HELP = "with several hosts: how many are worked on at once (default: all)"
 FAMILY_HELP = "family folder or name under the patches folder (default: the one covering the host's SGLang)"
 
 
@@ -56,7 +61,11 @@ def _desire(host: Host, choose: Callable, forced: bool, chosen: dict | None = No
     return desire
 
 
-def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable[[Host, Callable], dict]) -> None:
+def _say(line: str) -> None:
+    out.print(line, highlight=False)
+
+
+def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable[..., dict]) -> None:
     """Run ``run`` per host with live progress; one failure never hides the other hosts."""
     results, worst = [], 0
     for host in hosts:
@@ -64,7 +73,7 @@ def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable
             with err.status(f"{host.name}: starting") as spinner:
                 steps = _Steps(host.name, spinner)
                 try:
-                    doc = run(host, steps)
+                    doc = run(host, steps, _say)
                 finally:
                     steps.finish()
             results.append(doc)
@@ -104,30 +113,46 @@ class _Steps:
             self.step = None
 
 
-def _print_plan(outcome: deploy.Outcome) -> None:
+def _print_plan(outcome: deploy.Outcome, say: Callable[[str], None]) -> None:
     if outcome.plan is None:
         return
     for step in outcome.plan.steps:
         frm = (step.current or "absent")[:12]
         to = (step.want or "absent")[:12]
-        out.print(f"  {step.action:<8} {step.path}  {step.state.value}  {frm} -> {to}")
+        say(f"  {step.action:<8} {step.path}  {step.state.value}  {frm} -> {to}")
 
 
-def _summary(outcome: deploy.Outcome, json_output: bool, show_plan: bool) -> dict:
+def _summary(outcome: deploy.Outcome, json_output: bool, show_plan: bool, say: Callable[[str], None]) -> dict:
     if not json_output:
-        out.print(f"{outcome.host}: {outcome.summary}")
+        say(f"{outcome.host}: {outcome.summary}")
         if show_plan:
-            _print_plan(outcome)
+            _print_plan(outcome, say)
         if outcome.broke_lock:
             err.print(f"[yellow]{outcome.host}: broke the lock of run {outcome.broke_lock.get('run_id')} "
                       f"({outcome.broke_lock.get('holder')})[/]")
     return outcome.to_json()
 
 
+def _selection(host: List[str] | None, group: List[str] | None) -> List[Host]:
+    """--host and --group into Hosts; every inventory parses before any connection."""
+    from ddtree_deploy.fleet import select
+    from ddtree_deploy.inventory import load_groups
+
+    names = select(host or [], group or [], load_groups() if group else {})
+    hosts = [load_host(n) for n in names]
+    seen: dict[str, str] = {}
+    for name, h in zip(names, hosts):
+        if h.name in seen:  # two .toml paths with one stem: their results would be indistinguishable
+            raise BadInput(f"{name} and {seen[h.name]} are both host {h.name!r}; give each host once")
+        seen[h.name] = name
+    return hosts
+
+
 @app.command("push")
 @handles_errors
 def push(
-    host: List[str] = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    host: Optional[List[str]] = typer.Option(None, "--host", "-H", help=HOST_HELP),
+    group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
     family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (files, hashes, changes); touch nothing"),
     break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
@@ -137,24 +162,33 @@ def push(
     level: Optional[List[str]] = typer.Option(None, "--level", "-l",
                                               help="smoke level to run after the switch; repeatable "
                                               "(default: the host's [smoke] levels)"),
+    canary: Optional[str] = typer.Option(None, "--canary", help="with several hosts: the host pushed and "
+                                         "smoke-tested alone first (default: the first selected)"),
+    parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP),
+    max_failures: int = typer.Option(0, "--max-failures", help="with several hosts: failures tolerated "
+                                     "before no new host is started"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Deploy the series: lock, drift check, check, back up, stage + verify, switch, journal, smoke."""
     from ddtree_deploy import smoke
+    from ddtree_deploy.fleet import outcome_of_push, push_policy
+    from ddtree_deploy.fleet_run import Serial
 
-    hosts = [load_host(n) for n in host]  # every inventory parses before the series, and any connection
+    hosts = _selection(host, group)
+    policy = push_policy([h.name for h in hosts], canary=canary, parallel=parallel, max_failures=max_failures)
     smoking = not (no_smoke or dry_run)
     if smoking:  # a typo in [smoke] must not surface only after the switch
         for h in hosts:
             smoke.choose_levels(smoke.check_settings(h), level, source=h.source)
     paths, choose, forced = _series_chooser(family)
     chosen: dict = {}
+    serial = Serial()
 
-    def run(h: Host, progress) -> dict:
+    def run(h: Host, progress, say) -> dict:
         outcome = deploy.push(h, transport_for(h, trust_new_host=trust_new_host), paths,
-                              _desire(h, choose, forced, chosen), dry_run=dry_run, break_lock=break_lock,
-                              progress=progress)
-        doc = _summary(outcome, json_output, show_plan=dry_run or outcome.changed)
+                              serial.wrap(_desire(h, choose, forced, chosen)), dry_run=dry_run,
+                              break_lock=break_lock, progress=progress)
+        doc = _summary(outcome, json_output, show_plan=dry_run or outcome.changed, say=say)
         if not smoking or not outcome.changed:
             return doc
         after = smoke.after_push(h, lambda: transport_for(h, trust_new_host=trust_new_host), outcome,
@@ -163,43 +197,54 @@ def push(
         doc.update(after.to_json(), ok=after.ok)
         if not json_output:
             for line in after.lines():
-                out.print(f"{h.name}: {line}" if not line.startswith(" ") else line, highlight=False)
+                say(f"{h.name}: {line}" if not line.startswith(" ") else line)
         return doc
 
-    _each_host(hosts, "push", json_output, run)
+    _on_hosts(hosts, "push", json_output, run, policy, outcome_of_push)
 
 
 @app.command("rollback")
 @handles_errors
 def rollback(
-    host: List[str] = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    host: Optional[List[str]] = typer.Option(None, "--host", "-H", help=HOST_HELP),
+    group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
     to: Optional[str] = typer.Option(None, "--to", help="backup id to restore (default: the newest)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan; touch nothing"),
     break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Restore a backup through the same staged, verified switch; every file checked by sha256."""
-    hosts = [load_host(n) for n in host]
+    from ddtree_deploy.fleet import outcome_of_rollback, spread_policy
 
-    def run(h: Host, progress) -> dict:
+    hosts = _selection(host, group)
+    policy = spread_policy([h.name for h in hosts], parallel=parallel)
+
+    def run(h: Host, progress, say) -> dict:
         outcome = deploy.rollback(h, transport_for(h, trust_new_host=trust_new_host), to=to, dry_run=dry_run,
                                   break_lock=break_lock, progress=progress)
-        return _summary(outcome, json_output, show_plan=dry_run or outcome.changed)
+        return _summary(outcome, json_output, show_plan=dry_run or outcome.changed, say=say)
 
-    _each_host(hosts, "rollback", json_output, run)
+    _on_hosts(hosts, "rollback", json_output, run, policy, outcome_of_rollback)
 
 
 @app.command("status")
 @handles_errors
 def status(
-    host: List[str] = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    host: Optional[List[str]] = typer.Option(None, "--host", "-H", help=HOST_HELP),
+    group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
     family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Per host: SGLang version, phase, deployed series, per-file state, backups, lock holder."""
-    hosts = [load_host(n) for n in host]
+    from ddtree_deploy.fleet import spread_policy
+    from ddtree_deploy.fleet_run import Serial
+
+    hosts = _selection(host, group)
+    policy = spread_policy([h.name for h in hosts], parallel=parallel)
     try:
         paths, choose, forced = _series_chooser(family)
     except BadInput as exc:
@@ -207,9 +252,10 @@ def status(
         err.print(f"[yellow]series not loaded ({exc.message}); per-file states come from the host's journal[/]",
                   highlight=False, soft_wrap=True)
         paths, choose, forced = [], None, False
+    serial = Serial()
 
-    def run(h: Host, progress) -> dict:
-        desire = _desire(h, choose, forced) if choose else None
+    def run(h: Host, progress, say) -> dict:
+        desire = serial.wrap(_desire(h, choose, forced)) if choose else None
         progress("read state")
 
         def expected(facts: dict):
@@ -219,11 +265,149 @@ def status(
                 return None  # status still reports what the journal knows
 
         doc = deploy.status(h, transport_for(h, trust_new_host=trust_new_host), paths, expected)
-        if not json_output:
+        if not json_output and len(hosts) == 1:  # a fleet gets one table instead (below)
             _print_status(doc)
         return doc
 
-    _each_host(hosts, "status", json_output, run)
+    _on_hosts(hosts, "status", json_output, run, policy, lambda doc: Kind.READ)
+
+
+# ---------------------------------------------------------------- fleets (several hosts)
+
+
+def _on_hosts(hosts: List[Host], command: str, json_output: bool, run: Callable[..., dict], policy: Policy,
+              kind_of: Callable[[dict], Kind]) -> None:
+    """One host: the plain path, unchanged. Several: the fleet path; exits non-zero unless all are ok."""
+    if len(hosts) == 1:
+        _each_host(hosts, command, json_output, run)
+        return
+    from ddtree_deploy.fleet import detail_of
+    from ddtree_deploy.fleet_run import run_fleet
+
+    by_name = {h.name: h for h in hosts}
+
+    def work(name: str, progress: Callable[[str], None]) -> HostResult:
+        lines: list[str] = []
+        doc = run(by_name[name], progress, lines.append)
+        kind = kind_of(doc)
+        detail = detail_of(doc, kind)
+        return HostResult(name, kind, doc, detail, 0 if kind.ok else 1, tuple(lines))
+
+    with _FleetView([h.name for h in hosts], policy) as view:
+        report = run_fleet(command, [h.name for h in hosts], policy, work, view)
+    for r in report.results:  # results on stdout, in selection order, once every host is done
+        for line in r.lines:
+            _say(line)
+    _print_outcomes(report)
+    if json_output:
+        emit_json(report.to_json())
+    if command == "status" and not json_output:
+        _print_status_table(report)
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
+
+
+_STYLE = {True: "green", False: "red"}
+
+
+class _FleetView:
+    """Live per-host progress on stderr (one row per host), and a timed line per finished step."""
+
+    def __init__(self, names: List[str], policy: Policy):
+        from rich.live import Live
+
+        self.rows = {n: ["waiting", "", None] for n in names}  # state, step, started
+        self.steps: dict[str, tuple[str, float]] = {}
+        self.lock = threading.Lock()
+        if policy.canary:
+            self.rows[policy.canary][0] = "canary: waiting"
+        self.live = Live(console=err, get_renderable=self._table, transient=True, refresh_per_second=4,
+                         redirect_stdout=False, redirect_stderr=False)
+
+    def __enter__(self) -> "_FleetView":
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.live.stop()
+
+    def _table(self):
+        from rich.table import Table
+
+        table = Table(box=None, show_header=False, pad_edge=False)
+        with self.lock:
+            for name, (state, step, started) in self.rows.items():
+                secs = f"{time.monotonic() - started:.1f} s" if started and state == "running" else ""
+                table.add_row(name, state, step, secs)
+        return table
+
+    def started(self, host: str) -> None:
+        with self.lock:
+            self.rows[host] = ["running", "connect", time.monotonic()]
+
+    def step(self, host: str, text: str) -> None:
+        self._end_step(host)
+        with self.lock:
+            self.rows[host][1] = text
+            self.steps[host] = (text, time.monotonic())
+
+    def _end_step(self, host: str) -> None:
+        with self.lock:
+            prev = self.steps.pop(host, None)
+        if prev is not None:
+            err.print(f"[dim]{host}:[/] {_esc(prev[0])} [dim]({time.monotonic() - prev[1]:.2f} s)[/]", highlight=False)
+
+    def finished(self, result: HostResult) -> None:
+        self._end_step(result.host)
+        with self.lock:
+            self.rows[result.host] = [result.kind.value, "", None]
+        colour = _STYLE[result.kind.ok] if result.kind is not Kind.SKIPPED else "yellow"
+        tail = f": {_esc(result.message)}" if result.message and not result.kind.ok else ""
+        err.print(f"[bold {colour}]{result.host}: {result.kind.value}[/]{tail}", highlight=False, soft_wrap=True)
+
+
+def _esc(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _print_outcomes(report: FleetReport) -> None:
+    """The per-host outcome table, on stderr (the results themselves are on stdout or in --json)."""
+    from rich.table import Table
+
+    table = Table(title=f"{report.command}: {len(report.results)} host(s), {report.seconds:.1f} s", title_justify="left")
+    for col in ("host", "outcome", "detail", "time"):
+        table.add_column(col, overflow="fold")
+    for r in report.results:
+        colour = "yellow" if r.kind is Kind.SKIPPED else _STYLE[r.kind.ok]
+        secs = r.doc.get("seconds")
+        table.add_row(r.host, f"[{colour}]{r.kind.value}[/]", _esc(r.message),
+                      f"{secs:.1f} s" if isinstance(secs, (int, float)) else "")
+    err.print(table)
+    if report.stop_reason:
+        err.print(f"[yellow]stopped starting hosts: {_esc(report.stop_reason)}[/]", highlight=False, soft_wrap=True)
+    counts = ", ".join(f"{n} {k}" for k, n in report.counts().items())
+    err.print(f"{'[green]all ok' if report.ok else '[red]not all ok'}[/]: {counts}", highlight=False)
+
+
+def _print_status_table(report: FleetReport) -> None:
+    """`status` on a fleet: one table of every host, on stdout (it is the result)."""
+    from rich.table import Table
+
+    from ddtree_deploy.fleet import status_row
+
+    table = Table(box=None)
+    cols = ("host", "sglang", "phase", "series", "drift", "lock")
+    for col in cols:
+        table.add_column(col, overflow="fold")
+    for r in report.results:
+        if r.kind.ok:
+            row = status_row(r.doc)
+            table.add_row(r.host, row["version"], row["phase"], row["series"], row["drift"], _esc(row["lock"]))
+        else:
+            table.add_row(r.host, "-", r.kind.value, "-", "-", _esc(r.message))
+    out.print(table)
 
 
 def _print_status(doc: dict) -> None:

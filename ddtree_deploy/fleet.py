@@ -1,0 +1,277 @@
+"""The fleet policy: which host starts when, and what each host's result means. Pure.
+
+A fleet command (push, rollback or status on several hosts) runs in this order:
+
+- **push**: the canary (the first selected host, or ``--canary``) is pushed and
+  smoke-tested alone. Only if it ends deployed do the others start, ``parallel`` at a
+  time. Once more than ``max_failures`` hosts have failed, no new host is started (the
+  running ones finish, and a smoke failure among them is still rolled back by its own
+  push); the hosts never started are reported as skipped.
+- **rollback** and **status**: every host, ``parallel`` at a time, no canary and no
+  stop: rolling back is the way out of a bad push, and one host's failure must never
+  keep the others where they are.
+
+``Schedule`` is the state machine the runner (``fleet_run``) asks "what may start now?";
+``outcome_of_*`` read one host's result (a JSON document or the error it raised) into
+one of the ``Kind`` values the outcome table shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Sequence
+
+from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
+
+
+class Kind(str, Enum):
+    """How one host ended. ``ok`` kinds are the only ones that give exit code 0."""
+
+    PUSHED = "pushed"
+    ALREADY = "already deployed"
+    ROLLED_BACK = "rolled back"  # the rollback command restored a backup
+    ALREADY_ROLLED_BACK = "already rolled back"  # the rollback command found nothing to restore
+    READ = "read"  # status: the host answered
+    FAILED_ROLLED_BACK = "failed, rolled back"  # smoke failed after the switch; the backup is back
+    FAILED_NOT_ROLLED_BACK = "failed, NOT rolled back"  # --no-rollback, or the automatic rollback failed
+    FAILED_BEFORE_CHANGE = "failed before any change"
+    FAILED_UNKNOWN = "failed, state unknown"  # the error came from a step that may have changed files
+    SKIPPED = "skipped"
+    UNREACHABLE = "unreachable"
+
+    @property
+    def ok(self) -> bool:
+        return self in _OK
+
+
+_OK = {Kind.PUSHED, Kind.ALREADY, Kind.ROLLED_BACK, Kind.ALREADY_ROLLED_BACK, Kind.READ}
+
+# Error codes raised before the apply request is sent: the host is provably untouched.
+# Anything else (an agent failure during apply, a connection lost after it was sent)
+# is reported as "state unknown", with `status` as the way to find out.
+_BEFORE_CHANGE = {"auth", "host-key", "locked", "drift", "other-series", "check-failed", "no-version",
+                  "bad-input", "no-backup"}
+_UNREACHABLE = {"connect"}
+
+
+@dataclass(frozen=True)
+class Policy:
+    canary: str | None  # None: no canary (rollback, status)
+    parallel: int
+    max_failures: int | None  # None: never stop starting hosts
+
+    def to_json(self) -> dict:
+        return {"canary": self.canary, "parallel": self.parallel, "max_failures": self.max_failures}
+
+
+def push_policy(hosts: Sequence[str], *, canary: str | None, parallel: int | None, max_failures: int) -> Policy:
+    """Validate the push options against the selection (bad input: nothing is started)."""
+    if canary is not None and canary not in hosts:
+        raise BadInput(f"--canary {canary}: not one of the selected hosts ({', '.join(hosts)})",
+                       hint="name a host also given by --host or --group")
+    if max_failures < 0:
+        raise BadInput(f"--max-failures {max_failures}: must be 0 or more")
+    return Policy(canary=canary or hosts[0], parallel=_parallel(hosts, parallel), max_failures=max_failures)
+
+
+def spread_policy(hosts: Sequence[str], *, parallel: int | None) -> Policy:
+    """rollback / status: every host, no canary, no stop."""
+    return Policy(canary=None, parallel=_parallel(hosts, parallel), max_failures=None)
+
+
+def _parallel(hosts: Sequence[str], parallel: int | None) -> int:
+    if parallel is None:
+        return max(1, len(hosts))
+    if parallel < 1:
+        raise BadInput(f"--parallel {parallel}: must be 1 or more")
+    return min(parallel, max(1, len(hosts)))
+
+
+def select(hosts: Sequence[str], groups: Sequence[str], group_members: dict[str, tuple[str, ...]]) -> list[str]:
+    """--host and --group into one ordered list without repeats (first mention wins).
+
+    Groups are expanded where they are named, after every --host: the canary by
+    default is the first --host, else the first member of the first group.
+    """
+    chosen: list[str] = []
+    for name in list(hosts) + [m for g in groups for m in _members(g, group_members)]:
+        if name not in chosen:
+            chosen.append(name)
+    if not chosen:
+        raise BadInput("no host selected: give --host NAME or --group NAME")
+    return chosen
+
+
+def _members(group: str, group_members: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    if group not in group_members:
+        known = ", ".join(sorted(group_members)) or "none"
+        raise BadInput(f"--group {group}: no such group (groups: {known})",
+                       hint="groups are defined in hosts/groups.toml")
+    return group_members[group]
+
+
+@dataclass
+class Schedule:
+    """What may start now, given what has finished. The runner owns the threads."""
+
+    hosts: Sequence[str]
+    policy: Policy
+    pending: list[str] = field(init=False)
+    running: set[str] = field(default_factory=set, init=False)
+    results: dict[str, Kind] = field(default_factory=dict, init=False)
+    stop_reason: str | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        canary = self.policy.canary
+        self.pending = ([canary] if canary else []) + [h for h in self.hosts if h != canary]
+
+    @property
+    def failures(self) -> int:
+        return sum(1 for k in self.results.values() if not k.ok)
+
+    def ready(self) -> list[str]:
+        """Hosts to start now (they are marked running)."""
+        if self.stop_reason is not None:
+            return []
+        canary = self.policy.canary
+        if canary is not None and canary not in self.results:
+            batch = [canary] if canary not in self.running else []
+        else:
+            room = self.policy.parallel - len(self.running)
+            batch = self.pending[:max(0, room)]
+        for h in batch:
+            self.pending.remove(h)
+            self.running.add(h)
+        return batch
+
+    def record(self, host: str, kind: Kind) -> None:
+        self.running.discard(host)
+        self.results[host] = kind
+        if self.stop_reason is not None:
+            return
+        if host == self.policy.canary and not kind.ok:
+            self.stop_reason = f"the canary {host} ended {kind.value}"
+        elif self.policy.max_failures is not None and self.failures > self.policy.max_failures:
+            self.stop_reason = f"{self.failures} host(s) failed (--max-failures {self.policy.max_failures})"
+
+    @property
+    def done(self) -> bool:
+        return not self.running and (not self.pending or self.stop_reason is not None)
+
+    def skipped(self) -> list[str]:
+        """Hosts never started (only meaningful once ``done``)."""
+        return list(self.pending)
+
+
+# ---------------------------------------------------------------- one host's result -> Kind
+
+
+def outcome_of_error(exc: DeployError) -> Kind:
+    if exc.code in _UNREACHABLE:
+        return Kind.UNREACHABLE
+    if exc.code in _BEFORE_CHANGE:
+        return Kind.FAILED_BEFORE_CHANGE
+    return Kind.FAILED_UNKNOWN
+
+
+def outcome_of_push(doc: dict) -> Kind:
+    """A push document (deploy.Outcome.to_json, plus the smoke's keys when it ran)."""
+    if not doc.get("changed"):
+        return Kind.ALREADY if doc.get("ok", True) else Kind.FAILED_BEFORE_CHANGE
+    if doc.get("ok", True):
+        return Kind.PUSHED
+    undo = doc.get("auto_rollback") or {}
+    if undo.get("done"):
+        return Kind.FAILED_ROLLED_BACK
+    return Kind.FAILED_NOT_ROLLED_BACK
+
+
+def outcome_of_rollback(doc: dict) -> Kind:
+    return Kind.ROLLED_BACK if doc.get("changed") else Kind.ALREADY_ROLLED_BACK
+
+
+def detail_of(doc: dict, kind: Kind) -> str:
+    """One line for the outcome table: the summary, or why a pushed host did not stay deployed."""
+    smoke = doc.get("smoke") or {}
+    bad = next((lv for lv in smoke.get("levels", []) if lv.get("status") == "failed"), None)
+    if kind.ok or bad is None:
+        return doc.get("summary") or ""
+    why = f"smoke failed at {bad['level']}: {bad.get('detail', '')}"
+    undo = doc.get("auto_rollback") or {}
+    if undo.get("done"):
+        return f"{why}; rolled back: {(undo.get('outcome') or {}).get('summary', '')}"
+    if undo.get("kept_new_files"):
+        return f"{why}; new files KEPT (--no-rollback)"
+    return f"{why}; the automatic rollback FAILED: {undo.get('error')}"
+
+
+@dataclass(frozen=True)
+class HostResult:
+    """One host's end: its kind, the document the single-host command would print, why."""
+
+    host: str
+    kind: Kind
+    doc: dict
+    message: str = ""  # the error or skip reason, one line
+    exit_code: int = 0  # the error's own exit code (2 for bad input), else 1 when not ok
+    lines: tuple[str, ...] = ()  # what the single-host command prints on stdout for this host
+
+    def to_json(self) -> dict:
+        return {**self.doc, "host": self.host, "ok": self.kind.ok, "outcome": self.kind.value}
+
+
+def failed(host: str, exc: DeployError) -> HostResult:
+    return HostResult(host, outcome_of_error(exc), {"host": host, **exc.to_json()}, exc.message, exc.exit_code)
+
+
+def skipped(host: str, reason: str) -> HostResult:
+    return HostResult(host, Kind.SKIPPED, {"host": host, "reason": reason}, reason, EXIT_FAILED)
+
+
+@dataclass(frozen=True)
+class FleetReport:
+    command: str
+    policy: Policy
+    results: tuple[HostResult, ...]  # in selection order
+    stop_reason: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(r.kind.ok for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        return max([r.exit_code or EXIT_FAILED for r in self.results if not r.kind.ok], default=0)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.results:
+            out[r.kind.value] = out.get(r.kind.value, 0) + 1
+        return out
+
+    def to_json(self) -> dict:
+        return {"command": self.command, "ok": self.ok, "policy": self.policy.to_json(),
+                "stopped": self.stop_reason, "counts": self.counts(), "seconds": round(self.seconds, 3),
+                "hosts": [r.to_json() for r in self.results]}
+
+
+def status_row(doc: dict) -> dict:
+    """One host's status document -> the fleet status table's columns."""
+    files = doc.get("files") or []
+    bad = [f["path"] for f in files if f["state"] in ("drifted", "missing")]
+    series = doc.get("series") or {}
+    lock = doc.get("lock")
+    if lock:
+        lock_text = f"held by {lock.get('holder')} (run {lock.get('run_id')})" + (" stale" if lock.get("stale") else "")
+    else:
+        lock_text = "free"
+    return {"version": doc.get("sglang_version") or "?", "phase": doc.get("phase") or "?",
+            "series": (f"{series.get('name')} {(series.get('id') or '')[:12]}" if series else "-"),
+            "drift": f"{len(bad)} file(s)" if bad else "none", "lock": lock_text}
+
+
+__all__ = ["FleetReport", "HostResult", "Kind", "Policy", "Schedule", "detail_of", "failed", "outcome_of_error",
+           "outcome_of_push", "outcome_of_rollback", "push_policy", "select", "skipped", "spread_policy",
+           "status_row"]

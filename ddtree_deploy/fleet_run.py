@@ -1,0 +1,108 @@
+"""Run one command on a fleet: the threads that follow ``fleet.Schedule``.
+
+The work on one host (a push and its smoke, a rollback, a status read) is a callable
+given by the caller; it holds its own connection, so hosts share nothing but this
+loop. Whatever one host does — refuse, time out, raise something unexpected — becomes
+that host's ``HostResult``; the loop carries on, so every host is reported and every
+started push finishes (and rolls itself back when its smoke fails).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Callable, Protocol, Sequence
+
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy, Schedule, failed, skipped
+
+Progress = Callable[[str], None]
+Work = Callable[[str, Progress], HostResult]
+
+
+class Events(Protocol):
+    """What a progress display hears; called from worker threads (``step``) and the loop."""
+
+    def started(self, host: str) -> None: ...
+
+    def step(self, host: str, text: str) -> None: ...
+
+    def finished(self, result: HostResult) -> None: ...
+
+
+class _Silent:
+    def started(self, host: str) -> None:
+        pass
+
+    def step(self, host: str, text: str) -> None:
+        pass
+
+    def finished(self, result: HostResult) -> None:
+        pass
+
+
+def run_fleet(command: str, hosts: Sequence[str], policy: Policy, work: Work,
+              events: Events | None = None) -> FleetReport:
+    """Run ``work`` on every host the schedule lets start; report every selected host."""
+    events = events or _Silent()
+    schedule = Schedule(hosts, policy)
+    results: dict[str, HostResult] = {}
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=policy.parallel, thread_name_prefix="fleet") as pool:
+        futures: dict[Future, str] = {}
+        while True:
+            for host in schedule.ready():
+                events.started(host)
+                futures[pool.submit(_guarded, work, host, events)] = host
+            if schedule.done:
+                break
+            if not futures:  # a schedule that neither finishes nor starts anything is a bug here
+                raise RuntimeError(f"fleet schedule stalled: pending {schedule.pending}")
+            finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+            for future in finished:
+                host = futures.pop(future)
+                result = future.result()  # _guarded never raises
+                results[host] = result
+                schedule.record(host, result.kind)
+                events.finished(result)
+    for host in schedule.skipped():
+        results[host] = skipped(host, f"not started: {schedule.stop_reason}")
+        events.finished(results[host])
+    return FleetReport(command, policy, tuple(results[h] for h in hosts), schedule.stop_reason,
+                       time.monotonic() - t0)
+
+
+def _guarded(work: Work, host: str, events: Events) -> HostResult:
+    """One host's work; any exception is that host's failure, never the fleet's."""
+    try:
+        return work(host, lambda text: events.step(host, text))
+    except DeployError as exc:
+        return failed(host, exc)
+    except Exception as exc:  # noqa: BLE001 - a bug on one host must not abandon the others mid-push
+        return HostResult(host, Kind.FAILED_UNKNOWN,
+                          {"host": host, "error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}",
+                                                   "hint": "rerun with DDTREE_DEPLOY_DEBUG=1 for a traceback"}},
+                          f"{type(exc).__name__}: {exc}")
+
+
+class Serial:
+    """A lock for the parts of a host's work that must not run on two threads at once.
+
+    The in-memory check writes the release snapshot cache the first time a version is
+    seen (swap of a folder: not safe against a second writer), and it is CPU-bound
+    Python, so running it on one thread at a time costs nothing under the GIL.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def wrap(self, fn: Callable) -> Callable:
+        def serial(*args, **kwargs):
+            with self._lock:
+                return fn(*args, **kwargs)
+
+        return serial
+
+
+__all__ = ["Events", "Serial", "run_fleet"]

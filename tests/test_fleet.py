@@ -1,0 +1,243 @@
+"""The fleet policy and its runner, without hosts: selection, groups, canary, waves,
+max-failures, outcome kinds, and the thread loop (its work is plain Python here; the
+end-to-end runs over real sshd hosts are in test_fleet_ssh.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.fleet import (FleetReport, HostResult, Kind, Schedule, detail_of, outcome_of_error,
+                                 outcome_of_push, outcome_of_rollback, push_policy, select, spread_policy)
+from ddtree_deploy.fleet_run import run_fleet
+from ddtree_deploy.inventory import load_groups, load_host, parse_groups
+
+HOSTS = ["a", "b", "c", "d", "e"]
+
+
+# ---------------------------------------------------------------- selection and groups
+
+
+def test_select_keeps_order_drops_repeats_and_expands_groups_after_hosts():
+    groups = {"gpu": ("c", "a", "d"), "edge": ("e",)}
+    assert select(["b"], ["gpu", "edge"], groups) == ["b", "c", "a", "d", "e"]
+    assert select(["a", "a"], ["gpu"], groups) == ["a", "c", "d"]
+    with pytest.raises(BadInput, match=r"--group cpu: no such group \(groups: edge, gpu\)"):
+        select([], ["cpu"], groups)
+    with pytest.raises(BadInput, match="no host selected"):
+        select([], [], groups)
+
+
+def test_groups_file(tmp_path):
+    assert load_groups(tmp_path) == {}  # no file, no groups
+    (tmp_path / "groups.toml").write_text('[groups]\ngpu = ["ct200", "ct201"]\nsolo = ["ct300"]\n')
+    assert load_groups(tmp_path) == {"gpu": ("ct200", "ct201"), "solo": ("ct300",)}
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('gpu = ["a"]\n', "key gpu: unknown key; put groups in a [groups] table"),
+    ('groups = 3\n', "key groups: must be a table ([groups])"),
+    ('[groups]\ngpu = []\n', "key groups.gpu: must be a non-empty list of host names"),
+    ('[groups]\ngpu = "a"\n', "key groups.gpu: must be a non-empty list of host names"),
+    ('[groups]\ngpu = ["a", "a;rm"]\n', "key groups.gpu: 'a;rm' is not a host name"),
+    ('[groups]\ngpu = ["a", 1]\n', "key groups.gpu: 1 is not a host name"),
+    ('[groups]\ngpu = ["a", "b", "a"]\n', "key groups.gpu: 'a' is listed twice"),
+    ('[groups]\n"g p u" = ["a"]\n', "key groups.g p u: a group name uses letters"),
+])
+def test_bad_groups_are_one_line_naming_the_key(tmp_path, text, problem):
+    path = tmp_path / "groups.toml"
+    path.write_text(text)
+    with pytest.raises(BadInput) as exc:
+        load_groups(tmp_path)
+    assert exc.value.message.startswith(f"{path}: {problem}")
+
+
+def test_bad_toml_and_reserved_host_name(tmp_path):
+    (tmp_path / "groups.toml").write_text("[groups\n")
+    with pytest.raises(BadInput, match="groups.toml: not valid TOML"):
+        load_groups(tmp_path)
+    with pytest.raises(BadInput, match="reserved"):
+        load_host("groups", directory=tmp_path)
+    assert parse_groups({}, source="x") == {}
+
+
+# ---------------------------------------------------------------- policies
+
+
+def test_push_policy_validation():
+    p = push_policy(HOSTS, canary=None, parallel=None, max_failures=0)
+    assert (p.canary, p.parallel, p.max_failures) == ("a", 5, 0)
+    assert push_policy(HOSTS, canary="c", parallel=9, max_failures=2).to_json() == \
+        {"canary": "c", "parallel": 5, "max_failures": 2}
+    with pytest.raises(BadInput, match=r"--canary z: not one of the selected hosts \(a, b, c, d, e\)"):
+        push_policy(HOSTS, canary="z", parallel=None, max_failures=0)
+    with pytest.raises(BadInput, match="--parallel 0: must be 1 or more"):
+        push_policy(HOSTS, canary=None, parallel=0, max_failures=0)
+    with pytest.raises(BadInput, match="--max-failures -1"):
+        push_policy(HOSTS, canary=None, parallel=None, max_failures=-1)
+    s = spread_policy(HOSTS, parallel=2)
+    assert (s.canary, s.parallel, s.max_failures) == (None, 2, None)
+
+
+def _drain(schedule: Schedule, kinds: dict[str, Kind]) -> list[list[str]]:
+    """Finish hosts in start order; returns the batches ``ready`` gave."""
+    batches, running = [], []
+    while not schedule.done:
+        batch = schedule.ready()
+        if batch:
+            batches.append(batch)
+            running += batch
+        host = running.pop(0)
+        schedule.record(host, kinds.get(host, Kind.PUSHED))
+    return batches
+
+
+def test_canary_alone_first_then_the_others_in_waves():
+    s = Schedule(HOSTS, push_policy(HOSTS, canary="c", parallel=2, max_failures=0))
+    assert s.ready() == ["c"] and s.ready() == []  # nobody else while the canary runs
+    s.record("c", Kind.PUSHED)
+    assert s.ready() == ["a", "b"] and s.ready() == []  # --parallel 2
+    s.record("b", Kind.ALREADY)
+    assert s.ready() == ["d"]
+    s.record("a", Kind.PUSHED)
+    s.record("d", Kind.PUSHED)
+    assert s.ready() == ["e"] and not s.done
+    s.record("e", Kind.PUSHED)
+    assert s.done and s.skipped() == [] and s.stop_reason is None
+
+
+@pytest.mark.parametrize("kind", [Kind.FAILED_ROLLED_BACK, Kind.UNREACHABLE, Kind.FAILED_BEFORE_CHANGE])
+def test_a_failed_canary_starts_nobody_else(kind):
+    s = Schedule(HOSTS, push_policy(HOSTS, canary=None, parallel=None, max_failures=3))
+    assert s.ready() == ["a"]
+    s.record("a", kind)
+    assert s.ready() == [] and s.done and s.skipped() == ["b", "c", "d", "e"]
+    assert s.stop_reason == f"the canary a ended {kind.value}"
+
+
+def test_max_failures_stops_new_starts_but_running_hosts_finish():
+    s = Schedule(HOSTS, push_policy(HOSTS, canary=None, parallel=2, max_failures=0))
+    s.ready(), s.record("a", Kind.PUSHED)
+    assert s.ready() == ["b", "c"]
+    s.record("b", Kind.FAILED_ROLLED_BACK)
+    assert s.ready() == [] and not s.done  # c is still running: it finishes
+    s.record("c", Kind.PUSHED)
+    assert s.done and s.skipped() == ["d", "e"] and "1 host(s) failed (--max-failures 0)" == s.stop_reason
+
+
+def test_max_failures_tolerates_k():
+    kinds = {"b": Kind.UNREACHABLE, "c": Kind.FAILED_BEFORE_CHANGE, "d": Kind.FAILED_ROLLED_BACK}
+    s = Schedule(HOSTS, push_policy(HOSTS, canary=None, parallel=1, max_failures=2))
+    assert _drain(s, kinds) == [["a"], ["b"], ["c"], ["d"]]  # the third failure stops it
+    assert s.skipped() == ["e"]
+    s = Schedule(HOSTS, push_policy(HOSTS, canary=None, parallel=1, max_failures=3))
+    assert _drain(s, kinds) == [["a"], ["b"], ["c"], ["d"], ["e"]] and s.skipped() == []
+
+
+def test_rollback_and_status_never_stop():
+    s = Schedule(HOSTS, spread_policy(HOSTS, parallel=2))
+    kinds = {h: Kind.UNREACHABLE for h in HOSTS}
+    assert _drain(s, kinds) == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert s.skipped() == [] and s.stop_reason is None
+
+
+# ---------------------------------------------------------------- outcomes
+
+
+def test_outcome_kinds():
+    assert outcome_of_error(DeployError("x", code="connect")) is Kind.UNREACHABLE
+    for code in ("locked", "drift", "host-key", "check-failed", "other-series"):
+        assert outcome_of_error(DeployError("x", code=code)) is Kind.FAILED_BEFORE_CHANGE
+    assert outcome_of_error(BadInput("x")) is Kind.FAILED_BEFORE_CHANGE
+    # An error this module cannot place before the switch is never called "no change".
+    assert outcome_of_error(DeployError("x", code="connection-lost")) is Kind.FAILED_UNKNOWN
+    assert outcome_of_error(DeployError("x", code="agent")) is Kind.FAILED_UNKNOWN
+    assert outcome_of_push({"changed": True, "ok": True}) is Kind.PUSHED
+    assert outcome_of_push({"changed": False, "ok": True}) is Kind.ALREADY
+    assert outcome_of_push({"changed": True, "ok": False, "auto_rollback": {"done": True}}) is Kind.FAILED_ROLLED_BACK
+    assert outcome_of_push({"changed": True, "ok": False,
+                            "auto_rollback": {"done": False, "kept_new_files": True}}) is Kind.FAILED_NOT_ROLLED_BACK
+    assert outcome_of_rollback({"changed": True}) is Kind.ROLLED_BACK
+    assert outcome_of_rollback({"changed": False}) is Kind.ALREADY_ROLLED_BACK
+    smoke = {"levels": [{"level": "compile", "status": "passed"},
+                        {"level": "import", "status": "failed", "detail": "import x failed"}]}
+    doc = {"changed": True, "ok": False, "smoke": smoke, "summary": "pushed s",
+           "auto_rollback": {"done": True, "outcome": {"summary": "rolled back 3 file(s) to backup B"}}}
+    assert detail_of(doc, Kind.FAILED_ROLLED_BACK) == \
+        "smoke failed at import: import x failed; rolled back: rolled back 3 file(s) to backup B"
+    assert detail_of({"summary": "pushed s"}, Kind.PUSHED) == "pushed s"
+
+
+def test_report_exit_code_and_json():
+    pushed = HostResult("a", Kind.PUSHED, {"host": "a", "summary": "pushed"})
+    bad = HostResult("b", Kind.FAILED_BEFORE_CHANGE, {"host": "b"}, "bad", 2)
+    skip = HostResult("c", Kind.SKIPPED, {"host": "c"}, "not started", 1)
+    policy = spread_policy("abc", parallel=None)
+    assert FleetReport("push", policy, (pushed,)).exit_code == 0
+    report = FleetReport("push", policy, (pushed, bad, skip))
+    assert report.exit_code == 2 and not report.ok
+    doc = report.to_json()
+    assert doc["counts"] == {"pushed": 1, "failed before any change": 1, "skipped": 1}
+    assert [(h["host"], h["ok"], h["outcome"]) for h in doc["hosts"]] == \
+        [("a", True, "pushed"), ("b", False, "failed before any change"), ("c", False, "skipped")]
+
+
+# ---------------------------------------------------------------- the runner's thread loop
+
+
+def test_runner_parallel_limit_isolation_and_skips():
+    """Three hosts must be inside ``work`` at once (a barrier that times out otherwise), never
+    more than --parallel; one host raising a plain bug is that host's failure only."""
+    hosts = ["canary", "w1", "w2", "w3", "boom", "late"]
+    barrier = threading.Barrier(3, timeout=20)
+    lock, inside, most = threading.Lock(), [0], [0]
+    order: list[str] = []
+
+    def work(host, progress):
+        progress("working")
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            order.append(host)
+        try:
+            if host in ("w1", "w2", "w3"):
+                barrier.wait()
+            if host == "boom":
+                raise ValueError("a bug on one host")
+            if host == "late":
+                raise DeployError("late: deploy lock held by x", code="locked")
+            return HostResult(host, Kind.PUSHED, {"host": host})
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    class Events:
+        def __init__(self):
+            self.seen = []
+
+        def started(self, host):
+            self.seen.append(("started", host))
+
+        def step(self, host, text):
+            self.seen.append(("step", host, text))
+
+        def finished(self, result):
+            self.seen.append(("finished", result.host, result.kind))
+
+    events = Events()
+    report = run_fleet("push", hosts, push_policy(hosts, canary=None, parallel=3, max_failures=5), work, events)
+    assert order[0] == "canary" and most[0] == 3
+    kinds = {r.host: r.kind for r in report.results}
+    assert kinds == {"canary": Kind.PUSHED, "w1": Kind.PUSHED, "w2": Kind.PUSHED, "w3": Kind.PUSHED,
+                     "boom": Kind.FAILED_UNKNOWN, "late": Kind.FAILED_BEFORE_CHANGE}
+    boom = next(r for r in report.results if r.host == "boom")
+    assert boom.doc["error"]["code"] == "internal" and "ValueError: a bug on one host" in boom.message
+    assert [r.host for r in report.results] == hosts  # selection order, whatever the finishing order
+    assert ("step", "w2", "working") in events.seen and events.seen[0] == ("started", "canary")
+
+    stopped = run_fleet("push", hosts, push_policy(hosts, canary="boom", parallel=3, max_failures=5), work)
+    assert [r.kind for r in stopped.results] == [Kind.SKIPPED] * 4 + [Kind.FAILED_UNKNOWN, Kind.SKIPPED]
+    assert stopped.stop_reason == "the canary boom ended failed, state unknown"
+    assert stopped.results[0].message == "not started: the canary boom ended failed, state unknown"
