@@ -216,9 +216,11 @@ class HostResult:
     message: str = ""  # the error or skip reason, one line
     exit_code: int = 0  # the error's own exit code (2 for bad input), else 1 when not ok
     lines: tuple[str, ...] = ()  # what the single-host command prints on stdout for this host
+    elapsed: float | None = None  # wall time of the host's whole work (push + smoke + rollback); None: not started
 
     def to_json(self) -> dict:
-        return {**self.doc, "host": self.host, "ok": self.kind.ok, "outcome": self.kind.value}
+        return {**self.doc, "host": self.host, "ok": self.kind.ok, "outcome": self.kind.value,
+                "elapsed_s": None if self.elapsed is None else round(self.elapsed, 3)}
 
 
 def failed(host: str, exc: DeployError) -> HostResult:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable, Protocol, Sequence
 
@@ -74,16 +75,18 @@ def run_fleet(command: str, hosts: Sequence[str], policy: Policy, work: Work,
 
 
 def _guarded(work: Work, host: str, events: Events) -> HostResult:
-    """One host's work; any exception is that host's failure, never the fleet's."""
+    """One host's work, timed; any exception is that host's failure, never the fleet's."""
+    t0 = time.monotonic()
     try:
-        return work(host, lambda text: events.step(host, text))
+        result = work(host, lambda text: events.step(host, text))
     except DeployError as exc:
-        return failed(host, exc)
+        result = failed(host, exc)
     except Exception as exc:  # noqa: BLE001 - a bug on one host must not abandon the others mid-push
-        return HostResult(host, Kind.FAILED_UNKNOWN,
-                          {"host": host, "error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}",
-                                                   "hint": "rerun with DDTREE_DEPLOY_DEBUG=1 for a traceback"}},
-                          f"{type(exc).__name__}: {exc}")
+        result = HostResult(host, Kind.FAILED_UNKNOWN,
+                            {"host": host, "error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}",
+                                                     "hint": "rerun with DDTREE_DEPLOY_DEBUG=1 for a traceback"}},
+                            f"{type(exc).__name__}: {exc}")
+    return replace(result, elapsed=time.monotonic() - t0)
 
 
 class Serial:

@@ -298,11 +298,14 @@ def _on_hosts(hosts: List[Host], command: str, json_output: bool, run: Callable[
     for r in report.results:  # results on stdout, in selection order, once every host is done
         for line in r.lines:
             _say(line)
-    _print_outcomes(report)
+    if command == "status":  # its table (stdout) already says how each host ended
+        if not json_output:
+            _print_status_table(report)
+        _print_counts(report)
+    else:
+        _print_outcomes(report)
     if json_output:
         emit_json(report.to_json())
-    if command == "status" and not json_output:
-        _print_status_table(report)
     if report.exit_code:
         raise typer.Exit(report.exit_code)
 
@@ -381,12 +384,15 @@ def _print_outcomes(report: FleetReport) -> None:
         table.add_column(col, overflow="fold")
     for r in report.results:
         colour = "yellow" if r.kind is Kind.SKIPPED else _STYLE[r.kind.ok]
-        secs = r.doc.get("seconds")
         table.add_row(r.host, f"[{colour}]{r.kind.value}[/]", _esc(r.message),
-                      f"{secs:.1f} s" if isinstance(secs, (int, float)) else "")
+                      "" if r.elapsed is None else f"{r.elapsed:.1f} s")
     err.print(table)
     if report.stop_reason:
         err.print(f"[yellow]stopped starting hosts: {_esc(report.stop_reason)}[/]", highlight=False, soft_wrap=True)
+    _print_counts(report)
+
+
+def _print_counts(report: FleetReport) -> None:
     counts = ", ".join(f"{n} {k}" for k, n in report.counts().items())
     err.print(f"{'[green]all ok' if report.ok else '[red]not all ok'}[/]: {counts}", highlight=False)
 
@@ -405,8 +411,8 @@ def _print_status_table(report: FleetReport) -> None:
         if r.kind.ok:
             row = status_row(r.doc)
             table.add_row(r.host, row["version"], row["phase"], row["series"], row["drift"], _esc(row["lock"]))
-        else:
-            table.add_row(r.host, "-", r.kind.value, "-", "-", _esc(r.message))
+        else:  # why it failed was printed on stderr as it happened
+            table.add_row(r.host, "-", r.kind.value, "-", "-", "-")
     out.print(table)
 
 

@@ -1,0 +1,294 @@
+"""Fleets end to end: several real OpenSSH sshd on loopback (one port and one set of keys
+per host), each host its own venv holding SGLang 0.5.12.post1's real files, the small
+real series of tests/data/deploy_series, GNU patch as the oracle of the patched bytes.
+
+The hosts that fail do so for real: a closed port (unreachable), a file edited outside
+the tool (drift), a live run's lock, and an ``import`` smoke level that fails because
+that host's venv holds only the series' files, not SGLang's dependencies (a real
+ImportError: the push is rolled back automatically). The others run the ``compile``
+level, which is real and fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddtree_deploy.cli import app
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sshd_host import ADDED, SPEC, UTILS, SSHServer, TestHost, free_port  # noqa: E402
+from sshd_host import DEPLOY_FAMILY as FAMILY, DEPLOY_SERIES as DATA  # noqa: E402
+
+pytestmark = pytest.mark.sshd
+
+TARGETS = (SPEC, UTILS, ADDED)
+SERVERS = 6
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """One sshd per host slot: separate ports, host keys and client keys."""
+    started = []
+    try:
+        for i in range(SERVERS):
+            s = SSHServer(tmp_path_factory.mktemp(f"sshd{i}"))
+            s.start()
+            started.append(s)
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory, servers):
+    """(pristine, patched) bytes per target: the release files, and GNU patch's result."""
+    work = tmp_path_factory.mktemp("oracle")
+    ref = servers[0].add_host("oracle", work / "ref", files=[SPEC, UTILS])
+    tree = work / "tree"
+    shutil.copytree(ref.site / "sglang", tree / "sglang")
+    for patch in sorted(FAMILY.glob("*.patch")):
+        subprocess.run(["patch", "-p1", "-s", "--no-backup-if-mismatch", "-i", str(patch)], cwd=tree, check=True)
+    patched = {p: (tree / p).read_bytes() for p in (SPEC, UTILS)}
+    patched[ADDED] = (DATA / "payload" / "ddtree_deploy_test_marker.py").read_bytes()
+    return {SPEC: ref.read(SPEC), UTILS: ref.read(UTILS), ADDED: None}, patched
+
+
+class Fleet:
+    """Builds hosts for one test; each gets its own sshd (by slot) and its own tree."""
+
+    def __init__(self, servers, root: Path):
+        self.servers, self.root = servers, root
+        self.hosts_dir = root / "hosts"
+        self.hosts: dict[str, TestHost] = {}
+
+    def add(self, name: str, slot: int, *, levels=("compile",), port: int | None = None) -> TestHost:
+        h = self.servers[slot].add_host(name, self.root / name, files=[SPEC, UTILS])
+        h.inventory(self.hosts_dir, port=port, smoke_levels=list(levels))
+        self.hosts[name] = h
+        return h
+
+    def unreachable(self, name: str, slot: int) -> TestHost:
+        """A host whose inventory names a loopback port nothing listens on."""
+        return self.add(name, slot, port=_closed_port())
+
+    def group(self, name: str, members: list[str]) -> None:
+        with open(self.hosts_dir / "groups.toml", "a") as f:
+            f.write(f"[groups]\n{name} = {json.dumps(members)}\n")
+
+
+def _closed_port() -> int:
+    port = free_port()
+    with socket.socket() as s:  # nothing listens there: connect() is refused at once
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+    return port
+
+
+@pytest.fixture
+def fleet(servers, tmp_path, monkeypatch) -> Fleet:
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(DATA / "patches"))
+    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
+    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(tmp_path / "hosts"))
+    return Fleet(servers, tmp_path)
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def files_of(h: TestHost) -> dict[str, bytes | None]:
+    return {p: h.read(p) for p in TARGETS}
+
+
+def tree_of(h: TestHost) -> dict[str, bytes]:
+    """Every file of the host's package root and state folder, byte for byte."""
+    out = {}
+    for base in (h.site, h.state_dir):
+        for dirpath, _dirs, files in os.walk(base):
+            for f in files:
+                p = Path(dirpath) / f
+                out[str(p)] = p.read_bytes()
+    return out
+
+
+def outcomes(doc: dict) -> dict[str, str]:
+    return {h["host"]: h["outcome"] for h in doc["hosts"]}
+
+
+def backups(h: TestHost) -> list[str]:
+    folder = h.state_dir / "backups"
+    return sorted(os.listdir(folder)) if folder.exists() else []
+
+
+# ---------------------------------------------------------------- the tests
+
+
+def test_push_status_rollback_of_a_group_with_every_kind_of_failure(fleet, oracle):
+    pristine, patched = oracle
+    names = ["canary", "good1", "drift", "smoke", "down", "good2"]
+    fleet.add("canary", 0)
+    fleet.add("good1", 1)
+    fleet.add("drift", 2).file(SPEC).write_bytes(b"# edited by hand on the host\n")
+    fleet.add("smoke", 3, levels=["import"])
+    fleet.unreachable("down", 4)
+    fleet.add("good2", 5)
+    fleet.group("gpu", names)
+
+    result = cli("push", "--group", "gpu", "--max-failures", "3", "--json")
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is False and [h["host"] for h in doc["hosts"]] == names
+    assert outcomes(doc) == {"canary": "pushed", "good1": "pushed", "drift": "failed before any change",
+                             "smoke": "failed, rolled back", "down": "unreachable", "good2": "pushed"}
+    by = {h["host"]: h for h in doc["hosts"]}
+    assert by["drift"]["error"]["code"] == "drift" and by["down"]["error"]["code"] == "connect"
+    assert by["smoke"]["auto_rollback"]["done"] is True
+    assert [(lv["level"], lv["status"]) for lv in by["smoke"]["smoke"]["levels"]] == [("import", "failed")]
+    assert doc["counts"] == {"pushed": 3, "failed before any change": 1, "failed, rolled back": 1, "unreachable": 1}
+    for name in ("canary", "good1", "good2"):
+        assert files_of(fleet.hosts[name]) == patched, name
+    assert files_of(fleet.hosts["smoke"]) == pristine  # rolled back automatically, sha256-verified
+    assert fleet.hosts["drift"].read(SPEC) == b"# edited by hand on the host\n"
+    assert fleet.hosts["drift"].read(ADDED) is None and backups(fleet.hosts["drift"]) == []
+    # The outcome table is on stderr; only the JSON document is on stdout.
+    for row in ("canary", "pushed", "failed, rolled back", "unreachable", "failed before any change"):
+        assert row in result.stderr
+    assert "smoke failed at import" in result.stderr
+
+    status = cli("status", "--group", "gpu")
+    assert status.exit_code == 1  # "down" could not be read
+    lines = {line.split()[0]: line for line in status.stdout.splitlines() if line.split()}
+    assert "deployed" in lines["good1"] and "sglang-0.5.12" in lines["good1"] and "free" in lines["good1"]
+    assert "rolled-back" in lines["smoke"]
+    assert "never-deployed" in lines["drift"] and "1 file(s)" in lines["drift"]
+    assert "unreachable" in lines["down"]
+    as_json = json.loads(cli("status", "--group", "gpu", "--json").stdout)
+    assert outcomes(as_json)["down"] == "unreachable" and outcomes(as_json)["good2"] == "read"
+    assert {f["path"]: f["state"] for f in next(h for h in as_json["hosts"] if h["host"] == "drift")["files"]}[SPEC] \
+        == "drifted"
+
+    rolled = cli("rollback", "--group", "gpu", "--parallel", "2", "--json")
+    assert rolled.exit_code == 1
+    assert outcomes(json.loads(rolled.stdout)) == {
+        "canary": "rolled back", "good1": "rolled back", "drift": "failed before any change",
+        "smoke": "already rolled back", "down": "unreachable", "good2": "rolled back"}
+    for name in ("canary", "good1", "good2", "smoke"):
+        assert files_of(fleet.hosts[name]) == pristine, name
+
+
+def test_a_failed_canary_leaves_every_other_host_byte_identical(fleet, oracle):
+    pristine, _patched = oracle
+    for i, name in enumerate(["a", "b", "c"]):
+        fleet.add(name, i)
+    fleet.add("canary", 3, levels=["import"])
+    before = {n: tree_of(fleet.hosts[n]) for n in "abc"}
+
+    bad = cli("push", "--host", "a", "--host", "b", "--canary", "nope")
+    assert bad.exit_code == 2 and "--canary nope: not one of the selected hosts (a, b)" in bad.stderr
+    assert cli("push", "--group", "gpu").exit_code == 2  # no groups.toml: no such group
+
+    result = cli("push", "--host", "a", "--host", "b", "--host", "c", "--host", "canary", "--canary", "canary",
+                 "--json")
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert outcomes(doc) == {"a": "skipped", "b": "skipped", "c": "skipped", "canary": "failed, rolled back"}
+    assert doc["stopped"] == "the canary canary ended failed, rolled back"
+    assert doc["hosts"][0]["reason"] == "not started: the canary canary ended failed, rolled back"
+    assert files_of(fleet.hosts["canary"]) == pristine
+    for n in "abc":
+        assert tree_of(fleet.hosts[n]) == before[n], n  # every file byte-identical
+        assert not fleet.hosts[n].state_dir.exists()  # not even connected to
+
+
+def test_max_failures_and_a_held_lock(fleet, oracle):
+    """--parallel 1: after the first failure (a live run's lock), no new host starts; with
+    --max-failures 1 the locked host is reported and the others are pushed."""
+    from ddtree_deploy.agent import boot_id, process_start
+
+    pristine, patched = oracle
+    for i, name in enumerate(["g1", "locked", "g2", "g3"]):
+        fleet.add(name, i)
+    before = {n: tree_of(fleet.hosts[n]) for n in ("g2", "g3")}
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        lock = fleet.hosts["locked"].state_dir / "lock"
+        lock.mkdir(parents=True)
+        (lock / "owner.json").write_text(json.dumps({
+            "run_id": "hung-run", "holder": "alice@laptop", "command": "push", "time": "2026-11-01T10:00:00Z",
+            "host": socket.gethostname(), "pid": sleeper.pid, "pid_start": process_start(sleeper.pid),
+            "boot_id": boot_id()}))
+        hosts = [a for n in ("g1", "locked", "g2", "g3") for a in ("--host", n)]
+
+        first = cli("push", *hosts, "--parallel", "1", "--json")
+        assert first.exit_code == 1
+        doc = json.loads(first.stdout)
+        assert outcomes(doc) == {"g1": "pushed", "locked": "failed before any change", "g2": "skipped",
+                                 "g3": "skipped"}
+        assert doc["hosts"][1]["error"]["code"] == "locked" and "alice@laptop" in doc["hosts"][1]["error"]["message"]
+        assert doc["stopped"] == "1 host(s) failed (--max-failures 0)"
+        assert files_of(fleet.hosts["g1"]) == patched and files_of(fleet.hosts["locked"]) == pristine
+        assert {n: tree_of(fleet.hosts[n]) for n in ("g2", "g3")} == before
+
+        second = cli("push", *hosts, "--parallel", "1", "--max-failures", "1", "--json")
+        assert second.exit_code == 1
+        assert outcomes(json.loads(second.stdout)) == {"g1": "already deployed", "locked": "failed before any change",
+                                                       "g2": "pushed", "g3": "pushed"}
+        assert all(files_of(fleet.hosts[n]) == patched for n in ("g1", "g2", "g3"))
+        assert files_of(fleet.hosts["locked"]) == pristine
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    ok = cli("push", *hosts, "--break-lock", "--json")
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["ok"] is True
+
+
+def test_two_fleet_pushes_over_overlapping_hosts_push_each_host_once(fleet, oracle, release_wheel):
+    """Two CLI processes at once: A on h0..h3, B on h2..h5 (canaries h0 and h5). Each host is
+    pushed by exactly one of them; the other finds it locked or already deployed."""
+    from ddtree_deploy.series import load_family
+    from ddtree_deploy.snapshot import fresh_release_snapshot
+
+    _pristine, patched = oracle
+    names = [f"h{i}" for i in range(6)]
+    for i, name in enumerate(names):
+        fleet.add(name, i)
+    # The release snapshot cache is filled once here: two processes filling it at the
+    # same moment is not what this test is about.
+    fresh_release_snapshot("0.5.12.post1", load_family(FAMILY).touched_paths())
+    cmd = [sys.executable, "-m", "ddtree_deploy", "push", "--json"]
+    a = subprocess.Popen(cmd + [x for n in names[:4] for x in ("--host", n)] + ["--max-failures", "9"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    b = subprocess.Popen(cmd + [x for n in reversed(names[2:]) for x in ("--host", n)] + ["--max-failures", "9"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    docs = []
+    for p in (a, b):
+        stdout, stderr = p.communicate(timeout=180)
+        assert p.returncode in (0, 1), stderr.decode()[-2000:]
+        docs.append(json.loads(stdout))
+    pushed_by: dict[str, list[int]] = {n: [] for n in names}
+    for i, doc in enumerate(docs):
+        for h in doc["hosts"]:
+            if h["outcome"] == "pushed":
+                pushed_by[h["host"]].append(i)
+            else:  # the other run got there first: refused by the lock, or found it done
+                assert h["outcome"] == "already deployed" or h["error"]["code"] == "locked", h
+    assert {n: len(v) for n, v in pushed_by.items()} == {n: 1 for n in names}
+    assert pushed_by["h0"] == [0] and pushed_by["h5"] == [1]
+    for name in names:
+        h = fleet.hosts[name]
+        assert files_of(h) == patched and len(backups(h)) == 1, name
+        journal = json.loads((h.state_dir / "journal.json").read_text())
+        pusher = docs[pushed_by[name][0]]
+        assert journal["run_id"] == next(x for x in pusher["hosts"] if x["host"] == name)["run_id"]
+    locked = sum(1 for d in docs for h in d["hosts"] if (h.get("error") or {}).get("code") == "locked")
+    print(f"overlapping hosts refused by the lock: {locked} of 2")
