@@ -37,6 +37,7 @@ from ddtree_deploy import patchset, releases
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.patchset import FilePatch, HunkResult, HunkStatus
 from ddtree_deploy.series import (
+from ddtree_deploy.fsutil import atomic_write
     FAMILY_FILE,
     SERIES_FILE,
     AddEntry,
@@ -659,17 +660,6 @@ def next_micro(version: str) -> str:
     return f"{parts[0]}.{parts[1]}.{parts[2] + 1}"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _ported_series_text(series: Series, result: PortResult) -> str:
     """The old series file, entries in the same order; entries already upstream are commented out."""
     dropped = {e.entry for e in result.entries if e.kind == "patch" and e.text is None}
@@ -829,7 +819,7 @@ def refresh_family(family: Path | str, tree_dir: Path, *, version: str | None = 
         if target.read_bytes() == data:
             unchanged.append(item.entry)
             continue
-        _atomic_write(target, data)
+        atomic_write(target, data)
         changed.append(item.entry)
     for rej in rejects:
         rej.unlink()

@@ -32,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.locations import cache_dir
+from ddtree_deploy.fsutil import atomic_write
 
 PROJECT = "sglang"
 DEFAULT_INDEX = "https://pypi.org/pypi"
@@ -112,18 +113,6 @@ def _project_cache(project: str) -> Path:
     return cache_dir() / "pypi" / f"{project}.json"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def fetch_project(project: str = PROJECT, *, index: str | None = None) -> dict:
     """GET the project's JSON document from the index and cache it. Network."""
     url = _project_url(project, index)
@@ -143,7 +132,7 @@ def fetch_project(project: str = PROJECT, *, index: str | None = None) -> dict:
     except ValueError:
         raise DeployError(f"{url}: the package index answered something that is not JSON") from None
     doc["_source_url"] = url  # so that relative file URLs resolve after a cache round trip
-    _atomic_write(_project_cache(project), json.dumps(doc).encode())
+    atomic_write(_project_cache(project), json.dumps(doc).encode())
     return doc
 
 
