@@ -35,9 +35,9 @@ from packaging.version import InvalidVersion, Version
 
 from ddtree_deploy import patchset, releases
 from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.fsutil import atomic_write
 from ddtree_deploy.patchset import FilePatch, HunkResult, HunkStatus
 from ddtree_deploy.series import (
-from ddtree_deploy.fsutil import atomic_write
     FAMILY_FILE,
     SERIES_FILE,
     AddEntry,
