@@ -195,6 +195,8 @@ def test_a_failed_canary_leaves_every_other_host_byte_identical(fleet, oracle):
     bad = cli("push", "--host", "a", "--host", "b", "--canary", "nope")
     assert bad.exit_code == 2 and "--canary nope: not one of the selected hosts (a, b)" in bad.stderr
     assert cli("push", "--group", "gpu").exit_code == 2  # no groups.toml: no such group
+    to = cli("rollback", "--host", "a", "--host", "b", "--to", "20261129T000000Z-x")
+    assert to.exit_code == 2 and "a backup id belongs to one host" in to.stderr
 
     result = cli("push", "--host", "a", "--host", "b", "--host", "c", "--host", "canary", "--canary", "canary",
                  "--json")

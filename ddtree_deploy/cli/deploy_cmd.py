@@ -219,6 +219,9 @@ def rollback(
     from ddtree_deploy.fleet import outcome_of_rollback, spread_policy
 
     hosts = _selection(host, group)
+    if to is not None and len(hosts) > 1:  # backup ids are per host: one id cannot name a backup on each
+        raise BadInput(f"--to {to}: a backup id belongs to one host; give it with a single --host",
+                       hint="without --to, each host restores its own newest backup")
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
 
     def run(h: Host, progress, say) -> dict:
