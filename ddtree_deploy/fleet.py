@@ -7,9 +7,9 @@ A fleet command (push, rollback or status on several hosts) runs in this order:
   time. Once more than ``max_failures`` hosts have failed, no new host is started (the
   running ones finish, and a smoke failure among them is still rolled back by its own
   push); the hosts never started are reported as skipped.
-- **rollback** and **status**: every host, ``parallel`` at a time, no canary and no
-  stop: rolling back is the way out of a bad push, and one host's failure must never
-  keep the others where they are.
+- **rollback**, **status** and a push's **dry run**: every host, ``parallel`` at a
+  time, no canary and no stop: rolling back is the way out of a bad push, one host's
+  failure must never keep the others where they are, and a dry run changes nothing.
 
 ``Schedule`` is the state machine the runner (``fleet_run``) asks "what may start now?";
 ``outcome_of_*`` read one host's result (a JSON document or the error it raised) into
@@ -33,6 +33,7 @@ class Kind(str, Enum):
     ROLLED_BACK = "rolled back"  # the rollback command restored a backup
     ALREADY_ROLLED_BACK = "already rolled back"  # the rollback command found nothing to restore
     READ = "read"  # status: the host answered
+    PLANNED = "dry run: would change"  # --dry-run: the plan has changes; nothing was changed
     FAILED_ROLLED_BACK = "failed, rolled back"  # smoke failed after the switch; the backup is back
     FAILED_NOT_ROLLED_BACK = "failed, NOT rolled back"  # --no-rollback, or the automatic rollback failed
     FAILED_BEFORE_CHANGE = "failed before any change"
@@ -45,7 +46,7 @@ class Kind(str, Enum):
         return self in _OK
 
 
-_OK = {Kind.PUSHED, Kind.ALREADY, Kind.ROLLED_BACK, Kind.ALREADY_ROLLED_BACK, Kind.READ}
+_OK = {Kind.PUSHED, Kind.ALREADY, Kind.ROLLED_BACK, Kind.ALREADY_ROLLED_BACK, Kind.READ, Kind.PLANNED}
 
 # Error codes raised before the apply request is sent: the host is provably untouched.
 # Anything else (an agent failure during apply, a connection lost after it was sent)
@@ -175,9 +176,16 @@ def outcome_of_error(exc: DeployError) -> Kind:
     return Kind.FAILED_UNKNOWN
 
 
-def outcome_of_push(doc: dict) -> Kind:
+def _planned(doc: dict) -> bool:
+    """A dry run whose plan changes something (a no-op plan reads as 'already ...')."""
+    return bool((doc.get("plan") or {}).get("changes"))
+
+
+def outcome_of_push(doc: dict, *, dry_run: bool = False) -> Kind:
     """A push document (deploy.Outcome.to_json, plus the smoke's keys when it ran)."""
     if not doc.get("changed"):
+        if dry_run and _planned(doc):
+            return Kind.PLANNED
         return Kind.ALREADY if doc.get("ok", True) else Kind.FAILED_BEFORE_CHANGE
     if doc.get("ok", True):
         return Kind.PUSHED
@@ -187,8 +195,10 @@ def outcome_of_push(doc: dict) -> Kind:
     return Kind.FAILED_NOT_ROLLED_BACK
 
 
-def outcome_of_rollback(doc: dict) -> Kind:
-    return Kind.ROLLED_BACK if doc.get("changed") else Kind.ALREADY_ROLLED_BACK
+def outcome_of_rollback(doc: dict, *, dry_run: bool = False) -> Kind:
+    if doc.get("changed"):
+        return Kind.ROLLED_BACK
+    return Kind.PLANNED if dry_run and _planned(doc) else Kind.ALREADY_ROLLED_BACK
 
 
 def detail_of(doc: dict, kind: Kind) -> str:

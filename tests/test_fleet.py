@@ -159,6 +159,11 @@ def test_outcome_kinds():
     assert outcome_of_push({"changed": True, "ok": False, "auto_rollback": {"done": True}}) is Kind.FAILED_ROLLED_BACK
     assert outcome_of_push({"changed": True, "ok": False,
                             "auto_rollback": {"done": False, "kept_new_files": True}}) is Kind.FAILED_NOT_ROLLED_BACK
+    plan = {"changes": 3}
+    assert outcome_of_push({"changed": False, "ok": True, "plan": plan}, dry_run=True) is Kind.PLANNED
+    assert outcome_of_push({"changed": False, "ok": True, "plan": {"changes": 0}}, dry_run=True) is Kind.ALREADY
+    assert outcome_of_rollback({"changed": False, "plan": plan}, dry_run=True) is Kind.PLANNED
+    assert Kind.PLANNED.ok
     assert outcome_of_rollback({"changed": True}) is Kind.ROLLED_BACK
     assert outcome_of_rollback({"changed": False}) is Kind.ALREADY_ROLLED_BACK
     smoke = {"levels": [{"level": "compile", "status": "passed"},

@@ -142,6 +142,14 @@ def test_push_status_rollback_of_a_group_with_every_kind_of_failure(fleet, oracl
     fleet.unreachable("down", 4)
     fleet.add("good2", 5)
     fleet.group("gpu", names)
+    before = {n: tree_of(h) for n, h in fleet.hosts.items()}
+
+    dry = cli("push", "--group", "gpu", "--dry-run", "--json")  # every host planned, none waits, nothing changes
+    assert dry.exit_code == 1
+    assert outcomes(json.loads(dry.stdout)) == {
+        "canary": "dry run: would change", "good1": "dry run: would change", "drift": "failed before any change",
+        "smoke": "dry run: would change", "down": "unreachable", "good2": "dry run: would change"}
+    assert {n: tree_of(h) for n, h in fleet.hosts.items()} == before
 
     result = cli("push", "--group", "gpu", "--max-failures", "3", "--json")
     assert result.exit_code == 1, result.output

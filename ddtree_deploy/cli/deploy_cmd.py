@@ -171,11 +171,14 @@ def push(
 ) -> None:
     """Deploy the series: lock, drift check, check, back up, stage + verify, switch, journal, smoke."""
     from ddtree_deploy import smoke
-    from ddtree_deploy.fleet import outcome_of_push, push_policy
+    from ddtree_deploy.fleet import outcome_of_push, push_policy, spread_policy
     from ddtree_deploy.fleet_run import Serial
 
     hosts = _selection(host, group)
-    policy = push_policy([h.name for h in hosts], canary=canary, parallel=parallel, max_failures=max_failures)
+    names = [h.name for h in hosts]
+    policy = push_policy(names, canary=canary, parallel=parallel, max_failures=max_failures)
+    if dry_run:  # it changes nothing: every host's plan is shown, none waits for a canary
+        policy = spread_policy(names, parallel=parallel)
     smoking = not (no_smoke or dry_run)
     if smoking:  # a typo in [smoke] must not surface only after the switch
         for h in hosts:
@@ -200,7 +203,7 @@ def push(
                 say(f"{h.name}: {line}" if not line.startswith(" ") else line)
         return doc
 
-    _on_hosts(hosts, "push", json_output, run, policy, outcome_of_push)
+    _on_hosts(hosts, "push", json_output, run, policy, lambda doc: outcome_of_push(doc, dry_run=dry_run))
 
 
 @app.command("rollback")
@@ -229,7 +232,7 @@ def rollback(
                                   break_lock=break_lock, progress=progress)
         return _summary(outcome, json_output, show_plan=dry_run or outcome.changed, say=say)
 
-    _on_hosts(hosts, "rollback", json_output, run, policy, outcome_of_rollback)
+    _on_hosts(hosts, "rollback", json_output, run, policy, lambda doc: outcome_of_rollback(doc, dry_run=dry_run))
 
 
 @app.command("status")
