@@ -9,7 +9,6 @@ ddtree_deploy.fleet_run runs the threads), with an outcome table at the end.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Callable, List, Optional
 
@@ -19,7 +18,7 @@ from ddtree_deploy import deploy
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.cli.snapshot_cmd import report_snapshot, snapshot_app
 from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy
+from ddtree_deploy.fleet import HostResult, Kind, Policy
 from ddtree_deploy.inventory import Host, load_host
 from ddtree_deploy.transport import transport_for
 
@@ -287,6 +286,7 @@ def _on_hosts(hosts: List[Host], command: str, json_output: bool, run: Callable[
     if len(hosts) == 1:
         _each_host(hosts, command, json_output, run)
         return
+    from ddtree_deploy.cli.fleet_view import FleetView, print_counts, print_outcomes, print_status_table
     from ddtree_deploy.fleet import detail_of
     from ddtree_deploy.fleet_run import run_fleet
 
@@ -299,127 +299,21 @@ def _on_hosts(hosts: List[Host], command: str, json_output: bool, run: Callable[
         detail = detail_of(doc, kind)
         return HostResult(name, kind, doc, detail, 0 if kind.ok else 1, tuple(lines))
 
-    with _FleetView([h.name for h in hosts], policy) as view:
+    with FleetView([h.name for h in hosts], policy) as view:
         report = run_fleet(command, [h.name for h in hosts], policy, work, view)
     for r in report.results:  # results on stdout, in selection order, once every host is done
         for line in r.lines:
             _say(line)
     if command == "status":  # its table (stdout) already says how each host ended
         if not json_output:
-            _print_status_table(report)
-        _print_counts(report)
+            print_status_table(report)
+        print_counts(report)
     else:
-        _print_outcomes(report)
+        print_outcomes(report)
     if json_output:
         emit_json(report.to_json())
     if report.exit_code:
         raise typer.Exit(report.exit_code)
-
-
-_STYLE = {True: "green", False: "red"}
-
-
-class _FleetView:
-    """Live per-host progress on stderr (one row per host), and a timed line per finished step."""
-
-    def __init__(self, names: List[str], policy: Policy):
-        from rich.live import Live
-
-        self.rows = {n: ["waiting", "", None] for n in names}  # state, step, started
-        self.steps: dict[str, tuple[str, float]] = {}
-        self.lock = threading.Lock()
-        if policy.canary:
-            self.rows[policy.canary][0] = "canary: waiting"
-        self.live = Live(console=err, get_renderable=self._table, transient=True, refresh_per_second=4,
-                         redirect_stdout=False, redirect_stderr=False)
-
-    def __enter__(self) -> "_FleetView":
-        self.live.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.live.stop()
-
-    def _table(self):
-        from rich.table import Table
-
-        table = Table(box=None, show_header=False, pad_edge=False)
-        with self.lock:
-            for name, (state, step, started) in self.rows.items():
-                secs = f"{time.monotonic() - started:.1f} s" if started and state == "running" else ""
-                table.add_row(name, state, step, secs)
-        return table
-
-    def started(self, host: str) -> None:
-        with self.lock:
-            self.rows[host] = ["running", "connect", time.monotonic()]
-
-    def step(self, host: str, text: str) -> None:
-        self._end_step(host)
-        with self.lock:
-            self.rows[host][1] = text
-            self.steps[host] = (text, time.monotonic())
-
-    def _end_step(self, host: str) -> None:
-        with self.lock:
-            prev = self.steps.pop(host, None)
-        if prev is not None:
-            err.print(f"[dim]{host}:[/] {_esc(prev[0])} [dim]({time.monotonic() - prev[1]:.2f} s)[/]", highlight=False)
-
-    def finished(self, result: HostResult) -> None:
-        self._end_step(result.host)
-        with self.lock:
-            self.rows[result.host] = [result.kind.value, "", None]
-        colour = _STYLE[result.kind.ok] if result.kind is not Kind.SKIPPED else "yellow"
-        tail = f": {_esc(result.message)}" if result.message and not result.kind.ok else ""
-        err.print(f"[bold {colour}]{result.host}: {result.kind.value}[/]{tail}", highlight=False, soft_wrap=True)
-
-
-def _esc(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
-
-
-def _print_outcomes(report: FleetReport) -> None:
-    """The per-host outcome table, on stderr (the results themselves are on stdout or in --json)."""
-    from rich.table import Table
-
-    table = Table(title=f"{report.command}: {len(report.results)} host(s), {report.seconds:.1f} s", title_justify="left")
-    for col in ("host", "outcome", "detail", "time"):
-        table.add_column(col, overflow="fold")
-    for r in report.results:
-        colour = "yellow" if r.kind is Kind.SKIPPED else _STYLE[r.kind.ok]
-        table.add_row(r.host, f"[{colour}]{r.kind.value}[/]", _esc(r.message),
-                      "" if r.elapsed is None else f"{r.elapsed:.1f} s")
-    err.print(table)
-    if report.stop_reason:
-        err.print(f"[yellow]stopped starting hosts: {_esc(report.stop_reason)}[/]", highlight=False, soft_wrap=True)
-    _print_counts(report)
-
-
-def _print_counts(report: FleetReport) -> None:
-    counts = ", ".join(f"{n} {k}" for k, n in report.counts().items())
-    err.print(f"{'[green]all ok' if report.ok else '[red]not all ok'}[/]: {counts}", highlight=False)
-
-
-def _print_status_table(report: FleetReport) -> None:
-    """`status` on a fleet: one table of every host, on stdout (it is the result)."""
-    from rich.table import Table
-
-    from ddtree_deploy.fleet import status_row
-
-    table = Table(box=None)
-    cols = ("host", "sglang", "phase", "series", "drift", "lock")
-    for col in cols:
-        table.add_column(col, overflow="fold")
-    for r in report.results:
-        if r.kind.ok:
-            row = status_row(r.doc)
-            table.add_row(r.host, row["version"], row["phase"], row["series"], row["drift"], _esc(row["lock"]))
-        else:  # why it failed was printed on stderr as it happened
-            table.add_row(r.host, "-", r.kind.value, "-", "-", "-")
-    out.print(table)
 
 
 def _print_status(doc: dict) -> None:

@@ -1,0 +1,122 @@
+"""What a fleet command shows: live per-host progress and the outcome table on stderr,
+the fleet status table on stdout. Rendering only; the policy is ddtree_deploy.fleet."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import List
+
+from ddtree_deploy.cli.app import err, out
+from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy
+
+_STYLE = {True: "green", False: "red"}
+
+
+class FleetView:
+    """Live per-host progress on stderr (one row per host), and a timed line per finished step."""
+
+    def __init__(self, names: List[str], policy: Policy):
+        from rich.live import Live
+
+        self.rows = {n: ["waiting", "", None] for n in names}  # state, step, started
+        self.steps: dict[str, tuple[str, float]] = {}
+        self.lock = threading.Lock()
+        if policy.canary:
+            self.rows[policy.canary][0] = "canary: waiting"
+        self.live = Live(console=err, get_renderable=self._table, transient=True, refresh_per_second=4,
+                         redirect_stdout=False, redirect_stderr=False)
+
+    def __enter__(self) -> "FleetView":
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.live.stop()
+
+    def _table(self):
+        from rich.table import Table
+
+        table = Table(box=None, show_header=False, pad_edge=False)
+        with self.lock:
+            for name, (state, step, started) in self.rows.items():
+                secs = f"{time.monotonic() - started:.1f} s" if started and state == "running" else ""
+                table.add_row(name, state, step, secs)
+        return table
+
+    def started(self, host: str) -> None:
+        with self.lock:
+            self.rows[host] = ["running", "connect", time.monotonic()]
+        self.live.refresh()
+
+    def step(self, host: str, text: str) -> None:
+        with self.lock:
+            prev = self.steps.pop(host, None)
+            self.rows[host][1] = text
+            self.steps[host] = (text, time.monotonic())
+        self._done_line(host, prev)
+
+    def finished(self, result: HostResult) -> None:
+        with self.lock:
+            prev = self.steps.pop(result.host, None)
+            self.rows[result.host] = [result.kind.value, "", None]
+        self._done_line(result.host, prev)
+        colour = _STYLE[result.kind.ok] if result.kind is not Kind.SKIPPED else "yellow"
+        tail = f": {_esc(result.message)}" if result.message and not result.kind.ok else ""
+        err.print(f"[bold {colour}]{result.host}: {result.kind.value}[/]{tail}", highlight=False, soft_wrap=True)
+
+    def _done_line(self, host: str, prev: tuple[str, float] | None) -> None:
+        # Refresh first: a line printed during a live display redraws its last render below it.
+        self.live.refresh()
+        if prev is not None:
+            err.print(f"[dim]{host}:[/] {_esc(prev[0])} [dim]({time.monotonic() - prev[1]:.2f} s)[/]", highlight=False)
+
+
+def _esc(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def print_outcomes(report: FleetReport) -> None:
+    """The per-host outcome table, on stderr (the results themselves are on stdout or in --json)."""
+    from rich.table import Table
+
+    table = Table(title=f"{report.command}: {len(report.results)} host(s), {report.seconds:.1f} s", title_justify="left")
+    for col in ("host", "outcome", "detail", "time"):
+        table.add_column(col, overflow="fold")
+    for r in report.results:
+        colour = "yellow" if r.kind is Kind.SKIPPED else _STYLE[r.kind.ok]
+        table.add_row(r.host, f"[{colour}]{r.kind.value}[/]", _esc(r.message),
+                      "" if r.elapsed is None else f"{r.elapsed:.1f} s")
+    err.print(table)
+    if report.stop_reason:
+        err.print(f"[yellow]stopped starting hosts: {_esc(report.stop_reason)}[/]", highlight=False, soft_wrap=True)
+    print_counts(report)
+
+
+def print_counts(report: FleetReport) -> None:
+    counts = ", ".join(f"{n} {k}" for k, n in report.counts().items())
+    err.print(f"{'[green]all ok' if report.ok else '[red]not all ok'}[/]: {counts}", highlight=False)
+
+
+def print_status_table(report: FleetReport) -> None:
+    """`status` on a fleet: one table of every host, on stdout (it is the result)."""
+    from rich.table import Table
+
+    from ddtree_deploy.fleet import status_row
+
+    table = Table(box=None)
+    cols = ("host", "sglang", "phase", "series", "drift", "lock")
+    for col in cols:
+        table.add_column(col, overflow="fold")
+    for r in report.results:
+        if r.kind.ok:
+            row = status_row(r.doc)
+            table.add_row(r.host, row["version"], row["phase"], row["series"], row["drift"], _esc(row["lock"]))
+        else:  # why it failed was printed on stderr as it happened
+            table.add_row(r.host, "-", r.kind.value, "-", "-", "-")
+    out.print(table)
+
+
+__all__ = ["FleetView", "print_counts", "print_outcomes", "print_status_table"]
