@@ -6,11 +6,14 @@ test_patch_differential.py; the end of this file checks it on the real series to
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.patchset import (
@@ -531,3 +534,50 @@ def test_real_series_against_gnu_patch(tmp_path: Path):
     for path, text in texts.items():
         on_disk = gnu_root / path
         assert (on_disk.read_text() if on_disk.exists() else None) == text, path
+
+
+# ----------------------------------------------------------------------------- robustness
+
+_REAL = sorted(SERIES_DIR.glob("*.patch"))
+
+
+@settings(max_examples=int(os.environ.get("DDTREE_MANGLE_EXAMPLES", "400")), deadline=None,
+          derandomize=True, database=None)
+@given(data=st.data())
+def test_mangled_real_patches_raise_only_bad_input(data):
+    """Cut, drop, duplicate or renumber lines of a real patch: the parser answers with a result or
+    one BadInput line naming the patch and a line in it, never another exception."""
+    path = data.draw(st.sampled_from(_REAL))
+    lines = path.read_text().split("\n")
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(lines) - 1))
+        op = data.draw(st.sampled_from(["drop", "dup", "cut", "digit", "crlf", "blank"]))
+        if op == "drop":
+            del lines[i]
+        elif op == "dup":
+            lines.insert(i, lines[i])
+        elif op == "cut":
+            lines = lines[:i]
+        elif op == "digit":
+            lines[i] = lines[i].replace("3", "4", 1).replace("7", "1", 1)
+        elif op == "crlf":
+            lines[i] += "\r"
+        else:
+            lines[i] = ""
+        if not lines:
+            break
+    text = "\n".join(lines)
+    try:
+        fps = parse_patch(text, name=path.name)
+    except BadInput as exc:
+        assert exc.message.startswith(f"{path.name}:") and "\n" not in exc.message
+        line = int(exc.message.split(":")[1])
+        assert 1 <= line <= max(len(lines), 1)
+        return
+    for fp in fps:  # what parses must also apply (or fail) cleanly on the real file
+        src = SGLANG_TREE / fp.path
+        if src.exists():
+            try:
+                apply_file_patch(fp, src.read_text())
+            except BadInput as exc:
+                assert "CRLF patch against LF file" in exc.message
