@@ -89,23 +89,42 @@ def _guarded(work: Work, host: str, events: Events) -> HostResult:
     return replace(result, elapsed=time.monotonic() - t0)
 
 
-class Serial:
-    """A lock for the parts of a host's work that must not run on two threads at once.
+class CheckOnce:
+    """The in-memory series check, once per fleet for hosts that share its inputs.
 
-    The in-memory check writes the release snapshot cache the first time a version is
-    seen (swap of a folder: not safe against a second writer), and it is CPU-bound
-    Python, so running it on one thread at a time costs nothing under the GIL.
+    Every host of one SGLang version without a snapshot of its own (``snapshot pull``)
+    compares against the same release snapshot, so its ``Desired`` (the patched bytes
+    and hashes) is the same value: computed once, it is shared (it is immutable). A host
+    with its own snapshot folder is checked on its own. Calls are serialised: the first
+    check of a version fills the release snapshot cache (a folder swap, not safe against
+    a second writer), and the check is CPU-bound Python, which threads would not speed up.
+    Errors are not cached: each host raises its own (they name the host).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._done: dict[tuple, object] = {}
 
-    def wrap(self, fn: Callable) -> Callable:
-        def serial(*args, **kwargs):
-            with self._lock:
-                return fn(*args, **kwargs)
+    def __call__(self, host_name: str, series, facts: dict, forced: bool, compute: Callable[[], object]):
+        from ddtree_deploy.desired import series_id
 
-        return serial
+        with self._lock:
+            key = None if _own_snapshot(host_name) else (series_id(series), facts.get("sglang_version"), forced)
+            if key is not None and key in self._done:
+                return self._done[key]
+            result = compute()
+            if key is not None:
+                self._done[key] = result
+            return result
 
 
-__all__ = ["Events", "Serial", "run_fleet"]
+def _own_snapshot(host_name: str) -> bool:
+    """Whether a snapshot named after the host may exist (then its check is its own)."""
+    from pathlib import Path
+
+    from ddtree_deploy.snapshot import snapshot_root
+
+    return Path(host_name).is_dir() or (snapshot_root() / host_name).exists()
+
+
+__all__ = ["CheckOnce", "Events", "run_fleet"]

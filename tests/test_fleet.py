@@ -5,6 +5,7 @@ end-to-end runs over real sshd hosts are in test_fleet_ssh.py)."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -246,3 +247,34 @@ def test_runner_parallel_limit_isolation_and_skips():
     assert [r.kind for r in stopped.results] == [Kind.SKIPPED] * 4 + [Kind.FAILED_UNKNOWN, Kind.SKIPPED]
     assert stopped.stop_reason == "the canary boom ended failed, state unknown"
     assert stopped.results[0].message == "not started: the canary boom ended failed, state unknown"
+
+
+def test_check_once_shares_the_check_between_hosts_of_one_version(tmp_path, monkeypatch):
+    from ddtree_deploy.fleet_run import CheckOnce
+    from ddtree_deploy.series import load_family
+
+    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path))
+    family = Path(__file__).parent / "data" / "deploy_series" / "patches" / "sglang-0.5.12"
+    series = load_family(family)
+    again = load_family(family)  # another load of the same content: the same check
+    calls = []
+
+    def compute(tag):
+        def run():
+            calls.append(tag)
+            if tag == "boom":
+                raise DeployError(f"{tag}: check failed")
+            return object()
+        return run
+
+    v1 = {"sglang_version": "0.5.12.post1"}
+    check = CheckOnce()
+    with pytest.raises(DeployError):  # an error is that host's own, never cached
+        check("h0", series, v1, False, compute("boom"))
+    first = check("h1", series, v1, False, compute("h1"))
+    assert check("h2", again, v1, False, compute("h2")) is first
+    assert check("h3", series, {"sglang_version": "0.5.13"}, False, compute("h3")) is not first
+    assert check("h4", series, v1, True, compute("h4")) is not first  # --family forced: another key
+    (tmp_path / "h5").mkdir()  # a snapshot of its own (snapshot pull): checked on its own
+    assert check("h5", series, v1, False, compute("h5")) is not first
+    assert calls == ["boom", "h1", "h3", "h4", "h5"]

@@ -47,15 +47,18 @@ def _series_chooser(family: str | None):
     return paths, choose, False
 
 
-def _desire(host: Host, choose: Callable, forced: bool, chosen: dict | None = None):
-    """facts -> Desired; records the series it chose in ``chosen`` (the smoke needs it)."""
+def _desire(host: Host, choose: Callable, forced: bool, check: Callable, chosen: dict | None = None):
+    """facts -> Desired; records the series it chose in ``chosen`` (the smoke needs it).
+
+    ``check`` (fleet_run.CheckOnce) runs the check once for the hosts that share its inputs.
+    """
     from ddtree_deploy.desired import desired_for
 
     def desire(facts: dict):
         series = choose(facts)
         if chosen is not None:
             chosen[host.name] = series
-        return desired_for(series, host.name, facts, forced=forced)
+        return check(host.name, series, facts, forced, lambda: desired_for(series, host.name, facts, forced=forced))
 
     return desire
 
@@ -171,7 +174,7 @@ def push(
     """Deploy the series: lock, drift check, check, back up, stage + verify, switch, journal, smoke."""
     from ddtree_deploy import smoke
     from ddtree_deploy.fleet import outcome_of_push, push_policy, spread_policy
-    from ddtree_deploy.fleet_run import Serial
+    from ddtree_deploy.fleet_run import CheckOnce
 
     hosts = _selection(host, group)
     names = [h.name for h in hosts]
@@ -184,11 +187,11 @@ def push(
             smoke.choose_levels(smoke.check_settings(h), level, source=h.source)
     paths, choose, forced = _series_chooser(family)
     chosen: dict = {}
-    serial = Serial()
+    check = CheckOnce()
 
     def run(h: Host, progress, say) -> dict:
         outcome = deploy.push(h, transport_for(h, trust_new_host=trust_new_host), paths,
-                              serial.wrap(_desire(h, choose, forced, chosen)), dry_run=dry_run,
+                              _desire(h, choose, forced, check, chosen), dry_run=dry_run,
                               break_lock=break_lock, progress=progress)
         doc = _summary(outcome, json_output, show_plan=dry_run or outcome.changed, say=say)
         if not smoking or not outcome.changed:
@@ -246,7 +249,7 @@ def status(
 ) -> None:
     """Per host: SGLang version, phase, deployed series, per-file state, backups, lock holder."""
     from ddtree_deploy.fleet import spread_policy
-    from ddtree_deploy.fleet_run import Serial
+    from ddtree_deploy.fleet_run import CheckOnce
 
     hosts = _selection(host, group)
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
@@ -257,10 +260,10 @@ def status(
         err.print(f"[yellow]series not loaded ({exc.message}); per-file states come from the host's journal[/]",
                   highlight=False, soft_wrap=True)
         paths, choose, forced = [], None, False
-    serial = Serial()
+    check = CheckOnce()
 
     def run(h: Host, progress, say) -> dict:
-        desire = serial.wrap(_desire(h, choose, forced)) if choose else None
+        desire = _desire(h, choose, forced, check) if choose else None
         progress("read state")
 
         def expected(facts: dict):
