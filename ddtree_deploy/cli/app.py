@@ -31,8 +31,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+def _log_width() -> int | None:
+    """Terminals report their width; logs and pipes get 120 columns (rich's 80 folds the
+    check table and the step lines), unless COLUMNS says otherwise."""
+    if sys.stderr.isatty() or os.environ.get("COLUMNS"):
+        return None
+    return 120
+
+
 #: Diagnostics, tables meant for people, progress: stderr.
-err = Console(stderr=True)
+err = Console(stderr=True, width=_log_width())
 #: Machine-readable results: stdout.
 out = Console(highlight=False, soft_wrap=True)
 
