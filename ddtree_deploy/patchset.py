@@ -577,7 +577,7 @@ class _Lines:
         return cls(bodies, eols)
 
     def text(self) -> str:
-        return "".join(b + e for b, e in zip(self.bodies, self.eols))
+        return "".join(map(str.__add__, self.bodies, self.eols))
 
     def __len__(self) -> int:
         return len(self.bodies)
@@ -696,9 +696,14 @@ class _Applier:
     # -- output
 
     def _copy_till(self, line: int) -> None:
-        while self.copied < line:
-            self._emit(self.src.bodies[self.copied], self.src.eols[self.copied])
-            self.copied += 1
+        """Copy input lines up to 1-based ``line`` unchanged (in one slice: files are long)."""
+        if self.copied >= line:
+            return
+        if self.out.eols and self.out.eols[-1] == "":
+            self.out.eols[-1] = self.eol  # a line now follows the old last line
+        self.out.bodies.extend(self.src.bodies[self.copied:line])
+        self.out.eols.extend(self.src.eols[self.copied:line])
+        self.copied = line
 
     def _emit(self, body: str, eol: str) -> None:
         if self.out.eols and self.out.eols[-1] == "":
