@@ -37,6 +37,8 @@ lines can be checked against ``patch`` itself; see tests/test_patch_differential
 * Fuzz f ignores up to f context lines at each end of the hunk (never changed
   lines), limited by the hunk's context; lines kept from the file are the file's,
   so fuzzed context is never rewritten.
+* Where a line is written after a last line that had no newline, that line gets
+  its newline first (GNU patch 2.7.6 can join the two into one line).
 
 Line endings: a file whose every line ends in CRLF keeps CRLF (new lines get
 CRLF) whether the patch is LF or CRLF. A patch whose body lines all end in CRLF,
