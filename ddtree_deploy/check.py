@@ -124,6 +124,7 @@ def _hunk_json(h: HunkResult) -> dict:
         "offset": h.offset,
         "fuzz": h.fuzz,
         "nearest_line": h.nearest_line,
+        "reason": h.reason,
         "mismatches": [{"line": m.line, "expected": m.expected, "actual": m.actual} for m in h.mismatches],
     }
 

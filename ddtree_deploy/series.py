@@ -295,7 +295,7 @@ def _read_series_lines(path: Path) -> list[tuple[int, str]]:
     except UnicodeDecodeError as exc:
         raise BadInput(f"{show(path)}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     out = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         stripped = line.strip()
         if stripped and not stripped.startswith("#"):
             out.append((number, stripped))

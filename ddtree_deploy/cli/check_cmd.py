@@ -102,8 +102,9 @@ def _render_failures(entry: EntryCheck, series: Series) -> None:
             if h.ok:
                 continue
             near = f" nearest match at line {h.nearest_line}" if h.nearest_line else ""
+            why = f" ({escape(h.reason)})" if h.reason else ""
             err.print(f"[red]{escape(patch_file)}:{h.patch_line}[/] hunk {h.index} {escape(h.header)} "
-                      f"failed on {escape(f.path)};{near}", highlight=False)
+                      f"failed on {escape(f.path)};{near}{why}", highlight=False)
             for m in h.mismatches[:5]:
                 actual = "(end of file)" if m.actual is None else repr(m.actual)
                 err.print(f"    line {m.line}: expected {m.expected!r}, found {escape(actual)}", highlight=False)
