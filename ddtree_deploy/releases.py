@@ -18,8 +18,6 @@ import io
 import json
 import os
 import tempfile
-import urllib.error
-import urllib.request
 import zipfile
 from dataclasses import dataclass
 from email.parser import HeaderParser
@@ -115,6 +113,9 @@ def _project_cache(project: str) -> Path:
 
 def fetch_project(project: str = PROJECT, *, index: str | None = None) -> dict:
     """GET the project's JSON document from the index and cache it. Network."""
+    import urllib.error  # only the network functions need it: keep CLI start-up light
+    import urllib.request
+
     url = _project_url(project, index)
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
@@ -215,6 +216,9 @@ def sha256_file(path: Path) -> str:
 
 def download(file: ReleaseFile, dest_dir: Path | None = None) -> Path:
     """Download one file, verify its sha256 while streaming, then rename it into place. Network."""
+    import urllib.error
+    import urllib.request
+
     dest_dir = dest_dir if dest_dir is not None else wheel_cache()
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / file.filename

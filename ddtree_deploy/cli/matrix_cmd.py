@@ -6,21 +6,20 @@ go to stderr (for people), ``--json`` documents to stdout, ``--markdown`` to a f
 
 from __future__ import annotations
 
+# matrix_run, port and rich.progress are imported inside the commands that use them: every
+# CLI start (a push included) would otherwise pay for them.
 from pathlib import Path
 from typing import Optional
 
 import typer
 from packaging.version import InvalidVersion, Version
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ddtree_deploy import port as porting
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.errors import EXIT_FAILED, BadInput
 from ddtree_deploy.locations import repo_dir
 from ddtree_deploy.matrix import Matrix, upper_bound
-from ddtree_deploy.matrix_run import run_matrix
 from ddtree_deploy.series import families, load_family, show
 
 series_app = typer.Typer(help="Work on a family's patch files.", no_args_is_help=True)
@@ -94,6 +93,10 @@ def _exit(code: int) -> None:
 def _matrix(*, from_version: str, to_version: str, family: Optional[str], strict: bool, fuzz: int,
             offline: bool, jobs: Optional[int], markdown: Optional[Path], import_smoke: bool,
             json_output: bool) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ddtree_deploy.matrix_run import run_matrix
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:
         tasks: dict[str, int] = {}
@@ -166,6 +169,8 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
     new_name = into or "sglang-" + ".".join(map(str, (list(release) + [0, 0])[:3]))
     target = _family_path(new_name)
     tree_dir = tree or repo_dir("build") / f"port-{target.name}"
+    from ddtree_deploy import port as porting
+
     outcome = porting.port_family(source, to_version, into=target, tree_dir=tree_dir, fuzz=fuzz,
                                   existing=families())
     result = outcome.result
@@ -196,7 +201,7 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
     return 0 if result.ok else EXIT_FAILED
 
 
-def _port_json(outcome: porting.PortOutcome) -> dict:
+def _port_json(outcome: "porting.PortOutcome") -> dict:
     result = outcome.result
     return {
         "ok": result.ok,
@@ -237,6 +242,8 @@ def refresh_command(
     entry whose own lines it resembles most (else to the last entry touching that file);
     the regenerated series is checked to rebuild the tree exactly before anything is written.
     """
+    from ddtree_deploy import port as porting
+
     outcome = porting.refresh_family(_family_path(family), from_dir, version=release, resolved=resolved)
     if json_output:
         emit_json({
