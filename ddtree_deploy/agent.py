@@ -13,7 +13,9 @@ JSON and is used through os.* calls only.
 Host-side state (``state_dir``, default ``~/.ddtree-deploy``)::
 
     lock/owner.json       who holds the deploy lock (taken by one atomic rename)
-    journal.json          what is deployed and the phase (written by temp + rename)
+    journal.json          what is deployed and the phase (written by temp + rename):
+                          staged, switching, switched (smoke not passed yet), deployed,
+                          rolled-back
     backups/<id>/         original files by index + manifest.json (written last)
     staging/<run_id>/     uploaded files, verified, before the switch
 
@@ -416,6 +418,29 @@ class Agent(object):
         pruned = self.prune_backups(int(request.get("keep_backups", 5)), keep=(backup_id,))
         return {"backup_id": backup_id, "switched": switched, "purged": purged,
                 "pruned": pruned, "verified": len(targets)}
+
+    def op_mark(self, request):
+        """Move the journal from one phase to the next, compare-and-set on run id and phase.
+
+        ``switched`` -> ``deployed`` once the smoke passed (or ``switched`` -> ``switched``
+        to record a failed smoke level): only for the run the caller saw, so a stale
+        controller can never mark a deploy made by someone else since.
+        """
+        if not self.locked:
+            raise AgentError("protocol", "mark needs the deploy lock")
+        journal = read_json(self._p("journal.json"))
+        if journal and journal.get("run_id") == request["run_id"] and journal.get("phase") == request["phase"] \
+                and request.get("smoke") is None:
+            return {"journal": journal, "already": True}  # a rerun after a lost reply
+        if not journal or journal.get("run_id") != request["run_id"] or journal.get("phase") != request["expect"]:
+            j = journal or {}
+            raise AgentError("changed", "the journal is at phase %s of run %s, not %s of run %s"
+                             % (j.get("phase"), j.get("run_id"), request["expect"], request["run_id"]),
+                             journal=journal)
+        if request.get("smoke") is not None:
+            journal["smoke"] = request["smoke"]
+        self.journal(journal, request["phase"])
+        return {"journal": journal}
 
     def preflight(self, targets):
         """Refuse before any write what would fail half-way: unwritable folders, owners we cannot keep."""

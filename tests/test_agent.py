@@ -338,3 +338,26 @@ def test_agent_source_is_python_3_8_syntax():
     import ast
 
     ast.parse(agent_source().decode(), feature_version=(3, 8))
+
+
+def test_mark_moves_switched_to_deployed_only_for_its_run(env):
+    """`mark` is a compare-and-set on run id and phase, under the deploy lock."""
+    h, root = env
+    with session(h) as sess:
+        _i, _l, facts = opened(sess, h)
+        request, _want = push_request(h, root, facts)
+        request["final_phase"] = "switched"
+        assert sess.one(request)["ok"]
+        mark = {"op": "mark", "run_id": "run-a", "expect": "switched", "phase": "deployed"}
+        stale = sess.one(dict(mark, run_id="run-old"))
+        assert not stale["ok"] and stale["code"] == "changed"
+        assert "at phase switched of run run-a, not switched of run run-old" in stale["message"]
+        failed = sess.one(dict(mark, phase="switched", smoke={"failed": "import"}))
+        assert failed["ok"] and failed["journal"]["smoke"] == {"failed": "import"}
+        assert sess.one(mark)["ok"]
+        assert sess.one(mark).get("already") is True  # a rerun after a lost reply: no change
+        sess.one({"op": "unlock"})
+        refused = sess.one(mark)  # without the lock: refused
+    assert not refused["ok"] and refused["code"] == "protocol"
+    journal = json.loads((Path(h.state_dir) / "journal.json").read_text())
+    assert journal["phase"] == "deployed" and journal["run_id"] == "run-a"
