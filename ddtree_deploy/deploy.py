@@ -3,6 +3,8 @@
 Each command is one agent session over one connection (see transport.AgentSession):
 
     push:      [init, lock, facts]  -> plan in memory -> [apply, unlock]     2 round trips
+      + smoke: [init, lock, facts]  -> plan -> [apply] -> smoke -> [mark, unlock]   3
+    mark:      [init, lock, mark, unlock]                                    1 round trip
     rollback:  [init, lock, facts]  -> plan           -> [apply, unlock]     2 round trips
     status:    [init, facts]                                                 1 round trip
     pull:      [init, facts+content]                                         1 round trip
@@ -74,6 +76,10 @@ class Outcome:
     purged: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
     broke_lock: dict | None = None
+    phase: str | None = None  # the host's journal phase when the command ended
+    # push: the run whose switch awaits its smoke (journal phase ``switched``): this push's
+    # own, or an earlier one that switched the same files and never passed its smoke.
+    smoke_pending: str | None = None
     round_trips: int = 0
     connections: int = 0
     seconds: float = 0.0
@@ -92,6 +98,8 @@ class Outcome:
             "purged_bytecode": self.purged,
             "pruned_backups": self.pruned,
             "broke_lock": self.broke_lock,
+            "phase": self.phase,
+            "smoke_pending": self.smoke_pending,
             "round_trips": self.round_trips,
             "connections": self.connections,
             "seconds": round(self.seconds, 3),
@@ -156,12 +164,45 @@ class _Prepared:
     step: str  # progress label of the apply
     request: Callable[[str], dict]  # run id -> the apply request
     done: Callable[[dict], str]  # the agent's apply reply -> summary
+    noop_request: dict | None = None  # sent with the unlock when nothing switches (push: a mark)
+    pending: dict | None = None  # push, nothing to switch: the journal of the run still `switched`
+
+
+class Held:
+    """A push's agent session after its switch, still holding the deploy lock (during the
+    smoke): ``mark`` moves the journal of the switched run (compare-and-set on its run id)
+    and releases the lock in the same round trip; ``unlock`` only releases it. A dropped
+    connection releases it too (the agent sees EOF), leaving the phase ``switched``."""
+
+    def __init__(self, sess: AgentSession, host: Host, run_id: str):
+        self.sess, self.host, self.run_id = sess, host, run_id
+        self.locked = True
+        self.marked: str | None = None  # the phase a successful mark wrote
+
+    def mark(self, phase: str, smoke: dict | None = None) -> dict:
+        if not self.locked:
+            raise DeployError(f"{self.host.name}: mark: the deploy lock was already released", code="protocol")
+        self.locked = False
+        marked, _unlock = self.sess.call(_mark(self.run_id, phase, smoke), {"op": "unlock"})
+        journal = expect_ok(marked, self.host.name, "mark")["journal"]
+        self.marked = phase
+        return journal
+
+    def unlock(self) -> None:
+        if self.locked:
+            self.locked = False
+            self.sess.call({"op": "unlock"})
 
 
 def _execute(command: str, host: Host, transport: Transport, paths: list[str],
              prepare: Callable[[dict, Progress], _Prepared], *, dry_run: bool, break_lock: bool,
-             progress: Progress) -> Outcome:
-    """Lock + discover, plan in memory, then apply + unlock: the one path of push and rollback."""
+             progress: Progress, hold: Callable[[Outcome, Held], None] | None = None) -> Outcome:
+    """Lock + discover, plan in memory, then apply + unlock: the one path of push and rollback.
+
+    ``hold`` (push with a smoke): called after a switch that ended ``switched`` (or when
+    nothing is to switch but an earlier run is still ``switched``) with the session still
+    holding the lock; it runs the smoke and marks the result through ``Held``.
+    """
     t0 = time.monotonic()
     out = Outcome(host.name, command, new_run_id())
     progress("connect")
@@ -170,6 +211,7 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
         facts, lock = _open_locked(sess, host, out.run_id, command, paths, break_lock, dry_run)
         out.broke_lock = (lock or {}).get("broke")
         out.sglang_version = facts["sglang_version"]
+        out.phase = (facts["journal"] or {}).get("phase")
         try:
             prepared = prepare(facts, progress)
         except DeployError:
@@ -177,45 +219,118 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
                 _finish(sess, None)  # release the lock now, not at EOF
             raise
         out.plan = prepared.plan
-        if dry_run or prepared.plan.noop:
+        if not dry_run and prepared.plan.noop and hold is not None and prepared.pending:
+            out.summary = prepared.noop
+            out.phase, out.smoke_pending = "switched", prepared.pending.get("run_id")
+            out.backup_id = prepared.pending.get("backup_id")
+            _hold(sess, host, out, hold)
+        elif dry_run or prepared.plan.noop:
             if not dry_run:
-                _finish(sess, None)
+                extra = prepared.noop_request if prepared.plan.noop else None
+                reply = _finish(sess, extra)
+                if extra is not None:
+                    out.phase = expect_ok(reply, host.name, extra["op"])["journal"]["phase"]
             out.summary = prepared.noop if prepared.plan.noop else prepared.dry
         else:
             progress(prepared.step)
-            done = expect_ok(_finish(sess, prepared.request(out.run_id)), host.name, "apply")
+            request = prepared.request(out.run_id)
+            holding = hold is not None and request["final_phase"] == "switched"
+            done = expect_ok(sess.call(request)[0] if holding else _finish(sess, request), host.name, "apply")
             out.changed = True
+            out.phase = request["final_phase"]
             out.backup_id = done["backup_id"]
             out.purged, out.pruned = done["purged"], done["pruned"]
             out.summary = prepared.done(done)
+            if holding:
+                out.smoke_pending = out.run_id
+                _hold(sess, host, out, hold)
         out.round_trips, out.connections = sess.round_trips, transport.connections
     out.seconds = time.monotonic() - t0
     return out
 
 
+def _hold(sess: AgentSession, host: Host, out: Outcome, hold: Callable[[Outcome, Held], None]) -> None:
+    held = Held(sess, host, out.smoke_pending)
+    hold(out, held)
+    held.unlock()
+    if held.marked:
+        out.phase = held.marked
+
+
 def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
-         dry_run: bool = False, break_lock: bool = False, progress: Progress = _quiet) -> Outcome:
-    """Deploy the series on ``host``: lock, discover, drift check, check, back up, stage, switch."""
+         dry_run: bool = False, break_lock: bool = False, smoke: bool = False,
+         after_switch: Callable[[Outcome, Held], None] | None = None, progress: Progress = _quiet) -> Outcome:
+    """Deploy the series on ``host``: lock, discover, drift check, check, back up, stage, switch.
+
+    ``smoke``: the caller runs smoke levels next, so the switch ends in phase ``switched``
+    (files patched, smoke not passed) and ``mark`` moves it to ``deployed`` once they pass;
+    without, the switch ends ``deployed``. A host left ``switched`` by an earlier run of the
+    same series has nothing to switch: with ``smoke`` the outcome's ``smoke_pending`` names
+    that run (the caller smokes it again), without it is marked ``deployed`` here.
+    ``after_switch`` (with ``smoke``): the smoke, run while this push still holds the lock,
+    so no other push or mark interleaves; it gets the outcome and a ``Held`` to mark with.
+    """
+    seen: dict = {}
 
     def prepare(facts: dict, progress: Progress) -> _Prepared:
         progress("check")
         desired = desire(facts)
         plan = plan_push(host.name, desired, _hashes(facts), facts["journal"])
         name = f"{desired.series} ({desired.series_id[:12]})"
+        journal = facts["journal"] or {}
+        noop, noop_request = f"already deployed: {name}; nothing changed", None
+        if plan.noop and journal.get("phase") == "switched":
+            seen.update(journal)
+            noop = f"nothing to switch: {name} was switched by run {journal.get('run_id')}, whose smoke never passed"
+            if not smoke and not dry_run:
+                noop_request = _mark(journal.get("run_id"), "deployed")
+                noop += "; marked deployed without a smoke"
         return _Prepared(
             plan,
-            noop=f"already deployed: {name}; nothing changed",
+            noop=noop,
             dry=f"dry run: would switch {len(plan.changes)} of {len(plan.steps)} file(s); nothing changed",
             step=f"back up + stage + switch {len(plan.changes)} file(s)",
-            request=lambda run_id: _apply_push(host, run_id, desired, plan),
+            request=lambda run_id: _apply_push(host, run_id, desired, plan, "switched" if smoke else "deployed"),
             done=lambda d: f"pushed {name}: {len(plan.changes)} file(s) switched, backup {d['backup_id']}",
+            noop_request=noop_request,
+            pending=dict(journal) if plan.noop and journal.get("phase") == "switched" and smoke else None,
         )
 
-    return _execute("push", host, transport, paths, prepare, dry_run=dry_run, break_lock=break_lock,
-                    progress=progress)
+    outcome = _execute("push", host, transport, paths, prepare, dry_run=dry_run, break_lock=break_lock,
+                       progress=progress, hold=after_switch if smoke else None)
+    if outcome.phase == "switched" and not dry_run and outcome.smoke_pending is None:
+        outcome.smoke_pending = outcome.run_id if outcome.changed else seen.get("run_id")
+        if not outcome.changed:
+            outcome.backup_id = seen.get("backup_id")
+    return outcome
 
 
-def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan) -> dict:
+def _mark(run_id: str | None, phase: str, smoke: dict | None = None) -> dict:
+    return {"op": "mark", "run_id": run_id, "expect": "switched", "phase": phase, "smoke": smoke}
+
+
+def mark(host: Host, transport: Transport, run_id: str, phase: str = "deployed", *, smoke: dict | None = None,
+         progress: Progress = _quiet) -> dict:
+    """After the smoke: move the journal of ``run_id`` from ``switched`` to ``phase`` (one round trip).
+
+    Compare-and-set under the deploy lock: it fails (code ``changed``) when the journal no
+    longer records that run in phase ``switched``, so a stale controller never marks a deploy
+    made since by someone else. ``smoke`` (e.g. the failed level) is recorded in the journal.
+    Returns the journal as written.
+    """
+    progress(f"journal: {phase}")
+    with transport, AgentSession(transport, host) as sess:
+        init, lock, marked, _unlock = sess.call(_init(host), _lock(new_run_id(), "mark", False),
+                                                _mark(run_id, phase, smoke), {"op": "unlock"})
+    expect_ok(init, host.name, "agent start")
+    if not lock.get("ok"):
+        if lock.get("code") == "locked":
+            raise _locked_error(host, lock)
+        expect_ok(lock, host.name, "lock")
+    return expect_ok(marked, host.name, "mark")["journal"]
+
+
+def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan, final_phase: str = "deployed") -> dict:
     by_path = {t.path: t for t in desired.targets}
     files = []
     for step in plan.changes:
@@ -234,7 +349,7 @@ def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan) -> dict:
         "backup_meta": meta,
         "journal": dict(meta, snapshot=desired.snapshot,
                         files={t.path: {"pristine": t.pristine, "patched": t.patched} for t in desired.targets}),
-        "final_phase": "deployed",
+        "final_phase": final_phase,
         "keep_backups": host.keep_backups,
     }
 
@@ -325,7 +440,7 @@ def describe(name: str, facts: dict, desired: Desired | None, round_trips: int =
         "sglang_version": facts.get("sglang_version"),
         "package_root": facts.get("package_root"),
         "phase": (journal or {}).get("phase", "never-deployed"),
-        "explanation": explain(journal, files),
+        "explanation": explain(journal, files, name),
         "series": ({"name": journal.get("series"), "id": journal.get("series_id"), "run_id": journal.get("run_id"),
                     "updated": journal.get("updated"), "backup_id": journal.get("backup_id")} if journal else None),
         "files": files,
@@ -336,7 +451,7 @@ def describe(name: str, facts: dict, desired: Desired | None, round_trips: int =
     }
 
 
-def explain(journal: dict | None, files: list[dict]) -> str:
+def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
     """One sentence saying what state the host is in and what to run next."""
     counts: dict[str, int] = {}
     for f in files:
@@ -349,6 +464,11 @@ def explain(journal: dict | None, files: list[dict]) -> str:
     suffix = f"; {bad} file(s) changed outside ddtree-deploy" if bad else ""
     if phase == "deployed":
         return f"deployed {journal.get('series')} by run {run} ({tally}){suffix}"
+    if phase == "switched":
+        failed = (journal.get("smoke") or {}).get("failed")
+        why = f" (it failed at {failed})" if failed else ""
+        return (f"files patched by run {run} ({tally}); the smoke has not passed{why}: run "
+                f"`ddtree-deploy smoke --host {host}` or `ddtree-deploy rollback --host {host}`{suffix}")
     if phase == "rolled-back":
         return f"rolled back to backup {journal.get('backup_id')} by run {run} ({tally}){suffix}"
     if phase == "staged":
@@ -384,4 +504,5 @@ def patched_paths(facts: dict, files: dict[str, bytes | None]) -> list[str]:
     return out
 
 
-__all__ = ["AgentFailed", "Outcome", "describe", "patched_paths", "explain", "pull", "push", "rollback", "status", "TEST_HOOKS_ENV"]
+__all__ = ["AgentFailed", "Held", "Outcome", "describe", "patched_paths", "explain", "mark", "pull", "push", "rollback",
+           "status", "TEST_HOOKS_ENV"]

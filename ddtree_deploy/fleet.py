@@ -36,6 +36,7 @@ class Kind(str, Enum):
     PLANNED = "dry run: would change"  # --dry-run: the plan has changes; nothing was changed
     FAILED_ROLLED_BACK = "failed, rolled back"  # smoke failed after the switch; the backup is back
     FAILED_NOT_ROLLED_BACK = "failed, NOT rolled back"  # --no-rollback, or the automatic rollback failed
+    SWITCHED = "switched, smoke not passed"  # files patched, but the smoke could not run or the mark failed
     FAILED_BEFORE_CHANGE = "failed before any change"
     FAILED_UNKNOWN = "failed, state unknown"  # the error came from a step that may have changed files
     SKIPPED = "skipped"
@@ -182,16 +183,25 @@ def _planned(doc: dict) -> bool:
 
 
 def outcome_of_push(doc: dict, *, dry_run: bool = False) -> Kind:
-    """A push document (deploy.Outcome.to_json, plus the smoke's keys when it ran)."""
-    if not doc.get("changed"):
+    """A push document (deploy.Outcome.to_json, plus the smoke's keys when it ran).
+
+    A host whose journal ends ``switched`` (files patched, the smoke never passed) is
+    never ok: ``failed, NOT rolled back`` when its smoke failed, else ``switched``.
+    """
+    smoked = doc.get("smoke") is not None or doc.get("smoke_error") is not None
+    if not doc.get("changed") and not smoked:
         if dry_run and _planned(doc):
             return Kind.PLANNED
+        if not dry_run and doc.get("phase") == "switched":
+            return Kind.SWITCHED
         return Kind.ALREADY if doc.get("ok", True) else Kind.FAILED_BEFORE_CHANGE
     if doc.get("ok", True):
         return Kind.PUSHED
     undo = doc.get("auto_rollback") or {}
     if undo.get("done"):
         return Kind.FAILED_ROLLED_BACK
+    if not undo and doc.get("phase") == "switched":
+        return Kind.SWITCHED
     return Kind.FAILED_NOT_ROLLED_BACK
 
 
@@ -205,6 +215,13 @@ def detail_of(doc: dict, kind: Kind) -> str:
     """One line for the outcome table: the summary, or why a pushed host did not stay deployed."""
     smoke = doc.get("smoke") or {}
     bad = next((lv for lv in smoke.get("levels", []) if lv.get("status") == "failed"), None)
+    if kind is Kind.SWITCHED:
+        why = (f"the smoke could not run: {doc['smoke_error']}" if doc.get("smoke_error")
+               else f"the smoke passed but marking it deployed failed: {doc['mark_error']}" if doc.get("mark_error")
+               else "the smoke has not passed")
+        host = doc.get("host")
+        return (f"files switched by run {doc.get('smoke_pending') or doc.get('run_id')}, not deployed: {why}; "
+                f"run `ddtree-deploy smoke --host {host}` or `ddtree-deploy rollback --host {host}`")
     if kind.ok or bad is None:
         return doc.get("summary") or ""
     why = f"smoke failed at {bad['level']}: {bad.get('detail', '')}"

@@ -392,6 +392,7 @@ class SmokeReport:
     levels: tuple[LevelResult, ...]
     python: str | None = None
     log_copy: str | None = None  # where the server log was copied back to, on failure
+    note: str | None = None  # what the smoke changed in the host's journal, if anything
 
     @property
     def ok(self) -> bool:
@@ -402,17 +403,22 @@ class SmokeReport:
         return next((r for r in self.levels if r.status == "failed"), None)
 
     def with_log_copy(self, path: str) -> "SmokeReport":
-        return SmokeReport(self.host, self.levels, self.python, path)
+        return replace(self, log_copy=path)
 
     def to_json(self) -> dict:
-        return {"host": self.host, "ok": self.ok, "python": self.python,
-                "levels": [r.to_json() for r in self.levels], "log_copy": self.log_copy}
+        doc = {"host": self.host, "ok": self.ok, "python": self.python,
+               "levels": [r.to_json() for r in self.levels], "log_copy": self.log_copy}
+        if self.note is not None:
+            doc["note"] = self.note
+        return doc
 
     def lines(self) -> list[str]:
         """One line per level, for people (the summary of ``smoke`` and ``push``)."""
         out = [f"{r.level:<8} {r.status:<8} {r.seconds:7.1f} s  {r.detail}" for r in self.levels]
         if self.log_copy:
             out.append(f"server log copied to {self.log_copy}")
+        if self.note:
+            out.append(self.note)
         return out
 
 
@@ -547,22 +553,33 @@ def _keep_log(host_name: str, text: str, log_dir) -> "Path":
 
 @dataclass(frozen=True)
 class AfterPush:
-    """The smoke that ``push`` ran after its switch, and the automatic rollback if it failed."""
+    """The smoke that ``push`` ran after its switch, and the automatic rollback if it failed.
 
-    report: SmokeReport | None  # None: not run (see ``skipped``)
+    The switch left the host's journal in phase ``switched``; a passed smoke moves it to
+    ``deployed`` (``marked``). Anything else leaves it ``switched`` (or rolled back).
+    """
+
+    report: SmokeReport | None  # None: not run (see ``skipped`` or ``error``)
     skipped: str | None = None
     rollback: Any = None  # deploy.Outcome of the automatic rollback, when one ran
     rollback_error: str | None = None  # the rollback itself failed: the host needs a person
     kept: bool = False  # failed, and --no-rollback kept the new files
+    host: str = "HOST"
+    error: str | None = None  # the smoke could not run (connection lost, program died)
+    marked: bool = False  # passed, and the journal moved switched -> deployed
+    mark_error: str | None = None  # passed, but moving the journal to deployed failed
+    phase: str | None = None  # the journal phase this left, when known
 
     @property
     def ok(self) -> bool:
-        return self.report is None or self.report.ok
+        return self.error is None and self.mark_error is None and (self.report is None or self.report.ok)
 
     def to_json(self) -> dict:
-        return {
+        doc = {
             "smoke": self.report.to_json() if self.report else None,
             "smoke_skipped": self.skipped,
+            "smoke_error": self.error,
+            "mark_error": self.mark_error,
             "auto_rollback": (None if self.report is None or self.report.ok else {
                 "done": self.rollback is not None,
                 "outcome": self.rollback.to_json() if self.rollback is not None else None,
@@ -570,19 +587,31 @@ class AfterPush:
                 "kept_new_files": self.kept,
             }),
         }
+        if self.phase is not None:
+            doc["phase"] = self.phase
+        return doc
+
+    def _next(self) -> str:
+        return (f"the host stays `switched`: run `ddtree-deploy smoke --host {self.host}` or "
+                f"`ddtree-deploy rollback --host {self.host}`")
 
     def lines(self) -> list[str]:
         if self.report is None:
+            if self.error is not None:
+                return [f"smoke: could not run ({self.error}); {self._next()}"]
             return [f"smoke: not run ({self.skipped})"]
         out = ["smoke:"] + ["  " + line for line in self.report.lines()]
         if self.report.ok:
-            return out
+            if self.mark_error is not None:
+                return out + [f"smoke passed, but marking the host deployed FAILED ({self.mark_error}); "
+                              f"{self._next()}"]
+            return out + (["smoke passed: journal marked deployed"] if self.marked else [])
         if self.rollback is not None:
             out.append(f"smoke failed at {self.report.failed.level}: rolled back automatically: "
                        f"{self.rollback.summary}")
         elif self.kept:
             out.append(f"smoke failed at {self.report.failed.level}: new files KEPT (--no-rollback); "
-                       "roll back with `ddtree-deploy rollback`")
+                       f"journal phase `switched`; roll back with `ddtree-deploy rollback --host {self.host}`")
         else:
             out.append(f"smoke failed at {self.report.failed.level}, and the automatic rollback FAILED: "
                        f"{self.rollback_error}")
@@ -590,40 +619,79 @@ class AfterPush:
 
 
 def after_push(host, make_transport: Callable[[], Any], outcome, series, *, levels: Sequence[str] | None = None,
-               auto_rollback: bool = True, log_dir=None, progress: Progress = _quiet) -> AfterPush:
+               auto_rollback: bool = True, log_dir=None, progress: Progress = _quiet, held=None) -> AfterPush:
     """Run the host's smoke levels after a push switched files; roll back if one fails.
 
     ``outcome`` is ``deploy.push``'s; nothing runs when it changed nothing (a dry run,
-    or already deployed: ``smoke`` checks those on demand). The rollback restores the
-    backup this push made, through ``deploy.rollback`` (the same verified switch).
+    or already deployed: ``smoke`` checks those on demand), unless the host is still
+    ``switched`` by a run whose smoke never passed (``outcome.smoke_pending``): that one is
+    smoke-tested now. When every level passes, the journal moves ``switched`` ->
+    ``deployed`` (``deploy.mark``, compare-and-set on the run id). The rollback restores
+    the backup the push made, through ``deploy.rollback`` (the same verified switch).
+
+    ``held`` (``deploy.Held``, from ``deploy.push(after_switch=...)``): the push's session,
+    still holding the deploy lock; the mark goes through it (and its lock is released
+    before a rollback, which takes the lock itself). Without it, ``deploy.mark`` opens a
+    session of its own.
     """
-    if not outcome.changed:
-        return AfterPush(None, skipped="nothing was switched")
+    from ddtree_deploy import deploy
+
+    def mark(phase: str, smoke: dict | None = None) -> None:
+        if held is not None:
+            held.mark(phase, smoke)
+        else:
+            deploy.mark(host, make_transport(), pending, phase, smoke=smoke, progress=progress)
+
+    pending = outcome.smoke_pending
+    if not outcome.changed and pending is None:
+        return AfterPush(None, skipped="nothing was switched", host=host.name)
     settings = parse_settings(host.smoke, source=host.source)
     touched, flags = series_inputs(series)
     plan = plan_smoke(settings, touched_paths=touched, flags=flags, levels=levels, source=host.source,
                       log_path=host_log_path(host.state_dir, outcome.run_id))
     if not plan.levels:
-        return AfterPush(None, skipped="no smoke levels configured")
-    report = run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress)
+        return AfterPush(None, skipped="no smoke levels configured", host=host.name)
+    try:
+        report = run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress)
+    except DeployError as exc:
+        return AfterPush(None, host=host.name, error=exc.message, phase="switched" if pending else None)
     if report.ok:
-        return AfterPush(report)
+        if pending is None:
+            return AfterPush(report, host=host.name)
+        try:
+            progress("journal: deployed")
+            mark("deployed")
+        except DeployError as exc:
+            return AfterPush(report, host=host.name, mark_error=exc.message)
+        return AfterPush(report, host=host.name, marked=True, phase="deployed")
     if not auto_rollback:
-        return AfterPush(report, kept=True)
-    from ddtree_deploy import deploy
-
+        note = None
+        if pending is not None:
+            try:  # the journal keeps which level failed; the phase stays `switched`
+                mark("switched", {"failed": report.failed.level, "detail": report.failed.detail[:500]})
+            except DeployError as exc:
+                note = exc.message
+        return AfterPush(report, kept=True, host=host.name, mark_error=note,
+                         phase="switched" if pending else None)
     progress(f"smoke failed at {report.failed.level}: rolling back to backup {outcome.backup_id}")
     try:
+        if held is not None:
+            held.unlock()
         undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress)
     except DeployError as exc:
-        return AfterPush(report, rollback_error=exc.message)
-    return AfterPush(report, rollback=undone)
+        return AfterPush(report, rollback_error=exc.message, host=host.name)
+    return AfterPush(report, rollback=undone, host=host.name, phase="rolled-back")
 
 
 def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str] | None = None,
                patches_dir=None, log_dir=None, progress: Progress = _quiet,
                heartbeat: Callable[[str, float], None] | None = None) -> SmokeReport:
-    """``ddtree-deploy smoke``: the levels against what the host's journal says is deployed."""
+    """``ddtree-deploy smoke``: the levels against what the host's journal says is deployed.
+
+    A host in phase ``switched`` (files patched, smoke never passed) is smoke-tested the
+    same way; when every level passes its journal moves to ``deployed`` (the report's
+    ``note`` says so), and a failed level is recorded there, the phase staying ``switched``.
+    """
     import uuid
     from pathlib import Path
 
@@ -635,7 +703,7 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
     choose_levels(settings, levels, source=host.source)  # bad input stops here, before any connection
     progress("read the host's journal")
     doc = deploy.status(host, make_transport())
-    if doc["phase"] != "deployed" or not doc["series"]:
+    if doc["phase"] not in ("deployed", "switched") or not doc["series"]:
         raise DeployError(f"{host.name}: no series is deployed (phase {doc['phase']}): the smoke checks a "
                           "deployed series", code="not-deployed",
                           hint=f"push first: ddtree-deploy push --host {host.name}")
@@ -645,4 +713,15 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
     deployed = [f["path"] for f in doc["files"]]
     plan = plan_smoke(settings, touched_paths=deployed or touched, flags=flags, levels=levels,
                       source=host.source, log_path=host_log_path(host.state_dir, uuid.uuid4().hex[:12]))
-    return run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress, heartbeat=heartbeat)
+    report = run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress, heartbeat=heartbeat)
+    if doc["phase"] != "switched":
+        return report
+    run_id = doc["series"]["run_id"]
+    if report.ok:
+        deploy.mark(host, make_transport(), run_id, "deployed", progress=progress)
+        return replace(report, note=f"phase switched -> deployed (run {run_id}): the smoke passed")
+    failed = report.failed
+    deploy.mark(host, make_transport(), run_id, "switched", progress=progress,
+                smoke={"failed": failed.level, "detail": failed.detail[:500]} if failed else None)
+    return replace(report, note=f"phase stays switched (run {run_id}): roll back with "
+                                f"`ddtree-deploy rollback --host {host.name}`")

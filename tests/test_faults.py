@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import deploy
+from ddtree_deploy import deploy, smoke
 from ddtree_deploy.desired import desired_for
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.inventory import load_host
@@ -157,8 +157,10 @@ def check_explained(w, patched: dict) -> dict:
     states = {f["path"]: f["state"] for f in doc["files"] if f["path"] in TARGETS}
     assert set(states) == set(TARGETS) and set(states.values()) <= {"pristine", "patched"}, states
     assert doc["explanation"]
-    if doc["phase"] == "deployed":
+    if doc["phase"] in ("deployed", "switched"):
         assert set(states.values()) == {"patched"}
+    if doc["phase"] == "switched":  # patched, but the smoke never passed: say what to run
+        assert "the smoke has not passed" in doc["explanation"] and "ddtree-deploy smoke --host" in doc["explanation"]
     if doc["phase"] == "staged":  # nothing switched yet: every file still on the side it started
         assert len(set(states.values())) == 1, states
     if "patched" in states.values() and "pristine" in states.values():
@@ -259,3 +261,89 @@ def test_rollback_after_an_interrupted_push(world, monkeypatch):
     assert files(w) != w["pristine"]
     outcome = run(w, "rollback")
     assert outcome.changed and files(w) == w["pristine"]
+
+
+def test_cut_between_switch_and_mark_then_rerun_completes(world, capsys):
+    """A push that smokes journals `switched` at its switch and `deployed` only in one more
+    call after the smoke passed. Cut that call's connection at every step (and never make
+    it at all: the controller killed during the smoke): the host is `switched` (or, when the
+    agent got the whole request, `deployed`), status explains it, and a rerun of push runs
+    the smoke again and ends `deployed`."""
+    w = world
+    proxy = w["proxy"]
+    direct, proxied = w["direct"], w["proxied"]
+    first = run(w, "push", smoke=True)
+    patched = files(w)
+    proxy.arm(None)
+    deploy.mark(proxied, SSHTransport(proxied), first.run_id)
+    total = proxy.relayed
+    assert json.loads((w["h"].state_dir / "journal.json").read_text())["phase"] == "deployed"
+    run(w, "rollback")
+
+    faults = recoveries = 0
+    seen: set[str] = set()
+    for cut in [None] + cut_points(total):  # None: the mark is never sent (controller killed)
+        switched = run(w, "push", smoke=True)
+        assert switched.changed and switched.phase == "switched"
+        if cut is not None:
+            proxy.arm(cut)
+            try:
+                deploy.mark(proxied, SSHTransport(proxied), switched.run_id)
+            except DeployError as exc:
+                assert exc.code in ("connection-lost", "connect", "auth"), exc.message
+            assert proxy.cut, f"mark: cut at {cut}/{total} bytes never happened"
+        faults += 1
+        wait_unlocked(w)
+        doc = check_explained(w, patched)
+        assert doc["phase"] in ("switched", "deployed") and doc["series"]["run_id"] == switched.run_id
+        seen.add(doc["phase"])
+        rerun = run(w, "push", smoke=True)
+        assert not rerun.changed
+        if doc["phase"] == "switched":
+            assert rerun.smoke_pending == switched.run_id and "whose smoke never passed" in rerun.summary
+            after = smoke.after_push(direct, lambda: SSHTransport(direct), rerun, w["series"], levels=["compile"])
+            assert after.ok and after.marked and after.phase == "deployed", after.lines()
+        else:
+            assert rerun.smoke_pending is None and "already deployed" in rerun.summary
+        assert deploy.status(direct, SSHTransport(direct))["phase"] == "deployed" and files(w) == patched
+        recoveries += 1
+        run(w, "rollback")
+    with capsys.disabled():
+        print(f"\nfault injection (switch -> mark): {faults} faults injected, {recoveries} recoveries; "
+              f"mark {total} B; phases seen: {sorted(seen)}")
+    assert faults == recoveries == len(cut_points(total)) + 1 and "switched" in seen
+
+
+def test_connection_cut_while_the_push_holds_the_lock_during_its_smoke(world):
+    """The CLI's path: the smoke runs while the push's session holds the lock, and the mark
+    travels on that session. Cut that connection during the smoke: the mark never arrives,
+    the agent sees EOF and releases the lock, the host stays `switched` (status explains),
+    and a rerun of push runs the smoke again and ends `deployed`."""
+    w = world
+    proxy = w["proxy"]
+    direct, proxied = w["direct"], w["proxied"]
+    results: list = []
+
+    def smoke_then_cut(outcome, held):
+        proxy.arm(1)  # the next byte on the push's connection (the mark request) cuts it
+        results.append(smoke.after_push(direct, lambda: SSHTransport(direct), outcome, w["series"],
+                                        levels=["compile"], held=held))
+
+    proxy.arm(None)
+    pushed = deploy.push(proxied, SSHTransport(proxied), TARGETS, desire(w), smoke=True, after_switch=smoke_then_cut)
+    after = results[0]
+    assert pushed.changed and proxy.cut and after.report.ok and not after.ok and after.mark_error, after.lines()
+    assert "the host stays `switched`" in after.lines()[-1]
+    wait_unlocked(w)
+    doc = check_explained(w, files(w))
+    assert doc["phase"] == "switched" and doc["series"]["run_id"] == pushed.run_id and doc["lock"] is None
+
+    def smoke_only(outcome, held):
+        results.append(smoke.after_push(direct, lambda: SSHTransport(direct), outcome, w["series"],
+                                        levels=["compile"], held=held))
+
+    rerun = deploy.push(direct, SSHTransport(direct), TARGETS, desire(w), smoke=True, after_switch=smoke_only)
+    assert not rerun.changed and rerun.smoke_pending == pushed.run_id and rerun.phase == "deployed"
+    assert results[1].ok and results[1].marked
+    assert deploy.status(direct, SSHTransport(direct))["phase"] == "deployed"
+    run(w, "rollback")

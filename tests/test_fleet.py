@@ -176,6 +176,28 @@ def test_outcome_kinds():
     assert detail_of({"summary": "pushed s"}, Kind.PUSHED) == "pushed s"
 
 
+def test_a_host_left_switched_is_not_ok_and_says_why():
+    """Files patched, the smoke never passed (it could not run, or the mark failed): exit 1."""
+    lost = {"host": "a", "changed": True, "ok": False, "phase": "switched", "smoke": None, "run_id": "r1",
+            "smoke_pending": "r1", "smoke_error": "a: connection lost", "auto_rollback": None}
+    assert outcome_of_push(lost) is Kind.SWITCHED and not Kind.SWITCHED.ok
+    assert detail_of(lost, Kind.SWITCHED) == (
+        "files switched by run r1, not deployed: the smoke could not run: a: connection lost; "
+        "run `ddtree-deploy smoke --host a` or `ddtree-deploy rollback --host a`")
+    unmarked = {"host": "a", "changed": False, "ok": False, "phase": "switched", "smoke_pending": "r0",
+                "smoke": {"levels": [{"level": "compile", "status": "passed"}]}, "mark_error": "lock held",
+                "auto_rollback": None}
+    assert outcome_of_push(unmarked) is Kind.SWITCHED
+    assert "run r0, not deployed: the smoke passed but marking it deployed failed: lock held" in \
+        detail_of(unmarked, Kind.SWITCHED)
+    # A rerun whose smoke passed and marked the host deployed is ok; one kept by --no-rollback is not.
+    assert outcome_of_push({"changed": False, "ok": True, "phase": "deployed", "smoke": {"levels": []}}) is Kind.PUSHED
+    kept = {"changed": False, "ok": False, "phase": "switched", "smoke": {"levels": []},
+            "auto_rollback": {"done": False, "kept_new_files": True}}
+    assert outcome_of_push(kept) is Kind.FAILED_NOT_ROLLED_BACK
+    assert outcome_of_push({"changed": False, "ok": True, "phase": "switched"}, dry_run=True) is Kind.ALREADY
+
+
 def test_report_exit_code_and_json():
     pushed = HostResult("a", Kind.PUSHED, {"host": "a", "summary": "pushed"})
     bad = HostResult("b", Kind.FAILED_BEFORE_CHANGE, {"host": "b"}, "bad", 2)

@@ -439,8 +439,83 @@ def test_push_runs_the_smoke_and_rolls_back_when_it_fails(host, oracle):
 
     kept = cli("push", "--host", host.name, "--no-rollback")
     assert kept.exit_code == 1 and "KEPT" in kept.stdout and files_of(host) == patched
+    journal = json.loads((host.state_dir / "journal.json").read_text())
+    assert journal["phase"] == "switched" and journal["smoke"]["failed"] == "import"
+    status = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
+    assert status["phase"] == "switched"
+    assert (f"files patched by run {journal['run_id']} (3 patched); the smoke has not passed (it failed at import): "
+            f"run `ddtree-deploy smoke --host {host.name}` or `ddtree-deploy rollback --host {host.name}`"
+            ) == status["explanation"]
+    # --no-smoke on a switched host: nothing to switch, the operator skips the smoke: deployed.
     skipped = cli("push", "--host", host.name, "--no-smoke")
-    assert skipped.exit_code == 0 and "already deployed" in skipped.stdout
+    assert skipped.exit_code == 0 and "nothing to switch" in skipped.stdout, skipped.output
+    assert f"was switched by run {journal['run_id']}" in skipped.stdout
+    assert "marked deployed without a smoke" in skipped.stdout
+    assert json.loads((host.state_dir / "journal.json").read_text())["phase"] == "deployed"
+    assert "already deployed" in ok("push", "--host", host.name, "--no-smoke").stdout
+
+
+def _journal(host: TestHost) -> dict:
+    return json.loads((host.state_dir / "journal.json").read_text())
+
+
+def test_switched_until_the_smoke_passes(host, oracle):
+    """A push that will smoke journals `switched` at its switch; only a passed smoke makes it
+    `deployed`. A controller killed between the two (here: the switch alone, as deploy.push
+    with smoke=True does before the CLI runs the levels) leaves `switched`, which status
+    explains, and a rerun push (or `smoke`) finishes it."""
+    pristine, patched = oracle
+    host.inventory(smoke_levels=["compile"])
+    h = load_host(host.name)
+    series = load_family(DATA / "patches" / "sglang-0.5.12")
+    desire = lambda facts: desired_for(series, h.name, facts)  # noqa: E731
+
+    # --no-smoke: deployed directly, and it says the smoke was skipped.
+    skipped = ok("push", "--host", host.name, "--no-smoke")
+    assert "smoke: not run (--no-smoke); journal phase deployed" in skipped.stdout
+    assert _journal(host)["phase"] == "deployed" and files_of(host) == patched
+    ok("rollback", "--host", host.name)
+
+    # The switch of a push that will smoke: `switched`, and status says what to run.
+    switched = deploy.push(h, SSHTransport(h), list(TARGETS), desire, smoke=True)
+    assert switched.changed and switched.phase == "switched" and switched.smoke_pending == switched.run_id
+    assert _journal(host)["phase"] == "switched" and files_of(host) == patched
+    status = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
+    assert status["phase"] == "switched" and status["series"]["run_id"] == switched.run_id
+    assert f"files patched by run {switched.run_id}" in status["explanation"]
+    assert f"`ddtree-deploy smoke --host {host.name}`" in status["explanation"]
+    assert "phase: switched: files patched by run" in ok("status", "--host", host.name).stdout
+
+    # A stale controller cannot mark somebody else's deploy: compare-and-set on the run id.
+    with pytest.raises(DeployError, match="not switched of run someone-else") as stale:
+        deploy.mark(h, SSHTransport(h), "someone-else")
+    assert stale.value.code == "changed" and _journal(host)["phase"] == "switched"
+
+    # Rerun push: nothing to switch, the smoke runs again, and passes: deployed.
+    backups = sorted((host.state_dir / "backups").iterdir())
+    doc = json.loads(ok("push", "--host", host.name, "--json").stdout)["hosts"][0]
+    assert doc["ok"] and not doc["changed"] and doc["smoke_pending"] == switched.run_id
+    assert [(l["level"], l["status"]) for l in doc["smoke"]["levels"]] == [("compile", "passed")]
+    assert doc["phase"] == "deployed"
+    journal = _journal(host)
+    assert journal["phase"] == "deployed" and journal["run_id"] == switched.run_id
+    assert sorted((host.state_dir / "backups").iterdir()) == backups  # nothing was switched again
+    assert doc["backup_id"] == switched.backup_id
+    assert "already deployed" in ok("push", "--host", host.name).stdout
+
+    # `smoke` on a switched host runs the levels and marks it deployed, saying so.
+    ok("rollback", "--host", host.name)
+    again = deploy.push(h, SSHTransport(h), list(TARGETS), desire, smoke=True)
+    smoked = ok("smoke", "--host", host.name)
+    assert "smoke passed" in smoked.stdout
+    assert f"phase switched -> deployed (run {again.run_id}): the smoke passed" in smoked.stdout
+    assert _journal(host)["phase"] == "deployed"
+
+    # rollback from `switched` works as from `deployed`.
+    ok("rollback", "--host", host.name)
+    deploy.push(h, SSHTransport(h), list(TARGETS), desire, smoke=True)
+    rolled = json.loads(ok("rollback", "--host", host.name, "--json").stdout)["hosts"][0]
+    assert rolled["changed"] and files_of(host) == pristine and _journal(host)["phase"] == "rolled-back"
 
 
 def test_ssh_config_alias_is_honoured(host, sshd, oracle):

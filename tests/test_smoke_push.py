@@ -76,3 +76,44 @@ def test_failed_smoke_rolls_back_then_no_rollback_keeps(monkeypatch, host):
     assert code == 1 and doc["auto_rollback"] == {"done": False, "outcome": None, "error": None,
                                                   "kept_new_files": True}
     assert (site / BROKEN).exists()  # kept for debugging
+
+
+def test_a_rerun_on_a_switched_host_smokes_again_and_rolls_back(monkeypatch, host):
+    """The --no-rollback push above left the host `switched` (the journal names the failed
+    level); status explains it; pushing the same series again switches nothing, runs the
+    smoke again, and its failure rolls back as after a fresh push."""
+    inv, site, family = host
+    status = CliRunner().invoke(app, ["status", "--host", str(inv), "--family", str(family), "--json"])
+    doc = json.loads(status.stdout)["hosts"][0]
+    assert doc["phase"] == "switched", doc
+    assert "the smoke has not passed (it failed at import)" in doc["explanation"]
+    assert f"`ddtree-deploy rollback --host {doc['host']}`" in doc["explanation"]
+
+    code, doc = push(monkeypatch, inv, family)
+    assert code == 1 and doc["changed"] is False and doc["smoke_pending"]
+    assert [(l["level"], l["status"]) for l in doc["smoke"]["levels"]] == [("compile", "passed"), ("import", "failed")]
+    assert doc["auto_rollback"]["done"] is True and doc["phase"] == "rolled-back"
+    assert pristine(site, family)
+    journal = json.loads((inv.parent / "state" / "journal.json").read_text())
+    assert journal["phase"] == "rolled-back" and journal["run_id"] == doc["auto_rollback"]["outcome"]["run_id"]
+
+
+def test_the_smoke_runs_while_the_journal_says_switched(monkeypatch, host, tmp_path):
+    """Observed from inside the smoke: a module whose import reads the host's journal and
+    fails with its phase. Between the switch and the smoke the phase is `switched`."""
+    inv, site, family = host
+    phased = tmp_path / "patches" / "sglang-0.5.12"
+    shutil.copytree(REPO / "patches" / "sglang-0.5.12", phased)
+    shutil.copytree(REPO / "payload", tmp_path / "payload")
+    journal = inv.parent / "state" / "journal.json"
+    (tmp_path / "payload" / "ddtree_phase.py").write_text(
+        f"import json\nwith open({str(journal)!r}) as f:\n    phase = json.load(f)['phase']\n"
+        "raise ImportError('journal phase during the smoke: ' + phase)\n")
+    module = "sglang/srt/speculative/ddtree_phase.py"
+    with open(phased / "series", "a") as fh:
+        fh.write(f"add payload/ddtree_phase.py {module}\n")
+    code, doc = push(monkeypatch, inv, phased)
+    assert code == 1 and doc["changed"], doc
+    failed = doc["smoke"]["levels"][1]
+    assert failed["status"] == "failed" and "journal phase during the smoke: switched" in failed["detail"], failed
+    assert doc["auto_rollback"]["done"] is True and not (site / module).exists() and pristine(site, family)

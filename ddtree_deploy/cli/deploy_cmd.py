@@ -182,23 +182,41 @@ def push(
     if dry_run:  # it changes nothing: every host's plan is shown, none waits for a canary
         policy = spread_policy(names, parallel=parallel)
     smoking = not (no_smoke or dry_run)
-    if smoking:  # a typo in [smoke] must not surface only after the switch
-        for h in hosts:
-            smoke.choose_levels(smoke.check_settings(h), level, source=h.source)
+    # Per host: will smoke levels run after the switch? Then the switch journals `switched`,
+    # and only a passed smoke makes it `deployed`. A typo in [smoke] must not surface only
+    # after the switch: every table is checked here.
+    smokes: dict[str, bool] = {}
+    for h in hosts:
+        smokes[h.name] = smoking and bool(smoke.choose_levels(smoke.check_settings(h), level, source=h.source)
+                                          if smoking else ())
     paths, choose, forced = _series_chooser(family)
     chosen: dict = {}
     check = CheckOnce()
 
     def run(h: Host, progress, say) -> dict:
+        done: dict = {}
+
+        def after_switch(outcome: deploy.Outcome, held: deploy.Held) -> None:
+            # The smoke runs while the push still holds the host's deploy lock.
+            done["after"] = smoke.after_push(h, lambda: transport_for(h, trust_new_host=trust_new_host), outcome,
+                                             chosen[h.name], levels=level or None, auto_rollback=not no_rollback,
+                                             progress=progress, held=held)
+
         outcome = deploy.push(h, transport_for(h, trust_new_host=trust_new_host), paths,
                               _desire(h, choose, forced, check, chosen), dry_run=dry_run,
-                              break_lock=break_lock, progress=progress)
+                              break_lock=break_lock, smoke=smokes[h.name], after_switch=after_switch,
+                              progress=progress)
         doc = _summary(outcome, json_output, show_plan=dry_run or outcome.changed, say=say)
-        if not smoking or not outcome.changed:
+        if not smokes[h.name]:
+            if outcome.changed and not dry_run:
+                skipped = "--no-smoke" if no_smoke else "no smoke levels configured"
+                doc["smoke_skipped"] = skipped
+                if not json_output:
+                    say(f"{h.name}: smoke: not run ({skipped}); journal phase {outcome.phase}")
             return doc
-        after = smoke.after_push(h, lambda: transport_for(h, trust_new_host=trust_new_host), outcome,
-                                 chosen[h.name], levels=level or None, auto_rollback=not no_rollback,
-                                 progress=progress)
+        after = done.get("after")
+        if after is None:
+            return doc
         doc.update(after.to_json(), ok=after.ok)
         if not json_output:
             for line in after.lines():
