@@ -638,6 +638,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome, series, *, leve
 
     def mark(phase: str, smoke: dict | None = None) -> None:
         if held is not None:
+            progress(f"journal: {phase}")
             held.mark(phase, smoke)
         else:
             deploy.mark(host, make_transport(), pending, phase, smoke=smoke, progress=progress)
@@ -659,7 +660,6 @@ def after_push(host, make_transport: Callable[[], Any], outcome, series, *, leve
         if pending is None:
             return AfterPush(report, host=host.name)
         try:
-            progress("journal: deployed")
             mark("deployed")
         except DeployError as exc:
             return AfterPush(report, host=host.name, mark_error=exc.message)
