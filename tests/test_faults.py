@@ -143,7 +143,10 @@ def wait_unlocked(w, deadline_s: float = 15.0) -> None:
     lock = w["h"].state_dir / "lock"
     deadline = time.monotonic() + deadline_s
     while lock.exists():
-        owner = json.loads((lock / "owner.json").read_text())
+        try:
+            owner = json.loads((lock / "owner.json").read_text())
+        except FileNotFoundError:  # released between the two reads: look again
+            continue
         if time.monotonic() > deadline:
             raise AssertionError(f"lock still held after {deadline_s}s: {owner}")
         time.sleep(0.05)
