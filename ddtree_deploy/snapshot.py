@@ -12,12 +12,14 @@ final place and swapped in, so a failure leaves the previous snapshot intact.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -207,9 +209,24 @@ def _now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+@contextmanager
+def _one_writer(folder: Path):
+    """Serialise the swaps of one snapshot folder across processes (two `check --release` or
+    fleet pushes refreshing the same release snapshot): a swap is two renames, and a second
+    writer between them would find the name taken by a non-empty folder."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
 def _write_folder(folder: Path, manifest: Manifest, files: Mapping[str, bytes | None]) -> None:
     """Build the snapshot beside ``folder`` and swap it in; the old one survives any failure."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _one_writer(folder):
+        _swap_in(folder, manifest, files)
+
+
+def _swap_in(folder: Path, manifest: Manifest, files: Mapping[str, bytes | None]) -> None:
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.new."))
     old = None
     try:

@@ -148,3 +148,39 @@ def test_a_malformed_manifest_is_bad_input(env, mutate, message):
 def test_a_missing_snapshot_is_bad_input(env):
     with pytest.raises(BadInput, match="no such snapshot"):
         SN.load_snapshot("nope")
+
+
+def _rewrite_snapshot_repeatedly(snapshot_dir: str, rounds: int, barrier) -> str:
+    """One writer process: re-take the host snapshot ``rounds`` times, each with new content
+    (so each is a real folder swap)."""
+    import os
+
+    os.environ["DDTREE_DEPLOY_SNAPSHOT"] = snapshot_dir
+    from ddtree_deploy import snapshot
+
+    barrier.wait()
+    try:
+        for i in range(rounds):
+            snapshot.snapshot_from_files("ct200", "0.5.12.post1", {"kind": "host", "host": "ct200"},
+                                         {SPEC: f"x = '{os.getpid()}-{i}'\n".encode()})
+    except Exception as exc:  # reported to the parent, which fails the test with it
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def test_concurrent_writers_of_one_snapshot_all_succeed(env):
+    # Two `snapshot pull`s, `check --release`s or fleet pushes in separate processes may
+    # rewrite the same snapshot at once: each swap must wait for the other, none may fail.
+    import multiprocessing
+
+    SN.snapshot_from_files("ct200", "0.5.12.post1", {"kind": "host", "host": "ct200"}, {SPEC: b"x = 0\n"})
+    ctx = multiprocessing.get_context("spawn")
+    writers = 4
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(writers)
+        with ctx.Pool(writers) as pool:
+            results = pool.starmap(_rewrite_snapshot_repeatedly, [(str(env), 150, barrier)] * writers)
+    assert results == ["ok"] * writers
+    assert SN.load_snapshot("ct200").read_files()[SPEC].startswith(b"x = '")  # intact: sha256 matches
+    # no half-swapped folders left (the writers' lock file stays: it is how they take turns)
+    assert sorted(p.name for p in env.iterdir()) == [".ct200.lock", "ct200"]
