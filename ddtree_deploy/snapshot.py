@@ -221,12 +221,8 @@ def _one_writer(folder: Path):
 
 
 def _write_folder(folder: Path, manifest: Manifest, files: Mapping[str, bytes | None]) -> None:
-    """Build the snapshot beside ``folder`` and swap it in; the old one survives any failure."""
-    with _one_writer(folder):
-        _swap_in(folder, manifest, files)
-
-
-def _swap_in(folder: Path, manifest: Manifest, files: Mapping[str, bytes | None]) -> None:
+    """Build the snapshot beside ``folder`` and swap it in; the old one survives any failure.
+    The caller holds ``_one_writer(folder)``."""
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.new."))
     old = None
     try:
@@ -279,20 +275,21 @@ def snapshot_from_files(
     )
     folder = (root if root is not None else snapshot_root()) / name
     created = _now()
-    try:
-        previous = load_snapshot(folder).manifest
-    except BadInput:
-        previous = None
-    if (
-        previous is not None
-        and previous.files == entries
-        and previous.source == source
-        and previous.sglang_version == version
-        and previous.package_root == package_root
-    ):
-        created = previous.created
-    manifest = Manifest(name, source, version, package_root, created, entries)
-    _write_folder(folder, manifest, files)
+    with _one_writer(folder):  # the comparison with the previous manifest too: no swap under it
+        try:
+            previous = load_snapshot(folder).manifest
+        except BadInput:
+            previous = None
+        if (
+            previous is not None
+            and previous.files == entries
+            and previous.source == source
+            and previous.sglang_version == version
+            and previous.package_root == package_root
+        ):
+            created = previous.created
+        manifest = Manifest(name, source, version, package_root, created, entries)
+        _write_folder(folder, manifest, files)
     return Snapshot(folder=folder, manifest=manifest)
 
 

@@ -65,7 +65,7 @@ def test_retaking_an_unchanged_snapshot_keeps_the_manifest_byte_identical(env, r
     before = (first.folder / "MANIFEST.json").read_bytes()
     again = SN.snapshot_from_release("0.5.12.post1")
     assert (again.folder / "MANIFEST.json").read_bytes() == before
-    assert not [p for p in env.iterdir() if p.name.startswith(".")]  # no temp folders left
+    assert not [p for p in env.iterdir() if p.name.startswith(".") and p.is_dir()]  # no temp folders left
 
 
 def test_a_tampered_file_is_refused(env, release_wheel):
