@@ -268,32 +268,10 @@ def test_ci_matrix_an_explicit_family_on_an_older_release(ci_wheels, test_family
 
 
 def _real_family(tmp_path: Path) -> Path:
-    """The real DDTree family; while it is incomplete, the entries whose patches exist.
-
-    Entries are taken in series order up to the first missing patch file, so the
-    verdicts asserted are about real patches only.
-    """
+    """The patches folder holding the real DDTree family (complete: a broken one fails here)."""
     real = REPO_ROOT / "patches" / "sglang-0.5.12"
-    try:
-        load_family(real)
-        return real.parent
-    except Exception:
-        pass
-    dest = tmp_path / "real-patches" / "sglang-0.5.12"
-    dest.mkdir(parents=True)
-    shutil.copy(real / "family.toml", dest)
-    kept = []
-    for line in (real / "series").read_text().splitlines():
-        name = line.strip()
-        if not name or name.startswith("#"):
-            continue
-        if name.startswith("add ") or not (real / name).is_file():
-            break
-        shutil.copy(real / name, dest)
-        kept.append(name)
-    assert kept, "the real series lists no patch"
-    (dest / "series").write_text("\n".join(kept) + "\n")
-    return dest.parent
+    load_family(real)
+    return real.parent
 
 
 @pytest.mark.network
