@@ -235,3 +235,16 @@ class SSHServer:
         """A new host on this server: its own venv, site-packages and state folder under ``root``."""
         python, site = make_python_env(Path(root) / "env", files)
         return TestHost(name=name, server=self, python=python, site=site, state_dir=Path(root) / "state")
+
+
+def deploy_series_oracle(server: SSHServer, work: Path) -> tuple[dict, dict]:
+    """(pristine, patched) bytes per target of the small deploy series: the release files,
+    and what GNU patch makes of them (plus the file the series adds)."""
+    ref = server.add_host("oracle", work / "ref", files=[SPEC, UTILS])
+    tree = work / "tree"
+    shutil.copytree(ref.site / "sglang", tree / "sglang")
+    for patch in sorted(DEPLOY_FAMILY.glob("*.patch")):
+        subprocess.run(["patch", "-p1", "-s", "--no-backup-if-mismatch", "-i", str(patch)], cwd=tree, check=True)
+    patched = {p: (tree / p).read_bytes() for p in (SPEC, UTILS)}
+    patched[ADDED] = (DEPLOY_SERIES / "payload" / "ddtree_deploy_test_marker.py").read_bytes()
+    return {SPEC: ref.read(SPEC), UTILS: ref.read(UTILS), ADDED: None}, patched

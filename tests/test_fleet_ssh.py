@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from typer.testing import CliRunner
 from ddtree_deploy.cli import app
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import ADDED, SPEC, UTILS, SSHServer, TestHost, free_port  # noqa: E402
+from sshd_host import ADDED, SPEC, UTILS, SSHServer, TestHost, deploy_series_oracle, free_port  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY, DEPLOY_SERIES as DATA  # noqa: E402
 
 pytestmark = pytest.mark.sshd
@@ -52,15 +51,7 @@ def servers(tmp_path_factory):
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory, servers):
     """(pristine, patched) bytes per target: the release files, and GNU patch's result."""
-    work = tmp_path_factory.mktemp("oracle")
-    ref = servers[0].add_host("oracle", work / "ref", files=[SPEC, UTILS])
-    tree = work / "tree"
-    shutil.copytree(ref.site / "sglang", tree / "sglang")
-    for patch in sorted(FAMILY.glob("*.patch")):
-        subprocess.run(["patch", "-p1", "-s", "--no-backup-if-mismatch", "-i", str(patch)], cwd=tree, check=True)
-    patched = {p: (tree / p).read_bytes() for p in (SPEC, UTILS)}
-    patched[ADDED] = (DATA / "payload" / "ddtree_deploy_test_marker.py").read_bytes()
-    return {SPEC: ref.read(SPEC), UTILS: ref.read(UTILS), ADDED: None}, patched
+    return deploy_series_oracle(servers[0], tmp_path_factory.mktemp("oracle"))
 
 
 class Fleet:

@@ -29,7 +29,7 @@ from ddtree_deploy.series import load_family
 from ddtree_deploy.transport import SSHTransport
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import ADDED, SPEC, UTILS, SSHServer, TestHost  # noqa: E402
+from sshd_host import ADDED, SPEC, UTILS, SSHServer, TestHost, deploy_series_oracle  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY, DEPLOY_SERIES as DATA  # noqa: E402
 
 pytestmark = pytest.mark.sshd
@@ -47,16 +47,7 @@ def sshd(tmp_path_factory):
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory, sshd):
     """The patched files as GNU patch makes them from the release files (plus the added file)."""
-    work = tmp_path_factory.mktemp("oracle")
-    ref = sshd.add_host("oracle", work / "ref", files=[SPEC, UTILS])
-    tree = work / "tree"
-    shutil.copytree(ref.site / "sglang", tree / "sglang")
-    for patch in sorted(FAMILY.glob("*.patch")):
-        subprocess.run(["patch", "-p1", "-s", "--no-backup-if-mismatch", "-i", str(patch)], cwd=tree, check=True)
-    patched = {p: (tree / p).read_bytes() for p in (SPEC, UTILS)}
-    patched[ADDED] = (DATA / "payload" / "ddtree_deploy_test_marker.py").read_bytes()
-    pristine = {SPEC: ref.read(SPEC), UTILS: ref.read(UTILS), ADDED: None}
-    return pristine, patched
+    return deploy_series_oracle(sshd, tmp_path_factory.mktemp("oracle"))
 
 
 @pytest.fixture
