@@ -157,14 +157,7 @@ def level_import(spec):
         raise LevelFailed("no modules to import: the request names none")
     child = {"modules": modules, "attributes": spec.get("attributes", [])}
     timeout_s = float(spec.get("timeout_s", 180))
-    with tempfile.TemporaryDirectory(prefix="ddtree-smoke-") as cwd:
-        # A neutral working folder: the import must find the INSTALLED package.
-        rc, out = _run([sys.executable, "-c", _IMPORT_CHILD, json.dumps(child)], timeout_s, cwd)
-    if rc is None:
-        raise LevelFailed(f"importing timed out after {timeout_s:g} s", {"output": _tail(out)})
-    answer = _last_json_line(out)
-    if answer is None:
-        raise LevelFailed(f"the import check exited {rc} without an answer", {"output": _tail(out)})
+    answer, _ = _ask_child(_IMPORT_CHILD, child, timeout_s, doing="importing", who="the import check")
     if not answer.get("ok"):
         if "attribute" in answer:
             raise LevelFailed(
@@ -174,6 +167,19 @@ def level_import(spec):
     attrs = ", ".join(f"{m}.{a}" for m, a in spec.get("attributes", []))
     detail = f"{len(modules)} modules imported" + (f"; {attrs} exists" if attrs else "")
     return detail, {"modules": answer["modules"], "files": answer["file"]}
+
+
+def _ask_child(script, request, timeout_s, *, doing, who):
+    """Run ``script`` in a fresh interpreter from a neutral working folder (so imports find
+    the INSTALLED package); its last JSON line on stdout is the answer. -> (answer, output)"""
+    with tempfile.TemporaryDirectory(prefix="ddtree-smoke-") as cwd:
+        rc, out = _run([sys.executable, "-c", script, json.dumps(request)], timeout_s, cwd)
+    if rc is None:
+        raise LevelFailed(f"{doing} timed out after {timeout_s:g} s", {"output": _tail(out)})
+    answer = _last_json_line(out)
+    if answer is None:
+        raise LevelFailed(f"{who} exited {rc} without an answer", {"output": _tail(out)})
+    return answer, out
 
 
 def _last_json_line(text):
@@ -254,13 +260,7 @@ def _validate(spec, timeout_s):
     child = {k: spec[k] for k in ("module", "function", "argv")}
     child["report"] = spec.get("report", [])
     name = spec["function"]
-    with tempfile.TemporaryDirectory(prefix="ddtree-smoke-") as cwd:
-        rc, out = _run([sys.executable, "-c", _VALIDATE_CHILD, json.dumps(child)], timeout_s, cwd)
-    if rc is None:
-        raise LevelFailed(f"{name} timed out after {timeout_s:g} s", {"output": _tail(out)})
-    answer = _last_json_line(out)
-    if answer is None:
-        raise LevelFailed(f"{name} exited {rc} without an answer", {"output": _tail(out)})
+    answer, out = _ask_child(_VALIDATE_CHILD, child, timeout_s, doing=name, who=name)
     if not answer["ok"]:
         # argparse explains a bad flag on stderr before its SystemExit: keep that output.
         answer["output"] = _tail(out)
