@@ -12,6 +12,8 @@ JSON and is used through os.* calls only.
 
 Host-side state (``state_dir``, default ``~/.ddtree-deploy``)::
 
+    .ddtree-deploy-state  marker written when the agent creates the folder: a folder
+                          without it is never written to (see check_state_dir)
     lock/owner.json       who holds the deploy lock (taken by one atomic rename)
     journal.json          what is deployed and the phase (written by temp + rename):
                           staged, switching, switched (smoke not passed yet), deployed,
@@ -27,19 +29,29 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
+import stat
 import sys
 import time
 
 AGENT_PROTOCOL = 1
 JOURNAL_VERSION = 1
 TMP_TAG = ".ddtree-tmp-"  # marks our temporary files, so a rerun can sweep leftovers
+STATE_MARKER = ".ddtree-deploy-state"  # a state folder is ours only when it holds this file
+# Free space the switch leaves on a file system beyond what it writes (statvfs preflight).
+SPACE_MARGIN = 1 << 20
+PHASES = ("staged", "switching", "switched", "deployed", "rolled-back")
+FS_IOC_GETFLAGS = 0x80086601  # linux/fs.h, _IOR('f', 1, long) on 64-bit
+FS_IMMUTABLE_FL = 0x00000010
+FS_APPEND_FL = 0x00000020
 
 
 class AgentError(Exception):
-    """A refused or failed request; ``code`` is a stable slug the client maps."""
+    """A refused or failed request; ``code`` is a stable slug the client maps
+    (``bad-state-dir`` is bad input: exit 2 on the client)."""
 
     def __init__(self, code, message, **extra):
         Exception.__init__(self, message)
@@ -92,8 +104,18 @@ def write_private(path, data):
             n = os.write(fd, view)
             view = view[n:]
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        remove_quietly(path)  # a partial file (ENOSPC, EFBIG) never stays behind
+        raise
+    os.close(fd)
+
+
+def remove_quietly(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def write_json_atomic(path, document):
@@ -102,7 +124,11 @@ def write_json_atomic(path, document):
     if os.path.lexists(tmp):
         os.unlink(tmp)
     write_private(tmp, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
     fsync_dir(os.path.dirname(path))
 
 
@@ -116,6 +142,52 @@ def read_json(path):
 
 def makedirs_private(path):
     os.makedirs(path, mode=0o700, exist_ok=True)
+
+
+def inode_flags(path):
+    """The inode's attribute flags (``lsattr``), or None where the file system has none.
+
+    Opened O_NOFOLLOW|O_NONBLOCK so a symlink or a FIFO never makes this block or look
+    elsewhere.
+    """
+    try:
+        import fcntl
+        import struct
+    except ImportError:  # pragma: no cover - not Linux
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        buf = fcntl.ioctl(fd, FS_IOC_GETFLAGS, struct.pack("l", 0))
+        return struct.unpack("l", buf)[0]
+    except (OSError, struct.error):
+        return None  # ENOTTY: this file system keeps no such flags (nothing can be immutable)
+    finally:
+        os.close(fd)
+
+
+def frozen(path):
+    """'immutable' or 'append-only' when chattr made ``path`` unreplaceable, else None."""
+    flags = inode_flags(path)
+    if flags is None:
+        return None
+    if flags & FS_IMMUTABLE_FL:
+        return "immutable"
+    if flags & FS_APPEND_FL:
+        return "append-only"
+    return None
+
+
+def errno_name(exc):
+    return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+
+
+def describe_os_error(exc, what):
+    """``<file>: <strerror> (errno ENOSPC)``, for a failure the user must act on."""
+    where = exc.filename or what
+    return "%s: %s (errno %s)" % (where, exc.strerror or exc, errno_name(exc))
 
 
 # ---------------------------------------------------------------- process identity (lock)
@@ -169,7 +241,65 @@ class Agent(object):
     # -- paths
 
     def _set_state_dir(self, state_dir):
-        self.state_dir = os.path.abspath(os.path.expanduser(state_dir))
+        # Kept as given: check_state_dir refuses a relative one rather than resolving it
+        # against whatever folder the SSH session starts in.
+        self.state_raw = state_dir
+        self.state_dir = os.path.normpath(os.path.expanduser(state_dir))
+
+    def check_state_dir(self, create):
+        """Refuse a state folder that is not ours, before anything is read from or written to it.
+
+        Ours: absolute after ``~`` expansion, no ``..`` and no shell syntax (nothing expands
+        it), neither inside nor above the package root, and either absent (``create``
+        makes it, with the marker), holding the marker, empty, or holding exactly the
+        layout this agent writes (a folder from before the marker existed: adopted, the
+        marker added when ``create``). Anything else might be somebody's data.
+        """
+        raw = self.state_raw
+        expanded = os.path.expanduser(raw)
+        problem = None
+        if "$" in raw or "`" in raw:
+            problem = "holds shell syntax ($ or `), which nothing expands: it would be created literally"
+        elif not os.path.isabs(expanded):
+            problem = "is not an absolute path after ~ expansion"
+        elif ".." in expanded.split("/"):
+            problem = "climbs with '..'"
+        if problem is None:
+            root = self.root or find_sglang()[0]
+            real = os.path.realpath(self.state_dir)
+            real_root = os.path.realpath(root)
+            if real == real_root or real.startswith(real_root + os.sep):
+                problem = "lies inside the package root %s" % real_root
+            elif real_root.startswith(real.rstrip(os.sep) + os.sep):
+                problem = "lies above the package root %s" % real_root
+        if problem is None and os.path.lexists(self.state_dir):
+            marker = self._p(STATE_MARKER)
+            if not os.path.isdir(self.state_dir):
+                problem = "exists and is not a folder"
+            elif os.path.lexists(marker):
+                if os.path.islink(marker) or not os.path.isfile(marker):
+                    problem = "has a %s that is not a plain file" % STATE_MARKER
+            else:
+                why = foreign_content(self.state_dir)
+                if why is not None:
+                    problem = ("exists without the %s marker and is not a ddtree-deploy state folder (%s)"
+                               % (STATE_MARKER, why))
+                elif create:
+                    self.write_marker(adopted=True)
+        elif problem is None and create:
+            makedirs_private(self.state_dir)
+            self.write_marker(adopted=False)
+        if problem is not None:
+            raise AgentError("bad-state-dir", "state_dir %r %s; nothing was changed: set host.state_dir to "
+                             "an absolute path of a new or empty folder, e.g. ~/.ddtree-deploy" % (raw, problem))
+
+    def write_marker(self, adopted):
+        doc = {"tool": "ddtree-deploy", "created": now_iso(), "adopted": adopted}
+        try:
+            write_private(self._p(STATE_MARKER), (json.dumps(doc) + "\n").encode())
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
 
     def _p(self, *parts):
         return os.path.join(self.state_dir, *parts)
@@ -188,9 +318,10 @@ class Agent(object):
         real_parent = os.path.realpath(os.path.dirname(path))
         real_root = os.path.realpath(self.root)
         if real_parent != real_root and not real_parent.startswith(real_root + os.sep):
-            raise AgentError("bad-path", "%s leaves the package root through a symlink" % rel)
+            raise AgentError("unsafe-file", "%s leaves the package root through a symlink" % rel)
         if os.path.islink(path):
-            raise AgentError("bad-path", "%s is a symlink; refusing to replace it" % rel)
+            raise AgentError("unsafe-file", "%s is a symlink (to %s); refusing to read or replace it"
+                             % (rel, os.readlink(path)))
         return path
 
     # -- dispatch
@@ -225,7 +356,9 @@ class Agent(object):
         }
 
     def op_lock(self, request):
-        makedirs_private(self.state_dir)
+        if self.root is None:
+            self.root = find_sglang()[0]
+        self.check_state_dir(create=True)
         lock = self._p("lock")
         owner = {
             "run_id": request["run_id"],
@@ -295,6 +428,8 @@ class Agent(object):
     def op_facts(self, request):
         """Read-only: SGLang version and root, sha256 (and optionally bytes) of files, state."""
         self.root, version, how = find_sglang()
+        if self.state_dir:
+            self.check_state_dir(create=False)
         paths = set(request.get("paths") or ())
         journal = read_json(self._p("journal.json")) if self.state_dir else None
         backups = self.list_backups() if self.state_dir else []
@@ -305,7 +440,13 @@ class Agent(object):
                 paths.update(b.get("files", {}))
         files = {}
         for rel in sorted(paths):
-            files[rel] = self.stat_file(rel, bool(request.get("content")))
+            try:
+                files[rel] = self.stat_file(rel, bool(request.get("content")))
+            except AgentError as exc:
+                if exc.code != "unsafe-file":
+                    raise
+                # One symlinked target must not hide the others: report it, by name.
+                files[rel] = {"unsafe": exc.message}
         lock_owner = None
         if self.state_dir and os.path.isdir(self._p("lock")):
             lock_owner = read_json(self._p("lock", "owner.json")) or {}
@@ -360,6 +501,13 @@ class Agent(object):
         ``files``: [{path, expect, want, data | backup}] where expect/want are sha256 or
         None (absent). Every file's current hash must still equal ``expect`` (checked
         under the lock), so what changes is exactly the plan the client printed.
+
+        All or nothing: a preflight refuses what would fail half-way (unwritable or
+        immutable folders and files, a foreign ``__pycache__``, too little space); a
+        failure that still happens during the switch switches the files already switched
+        back in this same op (their previous versions are kept as hard links until the
+        end, so the way back needs no free space) and restores the previous journal. Only
+        a killed agent leaves a mixed host, with the journal at ``switching``.
         """
         if not self.locked:
             raise AgentError("protocol", "apply needs the deploy lock")
@@ -368,6 +516,8 @@ class Agent(object):
         run_id = request["run_id"]
         files = request["files"]
         targets = [(f, self.target(f["path"])) for f in files]
+        # Leftovers of dead runs first (we hold the lock): they may hold the space we need.
+        self.sweep_leftovers([p for _f, p in targets])
         for f, path in targets:
             current = self.stat_file(f["path"])
             have = current["sha256"] if current else None
@@ -378,46 +528,91 @@ class Agent(object):
                     % (f["path"], short(have), short(f["expect"])),
                     path=f["path"],
                 )
-        self.preflight(targets)
-        self.sweep_leftovers([p for _f, p in targets])
+        self.preflight(targets, request)
+        previous = read_json(self._p("journal.json"))
         journal = dict(request["journal"])
         journal.update(version=JOURNAL_VERSION, run_id=run_id, op=request["kind"])
-
-        backup_id = request.get("backup_id")
-        if request.get("make_backup"):
-            backup_id = self.make_backup(run_id, request["backup"], request.get("backup_meta") or {})
-        journal["backup_id"] = backup_id
-
         staging = self._p("staging", run_id)
-        staged = self.stage(staging, files, request.get("from_backup"))
-        self.journal(journal, "staged")
-        self.hook("exit_after_staging")
-
-        self.journal(journal, "switching")
-        switched, purged = [], []
-        for (f, path), src in zip(targets, staged):
-            self.switch_one(f, path, src)
-            switched.append(f["path"])
-            purged.extend(purge_bytecode(path))
-            if self.hooks.get("exit_after_renames") == len(switched):
-                os._exit(75)  # TEST HOOK: simulate the agent killed mid-switch
-        for d in sorted(set(os.path.dirname(p) for _f, p in targets)):
-            fsync_dir(d)
-
-        mismatched = []
-        for f, _path in targets:
-            info = self.stat_file(f["path"])
-            have = info["sha256"] if info else None
-            if have != f["want"]:
-                mismatched.append(f["path"])
-        if mismatched:
-            raise AgentError("verify", "after the switch these files differ from the plan: %s"
-                             % ", ".join(mismatched))
-        self.journal(journal, request["final_phase"])
+        step = "back up"
+        try:
+            backup_id = request.get("backup_id")
+            if request.get("make_backup"):
+                backup_id = self.make_backup(run_id, request["backup"], request.get("backup_meta") or {})
+            journal["backup_id"] = backup_id
+            step = "stage"
+            staged = self.stage(staging, files, request.get("from_backup"))
+            step = "journal"
+            self.journal(journal, "staged")
+            self.hook("exit_after_staging")
+            self.journal(journal, "switching")
+            self.hook("fill_after_staging")
+            step = "switch"
+            switched, purged = self.switch_all(targets, staged)
+            step = "journal"
+            self.journal(journal, request["final_phase"])
+        except (OSError, AgentError) as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, AgentError) and exc.code == "switch-mixed":
+                raise  # the journal stays `switching`: the rerun completes the switch
+            self.restore_journal(previous)
+            if isinstance(exc, AgentError):
+                what, path = exc.message, exc.extra.get("path")
+            else:
+                what, path = describe_os_error(exc, step), exc.filename
+            raise AgentError("failed-unchanged", "%s failed, host unchanged: %s" % (step, what), path=path)
         shutil.rmtree(staging, ignore_errors=True)
         pruned = self.prune_backups(int(request.get("keep_backups", 5)), keep=(backup_id,))
         return {"backup_id": backup_id, "switched": switched, "purged": purged,
                 "pruned": pruned, "verified": len(targets)}
+
+    def restore_journal(self, previous):
+        """Put the journal back as it was before this op (the host is as it was)."""
+        try:
+            if previous is None:
+                remove_quietly(self._p("journal.json"))
+            else:
+                write_json_atomic(self._p("journal.json"), previous)
+        except OSError:
+            pass  # it said `staged` at most, which status explains as "before any file changed"
+
+    def switch_all(self, targets, staged):
+        """Switch every file; on any failure switch the switched ones back (same op)."""
+        done = []  # [file, path, previous-version link or None, switched?]
+        purged = []
+        try:
+            for (f, path), src in zip(targets, staged):
+                entry = [f, path, None, False]
+                done.append(entry)
+                entry[2] = keep_previous(path)
+                self.switch_one(f, path, src)
+                entry[3] = True
+                purged.extend(purge_bytecode(path))
+                if self.hooks.get("exit_after_renames") == len(done):
+                    os._exit(75)  # TEST HOOK: simulate the agent killed mid-switch
+            for d in sorted(set(os.path.dirname(p) for _f, p in targets)):
+                fsync_dir(d)
+            mismatched = []
+            for f, _path in targets:
+                info = self.stat_file(f["path"])
+                have = info["sha256"] if info else None
+                if have != f["want"]:
+                    mismatched.append(f["path"])
+            if mismatched:
+                raise AgentError("verify", "after the switch these files differ from the plan: %s"
+                                 % ", ".join(mismatched))
+        except (OSError, AgentError) as exc:
+            what = exc.message if isinstance(exc, AgentError) else describe_os_error(exc, "switch")
+            failed = switch_back(done)
+            if failed:
+                raise AgentError("switch-mixed", "switch failed: %s; switching back also failed (%s): the host "
+                                 "is MIXED and the journal says `switching`: rerun push or rollback to complete"
+                                 % (what, "; ".join(failed)))
+            n = sum(1 for e in done if e[3])
+            raise AgentError("switch", "%s (%d file(s) already switched were switched back)" % (what, n))
+        for entry in done:
+            if entry[2]:
+                remove_quietly(entry[2])
+        return [e[0]["path"] for e in done], purged
 
     def op_mark(self, request):
         """Move the journal from one phase to the next, compare-and-set on run id and phase.
@@ -442,23 +637,97 @@ class Agent(object):
         self.journal(journal, request["phase"])
         return {"journal": journal}
 
-    def preflight(self, targets):
-        """Refuse before any write what would fail half-way: unwritable folders, owners we cannot keep."""
+    def preflight(self, targets, request):
+        """Refuse, before any write, what would fail half-way: folders or a ``__pycache__`` we
+        cannot write, immutable files, owners we cannot keep, too little space."""
         euid = os.geteuid()
-        for f, path in targets:
-            d = os.path.dirname(path)
+        for d in sorted(set(os.path.dirname(p) for _f, p in targets)):
+            rel = os.path.relpath(d, self.root)
             if not os.path.isdir(d):
-                raise AgentError("preflight", "%s: folder %s does not exist" % (f["path"], d))
+                raise AgentError("preflight", "folder %s does not exist" % rel)
+            if frozen(d):
+                raise AgentError("preflight", "folder %s is %s (chattr); clear it with chattr -i/-a first"
+                                 % (rel, frozen(d)))
             if not os.access(d, os.W_OK | os.X_OK):
-                raise AgentError("permission", "%s: cannot write in %s as uid %d; set sudo = true in the inventory"
-                                 % (f["path"], d, euid))
-            if os.path.exists(path) and euid != 0 and os.stat(path).st_uid != euid:
+                raise AgentError("permission", "%s: cannot write in this folder as uid %d (owner uid %d); "
+                                 "set sudo = true in the inventory" % (rel, euid, os.stat(d).st_uid))
+            cache = os.path.join(d, "__pycache__")
+            if os.path.islink(cache):
+                raise AgentError("unsafe-file", "%s/__pycache__ is a symlink (to %s); refusing to purge "
+                                 "bytecode through it" % (rel, os.readlink(cache)))
+            if os.path.isdir(cache):
+                if frozen(cache):
+                    raise AgentError("preflight", "%s/__pycache__ is %s (chattr); clear it with chattr -i/-a "
+                                     "first" % (rel, frozen(cache)))
+                if not os.access(cache, os.W_OK | os.X_OK):
+                    raise AgentError("permission", "%s/__pycache__: cannot delete the replaced files' bytecode "
+                                     "as uid %d (owner uid %d): set sudo = true in the inventory, or remove "
+                                     "that folder" % (rel, euid, os.stat(cache).st_uid))
+        for f, path in targets:
+            if not os.path.exists(path):
+                continue
+            if frozen(path):
+                raise AgentError("preflight", "%s is %s (chattr); clear it with chattr -i/-a first"
+                                 % (f["path"], frozen(path)))
+            if euid != 0 and os.stat(path).st_uid != euid:
                 raise AgentError("permission", "%s: owned by uid %d, cannot keep its owner as uid %d; "
                                  "set sudo = true in the inventory" % (f["path"], os.stat(path).st_uid, euid))
+        self.preflight_space(targets, request)
+
+    def preflight_space(self, targets, request):
+        """statvfs: room for everything this op writes, per file system, plus a margin."""
+        need = {}  # st_dev -> [bytes, inodes, a folder on it]
+
+        def add(folder, nbytes, inodes=1):
+            dev = os.stat(folder).st_dev
+            entry = need.setdefault(dev, [0, 0, folder])
+            entry[0] += nbytes
+            entry[1] += inodes
+
+        sizes = []
+        blobs = None
+        if request.get("from_backup"):
+            blobs = (read_json(self._p("backups", request["from_backup"], "manifest.json")) or {}).get("files", {})
+        for f, _path in targets:
+            if f["want"] is None:
+                sizes.append(0)
+            elif "data" in f:
+                sizes.append(len(f["data"]) * 3 // 4)
+            else:
+                entry = (blobs or {}).get(f["path"]) or {}
+                blob = self._p("backups", request["from_backup"], entry.get("blob") or "")
+                sizes.append(os.path.getsize(blob) if os.path.isfile(blob) else 0)
+        for (f, path), size in zip(targets, sizes):
+            add(os.path.dirname(path), size)  # the temporary copy beside the target
+            add(self.state_dir, size)  # the staged copy
+        if request.get("make_backup"):
+            for entry in request.get("backup") or ():
+                if entry.get("pristine") is not None:
+                    try:
+                        add(self.state_dir, os.path.getsize(self.target(entry["path"])))
+                    except OSError:
+                        add(self.state_dir, 0)
+        for dev, (nbytes, inodes, folder) in sorted(need.items()):
+            st = os.statvfs(folder)
+            free = st.f_frsize * (st.f_bfree if os.geteuid() == 0 else st.f_bavail)
+            wanted = nbytes + SPACE_MARGIN
+            if free < wanted:
+                raise AgentError("no-space", "not enough free space on the file system of %s: %d bytes free, "
+                                 "this switch needs %d (its copies + 1 MiB margin); free some space, then rerun"
+                                 % (folder, free, wanted))
+            if st.f_files and st.f_favail < inodes + 16:
+                raise AgentError("no-space", "no free inodes on the file system of %s (%d free, %d needed)"
+                                 % (folder, st.f_favail, inodes + 16))
 
     def hook(self, name):
-        if self.hooks.get(name):
-            os._exit(75)  # TEST HOOK: simulate the agent killed at this step
+        if not self.hooks.get(name):
+            return
+        if name == "fill_after_staging":
+            # TEST HOOK: another process fills the package's file system after the
+            # preflight passed (a real ENOSPC the preflight could not foresee).
+            fill_file_system(self.hooks[name])
+            return
+        os._exit(75)  # TEST HOOK: simulate the agent killed at this step
 
     def journal(self, journal, phase):
         journal["phase"] = phase
@@ -498,6 +767,13 @@ class Agent(object):
         tmp = os.path.join(base, backup_id + TMP_TAG)
         shutil.rmtree(tmp, ignore_errors=True)
         os.mkdir(tmp, 0o700)
+        try:
+            return self._fill_backup(tmp, base, backup_id, run_id, entries, meta, now)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # no half backup stays behind
+            raise
+
+    def _fill_backup(self, tmp, base, backup_id, run_id, entries, meta, now):
         older = self.list_backups()
         manifest_files = {}
         for i, entry in enumerate(entries):
@@ -586,21 +862,24 @@ class Agent(object):
         with open(src, "rb") as fh:
             write_private(tmp, fh.read())
         try:
-            st = os.stat(path)
-            mode, uid, gid = st.st_mode & 0o7777, st.st_uid, st.st_gid
-        except OSError:
-            # A new file: take the mode the request asks for, owner from its directory.
-            dst = os.stat(d)
-            mode, uid, gid = int(f.get("mode") or 0o644), dst.st_uid, dst.st_gid
-        if (uid, gid) != (os.geteuid(), os.getegid()):
             try:
-                os.chown(tmp, uid, gid)
-            except OSError as exc:
-                os.unlink(tmp)
-                raise AgentError("permission", "%s: cannot keep owner %d:%d (%s); use sudo in the inventory"
-                                 % (f["path"], uid, gid, exc.strerror))
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+                st = os.stat(path)
+                mode, uid, gid = st.st_mode & 0o7777, st.st_uid, st.st_gid
+            except OSError:
+                # A new file: take the mode the request asks for, owner from its directory.
+                dst = os.stat(d)
+                mode, uid, gid = int(f.get("mode") or 0o644), dst.st_uid, dst.st_gid
+            if (uid, gid) != (os.geteuid(), os.getegid()):
+                try:
+                    os.chown(tmp, uid, gid)
+                except OSError as exc:
+                    raise AgentError("permission", "%s: cannot keep owner %d:%d (%s); use sudo in the inventory"
+                                     % (f["path"], uid, gid, exc.strerror), path=f["path"])
+            os.chmod(tmp, mode)
+            os.replace(tmp, path)
+        except BaseException:
+            remove_quietly(tmp)
+            raise
 
     def prune_backups(self, keep_n, keep=()):
         journal = read_json(self._p("journal.json")) or {}
@@ -620,18 +899,146 @@ def short(sha):
 
 
 def purge_bytecode(path):
-    """Delete the cached bytecode of a replaced source file (every tag and opt level)."""
+    """Delete the cached bytecode of a replaced source file (every tag and opt level).
+
+    Never through a symlink: a symlinked ``__pycache__`` is refused by the preflight and
+    skipped here (lstat), and unlinking an entry removes that entry, never what it points to.
+    """
     d, name = os.path.split(path)
     stem = name[:-3] if name.endswith(".py") else name
     cache = os.path.join(d, "__pycache__")
     purged = []
-    if not os.path.isdir(cache):
+    try:
+        if not stat.S_ISDIR(os.lstat(cache).st_mode):
+            return purged
+    except OSError:
         return purged
     for entry in os.listdir(cache):
         if entry.startswith(stem + ".") and entry.endswith(".pyc"):
             os.unlink(os.path.join(cache, entry))
             purged.append(os.path.join(cache, entry))
     return purged
+
+
+def keep_previous(path):
+    """A hard link to ``path``'s current version beside it (None: absent), for the way back.
+
+    A link costs no data blocks, so switching back works on a full disk. Where the file
+    system has no hard links, a copy (same owner and mode) is the fallback.
+    """
+    if not os.path.lexists(path):
+        return None
+    d, name = os.path.split(path)
+    prev = os.path.join(d, ".%s%sprev-%d" % (name, TMP_TAG, os.getpid()))
+    remove_quietly(prev)
+    try:
+        os.link(path, prev)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.EOPNOTSUPP):
+            raise
+        with open(path, "rb") as fh:
+            write_private(prev, fh.read())
+        st = os.stat(path)
+        try:
+            os.chown(prev, st.st_uid, st.st_gid)
+        except OSError:
+            pass
+        os.chmod(prev, st.st_mode & 0o7777)
+    return prev
+
+
+def switch_back(done):
+    """Undo a partial switch: each switched file back to its previous version (or removed,
+    when it was created). Returns what could not be undone (empty: the host is as before)."""
+    failed = []
+    for f, path, prev, switched in reversed(done):
+        try:
+            if switched:
+                if prev is not None:
+                    os.rename(prev, path)
+                elif os.path.lexists(path):
+                    os.unlink(path)
+        except OSError as exc:
+            failed.append("%s: %s" % (f["path"], describe_os_error(exc, "switch back")))
+            continue
+        if prev is not None:
+            remove_quietly(prev)
+    for d in sorted(set(os.path.dirname(e[1]) for e in done)):
+        fsync_dir(d)
+    return failed
+
+
+def fill_file_system(folder_and_slack):
+    """TEST HOOK body: fill the file system of ``folder`` up to ``slack`` free bytes."""
+    folder, slack = folder_and_slack
+    st = os.statvfs(folder)
+    size = max(0, st.f_frsize * st.f_bavail - int(slack))
+    fd = os.open(os.path.join(folder, "ddtree-test-filler"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        block = b"\0" * (1 << 16)
+        while size > 0:
+            size -= os.write(fd, block[: min(len(block), size)])
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_BACKUP_ID = re.compile(r"^[0-9]{8}T[0-9]{6}(\.[0-9]{6})?Z-[0-9A-Za-z_-]+(" + re.escape(TMP_TAG) + r")?$")
+_BLOB = re.compile(r"^[0-9]{4}$")
+
+
+def foreign_content(folder):
+    """None when ``folder`` holds nothing but what this agent writes in a state folder
+    (or nothing at all); else what in it is not ours. Symlinks are never ours."""
+    def only(path, files_ok, dirs_ok=None):
+        for name in os.listdir(path):
+            full = os.path.join(path, name)
+            if os.path.islink(full):
+                return "%s is a symlink" % os.path.relpath(full, folder)
+            if os.path.isdir(full):
+                why = dirs_ok(full, name) if dirs_ok else "unexpected folder"
+            elif os.path.isfile(full):
+                why = None if files_ok(name) else "unexpected file"
+            else:
+                why = "not a file or folder"
+            if why:
+                return "%s: %s" % (os.path.relpath(full, folder), why)
+        return None
+
+    def backups(full, name):
+        if not _BACKUP_ID.match(name):
+            return "not a backup id"
+        return only(full, lambda n: n == "manifest.json" or _BLOB.match(n))
+
+    def staging(full, _name):
+        return only(full, lambda n: bool(_BLOB.match(n)))
+
+    def smoke(full, _name):
+        return only(full, lambda n: True)
+
+    def top(full, name):
+        if name == "lock" or name.startswith("lock" + TMP_TAG):
+            return only(full, lambda n: n == "owner.json")
+        sub = {"backups": backups, "staging": staging, "smoke": smoke}.get(name)
+        if sub is None:
+            return "unexpected folder"
+        return only(full, lambda n: False, sub)
+
+    def top_file(name):
+        return name == "journal.json" or name.startswith("journal.json" + TMP_TAG)
+
+    why = only(folder, top_file, top)
+    if why is not None:
+        return why
+    journal_path = os.path.join(folder, "journal.json")
+    if os.path.lexists(journal_path):
+        if os.path.islink(journal_path) or not os.path.isfile(journal_path):
+            return "journal.json is not a plain file"
+        doc = read_json(journal_path)
+        if not isinstance(doc, dict) or doc.get("version") != JOURNAL_VERSION or doc.get("phase") not in PHASES:
+            return "journal.json is not a ddtree-deploy journal"
+    return None
 
 
 def find_sglang():

@@ -113,8 +113,19 @@ def test_symlink_escape_is_refused(env, tmp_path):
     outside.mkdir()
     (root / "sglang" / "srt" / "escape").symlink_to(outside)
     with session(h) as sess:
-        _init, facts = opened(sess, h, lock=False, paths=["sglang/srt/escape/x.py"])
-    assert not facts["ok"] and facts["code"] == "bad-path" and "symlink" in facts["message"]
+        _init, facts = opened(sess, h, lock=False, paths=["sglang/srt/escape/x.py", SPEC])
+    # Reported per file (status explains it), never read through the link; other files still read.
+    assert facts["ok"] and "symlink" in facts["files"]["sglang/srt/escape/x.py"]["unsafe"], facts
+    assert facts["files"][SPEC]["sha256"]
+    with session(h) as sess:
+        _i, _l, facts = opened(sess, h, paths=[SPEC])
+        data = b"X = 1\n"
+        reply = sess.one({"op": "apply", "kind": "push", "run_id": "run-a", "make_backup": False,
+                          "final_phase": "deployed", "journal": {},
+                          "files": [{"path": "sglang/srt/escape/x.py", "expect": None, "want": sha256(data),
+                                     "data": base64.b64encode(data).decode()}]})
+    assert not reply["ok"] and reply["code"] == "unsafe-file" and "symlink" in reply["message"]
+    assert list(outside.iterdir()) == []
 
 
 def test_lock_refuses_a_second_holder_and_is_released_at_eof(env):
