@@ -51,6 +51,11 @@ __all__ = [
     "kv_bookkeeping",
     "next_context_indices",
     "last_accepted_node",
+    "offchain_accepted",
+    "joint_filter_probs",
+    "final_logit_transform",
+    "verify_bytes_per_request",
+    "verify_request_cap",
 ]
 
 
@@ -756,3 +761,104 @@ def next_context_indices(acceptance: Acceptance) -> Tuple[torch.Tensor, torch.Te
 def last_accepted_node(acceptance: Acceptance) -> torch.Tensor:
     """[bs] tree index of the last accepted node: the recurrent (mamba) state to commit."""
     return acceptance.last_node
+
+
+def offchain_accepted(layout: DDTreeLayout, accept_index: torch.Tensor) -> torch.Tensor:
+    """[bs] bool: the accepted path leaves the first-ranked chain, i.e. some accepted draft
+    node is not its parent's first child (rank > 0 among its siblings).
+
+    A linear (chain) verify can never do this, so a served DDTREE that counts such steps
+    proves its verify walked a tree. accept_index [bs, S]: flat indices b*n+i, -1 padded.
+    Pure tensor ops on the layout's device: no host sync.
+    """
+    bs, n = layout.tokens.shape
+    base = torch.arange(bs, device=accept_index.device).unsqueeze(1) * n
+    node = torch.where(accept_index >= 0, accept_index - base, 0)  # [bs, S]; pad -> root
+    parent = layout.parents.gather(1, node).clamp(min=0)
+    first_child = layout.retrieve_next_token.gather(1, parent)
+    off = (accept_index >= 0) & (node > 0) & (first_child != node)
+    return off.any(dim=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Target distribution for sampling: SGLang's non-speculative sampler's joint filter
+# --------------------------------------------------------------------------------------------
+
+
+def joint_filter_probs(
+    probs: torch.Tensor,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor,
+    min_ps: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """probs [rows, V] (after temperature) -> the distribution SGLang's NON-speculative
+    sampler draws from, renormalised.
+
+    The three filters are applied JOINTLY to the unfiltered probs, as SGLang's sampler does
+    (flashinfer's joint top-k/top-p order on CUDA, its pure-torch fallback elsewhere): a token
+    survives when its rank is below top_k, AND the mass ranked strictly above it is at most
+    top_p, AND (min_p > 0) its probability is at least min_p times the largest. Speculative
+    verifies that renormalise after top-k and then apply top-p (and ignore min-p) sample a
+    different law: p = [.4, .3, .2, .1], top_k 2, top_p .5 gives [.57, .43, 0, 0] here and
+    [1, 0, 0, 0] there. The most probable token always survives.
+    """
+    probs = probs.float()
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    rank = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
+    above = sorted_p.cumsum(dim=-1) - sorted_p
+    keep = rank < top_ks.to(probs.device, torch.long).reshape(-1, 1)
+    keep &= above <= top_ps.to(probs.device, torch.float32).reshape(-1, 1)
+    if min_ps is not None:
+        floor = sorted_p[:, :1] * min_ps.to(probs.device, torch.float32).reshape(-1, 1)
+        keep &= sorted_p >= floor
+    keep[:, 0] = True
+    kept = torch.where(keep, sorted_p, 0.0)
+    out = torch.zeros_like(probs).scatter_(-1, order, kept)
+    return out / out.sum(dim=-1, keepdim=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Draft logits as the model's LM head defines them
+# --------------------------------------------------------------------------------------------
+
+
+def final_logit_transform(
+    logits: torch.Tensor, logit_scale: Optional[float] = None, softcap: Optional[float] = None
+) -> torch.Tensor:
+    """Apply the LM head's logit scale, then the final soft-capping (cap * tanh(x / cap)),
+    as SGLang's LogitsProcessor does for Gemma-2 / Cohere / Granite style heads. Both are
+    monotone per row, so the top-k set is unchanged, but the log-probs (the tree's path
+    scores) are not: without them the tree is built from the wrong distribution."""
+    if logit_scale is not None and float(logit_scale) != 1.0:
+        logits = logits * float(logit_scale)
+    if softcap is not None and float(softcap) > 0:
+        logits = torch.tanh(logits / float(softcap)) * float(softcap)
+    return logits
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: how many requests a verify step can carry
+# --------------------------------------------------------------------------------------------
+
+#: float32 [rows, vocab] tensors a tree verify holds at once per row: the verify logits,
+#: and for sampling the probabilities, the filtered copy, the sorted copy and the kernel's
+#: draft-probability buffer.
+VERIFY_VOCAB_COPIES = 5
+#: Share of the memory SGLang leaves free (outside mem_fraction_static) that the verify's
+#: vocab-sized tensors may use; the rest stays for the verify forward's activations and the
+#: draft step.
+VERIFY_FREE_SHARE = 0.5
+
+
+def verify_bytes_per_request(budget: int, vocab_size: int) -> int:
+    """Bytes of vocab-sized float32 tensors one request adds to a tree verify step:
+    (budget + 1) rows x vocab x 4 bytes x VERIFY_VOCAB_COPIES."""
+    return (int(budget) + 1) * int(vocab_size) * 4 * VERIFY_VOCAB_COPIES
+
+
+def verify_request_cap(budget: int, vocab_size: int, free_bytes: float) -> int:
+    """The most requests one verify step can carry: VERIFY_FREE_SHARE of ``free_bytes`` (the
+    memory SGLang plans to leave outside its static pools) divided by
+    ``verify_bytes_per_request``. 0 means not even one request fits."""
+    usable = max(0.0, float(free_bytes)) * VERIFY_FREE_SHARE
+    return int(usable // verify_bytes_per_request(budget, vocab_size))

@@ -30,12 +30,16 @@ CASES = [
     "verify_finished_request",
     "verify_padding_nodes",
     "verify_sampling_top1_is_greedy",
-    "renorm_top_k_top_p",
+    "joint_filter_is_the_samplers",
     "sampling_law_first_token",
+    "sampling_law_matches_sampler",
+    "verify_counts_offchain_steps",
+    "internal_state_reports_tree",
     "idle_batch",
     "page_size_refused",
     "worker_topk_single_shard",
     "worker_topk_two_shards",
+    "worker_topk_logit_scale_softcap",
     "worker_topk_method_chunked",
     "worker_topk_method_two_ranks",
     "worker_builds_tree_input",
@@ -49,6 +53,8 @@ GPU_CASES = [
     "verify_padding_nodes",
     "verify_sampling_top1_is_greedy",
     "sampling_law_first_token",
+    "sampling_law_matches_sampler",
+    "verify_counts_offchain_steps",
     "greedy_kernel_matches_reference",
     "worker_builds_tree_input",
 ]
@@ -146,14 +152,14 @@ class _Probe:
         batch.seq_lens_cpu = seq_lens.clone()
         batch.seq_lens_sum = int(sum(prefix_lens))
         if sampling is not None:
-            top_k, top_p, temperature = sampling
+            top_k, top_p, temperature, min_p = (*sampling, 0.0)[:4]
             info = SamplingBatchInfo(
                 temperatures=torch.full((bs, 1), temperature, device=dev),
                 top_ps=torch.full((bs,), top_p, device=dev),
                 top_ks=torch.full((bs,), top_k, dtype=torch.int32, device=dev),
-                min_ps=torch.zeros(bs, device=dev), is_all_greedy=False,
+                min_ps=torch.full((bs,), min_p, device=dev), is_all_greedy=False,
                 need_top_p_sampling=top_p < 1.0, need_top_k_sampling=True,
-                need_min_p_sampling=False, vocab_size=vocab, device=dev,
+                need_min_p_sampling=min_p > 0, vocab_size=vocab, device=dev,
             )
             info.penalizer_orchestrator = BatchedPenalizerOrchestrator(vocab, batch, set())
             batch.sampling_info = info
@@ -368,27 +374,45 @@ class _Probe:
             logits, target = self.target_logits(gen, layout, vocab)
             self.run_and_check_verify(batch, layout, logits, target)
 
-    def renorm_top_k_top_p(self):
+    def joint_filter_is_the_samplers(self):
+        """ddtree_utils.joint_filter_probs keeps exactly the tokens SGLang's own
+        non-speculative torch sampler (sglang.srt.layers.sampler) can draw, with the same
+        relative weights, on random rows and (top_k, top_p, min_p)."""
         torch = self.torch
-        from sglang.srt.speculative.dflash_info import _renorm_top_k_top_p
+        from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
 
         gen = torch.Generator().manual_seed(6)
-        probs = torch.softmax(torch.randn(40, 9, generator=gen) * 2, dim=-1)
-        top_ks = torch.randint(1, 12, (40,), generator=gen)
-        top_ps = torch.rand(40, generator=gen) * 0.9 + 0.1
-        got = _renorm_top_k_top_p(probs, top_ks, top_ps)
-        for r in range(40):
+        rows, vocab = 60, 9
+        probs = torch.softmax(torch.randn(rows, vocab, generator=gen) * 2, dim=-1)
+        top_ks = torch.randint(1, 12, (rows,), generator=gen)
+        top_ps = torch.rand(rows, generator=gen) * 0.9 + 0.1
+        min_ps = torch.where(torch.rand(rows, generator=gen) < 0.5, 0.0,
+                             torch.rand(rows, generator=gen) * 0.5)
+        got = self.ddtree_utils.joint_filter_probs(probs, top_ks, top_ps, min_ps)
+        # The sampler's support, found by drawing from it (a token it can draw never
+        # has probability 0 here, and vice versa), then brute-force weights.
+        seen = torch.zeros(rows, vocab, dtype=torch.bool)
+        for _ in range(200):
+            drawn = top_k_top_p_min_p_sampling_from_probs_torch(
+                probs.clone(), top_ks, top_ps, min_ps, True, None, None
+            )
+            seen[torch.arange(rows), drawn.reshape(-1).long()] = True
+        for r in range(rows):
             p = probs[r].tolist()
-            order = sorted(range(9), key=lambda t: -p[t])[: int(top_ks[r])]
-            mass = sum(p[t] for t in order)
-            keep, acc = [], 0.0
-            for t in order:
-                if acc < float(top_ps[r]):
-                    keep.append(t)
-                acc += p[t] / mass
+            order = sorted(range(vocab), key=lambda t: -p[t])
+            keep = [t for i, t in enumerate(order)
+                    if i < int(top_ks[r]) and sum(p[u] for u in order[:i]) <= float(top_ps[r])
+                    and p[t] >= p[order[0]] * float(min_ps[r])]
             total = sum(p[t] for t in keep)
-            want = [p[t] / total if t in keep else 0.0 for t in range(9)]
-            assert torch.allclose(got[r], torch.tensor(want), atol=1e-6), (r, got[r], want)
+            want = torch.tensor([p[t] / total if t in keep else 0.0 for t in range(vocab)])
+            assert torch.allclose(got[r], want, atol=1e-6), (r, got[r], want)
+            assert set(torch.nonzero(seen[r]).flatten().tolist()) <= set(keep), (r, keep)
+        # The issue's example: the joint filter keeps two tokens where renormalising
+        # after top-k then applying top-p keeps one.
+        ex = self.ddtree_utils.joint_filter_probs(
+            torch.tensor([[0.4, 0.3, 0.2, 0.1]]), torch.tensor([2]), torch.tensor([0.5])
+        )
+        assert torch.allclose(ex, torch.tensor([[4 / 7, 3 / 7, 0.0, 0.0]])), ex
 
     def sampling_law_first_token(self):
         """Lossless sampling: the first emitted token follows the target's distribution
@@ -421,6 +445,155 @@ class _Probe:
         freq = torch.bincount(first.cpu(), minlength=vocab).double() / copies
         tol = 5 * (target.double() * (1 - target.double()) / copies).sqrt() + 1e-3
         assert bool(((freq - target.double()).abs() <= tol).all()), (freq, target)
+
+    def sampling_law_matches_sampler(self):
+        """Lossless w.r.t. decoding WITHOUT speculation: DDTREE's first emitted token
+        (one verify over many copies of a tree whose root children include filtered-out
+        tokens) has the law of SGLang's own non-speculative torch sampler
+        (sglang.srt.layers.sampler) under the same top-k / top-p / min-p. Two-sample
+        chi-square test of homogeneity, rejected below p = 1e-4."""
+        torch = self.torch
+        from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+
+        self._single_rank_tp_group()  # the CUDA sampling path broadcasts over TP
+        copies = 20000
+        cases = [
+            # (target probs, top_k, top_p, min_p): the first is the issue's example.
+            ([0.4, 0.3, 0.2, 0.1], 2, 0.5, 0.0),
+            ([0.35, 0.25, 0.2, 0.12, 0.08], 4, 0.7, 0.0),
+            ([0.35, 0.25, 0.2, 0.12, 0.08], 5, 1.0, 0.5),
+            ([0.3, 0.3, 0.2, 0.1, 0.1], 3, 0.9, 0.4),
+        ]
+        gen = torch.Generator().manual_seed(21)
+        for target, top_k, top_p, min_p in cases:
+            vocab = len(target)
+            batch = self.batch([2] * copies, sampling=(top_k, top_p, 1.0, min_p), vocab=vocab)
+            # Root children: the two least likely tokens first (filtered out by the
+            # sampler), then the most likely; one grandchild.
+            lp = torch.full((1, 2, vocab), float("-inf"))
+            lp[0, 0, [vocab - 1, vocab - 2, 0]] = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+            lp[0, 1, 1] = 0.0
+            logprobs, tokens = lp.sort(dim=-1, descending=True)
+            layout = self.ddtree_utils.build_ddtree(
+                logprobs.expand(copies, -1, -1).to(self.device),
+                tokens.expand(copies, -1, -1).to(self.device),
+                torch.zeros(copies, dtype=torch.int64, device=self.device), 4,
+            )
+            n = layout.num_nodes
+            probs = torch.tensor(target)
+            logits = probs.log().repeat(copies * n, 1).to(self.device)
+            vi = self.DDTreeVerifyInput.from_layout(layout, batch.seq_lens)
+            acc = vi._sample_accept(batch.sampling_info, logits, copies)
+            path1 = acc.accept_index[:, 1] - torch.arange(copies, device=self.device) * n
+            first = torch.where(
+                acc.accept_length > 0,
+                layout.tokens.gather(1, path1.clamp(min=0)[:, None])[:, 0], acc.bonus,
+            )
+            ours = torch.bincount(first.cpu(), minlength=vocab).double()
+            drawn = top_k_top_p_min_p_sampling_from_probs_torch(
+                probs.repeat(copies, 1), torch.full((copies,), top_k),
+                torch.full((copies,), top_p), torch.full((copies,), min_p),
+                min_p > 0, None, None,
+            )
+            theirs = torch.bincount(drawn.reshape(-1).cpu().long(), minlength=vocab).double()
+            both = ours + theirs
+            used = both > 0
+            expected = both[used] / 2
+            stat = (((ours[used] - expected) ** 2 + (theirs[used] - expected) ** 2)
+                    / expected).sum()
+            df = max(int(used.sum()) - 1, 1)
+            p_value = float(torch.special.gammaincc(torch.tensor(df / 2.0), stat / 2))
+            assert p_value > 1e-4, (target, top_k, top_p, min_p, ours, theirs, p_value)
+            # Tokens the sampler can never draw are never emitted.
+            assert bool((ours[theirs == 0] == 0).all()), (ours, theirs)
+
+    def verify_counts_offchain_steps(self):
+        """verify sets offchain_step = 1 exactly when some request committed a node that
+        is not its parent's first child (brute force from the parent array)."""
+        torch = self.torch
+        gen = torch.Generator().manual_seed(22)
+        seen = set()
+        for trial in range(24):
+            bs = 1 + trial % 3
+            batch = self.batch([5, 7, 9][:bs], vocab=32)
+            layout = self.layout(gen, bs, depth=4, budget=10, vocab=32, k=10)
+            logits, target = self.target_logits(gen, layout, 32, follow=0.9)
+            if trial % 4 == 0:
+                # The target agrees with every node's FIRST child: the first-ranked chain.
+                nxt = layout.retrieve_next_token
+                target = torch.where(nxt >= 0, layout.tokens.gather(1, nxt.clamp(min=0)),
+                                     7).tolist()
+                logits = torch.full((bs * layout.num_nodes, 32), -5.0)
+                logits[torch.arange(bs * layout.num_nodes), torch.tensor(target).reshape(-1)] = 5.0
+                logits = logits.to(self.device)
+            vi = self.DDTreeVerifyInput.from_layout(layout, batch.seq_lens)
+            vi.prepare_for_verify(batch, 1)
+            vi.verify(batch=batch, logits_output=self.logits_output(logits), page_size=1)
+            tokens, parents, valid = (layout.tokens.tolist(), layout.parents.tolist(),
+                                      layout.valid.tolist())
+            want = 0
+            for b in range(bs):
+                path = _greedy_walk(tokens[b], parents[b], valid[b], target[b])
+                for node in path[1:]:
+                    first = min(j for j in range(1, len(tokens[b]))
+                                if valid[b][j] and parents[b][j] == parents[b][node])
+                    if node != first:
+                        want = 1
+            assert vi.offchain_step.dtype == torch.int64 and vi.offchain_step.dim() == 0
+            assert int(vi.offchain_step) == want, (trial, want)
+            seen.add(want)
+        assert seen == {0, 1}, "the trials must cover both outcomes"
+
+    def internal_state_reports_tree(self):
+        """The worker's report and the PATCHED Scheduler.get_internal_state that puts it
+        in /server_info's internal_states (stand-in: a namespace holding the attributes
+        get_internal_state reads, no model runners)."""
+        import dataclasses
+        import types
+
+        torch = self.torch
+        from sglang.srt import server_args as sa
+        from sglang.srt.managers.scheduler import Scheduler
+        from sglang.srt.speculative.dflash_worker import DFlashWorker
+
+        worker = object.__new__(DFlashWorker)  # the real class; no model runners
+        worker.is_ddtree, worker.ddtree_budget = True, 64
+        worker._ddtree_offchain_steps = torch.tensor(3, dtype=torch.int64, device=self.device)
+        report = worker.ddtree_internal_state()
+        assert report == {"ddtree_verify_width": 65, "ddtree_worker_class": "DFlashWorker",
+                          "ddtree_offchain_accepts": 3}, report
+        assert DFlashWorker.ddtree_internal_state(
+            types.SimpleNamespace(is_ddtree=False)) == {}
+
+        args = object.__new__(sa.ServerArgs)  # real defaults, no validation
+        for f in dataclasses.fields(sa.ServerArgs):
+            if f.default is not dataclasses.MISSING:
+                setattr(args, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                setattr(args, f.name, f.default_factory())
+        saved = sa._global_server_args
+        sa.set_global_server_args_for_scheduler(args)
+        try:
+            runner = types.SimpleNamespace(weight_load_mem_usage=1.0, graph_mem_usage=0.0)
+            sched = types.SimpleNamespace(
+                last_gen_throughput=0.0, max_total_num_tokens=10, max_running_requests=4,
+                tp_worker=types.SimpleNamespace(model_runner=runner),
+                token_to_kv_pool_allocator=types.SimpleNamespace(
+                    get_kvcache=lambda: types.SimpleNamespace(mem_usage=0.5)),
+                spec_algorithm=types.SimpleNamespace(is_none=lambda: False),
+                spec_total_num_forward_ct=0, spec_total_num_accept_tokens=0,
+                metrics_reporter=types.SimpleNamespace(
+                    last_gen_throughput=0.0, spec_total_num_forward_ct=0,
+                    spec_total_num_accept_tokens=0, step_time_dict={}),
+                draft_worker=worker,
+            )
+            state = Scheduler.get_internal_state(sched, None).internal_state
+            assert {k: state[k] for k in report} == report, state
+            sched.draft_worker = None  # no speculative worker: no DDTREE keys
+            state = Scheduler.get_internal_state(sched, None).internal_state
+            assert not set(report) & set(state), state
+        finally:
+            sa._global_server_args = saved
 
     def greedy_kernel_matches_reference(self):
         """sgl_kernel's verify_tree_greedy (what verify uses on CUDA) against the
@@ -516,6 +689,60 @@ class _Probe:
             assert torch.allclose(lp[:, :kk], ref_lp, atol=1e-5)
             assert torch.equal(tok[:, :kk], ref_tok)
             assert bool(torch.isinf(lp[:, kk:]).all()), "k beyond the vocab must be -inf"
+
+    def worker_topk_logit_scale_softcap(self):
+        """Draft log-probs for the tree see the target's logit scale and final
+        soft-capping, read from a REAL LogitsProcessor built on a tiny config with
+        final_logit_softcapping (Gemma-2 style) and a logit_scale (Cohere style)."""
+        import dataclasses
+        import types
+
+        torch = self.torch
+        from transformers import PretrainedConfig
+
+        from sglang.srt import server_args as sa
+        from sglang.srt.layers.logits_processor import LogitsProcessor
+        from sglang.srt.speculative.dflash_worker import DFlashWorker
+
+        self._single_rank_tp_group()
+        args = object.__new__(sa.ServerArgs)  # real defaults, no validation
+        for f in dataclasses.fields(sa.ServerArgs):
+            if f.default is not dataclasses.MISSING:
+                setattr(args, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                setattr(args, f.name, f.default_factory())
+        saved = sa._global_server_args
+        sa.set_global_server_args_for_scheduler(args)
+        try:
+            config = PretrainedConfig(vocab_size=30, final_logit_softcapping=2.0)
+            processor = LogitsProcessor(config, logit_scale=0.5)
+        finally:
+            sa._global_server_args = saved
+        gen = torch.Generator().manual_seed(16)
+        vocab, hidden, block, budget = 30, 8, 4, 6
+        weight = torch.randn(32, hidden, generator=gen) * 3
+        head = self._lm_head(weight.to(self.device), self._shard(0, vocab, 32))
+        batch = self.batch([6], vocab=vocab)
+        draft_hidden = torch.randn(1, block, hidden, generator=gen)
+        worker = self._worker_self(ddtree_k=budget, ddtree_budget=budget,
+                                   ddtree_max_per_depth=None)
+        worker.target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
+            model=types.SimpleNamespace(logits_processor=processor)))
+        vi = DFlashWorker._build_ddtree_verify_input(
+            worker, batch, torch.tensor([3]).to(self.device),
+            draft_hidden.to(self.device), head,
+        )
+        raw = draft_hidden[:, 1:] @ weight[:vocab].T
+        capped = torch.tanh(raw * 0.5 / 2.0) * 2.0
+        lp, tok = torch.log_softmax(capped, dim=-1).topk(budget, dim=-1)
+        ref = self.ddtree_utils.build_ddtree(lp, tok, torch.tensor([3]), budget)
+        assert torch.allclose(vi.layout.scores.cpu(), ref.scores, atol=1e-5), (
+            vi.layout.scores, ref.scores)
+        assert torch.equal(vi.layout.parents.cpu(), ref.parents)
+        # Without them the path scores differ (the test can fail).
+        plain_lp, _ = torch.log_softmax(raw, dim=-1).topk(budget, dim=-1)
+        plain = self.ddtree_utils.build_ddtree(plain_lp, tok, torch.tensor([3]), budget)
+        assert not torch.allclose(plain.scores, ref.scores, atol=1e-3)
 
     def worker_topk_two_shards(self):
         torch = self.torch
@@ -649,6 +876,11 @@ class _Probe:
         roots = torch.tensor([3, 17])
         worker = self._worker_self(ddtree_k=min(budget, cap), ddtree_budget=budget,
                                    ddtree_max_per_depth=cap)
+        import types
+
+        # A target model without a logits processor: plain log-softmax of the LM head.
+        worker.target_worker = types.SimpleNamespace(
+            model_runner=types.SimpleNamespace(model=types.SimpleNamespace()))
         vi = DFlashWorker._build_ddtree_verify_input(
             worker, batch, roots.to(self.device), draft_hidden.to(self.device), head
         )

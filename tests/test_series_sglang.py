@@ -149,7 +149,8 @@ def test_release_0_5_12_has_the_same_files(series):
 # The modules the issue names; every module the series touches or adds joins them.
 NAMED_MODULES = {"sglang.srt.speculative.spec_info", "sglang.srt.server_args",
                  "sglang.srt.speculative.dflash_info", "sglang.srt.speculative.dflash_worker",
-                 "sglang.srt.speculative.ddtree_utils"}
+                 "sglang.srt.speculative.ddtree_utils", "sglang.srt.speculative.ddtree_args",
+                 "sglang.srt.managers.scheduler"}
 
 
 def _modules(series) -> set[str]:
@@ -283,12 +284,46 @@ def test_ddtree_cli_flags_reach_server_args(server_args_probe):
         ("causal_verify_backend", "got 'fa3'"),
         ("no_draft_model", "DDTREE speculative decoding requires setting --speculative-draft-model-path"),
         ("causal_decode_verify", "got 'fa3' (speculative_attention_mode=decode)"),
+        # Issue 12 (1): a verify width below the draft block would let the draft step
+        # write past its req_to_token row; refused, naming both flags.
+        ("budget_below_block", "--speculative-ddtree-budget 4 gives a verify width of 5, "
+         "below the draft block 16 (--speculative-dflash-block-size"),
+        ("budget_below_explicit_block", "--speculative-ddtree-budget 6 gives a verify width "
+         "of 7, below the draft block 8"),
+        # Issue 12 (3): block 1 leaves no drafted position (build_ddtree raised L = 0).
+        ("block_one", "got --speculative-dflash-block-size 1"),
+        # Issue 12 (2): an explicit max_running_requests whose verify cannot fit.
+        ("mem_explicit_too_many", "--max-running-requests 48 cannot fit DDTREE's verify"),
+        ("mem_budget_cannot_fit", "MB of verify buffers per request, more than the"),
     ],
 )
 def test_ddtree_bad_values_refused(server_args_probe, case, needle):
     got = server_args_probe[f"refuse_{case}"]
     assert not got["ok"], got
     assert needle in got["error"]
+
+
+def test_ddtree_budget_equal_to_block_constructs(server_args_probe):
+    got = server_args_probe["ddtree_budget_at_block"]
+    assert got["ok"], got
+    assert got["speculative_num_draft_tokens"] == 16  # verify width = block: allowed
+    assert got["speculative_dflash_block_size"] == 16
+
+
+def test_ddtree_max_running_requests_derived_from_memory(server_args_probe):
+    """Issue 12 (2): with little memory left outside mem_fraction_static, the default 48
+    becomes the cap that budget x vocab allows (recomputed here from the numbers the
+    probe read: the device memory SGLang measured and the resolved fraction)."""
+    got = server_args_probe["mem_derived"]
+    assert got["ok"], got
+    plan = server_args_probe["mem_plan"]
+    free = plan["device_memory_mib"] * (1 << 20) * (1 - got["mem_fraction_static"])
+    per_request = (1024 + 1) * 512 * 4 * 5  # rows x vocab x float32 x vocab-sized copies
+    cap = int(free * 0.5 // per_request)
+    assert 1 <= cap < 48, (cap, plan)
+    assert got["max_running_requests"] == cap
+    # An explicit value within the cap is kept.
+    assert server_args_probe["mem_explicit_fits"]["max_running_requests"] == 1
 
 
 def test_hybrid_gate(server_args_probe):
@@ -311,7 +346,7 @@ _FIELDS = (
     "speculative_eagle_topk", "speculative_num_steps", "max_running_requests",
     "disable_overlap_schedule", "disable_cuda_graph", "enable_mixed_chunk", "page_size",
     "speculative_ddtree_budget", "speculative_ddtree_topk",
-    "speculative_ddtree_allow_hybrid_unsafe",
+    "speculative_ddtree_allow_hybrid_unsafe", "mem_fraction_static",
 )
 
 
@@ -342,6 +377,15 @@ def _probe_server_args(models: Path, *unused: str) -> dict:
                     speculative_draft_model_path=draft, device="cpu", skip_tokenizer_init=True)
         base.update(kw)
         return lambda: ServerArgs(**base)
+
+    # Memory: leave outside mem_fraction_static room for ~10 requests' verify buffers at
+    # budget 1024 (vocab 512), whatever this machine's memory is.
+    from sglang.srt.utils.common import get_device_memory_capacity
+
+    device_mib = get_device_memory_capacity("cpu")
+    per_request = (1024 + 1) * 512 * 4 * 5
+    tight = round(1 - 20 * per_request / (device_mib * (1 << 20)), 6)
+    hopeless = round(1 - 0.5 * per_request / (device_mib * (1 << 20)), 9)
 
     def revalidate():
         args = make(speculative_ddtree_budget=255, speculative_dflash_block_size=8,
@@ -380,6 +424,19 @@ def _probe_server_args(models: Path, *unused: str) -> dict:
         # Target verify runs on the decode backend in "decode" attention mode.
         "refuse_causal_decode_verify": make(speculative_attention_mode="decode",
                                             decode_attention_backend="fa3"),
+        "refuse_budget_below_block": make(speculative_ddtree_budget=4),
+        "refuse_budget_below_explicit_block": make(speculative_ddtree_budget=6,
+                                                   speculative_dflash_block_size=8),
+        "refuse_block_one": make(speculative_dflash_block_size=1),
+        "ddtree_budget_at_block": make(speculative_ddtree_budget=15),
+        "mem_derived": make(speculative_ddtree_budget=1024, mem_fraction_static=tight),
+        "mem_explicit_fits": make(speculative_ddtree_budget=1024, mem_fraction_static=tight,
+                                  max_running_requests=1),
+        "refuse_mem_explicit_too_many": make(speculative_ddtree_budget=1024,
+                                             mem_fraction_static=tight,
+                                             max_running_requests=48),
+        "refuse_mem_budget_cannot_fit": make(speculative_ddtree_budget=1024,
+                                             mem_fraction_static=hopeless),
         "ddtree_decode_mode_triton": make(speculative_attention_mode="decode",
                                           prefill_attention_backend="fa3",
                                           decode_attention_backend="triton"),
@@ -389,7 +446,9 @@ def _probe_server_args(models: Path, *unused: str) -> dict:
         "hybrid_allowed": make(model_path=hybrid, disable_radix_cache=True,
                                speculative_ddtree_allow_hybrid_unsafe=True),
     }
-    return {name: _outcome(build) for name, build in cases.items()}
+    results = {name: _outcome(build) for name, build in cases.items()}
+    results["mem_plan"] = {"device_memory_mib": device_mib}
+    return results
 
 
 def _probe_imports(models: Path, *names: str) -> dict:
@@ -444,7 +503,7 @@ def _hybrid_views() -> dict:
 
     import sglang.srt.configs as sglang_configs
     from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.server_args import _ddtree_recurrent_target
+    from sglang.srt.speculative.ddtree_args import recurrent_target as _ddtree_recurrent_target
 
     classes = [getattr(sglang_configs, n) for n in sglang_configs.__all__]
     classes += [getattr(transformers, n) for n in ("LlamaConfig", "Qwen3Config", "Qwen3MoeConfig")]
