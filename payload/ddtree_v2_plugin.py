@@ -127,6 +127,226 @@ def ddtree_verify_width(server_args: Any) -> int:
     return ddtree_budget(server_args) + 1
 
 
+# ---------------------------------------------------------------------------
+# Server-argument resolution (SpeculativeAlgorithm's handle_server_args hook)
+
+
+def _record_of(args: Any) -> Any:
+    """The ServerArgs record behind what ``handle_server_args`` was handed.
+
+    SGLang hands a plugin a write recorder (``overrides._ForeignDefaults``) that keeps
+    only plain field writes. DFlash's own resolution, reused here, declares on the
+    record (``declare_resolution``), and so does this module, so that every decision
+    carries its source; on a release without the recorder the args are the record.
+    """
+    try:
+        from sglang.srt.arg_groups.model_override_base import record_of
+
+        return record_of(object.__getattribute__(args, "_cfg"))
+    except (AttributeError, ImportError, TypeError):
+        return args
+
+
+def _positive_int(value: Any, flag: str, *, upper: Optional[int] = None) -> int:
+    bad = isinstance(value, bool) or not isinstance(value, int)
+    if bad or value < 1 or (upper is not None and value > upper):
+        bounds = f"in [1, {upper}]" if upper is not None else ">= 1"
+        raise ValueError(f"DDTREE: {flag} must be an integer {bounds}, got {value!r}.")
+    return value
+
+
+def resolve_server_args(args: Any) -> None:
+    """DDTREE's resolution: DFlash's (device, parallelism, draft path, draft block,
+    draft attention backend, running batch), then the tree's own numbers and gates."""
+    from sglang.srt.arg_groups.overrides import (
+        attention_backends_of,
+        declare_resolution,
+        model_config_of,
+        resolved_view,
+        resolving_view,
+    )
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+
+    record = _record_of(args)
+    cfg = resolving_view(record)
+    source = "ddtree_v2_plugin"
+
+    budget = cfg.speculative_ddtree_budget
+    budget = DEFAULT_BUDGET if budget is None else _positive_int(
+        budget, "--speculative-ddtree-budget", upper=MAX_BUDGET)
+    topk = cfg.speculative_ddtree_topk
+    if topk is not None:
+        _positive_int(topk, "--speculative-ddtree-topk")
+    # K > B keeps nothing more: a tree of B nodes has at most B siblings anywhere.
+    topk = min(DEFAULT_MAX_TOPK if topk is None else topk, budget)
+
+    if cfg.speculative_num_draft_tokens is not None and int(cfg.speculative_num_draft_tokens) != budget + 1:
+        raise ValueError(
+            "DDTREE: --speculative-num-draft-tokens is the verify width, "
+            f"--speculative-ddtree-budget + 1 = {budget + 1}, got "
+            f"{cfg.speculative_num_draft_tokens}; drop it (the draft block is "
+            "--speculative-dflash-block-size)."
+        )
+    if cfg.speculative_eagle_topk is not None and int(cfg.speculative_eagle_topk) != topk:
+        raise ValueError(
+            f"DDTREE: --speculative-eagle-topk {cfg.speculative_eagle_topk} differs from the "
+            f"per-depth top-K {topk}; drop it and use --speculative-ddtree-topk."
+        )
+    if (cfg.disaggregation_mode or "null") != "null":
+        raise ValueError(
+            "DDTREE does not support prefill/decode disaggregation "
+            f"(--disaggregation-mode {cfg.disaggregation_mode}); use DFLASH there."
+        )
+
+    # DFlash resolves the DRAFT block into speculative_num_draft_tokens (flag, draft
+    # config, else 16) and forces topk 1: clear both first, read the block, then give
+    # speculative_num_draft_tokens the verify width and topk the per-depth K.
+    declare_resolution(record, source, speculative_num_draft_tokens=None, speculative_eagle_topk=None)
+    _handle_dflash(record)
+    block = int(resolving_view(record).speculative_num_draft_tokens)
+    if block < 2:
+        raise ValueError(
+            "DDTREE: the draft block must be >= 2 (the bonus token and one drafted "
+            f"position), got {block} (--speculative-dflash-block-size or the draft config)."
+        )
+    if block > budget + 1:
+        raise ValueError(
+            f"DDTREE: the draft block {block} exceeds the verify width {budget + 1} "
+            f"(--speculative-ddtree-budget {budget} + 1): the draft writes a whole block "
+            f"into each request's verify window; use --speculative-ddtree-budget >= {block - 1}."
+        )
+    declare_resolution(
+        record,
+        source,
+        speculative_ddtree_budget=budget,
+        speculative_ddtree_topk=topk,
+        speculative_num_draft_tokens=budget + 1,
+        speculative_dflash_block_size=block,
+        speculative_eagle_topk=topk,
+    )
+
+    view = resolved_view(record)
+    prefill, decode = attention_backends_of(view)
+    verify = decode if view.speculative_attention_mode == "decode" else prefill
+    if verify is not None and verify not in VERIFY_ATTENTION_BACKENDS:
+        raise ValueError(
+            f"DDTREE: the target-verify attention backend {verify!r} "
+            f"(speculative_attention_mode={view.speculative_attention_mode}) does not "
+            f"apply a tree mask; use --attention-backend one of "
+            f"{', '.join(VERIFY_ATTENTION_BACKENDS)}."
+        )
+
+    if not view.speculative_ddtree_allow_hybrid_unsafe:
+        from sglang.srt.configs.hybrid_arch import mambaish_config
+
+        recurrent = mambaish_config(model_config_of(record))
+        if recurrent is not None:
+            raise ValueError(
+                f"DDTREE refuses the hybrid target {view.model_path} "
+                f"({type(recurrent).__name__}: Mamba/GDN/linear-attention layers, whose "
+                "state is not isolated per tree branch); use --speculative-algorithm "
+                "DFLASH, or pass --speculative-ddtree-allow-hybrid-unsafe."
+            )
+
+
+# ---------------------------------------------------------------------------
+# Registration: DDTREE is DFLASH everywhere but in its resolution, its worker and the
+# target's verify width.
+
+# Methods of SpeculativeAlgorithm that answer from the algorithm's identity alone; for
+# DDTREE they answer as DFLASH does (target-layer capture, graph runners, pool sizing).
+_PREDICATE_PREFIXES = ("is_", "supports_", "has_", "carries_", "need_")
+
+
+def _as_dflash(name: str):
+    def predicate(self, *args, **kwargs):
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return getattr(SpeculativeAlgorithm.DFLASH, name)(*args, **kwargs)
+
+    predicate.__name__ = name
+    return predicate
+
+
+def _run_enum(name: str, function):
+    # The enum's own code, run for DDTREE: it dispatches on the predicates above.
+    def method(self, *args, **kwargs):
+        return function(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _spec_class():
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    class DDTreeSpecAlgo(CustomSpecAlgo):
+        """DDTREE: DFlash drafting, verified as a tree through EAGLE's verify."""
+
+        def handle_server_args(self, server_args):
+            resolve_server_args(server_args)
+
+        def create_worker(self, server_args):
+            worker = self.factory(server_args)
+            if getattr(worker, "DDTREE_TREE_VERIFY", False) is not True:
+                raise RuntimeError(
+                    f"DDTREE resolved to {worker.__module__}.{worker.__qualname__}, which "
+                    "does not tree-verify (no DDTREE_TREE_VERIFY = True): refusing to "
+                    "serve DDTREE as a linear chain."
+                )
+            return worker
+
+        def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens, is_draft_worker):
+            # One number, two meanings, decoupled: the target verifies budget + 1 tokens
+            # per request, the DFlash draft runs on its block.
+            if is_draft_worker:
+                from sglang.srt.runtime_context import get_spec
+
+                return ddtree_draft_block(get_spec())
+            return num_draft_tokens
+
+        def supports_mixed_chunk(self):
+            # Conservative: a tree verify inside a mixed prefill + verify forward is
+            # not proven here; SGLang then turns mixed chunk off for DDTREE.
+            return False
+
+    for name, member in vars(SpeculativeAlgorithm).items():
+        if name.startswith("_") or name in DDTreeSpecAlgo.__dict__:
+            continue
+        if not callable(member) or isinstance(member, (classmethod, staticmethod, type)):
+            continue
+        if isinstance(member, SpeculativeAlgorithm):
+            continue
+        if name.startswith(_PREDICATE_PREFIXES):
+            setattr(DDTreeSpecAlgo, name, _as_dflash(name))
+        elif not hasattr(CustomSpecAlgo, name) or name in ("build_disagg_draft_input",
+                                                         "resolve_max_speculative_num_draft_tokens"):
+            setattr(DDTreeSpecAlgo, name, _run_enum(name, member))
+    return DDTreeSpecAlgo
+
+
+def _worker_factory(server_args):
+    from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
+
+    return DDTreeWorkerV2
+
+
+def register() -> None:
+    """Register DDTREE once per process (idempotent)."""
+    from sglang.srt.speculative.spec_registry import get_spec as registered
+
+    if registered(ALGORITHM) is not None:
+        return
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, spec_class=_spec_class())(
+        _worker_factory)
+
+
+register()
+
+
 __all__ = [
     "ALGORITHM",
     "DEFAULT_BUDGET",
@@ -137,4 +357,6 @@ __all__ = [
     "ddtree_draft_block",
     "ddtree_topk",
     "ddtree_verify_width",
+    "register",
+    "resolve_server_args",
 ]
