@@ -18,7 +18,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Union
+from typing import Any, Iterable, Union
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -38,7 +38,7 @@ PACKAGE = "sglang"
 FAMILY_FILE = "family.toml"
 SERIES_FILE = "series"
 PAYLOAD = "payload"
-_FAMILY_KEYS = ("sglang", "description")
+_FAMILY_KEYS = ("sglang", "description", "smoke")
 
 
 def show(path: Path) -> str:
@@ -155,6 +155,7 @@ class FamilyInfo:
     folder: Path
     specifier: SpecifierSet
     description: str
+    smoke: Any = None  # smoke.FamilySmoke: how this family's tree shows to the smoke ([smoke])
 
     def covers(self, version: str | Version) -> bool:
         v = version if isinstance(version, Version) else Version(str(version))
@@ -284,7 +285,12 @@ def read_family_info(folder: Path) -> FamilyInfo:
     description = doc.get("description", "")
     if not isinstance(description, str):
         raise BadInput(f"{where}:{_find_key_line(text, 'description')}: 'description' must be a string")
-    return FamilyInfo(name=folder.name, folder=folder, specifier=spec, description=description)
+    # [smoke]: validated here, with the rest of the family, so a bad key stops a push
+    # before it changes anything (ddtree_deploy.smoke owns the keys).
+    from ddtree_deploy.smoke import parse_family_smoke
+
+    smoke = parse_family_smoke(doc.get("smoke"), where=where)
+    return FamilyInfo(name=folder.name, folder=folder, specifier=spec, description=description, smoke=smoke)
 
 
 def _read_series_lines(path: Path) -> list[tuple[int, str]]:

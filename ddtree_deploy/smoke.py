@@ -5,14 +5,23 @@ program runs, and the report it answers. Pure: no I/O here except through the
 The levels, in the order they run (each proves what the next one needs):
 
 - ``compile``: the host's interpreter byte-compiles every file the series touched;
-- ``import``: those modules import there and ``SpeculativeAlgorithm.DDTREE`` exists;
+- ``import``: those modules import there, ``SpeculativeAlgorithm.DDTREE`` exists, and
+  the tree probe: ``--speculative-algorithm DDTREE`` resolved through the release's own
+  ``prepare_server_args`` (tiny config folders made on the host) gives a verify width of
+  budget + 1, and the release's own ``SpeculativeAlgorithm.from_string(...).create_worker``
+  gives the family's tree worker, a class carrying ``DDTREE_TREE_VERIFY = True``;
 - ``cli``: ``python -m sglang.launch_server --help`` lists every flag the series adds,
   and SGLang's own parser and ``ServerArgs`` validation accept the launch arguments
   (DDTREE, the host's model and draft, budget, extra args) when the host has the
-  model files;
+  model files, resolving the verify width to budget + 1;
 - ``launch`` (GPU hosts): a real server with DDTree, a readiness wait, a ``/generate``
-  probe, DDTREE confirmed by ``/server_info``, the acceptance length measured, and the
-  whole process group stopped afterwards.
+  probe, DDTREE confirmed by ``/server_info``, then tree verify proven from its
+  ``internal_states`` (verify width budget + 1, the family's worker class, at least one
+  verify step that accepted a path off the first-ranked chain), the acceptance length
+  measured, and the whole process group stopped afterwards.
+
+"Never silently linear": a partial port that routes DDTREE to the chain (DFlash's worker,
+a verify width equal to the draft block) fails the import, cli and launch levels.
 
 The host-side work is ``smoke_agent.py`` (stdlib only); this module decides WHAT it
 runs from the inventory and the series, and reads its answer into typed results.
@@ -43,6 +52,114 @@ VALIDATION_REPORT = (
 )
 DEFAULT_PROBE = "Explain in one sentence why the sky is blue."
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+# The class attribute every worker that really tree-verifies DDTREE carries (CONTRACTS).
+TREE_MARKER = "DDTREE_TREE_VERIFY"
+# The target's verify width after ServerArgs resolution (budget + 1 for DDTREE).
+WIDTH_FIELD = "speculative_num_draft_tokens"
+# The import level's tree probe: a budget unlike any default (64) and unlike the draft
+# block (16), so a flag that is ignored or a width taken from the block both show.
+PROBE_BUDGET = 24
+# Tiny config folders written on the host for that probe (ServerArgs reads config.json
+# only: no weights, no tokenizer). The draft's block_size (16) differs from the width.
+TINY_TARGET_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu",
+    "max_position_embeddings": 2048, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+}
+TINY_DRAFT_CONFIG = {
+    "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": 512,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu",
+    "max_position_embeddings": 2048, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "torch_dtype": "float32", "block_size": 16,
+    "num_target_layers": 4, "dflash_config": {"mask_token_id": 511, "target_layer_ids": [1, 2]},
+}
+# How the probes reach the release, as ``launch_server`` does it (0.5.12 .. 0.5.23): load the
+# plugins (a v2 family may register DDTREE there), parse, resolve (0.5.19+: ``resolve_once``,
+# values read through ``resolving_view``; older releases resolve inside ServerArgs itself).
+RELEASE_PATHS = {
+    "plugins": ["sglang.srt.plugins", "load_plugins"],
+    "parse": ["sglang.srt.server_args", "prepare_server_args"],
+    "resolve": "resolve_once",
+    "view": ["sglang.srt.arg_groups.overrides", "resolving_view"],
+    "algorithm": ["sglang.srt.speculative.spec_info", "SpeculativeAlgorithm"],
+}
+# Prompts of the launch level's tree check: varied, open-ended text, so the draft's
+# first-ranked chain is often wrong somewhere and a tree verify accepts a sibling path.
+TREE_PROMPTS = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "List ten common Python built-in functions and say what each one does.",
+    "Explain how a hash table works, then compare it with a binary search tree.",
+    "Translate into French, then into German: The weather is lovely today and we are going to the sea.",
+    "def fibonacci(n):\n    # return the n-th Fibonacci number iteratively\n",
+    "Give a step-by-step recipe for pancakes, with quantities.",
+    "What are the causes of the French Revolution? Answer in a numbered list.",
+    "Continue the sequence and explain the rule: 2, 3, 5, 9, 17,",
+)
+TREE_MAX_NEW_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class FamilySmoke:
+    """A family's ``[smoke]`` table in ``family.toml``: what its tree looks like to the smoke.
+
+    The flags differ between families (a v2 family may name its budget otherwise), so the
+    smoke reads them from the family, never from this module.
+    """
+
+    budget_flag: str = "--speculative-ddtree-budget"  # sets the tree budget B
+    topk_flag: str = "--speculative-ddtree-topk"  # per-depth cap, when the inventory sets one
+    budget_field: str = "speculative_ddtree_budget"  # ServerArgs / /server_info key holding B
+    worker_class: str | None = None  # the class DDTREE must resolve to (None: marker only)
+    worker_module: str | None = None  # its module (to honour smoke.import_exclude)
+    probe_args: tuple[str, ...] = ("--device", "cpu", "--attention-backend", "triton")
+
+
+FAMILY_SMOKE_DEFAULT = FamilySmoke()
+_FAMILY_SMOKE_KEYS = tuple(FamilySmoke.__dataclass_fields__)
+
+
+def parse_family_smoke(table: Any, *, where: str) -> FamilySmoke:
+    """``[smoke]`` of a family.toml -> FamilySmoke, or one BadInput line naming the key."""
+    if table is None:
+        return FAMILY_SMOKE_DEFAULT
+    if not isinstance(table, dict):
+        raise BadInput(f"{where}: key smoke: must be a table ([smoke])")
+    unknown = sorted(set(table) - set(_FAMILY_SMOKE_KEYS))
+    if unknown:
+        raise BadInput(f"{where}: key smoke.{unknown[0]}: unknown key; known keys here: "
+                       f"{', '.join(sorted(_FAMILY_SMOKE_KEYS))}")
+    values: dict[str, Any] = {}
+    for key in ("budget_flag", "topk_flag"):
+        if key in table:
+            flag = table[key]
+            if not isinstance(flag, str) or not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", flag):
+                raise BadInput(f"{where}: key smoke.{key}: must be a long option such as "
+                               f"'--speculative-ddtree-budget', not {flag!r}")
+            values[key] = flag
+    for key in ("budget_field", "worker_class", "worker_module"):
+        if key in table:
+            name = table[key]
+            pattern = r"[A-Za-z_][A-Za-z0-9_]*" + (r"(\.[A-Za-z_][A-Za-z0-9_]*)*" if key == "worker_module" else "")
+            if not isinstance(name, str) or not re.fullmatch(pattern, name):
+                raise BadInput(f"{where}: key smoke.{key}: must be a Python "
+                               f"{'module path' if key == 'worker_module' else 'identifier'}, not {name!r}")
+            values[key] = name
+    if "probe_args" in table:
+        args = table["probe_args"]
+        if not isinstance(args, list) or not all(isinstance(a, str) and a and "\0" not in a for a in args):
+            raise BadInput(f"{where}: key smoke.probe_args: must be a list of non-empty strings, not {args!r}")
+        values["probe_args"] = tuple(args)
+    return FamilySmoke(**values)
+
+
+def family_smoke(series) -> FamilySmoke:
+    """The loaded series' ``[smoke]`` settings (validated when its family.toml was read)."""
+    found = getattr(series.info, "smoke", None)
+    return found if isinstance(found, FamilySmoke) else FAMILY_SMOKE_DEFAULT
 
 
 # ------------------------------------------------------------------ settings
@@ -202,20 +319,22 @@ def series_flags(patch_texts: Iterable[str]) -> tuple[str, ...]:
     return tuple(found)
 
 
-def default_command(launch: LaunchSettings) -> tuple[str, ...]:
-    """``python -m sglang.launch_server`` with DDTree and the host's launch settings."""
+def default_command(launch: LaunchSettings, family: FamilySmoke = FAMILY_SMOKE_DEFAULT) -> tuple[str, ...]:
+    """``python -m sglang.launch_server`` with DDTree and the host's launch settings
+    (the budget and top-k flags are the family's)."""
     argv = ["{python}", "-m", "sglang.launch_server", "--model-path", "{model}",
             "--speculative-algorithm", ALGORITHM]
     if launch.draft_model is not None:
         argv += ["--speculative-draft-model-path", "{draft_model}"]
     if launch.budget is not None:
-        argv += ["--speculative-ddtree-budget", "{budget}"]
+        argv += [family.budget_flag, "{budget}"]
     if launch.topk is not None:
-        argv += ["--speculative-ddtree-topk", "{topk}"]
+        argv += [family.topk_flag, "{topk}"]
     return (*argv, "--host", "{host}", "--port", "{port}", "{extra_args}")
 
 
-def launch_argv(launch: LaunchSettings, *, source: str | None = None) -> list[str]:
+def launch_argv(launch: LaunchSettings, *, source: str | None = None,
+                family: FamilySmoke = FAMILY_SMOKE_DEFAULT) -> list[str]:
     """Fill the command template into an argv list (never a shell string).
 
     ``{extra_args}`` alone splices the extra arguments in; ``{python}`` is left for the
@@ -225,7 +344,7 @@ def launch_argv(launch: LaunchSettings, *, source: str | None = None) -> list[st
     values = {"model": launch.model, "draft_model": launch.draft_model, "budget": launch.budget,
               "topk": launch.topk, "host": launch.host, "port": launch.port}
     argv: list[str] = []
-    for arg in launch.command or default_command(launch):
+    for arg in launch.command or default_command(launch, family):
         if arg == "{extra_args}":
             argv.extend(launch.extra_args)
             continue
@@ -295,12 +414,15 @@ def plan_smoke(
     log_path: str,
     levels: Sequence[str] | None = None,
     source: str | None = None,
+    family: FamilySmoke = FAMILY_SMOKE_DEFAULT,
 ) -> SmokePlan:
     """Build the request for the host-side program (pure).
 
     ``touched_paths``: the series' package-relative paths (``sglang/srt/...py``);
     ``flags``: ``series_flags`` of its patches; ``log_path``: where the launch level
-    keeps the server's log on the host; ``levels``: a subset chosen on the command line.
+    keeps the server's log on the host; ``levels``: a subset chosen on the command line;
+    ``family``: the series' ``[smoke]`` table (``family_smoke(series)``), which says how
+    its tree shows: budget flag and field, worker class.
     """
     where = source or "<inventory>"
     chosen = choose_levels(settings, levels, source=source)
@@ -315,13 +437,14 @@ def plan_smoke(
             "modules": [m for m in modules if m not in excluded],
             "attributes": [list(DDTREE_ATTRIBUTE)],
             "timeout_s": settings.timeout_s,
+            "tree": tree_probe(family, excluded),
         }
     if "cli" in chosen:
         request["cli"] = {
             "argv": ["{python}", "-m", "sglang.launch_server", "--help"],
             "expect": list(flags),
             "timeout_s": settings.timeout_s,
-            "validate": _validation(settings.launch),
+            "validate": _validation(settings.launch, family),
         }
     if "launch" in chosen:
         launch = settings.launch
@@ -329,7 +452,7 @@ def plan_smoke(
         if launch.model is None and launch.command is None:
             raise BadInput(f"{where}: key smoke.launch.model: missing (the launch level serves it)")
         request["launch"] = {
-            "argv": launch_argv(launch, source=where),
+            "argv": launch_argv(launch, source=where, family=family),
             "host": launch.host,
             "port": launch.port,
             "log_path": log_path,
@@ -340,29 +463,72 @@ def plan_smoke(
             "probe": {"text": launch.probe_prompt, "max_new_tokens": launch.max_new_tokens},
             "probe_timeout_s": launch.probe_timeout_s,
             "expect_algorithm": ALGORITHM,
+            "tree": {
+                # The budget the server should run: the inventory's, else the server's own
+                # (its /server_info field), since SGLang's default applies then.
+                "budget": launch.budget,
+                "budget_field": family.budget_field,
+                "worker_class": family.worker_class,
+                "prompts": list(TREE_PROMPTS),
+                "max_new_tokens": TREE_MAX_NEW_TOKENS,
+            },
             "term_grace_s": launch.term_grace_s,
             "log_tail_lines": 40,
         }
     return SmokePlan(levels=chosen, request=request, excluded_modules=excluded)
 
 
-def _validation(launch: LaunchSettings | None) -> dict | None:
+def _validation(launch: LaunchSettings | None, family: FamilySmoke = FAMILY_SMOKE_DEFAULT) -> dict | None:
     """SGLang's own parser over the launch arguments (``prepare_server_args``: argparse,
     then ``ServerArgs`` and its validation), when the inventory names a model and a draft.
 
     The arguments are those of the default SGLang launch command, even when
-    ``command`` replaces it (a stand-in), so the validation is always SGLang's.
+    ``command`` replaces it (a stand-in), so the validation is always SGLang's. The
+    resolved verify width must be the budget + 1 (the inventory's budget, else the one
+    ServerArgs resolved: the family's ``budget_field``).
     """
     if launch is None or launch.model is None or launch.draft_model is None:
         return None
-    argv = launch_argv(replace(launch, command=None))
+    argv = launch_argv(replace(launch, command=None), family=family)
+    report = list(VALIDATION_REPORT)
+    if family.budget_field not in report:
+        report.append(family.budget_field)
     return {
         "module": "sglang.srt.server_args",
         "function": "prepare_server_args",
         "argv": argv[3:],  # after `{python} -m sglang.launch_server`
         # "Where the host has the model files": a hub id or a missing folder is skipped, said so.
         "needs_paths": [launch.model, launch.draft_model],
-        "report": list(VALIDATION_REPORT),
+        "report": report,
+        "plugins": RELEASE_PATHS["plugins"],
+        "resolve": RELEASE_PATHS["resolve"],
+        "view": RELEASE_PATHS["view"],
+        "width": {"field": WIDTH_FIELD, "budget": launch.budget, "budget_field": family.budget_field,
+                  "budget_flag": family.budget_flag},
+    }
+
+
+def tree_probe(family: FamilySmoke, excluded: Sequence[str] = ()) -> dict:
+    """The import level's tree probe: DDTREE through the release's own ServerArgs and
+    worker factory, on tiny config folders the host program writes (pure).
+
+    When the family's worker module is in ``smoke.import_exclude`` (a CPU host that
+    cannot import it), the worker class is not resolved, and the report says so.
+    """
+    argv = ["--model-path", "{model}", "--speculative-algorithm", ALGORITHM,
+            "--speculative-draft-model-path", "{draft_model}", family.budget_flag, str(PROBE_BUDGET),
+            "--skip-tokenizer-init", *family.probe_args]
+    skip = family.worker_module if family.worker_module in excluded else None
+    return {
+        **RELEASE_PATHS,
+        "argv": argv,
+        "configs": {"model": TINY_TARGET_CONFIG, "draft_model": TINY_DRAFT_CONFIG},
+        "width_field": WIDTH_FIELD,
+        "budget": PROBE_BUDGET,
+        "budget_flag": family.budget_flag,
+        "marker": TREE_MARKER,
+        "worker_class": family.worker_class,
+        "skip_worker": skip,
     }
 
 
@@ -649,7 +815,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome, series, *, leve
     settings = parse_settings(host.smoke, source=host.source)
     touched, flags = series_inputs(series)
     plan = plan_smoke(settings, touched_paths=touched, flags=flags, levels=levels, source=host.source,
-                      log_path=host_log_path(host.state_dir, outcome.run_id))
+                      log_path=host_log_path(host.state_dir, outcome.run_id), family=family_smoke(series))
     if not plan.levels:
         return AfterPush(None, skipped="no smoke levels configured", host=host.name)
     try:
@@ -697,7 +863,7 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
 
     from ddtree_deploy import deploy
     from ddtree_deploy.locations import repo_dir
-    from ddtree_deploy.series import load_family
+    from ddtree_deploy.series import families, load_family
 
     settings = parse_settings(host.smoke, source=host.source)
     choose_levels(settings, levels, source=host.source)  # bad input stops here, before any connection
@@ -707,12 +873,19 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
         raise DeployError(f"{host.name}: no series is deployed (phase {doc['phase']}): the smoke checks a "
                           "deployed series", code="not-deployed",
                           hint=f"push first: ddtree-deploy push --host {host.name}")
-    folder = Path(patches_dir or repo_dir("patches")) / doc["series"]["name"]
-    series = load_family(folder)
+    # The name comes from the host: only ever a key among the known families, never a path.
+    name = doc["series"]["name"]
+    known = {f.name: f.folder for f in families(Path(patches_dir or repo_dir("patches")))}
+    if not isinstance(name, str) or name not in known:
+        raise DeployError(f"{host.name}: the host's journal names series {name!r}, which is not a family "
+                          f"here ({', '.join(sorted(known)) or 'none'})", code="unknown-family",
+                          hint="smoke it from a checkout that has that family under patches/")
+    series = load_family(known[name])
     touched, flags = series_inputs(series)
     deployed = [f["path"] for f in doc["files"]]
     plan = plan_smoke(settings, touched_paths=deployed or touched, flags=flags, levels=levels,
-                      source=host.source, log_path=host_log_path(host.state_dir, uuid.uuid4().hex[:12]))
+                      source=host.source, log_path=host_log_path(host.state_dir, uuid.uuid4().hex[:12]),
+                      family=family_smoke(series))
     report = run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress, heartbeat=heartbeat)
     if doc["phase"] != "switched":
         return report

@@ -12,15 +12,29 @@ Request::
 
     {"levels": ["compile", "import", "cli", "launch"],
      "compile": {"package": "sglang", "files": ["sglang/srt/x.py", ...]},  # or absolute files
-     "import":  {"modules": [...], "attributes": [["module", "Attr.PATH"], ...], "timeout_s": 120},
+     "import":  {"modules": [...], "attributes": [["module", "Attr.PATH"], ...], "timeout_s": 120,
+                 "tree": TREE_PROBE | null},
      "cli":     {"argv": [...], "expect": ["--flag", ...], "timeout_s": 120,
                  "validate": {"module": "...", "function": "prepare_server_args", "argv": [...],
-                              "needs_paths": [...], "report": ["field", ...]} | null},
+                              "needs_paths": [...], "report": ["field", ...],
+                              "plugins": [m, f], "resolve": "method", "view": [m, f],
+                              "width": {"field", "budget", "budget_field", "budget_flag"}} | null},
      "launch":  {"argv": [...], "host": "127.0.0.1", "port": 30000, "log_path": "...",
                  "gpu_check": true, "min_free_mib": 0, "ready_timeout_s": 900,
                  "poll_s": 1.0, "probe": {"text": "...", "max_new_tokens": 32},
                  "probe_timeout_s": 120, "expect_algorithm": "DDTREE",
+                 "tree": {"budget": 64 | null, "budget_field": "...", "worker_class": "..." | null,
+                          "prompts": [...], "max_new_tokens": 256} | null,
                  "term_grace_s": 20, "log_tail_lines": 40}}
+
+    TREE_PROBE = {"plugins": [m, f], "parse": [m, f], "resolve": "method", "view": [m, f],
+                  "algorithm": [m, "Class"], "argv": [... "{model}" ... "{draft_model}" ...],
+                  "configs": {"model": {config.json}, "draft_model": {...}},
+                  "width_field": "...", "budget": 24, "budget_flag": "--...",
+                  "marker": "ATTR", "worker_class": "Name" | null, "skip_worker": "module" | null}
+
+``[m, f]`` names a module and an attribute path in it; one that does not exist in the
+release is skipped (older releases have no plugin loader or resolution view).
 
 Answer: ``{"ok": bool, "levels": [{"level", "ok", "status", "seconds", "detail",
 "evidence"}...]}``; ``status`` is ``passed``, ``failed`` or ``skipped``. Levels run in
@@ -147,8 +161,78 @@ for module, path in spec.get("attributes", []):
     except AttributeError as exc:
         print(json.dumps({"ok": False, "module": module, "attribute": path, "error": str(exc)}))
         sys.exit(0)
-print(json.dumps({"ok": True, "modules": done, "file": {m: getattr(sys.modules[m], "__file__", None) for m in done}}))
+answer = {"ok": True, "modules": done, "file": {m: getattr(sys.modules[m], "__file__", None) for m in done}}
+tree = spec.get("tree")
+if tree:
+    answer["tree"] = tree_probe(tree)
+print(json.dumps(answer, default=str))
 """
+
+# Shared by the children that resolve server arguments: the release's own path, in
+# launch_server's order (plugins, parse, resolve), read through its resolution view.
+_RELEASE_HELPERS = r"""
+import importlib, json, os, sys, traceback
+
+
+def _get(path):
+    obj = importlib.import_module(path[0])
+    for part in path[1].split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _optional(path):
+    try:
+        return _get(path)
+    except (ImportError, AttributeError):
+        return None
+
+
+def release_args(spec, argv):
+    load = _optional(spec["plugins"]) if spec.get("plugins") else None
+    if load is not None:
+        load()
+    args = _get(spec["parse"])(argv)
+    resolve = getattr(args, spec.get("resolve") or "", None)
+    if callable(resolve):
+        resolve()
+    view = _optional(spec["view"]) if spec.get("view") else None
+    return args, (view(args) if view is not None else args)
+
+
+def _failure(stage, exc):
+    return {"ok": False, "stage": stage, "error": "%s: %s" % (type(exc).__name__, exc),
+            "traceback": traceback.format_exc()[-3000:]}
+
+
+def tree_probe(tree):
+    paths = {}
+    for key, config in tree["configs"].items():
+        os.makedirs(key, exist_ok=True)
+        with open(os.path.join(key, "config.json"), "w") as fh:
+            json.dump(config, fh)
+        paths["{%s}" % key] = os.path.abspath(key)
+    argv = [paths.get(a, a) for a in tree["argv"]]
+    try:
+        args, view = release_args(tree, argv)
+    except BaseException as exc:
+        return dict(_failure("server_args", exc), argv=argv)
+    out = {"ok": True, "argv": argv, "width": getattr(view, tree["width_field"], None),
+           "block": getattr(view, "speculative_dflash_block_size", None),
+           "algorithm": str(getattr(view, "speculative_algorithm", None))}
+    if tree.get("skip_worker"):
+        return out
+    try:
+        algorithm = _get(tree["algorithm"]).from_string(getattr(view, "speculative_algorithm"))
+        cls = algorithm.create_worker(args)
+    except BaseException as exc:
+        return dict(out, **_failure("worker", exc))
+    out["worker"] = {"name": getattr(cls, "__name__", repr(cls)), "module": getattr(cls, "__module__", None),
+                     "marker": repr(getattr(cls, tree["marker"], None))}
+    out["worker"]["tree"] = getattr(cls, tree["marker"], None) is True
+    return out
+"""
+_IMPORT_CHILD = _RELEASE_HELPERS + _IMPORT_CHILD
 
 
 def level_import(spec):
@@ -166,7 +250,46 @@ def level_import(spec):
         raise LevelFailed(f"import {answer['module']} failed: {answer['error']}", answer)
     attrs = ", ".join(f"{m}.{a}" for m, a in spec.get("attributes", []))
     detail = f"{len(modules)} modules imported" + (f"; {attrs} exists" if attrs else "")
-    return detail, {"modules": answer["modules"], "files": answer["file"]}
+    evidence = {"modules": answer["modules"], "files": answer["file"]}
+    if spec.get("tree"):
+        evidence["tree"] = answer.get("tree")
+        detail += "; " + judge_tree_probe(spec["tree"], answer.get("tree") or {})
+    return detail, evidence
+
+
+def judge_tree_probe(tree, found):
+    """The import level's tree probe, judged: one clear line for the first thing wrong."""
+    algorithm = "DDTREE"
+    budget, flag, field = tree["budget"], tree["budget_flag"], tree["width_field"]
+    evidence = {"tree": found}
+    if found.get("stage") == "server_args":
+        raise LevelFailed(f"DDTREE probe: the release's ServerArgs rejects {algorithm} with {flag} {budget} "
+                          f"(tiny config folders): {found['error']}", evidence)
+    width = found.get("width")
+    if width != budget + 1:
+        why = ""
+        if width is not None and width == found.get("block"):
+            why = ": that is the draft block, so DDTREE verifies a chain (the linear DFlash path)"
+        raise LevelFailed(f"DDTREE probe: {field} resolved to {width!r}, expected {budget + 1} "
+                          f"({flag} {budget} + 1){why}", evidence)
+    said = f"{algorithm} verify width {width} = budget {budget} + 1"
+    if tree.get("skip_worker"):
+        return (f"{said}; worker class not checked: {tree['skip_worker']} is excluded here "
+                "(smoke.import_exclude)")
+    if found.get("stage") == "worker":
+        raise LevelFailed(f"DDTREE probe: SpeculativeAlgorithm.from_string({algorithm!r}).create_worker "
+                          f"failed: {found['error']}", evidence)
+    worker = found.get("worker") or {}
+    name = f"{worker.get('module')}.{worker.get('name')}"
+    expected = tree.get("worker_class")
+    if expected and worker.get("name") != expected:
+        raise LevelFailed(f"DDTREE probe: {algorithm} resolves to worker class {name}, expected {expected} "
+                          "(the family's [smoke] worker_class)", evidence)
+    if not worker.get("tree"):
+        raise LevelFailed(f"DDTREE probe: {algorithm} resolves to {name}, whose {tree['marker']} is "
+                          f"{worker.get('marker')}, not True: that worker does not verify a tree "
+                          "(silently linear)", evidence)
+    return f"{said}; {algorithm} -> {worker.get('name')} ({tree['marker']} = True)"
 
 
 def _ask_child(script, request, timeout_s, *, doing, who):
@@ -195,12 +318,10 @@ def _last_json_line(text):
 
 # ------------------------------------------------------------------------- cli
 
-_VALIDATE_CHILD = r"""
-import importlib, json, sys, traceback
+_VALIDATE_CHILD = _RELEASE_HELPERS + r"""
 spec = json.loads(sys.argv[1])
-parse = getattr(importlib.import_module(spec["module"]), spec["function"])
 try:
-    obj = parse(spec["argv"])
+    _, obj = release_args(dict(spec, parse=[spec["module"], spec["function"]]), spec["argv"])
 except BaseException as exc:
     print(json.dumps({"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
                       "traceback": traceback.format_exc()[-3000:]}))
@@ -252,7 +373,27 @@ def level_cli(spec):
         else:
             evidence["validation"] = checked["result"]
             detail += f"; {validate['function']} accepts the launch arguments"
+            if validate.get("width"):
+                detail += "; " + _judge_width(validate["width"], checked["result"])
     return detail, evidence
+
+
+def _judge_width(width, result):
+    """The host's own launch settings must resolve DDTREE to a verify width of budget + 1."""
+    fields = result["fields"]
+    budget = width.get("budget")
+    if budget is None:
+        budget = fields.get(width["budget_field"])
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        raise LevelFailed(f"cannot tell the DDTree budget: the inventory sets no [smoke.launch] budget and "
+                          f"ServerArgs has no {width['budget_field']} (got {budget!r}); set budget in "
+                          "[smoke.launch]", {"validation": result})
+    found = fields.get(width["field"])
+    if found != budget + 1:
+        raise LevelFailed(f"the launch arguments resolve {width['field']} to {found!r}, expected {budget + 1} "
+                          f"({width['budget_flag']} {budget} + 1): DDTREE would not verify its tree",
+                          {"validation": result})
+    return f"verify width {found} = budget {budget} + 1"
 
 
 def _validate(spec, timeout_s):
@@ -462,6 +603,9 @@ def _serve_and_probe(proc, spec, base, evidence):
                          "spec_verify_ct": meta.get("spec_verify_ct")}
     if meta.get("spec_verify_ct") and meta.get("completion_tokens") is not None:
         evidence["accept_length"] = round(meta["completion_tokens"] / meta["spec_verify_ct"], 3)
+    tree = spec.get("tree")
+    if tree and tree.get("prompts"):
+        _tree_requests(tree, base, float(spec.get("probe_timeout_s", 120)), evidence)
 
     info, endpoint = None, None
     for endpoint in ("/server_info", "/get_server_info"):
@@ -480,6 +624,69 @@ def _serve_and_probe(proc, spec, base, evidence):
     states = info.get("internal_states") or [{}]
     if isinstance(states, list) and states and isinstance(states[0], dict):
         evidence["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
+    if tree:
+        evidence["tree"] = judge_tree_report(tree, info, endpoint, evidence.get("tree_requests", {}))
+
+
+def _tree_requests(tree, base, timeout_s, evidence):
+    """Varied prompts in one batch, long enough that some verify step accepts a path off the
+    first-ranked chain (the proof that a tree, not a chain, was verified)."""
+    prompts = list(tree["prompts"])
+    body = {"text": prompts, "sampling_params": {"max_new_tokens": int(tree.get("max_new_tokens", 256)),
+                                                 "temperature": 0.0}}
+    status, reply = _http("POST", base + "/generate", body, timeout=timeout_s)
+    if status != 200 or not isinstance(reply, list):
+        raise LevelFailed(f"POST /generate with {len(prompts)} prompts (the tree check) answered {status}",
+                          {"reply": _tail(str(reply))})
+    tokens = sum(int(((r or {}).get("meta_info") or {}).get("completion_tokens") or 0) for r in reply)
+    evidence["tree_requests"] = {"prompts": len(prompts), "completion_tokens": tokens}
+
+
+# The keys the server reports under /server_info internal_states[i] (CONTRACTS.md).
+TREE_KEYS = ("ddtree_verify_width", "ddtree_worker_class", "ddtree_offchain_accepts")
+
+
+def judge_tree_report(tree, info, endpoint, sent):
+    """Tree verify really ran: every scheduler's report has the verify width budget + 1 and the
+    family's worker class, and at least one verify step accepted an off-chain path."""
+    states = info.get("internal_states")
+    where = f"{endpoint} internal_states"
+    if not isinstance(states, list) or not states or not all(isinstance(s, dict) for s in states):
+        raise LevelFailed(f"{where}: missing or not a list of objects ({_tail(repr(states), 200)}): "
+                          "the server reports no tree verify state")
+    budget = tree.get("budget")
+    if budget is None:
+        budget = info.get(tree["budget_field"])
+        if not isinstance(budget, int) or isinstance(budget, bool):
+            raise LevelFailed(f"{endpoint}: {tree['budget_field']} is {budget!r}, and the inventory sets no "
+                              "[smoke.launch] budget: cannot tell the verify width to expect; set budget")
+    for i, state in enumerate(states):
+        missing = [k for k in TREE_KEYS if k not in state]
+        if missing:
+            raise LevelFailed(f"{where}[{i}] has no {', '.join(missing)}: the deployed series does not report "
+                              "its tree verify (a partial port, or a worker without the DDTree report)",
+                              {"internal_states": states})
+        if state["ddtree_verify_width"] != budget + 1:
+            raise LevelFailed(f"{where}[{i}].ddtree_verify_width is {state['ddtree_verify_width']!r}, expected "
+                              f"{budget + 1} (budget {budget} + 1): the server does not verify a DDTree tree",
+                              {"internal_states": states})
+        expected = tree.get("worker_class")
+        if not isinstance(state["ddtree_worker_class"], str) or not state["ddtree_worker_class"] or (
+                expected and state["ddtree_worker_class"] != expected):
+            raise LevelFailed(f"{where}[{i}].ddtree_worker_class is {state['ddtree_worker_class']!r}, expected "
+                              f"{expected or 'a class name'}: DDTREE is not served by the family's tree worker",
+                              {"internal_states": states})
+    counts = [s["ddtree_offchain_accepts"] for s in states]
+    if not all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
+        raise LevelFailed(f"{where}: ddtree_offchain_accepts is {counts!r}, not a count",
+                          {"internal_states": states})
+    if sum(counts) < 1:
+        raise LevelFailed(f"{where}: ddtree_offchain_accepts is {sum(counts)} after the probe and "
+                          f"{sent.get('prompts', 0)} more prompts ({sent.get('completion_tokens', 0)} tokens): no "
+                          "verify step accepted a path off the first-ranked chain, so no tree verify was "
+                          "seen", {"internal_states": states})
+    return {"verify_width": budget + 1, "budget": budget, "worker_class": states[0]["ddtree_worker_class"],
+            "offchain_accepts": sum(counts)}
 
 
 def _scan_log(path, offset, needle):
@@ -502,6 +709,10 @@ def _launch_detail(evidence):
         parts.append(f"accept length {evidence['accept_length']}")
     if evidence.get("avg_spec_accept_length") is not None:
         parts.append(f"avg_spec_accept_length {evidence['avg_spec_accept_length']}")
+    tree = evidence.get("tree")
+    if tree:
+        parts.append(f"tree verify: width {tree['verify_width']} = budget {tree['budget']} + 1, "
+                     f"{tree['worker_class']}, {tree['offchain_accepts']} off-chain accepts")
     return ", ".join(parts)
 
 

@@ -7,9 +7,14 @@ speaks the endpoints the smoke uses with SGLang's shapes (read from SGLang
 
 - ``GET /health_generate``: 503 while starting, 200 once ready;
 - ``POST /generate``: ``{"text", "meta_info": {"completion_tokens", "spec_verify_ct"}}``;
+- ``POST /generate`` with a list of texts: a list of such replies (SGLang's batch form);
 - ``GET /server_info`` (and the older ``/get_server_info``): the server args, including
-  ``speculative_algorithm`` exactly as given on the command line, and
-  ``internal_states[0].avg_spec_accept_length``;
+  ``speculative_algorithm`` exactly as given on the command line and
+  ``speculative_ddtree_budget``, and ``internal_states[0]`` with
+  ``avg_spec_accept_length`` and the DDTree report (CONTRACTS.md): ``ddtree_verify_width``
+  (budget + 1), ``ddtree_worker_class`` (``--worker-class``) and ``ddtree_offchain_accepts``
+  (a count that grows with the verify steps of the requests it served; a real server counts
+  verify steps that accepted a path off the first-ranked chain);
 - the log line "The server is fired up and ready to roll!" once ready.
 
 It takes SGLang's launch flags (``--model-path``, ``--speculative-algorithm``, ``--port``,
@@ -24,6 +29,11 @@ and misbehaves on request (``--mode``) so the tests can exercise every failure p
     log-only      ready line in the log, /health_generate answers 404 (readiness by log)
     old-info      /server_info answers 404, /get_server_info answers (older SGLang)
     wrong-algo    reports speculative_algorithm DFLASH whatever it was given
+    block-width   reports ddtree_verify_width = the draft block (16), as a partial port
+                  that verifies the linear DFlash chain would
+    chain-worker  reports ddtree_worker_class DFlashWorkerV2 (the chain worker of v2)
+    no-offchain   ddtree_offchain_accepts stays 0 (every step accepted the first-ranked chain)
+    no-tree-keys  internal_states carry no ddtree_* key (a series without the report)
 
 ``--child`` also starts a worker child in the same process group (as SGLang starts its
 scheduler and detokenizer processes), so the tests can check that stopping the group
@@ -56,6 +66,9 @@ def parse(argv):
     p.add_argument("--model-path", required=True)
     p.add_argument("--speculative-algorithm")
     p.add_argument("--speculative-draft-model-path")
+    p.add_argument("--speculative-ddtree-budget", type=int, default=64)
+    p.add_argument("--speculative-dflash-block-size", type=int, default=16)
+    p.add_argument("--worker-class", default="DFlashWorker")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     return p.parse_known_args(argv)
@@ -85,12 +98,16 @@ def main(argv):
             with open(args.pid_file, "a") as fh:
                 fh.write(f"{child.pid}\n")
 
-    state = {"ready": False}
+    state = {"ready": False, "offchain": 0}
+    lock = threading.Lock()
     algorithm = "DFLASH" if args.mode == "wrong-algo" else args.speculative_algorithm
+    width = args.speculative_dflash_block_size if args.mode == "block-width" else args.speculative_ddtree_budget + 1
+    worker = "DFlashWorkerV2" if args.mode == "chain-worker" else args.worker_class
     server_args = {
         "model_path": args.model_path,
         "speculative_algorithm": algorithm,
         "speculative_draft_model_path": args.speculative_draft_model_path,
+        "speculative_ddtree_budget": args.speculative_ddtree_budget,
         "host": args.host,
         "port": args.port,
         "unparsed_args": unknown,
@@ -118,6 +135,10 @@ def main(argv):
                 return self._send(404, {"detail": "Not Found"})
             if self.path in ("/server_info", "/get_server_info"):
                 states = [{"avg_spec_accept_length": args.accept_length}]
+                if args.mode != "no-tree-keys":
+                    with lock:
+                        states[0].update(ddtree_verify_width=width, ddtree_worker_class=worker,
+                                         ddtree_offchain_accepts=state["offchain"])
                 return self._send(200, {**server_args, "internal_states": states, "version": "stand-in"})
             return self._send(404, {"detail": "Not Found"})
 
@@ -128,10 +149,19 @@ def main(argv):
                 return self._send(503)
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
+            texts = body.get("text", "")
+            replies = [self._reply(t, n) for t in (texts if isinstance(texts, list) else [texts])]
+            return self._send(200, replies if isinstance(texts, list) else replies[0])
+
+        def _reply(self, prompt, n):
             text = "" if args.mode == "empty-text" else " Paris. (stand-in reply)"
-            meta = {"completion_tokens": n, "spec_verify_ct": math.ceil(n / args.accept_length),
-                    "prompt_tokens": len(str(body.get("text", "")).split())}
-            return self._send(200, {"text": text, "meta_info": meta})
+            verify_ct = math.ceil(n / args.accept_length)
+            if args.mode != "no-offchain":
+                with lock:  # stand-in arithmetic: one verify step in three "accepted off-chain"
+                    state["offchain"] += verify_ct // 3
+            meta = {"completion_tokens": n, "spec_verify_ct": verify_ct,
+                    "prompt_tokens": len(str(prompt).split())}
+            return {"text": text, "meta_info": meta}
 
     httpd = ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

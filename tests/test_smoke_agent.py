@@ -177,6 +177,12 @@ def test_cli_validation_rejects_and_skips_without_model_files(fake_pkg):
 # ---------------------------------------------------------------------------- launch
 
 
+def tree_check(budget=8, worker_class="DFlashWorker", prompts=3):
+    """The launch request's tree part, as smoke.plan_smoke builds it."""
+    return {"budget": budget, "budget_field": "speculative_ddtree_budget", "worker_class": worker_class,
+            "prompts": [f"prompt {i}" for i in range(prompts)], "max_new_tokens": 32}
+
+
 def launch_request(tmp_path, mode="ok", *extra, algorithm="DDTREE", **overrides):
     port = free_port()
     pid_file = tmp_path / "pids"
@@ -342,3 +348,66 @@ def test_dropped_connection_still_stops_the_server(tmp_path):
     pids = [int(p) for p in pid_file.read_text().split()]
     assert len(pids) == 2 and [p for p in pids if alive(p)] == []
     assert "ready to roll" in (tmp_path / "smoke" / "server.log").read_text()  # it ran to the end
+
+
+# ------------------------------------------------- launch: tree verify really ran
+# Each case serves one way a partial port would look from /server_info (the STAND-IN
+# server's modes); the level must fail on it with one line naming the key and the values.
+
+WHERE = "/server_info internal_states"
+
+
+def test_launch_tree_verify_proven(tmp_path):
+    ok, level, _ = launch(tmp_path, "ok", "--speculative-ddtree-budget", "8", tree=tree_check())
+    assert ok, level
+    ev = level["evidence"]
+    assert ev["tree_requests"] == {"prompts": 3, "completion_tokens": 3 * 32}
+    # Stand-in arithmetic: the probe (14 tokens, 4 verifies) counts 1, each prompt (32 tokens,
+    # 10 verifies) 3: what matters is that the level read the server's count after its requests.
+    assert ev["tree"] == {"verify_width": 9, "budget": 8, "worker_class": "DFlashWorker", "offchain_accepts": 10}
+    assert level["detail"].endswith("tree verify: width 9 = budget 8 + 1, DFlashWorker, 10 off-chain accepts")
+
+
+def test_launch_tree_budget_from_server_info_when_the_inventory_sets_none(tmp_path):
+    # No budget flag, no inventory budget: the server's own (default 64) is what it runs.
+    ok, level, _ = launch(tmp_path, "ok", tree=dict(tree_check(), budget=None))
+    assert ok, level
+    assert level["evidence"]["tree"]["verify_width"] == 65
+
+
+@pytest.mark.parametrize("mode, extra, tree, detail", [
+    ("block-width", (), {},
+     f"{WHERE}[0].ddtree_verify_width is 16, expected 9 (budget 8 + 1): the server does not verify a DDTree tree"),
+    ("chain-worker", ("--worker-class", "DDTreeWorkerV2"), {"worker_class": "DDTreeWorkerV2"},
+     f"{WHERE}[0].ddtree_worker_class is 'DFlashWorkerV2', expected DDTreeWorkerV2: DDTREE is not served by "
+     "the family's tree worker"),
+    ("no-offchain", (), {},
+     f"{WHERE}: ddtree_offchain_accepts is 0 after the probe and 3 more prompts (96 tokens): no verify step "
+     "accepted a path off the first-ranked chain, so no tree verify was seen"),
+    ("no-tree-keys", (), {},
+     f"{WHERE}[0] has no ddtree_verify_width, ddtree_worker_class, ddtree_offchain_accepts: the deployed series "
+     "does not report its tree verify (a partial port, or a worker without the DDTree report)"),
+])
+def test_launch_tree_failures(tmp_path, mode, extra, tree, detail):
+    ok, level, pids = launch(tmp_path, mode, "--speculative-ddtree-budget", "8", *extra,
+                             tree=dict(tree_check(), **tree))
+    assert not ok
+    assert level["detail"] == detail
+    assert "internal_states" in level["evidence"]  # (launch() checked that no process is left)
+
+
+def test_launch_tree_worker_class_of_the_chain_fails_for_the_v1_name_too(tmp_path):
+    # The worker class the server reports must be the family's, whatever the mode: a server
+    # reporting the v2 chain worker fails a family that expects the patched v1 DFlashWorker.
+    ok, level, _ = launch(tmp_path, "ok", "--speculative-ddtree-budget", "8", "--worker-class", "EAGLEWorker",
+                          tree=tree_check())
+    assert not ok
+    assert level["detail"] == (f"{WHERE}[0].ddtree_worker_class is 'EAGLEWorker', expected DFlashWorker: DDTREE "
+                               "is not served by the family's tree worker")
+
+
+def test_launch_tree_unknown_budget_is_one_line(tmp_path):
+    ok, level, _ = launch(tmp_path, "ok", tree=dict(tree_check(), budget=None, budget_field="tree_budget"))
+    assert not ok
+    assert level["detail"] == ("/server_info: tree_budget is None, and the inventory sets no [smoke.launch] "
+                               "budget: cannot tell the verify width to expect; set budget")

@@ -124,6 +124,7 @@ def test_plan_request_is_exact():
                     "sglang.srt.speculative.ddtree_utils"],
         "attributes": [["sglang.srt.speculative.spec_info", "SpeculativeAlgorithm.DDTREE"]],
         "timeout_s": 300.0,
+        "tree": smoke.tree_probe(smoke.FAMILY_SMOKE_DEFAULT, ("sglang.srt.speculative.dflash_worker",)),
     }
     assert req["cli"]["argv"] == ["{python}", "-m", "sglang.launch_server", "--help"]
     assert req["cli"]["validate"]["function"] == "prepare_server_args"
@@ -132,6 +133,91 @@ def test_plan_request_is_exact():
     assert req["launch"]["min_free_mib"] == 40 * 1024
     assert req["launch"]["gpu_check"] is True
     assert req["launch"]["log_path"] == "/h/.ddtree-deploy/smoke/r1/server.log"
+    assert req["launch"]["tree"] == {"budget": 64, "budget_field": "speculative_ddtree_budget", "worker_class": None,
+                                     "prompts": list(smoke.TREE_PROMPTS), "max_new_tokens": 256}
+    assert req["cli"]["validate"]["width"] == {"field": "speculative_num_draft_tokens", "budget": 64,
+                                               "budget_field": "speculative_ddtree_budget",
+                                               "budget_flag": "--speculative-ddtree-budget"}
+
+
+# ------------------------------------------------------ the family's [smoke] table
+
+V2_LIKE = smoke.FamilySmoke(budget_flag="--speculative-tree-budget", topk_flag="--speculative-tree-topk",
+                            budget_field="tree_budget", worker_class="DDTreeWorkerV2",
+                            worker_module="sglang.srt.speculative.ddtree_worker_v2",
+                            probe_args=("--device", "cuda"))
+
+
+def test_tree_probe_request_uses_the_family():
+    probe = smoke.tree_probe(V2_LIKE)
+    assert probe["argv"] == ["--model-path", "{model}", "--speculative-algorithm", "DDTREE",
+                             "--speculative-draft-model-path", "{draft_model}", "--speculative-tree-budget", "24",
+                             "--skip-tokenizer-init", "--device", "cuda"]
+    assert probe["budget"] == 24 and probe["width_field"] == "speculative_num_draft_tokens"
+    assert probe["marker"] == "DDTREE_TREE_VERIFY" and probe["worker_class"] == "DDTreeWorkerV2"
+    assert probe["skip_worker"] is None
+    # Launch_server's order: plugins (a v2 family may register DDTREE there), parse, resolve, view.
+    assert (probe["plugins"], probe["parse"], probe["resolve"]) == (
+        ["sglang.srt.plugins", "load_plugins"], ["sglang.srt.server_args", "prepare_server_args"], "resolve_once")
+    # The probe's budget is neither SGLang's default nor the draft block, so neither can pass for it.
+    assert smoke.PROBE_BUDGET + 1 not in (64 + 1, smoke.TINY_DRAFT_CONFIG["block_size"])
+    # A host that cannot import the worker module (import_exclude) is told to skip only that.
+    assert smoke.tree_probe(V2_LIKE, ("sglang.srt.speculative.ddtree_worker_v2",))["skip_worker"] == \
+        "sglang.srt.speculative.ddtree_worker_v2"
+
+
+def test_family_flags_reach_the_launch_command_and_its_validation():
+    s = settings(GPU_HOST)
+    plan = smoke.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli", "launch"],
+                            family=V2_LIKE)
+    argv = plan.request["launch"]["argv"]
+    assert argv[argv.index("--speculative-tree-budget") + 1] == "64"
+    assert argv[argv.index("--speculative-tree-topk") + 1] == "8"
+    assert "--speculative-ddtree-budget" not in argv
+    assert plan.request["cli"]["validate"]["argv"] == argv[3:]
+    assert "tree_budget" in plan.request["cli"]["validate"]["report"]
+    assert plan.request["launch"]["tree"]["worker_class"] == "DDTreeWorkerV2"
+
+
+def test_real_family_smoke_table():
+    from ddtree_deploy.series import load_family
+
+    fam = smoke.family_smoke(load_family(REPO / "patches/sglang-0.5.12"))
+    assert fam.budget_flag == "--speculative-ddtree-budget" and fam.budget_field == "speculative_ddtree_budget"
+    assert fam.worker_class == "DFlashWorker" and fam.worker_module == "sglang.srt.speculative.dflash_worker"
+    # The flags it names are flags the series adds.
+    texts = [p.read_text() for p in sorted((REPO / "patches/sglang-0.5.12").glob("*.patch"))]
+    assert {fam.budget_flag, fam.topk_flag} <= set(smoke.series_flags(texts))
+
+
+FAM = "patches/x/family.toml"
+
+
+@pytest.mark.parametrize("table, message", [
+    (3, f"{FAM}: key smoke: must be a table ([smoke])"),
+    ({"budget_flg": "--x"}, f"{FAM}: key smoke.budget_flg: unknown key; known keys here: budget_field, "
+                            "budget_flag, probe_args, topk_flag, worker_class, worker_module"),
+    ({"budget_flag": "budget"}, f"{FAM}: key smoke.budget_flag: must be a long option such as "
+                                "'--speculative-ddtree-budget', not 'budget'"),
+    ({"worker_class": "a.B"}, f"{FAM}: key smoke.worker_class: must be a Python identifier, not 'a.B'"),
+    ({"worker_module": "a..b"}, f"{FAM}: key smoke.worker_module: must be a Python module path, not 'a..b'"),
+    ({"probe_args": "--device cpu"}, f"{FAM}: key smoke.probe_args: must be a list of non-empty strings, "
+                                     "not '--device cpu'"),
+])
+def test_bad_family_smoke_table_is_one_line(table, message):
+    with pytest.raises(BadInput) as exc:
+        smoke.parse_family_smoke(table, where=FAM)
+    assert exc.value.message == message
+
+
+def test_bad_family_smoke_table_stops_loading_the_family(tmp_path):
+    from ddtree_deploy.series import load_family
+
+    (tmp_path / "fam").mkdir()
+    (tmp_path / "fam/family.toml").write_text('sglang = ">=0.5.12,<0.5.13"\n[smoke]\nworker_class = 3\n')
+    (tmp_path / "fam/series").write_text("")
+    with pytest.raises(BadInput, match=r"family.toml: key smoke.worker_class: must be a Python identifier, not 3"):
+        load_family(tmp_path / "fam")
 
 
 def test_plan_level_choice():
