@@ -1,4 +1,4 @@
-"""The patch engine: parse unified diffs (with unidiff) and apply them to text, hunk by hunk.
+"""The patch engine: parse unified diffs and apply them to text, hunk by hunk.
 
 Pure functions, no I/O. Every hunk gets a verdict (exact, offset, fuzz,
 already-applied, failed) with the evidence an engineer needs to fix a failure.
@@ -49,12 +49,10 @@ fix. Any other mix is matched byte for byte, as GNU patch and git apply do.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-
-from unidiff import PatchSet
-from unidiff.errors import UnidiffParseError
 
 from ddtree_deploy.errors import BadInput
 
@@ -178,6 +176,20 @@ class FileResult:
     def ok(self) -> bool:
         return all(h.ok for h in self.hunks)
 
+    @property
+    def partly_applied(self) -> bool:
+        """Some hunks are already in the file and others would be applied now.
+
+        The file is neither pristine nor patched: a half-applied or hand-edited file, or
+        an upstream release that took part of the change. Applying the rest may be right
+        or may duplicate code in another form, so the check layer refuses it unless asked.
+        """
+        statuses = {h.status for h in self.hunks}
+        return HunkStatus.ALREADY_APPLIED in statuses and bool(statuses & _APPLIED)
+
+
+_APPLIED = {HunkStatus.EXACT, HunkStatus.OFFSET, HunkStatus.FUZZ}
+
 
 # --------------------------------------------------------------------------- paths
 
@@ -209,6 +221,12 @@ _GIT_REFUSED = {
     "copy from": "copies", "copy to": "copies",
     "old mode": "file mode changes", "new mode": "file mode changes",
 }
+# Limits against hostile or broken input (BadInput, exit 2, before any work): far above
+# any real SGLang diff (largest module 375 KB, longest line ~1,500 characters, a whole-file
+# diff between releases a few hundred hunks), low enough that every check stays fast.
+MAX_PATCH_CHARS = 16 * 1024 * 1024
+MAX_HUNKS = 10_000  # per patch file
+MAX_LINE_CHARS = 64 * 1024
 _NO_EOL_PREFIX = "\\ "  # "\ No newline at end of file" (the text is localised by some tools)
 _HINT_REGEN = "regenerate the patch (git diff) rather than editing hunks by hand"
 
@@ -236,6 +254,7 @@ class _ScannedHunk:
     new_start: int
     new_len: int
     body_end: int = 0  # index after the last body line (markers included)
+    hunk: Hunk | None = None  # the parsed hunk, read by its counts
 
 
 @dataclass
@@ -249,17 +268,17 @@ class _Section:
 
 
 class _Scanner:
-    """The strict pass unidiff does not do: counts, truncation, binary, renames, ordering.
+    """The parser: counts, truncation, binary, renames, ordering, and the hunks themselves.
 
-    It walks the patch once, names the 1-based line of every problem, and records where
-    each file section and hunk is, so that unidiff parses each section on its own and the
-    results carry the patch file's line numbers.
+    It walks the patch once, names the 1-based line of every problem, and reads every
+    hunk body by its counts (so a content line that looks like a header stays content).
     """
 
     def __init__(self, lines: list[str], name: str):
         self.lines = lines
         self.name = name
         self.sections: list[_Section] = []
+        self.hunk_lines: list[int] = []  # every hunk header seen, for the MAX_HUNKS limit
 
     def bad(self, index: int, what: str) -> BadInput:
         return BadInput(f"{self.name}:{index + 1}: {what}")
@@ -318,9 +337,9 @@ class _Scanner:
             elif after_hunk and cur is not None and raw[:1] in (" ", "+", "-") and meta not in ("--", "-- "):
                 self._wrong_counts(cur.hunks[-1])  # the hunk goes on past its counts
             elif raw in ("\n", "\r\n"):
-                pass  # blank lines between or after hunks are harmless (unidiff skips them too)
+                pass  # blank lines between or after hunks are harmless (GNU patch and unidiff skip them too)
             elif cur is not None and cur.hunks:
-                cur = None  # free text after a section's hunks ends the section (as for unidiff)
+                cur = None  # free text after a section's hunks ends the section (as for GNU patch)
             after_hunk = False
             i += 1
         if not self.sections:
@@ -363,6 +382,11 @@ class _Scanner:
         j = i + 1
         last_tag = None
         closed: set[str] = set()  # sides whose last line was marked "no newline"
+        body: list[tuple[str, str]] = []
+        if len(self.hunk_lines) >= MAX_HUNKS:
+            raise self.bad(i, f"more than {MAX_HUNKS} hunks in one patch; split the patch "
+                              "(a limit against hostile input: real SGLang diffs have far fewer)")
+        self.hunk_lines.append(i)
         while old_left or new_left or (j < len(lines) and lines[j].startswith(_NO_EOL_PREFIX) and last_tag):
             if j >= len(lines):
                 raise self.bad(i, f"truncated hunk {header}: the patch ends (line {len(lines)}) after "
@@ -379,7 +403,13 @@ class _Scanner:
             tag = raw[:1]
             if raw in ("\n", "\r\n"):
                 tag = " "  # a blank context line whose leading space an editor stripped
-            if tag not in (" ", "-", "+") or self._looks_like_header(j):
+                text = raw[:-1]
+            else:
+                text = raw[1:-1] if raw.endswith("\n") else raw[1:]
+            # Inside its counts a line is content, whatever it looks like: a removed "-- x"
+            # followed by an added "++ y" reads as "--- x" / "+++ y", not as a file header
+            # (GNU patch reads by the counts too).
+            if tag not in (" ", "-", "+"):
                 self._wrong_counts(h)
             if tag in (" ", "-") and "old" in closed or tag in (" ", "+") and "new" in closed:
                 raise self.bad(j, "line after a '\\ No newline at end of file' marker on the same side; "
@@ -390,9 +420,12 @@ class _Scanner:
                 new_left -= 1
             if old_left < 0 or new_left < 0:
                 self._wrong_counts(h)
+            body.append((tag, text))
             last_tag = tag
             j += 1
         h.body_end = j
+        h.hunk = Hunk(old_start, old_len, new_start, new_len, header, i + 1, tuple(body),
+                      "old" in closed, "new" in closed)
         if cur.hunks:
             prev = cur.hunks[-1]
             prev_end = prev.old_start + max(prev.old_len, 1)
@@ -438,7 +471,16 @@ def parse_patch(text: str, *, name: str) -> list[FilePatch]:
     """Parse a unified diff into file sections; any defect raises BadInput naming ``name:line``."""
     if not text.strip():
         raise BadInput(f"{name}:1: empty patch (no text); make it with git diff or git format-patch")
+    if len(text) > MAX_PATCH_CHARS:
+        raise BadInput(f"{name}:1: the patch is {len(text):,} characters, over the limit of "
+                       f"{MAX_PATCH_CHARS:,}; split it into several patches (a limit against hostile "
+                       "input: a whole-file diff of SGLang's largest module is under 1 MB)")
     lines = _split_lines(text)
+    if max(map(len, lines)) > MAX_LINE_CHARS:
+        at = next(k for k, ln in enumerate(lines) if len(ln) > MAX_LINE_CHARS)
+        raise BadInput(f"{name}:{at + 1}: line of {len(lines[at]):,} characters, over the limit of "
+                       f"{MAX_LINE_CHARS:,}; ship such a file whole with an 'add' entry (SGLang's "
+                       "longest source line is under 2,000 characters)")
     sections = _Scanner(lines, name).scan()
     return [_section_to_file_patch(s, lines, name) for s in sections]
 
@@ -475,7 +517,7 @@ def _section_to_file_patch(s: _Section, lines: list[str], name: str) -> FilePatc
             if path is not None and _strip(git_path, where) != path:
                 raise BadInput(f"{where}: 'diff --git' names {git_path} but the ---/+++ headers name "
                                f"{path}; " + _HINT_REGEN)
-    hunks = _unidiff_hunks(s, lines, name)
+    hunks = _section_hunks(s, name)
     for h in hunks:
         if src is None and (h.old_len or len(hunks) > 1):
             raise BadInput(f"{name}:{h.patch_line}: hunk {h.header} of a new file has old lines; "
@@ -493,38 +535,12 @@ def _strip(path: str, where: str) -> str:
         raise BadInput(f"{where}: {exc.message}") from None
 
 
-def _unidiff_hunks(s: _Section, lines: list[str], name: str) -> list[Hunk]:
-    """Parse one section with unidiff and attach the patch file's line numbers."""
-    first = s.minus_index  # the section handed to unidiff starts at its ---/+++ headers
-    assert first is not None
-    # Headers with their CR removed (unidiff would keep it in the path), hunk bodies verbatim,
-    # nothing else (blank lines between hunks mean nothing).
-    chunk = [_meta(lines[first]) + "\n", _meta(lines[first + 1]) + "\n"]
-    for h in s.hunks:
-        chunk.append(_meta(lines[h.header_index]) + "\n")
-        chunk.extend(lines[h.header_index + 1:h.body_end])
-    try:
-        parsed = PatchSet("".join(chunk))
-    except UnidiffParseError as exc:  # the scanner should have caught it; say where anyway
-        raise BadInput(f"{name}:{first + 1}: unreadable file section ({exc}); " + _HINT_REGEN) from None
-    if len(parsed) != 1 or len(parsed[0]) != len(s.hunks):
-        raise BadInput(f"{name}:{first + 1}: unreadable file section (unidiff found "
-                       f"{sum(len(f) for f in parsed)} hunks, expected {len(s.hunks)}); " + _HINT_REGEN)
-    out = []
-    for scanned, uh in zip(s.hunks, parsed[0]):
-        body: list[tuple[str, str]] = []
-        old_no_eol = new_no_eol = False
-        for ln in uh:
-            if ln.line_type == "\\":
-                tag = body[-1][0]
-                old_no_eol |= tag in (" ", "-")
-                new_no_eol |= tag in (" ", "+")
-            elif ln.line_type in (" ", "-", "+"):
-                body.append((ln.line_type, ln.value[:-1] if ln.value.endswith("\n") else ln.value))
-        out.append(Hunk(uh.source_start, uh.source_length, uh.target_start, uh.target_length,
-                        scanned.header, scanned.header_index + 1, tuple(body), old_no_eol, new_no_eol))
-    _check_no_eol_is_last(out, name)
-    return out
+def _section_hunks(s: _Section, name: str) -> list[Hunk]:
+    """The section's hunks as the strict pass read them (by their counts)."""
+    out = [h.hunk for h in s.hunks]
+    assert all(h is not None for h in out)
+    _check_no_eol_is_last(out, name)  # type: ignore[arg-type]
+    return out  # type: ignore[return-value]
 
 
 def _check_no_eol_is_last(hunks: list[Hunk], name: str) -> None:
@@ -595,7 +611,7 @@ def _is_crlf_text(text: str) -> bool:
 class _Pattern:
     """What a hunk expects to find: (body, has_newline) per old-side line."""
 
-    lines: tuple[tuple[str, bool], ...]
+    lines: list[tuple[str, bool]]  # a list, so that slices compare with the index's keys in C
     prefix: int  # leading context lines
     suffix: int  # trailing context lines
 
@@ -607,7 +623,31 @@ def _pattern(h: Hunk, strip_cr: bool) -> _Pattern:
     flags = [True] * len(old)
     if old and h.old_no_eol:
         flags[-1] = False
-    return _Pattern(tuple(zip(old, flags)), h.prefix_context, h.suffix_context)
+    return _Pattern(list(zip(old, flags)), h.prefix_context, h.suffix_context)
+
+
+class _Index:
+    """The input's lines as (body, has_newline) keys, and where each distinct key occurs.
+
+    Built once per file: a hunk is then looked for only where its rarest line occurs,
+    and the nearest match of a failed hunk is counted from those places, so the cost
+    of a hunk does not grow with the file (a failed hunk used to scan it several times).
+    """
+
+    def __init__(self, src: _Lines):
+        self.keys = list(zip(src.bodies, [e != "" for e in src.eols]))
+        where: dict[tuple[str, bool], list[int]] = {}
+        for idx, key in enumerate(self.keys):
+            found = where.get(key)
+            if found is None:
+                where[key] = [idx]
+            else:
+                found.append(idx)
+        self.where = where  # key -> 0-based indices, ascending
+
+    def count(self, key: tuple[str, bool]) -> int:
+        found = self.where.get(key)
+        return len(found) if found else 0
 
 
 class _Applier:
@@ -615,6 +655,7 @@ class _Applier:
 
     def __init__(self, fp: FilePatch, src: _Lines, strip_cr: bool, eol: str, fuzz: int):
         self.fp, self.src, self.strip_cr, self.eol, self.fuzz = fp, src, strip_cr, eol, fuzz
+        self.index = _Index(src)
         self.in_offset = 0  # input line minus the line the patch states, after the last placed hunk
         self.out_offset = 0  # lines added minus removed by the hunks applied so far
         # Input lines already written out or deleted: GNU's last_frozen_line. No later
@@ -625,19 +666,21 @@ class _Applier:
     # -- matching
 
     def _matches(self, pat: _Pattern, start: int, pf: int, sf: int) -> bool:
-        """Does the pattern match with its first line at 1-based input line ``start``?"""
-        src = self.src
-        for k in range(pf, len(pat.lines) - sf):
-            idx = start - 1 + k
-            if idx < 0 or idx >= len(src):
-                return False
-            body, has_nl = pat.lines[k]
-            if src.bodies[idx] != body or (src.eols[idx] != "") != has_nl:
-                return False
-        return True
+        """Does the pattern match with its first line at 1-based input line ``start``?
 
-    def _locate(self, pat: _Pattern, first: int, fuzz: int, whole_file: bool = False) -> int | None:
-        """The 1-based line where the hunk lands at this fuzz level, or None (GNU's locate_hunk)."""
+        Lines pf .. len-sf-1 of the pattern are compared (fuzz leaves out the others).
+        """
+        lo, hi = start - 1 + pf, start - 1 + len(pat.lines) - sf
+        if lo < 0 or hi > len(self.index.keys):
+            return False
+        return self.index.keys[lo:hi] == pat.lines[pf:len(pat.lines) - sf]
+
+    def _locate(self, pat: _Pattern, first: int, fuzz: int, whole_file: bool = False,
+                only_at: bool = False) -> int | None:
+        """The 1-based line where the hunk lands at this fuzz level, or None (GNU's locate_hunk).
+
+        ``only_at``: try the expected line ``first`` alone (no search at other places).
+        """
         m, n = len(pat.lines), len(self.src)
         if m == 0:  # nothing to match: a pure insertion lands where it says
             return first if self.copied < first <= n + 1 else None
@@ -661,27 +704,68 @@ class _Applier:
             start = n - m + 1
             ok = start >= min_where and self._matches(pat, start, pf, 0)
             return start if ok else None
-        for dist in range(0, max(max_where - first, first - min_where) + 1):
-            for start in ((first + dist,) if dist == 0 else (first + dist, first - dist)):
-                if min_where <= start <= max_where and self._matches(pat, start, pf, sf):
-                    return start
-        return None
+        if only_at:
+            ok = min_where <= first <= max_where and self._matches(pat, first, pf, sf)
+            return first if ok else None
+        if m - sf <= pf:  # fuzz left no line to compare: the nearest allowed line
+            if min_where > max_where:
+                return None
+            return min(max(first, min_where), max_where)
+        # Candidates: the places where the rarest compared line occurs, visited outward
+        # from ``first`` (on equal distance the later line first), as GNU patch visits lines.
+        k = min(range(pf, m - sf), key=lambda j: self.index.count(pat.lines[j]))
+        places = self.index.where.get(pat.lines[k])
+        if not places:
+            return None
+        shift = k - 1  # start = place (0-based) - k + 1
+        right = bisect.bisect_left(places, first + shift)
+        left = right - 1
+        while True:
+            up = places[right] - shift if right < len(places) else None
+            down = places[left] - shift if left >= 0 else None
+            if up is not None and up > max_where:
+                up = None
+            if down is not None and down < min_where:
+                down = None
+            if up is None and down is None:
+                return None
+            if down is None or (up is not None and up - first <= first - down):
+                start, right = up, right + 1
+            else:
+                start, left = down, left - 1
+            if self._matches(pat, start, pf, sf):  # type: ignore[arg-type]
+                return start
+
+    def _hits(self, pat: _Pattern, start: int) -> int:
+        keys, lines = self.index.keys, pat.lines
+        lo = max(0, 1 - start)
+        hi = min(len(lines), len(keys) - start + 1)
+        return sum(1 for k in range(lo, hi) if keys[start - 1 + k] == lines[k])
 
     def _nearest(self, pat: _Pattern, first: int) -> tuple[int, tuple[Mismatch, ...]]:
-        """The location with the most matching lines (ties: nearest, then later) and its differences."""
+        """The location with the most matching lines (ties: nearest, then later) and its differences.
+
+        Exact, without counting every start: after the places of the t rarest pattern lines
+        are counted, any start not among them matches at most m - t lines, so the search stops
+        once the best start found matches more.
+        """
         n, m = len(self.src), len(pat.lines)
-        # Count, for every start, how many pattern lines match there: one pass over where each
-        # distinct line occurs, not m comparisons at each of n starts (a big file stays fast).
-        where: dict[tuple[str, bool], list[int]] = {}
-        for idx, (body, eol) in enumerate(zip(self.src.bodies, self.src.eols)):
-            where.setdefault((body, eol != ""), []).append(idx)
         last = max(n - m + 1, 1)
-        hits = [0] * (last + 1)  # by 1-based start
-        for k, key in enumerate(pat.lines):
-            for idx in where.get(key, ()):
-                if 1 <= idx - k + 1 <= last:
-                    hits[idx - k + 1] += 1
-        start = min(range(1, last + 1), key=lambda s: (-hits[s], abs(s - first), -s))
+        start = min(max(first, 1), last)
+        best = (-self._hits(pat, start), abs(start - first), -start)
+        seen = {start}
+        order = sorted(range(m), key=lambda j: self.index.count(pat.lines[j]))
+        for t, k in enumerate(order, 1):
+            for idx in self.index.where.get(pat.lines[k], ()):
+                s = idx - k + 1
+                if 1 <= s <= last and s not in seen:
+                    seen.add(s)
+                    key = (-self._hits(pat, s), abs(s - first), -s)
+                    if key < best:
+                        best = key
+            if -best[0] > m - t:
+                break
+        start = -best[2]
         mismatches = []
         for k, (body, has_nl) in enumerate(pat.lines):
             idx = start - 1 + k
@@ -742,13 +826,31 @@ class _Applier:
 
     def place(self, index: int, h: Hunk) -> HunkResult:
         fwd = _pattern(h, self.strip_cr)
+        rev = _pattern(h.reversed(), self.strip_cr)
+        # A deletion has nothing to recognise, nor has a hunk whose new side is empty.
+        can_reverse = bool(rev.lines) and not self.fp.is_deletion
         first = (h.old_start if h.old_len else h.old_start + 1) + self.in_offset
         whole = self.fp.is_deletion
         levels = min(self.fuzz, max(fwd.prefix, fwd.suffix))
         for fuzz in range(levels + 1):
-            # A new side marked "no newline" that lands mid-file gets its newline back
-            # when the next line is written (_emit), as GNU patch does.
-            where = self._locate(fwd, first, fuzz, whole)
+            # Never apply a change twice: first the expected place alone, both ways. The
+            # new side there means the change is in the file, whatever matches elsewhere.
+            # Where both sides match there (repeated lines), the longer side wins: it
+            # accounts for more of the file (equal lengths cannot both match).
+            where = self._locate(fwd, first, fuzz, whole, only_at=True)
+            done = self._locate(rev, first, fuzz, only_at=True) if can_reverse else None
+            if done is not None and (where is None or len(rev.lines) > len(fwd.lines)):
+                return self._already(index, h, rev, first, done, fuzz)
+            if where is None:
+                # Then outward from there, forward first, as GNU patch searches (a new side
+                # found nearer than the old side elsewhere proves nothing: drift moves both).
+                # A new side marked "no newline" that lands mid-file gets its newline back
+                # when the next line is written (_emit), as GNU patch does.
+                where = self._locate(fwd, first, fuzz, whole)
+                if where is None and can_reverse:
+                    done = self._locate(rev, first, fuzz)
+                    if done is not None:
+                        return self._already(index, h, rev, first, done, fuzz)
             if where is not None:
                 line = where + self.out_offset
                 self.in_offset = where - (first - self.in_offset)
@@ -756,10 +858,6 @@ class _Applier:
                 status = (HunkStatus.FUZZ if fuzz else
                           HunkStatus.OFFSET if self.in_offset else HunkStatus.EXACT)
                 return HunkResult(index, h.header, h.patch_line, status, line, self.in_offset, fuzz)
-            if fuzz == 0:
-                done = self._already_applied(index, h, first)
-                if done is not None:
-                    return done
         nearest, mismatches = self._nearest(fwd, first)
         reason = ""
         if whole and len(fwd.lines) != len(self.src):
@@ -768,21 +866,15 @@ class _Applier:
         return HunkResult(index, h.header, h.patch_line, HunkStatus.FAILED, None, 0, 0,
                           nearest, mismatches, reason)
 
-    def _already_applied(self, index: int, h: Hunk, first: int) -> HunkResult | None:
-        rev = h.reversed()
-        pat = _pattern(rev, self.strip_cr)
-        if not pat.lines:  # nothing to recognise the change by
-            return None
-        where = self._locate(pat, first, 0, whole_file=False)
-        if where is None:
-            return None
+    def _already(self, index: int, h: Hunk, pat: _Pattern, first: int, where: int, fuzz: int) -> HunkResult:
+        """Record hunk h as already applied with its new side at input line ``where``."""
         offset = where - (first - self.in_offset)
         # Later hunks sit further down by what this one added (it is in the input already).
         self.in_offset = offset + h.new_len - h.old_len
         # Nothing changes, but later hunks must land after it, as after an applied one.
         self._copy_till(where - 1 + len(pat.lines) - pat.suffix)
         return HunkResult(index, h.header, h.patch_line, HunkStatus.ALREADY_APPLIED,
-                          where + self.out_offset, offset, 0)
+                          where + self.out_offset, offset, fuzz)
 
 
 def _failed_all(fp: FilePatch, reason: str, nearest: int | None = None,

@@ -41,6 +41,9 @@ EXAMPLES = int(os.environ.get("DDTREE_DIFF_EXAMPLES", "600"))  # fuzz 0, against
 FUZZ_EXAMPLES = EXAMPLES // 2  # fuzz 2, against GNU patch (git apply has no fuzz)
 ALPHABET = ["a", "b", "c", "d", "e"]  # five distinct lines: repeats everywhere
 NEW_WORDS = ALPHABET + ["X", "Y"]
+# The file already holds the patch's whole result, at the places the patch states: with a
+# line far from every hunk edited, or an outermost context line edited (found with fuzz).
+ALREADY_DRIFTS = ("already-applied+edit-far", "already-applied+edge-context")
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("patch") and shutil.which("git")), reason="needs GNU patch and git"
@@ -59,6 +62,9 @@ RULES = {
     "gnu-end-anchor": "GNU patch and the engine anchor a hunk whose trailing context is shorter than "
     "its leading context to the end of the file; git apply only one with no trailing context "
     "(so git may apply it elsewhere where the engine fails it or finds it already applied)",
+    "git-end-anchor-no-context": "git apply anchors a hunk with no trailing context to the end of "
+    "the file; GNU patch and the engine only when its leading context is longer, so they may apply "
+    "it above the end where git apply refuses (seen with a file that holds the result below)",
     "ambiguous-placement": "a hunk's old lines occur at several places in the text it is placed in: "
     "git apply searches from the hunk's new-side line in the partly patched text, GNU patch from its "
     "old-side line plus the offset so far, so they may pick different places",
@@ -77,9 +83,10 @@ RULES = {
     "gnu-joins-last-line": "GNU patch 2.7.6, when a hunk (placed with fuzz) inserts lines after a "
     "last line that has no newline, writes them onto that line ('a' + 'b\\n' gives 'ab\\n'); "
     "the engine ends that line first: the texts differ by that one newline only",
-    "gnu-fuzzy-reverse": "with fuzz, GNU patch also takes a FUZZY reverse match of the first hunk "
-    "as 'previously applied'; the engine only an exact one (so its first hunk then fails or needs "
-    "fuzz 2), and for later hunks GNU patch may apply with fuzz what the engine finds already applied",
+    "engine-new-side-first": "the engine looks at a hunk's expected place (stated line plus the "
+    "offset so far) both ways before it searches elsewhere: when the hunk's new side is there it is "
+    "already applied (never applied twice); GNU patch and git apply search forward everywhere first "
+    "and may apply it at another place. Checked: the new side really is at the engine's line",
 }
 
 
@@ -141,14 +148,26 @@ def cases(draw) -> Case:
     n = draw(st.sampled_from([3, 3, 3, 2, 1]))
     drift = draw(st.sampled_from(["none", "insert-above", "delete-above", "edit-context", "edit-edge-context",
                                   "already-applied", "partly-applied", "reversed",
-                                  "insert-above+already-applied"]))
+                                  "insert-above+already-applied", *ALREADY_DRIFTS]))
     groups = _groups(a, b, n)
     if drift == "reversed":  # the patch was made the wrong way round: new -> old
         return Case(b, a, list(a), unified_diff(b, a, n), drift)
     patch = unified_diff(a, b, n)
     target = list(a)
-    if drift in ("already-applied", "insert-above+already-applied"):
+    if drift in ("already-applied", "insert-above+already-applied", *ALREADY_DRIFTS):
         target = list(b)
+    if drift == "already-applied+edit-far":  # a line no hunk sees (context included) edited
+        seen = {j for g in groups for _, _, _, j1, j2 in g for j in range(j1, j2)}
+        far = [j for j in range(len(b)) if j not in seen]
+        if far:
+            j = draw(st.sampled_from(far))
+            target[j] = "F" + target[j]
+    elif drift == "already-applied+edge-context":  # the result's outermost context edited
+        g = draw(st.sampled_from(groups))
+        tag, _, _, j1, j2 = g[0] if draw(st.booleans()) else g[-1]
+        if tag == "equal":
+            j = j1 if g[0][3] == j1 else j2 - 1
+            target[j] = "E" + target[j]
     elif drift == "partly-applied" and len(groups) > 1:
         keep = draw(st.lists(st.booleans(), min_size=len(groups), max_size=len(groups)))
         target = _apply_groups(a, b, [g for g, k in zip(groups, keep) if k])
@@ -276,10 +295,17 @@ def git_rules(fp: FilePatch, case: Case, res, git_applies: bool) -> list[str]:
     rules = []
     if HunkStatus.ALREADY_APPLIED in statuses and not git_applies:
         rules.append("git-no-reverse")
+    if HunkStatus.ALREADY_APPLIED in statuses and git_applies:
+        k = statuses.index(HunkStatus.ALREADY_APPLIED)
+        if _new_side_at(fp, k, _images(fp, "".join(case.target))[k], res.hunks[k].line, 0):
+            rules.append("engine-new-side-first")
     for h, r in zip(fp.hunks, res.hunks):
         if (h.old_start == 1 and h.prefix_context >= h.suffix_context and r.ok
                 and r.line != 1 and not git_applies):
             rules.append("git-start-anchor")
+        if (h.suffix_context == 0 and h.prefix_context == 0 and r.ok and not git_applies
+                and r.line + h.new_len - 1 < len(res.text.splitlines() if res.text else ())):
+            rules.append("git-end-anchor-no-context")
         if (0 < h.suffix_context < h.prefix_context and git_applies
                 and r.status in (HunkStatus.FAILED, HunkStatus.ALREADY_APPLIED)):
             rules.append("gnu-end-anchor")
@@ -316,29 +342,59 @@ def scratch():
         print(f"\ndifferential cases, fuzz {fuzz}:", dict(sorted(stats.items())))
 
 
-def check_gnu(case: Case, res, tools: ToolRun, fuzz: int, stats: Counter, where: str) -> None:
+def _new_side_at(fp: FilePatch, k: int, image: list[str], line: int, fuzz: int) -> bool:
+    """Hunk k's new side (less what fuzz may ignore) starts at 1-based ``line`` of ``image``."""
+    h = fp.hunks[k]
+    new = [t + "\n" for tag, t in h.lines if tag != "-"]
+    if new and h.new_no_eol:
+        new[-1] = new[-1][:-1]
+    context = max(h.prefix_context, h.suffix_context)
+    pf = max(fuzz + h.prefix_context - context, 0)
+    sf = max(fuzz + h.suffix_context - context, 0)
+    core = new[pf:len(new) - sf]
+    return image[line - 1 + pf:line - 1 + pf + len(core)] == core
+
+
+def _writes_forward(res) -> bool:
+    """The engine's verdict lets the check write this file with hunks applied now (not refused)."""
+    return res.ok and not res.partly_applied and any(
+        h.status in (HunkStatus.EXACT, HunkStatus.OFFSET, HunkStatus.FUZZ) for h in res.hunks)
+
+
+def check_gnu(case: Case, res, tools: ToolRun, fuzz: int, stats: Counter, where: str,
+              fp: FilePatch) -> None:
     target = "".join(case.target)
     statuses = [h.status for h in res.hunks]
     gnu_reversed = "Reversed (or previously applied) patch detected" in tools.gnu_out
-    if gnu_reversed and statuses[0] is not HunkStatus.ALREADY_APPLIED:
-        stats["rule:gnu-fuzzy-reverse"] += 1
-        assert fuzz and (statuses[0] is HunkStatus.FAILED or res.hunks[0].fuzz == 2), (
+    if gnu_reversed:
+        # GNU patch -N found the change there and skipped the file: the engine must never
+        # write (or let the check pass with) a change GNU patch found already applied.
+        assert tools.gnu_text == target, "GNU patch changed a skipped file" + where
+        assert not _writes_forward(res), "engine writes a change GNU patch finds applied" + where
+        assert statuses[0] is HunkStatus.ALREADY_APPLIED, (
             f"GNU finds the patch reversed, engine's first hunk is {statuses[0].value}" + where)
-        assert tools.gnu_text == target, "GNU patch changed a skipped file" + where
-        return
-    if statuses[0] is HunkStatus.ALREADY_APPLIED or gnu_reversed:
         stats["rule:gnu-first-hunk-reverse"] += 1
-        assert statuses[0] is HunkStatus.ALREADY_APPLIED and gnu_reversed, (
-            f"first hunk: engine {statuses[0].value}, GNU reversed={gnu_reversed}" + where)
-        assert tools.gnu_text == target, "GNU patch changed a skipped file" + where
         if all(s is HunkStatus.ALREADY_APPLIED for s in statuses):
             assert res.text == target, "already-applied result must be the input" + where
         return
+    images = None
     exact_until = next((k for k, s in enumerate(statuses) if s is HunkStatus.ALREADY_APPLIED),
                        len(statuses))
     if exact_until < len(statuses):
-        stats["rule:gnu-no-later-reverse"] += 1
-    compared = min(len(res.hunks), exact_until + 1)
+        # A hunk GNU patch applies (or, after the first, fails: it has no later reverse check)
+        # and the engine finds already applied: its new side must really be there.
+        images = _images(fp, target)
+        h = res.hunks[exact_until]
+        assert _new_side_at(fp, exact_until, images[exact_until], h.line, h.fuzz), (
+            f"hunk {exact_until + 1}: engine already-applied at line {h.line}, new side not there" + where)
+        verdict = tools.gnu_hunks.get(exact_until + 1, ("skipped",))[0]
+        if verdict == "succeeded":
+            stats["rule:engine-new-side-first"] += 1
+        else:
+            assert exact_until > 0 and verdict == "FAILED", (
+                f"hunk {exact_until + 1}: GNU {verdict}, engine already-applied" + where)
+            stats["rule:gnu-no-later-reverse"] += 1
+    compared = exact_until
     misordered = re.search(r"misordered hunks! output would be garbled\nHunk #(\d+) FAILED", tools.gnu_out)
     if misordered:
         stats["rule:gnu-misordered"] += 1
@@ -346,13 +402,7 @@ def check_gnu(case: Case, res, tools: ToolRun, fuzz: int, stats: Counter, where:
         assert tools.gnu_rc == 1, "GNU patch exits 0 after a misordered hunk" + where
     for k, h in enumerate(res.hunks[:compared]):
         verdict, line, offset, gnu_fuzz = tools.gnu_hunks[k + 1]
-        if h.status is HunkStatus.ALREADY_APPLIED:
-            if verdict == "succeeded":  # GNU patch found a fuzzy forward match instead
-                stats["rule:gnu-fuzzy-reverse"] += 1
-                assert fuzz and gnu_fuzz, f"hunk {k + 1}: GNU applies it at fuzz 0, engine already-applied" + where
-            else:
-                assert verdict == "FAILED", f"hunk {k + 1}: GNU {verdict}, engine already-applied" + where
-        elif h.status is HunkStatus.FAILED:
+        if h.status is HunkStatus.FAILED:
             assert verdict == "FAILED", f"hunk {k + 1}: GNU {verdict}, engine failed" + where
         else:
             assert verdict == "succeeded", f"hunk {k + 1}: GNU {verdict}, engine {h.status.value}" + where
@@ -370,7 +420,8 @@ def check_gnu(case: Case, res, tools: ToolRun, fuzz: int, stats: Counter, where:
         assert res.text == tools.gnu_text, "engine and GNU patch texts differ" + where
         stats["gnu:same-text"] += 1
     elif not res.ok:
-        assert tools.gnu_rc == 1, "engine fails, GNU patch exits 0" + where
+        # (after a hunk GNU patch applies and the engine finds already applied, GNU may go on)
+        assert tools.gnu_rc == 1 or exact_until < len(statuses), "engine fails, GNU patch exits 0" + where
         stats["gnu:both-fail"] += 1
 
 
@@ -409,7 +460,14 @@ def check_case(case: Case, workdir: Path, fuzz: int) -> None:
     stats[f"drift:{case.drift}"] += 1
     # GNU patch against itself: the dry run says what the real run does.
     assert tools.gnu_dry_rc == tools.gnu_rc, "GNU dry run and real run disagree" + where
-    check_gnu(case, res, tools, fuzz, stats, where)
+    if case.drift in ("already-applied", "already-applied+edit-far"):
+        # Never a change twice: the file holds the whole result where the patch says, so no
+        # hunk may be written (at worst one repeated-line hunk makes it 'partly applied',
+        # which the check refuses).
+        assert not _writes_forward(res), "engine writes a change the file already has" + where
+        stats["never-twice:" + ("all-already" if all(
+            h.status is HunkStatus.ALREADY_APPLIED for h in res.hunks) else "refused")] += 1
+    check_gnu(case, res, tools, fuzz, stats, where, fp)
     if fuzz == 0:  # git apply has no fuzz (its -C reduces context differently)
         check_git(fp, case, res, tools, stats, where)
 

@@ -369,6 +369,127 @@ def test_partly_applied():
     res = apply_file_patch(one(TWO_HUNKS), half)
     assert [h.status for h in res.hunks] == [HunkStatus.ALREADY_APPLIED, HunkStatus.EXACT]
     assert res.text == PATCHED
+    assert res.partly_applied  # the check layer refuses this unless asked (test_check.py)
+    assert not apply_file_patch(one(TWO_HUNKS), BASE).partly_applied
+    assert not apply_file_patch(one(TWO_HUNKS), PATCHED).partly_applied
+
+
+def _words(text: str) -> str:
+    return "".join(w + "\n" for w in text.split())
+
+
+# issue 11 item 10, the minimal case: hunk 1 is already applied (HEAD), hunk 2 inserts X after
+# the second "a b c". The file already has that X; a forward search from hunk 2's place used
+# to find the first "a b c d e f" (above, still free) and write a second X there.
+MIN_FILE = _words("HEAD a b c d e f mid a b c X d e f tail")
+MIN_PATCH = ("--- a/f\n+++ b/f\n@@ -1,4 +1,4 @@\n-head\n+HEAD\n a\n b\n c\n"
+             "@@ -9,6 +9,7 @@\n a\n b\n c\n+X\n d\n e\n f\n")
+
+
+def test_never_applies_a_change_twice_minimal_case():
+    res = apply_file_patch(one(MIN_PATCH), MIN_FILE)
+    assert [h.status for h in res.hunks] == [HunkStatus.ALREADY_APPLIED] * 2
+    assert [h.line for h in res.hunks] == [1, 9]
+    assert res.text == MIN_FILE and res.text.count("X\n") == 1
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch (the oracle)")
+def test_never_applies_a_change_twice_minimal_case_gnu_oracle(tmp_path: Path):
+    """GNU patch -N sees hunk 1 reversed and skips the file: nothing may be written twice."""
+    (tmp_path / "f").write_text(MIN_FILE)
+    (tmp_path / "p.diff").write_text(MIN_PATCH)
+    run = subprocess.run(["patch", "-p1", "-N", "-F0", "-r", "-", "-i", "p.diff"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=30)
+    assert "Reversed (or previously applied)" in run.stdout
+    assert (tmp_path / "f").read_text() == MIN_FILE
+
+
+def test_new_side_at_the_expected_place_wins_over_a_forward_match_elsewhere():
+    # One hunk, its expected place holds the new side; the old side is free further up.
+    patch = "--- a/f\n+++ b/f\n@@ -7,4 +7,5 @@\n p\n q\n+X\n r\n s\n"
+    text = _words("p q r s t u p q X r s v")
+    res = apply_file_patch(one(patch), text)
+    assert (res.hunks[0].status, res.hunks[0].line, res.text) == (HunkStatus.ALREADY_APPLIED, 7, text)
+
+
+def test_fuzzy_reverse_match_at_the_same_fuzz_level():
+    # The change is in the file, but its outer context lines were edited: exact reverse fails.
+    # With fuzz 1 the old side's middle lines match at another place ("k m n z" below), and
+    # the reverse hunk matches with fuzz 1 where the patch says: fuzz must not add X again.
+    patch = "--- a/f\n+++ b/f\n@@ -2,4 +2,5 @@\n k\n m\n+X\n n\n o\n"
+    text = _words("a EDITED m X n EDITED2 b k m n z")
+    for fuzz in (1, 2):
+        res = apply_file_patch(one(patch), text, fuzz=fuzz)
+        assert (res.hunks[0].status, res.hunks[0].line, res.hunks[0].fuzz) == (
+            HunkStatus.ALREADY_APPLIED, 2, 1)
+        assert res.text == text
+    assert apply_file_patch(one(patch), text).hunks[0].status is HunkStatus.FAILED  # fuzz 0
+
+
+def test_both_sides_match_at_the_place_the_longer_side_decides():
+    # Repeated lines: old side "a a a" and new side "a a a a" both match at line 2 of "a a a a":
+    # the new side explains more of the file, so the change is taken as there already.
+    patch = "--- a/f\n+++ b/f\n@@ -2,3 +2,4 @@\n a\n a\n a\n+a\n"
+    res = apply_file_patch(one(patch), _words("a a a a"))
+    assert res.hunks[0].status is HunkStatus.ALREADY_APPLIED
+    # a deletion whose old side is longer: applied (GNU patch agrees)
+    patch = "--- a/f\n+++ b/f\n@@ -1,3 +1 @@\n-a\n-b\n a\n"
+    res = apply_file_patch(one(patch), _words("a b a a"))
+    assert res.hunks[0].status is HunkStatus.EXACT and res.text == _words("a a")
+
+
+# issue 11 item 11: inside a hunk, lines are read by its counts.
+DASH_PATCH = "--- a/f\n+++ b/f\n@@ -1,3 +1,3 @@\n x\n--- a\n+++ b\n y\n"
+
+
+def test_removed_dash_dash_line_and_added_plus_plus_line_are_content():
+    (fp,) = parse_patch(DASH_PATCH, name="p.diff")
+    assert fp.hunks[0].lines == ((" ", "x"), ("-", "-- a"), ("+", "++ b"), (" ", "y"))
+    res = apply_file_patch(fp, "x\n-- a\ny\n")
+    assert res.ok and res.text == "x\n++ b\ny\n"
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch (the oracle)")
+def test_dash_dash_content_lines_agree_with_gnu_patch(tmp_path: Path):
+    (tmp_path / "f").write_text("x\n-- a\ny\n")
+    (tmp_path / "p.diff").write_text(DASH_PATCH)
+    run = subprocess.run(["patch", "-p1", "-F0", "-i", "p.diff"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stdout + run.stderr
+    (fp,) = parse_patch(DASH_PATCH, name="p.diff")
+    assert apply_file_patch(fp, "x\n-- a\ny\n").text == (tmp_path / "f").read_text()
+
+
+def test_two_sections_after_a_dash_dash_hunk():
+    # the counts end the hunk; a real header pair after it still opens the next section
+    text = DASH_PATCH + "--- a/g\n+++ b/g\n@@ -1 +1 @@\n-1\n+2\n"
+    fps = parse_patch(text, name="p.diff")
+    assert [fp.path for fp in fps] == ["f", "g"]
+
+
+# issue 11 item 13: limits against hostile input, one line each (BadInput: exit 2).
+def test_limit_patch_size(monkeypatch):
+    from ddtree_deploy import patchset
+
+    monkeypatch.setattr(patchset, "MAX_PATCH_CHARS", 100)
+    with pytest.raises(BadInput, match=r"^p.diff:1: the patch is .* over the limit of 100"):
+        parse_patch(TWO_HUNKS + "\n" * 100, name="p.diff")
+
+
+def test_limit_hunk_count():
+    from ddtree_deploy.patchset import MAX_HUNKS
+
+    hunks = "".join(f"@@ -{3 * k + 1} +{3 * k + 1} @@\n-a\n+b\n" for k in range(MAX_HUNKS + 1))
+    with pytest.raises(BadInput, match=rf"^p.diff:{3 * MAX_HUNKS + 3}: more than {MAX_HUNKS} hunks"):
+        parse_patch("--- a/f\n+++ b/f\n" + hunks, name="p.diff")
+
+
+def test_limit_line_length():
+    from ddtree_deploy.patchset import MAX_LINE_CHARS
+
+    text = "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+" + "b" * MAX_LINE_CHARS + "\n"
+    with pytest.raises(BadInput, match=r"^p.diff:5: line of .* characters, over the limit"):
+        parse_patch(text, name="p.diff")
 
 
 def test_failed_reports_nearest_location_and_differing_lines():
