@@ -601,7 +601,11 @@ class Agent(object):
                 raise AgentError("verify", "after the switch these files differ from the plan: %s"
                                  % ", ".join(mismatched))
         except (OSError, AgentError) as exc:
-            what = exc.message if isinstance(exc, AgentError) else describe_os_error(exc, "switch")
+            # os.write's ENOSPC names no file: name the one being switched.
+            current = done[-1][0]["path"] if done else "switch"
+            what = exc.message if isinstance(exc, AgentError) else describe_os_error(exc, current)
+            if isinstance(exc, OSError) and exc.filename is None:
+                exc.filename = current
             failed = switch_back(done)
             if failed:
                 raise AgentError("switch-mixed", "switch failed: %s; switching back also failed (%s): the host "

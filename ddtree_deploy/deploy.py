@@ -32,6 +32,11 @@ from ddtree_deploy.inventory import Host
 from ddtree_deploy.plan import Desired, FileState, Plan, classify, plan_push, plan_rollback, sha256
 from ddtree_deploy.transport import AgentFailed, AgentSession, Transport, expect_ok
 
+#: Seconds one agent round trip may take unless the inventory's host.op_timeout says:
+#: a push's apply backs up, stages and switches (large files on slow disks), a read is quick.
+WRITE_OP_TIMEOUT = 120.0
+READ_OP_TIMEOUT = 30.0
+
 #: TEST HOOK: a JSON object of agent hooks (e.g. {"exit_after_renames": 1}) that make the
 #: agent kill itself at a step, to prove interrupted runs are explained and completed.
 TEST_HOOKS_ENV = "DDTREE_DEPLOY_TEST_HOOKS"
@@ -147,6 +152,18 @@ def _hashes(facts: dict) -> dict[str, str | None]:
     return {path: (info or {}).get("sha256") for path, info in facts["files"].items()}
 
 
+def _unsafe(host: Host, facts: dict) -> None:
+    """Refuse to plan over a target the agent would not read or replace (a symlink)."""
+    bad = [(p, i["unsafe"]) for p, i in sorted(facts["files"].items()) if i and "unsafe" in i]
+    if bad:
+        raise DeployError(f"{host.name}: {len(bad)} target file(s) cannot be replaced safely: {bad[0][1]}",
+                          code="unsafe-file", hint="replace the symlink by the real file on the host, then rerun")
+
+
+def _session(transport: Transport, host: Host, write: bool) -> AgentSession:
+    return AgentSession(transport, host, host.op_timeout or (WRITE_OP_TIMEOUT if write else READ_OP_TIMEOUT))
+
+
 def _finish(sess: AgentSession, apply: dict | None) -> dict | None:
     """Second round trip: apply (if any) and unlock, in one write."""
     requests = ([apply] if apply else []) + [{"op": "unlock"}]
@@ -166,6 +183,9 @@ class _Prepared:
     done: Callable[[dict], str]  # the agent's apply reply -> summary
     noop_request: dict | None = None  # sent with the unlock when nothing switches (push: a mark)
     pending: dict | None = None  # push, nothing to switch: the journal of the run still `switched`
+    # Nothing to switch but the journal says `switching` (the agent was killed after its last
+    # rename): sent first, it moves the journal to where that run would have ended.
+    complete: dict | None = None
 
 
 class Held:
@@ -206,7 +226,7 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
     t0 = time.monotonic()
     out = Outcome(host.name, command, new_run_id())
     progress("connect")
-    with transport, AgentSession(transport, host) as sess:
+    with transport, _session(transport, host, write=True) as sess:
         progress("lock + discover")
         facts, lock = _open_locked(sess, host, out.run_id, command, paths, break_lock, dry_run)
         out.broke_lock = (lock or {}).get("broke")
@@ -219,6 +239,14 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
                 _finish(sess, None)  # release the lock now, not at EOF
             raise
         out.plan = prepared.plan
+        if not dry_run and prepared.complete is not None:
+            progress(f"journal: complete the interrupted run ({prepared.complete['phase']})")
+            try:
+                done = expect_ok(sess.one(prepared.complete), host.name, "complete the journal")
+            except DeployError:
+                _finish(sess, None)
+                raise
+            out.phase = done["journal"]["phase"]
         if not dry_run and prepared.plan.noop and hold is not None and prepared.pending:
             out.summary = prepared.noop
             out.phase, out.smoke_pending = "switched", prepared.pending.get("run_id")
@@ -274,12 +302,27 @@ def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[d
 
     def prepare(facts: dict, progress: Progress) -> _Prepared:
         progress("check")
+        _unsafe(host, facts)
         desired = desire(facts)
         plan = plan_push(host.name, desired, _hashes(facts), facts["journal"])
         name = f"{desired.series} ({desired.series_id[:12]})"
-        journal = facts["journal"] or {}
-        noop, noop_request = f"already deployed: {name}; nothing changed", None
-        if plan.noop and journal.get("phase") == "switched":
+        journal = dict(facts["journal"] or {})
+        noop, noop_request, complete = f"already deployed: {name}; nothing changed", None, None
+        if plan.noop and journal.get("phase") == "switching" and journal.get("series_id") == desired.series_id:
+            # A run killed after its last rename, before its journal: every file is switched.
+            # Finish that run as it would have ended: `switched` (and the smoke runs) or
+            # `deployed` without a smoke; never "already deployed" with no smoke at all.
+            complete = _mark(journal.get("run_id"), "switched" if smoke else "deployed", expect="switching")
+            stopped = f"run {journal.get('run_id')} of {name} stopped after switching every file"
+            if dry_run:
+                noop = f"dry run: {stopped}; a push would complete its journal; nothing changed"
+            elif smoke:
+                journal["phase"] = "switched"
+                seen.update(journal)
+                noop = f"{stopped}: journal completed (switched); its smoke runs now"
+            else:
+                noop = f"{stopped}: journal completed and marked deployed without a smoke"
+        if plan.noop and journal.get("phase") == "switched" and complete is None:
             seen.update(journal)
             noop = f"nothing to switch: {name} was switched by run {journal.get('run_id')}, whose smoke never passed"
             if not smoke and not dry_run:
@@ -294,6 +337,7 @@ def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[d
             done=lambda d: f"pushed {name}: {len(plan.changes)} file(s) switched, backup {d['backup_id']}",
             noop_request=noop_request,
             pending=dict(journal) if plan.noop and journal.get("phase") == "switched" and smoke else None,
+            complete=complete,
         )
 
     outcome = _execute("push", host, transport, paths, prepare, dry_run=dry_run, break_lock=break_lock,
@@ -305,8 +349,8 @@ def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[d
     return outcome
 
 
-def _mark(run_id: str | None, phase: str, smoke: dict | None = None) -> dict:
-    return {"op": "mark", "run_id": run_id, "expect": "switched", "phase": phase, "smoke": smoke}
+def _mark(run_id: str | None, phase: str, smoke: dict | None = None, expect: str = "switched") -> dict:
+    return {"op": "mark", "run_id": run_id, "expect": expect, "phase": phase, "smoke": smoke}
 
 
 def mark(host: Host, transport: Transport, run_id: str, phase: str = "deployed", *, smoke: dict | None = None,
@@ -319,7 +363,7 @@ def mark(host: Host, transport: Transport, run_id: str, phase: str = "deployed",
     Returns the journal as written.
     """
     progress(f"journal: {phase}")
-    with transport, AgentSession(transport, host) as sess:
+    with transport, _session(transport, host, write=True) as sess:
         init, lock, marked, _unlock = sess.call(_init(host), _lock(new_run_id(), "mark", False),
                                                 _mark(run_id, phase, smoke), {"op": "unlock"})
     expect_ok(init, host.name, "agent start")
@@ -359,12 +403,22 @@ def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run
     """Restore a backup (the newest, or ``to``) through the same staged, verified switch as push."""
 
     def prepare(facts: dict, progress: Progress) -> _Prepared:
+        _unsafe(host, facts)
         manifest = _choose_backup(host, facts["backups"], to)
         plan = plan_rollback(host.name, manifest, _hashes(facts), facts["journal"])
         bid = manifest["id"]
+        journal = facts["journal"] or {}
+        complete, noop = None, f"already at backup {bid}; nothing changed"
+        if plan.noop and journal.get("phase") in ("staged", "switching"):
+            # Every file is already at the backup (a rollback killed after its last rename, or
+            # a push killed before its first): the journal must not stay `switching`.
+            complete = _mark(journal.get("run_id"), "rolled-back", expect=journal.get("phase"))
+            noop = (f"completed: every file is at backup {bid} (run {journal.get('run_id')} stopped "
+                    f"while {journal.get('phase')}); journal marked rolled-back")
         return _Prepared(
             plan,
-            noop=f"already at backup {bid}; nothing changed",
+            complete=complete,
+            noop=noop,
             dry=f"dry run: would restore {len(plan.changes)} file(s) from {bid}; nothing changed",
             step=f"stage + switch {len(plan.changes)} file(s) from backup {bid}",
             request=lambda run_id: _apply_rollback(host, run_id, manifest, plan, facts["journal"]),
@@ -412,7 +466,7 @@ def _choose_backup(host: Host, backups: list[dict], to: str | None) -> dict:
 def status(host: Host, transport: Transport, paths: list[str] = (),
            expected: Callable[[dict], Desired | None] | None = None) -> dict:
     """The host's state as one JSON-able document (read-only: takes no lock)."""
-    with transport, AgentSession(transport, host) as sess:
+    with transport, _session(transport, host, write=False) as sess:
         init, facts = sess.call(_init(host), {"op": "facts", "paths": list(paths)})
         expect_ok(init, host.name, "agent start")
         expect_ok(facts, host.name, "discover")
@@ -431,10 +485,14 @@ def describe(name: str, facts: dict, desired: Desired | None, round_trips: int =
         for t in desired.targets:
             expect.setdefault(t.path, (t.pristine, t.patched))
     files = []
+    unsafe = {p: i["unsafe"] for p, i in (facts.get("files") or {}).items() if i and "unsafe" in i}
     for path in sorted(set(expect) | set(current)):
         pristine, patched = expect.get(path, (None, None))
         state = classify(current.get(path), pristine, patched) if path in expect else None
-        files.append({"path": path, "state": state.value if state else "unknown", "sha256": current.get(path)})
+        entry = {"path": path, "state": state.value if state else "unknown", "sha256": current.get(path)}
+        if path in unsafe:  # a symlink: never read through, reported by name
+            entry.update(state="unsafe", detail=unsafe[path])
+        files.append(entry)
     return {
         "host": name,
         "sglang_version": facts.get("sglang_version"),
@@ -460,7 +518,7 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
     if not journal:
         return f"never deployed by ddtree-deploy ({tally})"
     op, phase, run = journal.get("op"), journal.get("phase"), journal.get("run_id")
-    bad = counts.get(FileState.DRIFTED.value, 0) + counts.get(FileState.MISSING.value, 0)
+    bad = counts.get(FileState.DRIFTED.value, 0) + counts.get(FileState.MISSING.value, 0) + counts.get("unsafe", 0)
     suffix = f"; {bad} file(s) changed outside ddtree-deploy" if bad else ""
     if phase == "deployed":
         return f"deployed {journal.get('series')} by run {run} ({tally}){suffix}"
@@ -483,12 +541,21 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
 
 def pull(host: Host, transport: Transport, paths: list[str]) -> tuple[dict, dict[str, bytes | None]]:
     """The host's SGLang version/root facts and the bytes of ``paths`` (None: absent)."""
-    with transport, AgentSession(transport, host) as sess:
+    with transport, _session(transport, host, write=False) as sess:
         init, facts = sess.call(_init(host), {"op": "facts", "paths": list(paths), "content": True,
                                               "include_state_paths": False})
         expect_ok(init, host.name, "agent start")
         expect_ok(facts, host.name, "discover")
-    files = {p: (base64.b64decode(i["data"]) if i else None) for p, i in facts["files"].items()}
+    got = facts.get("files") or {}
+    # Only what was asked for: a file the host adds to its answer is never stored.
+    extra = sorted(set(got) - set(paths))
+    missing = sorted(set(paths) - set(got))
+    if extra or missing:
+        raise DeployError(f"{host.name}: the host answered for other files than asked "
+                          f"({'extra: ' + extra[0] if extra else 'missing: ' + missing[0]}); nothing was stored",
+                          code="agent")
+    _unsafe(host, facts)
+    files = {p: (base64.b64decode(got[p]["data"]) if got[p] else None) for p in paths}
     return facts, files
 
 

@@ -38,6 +38,7 @@ class Kind(str, Enum):
     FAILED_NOT_ROLLED_BACK = "failed, NOT rolled back"  # --no-rollback, or the automatic rollback failed
     SWITCHED = "switched, smoke not passed"  # files patched, but the smoke could not run or the mark failed
     FAILED_BEFORE_CHANGE = "failed before any change"
+    FAILED_UNCHANGED = "failed, host unchanged"  # the switch failed; the agent switched every file back
     FAILED_UNKNOWN = "failed, state unknown"  # the error came from a step that may have changed files
     SKIPPED = "skipped"
     UNREACHABLE = "unreachable"
@@ -53,7 +54,8 @@ _OK = {Kind.PUSHED, Kind.ALREADY, Kind.ROLLED_BACK, Kind.ALREADY_ROLLED_BACK, Ki
 # Anything else (an agent failure during apply, a connection lost after it was sent)
 # is reported as "state unknown", with `status` as the way to find out.
 _BEFORE_CHANGE = {"auth", "host-key", "locked", "drift", "other-series", "check-failed", "no-version",
-                  "bad-input", "no-backup"}
+                  "bad-input", "no-backup", "preflight", "permission", "no-space", "unsafe-file",
+                  "bad-state-dir", "changed"}
 _UNREACHABLE = {"connect"}
 
 
@@ -174,6 +176,8 @@ def outcome_of_error(exc: DeployError) -> Kind:
         return Kind.UNREACHABLE
     if exc.code in _BEFORE_CHANGE:
         return Kind.FAILED_BEFORE_CHANGE
+    if exc.code == "failed-unchanged":
+        return Kind.FAILED_UNCHANGED
     return Kind.FAILED_UNKNOWN
 
 
@@ -289,7 +293,7 @@ class FleetReport:
 def status_row(doc: dict) -> dict:
     """One host's status document -> the fleet status table's columns."""
     files = doc.get("files") or []
-    bad = [f["path"] for f in files if f["state"] in ("drifted", "missing")]
+    bad = [f["path"] for f in files if f["state"] in ("drifted", "missing", "unsafe")]
     series = doc.get("series") or {}
     lock = doc.get("lock")
     if lock:

@@ -59,6 +59,8 @@ class Host:
     keep_backups: int = DEFAULT_KEEP_BACKUPS
     sudo: bool = False
     smoke: dict[str, Any] = field(default_factory=dict)  # read by the smoke command
+    # Seconds one agent round trip may take; None: 120 s for push/rollback, 30 s for reads.
+    op_timeout: float | None = None
     source: str | None = None  # the inventory file, for messages
 
     @property
@@ -120,6 +122,10 @@ def load_host(name_or_path: str, *, directory: Path | None = None) -> Host:
     """``ct200`` -> hosts/ct200.toml; a path ending in .toml is read as is; ``local`` is built in."""
     if name_or_path.endswith(".toml"):
         path = Path(name_or_path)
+        # The stem becomes the host's name: in messages, log folders, snapshot names.
+        if not _HOST_FILE_NAME.match(path.stem) or path.stem in (".", ".."):
+            raise BadInput(f"{name_or_path}: {path.stem!r} is not a host name (the file's name without .toml "
+                           "must use letters, digits, '.', '-', '_' and start with a letter, digit or '_')")
     else:
         if not _HOST_FILE_NAME.match(name_or_path):
             raise BadInput(
@@ -151,9 +157,14 @@ def parse_host(text: str, *, name: str, source: str) -> Host:
     host_tab = r.table("host")
     python = r.string("host.python", host_tab.get("python"), required=True)
     state_dir = r.string("host.state_dir", host_tab.get("state_dir"), default=DEFAULT_STATE_DIR)
+    problem = state_dir_problem(state_dir)
+    if problem:
+        raise BadInput(f"{source}: key host.state_dir: {state_dir!r} {problem}; use an absolute path "
+                       "or one under ~, e.g. \"~/.ddtree-deploy\"")
     keep = r.integer("host.keep_backups", host_tab.get("keep_backups"), default=DEFAULT_KEEP_BACKUPS, lo=1, hi=1000)
     sudo = r.boolean("host.sudo", host_tab.get("sudo"), default=False)
-    r.unknown("host", host_tab, {"python", "state_dir", "keep_backups", "sudo"})
+    op_timeout = r.number("host.op_timeout", host_tab.get("op_timeout"), default=None)
+    r.unknown("host", host_tab, {"python", "state_dir", "keep_backups", "sudo", "op_timeout"})
     ssh = None
     if transport == "ssh":
         t = r.table("ssh", required=True)
@@ -189,7 +200,22 @@ def parse_host(text: str, *, name: str, source: str) -> Host:
         raise BadInput(f"{source}: key smoke: must be a table ([smoke])")
     r.unknown("", data, {"transport", "host", "ssh", "smoke"})
     return Host(name=name, python=python, ssh=ssh, state_dir=state_dir, keep_backups=keep,
-                sudo=sudo, smoke=smoke, source=source)
+                sudo=sudo, smoke=smoke, source=source, op_timeout=op_timeout)
+
+
+def state_dir_problem(state_dir: str) -> str | None:
+    """Why ``state_dir`` cannot be a state folder, judged before any connection (pure).
+
+    The host agent checks again where it runs (``~`` is the host user's home there) and
+    also refuses a folder inside or above the package root, or one that is not ours.
+    """
+    if "$" in state_dir or "`" in state_dir:
+        return "holds shell syntax ($ or `), which nothing expands: it would be created literally"
+    if not (state_dir.startswith("/") or state_dir == "~" or state_dir.startswith("~/")):
+        return "is not absolute (nor under ~/)"
+    if ".." in state_dir.split("/"):
+        return "climbs with '..'"
+    return None
 
 
 class _Reader:

@@ -14,10 +14,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import select
 import shlex
 import socket
 import subprocess
 import tempfile
+import time
 from importlib import resources
 from pathlib import Path
 
@@ -32,7 +35,19 @@ BOOTSTRAP = (
     "exec(compile(b.read(int(b.readline())),'ddtree_agent.py','exec'),g);g['main']()"
 )
 
-DEFAULT_IO_TIMEOUT = 600.0  # seconds one agent request may take (a backup of big files)
+#: Seconds one round trip with the agent may take when the inventory sets no op_timeout:
+#: generous for a push's backup + switch of large files, short enough that a silent host
+#: is reported in minutes, not left hanging.
+DEFAULT_OP_TIMEOUT = 120.0
+DEFAULT_IO_TIMEOUT = 600.0  # seconds one read may wait when the caller gives no deadline (the smoke)
+#: The largest reply line accepted from a host program: a pull of every target file is a
+#: few MB; anything past this is a broken or hostile host, refused with a clear error.
+MAX_REPLY_BYTES = 64 << 20
+KEEPALIVE_S = 15  # SSH keepalive interval: a dead peer is noticed, an idle NAT entry kept
+
+
+class ReplyError(DeployError):
+    """A host program's reply broke a bound (too large, too late)."""
 
 
 def agent_argv(host: Host) -> list[str]:
@@ -53,14 +68,59 @@ def agent_source() -> bytes:
 # ---------------------------------------------------------------- processes
 
 
+class LineReader:
+    """Lines from a byte stream in linear time, each bounded in size, with a deadline.
+
+    ``recv(n, timeout)`` returns up to n bytes (b"" at EOF) or raises ``TimeoutError``.
+    The buffer is scanned for a newline only from where the last scan stopped, so a
+    32 MB reply costs one pass (paramiko's and io's line readers rescan or re-copy).
+    """
+
+    def __init__(self, recv, label: str, limit: int = MAX_REPLY_BYTES):
+        self.recv, self.label, self.limit = recv, label, limit
+        self.buf = bytearray()
+        self.scanned = 0
+        self.eof = False
+
+    def readline(self, deadline: float | None = None, what: str = "a reply") -> bytes:
+        while True:
+            nl = self.buf.find(b"\n", self.scanned)
+            if nl >= 0:
+                line = bytes(self.buf[: nl + 1])
+                del self.buf[: nl + 1]
+                self.scanned = 0
+                return line
+            self.scanned = len(self.buf)
+            if self.scanned > self.limit:
+                raise ReplyError(f"{self.label}: {what} is over {self.limit >> 20} MiB; refusing to read more "
+                                 "(a broken or hostile host program)", code="reply-too-large")
+            if self.eof:
+                line, self.buf = bytes(self.buf), bytearray()
+                self.scanned = 0
+                return line
+            timeout = None if deadline is None else deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                raise TimeoutError
+            chunk = self.recv(1 << 20, timeout)
+            if not chunk:
+                self.eof = True
+            self.buf += chunk
+
+
 class Process:
     """A started program: write to its stdin, read lines from its stdout."""
 
     def write(self, data: bytes) -> None:
         raise NotImplementedError
 
-    def readline(self) -> bytes:
+    def readline(self, deadline: float | None = None, what: str = "a reply") -> bytes:
+        """One line (b"" or a line without its newline: the program ended). ``deadline``
+        (time.monotonic): TimeoutError past it. Over MAX_REPLY_BYTES: ReplyError."""
         raise NotImplementedError
+
+    def abort(self) -> None:
+        """Stop waiting for the program: close the pipes/channel now (the agent sees EOF)."""
+        self.close()
 
     def close(self) -> tuple[int | None, str]:
         """Close stdin, wait (bounded), return (exit code or None, stderr tail)."""
@@ -105,8 +165,21 @@ class _LocalProcess(Process):
         except OSError:
             pass  # the agent exited; readline reports it with its stderr
 
-    def readline(self) -> bytes:
-        return self.p.stdout.readline()
+    def _recv(self, n: int, timeout: float | None) -> bytes:
+        fd = self.p.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            raise TimeoutError
+        return os.read(fd, n)
+
+    def readline(self, deadline: float | None = None, what: str = "a reply") -> bytes:
+        if not hasattr(self, "_reader"):
+            self._reader = LineReader(self._recv, "local")
+        return self._reader.readline(deadline, what)
+
+    def abort(self) -> None:
+        self.p.kill()
+        self.close()
 
     def close(self):
         try:
@@ -135,10 +208,11 @@ class LocalTransport(Transport):
 
 
 class _SSHProcess(Process):
-    def __init__(self, channel, label: str):
+    def __init__(self, channel, label: str, io_timeout: float = DEFAULT_IO_TIMEOUT):
         self.chan = channel
         self.label = label
-        self.out = channel.makefile("rb")
+        self.io_timeout = io_timeout
+        self.reader = LineReader(self._recv, label)
         self.err = channel.makefile_stderr("rb")
 
     def _lost(self, exc: BaseException) -> DeployError:
@@ -154,13 +228,30 @@ class _SSHProcess(Process):
         except Exception as exc:  # paramiko.SSHException and friends
             raise self._lost(exc) from None
 
-    def readline(self) -> bytes:
+    def _recv(self, n: int, timeout: float | None) -> bytes:
+        self.chan.settimeout(timeout if timeout is not None else self.io_timeout)
         try:
-            return self.out.readline()
-        except (OSError, EOFError) as exc:  # socket.timeout is an OSError
+            return self.chan.recv(n)
+        except socket.timeout:
+            if timeout is None:  # no caller deadline: the transport's own io timeout
+                raise self._lost(TimeoutError(f"no data for {self.io_timeout:g} s")) from None
+            raise TimeoutError from None
+
+    def readline(self, deadline: float | None = None, what: str = "a reply") -> bytes:
+        try:
+            return self.reader.readline(deadline, what)
+        except (TimeoutError, DeployError):
+            raise
+        except (OSError, EOFError) as exc:
             raise self._lost(exc) from None
-        except Exception as exc:
+        except Exception as exc:  # paramiko.SSHException and friends
             raise self._lost(exc) from None
+
+    def abort(self) -> None:
+        try:
+            self.chan.close()
+        except Exception:
+            pass
 
     def close(self):
         try:
@@ -169,12 +260,27 @@ class _SSHProcess(Process):
                 code = self.chan.recv_exit_status()
             else:
                 code = None
-            tail = self.err.read()[-2000:].decode(errors="replace") if code is not None else ""
+            tail = self._stderr_tail() if code is not None else ""
         except Exception:
             return None, ""
         finally:
             self.chan.close()
         return code, tail
+
+
+    def _stderr_tail(self) -> str:
+        # Bounded: a host flooding stderr must not fill our memory either.
+        self.chan.settimeout(5)
+        kept = bytearray()
+        try:
+            while True:
+                chunk = self.err.read(1 << 16)
+                if not chunk:
+                    break
+                kept = (kept + chunk)[-2000:]
+        except Exception:
+            pass
+        return bytes(kept).decode(errors="replace")
 
 
 class HostKeyRefused(DeployError):
@@ -298,6 +404,8 @@ class SSHTransport(Transport):
             raise DeployError(f"{self.label}: cannot connect to {where}: {exc}", code="connect") from None
         self.conn = conn
         self.connections += 1
+        # Keepalives: a host that vanished (cable, reboot) fails the read instead of hanging it.
+        conn.transport.set_keepalive(KEEPALIVE_S)
 
     def start(self, argv: list[str]) -> Process:
         self.open()
@@ -307,7 +415,7 @@ class SSHTransport(Transport):
             chan.exec_command(remote_command(argv))
         except Exception as exc:
             raise DeployError(f"{self.label}: cannot start the agent: {exc}", code="connection-lost") from None
-        return _SSHProcess(chan, self.label)
+        return _SSHProcess(chan, self.label, self.io_timeout)
 
     def close(self) -> None:
         if self.conn is not None:
@@ -339,16 +447,23 @@ class AgentSession:
     request: one round trip however many requests or files.
     """
 
-    def __init__(self, transport: Transport, host: Host):
+    def __init__(self, transport: Transport, host: Host, op_timeout: float | None = None):
         self.transport = transport
         self.host = host
         self.proc: Process | None = None
         self.round_trips = 0
+        # Seconds each round trip may take (None: the host's inventory op_timeout, else
+        # DEFAULT_OP_TIMEOUT). A silent host fails the call, naming host and step.
+        self.op_timeout = op_timeout
 
     def __enter__(self):
         self.proc = self.transport.start(agent_argv(self.host))
         source = agent_source()
-        self.proc.write(b"%d\n" % len(source) + source)
+        try:
+            self.proc.write(b"%d\n" % len(source) + source)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc):
@@ -356,13 +471,33 @@ class AgentSession:
             self.proc.close()
             self.proc = None
 
-    def call(self, *requests: dict) -> list[dict]:
+    def call(self, *requests: dict, timeout: float | None = None) -> list[dict]:
+        """Send ``requests`` in one write, read one reply each, all within ``timeout`` seconds."""
+        if self.proc is None:
+            raise DeployError(f"{self.transport.label}: the agent session is closed", code="connection-lost")
         payload = b"".join(json.dumps(r).encode() + b"\n" for r in requests)
+        limit = timeout or self.op_timeout or self.host.op_timeout or DEFAULT_OP_TIMEOUT
+        deadline = time.monotonic() + limit
         self.proc.write(payload)
         self.round_trips += 1
         replies = []
         for request in requests:
-            line = self.proc.readline()
+            op = request.get("op")
+            try:
+                line = self.proc.readline(deadline, f"the reply to {op}")
+            except TimeoutError:
+                self.proc.abort()
+                self.proc = None
+                raise DeployError(
+                    f"{self.transport.label}: no answer from the host agent during {op} after {limit:g} s",
+                    code="timeout",
+                    hint=f"the host may be hung or overloaded; raise host.op_timeout in "
+                    f"{self.host.source or 'the inventory'} if {op} is just slow there, then run "
+                    "`ddtree-deploy status`") from None
+            except ReplyError:
+                self.proc.abort()
+                self.proc = None
+                raise
             if not line.endswith(b"\n"):
                 code, tail = self.proc.close()
                 self.proc = None
@@ -391,11 +526,22 @@ class AgentSession:
         return self.call(request)[0]
 
 
+class AgentRefusedInput(AgentFailed):
+    """The agent refused the inventory's input (e.g. a state_dir that is not ours): exit 2."""
+
+    exit_code = BadInput.exit_code
+
+
+#: Agent codes that mean "the inventory is wrong", not "the host failed".
+BAD_INPUT_CODES = frozenset({"bad-state-dir"})
+
+
 def expect_ok(reply: dict, label: str, what: str) -> dict:
     """A reply's payload, or an AgentFailed carrying the agent's code and message."""
     if reply.get("ok"):
         return reply
-    raise AgentFailed(f"{label}: {what}: {reply.get('message')}", reply, code=reply.get("code") or "agent")
+    cls = AgentRefusedInput if reply.get("code") in BAD_INPUT_CODES else AgentFailed
+    raise cls(f"{label}: {what}: {reply.get('message')}", reply, code=reply.get("code") or "agent")
 
 
 __all__ = [

@@ -59,7 +59,7 @@ def make_python_env(dest: Path, files: list[str] | None = None, version: str = S
     and sglang/version.py); None extracts the whole package. Returns (python, site-packages).
     """
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
-    site = Path(glob.glob(str(dest / "lib" / "python3*" / "site-packages"))[0])
+    site = Path(glob.glob(os.path.join(glob.escape(str(dest)), "lib", "python3*", "site-packages"))[0])
     wanted = None
     if files is not None:
         wanted = set(files) | {"sglang/__init__.py", "sglang/version.py"}

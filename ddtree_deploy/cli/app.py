@@ -81,9 +81,9 @@ def handles_errors(fn: Callable) -> Callable:
 
 
 def _escape(text: str) -> str:
-    from rich.markup import escape
+    from ddtree_deploy.cli.text import safe  # host text in messages: no markup, no control characters
 
-    return escape(text)
+    return safe(text)
 
 
 __all__ = [

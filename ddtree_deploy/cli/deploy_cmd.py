@@ -17,6 +17,7 @@ import typer
 from ddtree_deploy import deploy
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.cli.snapshot_cmd import report_snapshot, snapshot_app
+from ddtree_deploy.cli.text import safe
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.fleet import HostResult, Kind, Policy
 from ddtree_deploy.inventory import Host, load_host
@@ -64,7 +65,8 @@ def _desire(host: Host, choose: Callable, forced: bool, check: Callable, chosen:
 
 
 def _say(line: str) -> None:
-    out.print(line, highlight=False)
+    # Every result line quotes host text (series, backup ids, errors): none is markup.
+    out.print(safe(line), highlight=False)
 
 
 def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable[..., dict]) -> None:
@@ -72,7 +74,7 @@ def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable
     results, worst = [], 0
     for host in hosts:
         try:
-            with err.status(f"{host.name}: starting") as spinner:
+            with err.status(safe(f"{host.name}: starting")) as spinner:
                 steps = _Steps(host.name, spinner)
                 try:
                     doc = run(host, steps, _say)
@@ -86,9 +88,9 @@ def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable
                 raise
             worst = max(worst, exc.exit_code)
             results.append({"host": host.name, "ok": False, **exc.to_json()})
-            err.print(f"[bold red]{host.name}: error:[/] {exc.message}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]{safe(host.name)}: error:[/] {safe(exc.message)}", highlight=False, soft_wrap=True)
             if exc.hint:
-                err.print(f"[dim]hint:[/] {exc.hint}", highlight=False, soft_wrap=True)
+                err.print(f"[dim]hint:[/] {safe(exc.hint)}", highlight=False, soft_wrap=True)
     if json_output:
         emit_json({"command": command, "ok": worst == 0, "hosts": results})
     if worst:
@@ -106,12 +108,12 @@ class _Steps:
     def __call__(self, step: str) -> None:
         self.finish()
         self.step, self.started = step, time.monotonic()
-        self.spinner.update(f"{self.host}: {step}")
+        self.spinner.update(safe(f"{self.host}: {step}"))
 
     def finish(self) -> None:
         if self.step is not None:
-            err.print(f"[dim]{self.host}:[/] {self.step} [dim]({time.monotonic() - self.started:.2f} s)[/]",
-                      highlight=False)
+            err.print(f"[dim]{safe(self.host)}:[/] {safe(self.step)} "
+                      f"[dim]({time.monotonic() - self.started:.2f} s)[/]", highlight=False)
             self.step = None
 
 
@@ -130,8 +132,8 @@ def _summary(outcome: deploy.Outcome, json_output: bool, show_plan: bool, say: C
         if show_plan:
             _print_plan(outcome, say)
         if outcome.broke_lock:
-            err.print(f"[yellow]{outcome.host}: broke the lock of run {outcome.broke_lock.get('run_id')} "
-                      f"({outcome.broke_lock.get('holder')})[/]")
+            err.print("[yellow]" + safe(f"{outcome.host}: broke the lock of run {outcome.broke_lock.get('run_id')} "
+                                        f"({outcome.broke_lock.get('holder')})") + "[/]")
     return outcome.to_json()
 
 
@@ -275,7 +277,7 @@ def status(
         paths, choose, forced = _series_chooser(family)
     except BadInput as exc:
         # A broken series must not hide a host's state: report what the journal knows.
-        err.print(f"[yellow]series not loaded ({exc.message}); per-file states come from the host's journal[/]",
+        err.print(f"[yellow]series not loaded ({safe(exc.message)}); per-file states come from the host's journal[/]",
                   highlight=False, soft_wrap=True)
         paths, choose, forced = [], None, False
     check = CheckOnce()
@@ -338,23 +340,28 @@ def _on_hosts(hosts: List[Host], command: str, json_output: bool, run: Callable[
 
 
 def _print_status(doc: dict) -> None:
-    out.print(f"{doc['host']}: sglang {doc['sglang_version']} at {doc['package_root']}")
-    out.print(f"  phase: {doc['phase']}: {doc['explanation']}")
+    # Every value here comes from the host (its journal, lock, paths): printed through `safe`.
+    def say(line: str) -> None:
+        out.print(safe(line), highlight=False)
+
+    say(f"{doc['host']}: sglang {doc['sglang_version']} at {doc['package_root']}")
+    say(f"  phase: {doc['phase']}: {doc['explanation']}")
     if doc["series"]:
         s = doc["series"]
-        out.print(f"  series: {s['name']} ({(s['id'] or '')[:12]}), run {s['run_id']}, {s['updated']}, "
-                  f"backup {s['backup_id']}")
+        say(f"  series: {s['name']} ({str(s['id'] or '')[:12]}), run {s['run_id']}, {s['updated']}, "
+            f"backup {s['backup_id']}")
     for f in doc["files"]:
-        out.print(f"  {f['state']:<9} {f['path']}  {(f['sha256'] or 'absent')[:12]}")
+        detail = f"  ({f['detail']})" if f.get("detail") else ""
+        say(f"  {f['state']:<9} {f['path']}  {(f['sha256'] or 'absent')[:12]}{detail}")
     for b in doc["backups"]:
-        out.print(f"  backup {b['id']}  {b['created']}  {b.get('series') or ''}")
+        say(f"  backup {b['id']}  {b['created']}  {b.get('series') or ''}")
     lock = doc["lock"]
     if lock:
         stale = " (stale: its process is gone)" if lock.get("stale") else ""
-        out.print(f"  lock: held by {lock.get('holder')} since {lock.get('time')} (run {lock.get('run_id')}, "
-                  f"{lock.get('command')}){stale}")
+        say(f"  lock: held by {lock.get('holder')} since {lock.get('time')} (run {lock.get('run_id')}, "
+            f"{lock.get('command')}){stale}")
     else:
-        out.print("  lock: free")
+        say("  lock: free")
 
 
 @snapshot_app.command("pull")
@@ -371,7 +378,7 @@ def pull(
 
     h = load_host(host)
     paths, _choose, _forced = _series_chooser(family)
-    err.print(f"[dim]{h.name}:[/] reading {len(paths)} file(s)")
+    err.print(f"[dim]{safe(h.name)}:[/] reading {len(paths)} file(s)")
     facts, files = deploy.pull(h, transport_for(h, trust_new_host=trust_new_host), paths)
     patched = deploy.patched_paths(facts, files)
     if patched:

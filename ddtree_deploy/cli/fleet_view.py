@@ -8,6 +8,7 @@ import time
 from typing import List
 
 from ddtree_deploy.cli.app import err, out
+from ddtree_deploy.cli.text import safe
 from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy
 
 _STYLE = {True: "green", False: "red"}
@@ -41,7 +42,7 @@ class FleetView:
         with self.lock:
             for name, (state, step, started) in self.rows.items():
                 secs = f"{time.monotonic() - started:.1f} s" if started and state == "running" else ""
-                table.add_row(name, state, step, secs)
+                table.add_row(safe(name), safe(state), safe(step), secs)
         return table
 
     def started(self, host: str) -> None:
@@ -63,19 +64,17 @@ class FleetView:
         self._done_line(result.host, prev)
         colour = _STYLE[result.kind.ok] if result.kind is not Kind.SKIPPED else "yellow"
         tail = f": {_esc(result.message)}" if result.message and not result.kind.ok else ""
-        err.print(f"[bold {colour}]{result.host}: {result.kind.value}[/]{tail}", highlight=False, soft_wrap=True)
+        err.print(f"[bold {colour}]{safe(result.host)}: {result.kind.value}[/]{tail}", highlight=False, soft_wrap=True)
 
     def _done_line(self, host: str, prev: tuple[str, float] | None) -> None:
         # Refresh first: a line printed during a live display redraws its last render below it.
         self.live.refresh()
         if prev is not None:
-            err.print(f"[dim]{host}:[/] {_esc(prev[0])} [dim]({time.monotonic() - prev[1]:.2f} s)[/]", highlight=False)
+            err.print(f"[dim]{safe(host)}:[/] {_esc(prev[0])} [dim]({time.monotonic() - prev[1]:.2f} s)[/]", highlight=False)
 
 
 def _esc(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
+    return safe(text)
 
 
 def print_outcomes(report: FleetReport) -> None:
@@ -87,7 +86,7 @@ def print_outcomes(report: FleetReport) -> None:
         table.add_column(col, overflow="fold")
     for r in report.results:
         colour = "yellow" if r.kind is Kind.SKIPPED else _STYLE[r.kind.ok]
-        table.add_row(r.host, f"[{colour}]{r.kind.value}[/]", _esc(r.message),
+        table.add_row(safe(r.host), f"[{colour}]{r.kind.value}[/]", _esc(r.message),
                       "" if r.elapsed is None else f"{r.elapsed:.1f} s")
     err.print(table)
     if report.stop_reason:
@@ -113,9 +112,10 @@ def print_status_table(report: FleetReport) -> None:
     for r in report.results:
         if r.kind.ok:
             row = status_row(r.doc)
-            table.add_row(r.host, row["version"], row["phase"], row["series"], row["drift"], _esc(row["lock"]))
+            table.add_row(*(safe(c) for c in (r.host, row["version"], row["phase"], row["series"], row["drift"],
+                                               row["lock"])))
         else:  # why it failed was printed on stderr as it happened
-            table.add_row(r.host, "-", r.kind.value, "-", "-", "-")
+            table.add_row(safe(r.host), "-", r.kind.value, "-", "-", "-")
     out.print(table)
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.text import safe
 from ddtree_deploy.series import show
 from ddtree_deploy.snapshot import Snapshot, snapshot_from_release
 
@@ -31,12 +32,13 @@ def report_snapshot(snap: Snapshot, *, json_output: bool) -> None:
         emit_json({"snapshot": m.name, "folder": str(snap.folder), "manifest": m.to_json()})
         return
     present = [f for f in m.files if not f.absent]
-    out.print(f"snapshot {m.name}: sglang {m.sglang_version}, {len(present)} files, "
-              f"{len(m.files) - len(present)} absent -> {show(snap.folder)}")
+    # The version and paths may come from a host (snapshot pull): printed through `safe`.
+    out.print(safe(f"snapshot {m.name}: sglang {m.sglang_version}, {len(present)} files, "
+                   f"{len(m.files) - len(present)} absent -> {show(snap.folder)}"), highlight=False)
     width = max((len(f.path) for f in m.files), default=0)
     for f in m.files:
         detail = "absent (the series creates it)" if f.absent else f"{f.size:>8} B  sha256 {f.sha256[:16]}"
-        out.print(f"  {f.path:<{width}}  {detail}")
+        out.print(safe(f"  {f.path:<{width}}  {detail}"), highlight=False)
 
 
 @snapshot_app.command("release")
