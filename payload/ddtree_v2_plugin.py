@@ -71,6 +71,12 @@ VERIFY_ATTENTION_BACKENDS = ("flashinfer", "triton", "fa3")
 
 
 def _int_field(args: Any, name: str) -> Optional[int]:
+    if callable(getattr(type(args), "resolve_once", None)):
+        # A ServerArgs record keeps the operator's raw input in its fields; what
+        # resolution decided is read through its declarations.
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        args = resolving_view(args)
     value = getattr(args, name, None)
     if value is None or isinstance(value, bool):
         return None
@@ -78,8 +84,9 @@ def _int_field(args: Any, name: str) -> Optional[int]:
 
 
 def ddtree_budget(server_args: Any) -> int:
-    """B, the draft-tree nodes per request (root excluded). Raises when the args are not
-    DDTREE-resolved or the verify width is not B + 1 (a linear fallback would be)."""
+    """B, the draft-tree nodes per request (root excluded). ``server_args``: a resolved
+    ServerArgs, or the runtime Spec bag. Raises when the args are not DDTREE-resolved or
+    the verify width is not B + 1 (a linear fallback would be)."""
     budget = _int_field(server_args, "speculative_ddtree_budget")
     width = _int_field(server_args, "speculative_num_draft_tokens")
     if budget is None or width is None:

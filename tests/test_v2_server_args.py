@@ -1,0 +1,254 @@
+"""DDTREE server arguments on the REAL patched SGLang 0.5.23, on CPU (the v2 family).
+
+The family (patches/sglang-0.5.20/) is applied in memory by the toolkit's check layer to the
+0.5.23 wheel's own files, overlaid on a host environment (tests/sglang_host.py), and its
+interpreter runs the probe at the bottom of this file: real ``ServerArgs`` on the tiny
+config-only model folders of tests/data/models, resolved by SGLang's own pipeline
+(``resolve_once``), then published to the runtime context as a scheduler would. ``device``
+is "cuda" (DFLASH, and so DDTREE, refuses "cpu"); nothing here touches a GPU. A pristine
+0.5.23 environment runs DFLASH as the baseline, and DDTREE there is an unknown algorithm.
+
+No stand-in: the worker class is imported for real (0.5.23's v2 DFlash worker imports on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FAMILY = REPO / "patches" / "sglang-0.5.20"
+MODELS = REPO / "tests" / "data" / "models"
+RELEASE = "0.5.23"
+PROBE_TAG = "PROBE-JSON:"
+
+pytestmark = pytest.mark.sglang_env
+
+# name -> (ServerArgs keyword overrides, expected: dict of resolved fields, or the error text
+# that must appear in the one-line refusal)
+CASES = {
+    "default": ({}, {"speculative_ddtree_budget": 64, "speculative_num_draft_tokens": 65,
+                     "speculative_eagle_topk": 8, "speculative_ddtree_topk": 8,
+                     "speculative_dflash_block_size": 16}),
+    "budget32-topk4": ({"speculative_ddtree_budget": 32, "speculative_ddtree_topk": 4},
+                       {"speculative_num_draft_tokens": 33, "speculative_eagle_topk": 4,
+                        "speculative_dflash_block_size": 16}),
+    "smallest-budget-for-block": ({"speculative_ddtree_budget": 15},
+                                  {"speculative_num_draft_tokens": 16, "speculative_dflash_block_size": 16}),
+    "topk-above-budget-clamped": ({"speculative_ddtree_budget": 4, "speculative_ddtree_topk": 10,
+                                   "speculative_dflash_block_size": 4},
+                                  {"speculative_num_draft_tokens": 5, "speculative_eagle_topk": 4,
+                                   "speculative_dflash_block_size": 4}),
+    "block-flag": ({"speculative_dflash_block_size": 8, "speculative_ddtree_budget": 16},
+                   {"speculative_num_draft_tokens": 17, "speculative_dflash_block_size": 8}),
+    "consistent-width-flag": ({"speculative_num_draft_tokens": 65}, {"speculative_num_draft_tokens": 65}),
+    "fa3": ({"attention_backend": "fa3"}, {"attention_backend": "fa3"}),
+    # (no radix cache: SGLang's Mamba extra buffer needs a GPU platform, DDTREE or not)
+    "hybrid-allowed": ({"model": "tiny-qwen3-next", "speculative_ddtree_allow_hybrid_unsafe": True,
+                        "disable_radix_cache": True},
+                       {"speculative_num_draft_tokens": 65}),
+    # refusals
+    "budget-0": ({"speculative_ddtree_budget": 0}, "--speculative-ddtree-budget must be an integer in [1, 1024], got 0"),
+    "budget-1025": ({"speculative_ddtree_budget": 1025}, "--speculative-ddtree-budget must be an integer in [1, 1024]"),
+    "topk-0": ({"speculative_ddtree_topk": 0}, "--speculative-ddtree-topk must be an integer >= 1, got 0"),
+    "block-above-width": ({"speculative_ddtree_budget": 8}, "the draft block 16 exceeds the verify width 9"),
+    "block-1": ({"speculative_dflash_block_size": 1, "speculative_ddtree_budget": 4}, "the draft block must be >= 2"),
+    "hybrid": ({"model": "tiny-qwen3-next", "disable_radix_cache": True}, "DDTREE refuses the hybrid target"),
+    "attention-torch-native": ({"attention_backend": "torch_native"}, "attention backend 'torch_native'"),
+    "width-flag-mismatch": ({"speculative_num_draft_tokens": 16}, "--speculative-num-draft-tokens is the verify width"),
+    "eagle-topk-mismatch": ({"speculative_eagle_topk": 2}, "use --speculative-ddtree-topk"),
+    "disaggregation": ({"disaggregation_mode": "decode"}, "does not support prefill/decode disaggregation"),
+}
+REFUSALS = [name for name, (_, want) in CASES.items() if isinstance(want, str)]
+ACCEPTED = [name for name, (_, want) in CASES.items() if isinstance(want, dict)]
+
+
+def _family_overlay(version: str, family: Path = FAMILY) -> dict[str, bytes]:
+    from sglang_host import pristine_files
+
+    from ddtree_deploy.check import check_series
+    from ddtree_deploy.series import load_family
+
+    series = load_family(family)
+    wheel = pristine_files(version)
+    report = check_series(series, {p: wheel.get(p) for p in series.touched_paths()})
+    assert report.ok, report.to_json()
+    return {path: pf.patched for path, pf in report.patched.items()}
+
+
+def _probe(env, what: str, *args: str) -> dict:
+    from sglang_host import run_python
+
+    run = run_python(env, [__file__, what, str(MODELS), *args], timeout=900)
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith(PROBE_TAG)]
+    assert run.returncode == 0 and lines, (
+        f"probe {what} failed (rc {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    )
+    return json.loads(lines[-1][len(PROBE_TAG):])
+
+
+@pytest.fixture(scope="module")
+def patched_env(tmp_path_factory):
+    from sglang_host import make_host_env
+
+    return make_host_env(tmp_path_factory.mktemp("v2") / "patched", overlay=_family_overlay(RELEASE),
+                         version=RELEASE)
+
+
+@pytest.fixture(scope="module")
+def resolved(patched_env):
+    return _probe(patched_env, "resolve", json.dumps({n: c for n, (c, _) in CASES.items()}))
+
+
+@pytest.mark.parametrize("name", ACCEPTED)
+def test_ddtree_resolves(resolved, name):
+    got = resolved[name]
+    assert "error" not in got, got
+    want = CASES[name][1]
+    assert {k: got["fields"][k] for k in want} == want
+    fields = got["fields"]
+    # Overlap scheduler ON, a tree verify of budget + 1, DFlash's draft block kept apart.
+    assert fields["speculative_algorithm"] == "DDTREE"
+    assert fields["disable_overlap_schedule"] is False
+    assert fields["speculative_num_draft_tokens"] == fields["speculative_ddtree_budget"] + 1
+    assert fields["speculative_num_steps"] == 1
+    assert fields["enable_mixed_chunk"] is False
+    # The helpers the worker reads, on the record and on the published runtime Spec bag.
+    for where in ("helpers_record", "helpers_spec_bag"):
+        assert got[where] == {"budget": fields["speculative_ddtree_budget"],
+                              "topk": fields["speculative_eagle_topk"],
+                              "block": fields["speculative_dflash_block_size"]}, where
+    # One number, two meanings: the target verifies budget + 1, the draft runs its block.
+    assert got["target_verify_width"] == fields["speculative_num_draft_tokens"]
+    assert got["draft_verify_width"] == fields["speculative_dflash_block_size"]
+    # The resolved worker tree-verifies.
+    assert got["worker"] == "sglang.srt.speculative.ddtree_worker_v2.DDTreeWorkerV2"
+    assert got["tree_verify"] is True
+
+
+@pytest.mark.parametrize("name", REFUSALS)
+def test_ddtree_refuses_with_one_line(resolved, name):
+    got = resolved[name]
+    assert "error" in got, f"{name} was accepted: {got.get('fields')}"
+    assert got["type"] == "ValueError"
+    assert "\n" not in got["error"].strip(), got["error"]
+    assert CASES[name][1] in got["error"], got["error"]
+
+
+def test_ddtree_is_dflash_everywhere_but_its_own_decisions(resolved):
+    ident = resolved["default"]["identity"]
+    # Every predicate answers as DFLASH does, except the one DDTREE decides itself.
+    differs = {name: v for name, v in ident["predicates"].items() if v != ident["dflash"][name]}
+    assert differs == {"supports_mixed_chunk": False}, differs
+    assert ident["predicates"]["is_dflash"] is True and ident["predicates"]["is_dflash_family"] is True
+    # The scheduler calls these on the algorithm; a bare CustomSpecAlgo lacks them.
+    assert ident["has_create_future_map"] and ident["need_topk"] is False
+    assert ident["needs_hidden_relay"] is False  # hunk 0003
+    assert ident["from_string"] == "CustomSpecAlgo('DDTREE')"
+
+
+def test_launch_server_help_lists_the_flags(patched_env):
+    from sglang_host import run_python
+
+    run = run_python(patched_env, ["-m", "sglang.launch_server", "--help"], timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for flag in ("--speculative-ddtree-budget", "--speculative-ddtree-topk",
+                 "--speculative-ddtree-allow-hybrid-unsafe"):
+        assert flag in run.stdout, flag
+
+
+def test_pristine_release_baseline(tmp_path):
+    # The same probe on the unpatched 0.5.23: DFLASH resolves as DFlash (verify width = the
+    # block, topk 1) and DDTREE is unknown, so the cases above measure the family.
+    from sglang_host import make_host_env
+
+    env = make_host_env(tmp_path / "pristine", version=RELEASE)
+    got = _probe(env, "resolve", json.dumps({"dflash": {"speculative_algorithm": "DFLASH"}, "ddtree": {}}))
+    dflash = got["dflash"]["fields"]
+    assert dflash["speculative_num_draft_tokens"] == 16 and dflash["speculative_eagle_topk"] == 1
+    assert dflash["disable_overlap_schedule"] is False
+    assert "Unknown speculative algorithm name: DDTREE" in got["ddtree"]["error"]
+
+
+# ---------------------------------------------------------------------------
+# The probe, run by the host interpreter: python test_v2_server_args.py resolve MODELS CASES
+
+
+def _probe_resolve(models: Path, cases_json: str) -> dict:
+    import logging
+
+    logging.disable(logging.WARNING)
+    from sglang.srt.runtime_context import get_spec, publish
+    from sglang.srt.server_args import ServerArgs
+
+    try:
+        from sglang.srt.speculative import ddtree_v2_plugin as plugin
+    except ImportError:
+        plugin = None
+    out = {}
+    for name, overrides in json.loads(cases_json).items():
+        overrides = dict(overrides)
+        kwargs = dict(model_path=str(models / overrides.pop("model", "tiny-llama")),
+                      speculative_algorithm="DDTREE",
+                      speculative_draft_model_path=str(models / "tiny-dflash-draft"),
+                      device="cuda", skip_tokenizer_init=True)
+        kwargs.update(overrides)
+        try:
+            args = ServerArgs(**kwargs)
+            args.resolve_once()
+        except Exception as exc:  # the refusal, as the launcher would print it
+            out[name] = {"type": type(exc).__name__, "error": str(exc)}
+            continue
+        fields = args.resolved_dict()
+        keep = ("speculative_algorithm", "speculative_ddtree_budget", "speculative_ddtree_topk",
+                "speculative_num_draft_tokens", "speculative_eagle_topk", "speculative_num_steps",
+                "speculative_dflash_block_size", "disable_overlap_schedule", "enable_mixed_chunk",
+                "attention_backend", "max_running_requests")
+        result = {"fields": {k: fields.get(k) for k in keep}}
+        if fields["speculative_algorithm"] == "DDTREE":
+            result.update(_ddtree_facts(args, plugin, get_spec, publish))
+        out[name] = result
+    return out
+
+
+def _ddtree_facts(args, plugin, get_spec, publish) -> dict:
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_utils import spec_need_hidden_states
+
+    def helpers(source):
+        return {"budget": plugin.ddtree_budget(source), "topk": plugin.ddtree_topk(source),
+                "block": plugin.ddtree_draft_block(source)}
+
+    publish(args, role="scheduler")
+    algo = SpeculativeAlgorithm.from_string("DDTREE")
+    worker = algo.create_worker(args)
+    dflash = SpeculativeAlgorithm.DFLASH
+    names = sorted(n for n in vars(SpeculativeAlgorithm)
+                   if n.startswith(("is_", "supports_")) and callable(getattr(dflash, n, None)))
+    return {
+        "helpers_record": helpers(args),
+        "helpers_spec_bag": helpers(get_spec()),
+        "target_verify_width": algo.get_num_tokens_per_req_for_target_verify(
+            get_spec().speculative_num_draft_tokens, False),
+        "draft_verify_width": algo.get_num_tokens_per_req_for_target_verify(
+            get_spec().speculative_num_draft_tokens, True),
+        "worker": f"{worker.__module__}.{worker.__qualname__}",
+        "tree_verify": getattr(worker, "DDTREE_TREE_VERIFY", None),
+        "identity": {
+            "predicates": {n: getattr(algo, n)() for n in names},
+            "dflash": {n: getattr(dflash, n)() for n in names},
+            "has_create_future_map": callable(getattr(algo, "create_future_map", None)),
+            "need_topk": algo.need_topk(),
+            "needs_hidden_relay": spec_need_hidden_states(),
+            "from_string": repr(algo),
+        },
+    }
+
+
+if __name__ == "__main__":
+    _probes = {"resolve": _probe_resolve}
+    _result = _probes[sys.argv[1]](Path(sys.argv[2]), *sys.argv[3:])
+    print(PROBE_TAG + json.dumps(_result, default=str), flush=True)
