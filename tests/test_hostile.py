@@ -44,12 +44,14 @@ def sshd(tmp_path_factory):
 
 
 def test_hostile_paths_and_names_reach_no_shell(sshd, tmp_path, monkeypatch):
-    canaries = [tmp_path / f"canary{i}" for i in range(3)]
+    canaries = [tmp_path / f"canary{i}" for i in range(2)]
     env_dir = tmp_path / f"v e;n {payload(canaries[0])} {backticks(canaries[1])}"
-    state_dir = tmp_path / f"st'a\"te {payload(canaries[2])};"
     # Series paths may hold no backslash: this canary is relative, i.e. in the remote
     # session's working folder (the login user's home).
-    home_canaries = [Path.home() / f".ddtree-hostile-canary-{tmp_path.name}-{i}" for i in range(2)]
+    home_canaries = [Path.home() / f".ddtree-hostile-canary-{tmp_path.name}-{i}" for i in range(3)]
+    # A state_dir may not hold $ or ` (refused as shell syntax nothing expands: see
+    # test_deploy_safety); quotes, ';' and spaces are still literal characters of a path.
+    state_dir = tmp_path / f"st'a\"te ; touch {home_canaries[2].name} ;"
     dest = (f"sglang/srt/speculative/q'u\"o;$(touch${{IFS}}{home_canaries[0].name})"
             f"`touch${{IFS}}{home_canaries[1].name}`.py")
 
