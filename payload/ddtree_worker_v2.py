@@ -1,0 +1,473 @@
+"""DDTree on SGLang's v2 speculative worker (0.5.20 - 0.5.23), overlap scheduler kept on.
+
+Installed as ``sglang/srt/speculative/ddtree_worker_v2.py``; ``ddtree_v2_plugin`` makes
+``create_worker`` return ``DDTreeWorkerV2`` for ``--speculative-algorithm DDTREE``.
+
+One decode step, all on the device (no ``.item()``, ``.tolist()``, ``.cpu()``, no loop over
+requests), so the overlap scheduler's CPU work for the next batch runs alongside:
+
+1. Draft: the DFlash block ``[bonus, MASK x (block - 1)]`` through the draft model, exactly as
+   ``DFlashWorkerV2`` runs it (same buffers, KV window, draft CUDA graph). Its head keeps the
+   top-K log-probabilities per position instead of the argmax (``_DDTreeTopKHead``: per-shard
+   top-K + log-sum-exp under tensor parallelism, folded into the draft CUDA graph through
+   ``capture_tail_hooks`` when the graph runs, eager otherwise).
+2. Tree: ``ddtree_utils.build_ddtree`` (the one DDTree algorithm of this repository) selects
+   the ``budget`` best prefixes; ``ddtree_lineage.eagle_lineage`` expresses the tree in EAGLE's
+   candidate-lineage ABI.
+3. Verify + accept: SGLang's own EAGLE tree verify, ``build_eagle_verify_input`` +
+   ``run_eagle_verify(..., finalize_tree_path=True)``: tree mask, positions, CUDA-graph
+   replay with a mask, greedy walk or target-only tree sampling, and the accepted path's KV
+   and hidden states moved to the front of each request's window.
+4. Commit: the accepted path now sits at the front, in chain order, so DFlash's chain-shaped
+   draft-KV writer (``_append_target_hidden_to_draft_kv_by_loc`` with ``commit_lens``) hands the
+   draft the target hidden states of exactly the committed tokens.
+
+Widths: the target verifies ``budget + 1`` tokens per request (``speculative_num_draft_tokens``
+after the plugin's resolution); the draft runs its own block (``speculative_dflash_block_size``).
+``__init__`` builds the DFlash machinery under ``get_spec().override(speculative_num_draft_tokens
+= block)`` so every draft-side size reads the block.
+
+Not supported (refused at start-up with one line): DFlash heads that are not per-position
+marginals (selector, Domino, LiLiCorr), the compact draft window (``--speculative-draft-window-
+size``), data-parallel attention, grammar-constrained requests (refused per batch), and
+hybrid recurrent targets (the plugin refuses them unless the unsafe flag is given; then
+EAGLE's own tree-aware ``commit_mamba_states_after_verify`` runs).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Tuple
+
+import torch
+
+from sglang.srt.speculative import dflash_worker_v2 as _dfw
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.ddtree_lineage import (
+    decode_reserve,
+    eagle_lineage,
+    sharded_topk_logprobs,
+    verify_width,
+)
+from sglang.srt.speculative.ddtree_utils import build_ddtree
+
+logger = logging.getLogger(__name__)
+
+
+def _tp_all_gather(tp_group):
+    """x [T, m] -> [world, T, m] over the tensor-parallel group (None on one rank)."""
+    if tp_group is None or int(tp_group.world_size) == 1:
+        return None
+
+    def gather(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(
+            (int(tp_group.world_size) * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device
+        )
+        tp_group.all_gather_into_tensor(out, x.contiguous())
+        return out.view(int(tp_group.world_size), *x.shape)
+
+    return gather
+
+
+class _DDTreeTopKHead:
+    """The DFlash draft's head for DDTree: top-K log-probabilities at block positions 1..B-1,
+    over the target's LM head (DFlash has none of its own). Called with the draft's hidden
+    states, eagerly or as a capture-tail hook inside the draft CUDA graph; results land in
+    static buffers (fixed addresses, replay-safe)."""
+
+    def __init__(self, *, weight, block_size, k, num_org, org_vocab_start, max_bs, tp_group):
+        self.weight = weight
+        self.block_size = int(block_size)
+        self.num_org = int(num_org)
+        self.org_vocab_start = int(org_vocab_start)
+        self.gather = _tp_all_gather(tp_group)
+        # One rank: K is capped by the vocabulary; several: every rank gathers exactly K
+        # (sharded_topk_logprobs pads a narrow shard).
+        self.k = min(int(k), self.num_org) if self.gather is None else int(k)
+        rows = int(max_bs) * (self.block_size - 1)
+        self.logprobs = torch.empty((rows, self.k), dtype=torch.float32, device=weight.device)
+        self.tokens = torch.empty((rows, self.k), dtype=torch.int64, device=weight.device)
+
+    def __call__(self, hidden_states, input_ids=None):
+        bs = hidden_states.shape[0] // self.block_size
+        hs = hidden_states.view(bs, self.block_size, -1)[:, 1:, :].reshape(
+            -1, hidden_states.shape[-1]
+        )
+        if hs.dtype != self.weight.dtype:
+            hs = hs.to(self.weight.dtype)
+        logits = torch.matmul(hs, self.weight[: self.num_org].T)
+        values, ids = sharded_topk_logprobs(
+            logits, self.k, vocab_start=self.org_vocab_start, all_gather=self.gather
+        )
+        rows = hs.shape[0]
+        self.logprobs[:rows].copy_(values)
+        self.tokens[:rows].copy_(ids)
+
+    def read(self, bs: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(logprobs, tokens) [bs, block - 1, K] of the last call."""
+        rows = bs * (self.block_size - 1)
+        shape = (bs, self.block_size - 1, self.k)
+        return self.logprobs[:rows].view(shape), self.tokens[:rows].view(shape)
+
+
+class DDTreeWorkerV2(DFlashWorkerV2):
+    """DFlash draft, DDTree tree, EAGLE tree verify; see the module docstring."""
+
+    # Contract with the toolkit's import/cli smoke levels and matrix --import: this class
+    # really tree-verifies (a DDTREE resolving to a class without it is silently linear).
+    DDTREE_TREE_VERIFY = True
+
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        from sglang.srt.runtime_context import get_parallel, get_spec
+        from sglang.srt.speculative.ddtree_v2_plugin import (
+            ddtree_budget,
+            ddtree_draft_block,
+            ddtree_topk,
+        )
+
+        spec = get_spec()
+        self.ddtree_budget = ddtree_budget(spec)
+        self.ddtree_topk = ddtree_topk(spec)
+        draft_block = ddtree_draft_block(spec)
+        self.ddtree_verify_width = verify_width(self.ddtree_budget)
+        # The draft side (block buffers, draft runner, mask-token block) reads the block.
+        with spec.override(speculative_num_draft_tokens=draft_block):
+            super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        if int(self.block_size) != draft_block:
+            raise ValueError(
+                f"DDTREE: the DFlash worker built a draft block of {self.block_size}, "
+                f"expected speculative_dflash_block_size={draft_block}."
+            )
+        if self.selector is not None or self.lilicorr is not None or self._is_domino:
+            raise ValueError(
+                "DDTREE needs a plain DFlash draft (per-position marginals); this draft "
+                "has a selector/Domino/LiLiCorr head: use --speculative-algorithm DFLASH."
+            )
+        if self.use_compact_draft_cache:
+            raise ValueError(
+                "DDTREE does not support --speculative-draft-window-size (the compact "
+                "draft cache); drop the flag."
+            )
+        if get_parallel().attn_dp_enabled:
+            raise ValueError("DDTREE does not support --enable-dp-attention; drop the flag.")
+        self._init_ddtree_state()
+
+    def _init_ddtree_state(self) -> None:
+        """Per-worker DDTree state (also used by the CPU tests, which build the worker
+        without loading models)."""
+        # Depths the draft gives: block positions 1..block-1.
+        self.ddtree_depth = int(self.block_size) - 1
+        self.ddtree_reserve = decode_reserve(self.ddtree_budget, int(self.block_size))
+        self._ddtree_head: Optional[_DDTreeTopKHead] = None
+        # Verify steps in which some request accepted an off-chain node (rank > 0 somewhere
+        # on its path): a device counter, read only when the internal state is asked for.
+        self._ddtree_offchain = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._ddtree_steps = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    # ---------------------------------------------------------------------------------
+    # Start-up: the draft graph folds the top-K head in (instead of DFlash's argmax head).
+
+    def init_cuda_graphs(self):
+        from sglang.srt.runtime_context import get_spec
+
+        with get_spec().override(speculative_num_draft_tokens=int(self.block_size)):
+            super().init_cuda_graphs()
+
+    def _maybe_build_draft_sampler(self):
+        """Replaces DFlash's in-graph argmax head with the top-K head (dense LM head only;
+        otherwise the head runs eagerly after the draft forward, same numbers)."""
+        from sglang.srt.runtime_context import get_exec, get_parallel
+
+        head = self._build_ddtree_head(max_bs=max(get_exec().graph.cuda_graph_config.decode.bs))
+        if head is None:
+            return None
+        self._ddtree_head = head
+        if get_parallel().tp_rank == 0:
+            logger.info("DDTREE draft top-%d head folded into the draft cuda graph.", head.k)
+        return head
+
+    def _build_ddtree_head(self, max_bs: int) -> Optional[_DDTreeTopKHead]:
+        from sglang.srt.runtime_context import get_parallel
+
+        lm_head = _dfw.unwrap_lora_layer(
+            getattr(self._target_worker.model_runner.model, "lm_head", None)
+        )
+        weight = getattr(lm_head, "weight", None)
+        if weight is None or not _dfw.is_dense_head_weight(weight):
+            return None
+        tp_group = get_parallel().tp_group
+        shard = getattr(lm_head, "shard_indices", None)
+        if shard is None:
+            if int(tp_group.world_size) != 1:
+                return None
+            num_org, start = int(weight.shape[0]), 0
+        else:
+            if int(shard.num_added_elements) != 0:
+                return None
+            num_org, start = int(shard.num_org_elements), int(shard.org_vocab_start_index)
+        return _DDTreeTopKHead(
+            weight=weight,
+            block_size=int(self.block_size),
+            k=self.ddtree_topk,
+            num_org=num_org,
+            org_vocab_start=start,
+            max_bs=max_bs,
+            tp_group=tp_group if int(tp_group.world_size) > 1 else None,
+        )
+
+    # ---------------------------------------------------------------------------------
+    # Decode
+
+    def forward_batch_generation(
+        self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
+    ):
+        # Prefill (target prefill + prompt KV into the draft) and idle batches are DFlash's.
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            return super().forward_batch_generation(
+                batch, on_publish, grammar_barrier, pp_proxy_tensors
+            )
+        if batch.has_grammar:
+            raise RuntimeError(
+                "DDTREE does not support grammar-constrained requests yet; serve them "
+                "with --speculative-algorithm DFLASH."
+            )
+        draft_input = batch.spec_info
+        window = self._ddtree_draft(batch, draft_input)
+        logprobs, tokens = window["logprobs"], window["tokens"]
+        return self._ddtree_verify_and_commit(
+            batch, draft_input, logprobs, tokens, window, on_publish
+        )
+
+    def _ddtree_draft(self, batch, draft_input) -> dict:
+        """The DFlash draft block (as DFlashWorkerV2 runs it, plain head only), then the
+        top-K head. Returns the block window (cache locs, positions, KV plan) and the
+        per-depth top-K log-probs / tokens [bs, block - 1, K]."""
+        dfw = _dfw
+        bs = len(batch.seq_lens)
+        device = self.device
+        block = int(self.block_size)
+        batch.seq_lens.record_stream(torch.get_device_module(device).current_stream())
+        target_model = self.target_worker.model_runner.model
+        embed_module = dfw.unwrap_lora_layer(
+            dfw._resolve_dflash_embedding_module(self.draft_model, target_model)
+        )
+        self._ensure_draft_block_buffers(bs)
+        block_ids = self._draft_block_ids_buf[:bs]
+        positions_2d = self._draft_block_positions_buf[:bs]
+        cache_loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
+        prefix_lens = batch.seq_lens
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        block_ids.fill_(int(self._mask_token_id))
+        block_ids[:, 0].copy_(draft_input.bonus_tokens)
+        torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
+        cache_loc_2d.copy_(
+            dfw.assign_extend_cache_locs_func(
+                req_pool_indices=batch.req_pool_indices,
+                req_to_token=req_to_token,
+                start_offset=prefix_lens,
+                end_offset=prefix_lens + block,
+                batch_size=bs,
+                draft_token_num=block,
+                device=device,
+            ).view(bs, block)
+        )
+        if self._full_embed_gpu is not None:
+            noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+        else:
+            noise = embed_module(block_ids)
+        if self._noise_embed_scale != 1.0:
+            noise = noise * self._noise_embed_scale
+        positions = positions_2d.reshape(-1)
+        cache_loc = cache_loc_2d.reshape(-1)
+        kv_loc_plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            seq_lens_cpu=(
+                batch.seq_lens_cpu
+                if batch.seq_lens_cpu is not None
+                else draft_input.nxt_kv_lens_cpu
+            ),
+            write_virtual=cache_loc,
+            read_extent=block,
+        )
+        # Host-side planning bound (no device read): committed prefix + one block, or the
+        # allocator's reservation when the scheduler keeps no host copy of seq_lens.
+        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+        if batch.seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(batch.seq_lens_cpu)
+            seq_lens_cpu.add_(block)
+            seq_lens_sum = int(seq_lens_cpu.sum())
+        else:
+            seq_lens_cpu.copy_(draft_input.nxt_kv_lens_cpu)
+            seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
+        forward_batch = dfw.ForwardBatch(
+            forward_mode=dfw.ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            out_cache_loc=cache_loc,
+            seq_lens_sum=seq_lens_sum,
+            seq_lens_cpu=seq_lens_cpu,
+            positions=positions,
+            input_embeds=noise.view(-1, noise.shape[-1]),
+            spec_algorithm=dfw.SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=dfw.CaptureHiddenMode.NULL,
+            num_token_non_padded=(
+                torch.full((), bs * block, dtype=torch.int32, device=device)
+                if dfw.enable_num_token_non_padded()
+                else None
+            ),
+            global_num_token_non_padded_cpu=bs * block,
+            can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
+        )
+        kv_loc_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        with torch.inference_mode(), dfw.draft_tp_context(self.draft_parallel_layout):
+            draft_out = self.draft_model_runner.forward(forward_batch)
+            if self._ddtree_head is not None and draft_out.can_run_graph:
+                logprobs, tokens = self._ddtree_head.read(bs)  # filled inside the graph
+            else:
+                hidden = draft_out.logits_output.hidden_states
+                if hidden is None:
+                    raise RuntimeError("DDTREE: the DFlash draft returned no hidden states.")
+                head = self._ddtree_head or self._build_ddtree_head(max_bs=bs)
+                if head is None or head.logprobs.shape[0] < bs * (block - 1):
+                    head = self._build_ddtree_head(max_bs=bs)
+                if head is None:
+                    raise RuntimeError(
+                        "DDTREE needs a dense target lm_head (quantized or added-vocab heads "
+                        "are not supported for the draft's top-K)."
+                    )
+                head(hidden)
+                logprobs, tokens = head.read(bs)
+        return {
+            "logprobs": logprobs,
+            "tokens": tokens,
+            "cache_loc_2d": cache_loc_2d,
+            "positions_2d": positions_2d,
+            "kv_loc_plan": kv_loc_plan,
+        }
+
+    def _ddtree_build(self, roots, logprobs, tokens):
+        """Tree (budget nodes) + its EAGLE lineage. Device-only."""
+        layout = build_ddtree(logprobs, tokens, roots, self.ddtree_budget)
+        parent_list, top_scores_index, draft_tokens = eagle_lineage(layout, tokens)
+        return layout, parent_list, top_scores_index, draft_tokens
+
+    def _ddtree_verify_and_commit(
+        self, batch, draft_input, logprobs, tokens, window, on_publish
+    ):
+        from sglang.srt.managers.utils import GenerationBatchResult
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+        from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
+        from sglang.srt.speculative.eagle_worker_common import (
+            build_eagle_verify_input,
+            run_eagle_verify,
+        )
+
+        bs = len(batch.seq_lens)
+        n = self.ddtree_verify_width
+        k = int(tokens.shape[2])
+        prefix_lens = batch.seq_lens
+        roots = draft_input.bonus_tokens.view(-1).to(torch.int64)
+        layout, parent_list, top_scores_index, draft_tokens = self._ddtree_build(
+            roots, logprobs, tokens
+        )
+        verify_input = build_eagle_verify_input(
+            batch,
+            EagleDraftInput(bonus_tokens=roots),
+            parent_list,
+            top_scores_index,
+            draft_tokens,
+            None,
+            target_worker=self.target_worker,
+            topk=k,
+            num_steps=layout.max_depth,
+            num_draft_tokens=n,
+            tree_mask_mode=default_tree_mask_mode(),
+            device=self.device,
+        )
+        batch.spec_info = verify_input
+        plan_stream = getattr(self, "plan_stream", None)
+        plan_stream_ctx = getattr(self, "plan_stream_ctx", None)
+        if plan_stream_ctx is None:
+            import contextlib
+
+            plan_stream_ctx = contextlib.nullcontext()
+        result = run_eagle_verify(
+            batch,
+            target_worker=self.target_worker,
+            req_to_token_pool=self.model_runner.req_to_token_pool,
+            token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
+            plan_stream=plan_stream,
+            plan_stream_ctx=plan_stream_ctx,
+            topk=k,
+            num_draft_tokens=n,
+            device=self.device,
+            metadata_ready_pre_pad=False,
+            finalize_tree_path=True,
+        )
+        accept_lens = result.accept_lens  # committed tokens per request (root + accepted)
+        new_seq_lens = result.new_seq_lens
+        self._ddtree_count_offchain(result.accept_index, parent_list, top_scores_index, k)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        # Draft KV: the accepted path is at the front of each request's window now, in
+        # chain order, so the first accept_lens rows of the block window are committed.
+        logits_output = result.logits_output
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
+        width = min(n, int(self.block_size))
+        hidden = hidden.view(bs, n, -1)[:, :width]
+        cache_loc_2d = self._draft_write_ids(window["kv_loc_plan"]).view(bs, -1)[:, :width]
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=hidden.reshape(-1, hidden.shape[-1]),
+            cache_loc=cache_loc_2d.reshape(-1),
+            cache_loc_2d=cache_loc_2d,
+            positions=window["positions_2d"][:, :width].reshape(-1),
+            commit_lens=accept_lens,
+        )
+        logits_output.hidden_states = None  # not copied to the host under overlap
+
+        next_draft_input = self._make_next_draft_input_decode(
+            bonus_tokens=result.next_draft_input.bonus_tokens.to(torch.int64),
+            new_seq_lens=new_seq_lens,
+        )
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=result.next_token_ids,  # [bs * n], accepted tokens at the front
+            accept_lens=accept_lens,
+            can_run_cuda_graph=result.can_run_cuda_graph,
+            next_draft_input=next_draft_input,
+            speculative_num_draft_tokens=n,
+            new_seq_lens=new_seq_lens,
+            routed_experts_output=result.routed_experts_output,
+            indexer_topk_output=result.indexer_topk_output,
+            extra_keep_alive_refs=result.extra_keep_alive_refs,
+        )
+
+    def _ddtree_count_offchain(self, accept_index, parent_list, top_scores_index, k) -> None:
+        """Device-side: +1 when some request's accepted path holds a node of rank > 0."""
+        bs, n = top_scores_index.shape[0], top_scores_index.shape[1] + 1
+        node = (accept_index.to(torch.int64) - (torch.arange(bs, device=accept_index.device)
+                                                * n).unsqueeze(1))
+        ok = (accept_index >= 0) & (node > 0)
+        ranks = top_scores_index.gather(1, (node - 1).clamp(min=0, max=n - 2)) % k
+        self._ddtree_offchain += (ok & (ranks > 0)).any().to(torch.int64)
+        self._ddtree_steps += 1
+
+    # ---------------------------------------------------------------------------------
+    # Reporting (/server_info internal_states; read on request, never in the decode step)
+
+    def ddtree_internal_state(self) -> dict:
+        return {
+            "ddtree_verify_width": int(self.ddtree_verify_width),
+            "ddtree_worker_class": type(self).__name__,
+            "ddtree_offchain_accepts": int(self._ddtree_offchain.item()),
+        }
+
+
+__all__ = ["DDTreeWorkerV2"]

@@ -1,0 +1,286 @@
+"""DDTree on SGLang's v2 worker (payload/ddtree_worker_v2.py) against the REAL SGLang 0.5.23.
+
+Two layers:
+
+1. In this interpreter (torch only): the lineage encoding (``payload/ddtree_lineage.py``) fed
+   to a torch transcription of SGLang's EAGLE tree builder reproduces the DDTree layout of
+   ``payload/ddtree_utils.py`` exactly (links, positions, mask rows); the stand-ins for
+   SGLang's greedy walk and target-only sampling walk agree with the DDTree reference
+   (``greedy_accept`` / ``sample_accept``) draw for draw; the sharded top-K equals the
+   full-vocabulary top-K; ``decode_reserve`` is what the overlap scheduler needs.
+2. In a host environment with the real 0.5.23 wheel plus the v2 payload
+   (tests/v2_worker_probe.py, run by the host interpreter with ``SGLANG_USE_CPU_ENGINE=1``):
+   the worker's verify/accept/commit (``DDTreeWorkerV2._ddtree_verify_and_commit``) drives
+   SGLang's own ``build_eagle_verify_input`` + ``run_eagle_verify(finalize_tree_path=True)``
+   on a real ``ScheduleBatch``, ``ReqToTokenPool``, ``TokenToKVPoolAllocator`` over a real
+   ``MHATokenToKVPool`` (float64), ``RadixCache`` (disabled), ``KVIndexTranslator``,
+   ``ForwardBatch.init_new``, with the real ``prepare_for_decode`` over-allocation and the
+   real ``release_kv_cache``; a tiny float64 transformer is the target.
+   - greedy: three requests of different prompt lengths finishing mid-path emit exactly the
+     target's greedy tokens; every KV slot and request row is free at the end; each slot of
+     a committed position holds that position's KV; the draft is handed, for every committed
+     position, the same hidden state as sequential decoding;
+   - sampling: the first emitted tokens' law equals the target's (chi-square, tiny vocabulary);
+   - no host sync: the tree build + lineage make no .item()/.tolist()/.cpu() call.
+
+NAMED STAND-INS (see tests/v2_worker_probe.py and tests/v2_kernel_standins.py): the
+``sgl_kernel`` CPU ops on this path (tree builder, greedy walk, cache-loc gathers, bonus fill;
+a compiled wheel this machine lacks) and ``tree_speculative_sampling_target_only`` (no CPU op
+exists) in pure torch; the target forward (TinyTarget on the real KV pool, honouring the
+verify's custom mask and positions); the ModelRunner's attribute bag; the draft (a perturbed
+TinyTarget along its own greedy chain); DFlash's draft-KV writer replaced by a recorder.
+
+NOT driven on CPU at all: the DFlash draft model forward and its CUDA graph (the top-K head
+folded in through ``capture_tail_hooks``), ``DDTreeWorkerV2.__init__`` (loads the draft model
+on a GPU), the attention backends' tree-mask kernels and CUDA-graph replay of the target
+verify, the fused Triton/CUDA kernels EAGLE uses on a GPU (``prepare_verify_commit_outputs``,
+``build_chain_tree``), the plan stream, and tensor parallelism across real ranks (simulated
+with vocabulary shards). scripts/gpu_check_v2.sh covers those on one GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "payload"))
+sys.path.insert(0, str(REPO / "tests"))
+
+import ddtree_lineage as dl  # noqa: E402
+import ddtree_utils as du  # noqa: E402
+import v2_kernel_standins as ks  # noqa: E402
+
+PROBE = REPO / "tests" / "v2_worker_probe.py"
+RELEASE = "0.5.23"
+# The v2 payload as the family installs it (sglang/srt/speculative/<name>.py).
+PAYLOAD = ("ddtree_utils", "ddtree_lineage", "ddtree_worker_v2", "ddtree_v2_plugin")
+
+
+def _probe_module():
+    spec = importlib.util.spec_from_file_location("v2_worker_probe", PROBE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. torch only
+
+
+def _eagle_build(layout, seq_lens, mask_mode=0):
+    """Lineage -> the EAGLE tree builder (stand-in transcription) -> its outputs."""
+    bs, n = layout.tokens.shape
+    parent_list, sel, draft_tokens = dl.eagle_lineage(layout, _CAND[id(layout)])
+    total = int(seq_lens.sum())
+    size = total * n + n * n * bs if mask_mode == 0 else n * n * bs
+    mask = torch.ones(size, dtype=torch.bool)
+    pos = torch.empty(bs * n, dtype=torch.long)
+    retrieve = torch.full((3, bs, n), -1, dtype=torch.long)
+    ks.build_tree_kernel_efficient_cpu(
+        parent_list, sel, seq_lens, mask, pos, retrieve[0], retrieve[1], retrieve[2],
+        int(_CAND[id(layout)].shape[2]), layout.max_depth, n, mask_mode,
+    )
+    return mask, pos, retrieve, draft_tokens
+
+
+_CAND: dict = {}
+
+
+def _random_tree(gen, *, bs=3, depth=None, vocab=12, k=None, budget=None, pad=False):
+    depth = depth or int(torch.randint(1, 6, (1,), generator=gen))
+    k = k or int(torch.randint(1, 5, (1,), generator=gen))
+    budget = budget or int(torch.randint(1, 24, (1,), generator=gen))
+    logits = torch.randint(0, 3, (bs, depth, vocab), generator=gen).float()  # many ties
+    logprobs, tokens = du.topk_logprobs(logits, k)
+    if pad:  # one drawable token per depth: a chain, the rest is padding
+        logprobs[:, :, 1:] = float("-inf")
+    roots = torch.randint(0, vocab, (bs,), generator=gen)
+    layout = du.build_ddtree(logprobs, tokens, roots, budget)
+    _CAND[id(layout)] = tokens
+    return layout
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_lineage_through_eagle_builder_is_the_ddtree_layout(seed):
+    gen = torch.Generator().manual_seed(seed)
+    layout = _random_tree(gen, pad=seed % 4 == 0)
+    bs, n = layout.tokens.shape
+    seq_lens = torch.randint(0, 6, (bs,), generator=gen)
+    mask, pos, retrieve, draft_tokens = _eagle_build(layout, seq_lens)
+    assert torch.equal(retrieve[0], layout.retrieve_index)
+    assert torch.equal(retrieve[1], layout.retrieve_next_token)
+    assert torch.equal(retrieve[2], layout.retrieve_next_sibling)
+    assert torch.equal(draft_tokens, layout.tokens[:, 1:])
+    valid = layout.valid.reshape(-1)
+    assert torch.equal(pos[valid], du.positions(layout, seq_lens)[valid])
+    ref = du.flat_mask_for_sglang(layout, seq_lens, int(seq_lens.sum()))
+    rows = (seq_lens + n).repeat_interleave(n)
+    starts = rows.cumsum(0) - rows
+    for r in torch.nonzero(valid).flatten().tolist():  # padding rows: never read
+        s, e = int(starts[r]), int(starts[r] + rows[r])
+        assert torch.equal(mask[s:e], ref[s:e]), r
+    # The QLEN_ONLY layout (EAGLE's CPU/XPU mode) carries the same tree block.
+    qmask, _, _, _ = _eagle_build(layout, seq_lens, mask_mode=1)
+    tree = qmask.view(bs, n, n)
+    assert torch.equal(tree[layout.valid], layout.tree_mask[layout.valid])
+
+
+def test_lineage_rejects_nothing_silently_on_padding():
+    # Padding nodes must not be linked (their token could otherwise be "accepted").
+    gen = torch.Generator().manual_seed(7)
+    layout = _random_tree(gen, depth=3, k=2, budget=20, pad=True)
+    assert (~layout.valid).any()
+    _, _, retrieve, _ = _eagle_build(layout, torch.zeros(3, dtype=torch.long))
+    padded = torch.nonzero(~layout.valid)
+    linked_to = set(retrieve[1].flatten().tolist()) | set(retrieve[2].flatten().tolist())
+    for b, i in padded.tolist():
+        assert int(retrieve[1][b, i]) == -1 and int(retrieve[2][b, i]) == -1
+        assert not any(int(retrieve[1][b, j]) == i or int(retrieve[2][b, j]) == i
+                       for j in range(layout.num_nodes)), (b, i, linked_to)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_greedy_walk_standin_equals_ddtree_reference(seed):
+    gen = torch.Generator().manual_seed(100 + seed)
+    layout = _random_tree(gen, pad=seed % 5 == 0)
+    bs, n = layout.tokens.shape
+    # Targets that follow a child often (so paths go deep), random otherwise.
+    target = torch.randint(0, 12, (bs, n), generator=gen)
+    follow = torch.rand(bs, n, generator=gen) < 0.7
+    nxt = layout.retrieve_next_token.clamp(min=0)
+    target = torch.where(follow & (layout.retrieve_next_token >= 0),
+                         layout.tokens.gather(1, nxt), target)
+    ref = du.greedy_accept(layout, target)
+    steps = layout.max_depth + 1
+    predicts = torch.zeros(bs * n, dtype=torch.long)
+    accept_index = torch.full((bs, steps), -1, dtype=torch.long)
+    num = torch.zeros(bs, dtype=torch.long)
+    ks.verify_tree_greedy_cpu(predicts, accept_index, num, layout.tokens,
+                              layout.retrieve_index, layout.retrieve_next_token,
+                              layout.retrieve_next_sibling, target)
+    assert torch.equal(accept_index, ref.accept_index)
+    assert torch.equal(num, ref.accept_length)
+    assert torch.equal(predicts, ref.predicts)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sampling_walk_standin_equals_ddtree_reference(seed):
+    # With one coin per request (the same u at every node) both walks make the same draw.
+    gen = torch.Generator().manual_seed(200 + seed)
+    layout = _random_tree(gen, vocab=6, pad=seed % 5 == 0)
+    bs, n = layout.tokens.shape
+    probs = torch.softmax(torch.randn(bs, n, 6, generator=gen) * 2, -1).double()
+    u = torch.rand(bs, generator=gen).double()
+    final = torch.rand(bs, generator=gen).double()
+    steps = layout.max_depth + 1
+    ref = du.sample_accept(layout, probs, coins=u.unsqueeze(1).expand(bs, steps).float(),
+                           final_coins=final.float())
+    predicts = torch.zeros(bs * n, dtype=torch.long)
+    accept_index = torch.full((bs, steps), -1, dtype=torch.long)
+    num = torch.zeros(bs, dtype=torch.long)
+    ks.tree_speculative_sampling_target_only(
+        predicts, accept_index, num, layout.tokens, layout.retrieve_index,
+        layout.retrieve_next_token, layout.retrieve_next_sibling,
+        u.unsqueeze(1).expand(bs, n).contiguous(), final, probs, torch.zeros_like(probs),
+    )
+    assert torch.equal(accept_index, ref.accept_index)
+    assert torch.equal(num, ref.accept_length)
+    last = accept_index.gather(1, num.unsqueeze(1)).squeeze(1)
+    assert torch.equal(predicts[last], ref.bonus)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 5])
+def test_sharded_topk_equals_full_vocabulary(shards):
+    gen = torch.Generator().manual_seed(shards)
+    vocab, k = 23, 6
+    logits = torch.randn(8, vocab, generator=gen, dtype=torch.float64) * 3
+    logits[0, 4] = logits[0, 17]  # a tie across shards: the lower id first, like topk
+    bounds = [vocab * i // shards for i in range(shards + 1)]
+    parts = [logits[:, bounds[i]:bounds[i + 1]] for i in range(shards)]
+
+    def rank_result(i):  # what rank i computes inside sharded_topk_logprobs (padded to k)
+        kk = min(k, parts[i].shape[1])
+        v, ids = torch.topk(parts[i].float(), kk, dim=-1)
+        v = torch.cat([v, torch.full((8, k - kk), float("-inf"))], 1)
+        ids = torch.cat([ids.long() + bounds[i], torch.full((8, k - kk), bounds[i])], 1)
+        return v, ids, torch.logsumexp(parts[i].float(), -1, keepdim=True)
+
+    calls = iter(range(3))
+
+    def gather(x):
+        which = next(calls)
+        return torch.stack([rank_result(i)[which] for i in range(shards)])
+
+    lp, tok = dl.sharded_topk_logprobs(
+        parts[0], k, 0, all_gather=gather if shards > 1 else None
+    )
+    ref_v, ref_i = torch.topk(torch.log_softmax(logits.float(), -1), k, dim=-1)
+    assert torch.allclose(lp, ref_v, atol=1e-5)
+    assert torch.equal(tok[1:], ref_i[1:])
+    assert sorted(tok[0].tolist()[:2]) == sorted(ref_i[0].tolist()[:2])
+
+
+def test_decode_reserve_covers_lag_plus_window():
+    # Lag: one step commits at most the draft block; window: max(B + 1, block).
+    assert dl.decode_reserve(64, 16) == 16 + 65
+    assert dl.decode_reserve(8, 16) == 32
+    assert dl.decode_reserve(64, 16) < 2 * (64 + 1)  # DFlash's 2 x width over-reserves
+    with pytest.raises(ValueError):
+        dl.decode_reserve(0, 16)
+
+
+def test_worker_file_carries_the_tree_marker_and_no_host_sync_in_decode():
+    # The smoke/matrix contract, and the decode step's source free of host syncs.
+    import ast
+
+    tree = ast.parse((REPO / "payload" / "ddtree_worker_v2.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DDTreeWorkerV2")
+    marker = [n for n in cls.body if isinstance(n, ast.Assign)
+              and any(getattr(t, "id", None) == "DDTREE_TREE_VERIFY" for t in n.targets)]
+    assert marker and marker[0].value.value is True
+    decode = {"_ddtree_build", "_ddtree_verify_and_commit", "_ddtree_count_offchain"}
+    for fn in cls.body:
+        if isinstance(fn, ast.FunctionDef) and fn.name in decode:
+            calls = {n.func.attr for n in ast.walk(fn)
+                     if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+            assert not calls & {"item", "tolist", "cpu", "numpy"}, (fn.name, calls)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. the real release
+
+
+@pytest.fixture(scope="module")
+def probe_results(tmp_path_factory) -> dict:
+    from sglang_host import make_host_env, run_python
+
+    overlay = {
+        f"sglang/srt/speculative/{name}.py": (REPO / "payload" / f"{name}.py").read_bytes()
+        for name in PAYLOAD
+    }
+    env = make_host_env(tmp_path_factory.mktemp("host") / "v2", overlay=overlay,
+                        version=RELEASE)
+    standin = ks.install_as_sgl_kernel(tmp_path_factory.mktemp("standin"))
+    probe = _probe_module()
+    run = run_python(
+        env, [str(PROBE), *probe.CASES], timeout=900,
+        extra_env={"PYTHONPATH": standin, "SGLANG_USE_CPU_ENGINE": "1"},
+    )
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith(probe.TAG)]
+    assert run.returncode == 0 and lines, (
+        f"probe failed (rc {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    )
+    return json.loads(lines[-1][len(probe.TAG):])
+
+
+@pytest.mark.parametrize("case", _probe_module().CASES)
+def test_v2_worker_on_real_sglang(probe_results: dict, case: str) -> None:
+    result = probe_results[case]
+    assert result == "ok", f"{case}:\n{result}"

@@ -1,0 +1,561 @@
+"""Probe run INSIDE a test host (real SGLang 0.5.23 + the v2 payload) by tests/test_v2_worker.py.
+
+``python v2_worker_probe.py CASE...`` prints one line ``V2PROBE:{json}`` mapping each case to
+"ok" or the failure text. Module level is stdlib-only (the test imports it for CASES/TAG).
+
+What is real here: SGLang's ``ScheduleBatch`` of ``Req`` objects, ``ReqToTokenPool``,
+``TokenToKVPoolAllocator`` over a real ``MHATokenToKVPool`` (CPU, float64), ``RadixCache`` (disabled, as with --disable-radix-cache),
+``KVIndexTranslator``, ``ForwardBatch.init_new``, ``LogitsProcessorOutput``, the runtime
+context from a real ``ServerArgs``, and, driven through ``DDTreeWorkerV2._ddtree_verify_and_
+commit``, SGLang's ``build_eagle_verify_input``, ``run_eagle_verify`` (``eagle_prepare_for_
+verify``, ``eagle_sample``, ``move_accept_tokens_to_target_kvcache``,
+``_finalize_accept_tree_path``) and DFlash's draft-KV writer entry point.
+
+NAMED STAND-INS:
+- ``sgl_kernel``: the CPU ops on that path, pure torch (tests/v2_kernel_standins.py).
+- ``tree_speculative_sampling_target_only`` (no CPU op exists) and ``eagle_utils._is_cpu``
+  forced False, for the sampling case only, so EAGLE takes its sampling branch.
+- The target: ``TinyTarget``, a 2-layer float64 transformer whose attention reads and writes
+  SGLang's real KV pool through ``out_cache_loc`` / ``req_to_token`` and honours the verify's
+  custom mask and positions (the CPU stand-in for the target model runner's forward).
+- The draft: per-depth top-K from ``TinyTarget`` perturbed, run along its own greedy chain
+  (the DFlash draft model needs a checkpoint and a GPU model runner); its top-K goes through
+  ``ddtree_lineage.sharded_topk_logprobs`` like the worker's head.
+- ``_append_target_hidden_to_draft_kv_by_loc`` (DFlash's draft-KV writer; its kernels need the
+  draft model) is replaced by a recorder of what it is handed: (slot, position, hidden row)
+  of the committed rows, which the test compares with sequential decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+TAG = "V2PROBE:"
+CASES = ("greedy_lossless",)
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny float64 target that runs on SGLang's KV pool.
+
+
+class TinyTarget:
+    def __init__(self, torch, vocab=24, hidden=32, heads=2, layers=2, seed=0, max_pos=256,
+                 scale=1.0):
+        g = torch.Generator().manual_seed(seed)
+        r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+        self.torch, self.vocab, self.hidden, self.heads = torch, vocab, hidden, heads
+        self.hd = hidden // heads
+        self.layers = layers
+        self.emb = r(vocab, hidden) * scale
+        self.pos = r(max_pos, hidden) * 0.5
+        self.w = [
+            {
+                "q": r(hidden, hidden) / hidden**0.5,
+                "k": r(hidden, hidden) / hidden**0.5,
+                "v": r(hidden, hidden) / hidden**0.5,
+                "o": r(hidden, hidden) / hidden**0.5,
+                "up": r(hidden, 2 * hidden) / hidden**0.5,
+                "down": r(2 * hidden, hidden) / (2 * hidden) ** 0.5,
+            }
+            for _ in range(layers)
+        ]
+        self.head = r(hidden, vocab) * 1.5
+
+    def perturbed(self, scale, seed):
+        torch = self.torch
+        other = TinyTarget.__new__(TinyTarget)
+        other.__dict__.update(self.__dict__)
+        g = torch.Generator().manual_seed(seed)
+        noise = lambda t: t + torch.randn(t.shape, generator=g, dtype=t.dtype) * scale  # noqa
+        other.emb, other.head = noise(self.emb), noise(self.head)
+        other.w = [{k: noise(v) for k, v in layer.items()} for layer in self.w]
+        return other
+
+    # -- plain causal forward (the sequential reference) --------------------------------
+    def causal(self, ids):
+        """ids list -> (logits [T, V], hidden [T, H]) with full causal attention."""
+        torch = self.torch
+        t = len(ids)
+        x = self.emb[torch.tensor(ids)] + self.pos[:t]
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        for layer in self.w:
+            x = self._block(layer, x, x, mask)
+        return x @ self.head, x
+
+    def _block(self, layer, x_new, x_keys_src, mask, k_pre=None, v_pre=None):
+        torch = self.torch
+        q = (x_new @ layer["q"]).view(-1, self.heads, self.hd)
+        k = (x_keys_src @ layer["k"]).view(-1, self.heads, self.hd)
+        v = (x_keys_src @ layer["v"]).view(-1, self.heads, self.hd)
+        if k_pre is not None:
+            k, v = torch.cat([k_pre, k]), torch.cat([v_pre, v])
+        att = torch.einsum("qhd,khd->hqk", q, k) / self.hd**0.5
+        att = att.masked_fill(~mask.unsqueeze(0), float("-inf")).softmax(-1)
+        out = torch.einsum("hqk,khd->qhd", att, v).reshape(-1, self.hidden)
+        x = x_new + out @ layer["o"]
+        return x + torch.tanh(x @ layer["up"]) @ layer["down"]
+
+    # -- the same model over SGLang's KV pool ------------------------------------------
+    def forward_pool(self, pool, ids, positions, locs, prefix_slots, mask):
+        """New tokens ids/positions written at KV slots `locs`, attending to the KV at
+        `prefix_slots` (all visible) and to each other through mask [m, m] (True = see).
+        Returns (logits [m, V], hidden [m, H])."""
+        torch = self.torch
+        x = self.emb[ids] + self.pos[positions]
+        m = len(ids)
+        full = torch.cat([torch.ones(m, len(prefix_slots), dtype=torch.bool), mask], 1)
+        for li, layer in enumerate(self.w):
+            k_new = (x @ layer["k"]).view(-1, self.heads, self.hd)
+            v_new = (x @ layer["v"]).view(-1, self.heads, self.hd)
+            pool.k_buffer[li][locs] = k_new
+            pool.v_buffer[li][locs] = v_new
+            q = (x @ layer["q"]).view(-1, self.heads, self.hd)
+            k = torch.cat([pool.k_buffer[li][prefix_slots], k_new])
+            v = torch.cat([pool.v_buffer[li][prefix_slots], v_new])
+            att = torch.einsum("qhd,khd->hqk", q, k) / self.hd**0.5
+            att = att.masked_fill(~full.unsqueeze(0), float("-inf")).softmax(-1)
+            out = torch.einsum("hqk,khd->qhd", att, v).reshape(-1, self.hidden)
+            x = x + out @ layer["o"]
+            x = x + torch.tanh(x @ layer["up"]) @ layer["down"]
+        return x @ self.head, x
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class Harness:
+    def __init__(self):
+        import os
+
+        # SGLang's own pure-torch KV move (its Triton copy kernel needs a GPU).
+        os.environ["SGLANG_NATIVE_MOVE_KV_CACHE"] = "1"
+        import torch
+
+        self.torch = torch
+        from sglang.srt.runtime_context import get_context
+        from sglang.srt.server_args import ServerArgs
+
+        args = ServerArgs(model_path="tiny-target", device="cpu")
+        get_context().set_server_args(args)
+
+    # -- real SGLang pieces ----------------------------------------------------------------
+    def pools(self, target, bs, kv_slots=4096, max_context_len=512):
+        torch = self.torch
+        from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+        req_to_token_pool = ReqToTokenPool(
+            size=bs + 2, max_context_len=max_context_len, device="cpu", enable_memory_saver=False
+        )
+        kv = MHATokenToKVPool(
+            size=kv_slots, page_size=1, dtype=torch.float64, head_num=target.heads,
+            head_dim=target.hd, layer_num=target.layers, device="cpu",
+            enable_memory_saver=False,
+        )
+        allocator = TokenToKVPoolAllocator(
+            size=kv_slots, dtype=torch.float64, device="cpu", kvcache=kv, need_sort=False
+        )
+        return req_to_token_pool, kv, allocator
+
+
+    # -- the worker, built without __init__ (that loads a draft model on a GPU) -------------
+    def worker(self, target, budget, topk, block, req_to_token_pool, kv, allocator):
+        torch = self.torch
+        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+        from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
+
+        translator = KVIndexTranslator(
+            req_to_token=req_to_token_pool.req_to_token, token_to_kv_pool_allocator=allocator,
+            token_to_kv_pool=kv, page_size=1, device="cpu",
+        )
+        runner = StandInRunner(target, req_to_token_pool, kv, allocator, translator)
+        w = DDTreeWorkerV2.__new__(DDTreeWorkerV2)
+        w.device = "cpu"
+        w.ddtree_budget = budget
+        w.ddtree_topk = topk
+        w.ddtree_verify_width = budget + 1
+        w.block_size = block
+        w.model_runner = runner
+        w._target_worker = StandInTargetWorker(runner)
+        w.draft_model_runner = runner  # _draft_write_ids: the target's ids (shared pool)
+        w.plan_stream, w.plan_stream_ctx = None, None
+        w._init_ddtree_state()
+        w.draft_kv = {}  # (request row, position) -> (slot, hidden row)
+
+        def record(*, target_hidden, cache_loc, positions, cache_loc_2d=None, commit_lens=None,
+                   extend_lens=None):
+            rows = cache_loc_2d.shape[0]
+            width = cache_loc_2d.shape[1]
+            hid = target_hidden.view(rows, width, -1)
+            pos = positions.view(rows, width)
+            for b in range(rows):
+                for j in range(int(commit_lens[b])):
+                    w.draft_kv[(w._rows[b], int(pos[b, j]))] = (
+                        int(cache_loc_2d[b, j]), hid[b, j].clone())
+
+        w._append_target_hidden_to_draft_kv_by_loc = record
+        return w
+
+
+class StandInRunner:
+    """The target ModelRunner's attributes that ForwardBatch.init_new and EAGLE's verify
+    read (stand-in: no model loading on CPU); the pools and translator are real."""
+
+    def __init__(self, target, req_to_token_pool, kv, allocator, translator):
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        self.target = target
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool = kv
+        self.token_to_kv_pool_allocator = allocator
+        self.kv_index_translator = translator
+        self.device = "cpu"
+        self.is_draft_worker = False
+        self.spec_algorithm = SpeculativeAlgorithm.EAGLE
+        self.model_config = _ModelConfig(target.vocab)
+        self.lora_manager = None
+        self.decode_cuda_graph_runner = None
+        self.attn_backend = _AttnBackend()
+        self.watermark_state = None
+        self.prefill_attention_backend_str = "torch_native"
+        self.ngram_embedding_manager = _Disabled()
+
+
+class _Disabled:
+    enabled = False
+
+
+class _ModelConfig:
+    """Stand-in model config: the few fields set below; any other flag reads as unset
+    (None), i.e. a plain text-only decoder."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+    def __init__(self, vocab):
+        from transformers import LlamaConfig
+
+        self.vocab_size = vocab
+        self.hf_config = LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64)
+        self.model_is_mrope = False
+        self.is_multimodal = False
+        self.is_encoder_decoder = False
+
+
+class _AttnBackend:
+    verify_mask = None  # EAGLE allocates its own tree mask
+
+    def update_verify_buffers_to_fill_after_draft(self, *a, **k):
+        pass
+
+
+class _Out:
+    def __init__(self, logits_output):
+        self.logits_output = logits_output
+        self.can_run_cuda_graph = False
+        self.routed_experts_output = None
+        self.indexer_topk_output = None
+
+
+class StandInTargetWorker:
+    """The target's verify forward: TinyTarget over the real KV pool, honouring the verify
+    input's custom mask (QLEN_ONLY or FULL_MASK layout) and positions."""
+
+    def __init__(self, runner):
+        self.model_runner = runner
+        self.calls = 0
+
+    def forward_batch_generation(self, batch=None, forward_batch=None, is_verify=False, **kw):
+        import torch
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.speculative.eagle_utils import TreeMaskMode, default_tree_mask_mode
+
+        fb = forward_batch
+        assert is_verify and fb.forward_mode.is_target_verify()
+        self.calls += 1
+        r = self.model_runner
+        spec = fb.spec_info
+        n = spec.draft_token_num
+        bs = fb.batch_size
+        seq = fb.seq_lens.tolist()
+        mask = spec.custom_mask
+        qlen_only = default_tree_mask_mode() == TreeMaskMode.QLEN_ONLY
+        logits, hidden, off = [], [], 0
+        for b in range(bs):
+            row = int(fb.req_pool_indices[b])
+            s = int(seq[b])
+            if qlen_only:
+                m = mask[b * n * n:(b + 1) * n * n].view(n, n)
+            else:
+                full = mask[off:off + n * (s + n)].view(n, s + n)
+                assert bool(full[:, :s].all())
+                m = full[:, s:]
+                off += n * (s + n)
+            lg, hd = r.target.forward_pool(
+                r.token_to_kv_pool,
+                fb.input_ids[b * n:(b + 1) * n].long(),
+                fb.positions[b * n:(b + 1) * n].long(),
+                fb.out_cache_loc[b * n:(b + 1) * n].long(),
+                r.req_to_token_pool.req_to_token[row, :s].long(),
+                m.bool(),
+            )
+            logits.append(lg)
+            hidden.append(hd)
+        out = LogitsProcessorOutput(
+            next_token_logits=torch.cat(logits), hidden_states=torch.cat(hidden)
+        )
+        return _Out(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decode loop: real batch/allocator/cache objects, the worker's verify + accept + commit.
+
+
+def _greedy_argmax(logits):
+    return int(logits.argmax())
+
+
+def draft_topk(h, draft, contexts, depth, k, shards=2):
+    """Per-depth top-K log-probs [bs, L, K] and tokens from the draft stand-in, through
+    ddtree_lineage.sharded_topk_logprobs over `shards` vocabulary shards (simulated TP)."""
+    torch = h.torch
+    from sglang.srt.speculative.ddtree_lineage import sharded_topk_logprobs
+
+    rows = []
+    for ctx in contexts:
+        ids, per_depth = list(ctx), []
+        for _ in range(depth):
+            lg, _ = draft.causal(ids)
+            per_depth.append(lg[-1])
+            ids.append(int(lg[-1].argmax()))
+        rows.append(torch.stack(per_depth))
+    logits = torch.stack(rows)  # [bs, L, V]
+    bs, L, V = logits.shape
+    flat = logits.reshape(bs * L, V)
+    bounds = [V * i // shards for i in range(shards + 1)]
+    locals_ = [flat[:, bounds[i]:bounds[i + 1]] for i in range(shards)]
+    per_rank = [sharded_topk_logprobs(x, k, vocab_start=bounds[i]) for i, x in enumerate(locals_)]
+    # all_gather stand-in: rank r's local result is the r-th shard's (same computation).
+    state = {"i": 0}
+
+    def gather(x):
+        # Called three times (values, ids, lse) on rank 0; rebuild each from every shard.
+        which = state["i"] % 3
+        state["i"] += 1
+        outs = []
+        for i, loc in enumerate(locals_):
+            kk = min(k, loc.shape[1])
+            v, ids_ = torch.topk(loc.float(), kk, dim=-1)
+            outs.append((v, ids_.long() + bounds[i], torch.logsumexp(loc.float(), -1, keepdim=True))[which])
+        return torch.stack(outs)
+
+    lp, tok = sharded_topk_logprobs(locals_[0], k, vocab_start=0, all_gather=gather)
+    # Exact against the unsharded top-K of the full vocabulary.
+    ref_v, ref_i = torch.topk(torch.log_softmax(flat.float(), -1), min(k, V), dim=-1)
+    assert torch.allclose(lp, ref_v, atol=1e-5) and torch.equal(tok, ref_i), (
+        "sharded top-K", (lp - ref_v).abs().max(), tok[tok != ref_i], ref_i[tok != ref_i])
+    del per_rank
+    return lp.view(bs, L, -1), tok.view(bs, L, -1)
+
+
+def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling=None,
+               seed=0, check=True):
+    torch = h.torch
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+    from sglang.srt.mem_cache.common import release_kv_cache
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.runtime_context import get_spec
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+
+    bs = len(prompts)
+    rtp, kv, alloc = h.pools(target, bs)
+    free_slots0, free_rows0 = alloc.available_size(), rtp.available_size()
+    cache = RadixCache(CacheInitParams(
+        disable=True, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc, page_size=1))
+    w = h.worker(target, budget, topk, block, rtp, kv, alloc)
+    reqs = []
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(max_new_tokens=max_new[i], **(sampling or {"temperature": 0.0}))
+        params.normalize(None)
+        params.verify(target.vocab)
+        reqs.append(Req(f"r{i}", "", list(prompt), params, vocab_size=target.vocab))
+    rows = rtp.alloc(reqs)
+    bonus = {}
+    gen = torch.Generator().manual_seed(seed)
+    # Prefill (DFlashWorkerV2's own path on a server; here the target alone): prompt KV into
+    # the real pool, the first token, and the prompt's hidden rows for the draft.
+    for req, row, prompt in zip(reqs, rows, prompts):
+        slots = alloc.alloc(len(prompt))
+        rtp.req_to_token[row, : len(prompt)] = slots.to(rtp.req_to_token.dtype)
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = len(prompt)
+        lg, _ = target.forward_pool(
+            kv, torch.tensor(prompt), torch.arange(len(prompt)), slots.long(),
+            torch.zeros(0, dtype=torch.long),
+            torch.ones(len(prompt), len(prompt), dtype=torch.bool).tril(),
+        )
+        bonus[req.rid] = _pick(lg[-1], sampling, gen)
+        req.output_ids.append(bonus[req.rid])
+    active = list(range(bs))
+    steps, accepts = 0, []
+    # What the scheduler's spec bag holds for DDTREE (release_kv_cache reads the algorithm).
+    with get_spec().override(speculative_algorithm="DDTREE"):
+        steps = _decode_loop(h, target, draft, prompts, max_new, budget, topk, block, sampling,
+                             gen, check, reqs, rows, bonus, active, accepts, w, rtp, kv, alloc,
+                             cache)
+    assert alloc.available_size() == free_slots0, (alloc.available_size(), free_slots0)
+    assert rtp.available_size() == free_rows0
+    return reqs, steps, accepts, w
+
+
+def _decode_loop(h, target, draft, prompts, max_new, budget, topk, block, sampling, gen, check,
+                 reqs, rows, bonus, active, accepts, w, rtp, kv, alloc, cache):
+    torch = h.torch
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.mem_cache.common import release_kv_cache
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.runtime_context import get_spec
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+    from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+
+    steps = 0
+    while active:
+        areqs = [reqs[i] for i in active]
+        batch = ScheduleBatch(
+            reqs=areqs, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc,
+            tree_cache=cache, forward_mode=ForwardMode.DECODE, device="cpu",
+        )
+        batch.model_config = w.model_runner.model_config
+        batch.req_pool_indices = torch.tensor([rows[i] for i in active], dtype=torch.int64)
+        committed = torch.tensor([r.kv.kv_committed_len for r in areqs], dtype=torch.int64)
+        batch.seq_lens = committed.clone()
+        batch.seq_lens_cpu = committed.clone()
+        batch.seq_lens_sum = int(committed.sum())
+        batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, target.vocab)
+        draft_input = make_draft_input_v2(
+            bonus_tokens=torch.tensor([bonus[r.rid] for r in areqs]), new_seq_lens=committed
+        )
+        # The real over-allocation for the next step, at the DDTree verify width.
+        with get_spec().override(speculative_num_draft_tokens=budget + 1):
+            draft_input.prepare_for_decode(batch)
+        batch.spec_info = draft_input
+        contexts = [list(prompts[i]) + list(reqs[i].output_ids) for i in active]
+        logprobs, tokens = draft_topk(h, draft, contexts, block - 1, topk)
+        window = w_window(h, w, batch, block)
+        w._rows = [rows[i] for i in active]
+        res = w._ddtree_verify_and_commit(batch, draft_input, logprobs, tokens, window, None)
+        steps += 1
+        n = budget + 1
+        out = res.next_token_ids.view(len(active), n)
+        acc = res.accept_lens.tolist()
+        assert torch.equal(res.new_seq_lens, committed + res.accept_lens.to(committed.dtype))
+        still = []
+        for j, i in enumerate(active):
+            req = reqs[i]
+            new = out[j, : acc[j]].tolist()
+            accepts.append(acc[j] - 1)
+            # The scheduler's side: commit, emit, finish mid-path when max_new is reached.
+            req.kv.kv_committed_len += acc[j]
+            req.output_ids.extend(new)
+            bonus[req.rid] = new[-1]
+            assert int(res.next_draft_input.bonus_tokens[j]) == new[-1]
+            if len(req.output_ids) >= max_new[i]:
+                del req.output_ids[max_new[i]:]
+                if check:
+                    _check_request(h, target, w, kv, rtp, rows[i], prompts[i], req, sampling)
+                req.kv.kv_committed_len = min(req.kv.kv_committed_len,
+                                              len(prompts[i]) + len(req.output_ids))
+                release_kv_cache(req, cache, checkpoint=False)
+            else:
+                still.append(i)
+        active = still
+    return steps
+
+
+def _pick(logits, sampling, gen):
+    if sampling is None:
+        return int(logits.argmax())
+    import torch
+
+    p = torch.softmax(logits / sampling["temperature"], -1)
+    return int(torch.multinomial(p, 1, generator=gen))
+
+
+def w_window(h, w, batch, block):
+    """The DFlash block window of the step (what _ddtree_draft returns besides the top-K)."""
+    torch = h.torch
+    rtp = w.model_runner.req_to_token_pool
+    seq = batch.seq_lens
+    pos = seq.unsqueeze(1) + torch.arange(block)
+    locs = rtp.req_to_token[batch.req_pool_indices.unsqueeze(1), pos].long()
+    plan = w.model_runner.kv_index_translator.plan(
+        req_pool_indices=batch.req_pool_indices, seq_lens=seq, seq_lens_cpu=batch.seq_lens_cpu,
+        write_virtual=locs.reshape(-1), read_extent=block,
+    )
+    return {"cache_loc_2d": locs, "positions_2d": pos, "kv_loc_plan": plan}
+
+
+def _check_request(h, target, w, kv, rtp, row, prompt, req, sampling):
+    """Sequential decoding agrees: tokens (greedy), the KV in the request's slots, and the
+    hidden rows handed to the draft for every committed position."""
+    torch = h.torch
+    seq = list(prompt) + list(req.output_ids)
+    logits, hidden = target.causal(seq)
+    if sampling is None:
+        want = [int(x) for x in logits[len(prompt) - 1 : len(seq) - 1].argmax(-1)]
+        assert list(req.output_ids) == want, f"tokens {list(req.output_ids)} != greedy {want}"
+    committed = min(req.kv.kv_committed_len, len(seq))
+    slots = rtp.req_to_token[row, :committed].long()
+    # Layer-0 keys depend on (token, position) only: the slot of position p holds token p's.
+    k0 = ((target.emb[torch.tensor(seq[:committed])] + target.pos[:committed]) @ target.w[0]["k"])
+    assert torch.allclose(kv.k_buffer[0][slots].reshape(committed, -1), k0, atol=1e-9), "KV slots"
+    for p in range(len(prompt), committed):
+        slot, hid = w.draft_kv[(row, p)]
+        assert slot == int(slots[p]), f"draft slot of position {p}"
+        assert torch.allclose(hid, hidden[p], atol=1e-9), f"draft hidden at position {p}"
+
+
+def case_greedy_lossless(h):
+    torch = h.torch
+    target = TinyTarget(torch, seed=1)
+    draft = target.perturbed(0.08, seed=2)
+    gen = torch.Generator().manual_seed(3)
+    plens, max_new = [4, 9, 15], [6, 23, 14]
+    prompts = [torch.randint(0, target.vocab, (m,), generator=gen).tolist() for m in plens]
+    reqs, steps, accepts, w = run_decode(h, target, draft, prompts, max_new, budget=10,
+                                         topk=3, block=5)
+    assert w._target_worker.calls == steps
+    # Not vacuous: deep paths and off-chain (rank > 0) accepts happened.
+    assert max(accepts) >= 2, accepts
+    assert int(w._ddtree_offchain) >= 1, "no off-chain accept: the tree never mattered"
+    assert steps < max(max_new), (steps, accepts)
+
+
+def main(argv):
+    results = {}
+    try:
+        harness = Harness()
+    except Exception:
+        text = traceback.format_exc()
+        print(TAG + json.dumps({c: "harness: " + text for c in argv}))
+        return 0
+    for case in argv:
+        try:
+            getattr(sys.modules[__name__], "case_" + case)(harness)
+            results[case] = "ok"
+        except Exception:
+            results[case] = traceback.format_exc()
+    print(TAG + json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
