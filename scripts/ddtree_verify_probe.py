@@ -236,7 +236,7 @@ class _Probe:
             emitted = [tokens[b][p] for p in path[1:]] + [target[b][path[-1]]]
             c = len(emitted) if commit_limit is None else min(commit_limit[b], len(emitted))
             req = batch.reqs[b]
-            assert req.output_ids == emitted[:c], (b, req.output_ids, emitted, c)
+            assert list(req.output_ids) == emitted[:c], (b, req.output_ids, emitted, c)
             assert int(commit_lens[b]) == c and ncorrect[b] == c - 1
             assert int(new_bonus[b]) == emitted[c - 1]
             assert req.kv_committed_len == seq0[b] + c and req.spec_verify_ct == 1

@@ -1,7 +1,8 @@
-"""Patches 0004/0005 (DDTree verify input, worker wiring) against the REAL SGLang
-0.5.12.post1 release, on CPU.
+"""Patches 0004-0006 (DDTree verify input, worker wiring, server report) against the REAL
+SGLang releases, on CPU: once per v1 family (sglang-0.5.12 on 0.5.12.post1, sglang-0.5.13
+on 0.5.13.post1), so the lossless checks run through each family's real glue.
 
-The whole series (patches/sglang-0.5.12/) is applied with GNU patch (exact hunks only)
+The whole series (patches/sglang-0.5.1x/) is applied with GNU patch (exact hunks only)
 to the release wheel's files and overlaid on a host environment (tests/sglang_host.py).
 The host interpreter then runs scripts/ddtree_verify_probe.py (``python <probe> <case>...``):
 the patched ``dflash_info`` / ``dflash_worker`` are imported and driven with SGLang's
@@ -32,7 +33,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FAMILY = REPO / "patches" / "sglang-0.5.12"
+FAMILIES = [("sglang-0.5.12", "0.5.12.post1"), ("sglang-0.5.13", "0.5.13.post1")]
 PROBE = REPO / "scripts" / "ddtree_verify_probe.py"
 
 
@@ -51,22 +52,22 @@ CASES = _probe_module().CASES
 # pytest side: build the patched host environment once, run the probe once
 
 
-def _apply_series(work: Path) -> dict[str, bytes]:
+def _apply_series(work: Path, family: Path, release: str) -> dict[str, bytes]:
     """Every series entry applied with GNU patch (-F0, no offset) to the pristine files."""
     from sglang_host import pristine_files
 
     entries = []
-    for raw in (FAMILY / "series").read_text().splitlines():
+    for raw in (family / "series").read_text().splitlines():
         line = raw.split("#", 1)[0].strip()
         if line:
             entries.append(line.split())
     targets = set()
     for tokens in entries:
         if tokens[0] != "add":
-            for line in (FAMILY / tokens[0]).read_text().splitlines():
+            for line in (family / tokens[0]).read_text().splitlines():
                 if line.startswith("+++ b/"):
                     targets.add(line[len("+++ b/"):].split("\t")[0])
-    for rel, data in pristine_files(paths=sorted(targets)).items():
+    for rel, data in pristine_files(release, paths=sorted(targets)).items():
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_bytes(data)
     for tokens in entries:
@@ -76,7 +77,7 @@ def _apply_series(work: Path) -> dict[str, bytes]:
             targets.add(tokens[2])
             continue
         run = subprocess.run(
-            ["patch", "-p1", "-F0", "--no-backup-if-mismatch", "-i", str(FAMILY / tokens[0])],
+            ["patch", "-p1", "-F0", "--no-backup-if-mismatch", "-i", str(family / tokens[0])],
             cwd=work, capture_output=True, text=True,
         )
         assert run.returncode == 0 and "offset" not in run.stdout, (
@@ -85,12 +86,14 @@ def _apply_series(work: Path) -> dict[str, bytes]:
     return {rel: (work / rel).read_bytes() for rel in sorted(targets)}
 
 
-@pytest.fixture(scope="module")
-def probe_results(tmp_path_factory) -> dict:
+@pytest.fixture(scope="module", params=FAMILIES, ids=[f[0] for f in FAMILIES])
+def probe_results(request, tmp_path_factory) -> dict:
     from sglang_host import make_host_env, run_python, write_kernel_standin
 
-    overlay = _apply_series(tmp_path_factory.mktemp("series"))
-    env = make_host_env(tmp_path_factory.mktemp("host") / "patched", overlay=overlay)
+    name, release = request.param
+    overlay = _apply_series(tmp_path_factory.mktemp("series"), REPO / "patches" / name, release)
+    env = make_host_env(tmp_path_factory.mktemp("host") / "patched", overlay=overlay,
+                        version=release)
     standin = write_kernel_standin(tmp_path_factory.mktemp("standin"))
     run = run_python(
         env, [str(PROBE), *CASES], timeout=600, extra_env={"PYTHONPATH": str(standin)}

@@ -23,7 +23,7 @@ from packaging.specifiers import SpecifierSet
 from typer.testing import CliRunner
 
 from ddtree_deploy import releases
-from ddtree_deploy.check import ALREADY, APPLIED, FAILED, SKIPPED, EntryCheck, FileCheck
+from ddtree_deploy.check import ALREADY, APPLIED, FAILED, PARTLY, SKIPPED, EntryCheck, FileCheck
 from ddtree_deploy.cli import app
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.locations import REPO_ROOT
@@ -93,6 +93,20 @@ def test_missing_file_and_skipped_cells():
     skipped = FileCheck("sglang/a.py", SKIPPED, message="0002-x.patch failed on this file")
     assert cell_from_entry(_entry(skipped)).status is CellStatus.SKIPPED
     assert not cell_from_entry(_entry(skipped)).ok
+
+
+def test_a_partly_applied_file_makes_a_failing_cell_never_ok():
+    mixed = (_hunk(1, HunkStatus.ALREADY_APPLIED), _hunk(2, HunkStatus.OFFSET, offset=2))
+    fc = FileCheck("sglang/a.py", PARTLY, hunks=mixed, message="partly applied: hunk 1 already in the file, hunk 2 not")
+    cell = cell_from_entry(_entry(fc))
+    assert cell.status is CellStatus.PARTLY and not cell.ok and cell.short() == "partly applied"
+    assert "hunk 1 already in the file" in cell.note
+    row = ReleaseRow("0.5.16", "f", Coverage.IN_RANGE, cells=(cell,))
+    assert row.verdict == "failed" and Matrix(rows=(row,)).exit_code == 1
+    assert any("partly applied" in line for line in Matrix(rows=(row,)).details())
+    # what check --allow-partly-applied accepted is not a failure
+    allowed = FileCheck("sglang/a.py", PARTLY, hunks=mixed, allowed=True)
+    assert cell_from_entry(_entry(allowed)).ok
 
 
 # --- pure: which family, and what counts -------------------------------------------
@@ -289,9 +303,15 @@ def test_ci_matrix_real_series(ci_wheels, tmp_path, monkeypatch):
     older = run_matrix(from_version="0.5.11", to_version="0.5.11", family="sglang-0.5.12", offline=True, jobs=1)
     assert not older.rows[0].applies
     assert "spec_registry.py not yet added (first in 0.5.12)" in rows["0.5.11"].why
-    # Newer releases are uncovered, and 0.5.14's facts say why the v1-worker series cannot follow.
-    for v in ("0.5.13", "0.5.13.post1", "0.5.14"):
-        assert rows[v].verdict == "uncovered"
+    # The 0.5.13 family (validation moved to arg_groups/speculative_hook.py) covers both 0.5.13s:
+    # four v1 releases ok.
+    for v in ("0.5.13", "0.5.13.post1"):
+        assert rows[v].verdict == "ok", rows[v].to_json()
+        assert rows[v].family == "sglang-0.5.13"
+    assert sum(r.verdict == "ok" for r in m.rows) == 4
+    # 0.5.14 is covered by no v1 family: "uncovered" while no newer family exists, "no family"
+    # (a gap) once a v2 family starts later; its facts say why the v1-worker series cannot follow.
+    assert rows["0.5.14"].verdict in ("uncovered", "no family")
     assert rows["0.5.14"].facts.dflash_worker is DFlashWorker.V2
     assert m.exit_code == 0
 
@@ -384,7 +404,7 @@ def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_i
     monkeypatch.setenv("DDTREE_DEPLOY_PAYLOAD", str(TEST_FAMILY / "payload"))
     m = run_matrix(from_version="0.5.12", to_version="0.5.12.post1", offline=True, jobs=1, import_smoke=True)
     rows = _by_version(m)
-    assert rows["0.5.12"].verdict == "ok" and rows["0.5.12.post1"].applies  # both apply and compile
+    assert rows["0.5.12"].verdict == "ok" and rows["0.5.12.post1"].applies, rows["0.5.12"].to_json()  # both apply and compile
     levels = {lv: (st, d) for lv, st, d in rows["0.5.12"].smoke}
     assert levels["import"][0] == "passed" and levels["cli"][0] == "passed"
     assert "sglang.srt.speculative.dflash_worker" in levels["import"][1] and "sgl_kernel" in levels["import"][1]
@@ -393,3 +413,57 @@ def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_i
     assert broken["cli"][0] == "skipped"
     assert rows["0.5.12.post1"].verdict == "failed" and m.exit_code == 1
     assert "| 0.5.12.post1 | bad |" in m.to_markdown() and "import failed" in m.to_markdown()
+
+
+# --- never ok for a change a release already has (issue 11 item 10) --------------------
+
+EAGLE = "sglang/srt/speculative/eagle_utils.py"
+
+
+def _release_diff_family(tmp_path: Path, path: str, old: str, new: str, spec: str) -> Path:
+    """A family whose one patch is SGLang's own change to ``path`` from ``old`` to ``new``."""
+    import subprocess
+
+    from tests.sglang_host import pristine_files
+
+    work = tmp_path / "diff"
+    for side, version in (("a", old), ("b", new)):
+        (work / side / path).parent.mkdir(parents=True, exist_ok=True)
+        (work / side / path).write_bytes(pristine_files(version, [path])[path])
+    text = subprocess.run(["git", "diff", "--no-index", "--no-prefix", "a/" + path, "b/" + path],
+                          cwd=work, capture_output=True, text=True).stdout
+    assert text.count("\n@@ ") >= 10, "the release diff should have many hunks"
+    family = tmp_path / "patches" / "eagle"
+    family.mkdir(parents=True)
+    (family / "family.toml").write_text(f'sglang = "{spec}"\n')
+    (family / "series").write_text("0001-eagle.patch\n")
+    (family / "0001-eagle.patch").write_text(text)
+    return family.parent
+
+
+@pytest.mark.network
+def test_matrix_never_says_ok_offset_for_a_release_that_has_the_change(tmp_path, monkeypatch):
+    """eagle_utils.py's own 0.5.14 -> 0.5.16 diff, on 0.5.16: every hunk already there.
+
+    The engine used to find 3 of its 18 hunks again further down and write them a second
+    time (sgl_build_tree_kernel_triton defined twice), and matrix said "ok".
+    """
+    for v in ("0.5.14", "0.5.16"):
+        releases.ensure_wheel(v)
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(_release_diff_family(
+        tmp_path, EAGLE, "0.5.14", "0.5.16", ">=0.5.14,<0.5.17")))
+    m = run_matrix(from_version="0.5.16", to_version="0.5.16", offline=True, jobs=1)
+    new = m.rows[0]
+    assert [c.status for c in new.cells] == [CellStatus.ALREADY_APPLIED], new.to_json()
+    assert new.verdict == "already upstream" and m.exit_code == 0
+    # what the check hands a push: the release's own bytes, no hunk written a second time
+    from ddtree_deploy.check import check_series
+    from tests.sglang_host import pristine_files
+
+    original = pristine_files("0.5.16", [EAGLE])
+    report = check_series(load_family(tmp_path / "patches" / "eagle"), original)
+    hunks = report.entries[0].files[0].hunks
+    assert len(hunks) >= 10 and all(h.status is HunkStatus.ALREADY_APPLIED for h in hunks)
+    assert report.patched[EAGLE].patched == original[EAGLE]
+    old = run_matrix(from_version="0.5.14", to_version="0.5.14", offline=True, jobs=1).rows[0]
+    assert [c.status for c in old.cells] == [CellStatus.EXACT] and old.verdict == "ok"

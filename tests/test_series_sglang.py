@@ -1,6 +1,8 @@
-"""The DDTree series against the REAL SGLang 0.5.12.post1 release, on CPU.
+"""The v1 DDTree series against the REAL SGLang releases, on CPU: every test runs once per
+family, sglang-0.5.12 on 0.5.12.post1 and sglang-0.5.13 on 0.5.13.post1 (each family's
+other release, 0.5.12 / 0.5.13, ships the same files: checked below).
 
-The series (patches/sglang-0.5.12/) is applied in memory by the toolkit's check layer
+The series (patches/sglang-0.5.1x/) is applied in memory by the toolkit's check layer
 to the release wheel's own files (every hunk exact; GNU patch and git apply, the
 oracles, must give the same bytes). The results are overlaid on a host environment
 (tests/sglang_host.py: a venv with the wheel installed), whose interpreter runs the
@@ -23,12 +25,20 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-FAMILY = REPO / "patches" / "sglang-0.5.12"
 MODELS = REPO / "tests" / "data" / "models"
 PROBE_TAG = "PROBE-JSON:"
-BASELINE = "0.5.12.post1"
+# (family folder, the release its tests run on, the family's other release)
+FAMILIES = [("sglang-0.5.12", "0.5.12.post1", "0.5.12"),
+            ("sglang-0.5.13", "0.5.13.post1", "0.5.13")]
 
 pytestmark = pytest.mark.sglang_env
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=[f[0] for f in FAMILIES])
+def family(request):
+    """(family folder, release, sibling release): every fixture below follows it."""
+    name, release, sibling = request.param
+    return REPO / "patches" / name, release, sibling
 
 
 # ---------------------------------------------------------------------------
@@ -36,17 +46,18 @@ pytestmark = pytest.mark.sglang_env
 
 
 @pytest.fixture(scope="module")
-def series():
+def series(family):
     """(patched files, their pristine bytes) for every path the series touches."""
     from sglang_host import pristine_files
 
     from ddtree_deploy.check import check_series
     from ddtree_deploy.series import load_family
 
-    family = load_family(FAMILY)
-    wheel = pristine_files(BASELINE)
-    files = {path: wheel.get(path) for path in family.touched_paths()}  # None: added
-    report = check_series(family, files)
+    folder, release, _ = family
+    loaded = load_family(folder)
+    wheel = pristine_files(release)
+    files = {path: wheel.get(path) for path in loaded.touched_paths()}  # None: added
+    report = check_series(loaded, files)
     assert report.ok, report.to_json()
     counts = report.hunk_counts()
     assert counts["exact"] > 0 and sum(counts.values()) == counts["exact"], counts
@@ -55,24 +66,25 @@ def series():
     return patched, pristine
 
 
-def _patch_files() -> list[Path]:
+def _patch_files(folder: Path) -> list[Path]:
     from ddtree_deploy.series import PatchEntry, load_family
 
-    return [e.file for e in load_family(FAMILY).entries if isinstance(e, PatchEntry)]
+    return [e.file for e in load_family(folder).entries if isinstance(e, PatchEntry)]
 
 
 @pytest.fixture(scope="module")
-def patched_env(series, tmp_path_factory):
+def patched_env(family, series, tmp_path_factory):
     from sglang_host import make_host_env
 
-    return make_host_env(tmp_path_factory.mktemp("host") / "patched", overlay=series[0])
+    return make_host_env(tmp_path_factory.mktemp("host") / "patched", overlay=series[0],
+                         version=family[1])
 
 
 @pytest.fixture(scope="module")
-def pristine_env(tmp_path_factory):
+def pristine_env(family, tmp_path_factory):
     from sglang_host import make_host_env
 
-    return make_host_env(tmp_path_factory.mktemp("host") / "pristine")
+    return make_host_env(tmp_path_factory.mktemp("host") / "pristine", version=family[1])
 
 
 def _probe(env, what: str, *args: str, pythonpath: Path | None = None) -> dict:
@@ -111,7 +123,7 @@ def test_series_compiles_and_changes_every_file(series):
 
 
 @pytest.mark.parametrize("tool", ["gnu-patch", "git-apply"])
-def test_oracles_agree_with_the_check_layer(series, tmp_path, tool):
+def test_oracles_agree_with_the_check_layer(family, series, tmp_path, tool):
     # GNU patch without fuzz and git apply (never fuzzy) must land every hunk where
     # the toolkit did and give the same bytes.
     patched, pristine = series
@@ -120,7 +132,7 @@ def test_oracles_agree_with_the_check_layer(series, tmp_path, tool):
         (tmp_path / rel).write_bytes(data)
     if tool == "git-apply":
         subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    for patch in _patch_files():
+    for patch in _patch_files(family[0]):
         if tool == "gnu-patch":
             argv = ["patch", "-p1", "-F0", "--no-backup-if-mismatch", "-i", str(patch)]
         else:
@@ -133,13 +145,13 @@ def test_oracles_agree_with_the_check_layer(series, tmp_path, tool):
         assert (tmp_path / rel).read_bytes() == patched[rel], rel
 
 
-def test_release_0_5_12_has_the_same_files(series):
-    # The family covers 0.5.12 and 0.5.12.post1: the series is checked on one, so
-    # the other must ship byte-identical files for every path it patches.
+def test_sibling_release_has_the_same_files(family, series):
+    # Each family covers X and X.post1: the series is checked on one, so the other
+    # must ship byte-identical files for every path it patches.
     from sglang_host import pristine_files
 
     _, pristine = series
-    assert pristine_files("0.5.12", paths=sorted(pristine)) == pristine
+    assert pristine_files(family[2], paths=sorted(pristine)) == pristine
 
 
 # ---------------------------------------------------------------------------
@@ -186,7 +198,10 @@ def test_hybrid_gate_agrees_with_sglang_runtime(import_probe):
     # Differential: the gate (server args, before any runner exists) and SGLang's
     # ModelRunner.mambaish_config (what picks the recurrent backends at run time)
     # classify every config class the release ships the same way.
-    views = import_probe["hybrid_views"]
+    views = dict(import_probe["hybrid_views"])
+    # A config class that needs arguments cannot be built blank; only this one, a
+    # NemotronHConfig subclass (so the gate's isinstance test covers it), may be skipped.
+    assert set(views.pop("<unconstructible>")) <= {"NemotronHPuzzleConfig"}
     disagree = {name: v for name, v in views.items() if v[0] != v[1]}
     assert disagree == {}
     hybrid = {name for name, v in views.items() if v[0]}
@@ -507,7 +522,12 @@ def _hybrid_views() -> dict:
 
     classes = [getattr(sglang_configs, n) for n in sglang_configs.__all__]
     classes += [getattr(transformers, n) for n in ("LlamaConfig", "Qwen3Config", "Qwen3MoeConfig")]
-    configs = {cls.__name__: cls() for cls in classes}
+    configs, unconstructible = {}, []
+    for cls in classes:
+        try:
+            configs[cls.__name__] = cls()
+        except TypeError:  # no defaults at init (0.5.13's NemotronHPuzzleConfig)
+            unconstructible.append(cls.__name__)
     # GraniteMoeHybrid is hybrid only when a layer is Mamba: both layouts.
     configs["GraniteMoeHybridConfig(attention only)"] = sglang_configs.GraniteMoeHybridConfig(
         layer_types=["attention", "attention"], num_hidden_layers=2)
@@ -516,8 +536,14 @@ def _hybrid_views() -> dict:
         shell = object.__new__(ModelRunner)
         shell.model_config = SimpleNamespace(hf_config=config)
         shell.is_draft_worker = False
+        # 0.5.13 caches the linear-attention registry lookup (set in __init__).
+        from sglang.srt.model_executor import model_runner as runner_module
+
+        if hasattr(runner_module, "_UNSET"):
+            shell._linear_attn_registry_cache = runner_module._UNSET
         views[name] = [shell.mambaish_config is not None,
                        _ddtree_recurrent_target(config) is not None]
+    views["<unconstructible>"] = unconstructible
     return views
 
 
