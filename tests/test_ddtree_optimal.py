@@ -3,6 +3,11 @@
 For small V, L and B, every prefix-closed tree of B draft nodes is enumerated, and the tree the
 builder returns must reach the maximum of sum over nodes of the path probability
 prod_{i <= depth} q_i(token_i). The same with a cap on nodes per depth.
+
+The built tree's value is recomputed from its STRUCTURE only (tokens, parents, depths, valid)
+and the draft's full distributions, never from the builder's own ``scores``: the tree is
+checked to be a valid prefix-closed tree within the budget and cap, then each node's path
+probability is the product of q_d(token) along its root-to-node path.
 """
 
 from __future__ import annotations
@@ -64,6 +69,34 @@ def _best_value(logprobs, depth_limit, k, budget, cap):
     return best, chain
 
 
+def _structural_objective(layout, t, logprobs_by_token, budget, cap):
+    """Sum over the draft nodes of request t of prod q_d(token) along the node's path, from the
+    layout's structure; also checks that structure is a tree the enumeration could produce."""
+    tokens = layout.tokens[t].tolist()
+    parents = layout.parents[t].tolist()
+    depths = layout.depths[t].tolist()
+    valid = layout.valid[t].tolist()
+    nodes = [i for i in range(1, len(tokens)) if valid[i]]
+    assert len(nodes) <= budget and parents[0] == -1 and depths[0] == 0
+    per_depth, siblings = {}, set()
+    for i in nodes:
+        p = parents[i]
+        assert 0 <= p < i and (p == 0 or valid[p]) and depths[i] == depths[p] + 1, (t, i)
+        assert (p, tokens[i]) not in siblings, "two siblings with one token"
+        siblings.add((p, tokens[i]))
+        per_depth[depths[i]] = per_depth.get(depths[i], 0) + 1
+    if cap is not None:
+        assert max(per_depth.values(), default=0) <= cap
+    total = 0.0
+    for i in nodes:
+        logp, node = 0.0, i
+        while node > 0:
+            logp += float(logprobs_by_token[depths[node] - 1][tokens[node]])
+            node = parents[node]
+        total += math.exp(logp)
+    return total
+
+
 CONFIGS = [
     # (depth L, vocab V, budget B, cap)
     (3, 2, 1, None),
@@ -96,11 +129,14 @@ def test_built_tree_maximises_expected_acceptance(depth_limit, vocab, budget, ca
         logprobs.to(DEVICE), tokens.to(DEVICE), torch.zeros(trials, dtype=torch.long).to(DEVICE),
         budget, cap,
     )
-    built = du.tree_objective(layout).cpu()
+    layout = du.DDTreeLayout(**{k: (v.cpu() if torch.is_tensor(v) else v)
+                                for k, v in vars(layout).items()})
+    by_token = torch.log_softmax(logits.double(), dim=-1)
     beaten_chain = 0
     for t in range(trials):
         best, chain = _best_value(logprobs[t].tolist(), depth_limit, vocab, budget, cap)
-        assert built[t].item() == pytest.approx(best, rel=1e-5, abs=1e-7), (t, built[t], best)
+        built = _structural_objective(layout, t, by_token[t], budget, cap)
+        assert built == pytest.approx(best, rel=1e-5, abs=1e-7), (t, built, best)
         beaten_chain += chain < best - 1e-6
     if budget > 1 and cap != 1:
         # The enumeration is not vacuous: the chain is strictly suboptimal somewhere.
