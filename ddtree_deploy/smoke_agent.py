@@ -239,7 +239,7 @@ def level_import(spec):
     modules = spec.get("modules") or []
     if not modules:
         raise LevelFailed("no modules to import: the request names none")
-    child = {"modules": modules, "attributes": spec.get("attributes", [])}
+    child = {"modules": modules, "attributes": spec.get("attributes", []), "tree": spec.get("tree")}
     timeout_s = float(spec.get("timeout_s", 180))
     answer, _ = _ask_child(_IMPORT_CHILD, child, timeout_s, doing="importing", who="the import check")
     if not answer.get("ok"):

@@ -34,8 +34,8 @@ def host(tmp_path_factory):
     inv = root / "h1.toml"
     inv.write_text(f'transport = "local"\n[host]\npython = "{env.python}"\nstate_dir = "{root / "state"}"\n'
                    '[smoke]\nlevels = ["compile", "import"]\n'
-                   '# No CUDA here: sgl_kernel (imported by dflash_worker) loads libnvrtc at import time.\n'
-                   'import_exclude = ["sglang.srt.speculative.dflash_worker"]\n')
+                   '# No CUDA here: sgl_kernel (imported by dflash_worker and the scheduler) is a CUDA build.\n'
+                   'import_exclude = ["sglang.srt.speculative.dflash_worker", "sglang.srt.managers.scheduler"]\n')
     family = root / "patches" / "sglang-0.5.12"
     shutil.copytree(REPO / "patches" / "sglang-0.5.12", family)
     shutil.copytree(REPO / "payload", root / "payload")
@@ -52,13 +52,15 @@ def push(monkeypatch, inv, family, *extra):
 
 
 def pristine(site: Path, family: Path) -> bool:
-    from ddtree_deploy.series import load_family
+    from ddtree_deploy.series import AddEntry, load_family
 
-    paths = [p for p in load_family(family).touched_paths() if p != BROKEN and "ddtree_utils" not in p]
+    series = load_family(family)
+    added = [e.dest for e in series.entries if isinstance(e, AddEntry)]  # new files: gone again
+    paths = [p for p in series.touched_paths() if p not in added]
     wheel = sglang_host.pristine_files(sglang_host.BASELINE_RELEASE, paths)
     return (all(hashlib.sha256((site / p).read_bytes()).digest() == hashlib.sha256(wheel[p]).digest()
                 for p in paths)
-            and not (site / BROKEN).exists() and not (site / "sglang/srt/speculative/ddtree_utils.py").exists())
+            and BROKEN in added and not any((site / p).exists() for p in added))
 
 
 def test_failed_smoke_rolls_back_then_no_rollback_keeps(monkeypatch, host):

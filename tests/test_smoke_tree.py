@@ -1,0 +1,185 @@
+"""The tree probe of the import and cli smoke levels, on the REAL SGLang 0.5.12.post1 files
+patched by the real series, over a real sshd on loopback: "never silently linear".
+
+The host Python is a venv with the release wheel's files, the series applied to them (in
+memory, by the toolkit's own check) and the project venv's CPU dependencies shared
+(tests/sglang_host.py). Resolving the worker class imports ``dflash_worker``, which imports
+``sgl_kernel`` (CUDA): the host gets ``sglang_host.write_kernel_standin``, a named STAND-IN
+whose every kernel raises when called (nothing here calls one). Everything else is real:
+argparse, ``ServerArgs`` and its DDTREE validation, ``SpeculativeAlgorithm.from_string`` and
+``create_worker``.
+
+The marker ``DDTREE_TREE_VERIFY = True`` (CONTRACTS.md) is not in patch 0005 yet; the
+fixtures add it to (or strip it from) the patched ``dflash_worker.py`` themselves, so each
+case holds whether or not the patch carries it. A partial port that keeps DFlash's verify
+width (the draft block) is made by wrapping ``ServerArgs.__post_init__`` (TEST FIXTURE).
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy import releases, smoke
+from ddtree_deploy.check import check_series
+from ddtree_deploy.inventory import load_host
+from ddtree_deploy.series import PatchEntry, load_family
+from ddtree_deploy.transport import transport_for
+
+import sglang_host
+from sshd_host import SSHServer
+from sshd_host import TestHost as SandboxHost  # aliased: pytest would try to collect a Test* class
+
+pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
+
+REPO = Path(__file__).resolve().parent.parent
+FAMILY = REPO / "patches" / "sglang-0.5.12"
+MODELS = REPO / "tests" / "data" / "models"
+WORKER = "sglang/srt/speculative/dflash_worker.py"
+SERVER_ARGS = "sglang/srt/server_args.py"
+MARKER = re.compile(r"^\s*DDTREE_TREE_VERIFY\s*=\s*True\s*(#.*)?\n", re.M)
+
+# TEST FIXTURE: a partial port whose DDTREE keeps the chain's verify width (the draft block).
+CHAIN_WIDTH = textwrap.dedent('''
+
+    # TEST FIXTURE (tests/test_smoke_tree.py): a partial port that leaves DDTREE with
+    # DFlash's verify width, the draft block.
+    _ddtree_fixture_post_init = ServerArgs.__post_init__
+
+
+    def _ddtree_fixture_chain_width(self, *args, **kwargs):
+        _ddtree_fixture_post_init(self, *args, **kwargs)
+        if self.speculative_algorithm == "DDTREE":
+            self.speculative_num_draft_tokens = self.speculative_dflash_block_size
+
+
+    ServerArgs.__post_init__ = _ddtree_fixture_chain_width
+''')
+
+
+def with_marker(text: str) -> str:
+    """The patched worker with the marker line the lead adds to patch 0005 (if absent)."""
+    if MARKER.search(text):
+        return text
+    head = '    """DFlash speculative decoding worker (spec-v1, tp>=1/pp=1)."""\n'
+    assert head in text, "DFlashWorker's docstring moved: update this fixture"
+    return text.replace(head, head + "\n    # DDTREE resolves to this worker, which then verifies a tree.\n"
+                                     "    DDTREE_TREE_VERIFY = True\n", 1)
+
+
+def without_marker(text: str) -> str:
+    return MARKER.sub("", text)
+
+
+@pytest.fixture(scope="module")
+def series():
+    return load_family(FAMILY, payload_dir=REPO / "payload")
+
+
+@pytest.fixture(scope="module")
+def patched(series) -> dict[str, bytes]:
+    wheel = sglang_host.release_wheel()
+    wanted = series.touched_paths()
+    found = releases.read_wheel_files(wheel, wanted)
+    report = check_series(series, {p: found.get(p) for p in wanted})
+    assert report.ok
+    return {p: f.patched for p, f in report.patched.items()}
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def tree_host(sshd, patched, tmp_path_factory):
+    """One host: the patched release, the kernel stand-in, tiny model folders for the cli level."""
+    root = tmp_path_factory.mktemp("tree-host")
+    env = sglang_host.make_host_env(root / "env", overlay=patched)
+    sglang_host.write_kernel_standin(env.site_packages)  # STAND-IN for sgl_kernel (CUDA)
+    test_host = SandboxHost(name="h-tree", server=sshd, python=env.python, site=env.site_packages,
+                            state_dir=root / "state")
+    inv = test_host.inventory(root / "hosts")
+    with open(inv, "a") as fh:
+        fh.write(textwrap.dedent(f"""
+            [smoke]
+            levels = ["import", "cli"]
+            [smoke.launch]
+            model = "{MODELS / 'tiny-llama'}"
+            draft_model = "{MODELS / 'tiny-dflash-draft'}"
+            budget = 20
+            extra_args = ["--device", "cpu", "--attention-backend", "triton", "--skip-tokenizer-init"]
+            gpu = false
+        """))
+    return test_host, load_host(str(inv))
+
+
+def run_levels(tree_host, series, levels, files: dict[str, str]):
+    """Write ``files`` (package-relative -> text) on the host, then run ``levels`` over SSH."""
+    test_host, host = tree_host
+    for rel, text in files.items():
+        test_host.file(rel).write_text(text)
+    settings = smoke.parse_settings(host.smoke, source=host.source)
+    texts = [e.file.read_text() for e in series.entries if isinstance(e, PatchEntry)]
+    plan = smoke.plan_smoke(settings, touched_paths=series.touched_paths(), flags=smoke.series_flags(texts),
+                            log_path="-", levels=levels, source=host.source, family=smoke.family_smoke(series))
+    return smoke.run_on_host(host, transport_for(host), plan)
+
+
+def test_tree_worker_with_marker_and_budget_width_passes(tree_host, series, patched):
+    report = run_levels(tree_host, series, ["import", "cli"], {
+        WORKER: with_marker(patched[WORKER].decode()), SERVER_ARGS: patched[SERVER_ARGS].decode()})
+    assert report.ok, (report.lines(), report.levels[0].evidence.get("tree"))
+    imported, cli = report.levels
+    assert imported.detail.endswith("; DDTREE verify width 25 = budget 24 + 1; "
+                                    "DDTREE -> DFlashWorker (DDTREE_TREE_VERIFY = True)")
+    probe = imported.evidence["tree"]
+    assert probe["worker"] == {"name": "DFlashWorker", "module": "sglang.srt.speculative.dflash_worker",
+                               "marker": "True", "tree": True}
+    assert probe["block"] == 16 and "--speculative-ddtree-budget" in probe["argv"]
+    # The host's own launch settings (tiny models on the host, budget 20) resolve to width 21.
+    assert cli.detail.endswith("prepare_server_args accepts the launch arguments; verify width 21 = budget 20 + 1")
+    assert cli.evidence["validation"]["fields"]["speculative_num_draft_tokens"] == 21
+
+
+def test_worker_without_marker_is_silently_linear(tree_host, series, patched):
+    report = run_levels(tree_host, series, ["import", "cli"], {
+        WORKER: without_marker(patched[WORKER].decode()), SERVER_ARGS: patched[SERVER_ARGS].decode()})
+    assert [r.status for r in report.levels] == ["failed", "skipped"]
+    assert report.failed.detail == (
+        "DDTREE probe: DDTREE resolves to sglang.srt.speculative.dflash_worker.DFlashWorker, whose "
+        "DDTREE_TREE_VERIFY is None, not True: that worker does not verify a tree (silently linear)")
+
+
+def test_partial_port_with_the_chain_width_fails_import_and_cli(tree_host, series, patched):
+    files = {WORKER: with_marker(patched[WORKER].decode()),
+             SERVER_ARGS: patched[SERVER_ARGS].decode() + CHAIN_WIDTH}
+    report = run_levels(tree_host, series, ["import"], files)
+    assert report.failed.detail == (
+        "DDTREE probe: speculative_num_draft_tokens resolved to 16, expected 25 (--speculative-ddtree-budget 24 "
+        "+ 1): that is the draft block, so DDTREE verifies a chain (the linear DFlash path)")
+    report = run_levels(tree_host, series, ["cli"], {})
+    assert report.failed.detail == (
+        "the launch arguments resolve speculative_num_draft_tokens to 16, expected 21 "
+        "(--speculative-ddtree-budget 20 + 1): DDTREE would not verify its tree")
+
+
+def test_worker_class_other_than_the_family_names_fails(tree_host, series, patched):
+    # A family whose [smoke] expects another class (as the v2 family expects DDTreeWorkerV2).
+    from dataclasses import replace
+
+    test_host, host = tree_host
+    for rel in (WORKER, SERVER_ARGS):
+        test_host.file(rel).write_text(with_marker(patched[rel].decode()) if rel == WORKER else patched[rel].decode())
+    settings = smoke.parse_settings(host.smoke, source=host.source)
+    family = replace(smoke.family_smoke(series), worker_class="DDTreeWorkerV2")
+    plan = smoke.plan_smoke(settings, touched_paths=series.touched_paths(), flags=(), log_path="-",
+                            levels=["import"], family=family)
+    report = smoke.run_on_host(host, transport_for(host), plan)
+    assert report.failed.detail == (
+        "DDTREE probe: DDTREE resolves to worker class sglang.srt.speculative.dflash_worker.DFlashWorker, "
+        "expected DDTreeWorkerV2 (the family's [smoke] worker_class)")
