@@ -55,8 +55,8 @@ timeout 240 "$PY" scripts/ddtree_verify_probe.py --device cuda --strict gpu \
     >"$OUT/verify.txt" 2>&1 || status=1
 tail -n 20 "$OUT/verify.txt" >&2
 
-echo "[3/3] served tiny target + draft with DDTREE" >&2
-timeout 420 "$PY" scripts/gpu_check_series.py serve --models tests/data/models \
+echo "[3/3] served tiny targets + a draft from the target's weights: Triton + FlashInfer, greedy + sampling" >&2
+timeout 540 "$PY" scripts/gpu_check_series.py serve --models tests/data/models \
     >"$OUT/serve.txt" 2>&1 || status=1
 grep '^GPU-SERVE:' "$OUT/serve.txt" >&2 || tail -n 40 "$OUT/serve.txt" >&2
 

@@ -8,7 +8,7 @@
 #     KEEP=1 scripts/gpu_smoke.sh ct200     # leave DDTree deployed afterwards
 #
 # What the host needs (checked by the launch level itself, with a clear error when absent):
-#   - SGLang 0.5.12.post1 installed in [host].python, with its CUDA dependencies;
+#   - SGLang 0.5.12.x or 0.5.13.x installed in [host].python, with its CUDA dependencies;
 #   - one NVIDIA GPU with >= 40 GiB free (H100/H200/A100-80G; the default below);
 #   - the models ON THE HOST, already downloaded (the smoke never downloads):
 #       target  Qwen/Qwen3-8B                 (~16.4 GB, bf16)
@@ -79,6 +79,12 @@ if launch and launch["status"] == "passed":
     ev = launch["evidence"]
     print(f"acceptance length: {ev.get('accept_length')} (completion_tokens / spec_verify_ct), "
           f"avg_spec_accept_length {ev.get('avg_spec_accept_length')}")
+# The tree proof (docs/patches-0004-0005.md, "Server-side report for the launch smoke"): the
+# server's own report, whichever level carried it.
+for level in doc["levels"]:
+    proof = {k: v for k, v in (level.get("evidence") or {}).items() if k.startswith("ddtree_")}
+    if proof:
+        print(f"tree proof ({level['level']}): " + ", ".join(f"{k}={v}" for k, v in sorted(proof.items())))
 if doc.get("log_copy"):
     print("server log copied to", doc["log_copy"])
 if rollback:
