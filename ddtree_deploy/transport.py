@@ -216,9 +216,7 @@ class _SSHProcess(Process):
         self.err = channel.makefile_stderr("rb")
 
     def _lost(self, exc: BaseException) -> DeployError:
-        return DeployError(f"{self.label}: connection lost ({exc.__class__.__name__}: {exc})",
-                           code="connection-lost",
-                           hint="run `ddtree-deploy status` to see where the host stands, then rerun")
+        return connection_lost(self.label, exc)
 
     def write(self, data: bytes) -> None:
         try:
@@ -281,6 +279,20 @@ class _SSHProcess(Process):
         except Exception:
             pass
         return bytes(kept).decode(errors="replace")
+
+
+def connection_lost(label: str, exc: BaseException, step: str | None = None) -> DeployError:
+    """One line for a connection that died: what was under way, and why in words (an
+    EOFError from paramiko says nothing by itself: the peer or the network closed it)."""
+    if isinstance(exc, EOFError) or not str(exc):
+        why = "the connection was closed"
+    elif isinstance(exc, OSError) and exc.strerror:
+        why = exc.strerror
+    else:
+        why = str(exc)
+    during = f" during {step}" if step else ""
+    return DeployError(f"{label}: connection lost{during} ({why})", code="connection-lost",
+                       hint="run `ddtree-deploy status` to see where the host stands, then rerun")
 
 
 class HostKeyRefused(DeployError):
@@ -461,6 +473,11 @@ class AgentSession:
         source = agent_source()
         try:
             self.proc.write(b"%d\n" % len(source) + source)
+        except DeployError as exc:
+            self.__exit__()
+            if exc.code == "connection-lost":
+                exc.message = exc.message.replace("connection lost", "connection lost while uploading the agent", 1)
+            raise
         except BaseException:
             self.__exit__()
             raise
@@ -478,7 +495,15 @@ class AgentSession:
         payload = b"".join(json.dumps(r).encode() + b"\n" for r in requests)
         limit = timeout or self.op_timeout or self.host.op_timeout or DEFAULT_OP_TIMEOUT
         deadline = time.monotonic() + limit
-        self.proc.write(payload)
+        try:
+            self.proc.write(payload)
+        except DeployError as exc:
+            if exc.code != "connection-lost":
+                raise
+            ops = "+".join(str(r.get("op")) for r in requests)
+            exc.message = exc.message.replace(
+                "connection lost", f"connection lost while sending {ops}", 1)
+            raise
         self.round_trips += 1
         replies = []
         for request in requests:
@@ -497,6 +522,10 @@ class AgentSession:
             except ReplyError:
                 self.proc.abort()
                 self.proc = None
+                raise
+            except DeployError as exc:
+                if exc.code == "connection-lost":
+                    exc.message = exc.message.replace("connection lost", f"connection lost waiting for {op}", 1)
                 raise
             if not line.endswith(b"\n"):
                 code, tail = self.proc.close()

@@ -495,3 +495,43 @@ def test_a_family_named_by_the_host_is_only_looked_up_among_known_families(sshd,
     with pytest.raises(DeployError) as e:
         smoke.smoke_host(host, lambda: SSHTransport(host), levels=["compile"], patches_dir=FAMILY.parent)
     assert e.value.code == "unknown-family" and "not a family here" in e.value.message
+
+
+# ---------------------------------------------------------------- item 9: a cut during the upload
+
+
+def test_a_cut_during_the_upload_is_one_connection_error_line(sshd, tmp_path, env, monkeypatch, series):
+    """The CLI, cut by a TCP proxy at offsets across the agent's upload and the requests:
+    exit 1, one `error:` line naming the host, never a traceback (EOFError or other)."""
+    from test_faults import CutProxy
+
+    h, _host = new_host(sshd, tmp_path)
+    proxy = CutProxy(sshd.port)
+    sshd.trust(port=proxy.port)
+    h.inventory(tmp_path / "hosts", port=proxy.port)
+    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(tmp_path / "hosts"))
+    args = ["push", "--host", "h", "--family", str(FAMILY), "--no-smoke"]
+    try:
+        proxy.arm(None)
+        assert _cli(*args).exit_code == 0
+        total = proxy.relayed
+        assert _cli("rollback", "--host", "h").exit_code == 0
+        seen = 0
+        for cut in range(4000, total, max(1, (total - 4000) // 12)):
+            proxy.arm(cut)
+            r = _cli(*args)
+            if not proxy.cut:
+                continue
+            seen += 1
+            assert r.exit_code == 1, (cut, r.output)
+            assert "Traceback" not in r.output and "EOFError" not in r.output, (cut, r.output)
+            errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1 and "h:" in errors[0], (cut, r.stderr)
+            deadline = time.monotonic() + 15
+            while (h.state_dir / "lock").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proxy.arm(None)
+            _cli("rollback", "--host", "h")
+        assert seen >= 8
+    finally:
+        proxy.close()

@@ -84,6 +84,11 @@ def test_builtin_local_host(tmp_path):
         ("[ssh]\nhost = 'a'\nconnect_timeout = -1\n[host]\npython = '/p'\n", r"key ssh.connect_timeout"),
         ("[ssh]\nhost = 'a'\n[host]\npython = \"a\\nb\"\n", r"key host.python: must not contain"),
         ("transport = 'telnet'\n[host]\npython = '/p'\n", r"key transport: must be one of"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = 'st'\n", r"key host.state_dir: .* not absolute"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '/a/../b'\n", r"key host.state_dir: .*'\.\.'"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '~/$(id)'\n", r"key host.state_dir: .*shell syntax"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '~x/s'\n", r"key host.state_dir"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nop_timeout = 0\n", r"key host.op_timeout: must be a positive"),
     ],
 )
 def test_broken_inventory_names_file_and_key(text, message):
@@ -97,6 +102,16 @@ def test_missing_inventory_and_bad_name(tmp_path):
         load_host("nosuch", directory=tmp_path)
     with pytest.raises(BadInput, match=r"host name"):
         load_host("../etc/passwd", directory=tmp_path)
+    # A .toml path's stem is the host's name (log folders, snapshot names): '...toml' is host '..'.
+    for bad in ("...toml", str(tmp_path / "..toml"), str(tmp_path / "a b.toml"), ".hidden.toml"):
+        with pytest.raises(BadInput, match=r"is not a host name"):
+            load_host(bad, directory=tmp_path)
+
+
+def test_state_dir_and_op_timeout_are_read():
+    host = parse_host("[ssh]\nhost='a'\n[host]\npython='/p'\nstate_dir='~/.x'\nop_timeout=7\n", name="h", source="h")
+    assert host.state_dir == "~/.x" and host.op_timeout == 7.0
+    assert parse_host("[ssh]\nhost='a'\n[host]\npython='/p'\n", name="h", source="h").op_timeout is None
 
 
 def test_cli_broken_inventory_is_one_line_exit_2(tmp_path, monkeypatch):
