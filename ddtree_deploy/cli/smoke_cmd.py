@@ -12,6 +12,7 @@ import typer
 
 from ddtree_deploy import smoke
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.text import safe
 from ddtree_deploy.inventory import load_host
 from ddtree_deploy.transport import transport_for
 
@@ -31,16 +32,17 @@ def smoke_cmd(
     h = load_host(host)
     report = smoke.smoke_host(
         h, lambda: transport_for(h, trust_new_host=trust_new_host), levels=level or None,
-        progress=lambda step: err.print(f"[dim]{h.name}:[/] {step}", highlight=False),
-        heartbeat=lambda lvl, s: err.print(f"[dim]{h.name}: smoke {lvl}: still running ({s:.0f} s)[/]",
+        # Level names and report lines come from the host's smoke program: printed inert.
+        progress=lambda step: err.print(f"[dim]{safe(h.name)}:[/] {safe(step)}", highlight=False),
+        heartbeat=lambda lvl, s: err.print(f"[dim]{safe(h.name)}: smoke {safe(lvl)}: still running ({s:.0f} s)[/]",
                                            highlight=False),
     )
     if json_output:
         emit_json(report.to_json())
     else:
-        out.print(f"{h.name}: smoke {'passed' if report.ok else 'FAILED'}")
+        out.print(safe(f"{h.name}: smoke {'passed' if report.ok else 'FAILED'}"), highlight=False)
         for line in report.lines():
-            out.print("  " + line, highlight=False, markup=False)
+            out.print(safe("  " + line), highlight=False)
     if not report.ok:
         raise typer.Exit(1)
 
