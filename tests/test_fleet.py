@@ -154,6 +154,11 @@ def test_outcome_kinds():
     assert outcome_of_error(BadInput("x")) is Kind.FAILED_BEFORE_CHANGE
     # An error this module cannot place before the switch is never called "no change".
     assert outcome_of_error(DeployError("x", code="connection-lost")) is Kind.FAILED_UNKNOWN
+    # The agent's preflight refuses before any write; a failed switch it undid leaves the host unchanged.
+    for code in ("preflight", "permission", "no-space", "unsafe-file", "bad-state-dir"):
+        assert outcome_of_error(DeployError("x", code=code)) is Kind.FAILED_BEFORE_CHANGE
+    assert outcome_of_error(DeployError("x", code="failed-unchanged")) is Kind.FAILED_UNCHANGED
+    assert not Kind.FAILED_UNCHANGED.ok
     assert outcome_of_error(DeployError("x", code="agent")) is Kind.FAILED_UNKNOWN
     assert outcome_of_push({"changed": True, "ok": True}) is Kind.PUSHED
     assert outcome_of_push({"changed": False, "ok": True}) is Kind.ALREADY
