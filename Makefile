@@ -6,12 +6,13 @@ PIP := $(PY) -m pip
 
 .PHONY: install demo test bench matrix clean
 
-$(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt
+$(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/sglang-v2-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch 2.14.1 + torchvision 0.29.1: the pair that imports SGLang's utils (see README).
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
 	$(PIP) install -q -r requirements/sglang-cpu.txt
+	$(PIP) install -q --no-deps -r requirements/sglang-v2-cpu.txt
 	$(PIP) install -q -e '.[test]'
 	touch $@
 

@@ -10,7 +10,11 @@ puts them there). The env's own site-packages comes first, so its ``sglang`` win
 
 The host-side smoke program (``smoke_agent``) then runs the ``import`` and ``cli``
 levels with the env's interpreter, exactly as it would on a GPU host; the request
-comes from ``smoke.plan_smoke``. The env is deleted afterwards.
+comes from ``smoke.plan_smoke``. A third level, ``tree``, is never silently linear:
+SGLang's own ``ServerArgs`` for ``--speculative-algorithm DDTREE`` (budget 32, on
+tiny config-only model folders written into the env) must resolve to a verify width
+of budget + 1, and the worker class DDTREE resolves to must carry
+``DDTREE_TREE_VERIFY = True`` (docs/patches-v2.md). The env is deleted afterwards.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from ddtree_deploy.smoke import (
 )
 
 LEVELS = ("import", "cli")
+TREE_LEVEL = "tree"
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,122 @@ def unimportable(python: Path, modules: Sequence[str], timeout_s: float) -> dict
         raise DeployError(f"the import probe failed (exit {done.returncode}): {done.stderr.strip()[-300:]}") from None
 
 
+# --- the tree level: DDTREE must resolve to a tree verify ------------------------------
+
+#: Config-only model folders (no weights: ServerArgs reads config.json only).
+_TINY_TARGET = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu", "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
+}
+_TINY_DRAFT = {
+    "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": 512,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu", "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "torch_dtype": "float32", "block_size": 16, "num_target_layers": 4,
+    "dflash_config": {"mask_token_id": 511, "target_layer_ids": [1, 2]},
+}
+TREE_BUDGET = 32
+
+# Runs in the release's env. Resolution differs by epoch: up to 0.5.19 ServerArgs
+# resolves while it is constructed; from 0.5.20 on, resolve_once() does and the record
+# keeps the raw input (resolved_dict() has the decisions). DFLASH (so DDTREE) refuses
+# device "cpu" from 0.5.14 on and "cuda" constructs fine without a GPU; the v1 releases
+# are tried on "cpu" first. The answer is the last JSON line.
+_TREE_PROBE = r"""
+import json, logging, sys
+logging.disable(logging.WARNING)
+spec = json.loads(sys.argv[1])
+out = {"ok": False}
+try:
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    errors = []
+    args = None
+    for device, extra in (("cpu", {"attention_backend": "triton"}), ("cuda", {})):
+        try:
+            args = ServerArgs(model_path=spec["target"], speculative_algorithm="DDTREE",
+                              speculative_draft_model_path=spec["draft"], device=device,
+                              skip_tokenizer_init=True, speculative_ddtree_budget=spec["budget"], **extra)
+            if callable(getattr(args, "resolve_once", None)):
+                args.resolve_once()
+            break
+        except Exception as exc:
+            errors.append("device %s: %s: %s" % (device, type(exc).__name__, exc))
+            args = None
+    if args is None:
+        out["error"] = "ServerArgs for DDTREE does not resolve: " + " | ".join(errors)
+    else:
+        fields = args.resolved_dict() if callable(getattr(args, "resolved_dict", None)) else vars(args)
+        out["width"] = fields.get("speculative_num_draft_tokens")
+        out["budget"] = fields.get("speculative_ddtree_budget")
+        algo = SpeculativeAlgorithm.from_string("DDTREE")
+        try:
+            worker = algo.create_worker(args)
+        except ImportError as exc:
+            out["import_error"] = "%s: %s" % (type(exc).__name__, exc)
+            out["missing"] = getattr(exc, "name", None)
+        else:
+            out["worker"] = "%s.%s" % (worker.__module__, worker.__qualname__)
+            out["tree_verify"] = getattr(worker, "DDTREE_TREE_VERIFY", None) is True
+        out["ok"] = True
+except Exception as exc:
+    out["error"] = "%s: %s" % (type(exc).__name__, exc)
+print(json.dumps(out, default=str))
+"""
+
+
+def tree_verdict(answer: dict, *, budget: int, cannot: dict[str, str]) -> tuple[str, str]:
+    """(status, detail) of the tree level from the probe's answer; pure.
+
+    ``cannot``: modules the UNPATCHED release cannot import in this CPU env. A worker
+    whose import fails on one of those (e.g. a v1 worker needing the CUDA-only
+    sgl_kernel) is ``skipped``, named; any other failure to reach a tree worker fails.
+    """
+    if not answer.get("ok"):
+        return "failed", answer.get("error") or "the tree probe gave no answer"
+    width, resolved_budget = answer.get("width"), answer.get("budget")
+    if resolved_budget != budget or width != budget + 1:
+        return "failed", (f"DDTREE resolved to verify width {width} with budget {resolved_budget}, "
+                          f"not budget + 1 = {budget + 1} (asked budget {budget}): a chain would verify like this")
+    if "import_error" in answer:
+        # Skipped only for a missing package outside sglang that already keeps the
+        # unpatched release's modules from importing here; a missing sglang module (a
+        # worker the series forgot) fails.
+        top = (answer.get("missing") or "").split(".")[0]
+        if top and top != "sglang" and any(f"'{top}" in err for err in cannot.values()):
+            return "skipped", (f"verify width {width} = budget + 1; the worker needs {top}, which this CPU env "
+                               f"lacks (so do the unpatched release's modules): {answer['import_error']}")
+        return "failed", f"the DDTREE worker does not import: {answer['import_error']}"
+    if not answer.get("tree_verify"):
+        return "failed", (f"DDTREE resolves to {answer.get('worker')}, which does not tree-verify "
+                          "(no DDTREE_TREE_VERIFY = True): silently linear")
+    return "passed", f"verify width {width} = budget {budget} + 1; worker {answer['worker']} tree-verifies"
+
+
+def tree_level(python: Path, work: Path, cannot: dict[str, str], timeout_s: float) -> tuple[str, str]:
+    """Run the tree probe with the env's interpreter: (status, detail)."""
+    models = {"target": _TINY_TARGET, "draft": _TINY_DRAFT}
+    for name, config in models.items():
+        (work / name).mkdir(parents=True, exist_ok=True)
+        (work / name / "config.json").write_text(json.dumps(config))
+    spec = {"target": str(work / "target"), "draft": str(work / "draft"), "budget": TREE_BUDGET}
+    try:
+        done = subprocess.run([str(python), "-c", _TREE_PROBE, json.dumps(spec)], capture_output=True,
+                              text=True, timeout=timeout_s, cwd=work)
+    except subprocess.TimeoutExpired:
+        return "failed", f"the tree probe timed out after {timeout_s:g} s"
+    lines = [ln for ln in done.stdout.strip().splitlines() if ln.startswith("{")]
+    try:
+        answer = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        return "failed", f"the tree probe exited {done.returncode} without an answer: {done.stderr.strip()[-300:]}"
+    return tree_verdict(answer, budget=TREE_BUDGET, cannot=cannot)
+
+
 def smoke_release(version: str, wheel: Path, series: Series, *, fuzz: int = 0, timeout_s: float = 300.0,
                   work_dir: Path | None = None) -> ImportSmoke:
     """Patch ``version`` with ``series``, install it in a throwaway venv, run the import and cli levels."""
@@ -122,7 +243,7 @@ def smoke_release(version: str, wheel: Path, series: Series, *, fuzz: int = 0, t
     found = releases.read_wheel_files(wheel, wanted)
     report = check_series(series, {p: found.get(p) for p in wanted}, fuzz=fuzz)
     if not report.ok:
-        levels = tuple((level, "skipped", "the series does not apply cleanly") for level in LEVELS)
+        levels = tuple((level, "skipped", "the series does not apply cleanly") for level in (*LEVELS, TREE_LEVEL))
         return ImportSmoke(version, levels, time.perf_counter() - started)
     flags = series_flags(e.file.read_text(encoding="utf-8") for e in series.entries if isinstance(e, PatchEntry))
     with tempfile.TemporaryDirectory(prefix=f"ddtree-import-{version}-", dir=work_dir) as tmp:
@@ -147,6 +268,10 @@ def smoke_release(version: str, wheel: Path, series: Series, *, fuzz: int = 0, t
                 return {"error": f"exit {done.returncode}: {done.stderr.strip()[-300:]}"}
 
         result = read_answer(f"sglang {version} (throwaway venv)", plan, run(plan.request))
+        if result.ok:
+            tree = tree_level(python, Path(tmp) / "tree", cannot, timeout_s)
+        else:
+            tree = ("skipped", "an earlier level failed")
     levels = []
     for r in result.levels:
         detail = r.detail
@@ -154,6 +279,7 @@ def smoke_release(version: str, wheel: Path, series: Series, *, fuzz: int = 0, t
             # Say why a module was left out: the unpatched release fails the same way here.
             detail += "; unpatched, on this CPU env: " + "; ".join(f"{m}: {e}" for m, e in cannot.items())
         levels.append((r.level, r.status, detail))
+    levels.append((TREE_LEVEL, *tree))
     return ImportSmoke(version, tuple(levels), time.perf_counter() - started)
 
 
@@ -168,4 +294,4 @@ def smoke_releases(jobs: Sequence[tuple[str, Path, Series]], *, fuzz: int = 0,
     return out
 
 
-__all__ = ["ImportSmoke", "make_env", "smoke_release", "smoke_releases"]
+__all__ = ["ImportSmoke", "make_env", "smoke_release", "smoke_releases", "tree_verdict"]

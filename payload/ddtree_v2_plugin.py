@@ -134,6 +134,16 @@ def ddtree_verify_width(server_args: Any) -> int:
     return ddtree_budget(server_args) + 1
 
 
+def decode_reserve(server_args: Any) -> int:
+    """KV slots per request that ``DFlashDraftInputV2.prepare_for_decode`` keeps allocated
+    past the committed length (hunk 0005): one step's lag (at most a draft block commits)
+    plus the step's write window, ``ddtree_lineage.decode_reserve``; DFlash's own
+    ``2 x num_draft_tokens`` would be 2 x (B + 1)."""
+    from sglang.srt.speculative.ddtree_lineage import decode_reserve as reserve
+
+    return reserve(ddtree_budget(server_args), ddtree_draft_block(server_args))
+
+
 # ---------------------------------------------------------------------------
 # Server-argument resolution (SpeculativeAlgorithm's handle_server_args hook)
 
@@ -349,6 +359,11 @@ def register() -> None:
 
     SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, spec_class=_spec_class())(
         _worker_factory)
+    # SpeculativeAlgorithm.DDTREE names the registered algorithm, as the enum member does
+    # in the v1 families, so code and the import smoke level find DDTREE the same way on
+    # every family. A class attribute, not a member: the enum's members are fixed, and
+    # iteration, SpeculativeAlgorithm["..."] and the reserved names are unchanged.
+    setattr(SpeculativeAlgorithm, ALGORITHM, registered(ALGORITHM))
 
 
 register()
@@ -364,6 +379,7 @@ __all__ = [
     "ddtree_draft_block",
     "ddtree_topk",
     "ddtree_verify_width",
+    "decode_reserve",
     "register",
     "resolve_server_args",
 ]

@@ -124,6 +124,9 @@ def test_ddtree_resolves(resolved, name):
     # One number, two meanings: the target verifies budget + 1, the draft runs its block.
     assert got["target_verify_width"] == fields["speculative_num_draft_tokens"]
     assert got["draft_verify_width"] == fields["speculative_dflash_block_size"]
+    # The decode over-allocation (hunk 0005): a draft block of lag + the step's window.
+    block, width = fields["speculative_dflash_block_size"], fields["speculative_num_draft_tokens"]
+    assert got["decode_reserve"] == block + max(width, block) <= 2 * width
     # The resolved worker tree-verifies.
     assert got["worker"] == "sglang.srt.speculative.ddtree_worker_v2.DDTreeWorkerV2"
     assert got["tree_verify"] is True
@@ -148,6 +151,9 @@ def test_ddtree_is_dflash_everywhere_but_its_own_decisions(resolved):
     assert ident["has_create_future_map"] and ident["need_topk"] is False
     assert ident["needs_hidden_relay"] is False  # hunk 0003
     assert ident["from_string"] == "CustomSpecAlgo('DDTREE')"
+    # SpeculativeAlgorithm.DDTREE names it (as the v1 families' enum member does), while the
+    # enum's members stay SGLang's own.
+    assert ident["attribute_is_registered"] is True and "DDTREE" not in ident["members"]
 
 
 def test_launch_server_help_lists_the_flags(patched_env):
@@ -235,6 +241,7 @@ def _ddtree_facts(args, plugin, get_spec, publish) -> dict:
             get_spec().speculative_num_draft_tokens, False),
         "draft_verify_width": algo.get_num_tokens_per_req_for_target_verify(
             get_spec().speculative_num_draft_tokens, True),
+        "decode_reserve": plugin.decode_reserve(get_spec()),
         "worker": f"{worker.__module__}.{worker.__qualname__}",
         "tree_verify": getattr(worker, "DDTREE_TREE_VERIFY", None),
         "identity": {
@@ -244,6 +251,8 @@ def _ddtree_facts(args, plugin, get_spec, publish) -> dict:
             "need_topk": algo.need_topk(),
             "needs_hidden_relay": spec_need_hidden_states(),
             "from_string": repr(algo),
+            "attribute_is_registered": getattr(SpeculativeAlgorithm, "DDTREE", None) is algo,
+            "members": [m.name for m in SpeculativeAlgorithm],
         },
     }
 

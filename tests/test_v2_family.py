@@ -1,0 +1,202 @@
+"""The v2 family (patches/sglang-0.5.20/) against every release it claims, with real wheels.
+
+- ``ddtree-deploy check --release V`` (the CLI, as a user runs it) applies and compiles the
+  whole series on 0.5.20, 0.5.21, 0.5.22 and 0.5.23, without fuzz; GNU ``patch -F0`` (the
+  oracle) lands the same hunks and gives the same bytes.
+- ``matrix`` over 0.5.20 - 0.5.23 says ``ok`` with this family on each release, and
+  ``matrix --import`` on 0.5.23 passes the import, cli and tree levels in a throwaway venv.
+- Never silently linear: the tree level (ddtree_deploy/matrix_import.py) fails a series
+  that registers DDTREE without the worker, and one whose worker does not tree-verify.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FAMILY = REPO / "patches" / "sglang-0.5.20"
+RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
+
+pytestmark = pytest.mark.sglang_env
+
+
+def test_family_range_is_the_releases_it_is_proven_on():
+    from packaging.version import Version
+
+    from ddtree_deploy.series import load_family
+
+    spec = load_family(FAMILY).info.specifier
+    assert all(Version(v) in spec for v in RELEASES)
+    for outside in ("0.5.19", "0.5.24", "0.5.13.post1", "0.5.12.post1"):
+        assert Version(outside) not in spec, outside
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_check_release_applies_and_compiles(version, tmp_path):
+    from sglang_host import release_wheel
+
+    release_wheel(version)  # cached once (sha256-checked against PyPI)
+    done = subprocess.run(
+        [sys.executable, "-m", "ddtree_deploy", "check", "--release", version, "--family", "sglang-0.5.20",
+         "--json"], capture_output=True, text=True, timeout=600, cwd=REPO,
+        env={**_env(), "DDTREE_DEPLOY_SNAPSHOT": str(tmp_path / "snapshot")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] is True
+    assert report["family"] == "sglang-0.5.20" and report["compile_errors"] == []
+    counts = report["hunks"]
+    assert counts["fuzz"] == 0 and counts["failed"] == 0 and counts["already-applied"] == 0, counts
+    assert counts["exact"] + counts["offset"] == 5, counts
+
+
+def _env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_DEPLOY_")}
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_gnu_patch_agrees_with_the_check_layer(version, tmp_path):
+    from sglang_host import pristine_files
+
+    from ddtree_deploy.check import check_series
+    from ddtree_deploy.series import PatchEntry, load_family
+
+    series = load_family(FAMILY)
+    pristine = pristine_files(version)
+    report = check_series(series, {p: pristine.get(p) for p in series.touched_paths()})
+    assert report.ok
+    for entry in series.entries:
+        if isinstance(entry, PatchEntry):
+            for fp in entry.file_patches:
+                (tmp_path / fp.path).parent.mkdir(parents=True, exist_ok=True)
+                (tmp_path / fp.path).write_bytes(pristine[fp.path])
+    for entry in series.entries:
+        if isinstance(entry, PatchEntry):
+            done = subprocess.run(["patch", "-p1", "-F0", "-N", "--no-backup-if-mismatch", "-i", str(entry.file)],
+                                  cwd=tmp_path, capture_output=True, text=True)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "fuzz" not in done.stdout, done.stdout
+    for entry in series.entries:
+        if isinstance(entry, PatchEntry):
+            for fp in entry.file_patches:
+                assert (tmp_path / fp.path).read_bytes() == report.patched[fp.path].patched, fp.path
+
+
+def test_matrix_says_ok_on_every_release_of_the_range(monkeypatch):
+    from ddtree_deploy.matrix_run import run_matrix
+
+    for name in ("DDTREE_DEPLOY_PATCHES", "DDTREE_DEPLOY_PAYLOAD"):
+        monkeypatch.delenv(name, raising=False)
+    m = run_matrix(from_version=RELEASES[0], to_version=RELEASES[-1], offline=True, jobs=1)
+    rows = {r.version: r for r in m.rows}
+    assert set(RELEASES) <= set(rows)
+    for version in RELEASES:
+        assert rows[version].family == "sglang-0.5.20", version
+        assert rows[version].verdict == "ok", (version, rows[version].why)
+
+
+# ---------------------------------------------------------------------------
+# matrix --import and the tree level
+
+
+def test_matrix_import_passes_the_tree_level_on_0_5_23(monkeypatch):
+    from ddtree_deploy.matrix_run import run_matrix
+
+    for name in ("DDTREE_DEPLOY_PATCHES", "DDTREE_DEPLOY_PAYLOAD"):
+        monkeypatch.delenv(name, raising=False)
+    m = run_matrix(from_version="0.5.23", to_version="0.5.23", offline=True, jobs=1, import_smoke=True)
+    row = next(r for r in m.rows if r.version == "0.5.23")
+    levels = {lv: (st, d) for lv, st, d in row.smoke}
+    assert [lv for lv, _, _ in row.smoke] == ["import", "cli", "tree"]
+    assert all(st == "passed" for st, _ in levels.values()), levels
+    assert "verify width 33 = budget 32 + 1" in levels["tree"][1]
+    assert "ddtree_worker_v2.DDTreeWorkerV2 tree-verifies" in levels["tree"][1]
+    assert row.verdict == "ok" and m.exit_code == 0
+
+
+def _variant(tmp_path: Path, *, drop: tuple[str, ...] = (), worker_source: str | None = None):
+    """A copy of the family (and payload) with series entries dropped or the worker replaced."""
+    from ddtree_deploy.series import load_family
+
+    patches, payload = tmp_path / "patches", tmp_path / "payload"
+    shutil.copytree(FAMILY, patches / FAMILY.name)
+    shutil.copytree(REPO / "payload", payload, ignore=shutil.ignore_patterns("__pycache__"))
+    series_file = patches / FAMILY.name / "series"
+    lines = [ln for ln in series_file.read_text().splitlines() if not any(d in ln for d in drop)]
+    series_file.write_text("\n".join(lines) + "\n")
+    if worker_source is not None:
+        (payload / "ddtree_worker_v2.py").write_text(worker_source)
+    return load_family(patches / FAMILY.name, payload_dir=payload)
+
+
+def _tree_level(series, version: str, tmp_path: Path) -> tuple[str, str]:
+    from ddtree_deploy import releases
+    from ddtree_deploy.check import check_series
+    from ddtree_deploy.matrix_import import make_env, tree_level, unimportable
+    from ddtree_deploy.smoke import module_name
+
+    wheel = releases.ensure_wheel(version)
+    wanted = series.touched_paths()
+    found = releases.read_wheel_files(wheel, wanted)
+    report = check_series(series, {p: found.get(p) for p in wanted})
+    assert report.ok, report.to_json()
+    python, site = make_env(tmp_path / "env", wheel)
+    existing = [module_name(p) for p in wanted if found.get(p) is not None and module_name(p)]
+    cannot = unimportable(python, existing, 300)
+    for p in report.patched.values():
+        target = site.joinpath(*p.path.split("/"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(p.patched)
+    return tree_level(python, tmp_path / "tree", cannot, 300)
+
+
+def test_tree_level_fails_a_series_without_the_worker(tmp_path):
+    # A deliberately partial port: DDTREE registered (plugin, flags, hooks), no worker.
+    series = _variant(tmp_path, drop=("ddtree_worker_v2.py", "ddtree_lineage.py"))
+    status, detail = _tree_level(series, "0.5.23", tmp_path)
+    assert status == "failed", detail
+    assert "does not import" in detail and "ddtree_worker_v2" in detail, detail
+
+
+LINEAR_WORKER = '''"""NAMED STAND-IN for this test: a DDTree worker that is only DFlash's chain worker."""
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+
+class DDTreeWorkerV2(DFlashWorkerV2):
+    pass
+'''
+
+
+def test_tree_level_fails_a_worker_that_does_not_tree_verify(tmp_path):
+    series = _variant(tmp_path, worker_source=LINEAR_WORKER)
+    status, detail = _tree_level(series, "0.5.23", tmp_path)
+    assert status == "failed", detail
+    assert "does not tree-verify" in detail and "DDTREE_TREE_VERIFY" in detail, detail
+
+
+def test_tree_verdict_rules():
+    from ddtree_deploy.matrix_import import tree_verdict
+
+    ok = {"ok": True, "width": 33, "budget": 32, "worker": "m.W", "tree_verify": True}
+    assert tree_verdict(ok, budget=32, cannot={})[0] == "passed"
+    # A verify width that is the DFlash block (a chain), or a budget that was not applied.
+    assert tree_verdict({**ok, "width": 16}, budget=32, cannot={})[0] == "failed"
+    assert tree_verdict({**ok, "budget": None, "width": 16}, budget=32, cannot={})[0] == "failed"
+    assert tree_verdict({**ok, "tree_verify": False}, budget=32, cannot={})[0] == "failed"
+    assert tree_verdict({"ok": False, "error": "x"}, budget=32, cannot={}) == ("failed", "x")
+    # A worker that needs a CUDA-only package the unpatched release lacks here too: skipped;
+    # a missing sglang module (the worker the series forgot): failed.
+    cuda_only = {**ok, "import_error": "ModuleNotFoundError: No module named 'sgl_kernel'", "missing": "sgl_kernel"}
+    del cuda_only["worker"], cuda_only["tree_verify"]
+    cannot = {"sglang.srt.speculative.dflash_worker": "ModuleNotFoundError: No module named 'sgl_kernel'"}
+    assert tree_verdict(cuda_only, budget=32, cannot=cannot)[0] == "skipped"
+    assert tree_verdict(cuda_only, budget=32, cannot={})[0] == "failed"
+    forgot = {**cuda_only, "missing": "sglang.srt.speculative.ddtree_worker_v2"}
+    assert tree_verdict(forgot, budget=32, cannot=cannot)[0] == "failed"
