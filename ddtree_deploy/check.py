@@ -28,6 +28,10 @@ APPLIED = "applied"
 ALREADY = "already-applied"
 FAILED = "failed"
 SKIPPED = "skipped"  # an earlier entry already failed on this file
+# Some hunks already in the file, others applied now: neither pristine nor patched. Refused
+# (not ok) unless the caller allows it (check --allow-partly-applied): finishing a
+# half-applied change may be right, or may duplicate code upstream wrote in another form.
+PARTLY = "partly applied"
 _OK = (APPLIED, ALREADY)
 
 
@@ -40,10 +44,11 @@ class FileCheck:
     hunks: tuple[HunkResult, ...] = ()
     message: str | None = None  # why it failed or was skipped
     header_line: int | None = None  # the section's "--- " line in the patch file
+    allowed: bool = False  # PARTLY only: the caller asked to accept it
 
     @property
     def ok(self) -> bool:
-        return self.status in _OK
+        return self.status in _OK or (self.status == PARTLY and self.allowed)
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class CheckReport:
     compile_errors: tuple[CompileError, ...]
     #: Every touched path whose entries all succeeded; every touched path when ``ok``.
     patched: Mapping[str, PatchedFile] = field(default_factory=dict)
+    allow_partly_applied: bool = False
 
     @property
     def ok(self) -> bool:
@@ -101,6 +107,7 @@ class CheckReport:
             "ok": self.ok,
             "family": self.family,
             "fuzz": self.fuzz,
+            "allow_partly_applied": self.allow_partly_applied,
             "hunks": self.hunk_counts(),
             "entries": [_entry_json(e) for e in self.entries],
             "compile_errors": [
@@ -186,7 +193,7 @@ class _Work:
     def __init__(self, files: Mapping[str, bytes | None]):
         self.files = files
         self.text: dict[str, str | None] = {}
-        self.broken: dict[str, str] = {}  # path -> the entry that failed on it
+        self.broken: dict[str, str] = {}  # path -> why later entries skip it
 
     def current(self, path: str) -> tuple[str | None, str | None]:
         """(text or None if absent, error)."""
@@ -202,28 +209,48 @@ class _Work:
         return self.text[path], None
 
 
-def _apply_patch_entry(entry: PatchEntry, work: _Work, fuzz: int) -> EntryCheck:
+def _partly_message(hunks: tuple[HunkResult, ...], allowed: bool) -> str:
+    done = [str(h.index) for h in hunks if h.status is HunkStatus.ALREADY_APPLIED]
+    now = [str(h.index) for h in hunks if h.status is not HunkStatus.ALREADY_APPLIED]
+    text = (f"partly applied: hunk{'s' if len(done) > 1 else ''} {', '.join(done)} already in the file, "
+            f"hunk{'s' if len(now) > 1 else ''} {', '.join(now)} not")
+    if allowed:
+        return text + "; the rest applied (--allow-partly-applied)"
+    return (text + "; the file is half patched or upstream took part of the change: read the diff, "
+            "then port the family, or pass --allow-partly-applied to apply the rest")
+
+
+def _apply_patch_entry(entry: PatchEntry, work: _Work, fuzz: int, allow_partly: bool) -> EntryCheck:
     results = []
     for fp in entry.file_patches:
         path = fp.path
         if path in work.broken:
-            results.append(FileCheck(path, SKIPPED, message=f"{work.broken[path]} failed on this file",
+            results.append(FileCheck(path, SKIPPED, message=work.broken[path],
                                      header_line=fp.header_line))
             continue
         text, error = work.current(path)
         if error is None and text is None and not fp.is_new:
             error = f"{path} does not exist in this SGLang"
         if error is not None:
-            work.broken[path] = entry.name
+            work.broken[path] = f"{entry.name} failed on this file"
             results.append(FileCheck(path, FAILED, message=error, header_line=fp.header_line))
             continue
         res = patchset.apply_file_patch(fp, text, fuzz=fuzz)
+        if res.ok and res.partly_applied:
+            results.append(FileCheck(path, PARTLY, hunks=res.hunks, header_line=fp.header_line,
+                                     message=_partly_message(res.hunks, allow_partly),
+                                     allowed=allow_partly))
+            if allow_partly and res.text is not None:
+                work.text[path] = res.text
+            else:
+                work.broken[path] = f"{entry.name} is partly applied on this file"
+            continue
         if res.ok and res.text is not None:
             work.text[path] = res.text
             status = ALREADY if res.hunks and all(h.status is HunkStatus.ALREADY_APPLIED for h in res.hunks) else APPLIED
             results.append(FileCheck(path, status, hunks=res.hunks, header_line=fp.header_line))
         else:
-            work.broken[path] = entry.name
+            work.broken[path] = f"{entry.name} failed on this file"
             failed = sum(1 for h in res.hunks if not h.ok)
             results.append(FileCheck(path, FAILED, hunks=res.hunks, header_line=fp.header_line,
                                      message=f"{failed} of {len(res.hunks)} hunks failed"))
@@ -233,7 +260,7 @@ def _apply_patch_entry(entry: PatchEntry, work: _Work, fuzz: int) -> EntryCheck:
 def _apply_add_entry(entry: AddEntry, work: _Work) -> EntryCheck:
     path = entry.dest
     if path in work.broken:
-        fc = FileCheck(path, SKIPPED, message=f"{work.broken[path]} failed on this file")
+        fc = FileCheck(path, SKIPPED, message=work.broken[path])
         return EntryCheck(entry.name, entry.line, entry.kind, (fc,))
     text, error = work.current(path)
     content = _decode(entry.content)
@@ -242,7 +269,7 @@ def _apply_add_entry(entry: AddEntry, work: _Work) -> EntryCheck:
     if error is None and text is not None and text != content:
         error = f"{path} already exists with different content"
     if error is not None:
-        work.broken[path] = entry.name
+        work.broken[path] = f"{entry.name} failed on this file"
         fc = FileCheck(path, FAILED, message=error)
     else:
         # Same bytes already there: a host that was deployed before.
@@ -251,8 +278,12 @@ def _apply_add_entry(entry: AddEntry, work: _Work) -> EntryCheck:
     return EntryCheck(entry.name, entry.line, entry.kind, (fc,))
 
 
-def check_series(series: Series, files: Mapping[str, bytes | None], *, fuzz: int = 0) -> CheckReport:
+def check_series(series: Series, files: Mapping[str, bytes | None], *, fuzz: int = 0,
+                 allow_partly_applied: bool = False) -> CheckReport:
     """Apply ``series`` to ``files`` (path -> bytes, None for absent) and compile the results.
+
+    A file some of whose hunks are already there while others apply now is PARTLY applied:
+    not ok (the check fails) unless ``allow_partly_applied``, then the rest is applied.
 
     Raises BadInput when ``fuzz`` is out of range or a touched path is not in
     ``files`` at all (the snapshot was taken for another series).
@@ -269,7 +300,7 @@ def check_series(series: Series, files: Mapping[str, bytes | None], *, fuzz: int
     entries = []
     for entry in series.entries:
         if isinstance(entry, PatchEntry):
-            entries.append(_apply_patch_entry(entry, work, fuzz))
+            entries.append(_apply_patch_entry(entry, work, fuzz, allow_partly_applied))
         else:
             entries.append(_apply_add_entry(entry, work))
     patched = {}
@@ -290,6 +321,7 @@ def check_series(series: Series, files: Mapping[str, bytes | None], *, fuzz: int
         entries=tuple(entries),
         compile_errors=tuple(compile_errors),
         patched=patched,
+        allow_partly_applied=allow_partly_applied,
     )
 
 
@@ -297,6 +329,7 @@ __all__ = [
     "ALREADY",
     "APPLIED",
     "FAILED",
+    "PARTLY",
     "SKIPPED",
     "CheckReport",
     "CompileError",

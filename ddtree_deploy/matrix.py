@@ -23,7 +23,7 @@ from typing import Iterable, Sequence
 
 from packaging.version import Version
 
-from ddtree_deploy.check import ALREADY, FAILED, SKIPPED, EntryCheck, FileCheck
+from ddtree_deploy.check import ALREADY, FAILED, PARTLY, SKIPPED, EntryCheck, FileCheck
 from ddtree_deploy.patchset import HunkStatus
 from ddtree_deploy.release_facts import ReleaseFacts
 from ddtree_deploy.series import FamilyInfo, pick_family
@@ -34,6 +34,9 @@ class CellStatus(str, Enum):
     OFFSET = "offset"
     ALREADY_APPLIED = "already-applied"
     FUZZ = "fuzz"
+    # Some hunks of a file already in the release, others not: never "ok" (the release took
+    # part of the change, or a forward match elsewhere would duplicate it).
+    PARTLY = "partly applied"
     SKIPPED = "skipped"  # an earlier entry failed on the same file
     FAILED = "failed"
     NO_FAMILY = "no family"
@@ -46,9 +49,10 @@ _SEVERITY = {
     CellStatus.OFFSET: 1,
     CellStatus.ALREADY_APPLIED: 2,
     CellStatus.FUZZ: 3,
-    CellStatus.SKIPPED: 4,
-    CellStatus.FAILED: 5,
-    CellStatus.NO_FAMILY: 6,
+    CellStatus.PARTLY: 4,
+    CellStatus.SKIPPED: 5,
+    CellStatus.FAILED: 6,
+    CellStatus.NO_FAMILY: 7,
 }
 
 _FROM_HUNK = {
@@ -70,7 +74,8 @@ class Cell:
 
     @property
     def ok(self) -> bool:
-        return self.status not in (CellStatus.FAILED, CellStatus.SKIPPED, CellStatus.NO_FAMILY)
+        return self.status not in (CellStatus.FAILED, CellStatus.PARTLY, CellStatus.SKIPPED,
+                                   CellStatus.NO_FAMILY)
 
     def short(self) -> str:
         """The text of a table cell."""
@@ -114,6 +119,9 @@ def cell_from_entry(entry: EntryCheck) -> Cell:
     failed = [f for f in entry.files if f.status == FAILED]
     if failed:
         return Cell(entry.name, CellStatus.FAILED, "; ".join(_failure_note(f) for f in failed))
+    partly = [f for f in entry.files if f.status == PARTLY and not f.ok]
+    if partly:
+        return Cell(entry.name, CellStatus.PARTLY, "; ".join(f"{f.path}: {f.message}" for f in partly))
     skipped = [f for f in entry.files if f.status == SKIPPED]
     if skipped:
         return Cell(entry.name, CellStatus.SKIPPED, "; ".join(f"{f.path}: {f.message}" for f in skipped))
@@ -218,7 +226,13 @@ class ReleaseRow:
     @property
     def verdict(self) -> str:
         if self.coverage is Coverage.IN_RANGE:
-            return "ok" if self.applies and self.smoke_ok else "failed"
+            if not (self.applies and self.smoke_ok):
+                return "failed"
+            if self.cells and all(c.status is CellStatus.ALREADY_APPLIED for c in self.cells):
+                # Nothing to apply: the release already has the whole change. Not a failure,
+                # but never "ok", which would read as "the family adds something here".
+                return "already upstream"
+            return "ok"
         return self.coverage.value
 
     def smoke_text(self) -> str:
@@ -352,7 +366,7 @@ class Matrix:
         lines = []
         for row in self.rows:
             for cell in row.cells:
-                if cell.status is CellStatus.FAILED:
+                if cell.status in (CellStatus.FAILED, CellStatus.PARTLY):
                     lines.append(f"{row.version} [{row.family}] {cell.entry}: {cell.note}")
             for error in row.compile_errors:
                 lines.append(f"{row.version} [{row.family}] compile: {error}")

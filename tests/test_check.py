@@ -169,3 +169,25 @@ def test_crlf_bytes_survive_exactly(series, files):
     patched = report.patched[ARGS].patched
     assert patched.count(b"\r\n") == crlf.count(b"\r\n") + 1
     assert b"\n" not in patched.replace(b"\r\n", b"")
+
+
+def test_a_partly_applied_file_fails_unless_allowed(series, files):
+    """Hunk 1 of the spec_info.py patch by hand on the real file, hunk 2 not (issue 11 item 10)."""
+    text = files[SPEC].decode()
+    done = ("    DFLASH = auto()\n"
+            "    # Test series only: a stand-in algorithm name exercising the check flow.\n"
+            "    DDTREE_TEST = auto()\n")
+    half = dict(files, **{SPEC: text.replace("    DFLASH = auto()\n", done, 1).encode()})
+    report = C.check_series(series, half)
+    spec = report.entries[0].files[0]
+    assert not report.ok and spec.status == C.PARTLY and not spec.ok
+    assert [h.status for h in spec.hunks] == [HunkStatus.ALREADY_APPLIED, HunkStatus.OFFSET]
+    assert SPEC not in report.patched  # nothing of a refused file is handed to a push
+    later = [f for e in report.entries[1:] for f in e.files if f.path == SPEC]
+    assert later and all(f.status == C.SKIPPED for f in later)
+    assert json.loads(json.dumps(report.to_json()))["entries"][0]["files"][0]["status"] == "partly applied"
+
+    allowed = C.check_series(series, half, allow_partly_applied=True)
+    assert allowed.ok and allowed.entries[0].files[0].status == C.PARTLY
+    # the rest applied: the same bytes as the series on the pristine file
+    assert allowed.patched[SPEC].patched == C.check_series(series, files).patched[SPEC].patched

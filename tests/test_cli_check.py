@@ -133,6 +133,58 @@ def test_a_failing_hunk_exits_1_and_names_the_patch_line(snap, env):
     assert "Traceback" not in r.stderr and "Exit" not in r.stderr  # a verdict, not a crash
 
 
+SPEC = "sglang/srt/speculative/spec_info.py"
+HUNK1_DONE = ("    DFLASH = auto()\n"
+              "    # Test series only: a stand-in algorithm name exercising the check flow.\n"
+              "    DDTREE_TEST = auto()\n")
+
+
+def _half_patched_snapshot(snap) -> None:
+    """A host where someone applied hunk 1 of P1 by hand (spec_info.py), hunk 2 not."""
+    files = snap.read_files()
+    text = files[SPEC].decode()
+    assert text.count("    DFLASH = auto()\n") == 1
+    files[SPEC] = text.replace("    DFLASH = auto()\n", HUNK1_DONE).encode()
+    SN.snapshot_from_files("half", VERSION, {"kind": "host", "host": "half"}, files)
+
+
+def test_a_partly_applied_file_fails_the_check(snap, env):
+    _half_patched_snapshot(snap)
+    r = _run("check", "--snapshot", "half", "--json")
+    assert r.exit_code == 1, r.stderr
+    doc = json.loads(r.stdout)
+    spec = doc["entries"][0]["files"][0]
+    assert doc["ok"] is False and spec["status"] == "partly applied" and spec["ok"] is False
+    # hunk 2 lands 2 lines down: the lines hunk 1 added are in the file already
+    assert [(h["status"], h["offset"]) for h in spec["hunks"]] == [("already-applied", 0), ("offset", 2)]
+    flat = " ".join(r.stderr.split())  # the console folds long lines
+    assert "partly applied: hunk 1 already in the file, hunk 2 not" in flat
+    assert "--allow-partly-applied" in flat
+    assert "Traceback" not in r.stderr
+    assert "is partly applied on this file" in flat  # P2's section on the same file: skipped
+    r = _run("check", "--snapshot", "half")
+    assert r.exit_code == 1 and r.stdout.startswith("check FAILED")
+    assert "1 file partly applied" in r.stdout
+
+
+def test_allow_partly_applied_applies_the_rest(snap, env, release_tree):
+    _half_patched_snapshot(snap)
+    out = env / "out"
+    r = _run("check", "--snapshot", "half", "--allow-partly-applied", "--write", str(out))
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.startswith("check ok") and "partly applied" in r.stderr
+    # the rest applied: the same file GNU patch makes from the pristine release
+    oracle = env / "oracle"
+    for p in load_family(env / "patches" / "test-0.5.12").touched_paths():
+        if (release_tree / p).exists():
+            (oracle / p).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(release_tree / p, oracle / p)
+    for name in (P1, P2):
+        subprocess.run(["patch", "-p1", "--batch", "-i", str(env / "patches" / "test-0.5.12" / name)],
+                       cwd=oracle, check=True, capture_output=True)
+    assert (out / SPEC).read_bytes() == (oracle / SPEC).read_bytes()
+
+
 def test_a_compile_error_exits_1(snap, env):
     (env / "payload" / "ddtree_test_utils.py").write_text("def broken(:\n")
     r = _run("check", "--snapshot", SNAP)

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ddtree_deploy.check import CheckReport, EntryCheck, check_series
+from ddtree_deploy.check import PARTLY, CheckReport, EntryCheck, check_series
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.errors import EXIT_FAILED, BadInput
 from ddtree_deploy.patchset import HunkResult, HunkStatus
@@ -27,7 +27,8 @@ from ddtree_deploy.series import (
 )
 from ddtree_deploy.snapshot import Snapshot, fresh_release_snapshot, load_snapshot
 
-_STYLE = {"applied": "green", "already-applied": "cyan", "failed": "bold red", "skipped": "yellow"}
+_STYLE = {"applied": "green", "already-applied": "cyan", "failed": "bold red", "skipped": "yellow",
+          PARTLY: "bold red"}
 
 
 def _resolve(snapshot: str | None, release: str | None, family: str | None) -> tuple[Snapshot, Series]:
@@ -76,7 +77,7 @@ def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
     table.add_column("result", no_wrap=True)
     for entry in report.entries:
         for i, f in enumerate(entry.files):
-            style = _STYLE.get(f.status, "")
+            style = "yellow" if f.status == PARTLY and f.ok else _STYLE.get(f.status, "")
             table.add_row(
                 str(entry.line) if i == 0 else "",
                 escape(entry.name) if i == 0 else "",
@@ -94,6 +95,16 @@ def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
 def _render_failures(entry: EntryCheck, series: Series) -> None:
     patch_file = next((show(e.file) for e in series.entries if e.line == entry.line), entry.name)
     for f in entry.files:
+        if f.status == PARTLY:
+            # Which hunks are there already and where, so the engineer can read the file.
+            style = "yellow" if f.ok else "red"
+            where = f"{patch_file}:{f.header_line}" if f.header_line else patch_file
+            err.print(f"[{style}]{escape(where)}[/]: {escape(f.path)}: {escape(f.message or PARTLY)}",
+                      highlight=False)
+            for h in f.hunks:
+                err.print(f"    hunk {h.index} {escape(h.header)}: {h.status.value} at line {h.line}",
+                          highlight=False)
+            continue
         if f.ok:
             continue
         if f.message and not f.hunks:
@@ -130,10 +141,13 @@ def check(
     fuzz: int = typer.Option(0, "--fuzz", min=0, max=2, help="context lines a hunk may ignore (0..2)"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
     write: Optional[Path] = typer.Option(None, "--write", help="write the patched files under DIR"),
+    allow_partly_applied: bool = typer.Option(
+        False, "--allow-partly-applied",
+        help="accept a file some of whose hunks are already there: apply the rest (default: fail)"),
 ) -> None:
     """Apply the series in memory and byte-compile the results; nothing leaves this machine."""
     ok = _check(snapshot=snapshot, release=release, family=family, fuzz=fuzz,
-                json_output=json_output, write=write)
+                json_output=json_output, write=write, allow_partly_applied=allow_partly_applied)
     # Raised outside @handles_errors, which reports any other exception as a crash.
     if not ok:
         raise typer.Exit(EXIT_FAILED)
@@ -141,16 +155,19 @@ def check(
 
 @handles_errors
 def _check(*, snapshot: str | None, release: str | None, family: str | None, fuzz: int,
-           json_output: bool, write: Path | None) -> bool:
+           json_output: bool, write: Path | None, allow_partly_applied: bool = False) -> bool:
     if write is not None and write.exists() and not write.is_dir():
         raise BadInput(f"--write {write}: exists and is not a folder")
     snap, series = _resolve(snapshot, release, family)
     check_no_symlink_escape(series, snap.files_dir)
-    report = check_series(series, snap.read_files(), fuzz=fuzz)
+    report = check_series(series, snap.read_files(), fuzz=fuzz, allow_partly_applied=allow_partly_applied)
     if write is not None:
         _write(write, report)
     _render(report, snap, series)
     counts = ", ".join(f"{n} {s}" for s, n in report.hunk_counts().items() if n)
+    partly = sum(1 for e in report.entries for f in e.files if f.status == PARTLY)
+    if partly:
+        counts += f"; {partly} file{'s' if partly > 1 else ''} partly applied"
     verdict = "ok" if report.ok else "FAILED"
     if json_output:
         emit_json({"snapshot": {"name": snap.name, "sglang_version": snap.manifest.sglang_version,

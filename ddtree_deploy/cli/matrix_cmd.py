@@ -25,10 +25,11 @@ from ddtree_deploy.series import families, load_family, show
 series_app = typer.Typer(help="Work on a family's patch files.", no_args_is_help=True)
 app.add_typer(series_app, name="series")
 
-_VERDICT_STYLE = {"ok": "green", "failed": "bold red", "uncovered": "yellow", "no family": "dim",
+_VERDICT_STYLE = {"ok": "green", "already upstream": "cyan", "failed": "bold red", "uncovered": "yellow",
+                  "no family": "dim",
                   "outside range": "dim"}
 _CELL_STYLE = {"exact": "green", "offset": "green", "already-applied": "cyan", "fuzz": "yellow",
-               "failed": "bold red", "skipped": "yellow", "no family": "dim"}
+               "failed": "bold red", "partly": "bold red", "skipped": "yellow", "no family": "dim"}
 
 
 def _render_matrix(matrix: Matrix) -> None:
