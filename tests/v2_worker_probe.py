@@ -33,7 +33,7 @@ import sys
 import traceback
 
 TAG = "V2PROBE:"
-CASES = ("greedy_lossless",)
+CASES = ("greedy_lossless", "sampling_law", "no_host_sync")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,13 +327,17 @@ def draft_topk(h, draft, contexts, depth, k, shards=2):
     from sglang.srt.speculative.ddtree_lineage import sharded_topk_logprobs
 
     rows = []
+    memo = draft.__dict__.setdefault("_memo", {})
     for ctx in contexts:
-        ids, per_depth = list(ctx), []
-        for _ in range(depth):
-            lg, _ = draft.causal(ids)
-            per_depth.append(lg[-1])
-            ids.append(int(lg[-1].argmax()))
-        rows.append(torch.stack(per_depth))
+        key = (tuple(ctx), depth)
+        if key not in memo:
+            ids, per_depth = list(ctx), []
+            for _ in range(depth):
+                lg, _ = draft.causal(ids)
+                per_depth.append(lg[-1])
+                ids.append(int(lg[-1].argmax()))
+            memo[key] = torch.stack(per_depth)
+        rows.append(memo[key])
     logits = torch.stack(rows)  # [bs, L, V]
     bs, L, V = logits.shape
     flat = logits.reshape(bs * L, V)
@@ -364,7 +368,7 @@ def draft_topk(h, draft, contexts, depth, k, shards=2):
 
 
 def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling=None,
-               seed=0, check=True):
+               seed=0, check=True, first_token=None, kv_slots=4096):
     torch = h.torch
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -377,7 +381,7 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
     bs = len(prompts)
-    rtp, kv, alloc = h.pools(target, bs)
+    rtp, kv, alloc = h.pools(target, bs, kv_slots=kv_slots)
     free_slots0, free_rows0 = alloc.available_size(), rtp.available_size()
     cache = RadixCache(CacheInitParams(
         disable=True, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc, page_size=1))
@@ -402,7 +406,7 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
             torch.zeros(0, dtype=torch.long),
             torch.ones(len(prompt), len(prompt), dtype=torch.bool).tril(),
         )
-        bonus[req.rid] = _pick(lg[-1], sampling, gen)
+        bonus[req.rid] = _pick(lg[-1], sampling, gen) if first_token is None else first_token
         req.output_ids.append(bonus[req.rid])
     active = list(range(bs))
     steps, accepts = 0, []
@@ -537,6 +541,130 @@ def case_greedy_lossless(h):
     assert max(accepts) >= 2, accepts
     assert int(w._ddtree_offchain) >= 1, "no off-chain accept: the tree never mattered"
     assert steps < max(max_new), (steps, accepts)
+
+
+class _OneRank:
+    """Stand-in tensor-parallel group of one rank (no torch.distributed on this machine)."""
+
+    world_size = 1
+
+    def broadcast(self, *a, **k):
+        pass
+
+
+def _chi2_quantile(df, z=3.09):
+    # Wilson-Hilferty: the chi-square quantile at the normal quantile z (3.09: p = 0.001).
+    return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def _chi2(observed, expected):
+    """Pearson's statistic with the cells expected below 5 pooled; (statistic, df)."""
+    big = expected >= 5
+    obs = observed[big].tolist() + [float(observed[~big].sum())]
+    exp = expected[big].tolist() + [float(expected[~big].sum())]
+    pairs = [(o, e) for o, e in zip(obs, exp) if e > 0]
+    return sum((o - e) ** 2 / e for o, e in pairs), len(pairs) - 1
+
+
+def case_sampling_law(h):
+    """Target-only tree sampling through EAGLE's sampling branch: the law of the two tokens
+    the worker emits after a fixed first token equals the target's p(t2) p(t3 | t2)."""
+    torch = h.torch
+    import sgl_kernel
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.speculative import eagle_utils
+
+    # NAMED STAND-INS for this case: the sampling walk (no CPU op in SGLang) and the CPU
+    # engine's "always greedy" switch, so eagle_sample takes its sampling branch.
+    eagle_utils.tree_speculative_sampling_target_only = (
+        sgl_kernel.tree_speculative_sampling_target_only
+    )
+    eagle_utils._is_cpu = False
+    get_parallel().override_permanently(tp_group=_OneRank(), attn_tp_group=_OneRank())
+    target = TinyTarget(torch, vocab=6, hidden=16, seed=4, scale=0.6)
+    target.head = target.head * 0.1  # spread-out next-token laws (~0.4/0.4/0.2 at the root)
+    draft = target.perturbed(0.05, seed=5)  # agrees often, not always
+    prompt, first, trials = [1, 4, 2, 5, 0], 3, 600
+    torch.manual_seed(11)  # EAGLE's verify coins come from torch.rand
+    # K = 2: the root's two children carry ~80 % of the mass, so all-rejected nodes (and the
+    # residual draw) happen in a fair share of the trials.
+    reqs, steps, accepts, w = run_decode(
+        h, target, draft, [prompt] * trials, [3] * trials, budget=6, topk=2, block=4,
+        sampling={"temperature": 1.0, "top_k": -1, "top_p": 1.0}, first_token=first,
+        kv_slots=trials * 40,
+    )
+    counts = torch.zeros(6, 6)
+    for req in reqs:
+        out = list(req.output_ids)
+        assert out[0] == first and len(out) == 3
+        counts[out[1], out[2]] += 1
+    p2 = torch.softmax(target.causal(prompt + [first])[0][-1], -1)
+    expected = torch.stack([
+        p2[a] * torch.softmax(target.causal(prompt + [first, a])[0][-1], -1) for a in range(6)
+    ]) * trials
+    for name, obs_t, exp_t in (("t2", counts.sum(1), expected.sum(1)),
+                               ("(t2, t3)", counts.flatten(), expected.flatten())):
+        stat, df = _chi2(obs_t, exp_t)
+        assert stat < _chi2_quantile(df), (name, stat, df, obs_t.tolist(), exp_t.tolist())
+    # Not vacuous: drafts were accepted (also off the first-ranked chain) in many trials.
+    assert sum(1 for a in accepts if a >= 1) > trials // 4, accepts[:50]
+    assert int(w._ddtree_offchain) >= 1
+    # And the test can fail: the same counts against a wrong law (uniform) are rejected.
+    uniform = torch.full((36,), trials / 36.0)
+    assert float(((counts.flatten() - uniform) ** 2 / uniform).sum()) > _chi2_quantile(35)
+
+
+class HostSyncCounter:
+    """Counts calls that read a tensor's value on the host (.item, .tolist, .cpu, .numpy,
+    int()/float()/bool() of a tensor): on a GPU each one stalls the stream and breaks the
+    overlap scheduler. Wraps torch.Tensor's methods while active."""
+
+    NAMES = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
+
+    def __init__(self, torch):
+        self.torch, self.count, self.where = torch, 0, []
+
+    def __enter__(self):
+        import traceback as tb
+
+        self.saved = {n: getattr(self.torch.Tensor, n) for n in self.NAMES}
+        for name, fn in self.saved.items():
+            def wrapped(t, *a, _fn=fn, _name=name, **k):
+                self.count += 1
+                self.where.append((_name, tb.extract_stack(limit=3)[0].name))
+                return _fn(t, *a, **k)
+            setattr(self.torch.Tensor, name, wrapped)
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self.saved.items():
+            setattr(self.torch.Tensor, name, fn)
+
+
+def case_no_host_sync(h):
+    """The worker's own decode-step code (tree build + lineage, the off-chain counter) reads
+    nothing back to the host, at batch 32 and budget 64."""
+    torch = h.torch
+    target = TinyTarget(torch, seed=1)
+    rtp, kv, alloc = h.pools(target, 32)
+    w = h.worker(target, 64, 8, 16, rtp, kv, alloc)
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(32, 15, 24, generator=gen) * 3
+    from sglang.srt.speculative.ddtree_lineage import sharded_topk_logprobs
+
+    w._ddtree_build(torch.zeros(32, dtype=torch.long),
+                    *[x.view(32, 15, -1) for x in sharded_topk_logprobs(logits.view(-1, 24), 8)])
+    with HostSyncCounter(torch) as c:
+        lp, tok = sharded_topk_logprobs(logits.view(-1, 24), 8)
+        layout, parent_list, sel, dt = w._ddtree_build(
+            torch.zeros(32, dtype=torch.long), lp.view(32, 15, -1), tok.view(32, 15, -1))
+        accept_index = torch.full((32, 16), -1, dtype=torch.long)
+        w._ddtree_count_offchain(accept_index, parent_list, sel, 8)
+    assert c.count == 0, c.where
+    # Not vacuous: the counter sees a sync when there is one.
+    with HostSyncCounter(torch) as c:
+        int(layout.tokens[0, 0])
+    assert c.count == 1
 
 
 def main(argv):
