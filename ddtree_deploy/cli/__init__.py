@@ -16,6 +16,7 @@ from ddtree_deploy.cli import (  # noqa: E402,F401
     smoke_cmd,
     matrix_cmd,
     inventory_cmd,
+    image_cmd,
 )
 
 
