@@ -318,6 +318,11 @@ def _load_patch(folder: Path, name: str, number: int, where: str) -> PatchEntry:
     if not file.is_file():
         raise BadInput(f"{where}: entry {name!r} does not exist ({show(file)})",
                        hint="add the patch file or remove the entry")
+    # A symlink in the family folder must not smuggle in a file from elsewhere (as for 'add').
+    if not file.resolve().is_relative_to(folder.resolve()):
+        raise BadInput(f"{where}: entry {name!r} is a symlink to {file.resolve()}, outside the family "
+                       f"folder {show(folder)}",
+                       hint="copy the patch into the family folder instead of linking to it")
     try:
         text = file.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:

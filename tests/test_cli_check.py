@@ -225,7 +225,32 @@ def _not_in_snapshot(env):
     SN.snapshot_from_release(VERSION, paths=["sglang/srt/speculative/spec_info.py"])
 
 
+def _symlinked_entry(env: Path) -> None:
+    """P2 replaced by a link to a copy of it outside the family folder (a valid patch, refused)."""
+    outside = env / "elsewhere.patch"
+    shutil.copyfile(_family(env) / P2, outside)
+    (_family(env) / P2).unlink()
+    (_family(env) / P2).symlink_to(outside)
+
+
+def _long_line(env: Path) -> None:
+    from ddtree_deploy.patchset import MAX_LINE_CHARS
+
+    _edit(_family(env) / P1, "+    DDTREE_TEST = auto()\n", "+    DDTREE_TEST = auto()  # " + "x" * MAX_LINE_CHARS + "\n")
+
+
+def _many_hunks(env: Path) -> None:
+    from ddtree_deploy.patchset import MAX_HUNKS
+
+    hunks = "".join(f"@@ -{3 * k + 1} +{3 * k + 1} @@\n-a\n+b\n" for k in range(MAX_HUNKS + 1))
+    path = "sglang/srt/speculative/spec_info.py"
+    (_family(env) / P2).write_text(f"--- a/{path}\n+++ b/{path}\n" + hunks)
+
+
 BAD = {
+    "symlinked-entry": ([], _symlinked_entry, f"series:3: entry '{P2}' is a symlink to"),
+    "long-line": ([], _long_line, f"{P1}:9: line of 65,56"),
+    "too-many-hunks": ([], _many_hunks, f"{P2}:30003: more than 10000 hunks in one patch"),
     "neither": ([], None, "give exactly one of --snapshot NAME or --release VERSION"),
     "both": (["--release", VERSION], None, "give exactly one"),
     "missing-snapshot": (None, None, "no such snapshot"),

@@ -202,6 +202,29 @@ def test_add_source_symlinked_out_of_payload(fam, tmp_path):
         S.load_family(fam)
 
 
+@pytest.mark.parametrize("target", ["system", "copy"])
+def test_patch_entry_symlinked_out_of_the_family_folder(fam, tmp_path, target):
+    """A link to a system file used to read as "empty patch"; a link to a valid patch applied it."""
+    if target == "system":
+        outside = Path("/etc/hostname") if Path("/etc/hostname").is_file() else Path("/etc/passwd")
+    else:
+        outside = tmp_path / "elsewhere.patch"
+        shutil.copyfile(fam / "0002-wire-test-algorithm.patch", outside)
+    (fam / "0002-wire-test-algorithm.patch").unlink()
+    (fam / "0002-wire-test-algorithm.patch").symlink_to(outside)
+    with pytest.raises(BadInput, match=r"series:3: entry '0002-wire-test-algorithm.patch' is a symlink "
+                                       r"to .* outside the family folder") as exc:
+        S.load_family(fam)
+    assert "\n" not in exc.value.message
+
+
+def test_patch_entry_symlinked_inside_the_family_folder_is_fine(fam):
+    (fam / "real.patch").write_bytes((fam / "0002-wire-test-algorithm.patch").read_bytes())
+    (fam / "0002-wire-test-algorithm.patch").unlink()
+    (fam / "0002-wire-test-algorithm.patch").symlink_to("real.patch")
+    assert len(S.load_family(fam).entries) == 3
+
+
 # --- paths in patch headers ---------------------------------------------------
 
 P1 = "0001-spec-info-test-algorithm.patch"
