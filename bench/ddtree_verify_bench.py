@@ -75,7 +75,96 @@ def _inner() -> None:
     print("BENCH:" + json.dumps(rows), flush=True)
 
 
+# --- v2 worker (SGLang 0.5.20+, payload/ddtree_worker_v2.py) -------------------------------
+V2_SHAPES = [(32, 64, 8), (32, 256, 8)]  # (batch size, budget, per-depth top-K); block 16
+V2_VOCAB = 32768
+
+
+class _HostSyncCounter:
+    """Counts host reads of tensor values (.item/.tolist/.cpu/.numpy, int/float/bool/index of
+    a tensor): on a GPU each one stalls the stream the overlap scheduler keeps busy."""
+
+    NAMES = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
+
+    def __init__(self, torch):
+        self.torch, self.count = torch, 0
+
+    def __enter__(self):
+        self.saved = {n: getattr(self.torch.Tensor, n) for n in self.NAMES}
+        for name, fn in self.saved.items():
+            def wrapped(t, *a, _fn=fn, **k):
+                self.count += 1
+                return _fn(t, *a, **k)
+            setattr(self.torch.Tensor, name, wrapped)
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self.saved.items():
+            setattr(self.torch.Tensor, name, fn)
+
+
+def _v2_main() -> None:
+    """The v2 worker's per-step tree work on CPU, batch 32, budget 64 / 256: the draft head's
+    top-K (sharded_topk_logprobs), the DDTree build and its EAGLE lineage (what
+    DDTreeWorkerV2._ddtree_build runs), and the verify tensors EAGLE's tree builder makes from
+    it (FULL mask + positions, the torch reference); host syncs counted over one step's worker
+    code. Baseline in the same run: DFlash's chain step on the same logits (argmax + chain
+    positions + its FULL mask). Median of 5 after a warm-up; one thread."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "payload"))
+    import ddtree_lineage as dl
+    import ddtree_utils as du
+
+    torch.set_num_threads(1)
+    depth, prefix = 15, 512
+    print(f"{'bs':>3} {'budget':>6} {'K':>2} {'top-K ms':>9} {'tree+lineage ms':>16}"
+          f" {'verify tensors ms':>18} {'chain ms':>9} {'ratio':>6} {'host syncs':>10}")
+    for bs, budget, k in V2_SHAPES:
+        gen = torch.Generator().manual_seed(budget)
+        logits = torch.randn(bs * depth, V2_VOCAB, generator=gen) * 3
+        roots = torch.randint(0, V2_VOCAB, (bs,), generator=gen)
+        seq_lens = torch.full((bs,), prefix)
+        head_t, tree_t, verify_t, chain_t, syncs = [], [], [], [], 0
+        for rep in range(6):
+            counter = _HostSyncCounter(torch)
+            t0 = time.perf_counter()
+            with counter:
+                lp, tok = dl.sharded_topk_logprobs(logits, k)
+                th = time.perf_counter()
+                cand = tok.view(bs, depth, -1)
+                layout = du.build_ddtree(lp.view(bs, depth, -1), cand, roots, budget)
+                dl.eagle_lineage(layout, cand)
+            t1 = time.perf_counter()
+            du.flat_mask_for_sglang(layout, seq_lens, bs * prefix)
+            du.positions(layout, seq_lens)
+            t2 = time.perf_counter()
+            chain = torch.cat([roots[:, None], logits.view(bs, depth, -1).argmax(-1)], 1)
+            chain_pos = seq_lens[:, None] + torch.arange(depth + 1)
+            n = depth + 1
+            chain_mask = torch.ones(bs * n * (prefix + n), dtype=torch.bool)
+            chain_mask.view(bs, n, prefix + n)[:, :, prefix:] = torch.ones(n, n).tril().bool()
+            t3 = time.perf_counter()
+            del chain, chain_pos
+            if rep:
+                head_t.append(th - t0)
+                tree_t.append(t1 - th)
+                verify_t.append(t2 - t1)
+                chain_t.append(t3 - t2)
+                syncs = max(syncs, counter.count)
+        head_ms = statistics.median(head_t) * 1e3
+        tree_ms = statistics.median(tree_t) * 1e3
+        verify_ms = statistics.median(verify_t) * 1e3
+        chain_ms = statistics.median(chain_t) * 1e3
+        print(f"{bs:>3} {budget:>6} {k:>2} {head_ms:>9.2f} {tree_ms:>16.2f} {verify_ms:>18.2f}"
+              f" {chain_ms:>9.2f} {(head_ms + tree_ms + verify_ms) / chain_ms:>6.1f} {syncs:>10}")
+    print(f"(CPU, one thread, vocab {V2_VOCAB}, depth {depth}, prefix {prefix}; ratio = "
+          "(top-K + tree + verify tensors) / chain (argmax + chain mask); host syncs per step in the worker's tree code, "
+          "target 0; GPU timings come from scripts/gpu_check_v2.sh)")
+
+
 def main() -> None:
+    _v2_main()
     sys.path.insert(0, str(REPO / "scripts"))
     import gpu_check_series  # noqa: E402  (scripts/ is not a package)
 
