@@ -87,10 +87,11 @@ def pristine_env(family, tmp_path_factory):
     return make_host_env(tmp_path_factory.mktemp("host") / "pristine", version=family[1])
 
 
-def _probe(env, what: str, *args: str, pythonpath: Path | None = None) -> dict:
+def _probe(env, what: str, *args: str, pythonpath: Path | None = None,
+           extra: dict | None = None) -> dict:
     from sglang_host import run_python
 
-    extra = {"PYTHONPATH": str(pythonpath)} if pythonpath else None
+    extra = dict(extra or {}, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {}))
     run = run_python(env, [__file__, what, str(MODELS), *args], timeout=600, extra_env=extra)
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith(PROBE_TAG)]
     assert run.returncode == 0 and lines, (
@@ -325,6 +326,23 @@ def test_ddtree_budget_equal_to_block_constructs(server_args_probe):
     assert got["speculative_dflash_block_size"] == 16
 
 
+def test_draft_block_write_stays_in_its_req_to_token_row(patched_env, tmp_path):
+    """Issue 12 (1), real objects: with every budget ServerArgs accepts, the draft step's
+    block write (SGLang's own Triton kernel, CPU interpreter) stays inside the request's
+    req_to_token row; with budget 4 (now refused) it wrote into the next request's row."""
+    from sglang_host import write_kernel_standin
+
+    got = _probe(patched_env, "draft-row", pythonpath=write_kernel_standin(tmp_path),
+                 extra={"TRITON_INTERPRET": "1"})
+    for budget in (15, 64):
+        case = got[f"budget_{budget}"]
+        assert case["block"] == 16 and case["max_speculative_num_draft_tokens"] == budget + 1
+        assert case["own_row_written"] == 16 and case["next_row_written"] == 0, case
+    # Budget 4: rows 5 wider than the context, a 16-token block from the same start:
+    # 16 - 5 = 11 entries land in the next request's row.
+    assert got["budget_4_if_accepted"]["next_row_written"] == 16 - 5
+
+
 def test_ddtree_max_running_requests_derived_from_memory(server_args_probe):
     """Issue 12 (2): with little memory left outside mem_fraction_static, the default 48
     becomes the cap that budget x vocab allows (recomputed here from the numbers the
@@ -547,7 +565,60 @@ def _hybrid_views() -> dict:
     return views
 
 
+def _probe_draft_row(models: Path, *unused: str) -> dict:
+    """Issue 12 (1) with real SGLang objects: the draft step's req_to_token write (SGLang's
+    own assign_req_to_token_pool kernel, run by Triton's CPU interpreter: the caller sets
+    TRITON_INTERPRET=1) into a real ReqToTokenPool whose rows are as wide as SGLang makes
+    them for the resolved ServerArgs (context_len + 4 + speculative_num_draft_tokens; 0.5.13's
+    own get_req_to_token_extra_context_len where it exists). The draft writes a whole block
+    from the largest start the verify's own reservation admits (context_len + 4). Rows are
+    also sized for budget 4 (refused by ServerArgs) to show what the refusal prevents."""
+    import torch
+
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_utils import assign_req_to_token_pool_func
+
+    try:
+        from sglang.srt.mem_cache.common import get_req_to_token_extra_context_len
+    except ImportError:  # 0.5.12: model_runner_kv_cache_mixin inlines 4 + num_draft_tokens
+        def get_req_to_token_extra_context_len(args):
+            return 4 + (args.speculative_num_draft_tokens or 0)
+
+    llama, draft = (str(models / n) for n in ("tiny-llama", "tiny-dflash-draft"))
+
+    def draft_write(context_len: int, extra: int, block: int) -> dict:
+        pool = ReqToTokenPool(size=2, max_context_len=context_len + extra, device="cpu",
+                              enable_memory_saver=False)
+        pool.req_to_token.fill_(-7)
+        start = torch.tensor([context_len + 4], dtype=torch.int64)
+        assign_req_to_token_pool_func(
+            torch.tensor([0], dtype=torch.int64), pool.req_to_token, start, start + block,
+            torch.arange(1000, 1000 + block, dtype=torch.int64), 1)
+        row0 = pool.req_to_token[0].tolist()
+        return {"row_width": int(pool.req_to_token.shape[1]),
+                "next_row_written": int((pool.req_to_token[1] != -7).sum()),
+                "own_row_written": sum(v != -7 for v in row0)}
+
+    out = {}
+    for budget in (15, 64):
+        args = ServerArgs(model_path=llama, speculative_algorithm="DDTREE",
+                          speculative_draft_model_path=draft, device="cpu",
+                          skip_tokenizer_init=True, attention_backend="triton",
+                          speculative_ddtree_budget=budget)
+        context_len = args.get_model_config().context_len
+        out[f"budget_{budget}"] = dict(
+            draft_write(context_len, get_req_to_token_extra_context_len(args),
+                        args.speculative_dflash_block_size),
+            block=args.speculative_dflash_block_size,
+            max_speculative_num_draft_tokens=getattr(
+                args, "max_speculative_num_draft_tokens", args.speculative_num_draft_tokens))
+    out["budget_4_if_accepted"] = draft_write(context_len, 4 + 4 + 1, 16)
+    return out
+
+
 if __name__ == "__main__":
-    _probes = {"server-args": _probe_server_args, "imports": _probe_imports}
+    _probes = {"server-args": _probe_server_args, "imports": _probe_imports,
+               "draft-row": _probe_draft_row}
     _result = _probes[sys.argv[1]](Path(sys.argv[2]), *sys.argv[3:])
     print(PROBE_TAG + json.dumps(_result, default=str), flush=True)
