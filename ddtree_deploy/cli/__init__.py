@@ -17,6 +17,7 @@ from ddtree_deploy.cli import (  # noqa: E402,F401
     matrix_cmd,
     inventory_cmd,
     image_cmd,
+    tune_cmd,
 )
 
 

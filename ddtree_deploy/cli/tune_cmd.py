@@ -1,0 +1,122 @@
+"""`ddtree-deploy tune --host H`: which DDTree budget and top-K serve fastest there.
+
+Thin: parse the options (``tune.py`` checks them), run the sweep (``tune_run``), print the
+ranked table, the choice with its margin and noise, the plot's path and, with
+``--apply``, the inventory diff. Progress on stderr; the table and choice (or one JSON
+document) on stdout. Exit 0 when the sweep ran (failed configurations are recorded in
+the results, not fatal), 1 when the host refused or failed, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ddtree_deploy import tune
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.text import safe
+from ddtree_deploy.errors import BadInput
+from ddtree_deploy.inventory import load_host
+from ddtree_deploy.transport import transport_for
+
+
+def _ints(text: str, option: str, what: str, hi: int) -> tuple[int, ...]:
+    return tune.parse_ints(text, option, lo=1, hi=hi, what=what)
+
+
+@app.command("tune")
+@handles_errors
+def tune_cmd(
+    host: str = typer.Option(..., "--host", "-H", help="inventory name (hosts/<name>.toml) or a .toml path"),
+    budgets: str = typer.Option(",".join(map(str, tune.DEFAULT_BUDGETS)), "--budgets",
+                                help="DDTree budgets to try (tree nodes per request), comma-separated"),
+    topk: str = typer.Option(",".join(map(str, tune.DEFAULT_TOPK)), "--topk",
+                             help="per-depth top-K values to try, comma-separated"),
+    concurrency: str = typer.Option(",".join(map(str, tune.DEFAULT_CONCURRENCY)), "--concurrency",
+                                    help="bench_serving --max-concurrency values, each measured per launch"),
+    baseline: str = typer.Option("dflash,none", "--baseline",
+                                 help="baselines to measure: dflash (the DFlash chain), none (no speculation); "
+                                      "the first is the choice rule's reference"),
+    requests: int = typer.Option(200, "--requests", help="prompts per benchmark run (bench_serving --num-prompts)"),
+    input_len: int = typer.Option(1024, "--input-len", help="prompt length in tokens"),
+    output_len: int = typer.Option(512, "--output-len", help="output length in tokens"),
+    dataset: str = typer.Option("random", "--dataset",
+                                help="random (offline random token ids), or sharegpt-file=PATH (a ShareGPT "
+                                     "JSON file on the host: real text cut to the same lengths)"),
+    seed: int = typer.Option(1, "--seed", help="bench_serving --seed (same prompts for every configuration)"),
+    at: Optional[int] = typer.Option(None, "--at", help="the concurrency the choice is made at "
+                                                        "(default: the highest --concurrency)"),
+    itl_margin: float = typer.Option(25.0, "--itl-margin",
+                                     help="choice rule: p99 ITL may exceed the baseline's by at most this %"),
+    repeats: int = typer.Option(1, "--repeats", help="extra runs of the best two and the baseline, for the "
+                                                     "run-to-run noise (0: none)"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="results folder (default tune-results/<host>/): "
+                                                               "results.jsonl and tune.png"),
+    resume: bool = typer.Option(False, "--resume", help="continue the sweep in --out, skipping finished "
+                                                        "configurations"),
+    apply: bool = typer.Option(False, "--apply", help="write the chosen budget/top-K into the inventory's "
+                                                      "[smoke.launch] (comments kept; the diff is shown)"),
+    yes: bool = typer.Option(False, "--yes", help=f"allow a grid over {tune.MAX_GRID} launches"),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+) -> None:
+    """Sweep DDTree budget x top-K against the DFlash chain and no speculation, with SGLang's
+    bench_serving on the host; rank, plot, choose, optionally write the choice."""
+    from ddtree_deploy import tune_run
+
+    name, path = _dataset(dataset)
+    opts = tune.TuneOptions(
+        budgets=_ints(budgets, "--budgets", "budget", tune.MAX_BUDGET),
+        topk=_ints(topk, "--topk", "top-K", 1 << 20),
+        concurrency=_ints(concurrency, "--concurrency", "concurrency", 1 << 16),
+        baselines=tune.parse_baselines(baseline), requests=requests, input_len=input_len,
+        output_len=output_len, dataset=name, dataset_path=path, seed=seed, at=at,
+        itl_margin_pct=itl_margin, repeats=repeats)
+    tune.check_options(opts, yes=yes)
+    h = load_host(host)
+    outcome = tune_run.tune_host(
+        h, lambda: transport_for(h, trust_new_host=trust_new_host), opts, out_dir=out_dir, resume=resume,
+        yes=yes, apply=apply,
+        progress=lambda step: err.print(f"[dim]{safe(h.name)}:[/] {safe(step)}", highlight=False),
+        heartbeat=lambda key, s: err.print(f"[dim]{safe(h.name)}: {safe(key)}: still running ({s:.0f} s)[/]",
+                                           highlight=False))
+    if outcome.apply and outcome.apply.get("diff"):
+        err.print(f"--apply: {safe(outcome.apply['file'])}:", highlight=False)
+        err.print(safe(outcome.apply["diff"]), highlight=False, markup=False)
+    if json_output:
+        emit_json(outcome.to_json())
+        return
+    for line in tune.table_lines(opts, outcome.records):
+        out.print(line, highlight=False, markup=False)
+    for line in outcome.choice.lines(opts.itl_margin_pct):
+        out.print(line, highlight=False, markup=False)
+    pruned = tune.pruned(opts, outcome.records)
+    if pruned:
+        out.print(f"pruned (not launched): {', '.join(pruned)}", highlight=False, markup=False)
+    out.print(f"results: {outcome.results_path}", highlight=False, markup=False)
+    out.print(f"plot: {outcome.plot_path}" if outcome.plot_path else outcome.plot_note or "no plot",
+              highlight=False, markup=False)
+    if outcome.stopped:
+        out.print(f"sweep stopped early: {outcome.stopped}", highlight=False, markup=False)
+    if outcome.apply is not None:
+        a = outcome.apply
+        out.print(f"--apply: wrote budget {a['budget']} and topk {a['topk']} into {a['file']}" if a["written"]
+                  else f"--apply: nothing written ({a.get('why')})", highlight=False, markup=False)
+    if outcome.stopped:
+        raise typer.Exit(1)
+
+
+def _dataset(value: str) -> tuple[str, Optional[str]]:
+    """``random`` or ``sharegpt-file=PATH`` (an option takes one value, so the path rides on it)."""
+    if value == "random":
+        return "random", None
+    if value.startswith("sharegpt-file=") and value.split("=", 1)[1]:
+        return "sharegpt-file", value.split("=", 1)[1]
+    if value in ("sharegpt-file", "sharegpt-file="):
+        raise BadInput("--dataset sharegpt-file needs a PATH: --dataset sharegpt-file=/data/sharegpt.json")
+    raise BadInput(f"--dataset: {value!r} is not 'random' or 'sharegpt-file=PATH'")
+
+
+__all__ = ["tune_cmd"]

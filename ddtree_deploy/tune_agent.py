@@ -1,0 +1,369 @@
+"""The host-side tune program: one server at a time, SGLang's bench_serving against it.
+
+Stdlib only, run with the host's interpreter, shipped over the same connection as the
+smoke program (``tune_run.host_program`` sends the smoke program first, as the module
+``ddtree_smoke_agent``: the launch level's helpers -- GPU check, port check, HTTP,
+log scan, process-group stop, heartbeat emitter -- are reused from there, not copied).
+
+Protocol: JSON lines on stdin, JSON lines on stdout.
+
+    {"op": "begin", "state_dir", "run_id", "holder", "series_id", "dataset_path": null | PATH}
+        -> {"event": "ready", "lock": {...}} | {"event": "refused", "code", "message", ...}
+    {"op": "run", "key", "argv", "host", "port", "log_path", "gpu_check", "min_free_mib",
+     "ready_timeout_s", "term_grace_s", "expect_algorithm", "requests",
+     "bench": {"argv": [...], "concurrency": [...], "timeout_s", "out_dir"}}
+        -> {"event": "wait" | "phase", ...}* then {"event": "result", "key", "status", ...}
+    {"op": "abort"} or end of input: stop what runs (server group, bench), release the
+        tune lock, exit. {"op": "end"}: release the lock and exit.
+
+What it touches on the host: the server and bench processes it starts (each in its own
+process group, always stopped), and ``<state_dir>/tune/``: ``lock/owner.json`` (the tune
+lock: two tunes never overlap) and ``<run_id>/`` (server and bench logs, bench results).
+It refuses to start, and stops before the next launch, while a push or rollback holds the
+deploy lock (``<state_dir>/lock``) or when the deployed series changed under it.
+"""
+
+
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+try:
+    import ddtree_smoke_agent as sa  # shipped ahead of this program (tune_run.host_program)
+except ImportError:  # run from a checkout (tests, a GPU box with the repository)
+    from ddtree_deploy import smoke_agent as sa
+
+OOM_MARKS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed")
+METRICS = {  # bench_serving's result keys -> ours
+    "output_tps": "output_throughput", "request_tps": "request_throughput",
+    "ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms",
+    "itl_p50_ms": "median_itl_ms", "itl_p99_ms": "p99_itl_ms",
+    "completed": "completed", "accept_length": "accept_length",
+}
+HISTOGRAM_KEYS = ("spec_accept_histogram", "spec_correct_drafts_histogram", "accept_length_histogram")
+
+
+class Aborted(Exception):
+    pass
+
+
+class RunFailed(Exception):
+    def __init__(self, message, code="failed", **extra):
+        Exception.__init__(self, message)
+        self.message, self.code, self.extra = message, code, extra
+
+
+def _process_start(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _holder_gone(owner):
+    """Only when provably dead: same machine, and that pid is gone or is another process."""
+    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
+        return False
+    pid = owner.get("pid")
+    if not isinstance(pid, int):
+        return False
+    start = _process_start(pid)
+    return start is None or start != owner.get("pid_start")
+
+
+def _read_json(path):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+class Tuner(object):
+    def __init__(self, emitter):
+        self.emit = emitter.emit
+        self.emitter = emitter
+        self.abort = threading.Event()
+        self.requests = queue.Queue()
+        self.state_dir = None
+        self.lock_dir = None
+        self.owner = None
+        self.series_id = None
+
+    # -- input: a reader thread, so an abort (or a lost connection) is seen mid-run
+
+    def read_input(self, stream):
+        for raw in iter(stream.readline, b""):
+            try:
+                doc = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                continue
+            if doc.get("op") == "abort":
+                self.abort.set()
+            self.requests.put(doc)
+        self.abort.set()  # end of input: the controller is gone (Ctrl-C, killed, link cut)
+        self.requests.put({"op": "eof"})
+
+    # -- locks
+
+    def begin(self, req):
+        self.state_dir = os.path.normpath(os.path.expanduser(req["state_dir"]))
+        self.series_id = req.get("series_id")
+        deploy_lock = os.path.join(self.state_dir, "lock")
+        if os.path.isdir(deploy_lock):
+            holder = _read_json(os.path.join(deploy_lock, "owner.json")) or {}
+            return {"event": "refused", "code": "locked",
+                    "message": "a %s holds the host's deploy lock" % (holder.get("command") or "push/rollback"),
+                    "holder": holder}
+        path = req.get("dataset_path")
+        if path and not os.path.isfile(os.path.expanduser(path)):
+            return {"event": "refused", "code": "bad-dataset",
+                    "message": "--dataset sharegpt-file: %s is not a file on the host" % path}
+        problem = self._check_series()
+        if problem:
+            return {"event": "refused", "code": "series-changed", "message": problem}
+        tune = os.path.join(self.state_dir, "tune")
+        os.makedirs(tune, mode=0o700, exist_ok=True)
+        self.lock_dir = os.path.join(tune, "lock")
+        owner = {"run_id": req["run_id"], "holder": req.get("holder"), "command": "tune",
+                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
+                 "pid": os.getpid(), "pid_start": _process_start(os.getpid())}
+        tmp = self.lock_dir + ".tmp-" + req["run_id"]
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.mkdir(tmp, 0o700)
+        with open(os.path.join(tmp, "owner.json"), "w") as fh:
+            json.dump(owner, fh)
+        took_over = None
+        for _ in range(2):
+            try:
+                os.rename(tmp, self.lock_dir)  # atomic: of two tunes exactly one wins
+                break
+            except OSError:
+                held = _read_json(os.path.join(self.lock_dir, "owner.json")) or {}
+                if took_over is None and _holder_gone(held):
+                    took_over = held
+                    shutil.rmtree(self.lock_dir, ignore_errors=True)
+                    continue
+                shutil.rmtree(tmp, ignore_errors=True)
+                self.lock_dir = None
+                return {"event": "refused", "code": "tune-locked", "message": "another tune holds the tune lock",
+                        "holder": held}
+        self.owner = owner
+        return {"event": "ready", "lock": owner, "took_over": took_over, "python": sys.executable}
+
+    def release(self):
+        if self.lock_dir and self.owner:
+            held = _read_json(os.path.join(self.lock_dir, "owner.json")) or {}
+            if held.get("run_id") == self.owner["run_id"]:
+                shutil.rmtree(self.lock_dir, ignore_errors=True)
+        self.lock_dir = None
+
+    def _check_series(self):
+        """None, or why the host is no longer what the sweep started measuring."""
+        if os.path.isdir(os.path.join(self.state_dir, "lock")):
+            holder = _read_json(os.path.join(self.state_dir, "lock", "owner.json")) or {}
+            return "a %s took the deploy lock" % (holder.get("command") or "push/rollback")
+        journal = _read_json(os.path.join(self.state_dir, "journal.json")) or {}
+        if self.series_id and (journal.get("series_id") != self.series_id or journal.get("phase") != "deployed"):
+            return ("the deployed series changed (journal: %s, phase %s)"
+                    % (journal.get("series"), journal.get("phase")))
+        return None
+
+    # -- one configuration
+
+    def run(self, req):
+        started = time.monotonic()
+        result = {"event": "result", "key": req["key"], "log": req["log_path"]}
+        proc = None
+        try:
+            problem = self._check_series()
+            if problem:
+                raise RunFailed(problem + ": the sweep stops here", code="series-changed")
+            if req.get("gpu_check"):
+                try:
+                    sa.check_gpus(int(req.get("min_free_mib", 0)))
+                except sa.LevelFailed as exc:
+                    raise RunFailed(exc.detail, code="gpu")
+            host, port = req["host"], int(req["port"])
+            if sa._port_open(host, port):
+                raise RunFailed("port %d on %s is already in use: stop that server or set another "
+                                "[smoke.launch] port" % (port, host), code="port")
+            os.makedirs(os.path.dirname(req["log_path"]), mode=0o700, exist_ok=True)
+            argv = [sys.executable if a == "{python}" else a for a in req["argv"]]
+            with open(req["log_path"], "ab") as log:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, close_fds=True)
+            self._wait_ready(proc, req)
+            self.emit({"event": "phase", "key": req["key"], "what": "ready",
+                       "seconds": round(time.monotonic() - started, 1)})
+            measures = []
+            for conc in req["bench"]["concurrency"]:
+                measures.append(self._bench(proc, req, int(conc)))
+                self.emit({"event": "phase", "key": req["key"], "what": "measured", "measure": measures[-1]})
+            info = self._server_info(req)
+            states = (info or {}).get("internal_states") or [{}]
+            state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+            result.update(status="ok", measures=measures, accept_length=state.get("avg_spec_accept_length"),
+                          accept_histogram=next((state[k] for k in HISTOGRAM_KEYS if k in state), None),
+                          algorithm=(info or {}).get("speculative_algorithm"))
+            expected = req.get("expect_algorithm")
+            found = (info or {}).get("speculative_algorithm")
+            if info is not None and str(found or "None").upper() != str(expected or "None").upper():
+                raise RunFailed("the server reports speculative_algorithm=%r, not %s" % (found, expected))
+        except Aborted:
+            result.update(status="aborted", error="interrupted")
+        except RunFailed as exc:
+            result.update(status="failed", error=exc.message, code=exc.code, **exc.extra)
+        except Exception as exc:  # a bug here must still stop the server and answer
+            result.update(status="failed", error="%s: %s" % (type(exc).__name__, exc), code="agent")
+        finally:
+            if proc is not None:
+                result["stopped"] = sa.stop_group(proc, float(req.get("term_grace_s", 30)))
+                if result["stopped"]["left"]:
+                    result.update(status="failed", code="left-running",
+                                  error="processes %s outlived TERM and KILL" % result["stopped"]["left"])
+            if result.get("status") == "failed":
+                result["log_tail"] = sa.log_tail(req["log_path"], 30)
+                if proc is not None and _looks_oom(result["log_tail"]):
+                    result["error"] = "OOM: " + result["error"]
+        result["seconds"] = round(time.monotonic() - started, 2)
+        return result
+
+    def _wait_ready(self, proc, req):
+        deadline = time.monotonic() + float(req.get("ready_timeout_s", 900))
+        offset = 0
+        while True:
+            if self.abort.is_set():
+                raise Aborted()
+            code = proc.poll()
+            if code is not None:
+                raise RunFailed("the server exited with code %s before it was ready" % code, exit_code=code)
+            status, _ = sa._http("GET", "http://%s:%s/health_generate" % (req["host"], req["port"]), timeout=5)
+            if status == 200:
+                return
+            offset, seen = sa._scan_log(req["log_path"], offset, sa.READY_LINE)
+            if seen:
+                return
+            if time.monotonic() > deadline:
+                raise RunFailed("the server was not ready after %s s" % req.get("ready_timeout_s"))
+            self.abort.wait(0.5)
+
+    def _bench(self, proc, req, conc):
+        bench = req["bench"]
+        out_dir = bench["out_dir"]
+        os.makedirs(out_dir, mode=0o700, exist_ok=True)
+        out = os.path.join(out_dir, "%s-c%d.jsonl" % (req["key"], conc))
+        log_path = os.path.join(out_dir, "%s-c%d.bench.log" % (req["key"], conc))
+        for stale in (out,):
+            if os.path.exists(stale):
+                os.remove(stale)  # bench_serving appends: a rerun must not read an old line
+        argv = [sys.executable if a == "{python}" else a for a in bench["argv"]]
+        argv += ["--max-concurrency", str(conc), "--output-file", out]
+        with open(log_path, "wb") as log:
+            # Own session and a neutral folder: SGLang's bench imports the INSTALLED sglang.
+            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, close_fds=True, cwd=out_dir)
+        deadline = time.monotonic() + float(bench.get("timeout_s", 3600))
+        try:
+            while child.poll() is None:
+                if self.abort.is_set():
+                    raise Aborted()
+                code = proc.poll()
+                if code is not None:
+                    raise RunFailed("the server exited with code %s during the benchmark at concurrency %d"
+                                    % (code, conc), exit_code=code)
+                if time.monotonic() > deadline:
+                    raise RunFailed("bench_serving at concurrency %d did not finish in %s s"
+                                    % (conc, bench.get("timeout_s")))
+                self.abort.wait(0.2)
+        finally:
+            if child.poll() is None:
+                sa.stop_group(child, 5.0)
+        tail = sa.log_tail(log_path, 15)
+        if proc.poll() is not None:
+            raise RunFailed("the server exited with code %s during the benchmark at concurrency %d"
+                            % (proc.poll(), conc), exit_code=proc.poll(), bench_tail=tail)
+        if child.returncode != 0:
+            raise RunFailed("bench_serving exited %s at concurrency %d: %s"
+                            % (child.returncode, conc, (tail or ["no output"])[-1][:300]), bench_tail=tail)
+        doc = None
+        try:
+            with open(out) as fh:
+                lines = [line for line in fh if line.strip()]
+            doc = json.loads(lines[-1]) if lines else None
+        except (OSError, ValueError):
+            doc = None
+        if not isinstance(doc, dict):
+            raise RunFailed("bench_serving wrote no result at concurrency %d" % conc, bench_tail=tail)
+        measure = {"concurrency": conc}
+        for ours, theirs in METRICS.items():
+            measure[ours] = doc.get(theirs)
+        if (measure["completed"] or 0) < int(req.get("requests", 0)):
+            raise RunFailed("only %s of %s requests completed at concurrency %d"
+                            % (measure["completed"], req.get("requests"), conc), bench_tail=tail)
+        return measure
+
+    def _server_info(self, req):
+        base = "http://%s:%s" % (req["host"], req["port"])
+        for endpoint in ("/server_info", "/get_server_info"):
+            status, info = sa._http("GET", base + endpoint, timeout=30)
+            if status == 200 and isinstance(info, dict):
+                return info
+        return None
+
+
+def _looks_oom(lines):
+    text = "\n".join(lines or []).lower()
+    return any(mark in text for mark in OOM_MARKS)
+
+
+def main():
+    emitter = sa.Emitter(sys.stdout, sa.HEARTBEAT_S)
+    tuner = Tuner(emitter)
+    # Unlike a push, a tune has nothing to finish when its controller goes: a hangup, a
+    # Ctrl-C (a local run shares the terminal) or a TERM stops the server and exits.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: tuner.abort.set())
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    threading.Thread(target=tuner.read_input, args=(sys.stdin.buffer,), daemon=True).start()
+    try:
+        while True:
+            try:
+                req = tuner.requests.get(timeout=1.0)
+            except queue.Empty:
+                if tuner.abort.is_set():
+                    break
+                continue
+            op = req.get("op")
+            if op == "begin":
+                emitter.emit(tuner.begin(req))
+            elif op == "run":
+                if tuner.abort.is_set():
+                    emitter.emit({"event": "result", "key": req.get("key"), "status": "aborted",
+                                  "error": "interrupted"})
+                    break
+                emitter.current, emitter.started = req["key"], time.monotonic()
+                answer = tuner.run(req)
+                emitter.current = None
+                emitter.emit(answer)
+                if answer["status"] == "aborted":
+                    break
+            elif op in ("end", "eof", "abort"):
+                break
+    finally:
+        tuner.release()
+        emitter.emit({"event": "bye"})
+        emitter.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,410 @@
+"""`tune`'s I/O: the host checks, the sweep over one host-program session, the results file.
+
+The decisions (grid, pruning, choice, table) are ``tune.py``'s; this module asks the
+host (``deploy.status``: is DDTree deployed, by which family), builds each launch's argv
+from the host's ``[smoke.launch]`` settings with the launch smoke's own template code
+(``smoke.launch_argv``), ships ``tune_agent.py`` (with the smoke program's helpers) to
+the host, and streams each finished configuration into the local results file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ddtree_deploy import smoke, tune
+from ddtree_deploy.errors import BadInput, DeployError
+
+Progress = Callable[[str], None]
+BENCH_MODULE = "sglang.bench_serving"
+# 0.5.12.post1's `--dataset-name random` samples ShareGPT text (and downloads it when no
+# --dataset-path is given); `random-ids` is random token ids, offline. The prompts depend
+# only on --seed, the lengths and the tokenizer: the same for every configuration.
+OFFLINE_DATASET = "random-ids"
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the sweep needs to know about the host before it launches anything."""
+
+    launch: smoke.LaunchSettings
+    family: smoke.FamilySmoke
+    series: dict  # the status document's series entry
+    sglang_version: str | None
+
+
+def check_host(host, *, apply: bool) -> smoke.LaunchSettings:
+    """Local checks (no connection): the inventory's launch settings can drive a tune."""
+    settings = smoke.parse_settings(host.smoke, source=host.source)
+    where = host.source or "<inventory>"
+    launch = settings.launch
+    if launch is None:
+        raise BadInput(f"{where}: no [smoke.launch] table: tune launches the server with those settings "
+                       "(model, draft_model, port...); add one (see docs/smoke.md)")
+    if launch.model is None and launch.command is None:
+        raise BadInput(f"{where}: key smoke.launch.model: missing (tune serves that model)")
+    if launch.command is not None:
+        joined = " ".join(launch.command)
+        for name in ("budget", "topk"):
+            if "{%s}" % name not in joined:
+                raise BadInput(f"{where}: key smoke.launch.command: has no {{{name}}} placeholder, so tune "
+                               f"cannot set the {name}; add it to the command template")
+    if apply and host.source is None:
+        raise BadInput(f"--apply: host {host.name!r} has no inventory file to write the choice into; "
+                       "use an inventory file (hosts/<name>.toml)")
+    return launch
+
+
+def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress = _quiet) -> Target:
+    """Ask the host what is deployed: DDTree must be, by a family known here."""
+    from ddtree_deploy import deploy
+    from ddtree_deploy.locations import repo_dir
+    from ddtree_deploy.series import families, load_family
+
+    launch = smoke.parse_settings(host.smoke, source=host.source).launch
+    progress("read the host's journal")
+    doc = deploy.status(host, make_transport())
+    if doc["phase"] != "deployed" or not doc["series"]:
+        raise BadInput(f"{host.name}: no DDTree deployed (phase {doc['phase']}): tune measures a deployed "
+                       f"series; push it first: ddtree-deploy push --host {host.name}")
+    name = doc["series"]["name"]
+    known = {f.name: f.folder for f in families(Path(patches_dir or repo_dir("patches")))}
+    if not isinstance(name, str) or name not in known:
+        raise BadInput(f"{host.name}: the host's journal names series {name!r}, which is not a family here "
+                       f"({', '.join(sorted(known)) or 'none'}); tune from a checkout that has it")
+    family = smoke.family_smoke(load_family(known[name]))
+    lock = doc.get("lock")
+    if lock:
+        raise DeployError(f"{host.name}: a {lock.get('command') or 'push/rollback'} holds the deploy lock "
+                          f"(holder {lock.get('holder')}, since {lock.get('time')}, run {lock.get('run_id')}): "
+                          "tune waits for it to finish", code="locked",
+                          hint=f"ddtree-deploy status --host {host.name}")
+    return Target(launch=launch, family=family, series=doc["series"], sglang_version=doc.get("sglang_version"))
+
+
+# ------------------------------------------------------------------ argv for one launch
+
+
+def _drop_flags(argv: Sequence[str], drop: Callable[[str], bool]) -> list[str]:
+    """argv without the options ``drop`` names, and their values (``--f v`` or ``--f=v``)."""
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if arg.startswith("--") and drop(name):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            skip = "=" not in arg and nxt is not None and not nxt.startswith("--")
+            continue
+        out.append(arg)
+    return out
+
+
+def launch_argv(target: Target, config: tune.Config, *, source: str | None = None) -> list[str]:
+    """The server argv for one configuration: the launch smoke's template, filled.
+
+    DDTree: the host's settings with this budget and top-K. The DFlash chain: the same
+    with ``--speculative-algorithm DFLASH`` and no DDTree flag. No speculation: every
+    ``--speculative-*`` option removed (the draft model too).
+    """
+    fam = target.family
+    if config.kind == "ddtree":
+        return smoke.launch_argv(replace(target.launch, budget=config.budget, topk=config.topk),
+                                 source=source, family=fam)
+    filled = smoke.launch_argv(replace(target.launch, budget=target.launch.budget or 1,
+                                       topk=target.launch.topk or 1), source=source, family=fam)
+    if config.kind == "dflash":
+        argv = _drop_flags(filled, lambda f: f in (fam.budget_flag, fam.topk_flag)
+                           or f.startswith("--speculative-ddtree-"))
+        for i, arg in enumerate(argv):
+            if arg == "--speculative-algorithm" and i + 1 < len(argv):
+                argv[i + 1] = "DFLASH"
+            elif arg.startswith("--speculative-algorithm="):
+                argv[i] = "--speculative-algorithm=DFLASH"
+        return argv
+    return _drop_flags(filled, lambda f: f.startswith("--speculative-") or f in (fam.budget_flag, fam.topk_flag))
+
+
+def bench_argv(launch: smoke.LaunchSettings, opts: tune.TuneOptions) -> list[str]:
+    """SGLang's own benchmark on the host (``--max-concurrency`` and ``--output-file`` are
+    added per run by the host program). Fixed seed and lengths: the same prompts for every
+    configuration; ``--flush-cache`` so no run profits from the previous one's prefix cache."""
+    argv = ["{python}", "-m", BENCH_MODULE, "--backend", "sglang", "--host", launch.host,
+            "--port", str(launch.port), "--num-prompts", str(opts.requests),
+            "--random-input-len", str(opts.input_len), "--random-output-len", str(opts.output_len),
+            "--random-range-ratio", "1.0", "--seed", str(opts.seed), "--request-rate", "inf",
+            "--flush-cache", "--disable-tqdm", "--ready-check-timeout-sec", "0", "--warmup-requests", "1"]
+    if launch.model is not None:
+        argv += ["--model", launch.model]
+    if opts.dataset == "sharegpt-file":
+        argv += ["--dataset-name", "random", "--dataset-path", str(opts.dataset_path)]
+    else:
+        argv += ["--dataset-name", OFFLINE_DATASET, "--tokenize-prompt"]
+    return argv
+
+
+def expected_algorithm(config: tune.Config) -> str | None:
+    return {"ddtree": smoke.ALGORITHM, "dflash": "DFLASH", "none": None}[config.kind]
+
+
+# ------------------------------------------------------------------ the host program
+
+
+def host_program() -> bytes:
+    """The tune program as the BOOTSTRAP runs it: the smoke program first, loaded as the
+    module ``ddtree_smoke_agent`` (whose helpers it reuses), then ``tune_agent.py``."""
+    from importlib import resources
+
+    pkg = resources.files("ddtree_deploy")
+    smoke_src = pkg.joinpath("smoke_agent.py").read_text(encoding="utf-8")
+    tune_src = pkg.joinpath("tune_agent.py").read_text(encoding="utf-8")
+    prelude = ("import sys as _sys, types as _types\n"
+               "_m = _types.ModuleType('ddtree_smoke_agent')\n"
+               f"exec(compile({smoke_src!r}, 'smoke_agent.py', 'exec'), _m.__dict__)\n"
+               "_sys.modules['ddtree_smoke_agent'] = _m\n")
+    return (prelude + tune_src).encode("utf-8")
+
+
+class Session:
+    """One host-program session: begin (locks), run per configuration, end."""
+
+    def __init__(self, host, transport, *, progress: Progress = _quiet,
+                 heartbeat: Callable[[str, float], None] | None = None):
+        self.host, self.transport, self.progress, self.heartbeat = host, transport, progress, heartbeat
+        self.proc = None
+
+    def __enter__(self):
+        from ddtree_deploy.transport import BOOTSTRAP
+
+        self.transport.__enter__()
+        source = host_program()
+        self.proc = self.transport.start([self.host.python, "-c", BOOTSTRAP])
+        self.proc.write(b"%d\n" % len(source) + source)
+        return self
+
+    def send(self, doc: dict) -> None:
+        self.proc.write(json.dumps(doc).encode() + b"\n")
+
+    def read(self, until: Sequence[str]) -> dict:
+        while True:
+            line = self.proc.readline()
+            if not line.endswith(b"\n"):
+                code, tail = self.proc.close()
+                self.proc = None
+                last = tail.strip().splitlines()[-1] if tail.strip() else "no output"
+                raise DeployError(f"{self.host.name}: the tune program stopped (exit {code}; {last})",
+                                  code="tune-agent")
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                raise DeployError(f"{self.host.name}: the tune program answered garbage: {line[:200]!r}",
+                                  code="tune-agent") from None
+            event = doc.get("event")
+            if event == "wait" and self.heartbeat is not None:
+                self.heartbeat(str(doc.get("level")), float(doc.get("seconds") or 0))
+            elif event == "phase":
+                what = doc.get("what")
+                if what == "measured":
+                    m = doc["measure"]
+                    self.progress(f"{doc['key']}: concurrency {m['concurrency']}: {m['output_tps']:.1f} tok/s, "
+                                  f"ITL p99 {m['itl_p99_ms']:.1f} ms")
+                else:
+                    self.progress(f"{doc['key']}: server ready in {doc.get('seconds')} s")
+            if event in until:
+                return doc
+
+    def interrupt(self, grace_s: float) -> dict | None:
+        """Ctrl-C: ask the host program to stop the server, wait for it (bounded), close."""
+        if self.proc is None:
+            return None
+        try:
+            self.send({"op": "abort"})
+            deadline = time.monotonic() + grace_s
+            while True:
+                line = self.proc.readline(deadline, "the stop confirmation")
+                if not line.endswith(b"\n"):
+                    return None
+                doc = json.loads(line)
+                if doc.get("event") in ("result", "bye"):
+                    return doc
+        except (DeployError, TimeoutError, ValueError, KeyboardInterrupt):
+            return None
+
+    def __exit__(self, *exc):
+        try:
+            if self.proc is not None:
+                try:
+                    self.send({"op": "end"})
+                except DeployError:
+                    pass
+                self.proc.close()
+                self.proc = None
+        finally:
+            self.transport.__exit__(*exc)
+
+
+# ------------------------------------------------------------------ the sweep
+
+
+@dataclass
+class TuneOutcome:
+    host: str
+    opts: tune.TuneOptions
+    records: list
+    results_path: Path
+    plot_path: Path | None = None
+    plot_note: str | None = None
+    apply: dict | None = None
+    resumed: int = 0
+    stopped: str | None = None  # why the sweep stopped early (lock taken, series changed)
+
+    @property
+    def choice(self) -> tune.Choice:
+        return tune.choose(self.opts, self.records)
+
+    def to_json(self) -> dict:
+        return {"host": self.host, "results": str(self.results_path),
+                "plot": str(self.plot_path) if self.plot_path else None, "plot_note": self.plot_note,
+                "resumed": self.resumed, "stopped": self.stopped, **tune.summary(self.opts, self.records),
+                "apply": self.apply}
+
+
+def default_out(host_name: str) -> Path:
+    return Path("tune-results") / host_name
+
+
+def append_record(path: Path, record: tune.Record) -> None:
+    """One line per finished configuration, flushed and synced: a kill loses at most the
+    configuration that was running."""
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record.to_json()) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | None = None,
+              resume: bool = False, yes: bool = False, apply: bool = False, patches_dir=None,
+              progress: Progress = _quiet, heartbeat=None) -> TuneOutcome:
+    """Run (or resume) the sweep on ``host``; the results file grows as configurations end."""
+    from ddtree_deploy import deploy
+
+    tune.check_options(opts, yes=yes)
+    check_host(host, apply=apply)
+    out_dir = Path(out_dir) if out_dir is not None else default_out(host.name)
+    results = out_dir / "results.jsonl"
+    if results.exists() and not resume:
+        raise BadInput(f"{results}: a results file is already there: pass --resume to continue that sweep, "
+                       "or --out another folder")
+    target = inspect_host(host, make_transport, patches_dir=patches_dir, progress=progress)
+    launch = target.launch
+    identity = {"series": target.series.get("name"), "series_id": target.series.get("id"),
+                "sglang": target.sglang_version, "model": launch.model, "draft_model": launch.draft_model,
+                "extra_args": list(launch.extra_args), "command": list(launch.command or ())}
+    head = tune.header(host.name, opts, identity)
+    records = tune.load_results(results, head) if resume else []
+    resumed = len(records)
+    if resumed:
+        progress(f"resume: {resumed} finished run(s) in {results}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not results.exists() or not results.read_text(encoding="utf-8").strip():
+        results.write_text(json.dumps(head) + "\n", encoding="utf-8")
+    run_id = deploy.new_run_id()
+    state = host.state_dir.rstrip("/")
+    stopped = None
+    with Session(host, make_transport(), progress=progress, heartbeat=heartbeat) as sess:
+        sess.send({"op": "begin", "state_dir": host.state_dir, "run_id": run_id, "holder": deploy.holder_name(),
+                   "series_id": target.series.get("id"),
+                   "dataset_path": opts.dataset_path if opts.dataset == "sharegpt-file" else None})
+        begun = sess.read(("ready", "refused"))
+        if begun["event"] == "refused":
+            if begun.get("code") == "bad-dataset":
+                raise BadInput(f"{host.name}: {begun['message']}")
+            holder = begun.get("holder") or {}
+            raise DeployError(f"{host.name}: {begun['message']} (holder {holder.get('holder')}, since "
+                              f"{holder.get('time')}, run {holder.get('run_id')}): tune refused, nothing launched",
+                              code=begun.get("code") or "locked", hint=f"ddtree-deploy status --host {host.name}")
+        if begun.get("took_over"):
+            progress(f"took over a stale tune lock (run {begun['took_over'].get('run_id')}: its process is gone)")
+        bench = bench_argv(launch, opts)
+        while True:
+            step = tune.next_step(opts, records)
+            if step is None:
+                break
+            c = step.config
+            progress(f"{c.key}: launch ({step.stage}{': ' + step.why if step.why and step.stage != 'baseline' else ''})")
+            tag = f"{c.key}-r{step.repeat}" if step.repeat else c.key
+            request = {"op": "run", "key": c.key, "argv": launch_argv(target, c, source=host.source),
+                       "host": launch.host, "port": launch.port,
+                       "log_path": f"{state}/tune/{run_id}/{tag}.server.log", "gpu_check": launch.gpu,
+                       "min_free_mib": int(launch.min_free_gib * 1024), "ready_timeout_s": launch.ready_timeout_s,
+                       "term_grace_s": launch.term_grace_s, "expect_algorithm": expected_algorithm(c),
+                       "requests": opts.requests,
+                       "bench": {"argv": bench, "concurrency": list(opts.concurrency),
+                                 "timeout_s": max(600.0, launch.probe_timeout_s * 4),
+                                 "out_dir": f"{state}/tune/{run_id}/bench-{tag}"}}
+            try:
+                sess.send(request)
+                answer = sess.read(("result",))
+            except KeyboardInterrupt:
+                progress("interrupted: stopping the server on the host")
+                done = sess.interrupt(launch.term_grace_s + 20)
+                if done is None or done.get("event") != "result":
+                    progress("the host program did not confirm the stop; it stops the server when it sees "
+                             "the connection close")
+                raise
+            record = _record(step, answer)
+            append_record(results, record)
+            records.append(record)
+            if record.ok:
+                m = record.at(opts.choose_at)
+                progress(f"{c.key}: done in {record.seconds:.0f} s"
+                         + (f", {m.output_tps:.1f} tok/s at concurrency {m.concurrency}" if m else ""))
+            else:
+                progress(f"{c.key}: FAILED ({record.error}); the sweep goes on")
+            if answer.get("code") in ("series-changed", "locked"):
+                stopped = record.error
+                break
+    outcome = TuneOutcome(host=host.name, opts=opts, records=records, results_path=results, resumed=resumed,
+                          stopped=stopped)
+    _plot(outcome, out_dir)
+    if apply and stopped is None:
+        outcome.apply = apply_choice(host, outcome.choice)
+    return outcome
+
+
+def _record(step: tune.Step, answer: dict) -> tune.Record:
+    ok = answer.get("status") == "ok"
+    error = answer.get("error")
+    return tune.Record(config=step.config, stage=step.stage, status="ok" if ok else "failed", repeat=step.repeat,
+                       measures=tuple(tune.Measure.from_json(m) for m in answer.get("measures") or ()),
+                       accept_length=answer.get("accept_length"), accept_histogram=answer.get("accept_histogram"),
+                       error=None if ok else (error or "failed"), seconds=float(answer.get("seconds") or 0),
+                       log=answer.get("log"))
+
+
+def _plot(outcome: TuneOutcome, out_dir: Path) -> None:
+    try:
+        from ddtree_deploy.tune_plot import plot_png
+    except ImportError as exc:  # matplotlib is the optional [tune] extra
+        outcome.plot_note = f"no plot: {exc.name or 'matplotlib'} is not installed (pip install 'ddtree-deploy[tune]')"
+        return
+    outcome.plot_path = plot_png(outcome.opts, outcome.records, out_dir / "tune.png", title=outcome.host)
+
+
+def apply_choice(host, choice: tune.Choice) -> dict:
+    """Write the chosen budget/top-K into the host's inventory, and say exactly what changed."""
+    from ddtree_deploy.tune_apply import apply_launch
+
+    if choice.best is None:
+        return {"written": False, "why": "no DDTree configuration qualified; the inventory is unchanged"}
+    return apply_launch(Path(host.source), budget=choice.best.budget, topk=choice.best.topk)
+
