@@ -164,6 +164,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._ddtree_offchain = torch.zeros((), dtype=torch.int64, device=self.device)
         self._ddtree_steps = torch.zeros((), dtype=torch.int64, device=self.device)
 
+    def _defer_target_verify_gather(self):
+        """DFlash defers the target-verify vocab gather (TP > 1) and finishes it in its own
+        accept; EAGLE's verify, which DDTree uses, reads full logits. Keep the gather on."""
+        return None
+
     # ---------------------------------------------------------------------------------
     # Start-up: the draft graph folds the top-K head in (instead of DFlash's argmax head).
 
@@ -421,7 +426,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if hidden is None:
             raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
         width = min(n, int(self.block_size))
-        hidden = hidden.view(bs, n, -1)[:, :width]
+        # (Rows past bs * n are TP/EP alignment padding.)
+        hidden = hidden[: bs * n].view(bs, n, -1)[:, :width]
         cache_loc_2d = self._draft_write_ids(window["kv_loc_plan"]).view(bs, -1)[:, :width]
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=hidden.reshape(-1, hidden.shape[-1]),
