@@ -14,8 +14,9 @@
 # first on PYTHONPATH (ahead of any SGLang the machine has; no venv, so a machine whose
 # python is itself a venv keeps its packages); (2) the verify-input probe with --device cuda
 # (verify_tree_greedy / tree_speculative_sampling_target_only / the batched tree
-# builder on CUDA, every result against brute force); (3) a served tiny Llama target +
-# DFlash draft (random weights) with --speculative-algorithm DDTREE.
+# builder on CUDA, every result against brute force); (3) served tiny targets (random, and a
+# cycle target with a draft built from its own weights) with --speculative-algorithm DDTREE on
+# Triton and FlashInfer, greedy and sampling, against plain greedy and DFLASH.
 # Writes its logs to $OUT (or a temp folder). Exit 0 only if every step passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
