@@ -43,6 +43,9 @@ class Target:
 
 def check_host(host, *, apply: bool) -> smoke.LaunchSettings:
     """Local checks (no connection): the inventory's launch settings can drive a tune."""
+    if apply and host.source is None:
+        raise BadInput(f"--apply: host {host.name!r} has no inventory file to write the choice into; "
+                       "use an inventory file (hosts/<name>.toml)")
     settings = smoke.parse_settings(host.smoke, source=host.source)
     where = host.source or "<inventory>"
     launch = settings.launch
@@ -57,9 +60,6 @@ def check_host(host, *, apply: bool) -> smoke.LaunchSettings:
             if "{%s}" % name not in joined:
                 raise BadInput(f"{where}: key smoke.launch.command: has no {{{name}}} placeholder, so tune "
                                f"cannot set the {name}; add it to the command template")
-    if apply and host.source is None:
-        raise BadInput(f"--apply: host {host.name!r} has no inventory file to write the choice into; "
-                       "use an inventory file (hosts/<name>.toml)")
     return launch
 
 
