@@ -51,6 +51,8 @@ from __future__ import annotations
 
 import bisect
 import re
+from itertools import groupby
+from operator import itemgetter
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -378,51 +380,33 @@ class _Scanner:
         if (old_start == 0 and old_len) or (new_start == 0 and new_len):
             raise self.bad(i, f"hunk {header} starts at line 0 but has lines; " + _HINT_REGEN)
         h = _ScannedHunk(i, header, old_start, old_len, new_start, new_len)
-        old_left, new_left = old_len, new_len
-        j = i + 1
-        last_tag = None
-        closed: set[str] = set()  # sides whose last line was marked "no newline"
-        body: list[tuple[str, str]] = []
         if len(self.hunk_lines) >= MAX_HUNKS:
             raise self.bad(i, f"more than {MAX_HUNKS} hunks in one patch; split the patch "
                               "(a limit against hostile input: real SGLang diffs have far fewer)")
         self.hunk_lines.append(i)
-        while old_left or new_left or (j < len(lines) and lines[j].startswith(_NO_EOL_PREFIX) and last_tag):
-            if j >= len(lines):
-                raise self.bad(i, f"truncated hunk {header}: the patch ends (line {len(lines)}) after "
-                                  f"{old_len - old_left} of {old_len} old and {new_len - new_left} of "
-                                  f"{new_len} new lines; the patch file was cut short, fetch or make it again")
-            raw = lines[j]
-            if raw.startswith(_NO_EOL_PREFIX):
-                if last_tag is None:
-                    raise self.bad(j, "'\\ No newline at end of file' marker before any hunk line; " + _HINT_REGEN)
-                closed |= {"old", "new"} if last_tag == " " else {"old" if last_tag == "-" else "new"}
-                last_tag = None
-                j += 1
-                continue
-            tag = raw[:1]
-            if raw in ("\n", "\r\n"):
-                tag = " "  # a blank context line whose leading space an editor stripped
-                text = raw[:-1]
-            else:
-                text = raw[1:-1] if raw.endswith("\n") else raw[1:]
-            # Inside its counts a line is content, whatever it looks like: a removed "-- x"
-            # followed by an added "++ y" reads as "--- x" / "+++ y", not as a file header
-            # (GNU patch reads by the counts too).
-            if tag not in (" ", "-", "+"):
-                self._wrong_counts(h)
-            if tag in (" ", "-") and "old" in closed or tag in (" ", "+") and "new" in closed:
-                raise self.bad(j, "line after a '\\ No newline at end of file' marker on the same side; "
-                                  "only the last line of a file can lack a newline; " + _HINT_REGEN)
-            if tag in (" ", "-"):
+        # Fast path (the parser's hot loop): plain ' ', '-', '+' lines that meet the counts.
+        # Anything else (blank lines, "no newline" markers, wrong counts) is read again by
+        # the careful loop, which names the problem.
+        j, n = i + 1, len(lines)
+        old_left, new_left = old_len, new_len
+        while (old_left > 0 or new_left > 0) and j < n:
+            tag = lines[j][0]
+            if tag == " ":
                 old_left -= 1
-            if tag in (" ", "+"):
                 new_left -= 1
-            if old_left < 0 or new_left < 0:
-                self._wrong_counts(h)
-            body.append((tag, text))
-            last_tag = tag
+            elif tag == "-":
+                old_left -= 1
+            elif tag == "+":
+                new_left -= 1
+            else:
+                break
             j += 1
+        if old_left == 0 and new_left == 0 and not (j < n and lines[j].startswith(_NO_EOL_PREFIX)):
+            seg = lines[i + 1:j]
+            body = [(r[0], r[1:-1]) if r[-1] == "\n" else (r[0], r[1:]) for r in seg]
+            closed: set[str] = set()
+        else:
+            body, j, closed = self._body(h, i)
         h.body_end = j
         h.hunk = Hunk(old_start, old_len, new_start, new_len, header, i + 1, tuple(body),
                       "old" in closed, "new" in closed)
@@ -436,6 +420,54 @@ class _Scanner:
                                   + _HINT_REGEN)
         cur.hunks.append(h)
         return j
+
+    def _body(self, h: _ScannedHunk, i: int) -> tuple[list[tuple[str, str]], int, set[str]]:
+        """The careful read of a hunk body: blank lines, markers, and every defect named.
+
+        Returns the body, the index after it and the sides marked "no newline".
+        """
+        lines, header = self.lines, h.header
+        old_len, new_len = h.old_len, h.new_len
+        old_left, new_left = old_len, new_len
+        j, n = i + 1, len(lines)
+        last_tag = None
+        closed: set[str] = set()  # sides whose last line was marked "no newline"
+        body: list[tuple[str, str]] = []
+        # Inside its counts a line is content, whatever it looks like: a removed "-- x"
+        # followed by an added "++ y" reads as "--- x" / "+++ y", not as a file header
+        # (GNU patch reads by the counts too).
+        while old_left > 0 or new_left > 0 or (j < n and last_tag and lines[j].startswith(_NO_EOL_PREFIX)):
+            if j >= n:
+                raise self.bad(i, f"truncated hunk {header}: the patch ends (line {n}) after "
+                                  f"{old_len - old_left} of {old_len} old and {new_len - new_left} of "
+                                  f"{new_len} new lines; the patch file was cut short, fetch or make it again")
+            raw = lines[j]
+            tag = raw[0]
+            if raw == "\n" or raw == "\r\n":  # a blank context line whose space an editor stripped
+                tag = " "
+                raw = " " + raw
+            elif raw.startswith(_NO_EOL_PREFIX):
+                if last_tag is None:
+                    raise self.bad(j, "'\\ No newline at end of file' marker before any hunk line; " + _HINT_REGEN)
+                closed |= {"old", "new"} if last_tag == " " else {"old" if last_tag == "-" else "new"}
+                last_tag = None
+                j += 1
+                continue
+            elif tag not in (" ", "-", "+"):
+                self._wrong_counts(h)
+            if closed and (tag != "+" and "old" in closed or tag != "-" and "new" in closed):
+                raise self.bad(j, "line after a '\\ No newline at end of file' marker on the same side; "
+                                  "only the last line of a file can lack a newline; " + _HINT_REGEN)
+            if tag != "+":
+                old_left -= 1
+            if tag != "-":
+                new_left -= 1
+            if old_left < 0 or new_left < 0:
+                self._wrong_counts(h)
+            body.append((tag, raw[1:-1] if raw[-1] == "\n" else raw[1:]))
+            last_tag = tag
+            j += 1
+        return body, j, closed
 
     def _wrong_counts(self, h: _ScannedHunk) -> None:
         """Count the hunk's real body (up to the first line that is not one) and say which count is off."""
@@ -595,7 +627,14 @@ class _Lines:
         return cls(bodies, eols)
 
     def text(self) -> str:
-        return "".join(map(str.__add__, self.bodies, self.eols))
+        bodies, eols = self.bodies, self.eols
+        if not eols:
+            return ""
+        # Usually one terminator throughout, the last line maybe without: one join.
+        eol = eols[0]
+        if eols.count(eol) + (eols[-1] == "" != eol) == len(eols):
+            return eol.join(bodies) + eols[-1]
+        return "".join(map(str.__add__, bodies, eols))
 
     def __len__(self) -> int:
         return len(self.bodies)
@@ -609,45 +648,56 @@ def _is_crlf_text(text: str) -> bool:
 
 @dataclass(frozen=True)
 class _Pattern:
-    """What a hunk expects to find: (body, has_newline) per old-side line."""
+    """What a hunk expects to find: one side's line bodies, and whether its last line ends.
 
-    lines: list[tuple[str, bool]]  # a list, so that slices compare with the index's keys in C
+    Only a file's last line can lack a newline, and only a side's last line can be marked
+    "no newline", so comparing bodies (a list slice, compared in C) and that one flag at
+    the end is comparing lines byte for byte.
+    """
+
+    bodies: list[str]
+    last_nl: bool  # False: the side's last line is marked "\\ No newline at end of file"
     prefix: int  # leading context lines
     suffix: int  # trailing context lines
 
+    def has_nl(self, k: int) -> bool:
+        return self.last_nl or k != len(self.bodies) - 1
 
-def _pattern(h: Hunk, strip_cr: bool) -> _Pattern:
-    old = [t for tag, t in h.lines if tag != "+"]
+
+def _pattern(h: Hunk, strip_cr: bool, new_side: bool = False) -> _Pattern:
+    """The old side of h (what applying it expects), or its new side (what it leaves)."""
+    skip = "-" if new_side else "+"
+    side = [t for tag, t in h.lines if tag != skip]
     if strip_cr:
-        old = [t[:-1] if t.endswith("\r") else t for t in old]
-    flags = [True] * len(old)
-    if old and h.old_no_eol:
-        flags[-1] = False
-    return _Pattern(list(zip(old, flags)), h.prefix_context, h.suffix_context)
+        side = [t[:-1] if t.endswith("\r") else t for t in side]
+    no_eol = h.new_no_eol if new_side else h.old_no_eol
+    return _Pattern(side, not no_eol, h.prefix_context, h.suffix_context)
 
 
 class _Index:
-    """The input's lines as (body, has_newline) keys, and where each distinct key occurs.
+    """Where each distinct line body of the input occurs, built once per file on first need.
 
-    Built once per file: a hunk is then looked for only where its rarest line occurs,
-    and the nearest match of a failed hunk is counted from those places, so the cost
-    of a hunk does not grow with the file (a failed hunk used to scan it several times).
+    A hunk not at its expected place is then looked for only where its rarest line occurs,
+    and the nearest match of a failed hunk is counted from those places, so the cost of a
+    hunk does not grow with the file (a failed hunk used to scan it several times).
     """
 
-    def __init__(self, src: _Lines):
-        self.keys = list(zip(src.bodies, [e != "" for e in src.eols]))
-        where: dict[tuple[str, bool], list[int]] = {}
-        for idx, key in enumerate(self.keys):
-            found = where.get(key)
+    def __init__(self, bodies: list[str]):
+        where: dict[str, list[int]] = {}
+        for idx, body in enumerate(bodies):
+            found = where.get(body)
             if found is None:
-                where[key] = [idx]
+                where[body] = [idx]
             else:
                 found.append(idx)
-        self.where = where  # key -> 0-based indices, ascending
+        self.where = where  # body -> 0-based indices, ascending
 
-    def count(self, key: tuple[str, bool]) -> int:
-        found = self.where.get(key)
+    def count(self, body: str) -> int:
+        found = self.where.get(body)
         return len(found) if found else 0
+
+
+_TAG = itemgetter(0)
 
 
 class _Applier:
@@ -655,7 +705,8 @@ class _Applier:
 
     def __init__(self, fp: FilePatch, src: _Lines, strip_cr: bool, eol: str, fuzz: int):
         self.fp, self.src, self.strip_cr, self.eol, self.fuzz = fp, src, strip_cr, eol, fuzz
-        self.index = _Index(src)
+        self._index: _Index | None = None
+        self.src_open = bool(src.eols) and src.eols[-1] == ""  # the last line lacks a newline
         self.in_offset = 0  # input line minus the line the patch states, after the last placed hunk
         self.out_offset = 0  # lines added minus removed by the hunks applied so far
         # Input lines already written out or deleted: GNU's last_frozen_line. No later
@@ -665,15 +716,25 @@ class _Applier:
 
     # -- matching
 
+    @property
+    def index(self) -> _Index:
+        if self._index is None:
+            self._index = _Index(self.src.bodies)
+        return self._index
+
     def _matches(self, pat: _Pattern, start: int, pf: int, sf: int) -> bool:
         """Does the pattern match with its first line at 1-based input line ``start``?
 
         Lines pf .. len-sf-1 of the pattern are compared (fuzz leaves out the others).
         """
-        lo, hi = start - 1 + pf, start - 1 + len(pat.lines) - sf
-        if lo < 0 or hi > len(self.index.keys):
+        m, n = len(pat.bodies), len(self.src.bodies)
+        lo, hi = start - 1 + pf, start - 1 + m - sf
+        if lo < 0 or hi > n:
             return False
-        return self.index.keys[lo:hi] == pat.lines[pf:len(pat.lines) - sf]
+        if self.src.bodies[lo:hi] != pat.bodies[pf:m - sf]:
+            return False
+        # Newlines: only the file's last line and the pattern's last line can lack one.
+        return (hi == n and self.src_open) == (sf == 0 and not pat.last_nl)
 
     def _locate(self, pat: _Pattern, first: int, fuzz: int, whole_file: bool = False,
                 only_at: bool = False) -> int | None:
@@ -681,7 +742,7 @@ class _Applier:
 
         ``only_at``: try the expected line ``first`` alone (no search at other places).
         """
-        m, n = len(pat.lines), len(self.src)
+        m, n = len(pat.bodies), len(self.src)
         if m == 0:  # nothing to match: a pure insertion lands where it says
             return first if self.copied < first <= n + 1 else None
         context = max(pat.prefix, pat.suffix)
@@ -713,8 +774,9 @@ class _Applier:
             return min(max(first, min_where), max_where)
         # Candidates: the places where the rarest compared line occurs, visited outward
         # from ``first`` (on equal distance the later line first), as GNU patch visits lines.
-        k = min(range(pf, m - sf), key=lambda j: self.index.count(pat.lines[j]))
-        places = self.index.where.get(pat.lines[k])
+        index = self.index
+        k = min(range(pf, m - sf), key=lambda j: index.count(pat.bodies[j]))
+        places = index.where.get(pat.bodies[k])
         if not places:
             return None
         shift = k - 1  # start = place (0-based) - k + 1
@@ -736,11 +798,13 @@ class _Applier:
             if self._matches(pat, start, pf, sf):  # type: ignore[arg-type]
                 return start
 
+    def _line_matches(self, pat: _Pattern, start: int, k: int) -> bool:
+        idx = start - 1 + k
+        return (0 <= idx < len(self.src.bodies) and self.src.bodies[idx] == pat.bodies[k]
+                and (self.src.eols[idx] != "") == pat.has_nl(k))
+
     def _hits(self, pat: _Pattern, start: int) -> int:
-        keys, lines = self.index.keys, pat.lines
-        lo = max(0, 1 - start)
-        hi = min(len(lines), len(keys) - start + 1)
-        return sum(1 for k in range(lo, hi) if keys[start - 1 + k] == lines[k])
+        return sum(1 for k in range(len(pat.bodies)) if self._line_matches(pat, start, k))
 
     def _nearest(self, pat: _Pattern, first: int) -> tuple[int, tuple[Mismatch, ...]]:
         """The location with the most matching lines (ties: nearest, then later) and its differences.
@@ -749,14 +813,15 @@ class _Applier:
         are counted, any start not among them matches at most m - t lines, so the search stops
         once the best start found matches more.
         """
-        n, m = len(self.src), len(pat.lines)
+        n, m = len(self.src), len(pat.bodies)
         last = max(n - m + 1, 1)
         start = min(max(first, 1), last)
         best = (-self._hits(pat, start), abs(start - first), -start)
         seen = {start}
-        order = sorted(range(m), key=lambda j: self.index.count(pat.lines[j]))
+        index = self.index
+        order = sorted(range(m), key=lambda j: index.count(pat.bodies[j]))
         for t, k in enumerate(order, 1):
-            for idx in self.index.where.get(pat.lines[k], ()):
+            for idx in index.where.get(pat.bodies[k], ()):
                 s = idx - k + 1
                 if 1 <= s <= last and s not in seen:
                     seen.add(s)
@@ -767,11 +832,11 @@ class _Applier:
                 break
         start = -best[2]
         mismatches = []
-        for k, (body, has_nl) in enumerate(pat.lines):
+        for k, body in enumerate(pat.bodies):
             idx = start - 1 + k
-            if not self._matches(pat, start, k, m - k - 1):
+            if not self._line_matches(pat, start, k):
                 actual = self._show(idx) if idx < n else None
-                expected = body if has_nl else body + "  (no newline at end of file)"
+                expected = body if pat.has_nl(k) else body + "  (no newline at end of file)"
                 mismatches.append(Mismatch(start + k + self.out_offset, expected, actual))
         return start + self.out_offset, tuple(mismatches)
 
@@ -791,32 +856,40 @@ class _Applier:
         self.out.eols.extend(self.src.eols[self.copied:line])
         self.copied = line
 
-    def _emit(self, body: str, eol: str) -> None:
-        if self.out.eols and self.out.eols[-1] == "":
-            self.out.eols[-1] = self.eol  # a line now follows the old last line
-        self.out.bodies.append(body)
-        self.out.eols.append(eol)
-
     def _apply(self, h: Hunk, where: int) -> None:
         """Write hunk h at 1-based input line ``where`` (GNU's apply_hunk, for unified hunks)."""
-        old_idx = 0
-        new_total = sum(1 for tag, _ in h.lines if tag != "-")
-        new_seen = 0
-        for tag, text in h.lines:
-            if tag == " ":
-                old_idx += 1
-                new_seen += 1
-            elif tag == "-":
-                self._copy_till(where - 1 + old_idx)
-                self.copied += 1
-                old_idx += 1
-            else:
-                self._copy_till(where - 1 + old_idx)
-                new_seen += 1
-                body = text[:-1] if self.strip_cr and text.endswith("\r") else text
-                last_of_file = new_seen == new_total and h.new_no_eol
-                self._emit(body, "" if last_of_file else self.eol)
+        pos = where - 1  # 0-based input index of the hunk's next old-side line
+        # The new side's last line: if it is an added one marked "no newline", it gets none.
+        last_new = len(h.lines) - 1
+        while last_new >= 0 and h.lines[last_new][0] == "-":
+            last_new -= 1
+        ends_open = h.new_no_eol and last_new >= 0 and h.lines[last_new][0] == "+"
+        k = 0  # index in h.lines after the current run
+        for tag, run in groupby(h.lines, key=_TAG):  # runs of one tag: few per hunk
+            if tag == "+":
+                added = [t for _, t in run]
+                k += len(added)
+                self._write_added(added, pos, no_eol=ends_open and k == last_new + 1)
+                continue
+            count = sum(1 for _ in run)
+            k += count
+            if tag == "-":
+                self._copy_till(pos)
+                self.copied += count
+            pos += count
         self.out_offset += h.new_len - h.old_len
+
+    def _write_added(self, added: list[str], after: int, *, no_eol: bool = False) -> None:
+        """Copy input lines up to ``after``, then the added lines (no_eol: the last has no newline)."""
+        self._copy_till(after)
+        if self.strip_cr:
+            added = [t[:-1] if t.endswith("\r") else t for t in added]
+        if self.out.eols and self.out.eols[-1] == "":
+            self.out.eols[-1] = self.eol  # a line now follows the old last line
+        self.out.bodies.extend(added)
+        self.out.eols.extend([self.eol] * len(added))
+        if no_eol:
+            self.out.eols[-1] = ""
 
     def finish(self) -> str:
         self._copy_till(len(self.src))
@@ -826,9 +899,9 @@ class _Applier:
 
     def place(self, index: int, h: Hunk) -> HunkResult:
         fwd = _pattern(h, self.strip_cr)
-        rev = _pattern(h.reversed(), self.strip_cr)
+        rev: _Pattern | None = None  # the new side, made only when needed (the hot path skips it)
         # A deletion has nothing to recognise, nor has a hunk whose new side is empty.
-        can_reverse = bool(rev.lines) and not self.fp.is_deletion
+        can_reverse = h.new_len > 0 and not self.fp.is_deletion
         first = (h.old_start if h.old_len else h.old_start + 1) + self.in_offset
         whole = self.fp.is_deletion
         levels = min(self.fuzz, max(fwd.prefix, fwd.suffix))
@@ -836,18 +909,22 @@ class _Applier:
             # Never apply a change twice: first the expected place alone, both ways. The
             # new side there means the change is in the file, whatever matches elsewhere.
             # Where both sides match there (repeated lines), the longer side wins: it
-            # accounts for more of the file (equal lengths cannot both match).
+            # accounts for more of the file (equal lengths cannot both match), so with the
+            # old side there the new side matters only when it is longer.
             where = self._locate(fwd, first, fuzz, whole, only_at=True)
-            done = self._locate(rev, first, fuzz, only_at=True) if can_reverse else None
-            if done is not None and (where is None or len(rev.lines) > len(fwd.lines)):
-                return self._already(index, h, rev, first, done, fuzz)
+            if can_reverse and (where is None or h.new_len > h.old_len):
+                rev = rev or _pattern(h, self.strip_cr, new_side=True)
+                done = self._locate(rev, first, fuzz, only_at=True)
+                if done is not None:
+                    return self._already(index, h, rev, first, done, fuzz)
             if where is None:
                 # Then outward from there, forward first, as GNU patch searches (a new side
                 # found nearer than the old side elsewhere proves nothing: drift moves both).
                 # A new side marked "no newline" that lands mid-file gets its newline back
-                # when the next line is written (_emit), as GNU patch does.
+                # when the next line is written (_copy_till, _write_added), as GNU patch does.
                 where = self._locate(fwd, first, fuzz, whole)
                 if where is None and can_reverse:
+                    rev = rev or _pattern(h, self.strip_cr, new_side=True)
                     done = self._locate(rev, first, fuzz)
                     if done is not None:
                         return self._already(index, h, rev, first, done, fuzz)
@@ -860,8 +937,8 @@ class _Applier:
                 return HunkResult(index, h.header, h.patch_line, status, line, self.in_offset, fuzz)
         nearest, mismatches = self._nearest(fwd, first)
         reason = ""
-        if whole and len(fwd.lines) != len(self.src):
-            reason = (f"the patch deletes {self.fp.path} expecting {len(fwd.lines)} lines, "
+        if whole and len(fwd.bodies) != len(self.src):
+            reason = (f"the patch deletes {self.fp.path} expecting {len(fwd.bodies)} lines, "
                       f"but it has {len(self.src)}")
         return HunkResult(index, h.header, h.patch_line, HunkStatus.FAILED, None, 0, 0,
                           nearest, mismatches, reason)
@@ -872,7 +949,7 @@ class _Applier:
         # Later hunks sit further down by what this one added (it is in the input already).
         self.in_offset = offset + h.new_len - h.old_len
         # Nothing changes, but later hunks must land after it, as after an applied one.
-        self._copy_till(where - 1 + len(pat.lines) - pat.suffix)
+        self._copy_till(where - 1 + len(pat.bodies) - pat.suffix)
         return HunkResult(index, h.header, h.patch_line, HunkStatus.ALREADY_APPLIED,
                           where + self.out_offset, offset, fuzz)
 
