@@ -476,4 +476,17 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         }
 
 
-__all__ = ["DDTreeWorkerV2"]
+def add_ddtree_report(result, scheduler, *args, **kwargs):
+    """AFTER hook for ``Scheduler.get_internal_state`` (the same method from 0.5.20 to 0.5.23;
+    from 0.5.22 it delegates to ``InternalState``): merges the DDTree report of the contract
+    (``ddtree_verify_width``, ``ddtree_worker_class``, ``ddtree_offchain_accepts``) into the
+    scheduler's ``internal_state`` when its speculative worker is a DDTree worker."""
+    worker = getattr(scheduler, "draft_worker", None)
+    report = getattr(worker, "ddtree_internal_state", None)
+    state = getattr(result, "internal_state", None)
+    if callable(report) and isinstance(state, dict):
+        state.update(report())
+    return result
+
+
+__all__ = ["DDTreeWorkerV2", "add_ddtree_report"]

@@ -33,7 +33,7 @@ import sys
 import traceback
 
 TAG = "V2PROBE:"
-CASES = ("greedy_lossless", "sampling_law", "no_host_sync")
+CASES = ("greedy_lossless", "sampling_law", "no_host_sync", "report")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,6 +472,8 @@ def _decode_loop(h, target, draft, prompts, max_new, budget, topk, block, sampli
             bonus[req.rid] = new[-1]
             assert int(res.next_draft_input.bonus_tokens[j]) == new[-1]
             if len(req.output_ids) >= max_new[i]:
+                # Finished mid-path when the step accepted more than were still wanted.
+                w.__dict__.setdefault("cut", []).append(len(req.output_ids) - max_new[i])
                 del req.output_ids[max_new[i]:]
                 if check:
                     _check_request(h, target, w, kv, rtp, rows[i], prompts[i], req, sampling)
@@ -541,6 +543,7 @@ def case_greedy_lossless(h):
     assert max(accepts) >= 2, accepts
     assert int(w._ddtree_offchain) >= 1, "no off-chain accept: the tree never mattered"
     assert steps < max(max_new), (steps, accepts)
+    assert any(c > 0 for c in w.cut), w.cut  # some request finished mid-path
 
 
 class _OneRank:
@@ -665,6 +668,34 @@ def case_no_host_sync(h):
     with HostSyncCounter(torch) as c:
         int(layout.tokens[0, 0])
     assert c.count == 1
+
+
+def case_report(h):
+    """The /server_info report: SGLang's own GetInternalStateReqOutput gets the contract's
+    three keys from the worker through add_ddtree_report, the off-chain count read from the
+    device counter only there."""
+    torch = h.torch
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+    from sglang.srt.speculative.ddtree_worker_v2 import add_ddtree_report
+
+    target = TinyTarget(torch, seed=1)
+    rtp, kv, alloc = h.pools(target, 2)
+    w = h.worker(target, 10, 3, 5, rtp, kv, alloc)
+    w._ddtree_offchain += 4
+
+    class Scheduler:  # stand-in: only the attribute the hook reads
+        draft_worker = w
+
+    out = add_ddtree_report(GetInternalStateReqOutput(internal_state={"x": 1}), Scheduler())
+    assert out.internal_state == {"x": 1, "ddtree_verify_width": 11,
+                                  "ddtree_worker_class": "DDTreeWorkerV2",
+                                  "ddtree_offchain_accepts": 4}, out.internal_state
+
+    class Plain:
+        draft_worker = object()
+
+    out = add_ddtree_report(GetInternalStateReqOutput(internal_state={"x": 1}), Plain())
+    assert out.internal_state == {"x": 1}
 
 
 def main(argv):
