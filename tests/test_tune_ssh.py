@@ -147,31 +147,30 @@ def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, 
     original = inventory.read_text()
     out = tmp_path / "out"
     started = time.monotonic()
-    proc = run_cli(["tune", "--host", str(inventory), "--baseline", "dflash,none", "--budgets", "2,8,32",
+    proc = run_cli(["tune", "--host", str(inventory), "--baseline", "dflash", "--budgets", "2,8,32",
                     "--topk", "2", "--concurrency", "4", "--requests", "8", "--input-len", "16",
-                    "--output-len", "32", "--out", str(out), "--apply", "--json"])
+                    "--output-len", "32", "--repeats", "0", "--out", str(out), "--apply", "--json"])
     seconds = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(proc.stdout)
     runs = [(r["config"], r["stage"], r["status"]) for r in doc["runs"]]
-    # Baselines, coarse budgets (2 and 32: every other budget, ends kept), refine next to
-    # the best (8), then the noise repeats of the best two and the dflash baseline.
-    assert runs == [("dflash", "baseline", "ok"), ("none", "baseline", "ok"),
-                    ("ddtree-b2-k2", "coarse", "ok"), ("ddtree-b32-k2", "coarse", "failed"),
-                    ("ddtree-b8-k2", "refine", "ok"),
-                    ("ddtree-b8-k2", "repeat", "ok"), ("ddtree-b2-k2", "repeat", "ok"),
-                    ("dflash", "repeat", "ok")], runs
-    failed = doc["runs"][3]
+    # The baseline, the coarse budgets (2 and 32: every other budget, both ends kept), then
+    # the budget skipped next to the best (8). (The noise repeats are tested in test_tune.py:
+    # each run here costs a bench_serving start, 10-20 s on this machine.)
+    assert runs == [("dflash", "baseline", "ok"), ("ddtree-b2-k2", "coarse", "ok"),
+                    ("ddtree-b32-k2", "coarse", "failed"), ("ddtree-b8-k2", "refine", "ok")], runs
+    failed = doc["runs"][2]
     assert failed["error"].startswith("OOM: the server exited with code 1 before it was ready"), failed
+    assert doc["failed"] == ["ddtree-b32-k2"]
     choice = doc["choice"]
     # The model: B=8 K=2 ~ +19% over the DFlash chain, ~+30% over B=2 (tests/standin_tune_server.py).
     assert (choice["best"], choice["budget"], choice["topk"]) == ("ddtree-b8-k2", 8, 2)
-    assert choice["gain_pct"] > 5 and choice["second"] == "ddtree-b2-k2"
-    assert choice["noise_pct"] is not None and set(choice["noise_runs"]) == {"ddtree-b8-k2", "ddtree-b2-k2", "dflash"}
+    assert choice["gain_pct"] > 5 and choice["second"] == "ddtree-b2-k2" and choice["margin_pct"] > 10
+    assert choice["noise_pct"] is None  # --repeats 0: said so, never invented
     ranked = [row["config"] for row in doc["ranking"]["4"]]
     assert ranked[0] == "ddtree-b8-k2" and ranked[-1] == "ddtree-b32-k2"
     top = doc["ranking"]["4"][0]
-    assert top["ratio"]["dflash"] > 1.05 and top["ratio"]["none"] > top["ratio"]["dflash"]
+    assert top["ratio"]["dflash"] > 1.05
     for key in ("output_tps", "request_tps", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"):
         assert top[key] > 0, key
     # Mean accept length from /server_info (the model: B=8 K=2 -> 2.77; sampled).
@@ -196,3 +195,122 @@ def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, 
     state = h["test_host"].state_dir
     assert not (state / "tune" / "lock").exists()
     print(f"\ntune sweep: {len(runs)} launches in {seconds:.0f} s")
+
+
+def tune_args(inventory: Path, out: Path, *extra: str) -> list[str]:
+    return ["tune", "--host", str(inventory), "--baseline", "none", "--budgets", "16", "--topk", "2",
+            "--concurrency", "2", "--requests", "4", "--input-len", "16", "--output-len", "16",
+            "--repeats", "0", "--out", str(out), *extra]
+
+
+def start_cli(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "200"}, start_new_session=True)
+
+
+def test_killed_controller_stops_the_server_and_resume_skips_finished_runs(tuned_host, tmp_path):
+    """SIGKILL of the controller mid-sweep: the host program sees its connection close and
+    stops the server; --resume reruns only what had not finished. The resumed run's
+    configuration dies mid-benchmark (the stand-in's OOM-killer knob): recorded failed."""
+    h = tuned_host
+    pid_file = tmp_path / "server.pids"
+    inventory, _ = write_inventory(h, ["--crash-budget", "16", "--pid-file", str(pid_file)])
+    out = tmp_path / "out"
+    results = out / "results.jsonl"
+    proc = start_cli(tune_args(inventory, out))
+    try:
+        # The baseline finished (its line is in the results), the next server is up: kill.
+        wait_for(lambda: results.exists() and len(results.read_text().splitlines()) == 2, 300, "the baseline")
+        wait_for(lambda: len(pids(pid_file)) == 2, 60, "the second server")
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    second = pids(pid_file)[1]
+    wait_for(lambda: not alive(second), 30, "the host program to stop the server")
+    state = h["test_host"].state_dir
+    wait_for(lambda: not (state / "tune" / "lock").exists(), 30, "the tune lock to be released")
+    assert [json.loads(x)["config"] for x in results.read_text().splitlines()[1:]] == ["none"]
+
+    resumed = run_cli(tune_args(inventory, out, "--resume", "--json"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    doc = json.loads(resumed.stdout)
+    assert doc["resumed"] == 1 and "resume: 1 finished run(s)" in resumed.stderr
+    assert [(r["config"], r["status"]) for r in doc["runs"]] == [("none", "ok"), ("ddtree-b16-k2", "failed")]
+    crash = doc["runs"][1]["error"]
+    assert "the server exited with code 137 during the benchmark at concurrency 2" in crash, crash
+    assert crash.startswith("OOM: ")  # the log says "Killed"
+    assert doc["choice"]["best"] is None  # nothing qualified: the inventory would stay as it is
+    for pid in pids(pid_file):
+        assert not alive(pid), pid
+
+
+def test_ctrl_c_stops_the_server_and_releases_the_lock(tuned_host, tmp_path):
+    h = tuned_host
+    pid_file = tmp_path / "server.pids"
+    inventory, _ = write_inventory(h, ["--pid-file", str(pid_file)])
+    state = h["test_host"].state_dir
+    # A tune lock left by a dead process (a tune killed with its host program): taken over.
+    lock = state / "tune" / "lock"
+    lock.mkdir(parents=True)
+    (lock / "owner.json").write_text(json.dumps({"run_id": "dead1", "host": os.uname().nodename,
+                                                 "pid": 2 ** 22 + 7, "pid_start": "1"}))
+    proc = start_cli(tune_args(inventory, tmp_path / "out"))
+    try:
+        wait_for(lambda: pids(pid_file), 120, "the server")
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C at the terminal: the whole foreground group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "took over a stale tune lock (run dead1" in err
+    assert "interrupted: stopping the server on the host" in err
+    for pid in pids(pid_file):
+        wait_for(lambda: not alive(pid), 20, f"server {pid} to stop")
+    wait_for(lambda: not lock.exists(), 20, "the tune lock to be released")
+
+
+def _proc_start(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def test_locks_refuse_before_anything_launches(tuned_host, tmp_path):
+    h = tuned_host
+    pid_file = tmp_path / "server.pids"
+    inventory, _ = write_inventory(h, ["--pid-file", str(pid_file)])
+    state = h["test_host"].state_dir
+    # A push holds the deploy lock (the agent's own lock layout).
+    deploy_lock = state / "lock"
+    deploy_lock.mkdir()
+    (deploy_lock / "owner.json").write_text(json.dumps({"run_id": "r-push", "holder": "alice@laptop",
+                                                        "command": "push", "time": "2026-11-30T12:00:00Z"}))
+    try:
+        proc = run_cli(tune_args(inventory, tmp_path / "out1"))
+    finally:
+        deploy_lock.joinpath("owner.json").unlink()
+        deploy_lock.rmdir()
+    assert proc.returncode == 1 and "a push holds the deploy lock (holder alice@laptop" in proc.stderr
+    # Another tune holds the tune lock (a live process on this machine: this test).
+    lock = state / "tune" / "lock"
+    lock.mkdir(parents=True, exist_ok=True)
+    (lock / "owner.json").write_text(json.dumps({"run_id": "t-other", "holder": "bob@ops", "command": "tune",
+                                                 "host": os.uname().nodename, "pid": os.getpid(),
+                                                 "pid_start": _proc_start(os.getpid()), "time": "now"}))
+    try:
+        proc = run_cli(tune_args(inventory, tmp_path / "out2"))
+    finally:
+        (lock / "owner.json").unlink()
+        lock.rmdir()
+    assert proc.returncode == 1 and "another tune holds the tune lock (holder bob@ops" in proc.stderr
+    assert not pid_file.exists()  # nothing launched
+
+
+def test_no_ddtree_deployed_is_bad_input(sshd, tuned_host, tmp_path):
+    fresh = sshd.add_host("fresh", tmp_path / "fresh", files=["sglang/srt/speculative/spec_info.py"])
+    inventory = fresh.inventory(tmp_path / "hosts")
+    inventory.write_text(inventory.read_text() + launch_table(tuned_host["model"], free_port(), []))
+    proc = run_cli(tune_args(inventory, tmp_path / "out"))
+    assert proc.returncode == 2, proc.stderr
+    assert "fresh: no DDTree deployed (phase never-deployed)" in proc.stderr
+    assert proc.stderr.count("error:") == 1 and not (fresh.state_dir / "tune").exists()
