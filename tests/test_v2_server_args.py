@@ -156,6 +156,22 @@ def test_ddtree_is_dflash_everywhere_but_its_own_decisions(resolved):
     assert ident["attribute_is_registered"] is True and "DDTREE" not in ident["members"]
 
 
+def test_cuda_graph_capture_verifies_the_target_as_eagle_and_drafts_as_dflash(resolved):
+    # Hunk 0004, through SGLang's own DecodeCudaGraphRunner.get_spec_info (see the probe).
+    cap = resolved["default"]["capture"]
+    assert cap["target"] == {"type": "EagleVerifyInput", "mask_is_buffer": True, "width": 65, "topk": 8}
+    # The draft keeps DFlash's mask-free block, as DFLASH's own target verify would be.
+    assert cap["draft"] == {"type": "DFlashVerifyInput", "mask_is_buffer": False, "width": 16, "topk": 1}
+    assert cap["dflash_target"]["type"] == "DFlashVerifyInput" and not cap["dflash_target"]["mask_is_buffer"]
+
+
+def test_a_spawned_process_has_ddtree_registered(patched_env):
+    # The scheduler and data-parallel children are spawned: a fresh interpreter that only
+    # unpickles the resolved args and imports spec_info resolves DDTREE (hunk 0002).
+    got = _probe(patched_env, "spawn")
+    assert got == {"algorithm": "CustomSpecAlgo('DDTREE')", "worker": "DDTreeWorkerV2", "width": 65}
+
+
 def test_launch_server_help_lists_the_flags(patched_env):
     from sglang_host import run_python
 
@@ -235,6 +251,7 @@ def _ddtree_facts(args, plugin, get_spec, publish) -> dict:
     names = sorted(n for n in vars(SpeculativeAlgorithm)
                    if n.startswith(("is_", "supports_")) and callable(getattr(dflash, n, None)))
     return {
+        "capture": _capture_facts(algo),
         "helpers_record": helpers(args),
         "helpers_spec_bag": helpers(get_spec()),
         "target_verify_width": algo.get_num_tokens_per_req_for_target_verify(
@@ -257,7 +274,70 @@ def _ddtree_facts(args, plugin, get_spec, publish) -> dict:
     }
 
 
+def _capture_facts(algo) -> dict:
+    """DecodeCudaGraphRunner.get_spec_info (SGLang's code, hunk 0004 applied) on a STAND-IN
+    runner object holding only what that method reads; the attention backend is the real
+    TritonAttnBackend class (a bare instance: only its class name is read), one that
+    DFlash captures without a mask."""
+    from types import SimpleNamespace
+
+    import torch
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.runtime_context import get_spec
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    mask = torch.ones(64, dtype=torch.bool)
+
+    def capture(spec_algorithm, is_draft_worker, width):
+        runner = SimpleNamespace(
+            model_runner=SimpleNamespace(
+                spec_algorithm=spec_algorithm, is_draft_worker=is_draft_worker,
+                attn_backend=object.__new__(TritonAttnBackend),
+                model_config=SimpleNamespace(hidden_size=64), dtype=torch.float32, device="cpu"),
+            buffers=SimpleNamespace(custom_mask=mask), speculative_num_steps=1,
+            speculative_num_draft_tokens=width, captured_req_width=width,
+            _capture_ragged_verify_layout=lambda num_tokens: None)
+        info = DecodeCudaGraphRunner.get_spec_info(runner, 4 * width)
+        return {"type": type(info).__name__, "mask_is_buffer": info.custom_mask is mask,
+                "width": info.draft_token_num, "topk": getattr(info, "topk", None)}
+
+    spec = get_spec()
+    return {
+        "target": capture(algo, False, spec.speculative_num_draft_tokens),
+        "draft": capture(algo, True, spec.speculative_dflash_block_size),
+        "dflash_target": capture(SpeculativeAlgorithm.DFLASH, False, spec.speculative_dflash_block_size),
+    }
+
+
+def _probe_spawn(models: Path) -> dict:
+    import multiprocessing
+    import pickle
+
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(model_path=str(models / "tiny-llama"), speculative_algorithm="DDTREE",
+                      speculative_draft_model_path=str(models / "tiny-dflash-draft"), device="cuda",
+                      skip_tokenizer_init=True)
+    args.resolve_once()
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_spawned_child, (pickle.dumps(args),))
+
+
+def _spawned_child(blob: bytes) -> dict:
+    import pickle
+
+    args = pickle.loads(blob)  # nothing here imports the plugin by name
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    cfg = resolving_view(args)
+    algo = SpeculativeAlgorithm.from_string(cfg.speculative_algorithm)
+    return {"algorithm": repr(algo), "worker": algo.create_worker(args).__name__,
+            "width": cfg.speculative_num_draft_tokens}
+
+
 if __name__ == "__main__":
-    _probes = {"resolve": _probe_resolve}
+    _probes = {"resolve": _probe_resolve, "spawn": _probe_spawn}
     _result = _probes[sys.argv[1]](Path(sys.argv[2]), *sys.argv[3:])
     print(PROBE_TAG + json.dumps(_result, default=str), flush=True)
