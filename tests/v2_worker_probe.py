@@ -33,7 +33,7 @@ import sys
 import traceback
 
 TAG = "V2PROBE:"
-CASES = ("greedy_lossless", "sampling_law", "no_host_sync", "report")
+CASES = ("greedy_lossless", "sampling_law", "no_host_sync", "report", "topk_head")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -696,6 +696,28 @@ def case_report(h):
 
     out = add_ddtree_report(GetInternalStateReqOutput(internal_state={"x": 1}), Plain())
     assert out.internal_state == {"x": 1}
+
+
+def case_topk_head(h):
+    """The draft's top-K head as the draft graph calls it (hidden states of whole blocks,
+    static buffers): positions 1..block-1 of each block, exact top-K log-probs over the
+    vocabulary slice [0, num_org) of the LM head; a second, smaller batch reuses the buffers."""
+    torch = h.torch
+    from sglang.srt.speculative.ddtree_worker_v2 import _DDTreeTopKHead
+
+    gen = torch.Generator().manual_seed(0)
+    vocab, hidden, block, k = 40, 16, 5, 6
+    weight = torch.randn(vocab + 8, hidden, generator=gen)  # 8 padding rows past num_org
+    head = _DDTreeTopKHead(weight=weight, block_size=block, k=k, num_org=vocab,
+                           org_vocab_start=0, max_bs=4, tp_group=None)
+    for bs in (4, 2):
+        hs = torch.randn(bs * block, hidden, generator=gen)
+        head(hs, None)
+        lp, tok = head.read(bs)
+        logits = hs.view(bs, block, hidden)[:, 1:] @ weight[:vocab].T
+        ref_v, ref_i = torch.topk(torch.log_softmax(logits.float(), -1), k, dim=-1)
+        assert lp.shape == (bs, block - 1, k) and torch.equal(tok, ref_i), bs
+        assert torch.allclose(lp, ref_v, atol=1e-5), bs
 
 
 def main(argv):
