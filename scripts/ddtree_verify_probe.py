@@ -556,6 +556,8 @@ class _Probe:
         from sglang.srt.managers.scheduler import Scheduler
         from sglang.srt.speculative.dflash_worker import DFlashWorker
 
+        # The class the smoke's tree level reads: DDTREE's worker tree-verifies.
+        assert DFlashWorker.DDTREE_TREE_VERIFY is True
         worker = object.__new__(DFlashWorker)  # the real class; no model runners
         worker.is_ddtree, worker.ddtree_budget = True, 64
         worker._ddtree_offchain_steps = torch.tensor(3, dtype=torch.int64, device=self.device)
