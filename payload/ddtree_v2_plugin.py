@@ -349,6 +349,28 @@ def _worker_factory(server_args):
     return DDTreeWorkerV2
 
 
+# /server_info's DDTree report (CONTRACTS.md: ddtree_verify_width, ddtree_worker_class,
+# ddtree_offchain_accepts under internal_states[i]): an AFTER hook on the scheduler's
+# get_internal_state, applied by SGLang's load_plugins() (HookRegistry). The method exists
+# from 0.5.20 to 0.5.23 while its body moved (0.5.22), so a hook, not a hunk.
+REPORT_HOOK_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+
+
+def _internal_state_report(result, *args, **kwargs):
+    # Imported when the hook runs (a /server_info request), never at registration.
+    from sglang.srt.speculative.ddtree_worker_v2 import add_ddtree_report
+
+    return add_ddtree_report(result, *args, **kwargs)
+
+
+def _register_hooks() -> None:
+    """Register the report hook. The scheduler process imports spec_info (so this module)
+    at its top and calls load_plugins() later, which applies every registered hook."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(REPORT_HOOK_TARGET, _internal_state_report, HookType.AFTER)
+
+
 def register() -> None:
     """Register DDTREE once per process (idempotent)."""
     from sglang.srt.speculative.spec_registry import get_spec as registered
@@ -364,6 +386,7 @@ def register() -> None:
     # every family. A class attribute, not a member: the enum's members are fixed, and
     # iteration, SpeculativeAlgorithm["..."] and the reserved names are unchanged.
     setattr(SpeculativeAlgorithm, ALGORITHM, registered(ALGORITHM))
+    _register_hooks()
 
 
 register()

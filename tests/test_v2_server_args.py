@@ -172,6 +172,13 @@ def test_a_spawned_process_has_ddtree_registered(patched_env):
     assert got == {"algorithm": "CustomSpecAlgo('DDTREE')", "worker": "DDTreeWorkerV2", "width": 65}
 
 
+def test_the_server_info_report_hook_is_applied_in_the_scheduler(patched_env):
+    # The scheduler module imports spec_info (so the plugin) at its top, then its process
+    # calls load_plugins(), which applies the plugin's AFTER hook on get_internal_state.
+    got = _probe(patched_env, "report-hook")
+    assert got == {"before_load_plugins": False, "wrapped": True, "hook": "_internal_state_report"}
+
+
 def test_launch_server_help_lists_the_flags(patched_env):
     from sglang_host import run_python
 
@@ -337,7 +344,21 @@ def _spawned_child(blob: bytes) -> dict:
             "width": cfg.speculative_num_draft_tokens}
 
 
+def _probe_report_hook(models: Path) -> dict:
+    from sglang.srt.managers import scheduler
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    original = scheduler.Scheduler.__dict__["get_internal_state"]
+    before = getattr(original, "__wrapped__", None) is not None
+    load_plugins()
+    now = scheduler.Scheduler.__dict__["get_internal_state"]
+    hooks = HookRegistry._hooks.get("sglang.srt.managers.scheduler.Scheduler.get_internal_state", [])
+    return {"before_load_plugins": before, "wrapped": getattr(now, "__wrapped__", None) is original,
+            "hook": ",".join(h.__name__ for _, h, _ in hooks)}
+
+
 if __name__ == "__main__":
-    _probes = {"resolve": _probe_resolve, "spawn": _probe_spawn}
+    _probes = {"resolve": _probe_resolve, "spawn": _probe_spawn, "report-hook": _probe_report_hook}
     _result = _probes[sys.argv[1]](Path(sys.argv[2]), *sys.argv[3:])
     print(PROBE_TAG + json.dumps(_result, default=str), flush=True)
