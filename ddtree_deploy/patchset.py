@@ -226,8 +226,9 @@ _GIT_REFUSED = {
 # Limits against hostile or broken input (BadInput, exit 2, before any work): far above
 # any real SGLang diff (largest module 375 KB, longest line ~1,500 characters, a whole-file
 # diff between releases a few hundred hunks), low enough that every check stays fast.
-MAX_PATCH_CHARS = 16 * 1024 * 1024
+MAX_PATCH_CHARS = 4 * 1024 * 1024
 MAX_HUNKS = 10_000  # per patch file
+MAX_HUNK_LINES = 100_000  # old plus new lines of one hunk (a whole new 8,000-line module: 8,000)
 MAX_LINE_CHARS = 64 * 1024
 _NO_EOL_PREFIX = "\\ "  # "\ No newline at end of file" (the text is localised by some tools)
 _HINT_REGEN = "regenerate the patch (git diff) rather than editing hunks by hand"
@@ -384,6 +385,9 @@ class _Scanner:
             raise self.bad(i, f"more than {MAX_HUNKS} hunks in one patch; split the patch "
                               "(a limit against hostile input: real SGLang diffs have far fewer)")
         self.hunk_lines.append(i)
+        if old_len + new_len > MAX_HUNK_LINES:
+            raise self.bad(i, f"hunk {header} has {old_len + new_len:,} lines, over the limit of "
+                              f"{MAX_HUNK_LINES:,}; ship such a file whole with an 'add' entry")
         # Fast path (the parser's hot loop): plain ' ', '-', '+' lines that meet the counts.
         # Anything else (blank lines, "no newline" markers, wrong counts) is read again by
         # the careful loop, which names the problem.
@@ -506,7 +510,7 @@ def parse_patch(text: str, *, name: str) -> list[FilePatch]:
     if len(text) > MAX_PATCH_CHARS:
         raise BadInput(f"{name}:1: the patch is {len(text):,} characters, over the limit of "
                        f"{MAX_PATCH_CHARS:,}; split it into several patches (a limit against hostile "
-                       "input: a whole-file diff of SGLang's largest module is under 1 MB)")
+                       "input: a whole-file diff of SGLang's largest module is under 1 MiB)")
     lines = _split_lines(text)
     if max(map(len, lines)) > MAX_LINE_CHARS:
         at = next(k for k, ln in enumerate(lines) if len(ln) > MAX_LINE_CHARS)
@@ -776,42 +780,58 @@ class _Applier:
         # from ``first`` (on equal distance the later line first), as GNU patch visits lines.
         index = self.index
         k = min(range(pf, m - sf), key=lambda j: index.count(pat.bodies[j]))
-        places = index.where.get(pat.bodies[k])
-        if not places:
-            return None
-        shift = k - 1  # start = place (0-based) - k + 1
-        right = bisect.bisect_left(places, first + shift)
-        left = right - 1
-        while True:
-            up = places[right] - shift if right < len(places) else None
-            down = places[left] - shift if left >= 0 else None
-            if up is not None and up > max_where:
-                up = None
-            if down is not None and down < min_where:
-                down = None
-            if up is None and down is None:
-                return None
-            if down is None or (up is not None and up - first <= first - down):
-                start, right = up, right + 1
-            else:
-                start, left = down, left - 1
-            if self._matches(pat, start, pf, sf):  # type: ignore[arg-type]
+        for start in self._outward(index.where.get(pat.bodies[k], []), k, first, min_where, max_where):
+            if self._matches(pat, start, pf, sf):
                 return start
+        return None
 
     def _line_matches(self, pat: _Pattern, start: int, k: int) -> bool:
         idx = start - 1 + k
         return (0 <= idx < len(self.src.bodies) and self.src.bodies[idx] == pat.bodies[k]
                 and (self.src.eols[idx] != "") == pat.has_nl(k))
 
-    def _hits(self, pat: _Pattern, start: int) -> int:
-        return sum(1 for k in range(len(pat.bodies)) if self._line_matches(pat, start, k))
+    def _hits(self, pat: _Pattern, start: int, need: int = 0) -> int:
+        """Matching lines with the pattern at ``start``; -1 as soon as fewer than ``need`` can match."""
+        m, hits = len(pat.bodies), 0
+        for k in range(m):
+            if self._line_matches(pat, start, k):
+                hits += 1
+            elif m - (k + 1 - hits) < need:
+                return -1
+        return hits
+
+    @staticmethod
+    def _outward(places: list[int], k: int, first: int, lo: int, hi: int):
+        """Starts (place - k + 1) within lo..hi, nearest ``first`` first (on a tie the later)."""
+        shift = k - 1
+        # Only places whose start lies in lo..hi: the ones above ``first`` from the first
+        # one at or after max(first, lo), the ones below from the last one at or before
+        # min(first - 1, hi).
+        right = bisect.bisect_left(places, max(first, lo) + shift)
+        left = bisect.bisect_right(places, min(first - 1, hi) + shift) - 1
+        while True:
+            up = places[right] - shift if right < len(places) else None
+            down = places[left] - shift if left >= 0 else None
+            if up is not None and up > hi:
+                up = None
+            if down is not None and down < lo:
+                down = None
+            if up is None and down is None:
+                return
+            if down is None or (up is not None and up - first <= first - down):
+                right += 1
+                yield up
+            else:
+                left -= 1
+                yield down
 
     def _nearest(self, pat: _Pattern, first: int) -> tuple[int, tuple[Mismatch, ...]]:
         """The location with the most matching lines (ties: nearest, then later) and its differences.
 
         Exact, without counting every start: after the places of the t rarest pattern lines
         are counted, any start not among them matches at most m - t lines, so the search stops
-        once the best start found matches more.
+        once the best start found matches more; within one line's places, visited nearest
+        first, it stops once the best start reaches that bound and the places get farther.
         """
         n, m = len(self.src), len(pat.bodies)
         last = max(n - m + 1, 1)
@@ -821,13 +841,17 @@ class _Applier:
         index = self.index
         order = sorted(range(m), key=lambda j: index.count(pat.bodies[j]))
         for t, k in enumerate(order, 1):
-            for idx in index.where.get(pat.bodies[k], ()):
-                s = idx - k + 1
-                if 1 <= s <= last and s not in seen:
-                    seen.add(s)
-                    key = (-self._hits(pat, s), abs(s - first), -s)
-                    if key < best:
-                        best = key
+            bound = m - (t - 1)  # a start not seen yet matches at most this many lines
+            for s in self._outward(index.where.get(pat.bodies[k], []), k, first, 1, last):
+                if -best[0] >= bound and abs(s - first) > best[1]:
+                    break
+                if s in seen:
+                    continue
+                seen.add(s)
+                hits = self._hits(pat, s, -best[0])
+                key = (-hits, abs(s - first), -s)
+                if hits >= 0 and key < best:
+                    best = key
             if -best[0] > m - t:
                 break
         start = -best[2]

@@ -462,11 +462,22 @@ def check_case(case: Case, workdir: Path, fuzz: int) -> None:
     assert tools.gnu_dry_rc == tools.gnu_rc, "GNU dry run and real run disagree" + where
     if case.drift in ("already-applied", "already-applied+edit-far"):
         # Never a change twice: the file holds the whole result where the patch says, so no
-        # hunk may be written (at worst one repeated-line hunk makes it 'partly applied',
-        # which the check refuses).
-        assert not _writes_forward(res), "engine writes a change the file already has" + where
-        stats["never-twice:" + ("all-already" if all(
-            h.status is HunkStatus.ALREADY_APPLIED for h in res.hunks) else "refused")] += 1
+        # hunk may be written (a mix is 'partly applied', which the check refuses). The one
+        # exception is ambiguous by construction and named: repeated lines make the hunk's
+        # old side match there too, and it is the longer side (a deletion in a run of equal
+        # lines), so it explains more of the file; GNU patch applies it as well.
+        if _writes_forward(res):
+            images = _images(fp, "".join(case.target))
+            for k, (h, r) in enumerate(zip(fp.hunks, res.hunks)):
+                if r.status is not HunkStatus.ALREADY_APPLIED:
+                    assert h.old_len > h.new_len and any(  # the new side inside the old side's span
+                        _new_side_at(fp, k, images[k], r.line + d, r.fuzz)
+                        for d in range(h.old_len - h.new_len + 1)), (
+                        f"engine writes hunk {k + 1}, a change the file already has" + where)
+            stats["never-twice:ambiguous-longer-old-side"] += 1
+        else:
+            stats["never-twice:" + ("all-already" if all(
+                h.status is HunkStatus.ALREADY_APPLIED for h in res.hunks) else "refused")] += 1
     check_gnu(case, res, tools, fuzz, stats, where, fp)
     if fuzz == 0:  # git apply has no fuzz (its -C reduces context differently)
         check_git(fp, case, res, tools, stats, where)

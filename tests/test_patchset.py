@@ -484,6 +484,14 @@ def test_limit_hunk_count():
         parse_patch("--- a/f\n+++ b/f\n" + hunks, name="p.diff")
 
 
+def test_limit_hunk_lines():
+    from ddtree_deploy.patchset import MAX_HUNK_LINES
+
+    text = f"--- a/f\n+++ b/f\n@@ -1,1 +1,{MAX_HUNK_LINES} @@\n-a\n" + "+b\n" * MAX_HUNK_LINES
+    with pytest.raises(BadInput, match=rf"^p.diff:3: hunk @@ -1,1 \+1,{MAX_HUNK_LINES} @@ has "):
+        parse_patch(text, name="p.diff")
+
+
 def test_limit_line_length():
     from ddtree_deploy.patchset import MAX_LINE_CHARS
 
@@ -702,3 +710,30 @@ def test_mangled_real_patches_raise_only_bad_input(data):
                 apply_file_patch(fp, src.read_text())
             except BadInput as exc:
                 assert "CRLF patch against LF file" in exc.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(file=st.lists(st.sampled_from("abcd"), max_size=40),
+       pattern=st.lists(st.sampled_from("abcdz"), min_size=1, max_size=8),
+       first=st.integers(-3, 45), no_eol=st.booleans())
+def test_nearest_match_equals_a_brute_force_count(file, pattern, first, no_eol):
+    """The indexed, pruned nearest-match search (issue 11 item 13) against counting every start."""
+    from ddtree_deploy.patchset import _Applier, _Lines, _Pattern
+
+    text = "".join(w + "\n" for w in file)
+    if no_eol and text:
+        text = text[:-1]
+    src = _Lines.from_text(text, crlf=False)
+    fp = FilePatch("p", 1, "f", "f", ())
+    ap = _Applier(fp, src, False, "\n", 0)
+    pat = _Pattern(list(pattern), True, 0, 0)
+
+    def hits(s):
+        return sum(1 for k, w in enumerate(pattern)
+                   if 0 <= s - 1 + k < len(file) and file[s - 1 + k] == w
+                   and (src.eols[s - 1 + k] != "") == pat.has_nl(k))
+
+    last = max(len(file) - len(pattern) + 1, 1)
+    expected = min(range(1, last + 1), key=lambda s: (-hits(s), abs(s - first), -s))
+    line, _ = ap._nearest(pat, first)
+    assert line == expected
