@@ -547,9 +547,22 @@ class Agent(object):
             self.journal(journal, "switching")
             self.hook("fill_after_staging")
             step = "switch"
-            switched, purged = self.switch_all(targets, staged)
+            switched, purged, done = self.switch_all(targets, staged)
             step = "journal"
-            self.journal(journal, request["final_phase"])
+            try:
+                self.journal(journal, request["final_phase"])
+            except OSError as exc:
+                # The files are switched but the journal cannot say so: switch them back.
+                failed = switch_back(done)
+                if failed:
+                    raise AgentError("switch-mixed", "writing the journal failed (%s) and switching back also "
+                                     "failed (%s): the host is MIXED and the journal says `switching`: rerun "
+                                     "push or rollback to complete" % (describe_os_error(exc, "journal"),
+                                                                       "; ".join(failed)))
+                raise
+            for entry in done:
+                if entry[2]:
+                    remove_quietly(entry[2])
         except (OSError, AgentError) as exc:
             shutil.rmtree(staging, ignore_errors=True)
             if isinstance(exc, AgentError) and exc.code == "switch-mixed":
@@ -576,7 +589,11 @@ class Agent(object):
             pass  # it said `staged` at most, which status explains as "before any file changed"
 
     def switch_all(self, targets, staged):
-        """Switch every file; on any failure switch the switched ones back (same op)."""
+        """Switch every file; on any failure switch the switched ones back (same op).
+
+        Returns (paths, purged bytecode, entries): the entries keep each file's previous
+        version (a hard link) for a switch back until the caller has written the journal.
+        """
         done = []  # [file, path, previous-version link or None, switched?]
         purged = []
         try:
@@ -613,10 +630,8 @@ class Agent(object):
                                  % (what, "; ".join(failed)))
             n = sum(1 for e in done if e[3])
             raise AgentError("switch", "%s (%d file(s) already switched were switched back)" % (what, n))
-        for entry in done:
-            if entry[2]:
-                remove_quietly(entry[2])
-        return [e[0]["path"] for e in done], purged
+        # The previous versions stay until the journal says the switch is done (the caller).
+        return [e[0]["path"] for e in done], purged, done
 
     def op_mark(self, request):
         """Move the journal from one phase to the next, compare-and-set on run id and phase.

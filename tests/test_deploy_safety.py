@@ -149,6 +149,27 @@ def test_enospc_during_the_switch_switches_back(sshd, tmp_path, env, series, mon
         umount()
 
 
+def test_journal_write_failing_after_the_switch_switches_back(sshd, tmp_path, env, series, monkeypatch):
+    """The state dir's file system fills after the staging (the hook again): every file is
+    switched, then the final journal cannot be written: the files go back, host unchanged."""
+    h, host = new_host(sshd, tmp_path)
+    h.state_dir.mkdir()
+    umount = mount_tmpfs(h.state_dir, "8m")
+    try:
+        before = files(h)
+        monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"fill_after_staging": [str(h.state_dir), 0]}))
+        with pytest.raises(DeployError) as e:
+            push(host, series)
+        monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+        msg = e.value.message
+        assert e.value.code == "failed-unchanged" and "journal failed, host unchanged" in msg and "ENOSPC" in msg, msg
+        assert files(h) == before and journal(h) is None and not temp_files(h.site)
+        (h.state_dir / "ddtree-test-filler").unlink()
+        assert push(host, series).changed and journal(h)["phase"] == "deployed"
+    finally:
+        umount()
+
+
 def test_immutable_target_is_refused_before_any_write(sshd, tmp_path, env, series):
     h, host = new_host(sshd, tmp_path)
     before = files(h)
