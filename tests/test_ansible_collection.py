@@ -68,9 +68,9 @@ def test_mapping_values():
         host_toml("x", {}.get)
 
 
-def oracle(pristine: dict[str, bytes | None], tmp: Path) -> dict[str, bytes]:
+def oracle(pristine: dict[str, bytes | None], tmp: Path, family: Path) -> dict[str, bytes]:
     """GNU patch applied to the release's files, plus the series' added files."""
-    series = load_family(FAMILY)
+    series = load_family(family, payload_dir=tmp / "payload")
     tree = tmp / "oracle-tree"
     for rel, data in pristine.items():
         if data is not None:
@@ -93,7 +93,12 @@ def oracle(pristine: dict[str, bytes | None], tmp: Path) -> dict[str, bytes]:
 def fleet(tmp_path_factory):
     _ansible_or_skip()
     tmp = tmp_path_factory.mktemp("ansible")
-    paths = list(load_family(FAMILY).touched_paths())
+    # A private copy of the series: the test's oracle and every ddtree-deploy the playbooks
+    # start read the same bytes, whatever happens to the working tree meanwhile.
+    shutil.copytree(REPO / "patches", tmp / "patches")
+    shutil.copytree(REPO / "payload", tmp / "payload")
+    family = tmp / "patches" / FAMILY.name
+    paths = list(load_family(family, payload_dir=tmp / "payload").touched_paths())
     with SSHServer(tmp / "sshd") as sshd:
         hosts = {n: sshd.add_host(n, tmp / n, files=paths) for n in HOSTS}
         pristine = {p: hosts["h1"].read(p) for p in paths}
@@ -101,7 +106,8 @@ def fleet(tmp_path_factory):
         env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", ANSIBLE_LOCAL_TEMP=str(tmp / "atmp"),
                    ANSIBLE_COLLECTIONS_PATH=str(tmp / "collections"), ANSIBLE_NOCOLOR="1",
                    ANSIBLE_FORCE_COLOR="0", ANSIBLE_HOST_KEY_CHECKING="True", ANSIBLE_RETRY_FILES_ENABLED="0",
-                   ANSIBLE_DEPRECATION_WARNINGS="0", DDTREE_DEPLOY_HOSTS=str(tmp / "no-hosts"))
+                   ANSIBLE_DEPRECATION_WARNINGS="0", DDTREE_DEPLOY_HOSTS=str(tmp / "no-hosts"),
+                   DDTREE_DEPLOY_PATCHES=str(tmp / "patches"), DDTREE_DEPLOY_PAYLOAD=str(tmp / "payload"))
         r = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "build", str(REPO / "ansible" / "ddtree"),
                             "--output-path", str(tmp), "--force"], env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -118,7 +124,7 @@ def fleet(tmp_path_factory):
         inventory = tmp / "inventory.ini"
         inventory.write_text("\n".join(lines) + "\n")
         yield {"tmp": tmp, "hosts": hosts, "env": env, "inventory": inventory, "pristine": pristine,
-               "patched": oracle(pristine, tmp), "paths": paths}
+               "patched": oracle(pristine, tmp, family), "paths": paths}
 
 
 def playbook(fleet, name: str, body: str, *args: str) -> tuple[int, str, dict]:
@@ -150,6 +156,14 @@ PUSH = """
         msg: "PHASE {{ inventory_hostname }} {{ st.ddtree.phase }}"
 """
 
+SMOKE = """
+- hosts: gpu
+  gather_facts: false
+  tasks:
+    - ddtree.deploy.push:
+        levels: [compile, import]
+"""
+
 ROLLBACK = """
 - hosts: gpu
   gather_facts: false
@@ -173,6 +187,14 @@ def test_playbook_push_check_diff_rollback_drift(fleet):
     assert "sglang/srt/speculative/spec_info.py (host " in out, out
     assert all(f"PHASE {h} never-deployed" in out for h in HOSTS), out
     assert all(files(fleet, h) == pristine for h in HOSTS)
+
+    # A smoke level that fails for real on h3 (its venv has the series' files but not SGLang's
+    # dependencies: a real ImportError, after the compile level passed): the task fails saying
+    # which level and that the toolkit rolled the host back; the files are pristine again.
+    rc, out, recap = playbook(fleet, "smoke", SMOKE, "--limit", "h3")
+    assert rc != 0 and recap["h3"]["failed"] == 1, out
+    assert re.search(r"fatal: \[h3\].*smoke level import failed: .*; rolled back automatically", out), out
+    assert files(fleet, "h3") == pristine
 
     # Push: changed on every host, files byte-identical to GNU patch's result.
     rc, out, recap = playbook(fleet, "push", PUSH)
@@ -208,14 +230,15 @@ def test_playbook_push_check_diff_rollback_drift(fleet):
     assert files(fleet, "h1") == patched and files(fleet, "h3") == patched
     assert fleet["hosts"]["h2"].read(spec) == pristine[spec] + b"# local edit\n"
 
-    # The same drift with a canary wave (serial 1) and max_fail_percentage exceeded in a
-    # later wave stops the play: the hosts after h2 are never started.
-    rc, out, _ = playbook(fleet, "rollback-all", ROLLBACK)
-    h2.write_bytes(pristine[spec] + b"# local edit\n")
+    # The same drift in waves of one host (serial 1): h1 (already deployed) is ok, h2 fails,
+    # which is more than max_fail_percentage of its wave: the play stops, h3 is never started.
+    state_h3 = (fleet["hosts"]["h3"].state_dir / "journal.json").stat().st_mtime_ns
     rc, out, recap = playbook(fleet, "waves", PUSH, "-e", "ddtree_serial=1")
     assert rc != 0
-    assert recap["h1"]["changed"] == 1 and recap["h2"]["failed"] == 1 and "h3" not in recap, out
-    assert files(fleet, "h3") == pristine
+    assert recap["h1"]["changed"] == 0 and recap["h1"]["failed"] == 0 and recap["h2"]["failed"] == 1, out
+    assert "h3" not in recap and "[h3]" not in out, out
+    assert (fleet["hosts"]["h3"].state_dir / "journal.json").stat().st_mtime_ns == state_h3
+
 
 
 def test_inventory_import_through_ansible_loader(fleet, tmp_path):

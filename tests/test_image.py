@@ -35,8 +35,21 @@ BASE = "lmsysorg/sglang:v0.5.12.post1"
 RELEASE = "0.5.12.post1"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def series_copy(tmp_path_factory):
+    """A private copy of the series for the module: the context and the push read the same bytes."""
+    root = tmp_path_factory.mktemp("series")
+    shutil.copytree(REPO / "patches", root / "patches")
+    shutil.copytree(REPO / "payload", root / "payload")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DDTREE_DEPLOY_PATCHES", str(root / "patches"))
+        mp.setenv("DDTREE_DEPLOY_PAYLOAD", str(root / "payload"))
+        mp.setattr(sys.modules[__name__], "FAMILY", root / "patches" / "sglang-0.5.12")
+        yield root
+
+
 @pytest.fixture(scope="module")
-def context(tmp_path_factory):
+def context(tmp_path_factory, series_copy):
     out = tmp_path_factory.mktemp("image") / "ctx"
     r = CliRunner().invoke(app, ["image", "--base", BASE, "--release", RELEASE, "--out", str(out),
                                  "--tag", "ddtree:test", "--json"])

@@ -110,8 +110,7 @@ def run_command(action, command, task_vars, args):
         result["changed"] = bool(changes) if check_mode else bool(host.get("changed"))
         result["msg"] = host.get("summary")
         if host.get("ok") is False or rc != 0:
-            smoke = host.get("smoke") or {}
-            result.update(failed=True, msg=host.get("summary") or smoke.get("summary") or "failed (exit %d)" % rc)
+            result.update(failed=True, msg=_failure(host, rc))
             if host.get("error"):
                 result.update(msg=host["error"].get("message"), hint=host["error"].get("hint"),
                               code=host["error"].get("code"))
@@ -120,6 +119,25 @@ def run_command(action, command, task_vars, args):
         return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _failure(host, rc):
+    """One line for a push whose switch happened but whose smoke failed (or could not run)."""
+    if host.get("smoke_error"):
+        return "smoke could not run: %s" % host["smoke_error"]
+    levels = (host.get("smoke") or {}).get("levels") or ()
+    failed = next((lv for lv in levels if lv.get("status") == "failed"), None)
+    if failed is None:
+        return host.get("mark_error") or host.get("summary") or "failed (exit %d)" % rc
+    line = "smoke level %s failed: %s" % (failed.get("level"), failed.get("detail"))
+    undo = host.get("auto_rollback") or {}
+    if undo.get("done"):
+        line += "; rolled back automatically (%s)" % ((undo.get("outcome") or {}).get("summary") or "done")
+    elif undo.get("kept_new_files"):
+        line += "; the new files were kept (rollback_on_failure: false), phase %s" % host.get("phase")
+    elif undo:
+        line += "; NOT rolled back: %s" % (undo.get("error") or "unknown")
+    return line
 
 
 def _options(command, args, check_mode):
