@@ -294,3 +294,27 @@ all:
                        env=env, capture_output=True, text=True)
     assert r.returncode == 2 and "node7: ddtree_python is not set" in r.stderr, r.stderr
     assert not (tmp_path / "h2").exists()
+
+
+def test_module_docs_match_the_action_specs(fleet):
+    """ansible-doc renders every module from the installed collection, and each module's
+    documented options are exactly what its action plugin accepts (names, types, defaults)."""
+    import yaml
+
+    r = subprocess.run([str(BIN / "ansible-doc"), "--json", "ddtree.deploy.push", "ddtree.deploy.status",
+                        "ddtree.deploy.rollback"], env=fleet["env"], capture_output=True, text=True)
+    assert r.returncode == 0 and "ERROR" not in r.stderr, r.stderr
+    rendered = json.loads(r.stdout)
+    sys.path.insert(0, str(fleet["tmp"] / "collections"))  # the installed collection, as Ansible imports it
+    try:
+        from ansible_collections.ddtree.deploy.plugins.plugin_utils.toolkit import SPECS
+    finally:
+        sys.path.remove(str(fleet["tmp"] / "collections"))
+    for name, spec in SPECS.items():
+        assert f"ddtree.deploy.{name}" in rendered
+        src = (REPO / "ansible" / "ddtree" / "plugins" / "modules" / f"{name}.py").read_text()
+        doc = yaml.safe_load(src.split('DOCUMENTATION = r"""', 1)[1].split('"""', 1)[0])
+        assert set(doc["options"]) == set(spec), name
+        for opt, s in spec.items():
+            assert doc["options"][opt]["type"] == s["type"], (name, opt)
+            assert doc["options"][opt].get("default") == s.get("default"), (name, opt)

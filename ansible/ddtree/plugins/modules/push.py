@@ -8,12 +8,10 @@ DOCUMENTATION = r"""
 module: push
 short_description: Deploy the DDTree series into a host's SGLang with ddtree-deploy
 description:
-  - Runs C(ddtree-deploy push --json) on the controller for the task's host: lock, drift check, series check, back up, stage and verify, switch by rename, journal, smoke (auto-rollback on failure).
-  - C(changed) only when files were switched. Check mode is C(--dry-run) (changed when files would switch). Diff mode shows each switched file's diff.
-  - Use the play's C(serial) (e.g. [1, '25%', '100%']: a canary, then waves), C(max_fail_percentage) and forks for fleets.
-  - The host's connection comes from its inventory variables (ansible_host, ansible_user, ansible_port,
-    ansible_ssh_private_key_file, ansible_ssh_common_args / ansible_ssh_extra_args with -J/ProxyJump, -F,
-    UserKnownHostsFile) and C(ddtree_python), the interpreter whose sglang is patched; see docs/ansible.md.
+  - "Runs C(ddtree-deploy push --json) on the controller for the task's host: lock, drift check, series check, back up, stage and verify, switch by rename, journal, smoke (auto-rollback on failure)."
+  - "C(changed) only when files were switched. Check mode is C(--dry-run) (changed when files would switch). Diff mode shows each switched file's diff."
+  - "Use the play's C(serial) (e.g. [1, '25%', '100%']: a canary, then waves), C(max_fail_percentage) and forks for fleets."
+  - "The host's connection comes from its inventory variables (ansible_host, ansible_user, ansible_port, ansible_ssh_private_key_file, ansible_ssh_common_args / ansible_ssh_extra_args with -J/ProxyJump, -F, UserKnownHostsFile) and C(ddtree_python), the interpreter whose sglang is patched; see docs/ansible.md."
 version_added: "0.1.0"
 author: ddtree-deploy
 options:

@@ -8,11 +8,9 @@ DOCUMENTATION = r"""
 module: rollback
 short_description: Restore a host's SGLang files from a ddtree-deploy backup
 description:
-  - Runs C(ddtree-deploy rollback --json) on the controller: the newest (or I(to)) backup is restored through the same staged, verified, renamed switch as a push.
-  - C(changed) only when files were switched back; check mode is C(--dry-run); diff mode shows each restored file's diff.
-  - The host's connection comes from its inventory variables (ansible_host, ansible_user, ansible_port,
-    ansible_ssh_private_key_file, ansible_ssh_common_args / ansible_ssh_extra_args with -J/ProxyJump, -F,
-    UserKnownHostsFile) and C(ddtree_python), the interpreter whose sglang is patched; see docs/ansible.md.
+  - "Runs C(ddtree-deploy rollback --json) on the controller: the newest (or I(to)) backup is restored through the same staged, verified, renamed switch as a push."
+  - "C(changed) only when files were switched back; check mode is C(--dry-run); diff mode shows each restored file's diff."
+  - "The host's connection comes from its inventory variables (ansible_host, ansible_user, ansible_port, ansible_ssh_private_key_file, ansible_ssh_common_args / ansible_ssh_extra_args with -J/ProxyJump, -F, UserKnownHostsFile) and C(ddtree_python), the interpreter whose sglang is patched; see docs/ansible.md."
 version_added: "0.1.0"
 author: ddtree-deploy
 options:

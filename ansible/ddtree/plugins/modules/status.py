@@ -8,10 +8,8 @@ DOCUMENTATION = r"""
 module: status
 short_description: Report a host's DDTree deployment state with ddtree-deploy
 description:
-  - Runs C(ddtree-deploy status --json) on the controller: SGLang version, journal phase and what it means, per-file state, backups, lock holder. Never changed.
-  - The host's connection comes from its inventory variables (ansible_host, ansible_user, ansible_port,
-    ansible_ssh_private_key_file, ansible_ssh_common_args / ansible_ssh_extra_args with -J/ProxyJump, -F,
-    UserKnownHostsFile) and C(ddtree_python), the interpreter whose sglang is patched; see docs/ansible.md.
+  - "Runs C(ddtree-deploy status --json) on the controller: SGLang version, journal phase and what it means, per-file state, backups, lock holder. Never changed."
+  - "The host's connection comes from its inventory variables (ansible_host, ansible_user, ansible_port, ansible_ssh_private_key_file, ansible_ssh_common_args / ansible_ssh_extra_args with -J/ProxyJump, -F, UserKnownHostsFile) and C(ddtree_python), the interpreter whose sglang is patched; see docs/ansible.md."
 version_added: "0.1.0"
 author: ddtree-deploy
 options:
