@@ -414,7 +414,7 @@ def plan_smoke(
     log_path: str,
     levels: Sequence[str] | None = None,
     source: str | None = None,
-    family: FamilySmoke = FAMILY_SMOKE_DEFAULT,
+    family: FamilySmoke | None = None,
 ) -> SmokePlan:
     """Build the request for the host-side program (pure).
 
@@ -422,8 +422,12 @@ def plan_smoke(
     ``flags``: ``series_flags`` of its patches; ``log_path``: where the launch level
     keeps the server's log on the host; ``levels``: a subset chosen on the command line;
     ``family``: the series' ``[smoke]`` table (``family_smoke(series)``), which says how
-    its tree shows: budget flag and field, worker class.
+    its tree shows: budget flag and field, worker class. The import level's tree probe
+    runs only when it is given (``push`` and ``smoke`` always give it; ``matrix --import``
+    runs a tree level of its own); the cli and launch levels use the defaults without it.
     """
+    probe_family = family
+    family = family or FAMILY_SMOKE_DEFAULT
     where = source or "<inventory>"
     chosen = choose_levels(settings, levels, source=source)
     py_files = [p for p in touched_paths if p.endswith(".py")]
@@ -437,12 +441,16 @@ def plan_smoke(
             "modules": [m for m in modules if m not in excluded],
             "attributes": [list(DDTREE_ATTRIBUTE)],
             "timeout_s": settings.timeout_s,
-            "tree": tree_probe(family, excluded),
         }
+        if probe_family is not None:
+            request["import"]["tree"] = tree_probe(probe_family, excluded)
     if "cli" in chosen:
         request["cli"] = {
             "argv": ["{python}", "-m", "sglang.launch_server", "--help"],
-            "expect": list(flags),
+            # The series' added flags, and the family's budget/top-k flags (a v2 family adds
+            # its flags as Spec fields, which name no "--flag" string in the patches).
+            "expect": list(dict.fromkeys([*flags, *((probe_family.budget_flag, probe_family.topk_flag)
+                                                    if probe_family else ())])),
             "timeout_s": settings.timeout_s,
             "validate": _validation(settings.launch, family),
         }

@@ -268,7 +268,10 @@ def judge_tree_probe(tree, found):
     width = found.get("width")
     if width != budget + 1:
         why = ""
-        if width is not None and width == found.get("block"):
+        # The draft block: as resolved, else the probe's draft config (DFlash's own resolution
+        # on v2 releases keeps it only in the width itself).
+        blocks = {found.get("block"), ((tree.get("configs") or {}).get("draft_model") or {}).get("block_size")}
+        if width is not None and width in blocks:
             why = ": that is the draft block, so DDTREE verifies a chain (the linear DFlash path)"
         raise LevelFailed(f"DDTREE probe: {field} resolved to {width!r}, expected {budget + 1} "
                           f"({flag} {budget} + 1){why}", evidence)
@@ -399,6 +402,7 @@ def _judge_width(width, result):
 def _validate(spec, timeout_s):
     """Parse and validate the launch arguments with the host's own parser, as the server would."""
     child = {k: spec[k] for k in ("module", "function", "argv")}
+    child.update({k: spec[k] for k in ("plugins", "resolve", "view") if spec.get(k)})
     child["report"] = spec.get("report", [])
     name = spec["function"]
     answer, out = _ask_child(_VALIDATE_CHILD, child, timeout_s, doing=name, who=name)

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The prepared GPU smoke: push the DDTree series to a real GPU host with every smoke level
-# (compile, import, cli, launch), print the measured acceptance length, and (unless KEEP=1)
+# (compile, import, cli, launch), print the proof that a tree was verified (import: DDTREE
+# resolves to the family's tree worker and verify width budget + 1; launch: /server_info's
+# ddtree_verify_width, ddtree_worker_class and ddtree_offchain_accepts after 8 extra
+# prompts of 256 tokens), print the measured acceptance length, and (unless KEEP=1)
 # roll the host back to pristine (a failed level already rolled it back). Run it from a checkout on the controller (or on the GPU
 # box itself with a `transport = "local"` inventory):
 #
@@ -79,6 +82,16 @@ if launch and launch["status"] == "passed":
     ev = launch["evidence"]
     print(f"acceptance length: {ev.get('accept_length')} (completion_tokens / spec_verify_ct), "
           f"avg_spec_accept_length {ev.get('avg_spec_accept_length')}")
+    tree = ev.get("tree")
+    if tree:
+        print(f"tree verify: width {tree['verify_width']} = budget {tree['budget']} + 1, worker "
+              f"{tree['worker_class']}, {tree['offchain_accepts']} verify steps accepted an off-chain path "
+              f"(after {ev.get('tree_requests', {}).get('completion_tokens')} more tokens)")
+imported = next((l for l in doc["levels"] if l["level"] == "import"), None)
+if imported and (imported.get("evidence") or {}).get("tree"):
+    probe = imported["evidence"]["tree"]
+    print(f"tree probe (import level): width {probe.get('width')}, worker "
+          f"{(probe.get('worker') or {}).get('module')}.{(probe.get('worker') or {}).get('name')}")
 # The tree proof (docs/patches-0004-0005.md, "Server-side report for the launch smoke"): the
 # server's own report, whichever level carried it.
 for level in doc["levels"]:

@@ -411,3 +411,148 @@ def test_launch_tree_unknown_budget_is_one_line(tmp_path):
     assert not ok
     assert level["detail"] == ("/server_info: tree_budget is None, and the inventory sets no [smoke.launch] "
                                "budget: cannot tell the verify width to expect; set budget")
+
+
+# ------------------------------------------- import / cli: the tree probe's release path
+# A tiny package standing for a release's server args and algorithm registry, built like
+# 0.5.23's: DDTREE exists only once the plugins are loaded, ServerArgs resolves in
+# resolve_once() into a stash that only the resolution view reads. So the probe passes only
+# when it takes the release's own path in launch_server's order. (The real releases:
+# tests/test_smoke_tree.py.) FAKE_MODE picks a partial port.
+
+FAKE_RELEASE = textwrap.dedent("""
+    import argparse, json, os
+    MODE = os.environ.get("FAKE_MODE", "tree")
+    REGISTERED = []
+
+    def load_plugins():
+        REGISTERED.append("DDTREE")
+
+    class Args:
+        def __init__(self, ns):
+            self.ns, self._stash = ns, None
+            self.speculative_algorithm = ns.speculative_algorithm
+
+        def resolve_once(self):
+            if self.ns.budget < 1 or MODE == "reject":
+                raise ValueError("DDTREE needs a tree-mask attention backend")
+            with open(os.path.join(self.ns.speculative_draft_model_path, "config.json")) as fh:
+                block = json.load(fh)["block_size"]
+            width = block if MODE == "chain-width" else self.ns.budget + 1
+            self._stash = {"speculative_num_draft_tokens": width, "speculative_ddtree_budget": self.ns.budget}
+
+    class View:
+        def __init__(self, args):
+            self._args = args
+
+        def __getattr__(self, name):
+            stash = self._args._stash or {}
+            return stash[name] if name in stash else getattr(self._args, name)
+
+    def prepare(argv):
+        p = argparse.ArgumentParser()
+        for flag in ("--model-path", "--speculative-algorithm", "--speculative-draft-model-path"):
+            p.add_argument(flag, required=True)
+        p.add_argument("--budget", type=int, default=64)
+        p.add_argument("--skip-tokenizer-init", action="store_true")
+        return Args(p.parse_args(argv))
+
+    class TreeWorker:
+        DDTREE_TREE_VERIFY = True
+
+    class ChainWorker:
+        pass
+
+    class Algo:
+        @classmethod
+        def from_string(cls, name):
+            if name not in REGISTERED:
+                raise ValueError("Unknown speculative algorithm name: " + name)
+            return cls()
+
+        def create_worker(self, args):
+            if MODE == "worker-raises":
+                raise RuntimeError("refusing to serve DDTREE as a linear chain")
+            return ChainWorker if MODE == "chain-worker" else TreeWorker
+""")
+FAKE_PATHS = {"plugins": ["fakepkg.release", "load_plugins"], "parse": ["fakepkg.release", "prepare"],
+              "resolve": "resolve_once", "view": ["fakepkg.release", "View"],
+              "algorithm": ["fakepkg.release", "Algo"]}
+
+
+def fake_tree_probe(**family):
+    from ddtree_deploy import smoke
+
+    excluded = family.pop("excluded", ())
+    fam = smoke.FamilySmoke(**{"budget_flag": "--budget", "worker_class": "TreeWorker", "probe_args": (),
+                               "worker_module": "fakepkg.release", **family})
+    return dict(smoke.tree_probe(fam, excluded), **FAKE_PATHS)
+
+
+def run_tree_probe(fake_pkg, mode="tree", probe=None):
+    tmp, env = fake_pkg
+    (tmp / "site/fakepkg/release.py").write_text(FAKE_RELEASE)
+    request = {"levels": ["import"], "import": {"modules": ["fakepkg.algo"], "tree": probe or fake_tree_probe()}}
+    answer = run_agent(request, dict(env, FAKE_MODE=mode))
+    return answer["ok"], answer["levels"][0]
+
+
+def test_tree_probe_takes_the_release_path(fake_pkg):
+    ok, level = run_tree_probe(fake_pkg)
+    assert ok, level
+    assert level["detail"] == ("1 modules imported; DDTREE verify width 25 = budget 24 + 1; "
+                               "DDTREE -> TreeWorker (DDTREE_TREE_VERIFY = True)")
+    tree = level["evidence"]["tree"]
+    assert tree["worker"] == {"name": "TreeWorker", "module": "fakepkg.release", "marker": "True", "tree": True}
+    # The tiny config folders were written on the host and named in the argv.
+    assert tree["argv"][1].endswith("/model") and tree["argv"][5].endswith("/draft_model")
+
+
+@pytest.mark.parametrize("mode, detail", [
+    ("chain-width", "DDTREE probe: speculative_num_draft_tokens resolved to 16, expected 25 (--budget 24 + 1): "
+                    "that is the draft block, so DDTREE verifies a chain (the linear DFlash path)"),
+    ("chain-worker", "DDTREE probe: DDTREE resolves to worker class fakepkg.release.ChainWorker, expected "
+                     "TreeWorker (the family's [smoke] worker_class)"),
+    ("worker-raises", "DDTREE probe: SpeculativeAlgorithm.from_string('DDTREE').create_worker failed: "
+                      "RuntimeError: refusing to serve DDTREE as a linear chain"),
+])
+def test_tree_probe_partial_ports(fake_pkg, mode, detail):
+    ok, level = run_tree_probe(fake_pkg, mode)
+    assert not ok and level["detail"] == detail
+
+
+def test_tree_probe_marker_and_rejection_and_exclusion(fake_pkg):
+    # No worker_class in the family: the marker alone decides.
+    ok, level = run_tree_probe(fake_pkg, "chain-worker", fake_tree_probe(worker_class=None))
+    assert not ok and level["detail"] == (
+        "DDTREE probe: DDTREE resolves to fakepkg.release.ChainWorker, whose DDTREE_TREE_VERIFY is None, not "
+        "True: that worker does not verify a tree (silently linear)")
+    ok, level = run_tree_probe(fake_pkg, "reject")
+    assert not ok and level["detail"] == ("DDTREE probe: the release's ServerArgs rejects DDTREE with --budget 24 "
+                                          "(tiny config folders): ValueError: DDTREE needs a tree-mask attention "
+                                          "backend")
+    ok, level = run_tree_probe(fake_pkg, "chain-worker", fake_tree_probe(excluded=("fakepkg.release",)))
+    assert ok and level["detail"].endswith("; DDTREE verify width 25 = budget 24 + 1; worker class not checked: "
+                                           "fakepkg.release is excluded here (smoke.import_exclude)")
+
+
+def test_cli_validation_resolves_through_the_release_path(fake_pkg):
+    tmp, env = fake_pkg
+    (tmp / "site/fakepkg/release.py").write_text(FAKE_RELEASE)
+    draft = tmp / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text('{"block_size": 16}')
+    argv = ["--model-path", str(tmp), "--speculative-algorithm", "DDTREE",
+            "--speculative-draft-model-path", str(draft), "--budget", "20"]
+    validate = {"module": "fakepkg.release", "function": "prepare", "argv": argv, "needs_paths": [str(tmp)],
+                "report": ["speculative_num_draft_tokens", "speculative_ddtree_budget"],
+                "plugins": FAKE_PATHS["plugins"], "resolve": "resolve_once", "view": FAKE_PATHS["view"],
+                "width": {"field": "speculative_num_draft_tokens", "budget": None,
+                          "budget_field": "speculative_ddtree_budget", "budget_flag": "--budget"}}
+    answer = run_agent(cli_request([], validate), env)
+    assert answer["ok"], answer
+    assert answer["levels"][0]["detail"].endswith("prepare accepts the launch arguments; verify width 21 = "
+                                                  "budget 20 + 1")
+    answer = run_agent(cli_request([], validate), dict(env, FAKE_MODE="chain-width"))
+    assert answer["levels"][0]["detail"] == ("the launch arguments resolve speculative_num_draft_tokens to 16, "
+                                             "expected 21 (--budget 20 + 1): DDTREE would not verify its tree")

@@ -114,7 +114,8 @@ TOUCHED = ("sglang/srt/speculative/spec_info.py", "sglang/srt/server_args.py",
 def test_plan_request_is_exact():
     s = settings(GPU_HOST)
     plan = smoke.plan_smoke(s, touched_paths=TOUCHED, flags=("--speculative-ddtree-budget",),
-                            log_path="/h/.ddtree-deploy/smoke/r1/server.log", source=SRC)
+                            log_path="/h/.ddtree-deploy/smoke/r1/server.log", source=SRC,
+                            family=smoke.FAMILY_SMOKE_DEFAULT)
     assert plan.levels == ("compile", "import", "cli", "launch")
     assert plan.excluded_modules == ("sglang.srt.speculative.dflash_worker",)
     req = plan.request
@@ -179,6 +180,20 @@ def test_family_flags_reach_the_launch_command_and_its_validation():
     assert plan.request["launch"]["tree"]["worker_class"] == "DDTreeWorkerV2"
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "patches").iterdir()
+                                        if (p / "family.toml").is_file()))
+def test_every_family_says_how_its_tree_shows(name):
+    from ddtree_deploy.series import read_family_info
+
+    fam = read_family_info(REPO / "patches" / name).smoke
+    # A family without a worker class would be checked by the marker alone, and one without a
+    # worker module could not honour import_exclude: every family names both.
+    assert fam.worker_class and fam.worker_module and fam.worker_module.endswith(
+        "." + {"DFlashWorker": "dflash_worker", "DDTreeWorkerV2": "ddtree_worker_v2"}[fam.worker_class])
+    plan = smoke.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli"], family=fam)
+    assert {fam.budget_flag, fam.topk_flag} <= set(plan.request["cli"]["expect"])
+
+
 def test_real_family_smoke_table():
     from ddtree_deploy.series import load_family
 
@@ -218,6 +233,12 @@ def test_bad_family_smoke_table_stops_loading_the_family(tmp_path):
     (tmp_path / "fam/series").write_text("")
     with pytest.raises(BadInput, match=r"family.toml: key smoke.worker_class: must be a Python identifier, not 3"):
         load_family(tmp_path / "fam")
+
+
+def test_tree_probe_only_with_a_family():
+    # push and smoke always pass the series' family; matrix --import has its own tree level.
+    plan = smoke.plan_smoke(settings(GPU_HOST), touched_paths=TOUCHED, flags=(), log_path="l", levels=["import"])
+    assert "tree" not in plan.request["import"]
 
 
 def test_plan_level_choice():

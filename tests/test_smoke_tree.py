@@ -1,5 +1,6 @@
 """The tree probe of the import and cli smoke levels, on the REAL SGLang 0.5.12.post1 files
-patched by the real series, over a real sshd on loopback: "never silently linear".
+patched by the real series (and the real 0.5.23 patched by the v2 family, below), over a
+real sshd on loopback: "never silently linear".
 
 The host Python is a venv with the release wheel's files, the series applied to them (in
 memory, by the toolkit's own check) and the project venv's CPU dependencies shared
@@ -118,8 +119,12 @@ def tree_host(sshd, patched, tmp_path_factory):
     return test_host, load_host(str(inv))
 
 
-def run_levels(tree_host, series, levels, files: dict[str, str]):
-    """Write ``files`` (package-relative -> text) on the host, then run ``levels`` over SSH."""
+def run_levels(tree_host, series, levels, files: dict[str, str], *, probe_only=False):
+    """Write ``files`` (package-relative -> text) on the host, then run ``levels`` over SSH.
+
+    ``probe_only``: the import level imports spec_info only before its tree probe (the
+    failure cases are about the probe; the passing case imports every module, and this
+    machine's two cores are shared)."""
     test_host, host = tree_host
     for rel, text in files.items():
         test_host.file(rel).write_text(text)
@@ -127,6 +132,8 @@ def run_levels(tree_host, series, levels, files: dict[str, str]):
     texts = [e.file.read_text() for e in series.entries if isinstance(e, PatchEntry)]
     plan = smoke.plan_smoke(settings, touched_paths=series.touched_paths(), flags=smoke.series_flags(texts),
                             log_path="-", levels=levels, source=host.source, family=smoke.family_smoke(series))
+    if probe_only:
+        plan.request["import"]["modules"] = ["sglang.srt.speculative.spec_info"]
     return smoke.run_on_host(host, transport_for(host), plan)
 
 
@@ -148,7 +155,8 @@ def test_tree_worker_with_marker_and_budget_width_passes(tree_host, series, patc
 
 def test_worker_without_marker_is_silently_linear(tree_host, series, patched):
     report = run_levels(tree_host, series, ["import", "cli"], {
-        WORKER: without_marker(patched[WORKER].decode()), SERVER_ARGS: patched[SERVER_ARGS].decode()})
+        WORKER: without_marker(patched[WORKER].decode()), SERVER_ARGS: patched[SERVER_ARGS].decode()},
+        probe_only=True)
     assert [r.status for r in report.levels] == ["failed", "skipped"]
     assert report.failed.detail == (
         "DDTREE probe: DDTREE resolves to sglang.srt.speculative.dflash_worker.DFlashWorker, whose "
@@ -158,7 +166,7 @@ def test_worker_without_marker_is_silently_linear(tree_host, series, patched):
 def test_partial_port_with_the_chain_width_fails_import_and_cli(tree_host, series, patched):
     files = {WORKER: with_marker(patched[WORKER].decode()),
              SERVER_ARGS: patched[SERVER_ARGS].decode() + CHAIN_WIDTH}
-    report = run_levels(tree_host, series, ["import"], files)
+    report = run_levels(tree_host, series, ["import"], files, probe_only=True)
     assert report.failed.detail == (
         "DDTREE probe: speculative_num_draft_tokens resolved to 16, expected 25 (--speculative-ddtree-budget 24 "
         "+ 1): that is the draft block, so DDTREE verifies a chain (the linear DFlash path)")
@@ -179,7 +187,111 @@ def test_worker_class_other_than_the_family_names_fails(tree_host, series, patch
     family = replace(smoke.family_smoke(series), worker_class="DDTreeWorkerV2")
     plan = smoke.plan_smoke(settings, touched_paths=series.touched_paths(), flags=(), log_path="-",
                             levels=["import"], family=family)
+    plan.request["import"]["modules"] = ["sglang.srt.speculative.spec_info"]
     report = smoke.run_on_host(host, transport_for(host), plan)
     assert report.failed.detail == (
         "DDTREE probe: DDTREE resolves to worker class sglang.srt.speculative.dflash_worker.DFlashWorker, "
+        "expected DDTreeWorkerV2 (the family's [smoke] worker_class)")
+
+
+# ------------------------------------------------------------------ the v2 family on 0.5.23
+# The real v2 series (patches/sglang-0.5.20) on the real 0.5.23 wheel: DDTREE is a registered
+# plugin algorithm, arguments resolve through resolve_once and are read through resolving_view.
+# The partial ports issue #13 names are TEST FIXTURES appended to the deployed plugin module:
+# DDTREE resolved by DFlash's own _handle_dflash (the chain's width), or served by plain
+# DFlashWorkerV2.
+
+FAMILY_V2 = REPO / "patches" / "sglang-0.5.20"
+PLUGIN = "sglang/srt/speculative/ddtree_v2_plugin.py"
+
+V2_DFLASH_RESOLUTION = textwrap.dedent('''
+
+    # TEST FIXTURE (tests/test_smoke_tree.py): a partial port -- DDTREE resolved as DFLASH.
+    def _fixture_dflash_resolution(self, server_args):
+        from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+
+        _handle_dflash(server_args)
+
+
+    type(_registered_ddtree_fixture()).handle_server_args = _fixture_dflash_resolution
+''')
+V2_CHAIN_WORKER = textwrap.dedent('''
+
+    # TEST FIXTURE (tests/test_smoke_tree.py): a partial port -- DDTREE served by DFlashWorkerV2.
+    def _fixture_chain_worker(self, server_args):
+        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+        return DFlashWorkerV2
+
+
+    type(_registered_ddtree_fixture()).create_worker = _fixture_chain_worker
+''')
+V2_FIXTURE_HEAD = textwrap.dedent('''
+
+    def _registered_ddtree_fixture():
+        from sglang.srt.speculative.spec_registry import get_spec
+
+        return get_spec("DDTREE")
+''')
+
+
+@pytest.fixture(scope="module")
+def series_v2():
+    return load_family(FAMILY_V2, payload_dir=REPO / "payload")
+
+
+@pytest.fixture(scope="module")
+def patched_v2(series_v2) -> dict[str, bytes]:
+    wheel = sglang_host.release_wheel("0.5.23")
+    wanted = series_v2.touched_paths()
+    found = releases.read_wheel_files(wheel, wanted)
+    report = check_series(series_v2, {p: found.get(p) for p in wanted})
+    assert report.ok
+    return {p: f.patched for p, f in report.patched.items()}
+
+
+@pytest.fixture(scope="module")
+def tree_host_v2(sshd, patched_v2, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tree-host-v2")
+    env = sglang_host.make_host_env(root / "env", overlay=patched_v2, version="0.5.23")
+    sglang_host.write_kernel_standin(env.site_packages)  # STAND-IN for sgl_kernel (CUDA)
+    test_host = SandboxHost(name="h-tree-v2", server=sshd, python=env.python, site=env.site_packages,
+                            state_dir=root / "state")
+    inv = test_host.inventory(root / "hosts")
+    with open(inv, "a") as fh:
+        fh.write(textwrap.dedent(f"""
+            [smoke]
+            levels = ["import", "cli"]
+            [smoke.launch]
+            model = "{MODELS / 'tiny-llama'}"
+            draft_model = "{MODELS / 'tiny-dflash-draft'}"
+            budget = 20
+            # 0.5.14+: DFlash's resolution refuses --device cpu; resolving with cuda needs no GPU.
+            extra_args = ["--device", "cuda", "--attention-backend", "triton", "--skip-tokenizer-init"]
+            gpu = false
+        """))
+    return test_host, load_host(str(inv))
+
+
+def test_v2_family_resolves_ddtree_to_its_tree_worker(tree_host_v2, series_v2, patched_v2):
+    report = run_levels(tree_host_v2, series_v2, ["import", "cli"], {PLUGIN: patched_v2[PLUGIN].decode()})
+    assert report.ok, report.lines()
+    imported, cli = report.levels
+    assert imported.detail.endswith("; DDTREE verify width 25 = budget 24 + 1; "
+                                    "DDTREE -> DDTreeWorkerV2 (DDTREE_TREE_VERIFY = True)")
+    assert imported.evidence["tree"]["worker"]["module"] == "sglang.srt.speculative.ddtree_worker_v2"
+    # The host's launch arguments, resolved by resolve_once and read through resolving_view.
+    assert cli.detail.endswith("verify width 21 = budget 20 + 1")
+
+
+def test_v2_partial_ports_fail_the_probe(tree_host_v2, series_v2, patched_v2):
+    plugin = patched_v2[PLUGIN].decode() + V2_FIXTURE_HEAD
+    report = run_levels(tree_host_v2, series_v2, ["import"], {PLUGIN: plugin + V2_DFLASH_RESOLUTION},
+                        probe_only=True)
+    assert report.failed.detail == (
+        "DDTREE probe: speculative_num_draft_tokens resolved to 16, expected 25 (--speculative-ddtree-budget 24 "
+        "+ 1): that is the draft block, so DDTREE verifies a chain (the linear DFlash path)")
+    report = run_levels(tree_host_v2, series_v2, ["import"], {PLUGIN: plugin + V2_CHAIN_WORKER}, probe_only=True)
+    assert report.failed.detail == (
+        "DDTREE probe: DDTREE resolves to worker class sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2, "
         "expected DDTreeWorkerV2 (the family's [smoke] worker_class)")
