@@ -356,7 +356,8 @@ class Choice:
         base = self.baseline.label if self.baseline else "no baseline"
         out = [f"choice rule: the best output tok/s at concurrency {self.at} among DDTree configurations "
                f"whose p99 ITL is within {itl_margin_pct:g}% of {base}'s"
-               + (f" (<= {self.itl_limit_ms:.1f} ms)" if self.itl_limit_ms is not None else "")]
+               + (f" (<= {self.itl_limit_ms:.1f} ms)" if self.itl_limit_ms is not None
+                  else " (not measured: no ITL limit applied)" if self.baseline else "")]
         for key, why in self.excluded:
             out.append(f"  excluded {key}: {why}")
         if self.best is None:
