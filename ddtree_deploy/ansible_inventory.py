@@ -66,6 +66,12 @@ def read_inventory(source: str, *, limit: str | None = None) -> Imported:
                 raise MappingError(f"{h.name}: {var}: cannot template {hv[var]!r} ({exc})") from None
 
         name = get("ddtree_name") or h.name
+        if name in texts:
+            raise BadInput(f"{source}: hosts {h.name!r} and another both map to the host name {name!r}",
+                           hint="give each host its own ddtree_name")
+        if name == "groups":  # hosts/groups.toml holds the groups
+            raise BadInput(f"{source}: host {h.name!r}: the name 'groups' is reserved by ddtree-deploy",
+                           hint="set ddtree_name for this host")
         try:
             texts[name] = host_toml(name, get)
         except MappingError as exc:

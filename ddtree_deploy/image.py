@@ -97,7 +97,11 @@ def write_context(base: str, release: str, out: Path, *, family: str | None = No
         raise BadInput(f"--python {python!r}: the image's interpreter as one word, e.g. python3")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
         raise BadInput(f"--out {out}: exists and is not an empty folder; nothing was written",
-                       hint="choose a new folder, or pass --force to replace its content")
+                       hint="choose a new folder, or pass --force to replace an earlier build context")
+    if force and out.is_dir() and any(out.iterdir()) and not (out / "ddtree" / "series.json").is_file():
+        # --force replaces what this command wrote before, never an arbitrary folder.
+        raise BadInput(f"--out {out}: not a build context written by `ddtree-deploy image` (no ddtree/series.json); "
+                       "--force does not delete it; nothing was written", hint="choose a new folder")
     series = load_family(family) if family else load_family(pick_family(release, families()).folder)
     facts = {"sglang_version": release, "files": {}, "package_root": f"<sglang {release} release>"}
     desired = desired_for(series, "image", facts, forced=bool(family))

@@ -318,3 +318,17 @@ def test_module_docs_match_the_action_specs(fleet):
         for opt, s in spec.items():
             assert doc["options"][opt]["type"] == s["type"], (name, opt)
             assert doc["options"][opt].get("default") == s.get("default"), (name, opt)
+
+
+def test_import_refuses_names_it_cannot_write(tmp_path):
+    """Two hosts onto one file, or a host named like the groups file: exit 2, nothing written."""
+    _ansible_or_skip()
+    cli = [str(BIN / "ddtree-deploy"), "inventory", "from-ansible"]
+    for text, needle in (("[gpu]\na ddtree_python=/p ddtree_name=n1\nb ddtree_name=n1 ddtree_python=/p\n",
+                          "both map to the host name 'n1'"),
+                         ("[gpu]\ngroups ddtree_python=/p\n", "'groups' is reserved")):
+        inv = tmp_path / "inv.ini"
+        inv.write_text(text)
+        r = subprocess.run([*cli, str(inv), "--out", str(tmp_path / "out")], capture_output=True, text=True)
+        assert r.returncode == 2 and needle in r.stderr, r.stderr
+        assert not (tmp_path / "out").exists()

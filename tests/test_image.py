@@ -167,6 +167,25 @@ def test_dockerfile_structure_and_labels(context):
         assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_force_replaces_an_earlier_context(context, tmp_path):
+    ctx, _doc = context
+    copy = tmp_path / "ctx"
+    shutil.copytree(ctx, copy)
+    (copy / "stale").write_text("from an earlier run")
+    r = CliRunner().invoke(app, ["image", "--base", BASE, "--release", RELEASE, "--out", str(copy), "--force"])
+    assert r.exit_code == 0, r.output
+    assert not (copy / "stale").exists() and (copy / "Dockerfile").read_text() == (ctx / "Dockerfile").read_text()
+
+
+def test_builder_argv():
+    from ddtree_deploy.image import build_argv, find_builder
+
+    assert find_builder(lambda n: None) is None
+    assert find_builder(lambda n: f"/bin/{n}" if n != "docker" else None) == ("podman", "/bin/podman")
+    assert build_argv(("docker", "/d"), Path("/c"), "a:b") == ["/d", "build", "-t", "a:b", "/c"]
+    assert build_argv(("buildah", "/b"), Path("/c"), None) == ["/b", "build", "-f", "/c/Dockerfile", "/c"]
+
+
 def test_build_without_builder_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     r = CliRunner().invoke(app, ["image", "--base", BASE, "--release", RELEASE, "--out", str(tmp_path / "c"),
@@ -181,6 +200,10 @@ def test_bad_input_writes_nothing(tmp_path):
     (tmp_path / "full" / "x").write_text("keep")
     r = CliRunner().invoke(app, ["image", "--base", BASE, "--release", RELEASE, "--out", str(tmp_path / "full")])
     assert r.exit_code == 2 and "not an empty folder" in r.output
+    assert (tmp_path / "full" / "x").read_text() == "keep"
+    r = CliRunner().invoke(app, ["image", "--base", BASE, "--release", RELEASE, "--out", str(tmp_path / "full"),
+                                 "--force"])
+    assert r.exit_code == 2 and "--force does not delete it" in r.output, r.output
     assert (tmp_path / "full" / "x").read_text() == "keep"
     r = CliRunner().invoke(app, ["image", "--base", BASE, "--release", "0.4.0", "--out", str(tmp_path / "n")])
     assert r.exit_code == 2 and not (tmp_path / "n").exists(), r.output
