@@ -251,7 +251,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         bs = len(batch.seq_lens)
         device = self.device
         block = int(self.block_size)
-        batch.seq_lens.record_stream(torch.get_device_module(device).current_stream())
+        if batch.seq_lens.is_cuda:  # carried over from the previous overlap iteration
+            batch.seq_lens.record_stream(torch.get_device_module(device).current_stream())
         target_model = self.target_worker.model_runner.model
         embed_module = dfw.unwrap_lora_layer(
             dfw._resolve_dflash_embedding_module(self.draft_model, target_model)

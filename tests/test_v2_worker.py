@@ -8,11 +8,12 @@ Two layers:
    SGLang's greedy walk and target-only sampling walk agree with the DDTree reference
    (``greedy_accept`` / ``sample_accept``) draw for draw; the sharded top-K equals the
    full-vocabulary top-K; ``decode_reserve`` is what the overlap scheduler needs.
-2. In a host environment with the real 0.5.23 wheel plus the v2 payload
+2. In a host environment with the real 0.5.23 wheel plus the v2 family's series (GNU patch)
    (tests/v2_worker_probe.py, run by the host interpreter with ``SGLANG_USE_CPU_ENGINE=1``):
-   the worker's verify/accept/commit (``DDTreeWorkerV2._ddtree_verify_and_commit``) drives
-   SGLang's own ``build_eagle_verify_input`` + ``run_eagle_verify(finalize_tree_path=True)``
-   on a real ``ScheduleBatch``, ``ReqToTokenPool``, ``TokenToKVPoolAllocator`` over a real
+   the worker's whole decode step (``DDTreeWorkerV2.forward_batch_generation``: the DFlash
+   block as a real ``ForwardBatch`` over the request's window, the top-K head, the DDTree
+   build, the lineage) drives SGLang's own ``build_eagle_verify_input`` +
+   ``run_eagle_verify(finalize_tree_path=True)`` on a real ``ScheduleBatch``, ``ReqToTokenPool``, ``TokenToKVPoolAllocator`` over a real
    ``MHATokenToKVPool`` (float64), ``RadixCache`` (disabled), ``KVIndexTranslator``,
    ``ForwardBatch.init_new``, with the real ``prepare_for_decode`` over-allocation and the
    real ``release_kv_cache``; a tiny float64 transformer is the target.
@@ -20,18 +21,24 @@ Two layers:
      target's greedy tokens; every KV slot and request row is free at the end; each slot of
      a committed position holds that position's KV; the draft is handed, for every committed
      position, the same hidden state as sequential decoding;
-   - sampling: the first emitted tokens' law equals the target's (chi-square, tiny vocabulary);
-   - no host sync: the tree build + lineage make no .item()/.tolist()/.cpu() call.
+   - sampling (verify/accept/commit with a 2-shard top-K): the law of the two tokens the
+     worker emits equals the target's (chi-square on a 6-token vocabulary, 600 requests; a
+     sampling walk without the residual is rejected);
+   - no host sync: the tree build + lineage + off-chain counter make no .item()/.tolist()/
+     .cpu() call; the /server_info report hook; the top-K head as the draft graph calls it.
 
 NAMED STAND-INS (see tests/v2_worker_probe.py and tests/v2_kernel_standins.py): the
 ``sgl_kernel`` CPU ops on this path (tree builder, greedy walk, cache-loc gathers, bonus fill;
 a compiled wheel this machine lacks) and ``tree_speculative_sampling_target_only`` (no CPU op
 exists) in pure torch; the target forward (TinyTarget on the real KV pool, honouring the
-verify's custom mask and positions); the ModelRunner's attribute bag; the draft (a perturbed
-TinyTarget along its own greedy chain); DFlash's draft-KV writer replaced by a recorder.
+verify's custom mask and positions); the ModelRunner's attribute bag; the draft model runner
+(checks the block ForwardBatch it is handed, returns hidden states that the target's LM head
+maps to a perturbed TinyTarget's per-depth logits along its own greedy chain); DFlash's
+draft-KV writer replaced by a recorder.
 
-NOT driven on CPU at all: the DFlash draft model forward and its CUDA graph (the top-K head
-folded in through ``capture_tail_hooks``), ``DDTreeWorkerV2.__init__`` (loads the draft model
+NOT driven on CPU at all: a real DFlash draft model forward and its CUDA graph (the top-K head
+folded in through ``capture_tail_hooks``), DFlash's prefill path (the harness prefills the
+target itself), ``DDTreeWorkerV2.__init__`` (loads the draft model
 on a GPU), the attention backends' tree-mask kernels and CUDA-graph replay of the target
 verify, the fused Triton/CUDA kernels EAGLE uses on a GPU (``prepare_verify_commit_outputs``,
 ``build_chain_tree``), the plan stream, and tensor parallelism across real ranks (simulated
@@ -58,6 +65,7 @@ import ddtree_utils as du  # noqa: E402
 import v2_kernel_standins as ks  # noqa: E402
 
 PROBE = REPO / "tests" / "v2_worker_probe.py"
+FAMILY = REPO / "patches" / "sglang-0.5.20"
 RELEASE = "0.5.23"
 # The v2 payload as the family installs it (sglang/srt/speculative/<name>.py).
 PAYLOAD = ("ddtree_utils", "ddtree_lineage", "ddtree_worker_v2", "ddtree_v2_plugin")
@@ -257,14 +265,46 @@ def test_worker_file_carries_the_tree_marker_and_no_host_sync_in_decode():
 # 2. the real release
 
 
+def _family_overlay(work: Path) -> dict[str, bytes]:
+    """The v2 family's series on the release's files: every patch with GNU patch (exact hunks,
+    no fuzz), every ``add`` entry copied; returns {site-packages path: bytes}."""
+    import shutil
+    import subprocess
+
+    from sglang_host import pristine_files
+
+    entries = [line.split("#", 1)[0].split() for line in (FAMILY / "series").read_text()
+               .splitlines()]
+    entries = [e for e in entries if e]
+    targets = set()
+    for tokens in entries:
+        if tokens[0] != "add":
+            for line in (FAMILY / tokens[0]).read_text().splitlines():
+                if line.startswith("+++ b/"):
+                    targets.add(line[len("+++ b/"):].split("\t")[0])
+    for rel, data in pristine_files(RELEASE, sorted(targets)).items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_bytes(data)
+    for tokens in entries:
+        if tokens[0] == "add":
+            (work / tokens[2]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO / tokens[1], work / tokens[2])
+            targets.add(tokens[2])
+            continue
+        run = subprocess.run(
+            ["patch", "-p1", "-F0", "--no-backup-if-mismatch", "-i", str(FAMILY / tokens[0])],
+            cwd=work, capture_output=True, text=True,
+        )
+        assert run.returncode == 0, f"{tokens[0]}:\n{run.stdout}{run.stderr}"
+    return {rel: (work / rel).read_bytes() for rel in sorted(targets)}
+
+
 @pytest.fixture(scope="module")
 def probe_results(tmp_path_factory) -> dict:
     from sglang_host import make_host_env, run_python
 
-    overlay = {
-        f"sglang/srt/speculative/{name}.py": (REPO / "payload" / f"{name}.py").read_bytes()
-        for name in PAYLOAD
-    }
+    overlay = _family_overlay(tmp_path_factory.mktemp("series"))
+    assert {f"sglang/srt/speculative/{name}.py" for name in PAYLOAD} <= set(overlay)
     env = make_host_env(tmp_path_factory.mktemp("host") / "v2", overlay=overlay,
                         version=RELEASE)
     standin = ks.install_as_sgl_kernel(tmp_path_factory.mktemp("standin"))

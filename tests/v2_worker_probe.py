@@ -6,8 +6,8 @@
 What is real here: SGLang's ``ScheduleBatch`` of ``Req`` objects, ``ReqToTokenPool``,
 ``TokenToKVPoolAllocator`` over a real ``MHATokenToKVPool`` (CPU, float64), ``RadixCache`` (disabled, as with --disable-radix-cache),
 ``KVIndexTranslator``, ``ForwardBatch.init_new``, ``LogitsProcessorOutput``, the runtime
-context from a real ``ServerArgs``, and, driven through ``DDTreeWorkerV2._ddtree_verify_and_
-commit``, SGLang's ``build_eagle_verify_input``, ``run_eagle_verify`` (``eagle_prepare_for_
+context from a real ``ServerArgs``, and, driven through ``DDTreeWorkerV2.forward_batch_
+generation`` (greedy) or ``_ddtree_verify_and_commit`` (sampling), SGLang's ``build_eagle_verify_input``, ``run_eagle_verify`` (``eagle_prepare_for_
 verify``, ``eagle_sample``, ``move_accept_tokens_to_target_kvcache``,
 ``_finalize_accept_tree_path``) and DFlash's draft-KV writer entry point.
 
@@ -18,9 +18,12 @@ NAMED STAND-INS:
 - The target: ``TinyTarget``, a 2-layer float64 transformer whose attention reads and writes
   SGLang's real KV pool through ``out_cache_loc`` / ``req_to_token`` and honours the verify's
   custom mask and positions (the CPU stand-in for the target model runner's forward).
-- The draft: per-depth top-K from ``TinyTarget`` perturbed, run along its own greedy chain
-  (the DFlash draft model needs a checkpoint and a GPU model runner); its top-K goes through
-  ``ddtree_lineage.sharded_topk_logprobs`` like the worker's head.
+- The draft: a perturbed ``TinyTarget`` run along its own greedy chain gives per-depth logits
+  (the DFlash draft model needs a checkpoint and a GPU model runner). Greedy: the draft model
+  runner stand-in returns hidden states that the target's LM head maps to those logits, and
+  the worker's own top-K head reads them. Sampling: their top-K goes through
+  ``ddtree_lineage.sharded_topk_logprobs`` over two vocabulary shards (simulated TP).
+- The tensor-parallel groups: a one-rank group object (no torch.distributed here).
 - ``_append_target_hidden_to_draft_kv_by_loc`` (DFlash's draft-KV writer; its kernels need the
   draft model) is replaced by a recorder of what it is handed: (slot, position, hidden row)
   of the committed rows, which the test compares with sequential decoding.
@@ -139,6 +142,10 @@ class Harness:
 
         args = ServerArgs(model_path="tiny-target", device="cpu")
         get_context().set_server_args(args)
+        from sglang.srt.runtime_context import get_parallel
+
+        # No torch.distributed here: a one-rank group stands in for the TP groups.
+        get_parallel().override_permanently(tp_group=_OneRank(), attn_tp_group=_OneRank())
 
     # -- real SGLang pieces ----------------------------------------------------------------
     def pools(self, target, bs, kv_slots=4096, max_context_len=512):
@@ -183,6 +190,27 @@ class Harness:
         w.plan_stream, w.plan_stream_ctx = None, None
         w._init_ddtree_state()
         w.draft_kv = {}  # (request row, position) -> (slot, hidden row)
+        # Draft side of the decode step (_ddtree_draft): DFlash's block buffers and constants
+        # as DFlashWorkerV2.__init__ leaves them, the target's embedding and LM head, and the
+        # draft runner stand-in.
+        import types
+
+        from sglang.srt.speculative.draft_worker_common import (
+            build_block_pos_offsets,
+            make_draft_block_spec_info,
+        )
+
+        runner.model = TargetModelStandIn(target)
+        w.draft_model = types.SimpleNamespace()
+        w.draft_parallel_layout = types.SimpleNamespace(tp_group=None)
+        w._draft_block_ids_buf = None
+        w._block_pos_offsets = build_block_pos_offsets(length=block, device="cpu")
+        w._mask_token_id = 0
+        w._noise_embed_scale = 1.0
+        w._full_embed_gpu = None
+        w._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=block,
+                                                              device="cpu")
+        w.draft_model_runner = DraftRunnerStandIn(translator, target, w)
 
         def record(*, target_hidden, cache_loc, positions, cache_loc_2d=None, commit_lens=None,
                    extend_lens=None):
@@ -197,6 +225,82 @@ class Harness:
 
         w._append_target_hidden_to_draft_kv_by_loc = record
         return w
+
+
+class TargetModelStandIn:
+    """The target model as the draft step reads it: input embeddings and the LM head."""
+
+    def __init__(self, target):
+        import torch
+
+        self.embed = torch.nn.Embedding.from_pretrained(target.emb, freeze=True)
+        self.lm_head = torch.nn.Module()
+        # float32: the dtypes DFlash treats as a dense (unquantized) head.
+        self.lm_head.weight = torch.nn.Parameter(target.head.T.float().contiguous(),
+                                                 requires_grad=False)
+
+    def get_input_embeddings(self):
+        return self.embed
+
+
+class DraftRunnerStandIn:
+    """Stand-in for the DFlash draft model runner: checks the block forward the worker built
+    (a real ForwardBatch: [bonus, MASK...] at prefix + j over the request's window slots) and
+    returns hidden states whose product with the target's LM head gives the draft stand-in's
+    per-depth logits (draft.causal along its own greedy chain from the request's context),
+    so the worker's own top-K head turns them into the tree's candidates."""
+
+    def __init__(self, translator, target, worker):
+        import torch
+
+        self.kv_index_translator = translator
+        self.worker = worker
+        # logits = hidden @ W.T with W = head.T [V, H], H >= V: hidden = logits @ pinv(W.T).
+        self.pinv = torch.linalg.pinv(target.head)  # [V, H]
+        self.draft = None
+        self.contexts = {}  # request row -> its tokens so far (prompt + output)
+        self.calls = 0
+
+    def forward(self, fb):
+        import types
+
+        import torch
+
+        self.calls += 1
+        block = int(self.worker.block_size)
+        bs = fb.batch_size
+        rtp = self.worker.model_runner.req_to_token_pool
+        assert fb.forward_mode.is_target_verify() and fb.input_ids.numel() == bs * block
+        hidden = []
+        for b in range(bs):
+            row, prefix = int(fb.req_pool_indices[b]), int(fb.seq_lens[b])
+            ids = fb.input_ids[b * block:(b + 1) * block].tolist()
+            ctx = self.contexts[row]
+            assert ids == [ctx[-1]] + [self.worker._mask_token_id] * (block - 1), ids
+            assert fb.positions[b * block:(b + 1) * block].tolist() == list(
+                range(prefix, prefix + block))
+            assert torch.equal(fb.out_cache_loc[b * block:(b + 1) * block].long(),
+                               rtp.req_to_token[row, prefix:prefix + block].long())
+            logits = _draft_marginals(self.draft, ctx, block - 1)  # [L, V]
+            hidden.append(torch.cat([torch.zeros(1, self.pinv.shape[1], dtype=logits.dtype),
+                                     logits @ self.pinv]))
+        out = types.SimpleNamespace(hidden_states=torch.cat(hidden))
+        return types.SimpleNamespace(logits_output=out, can_run_graph=False)
+
+
+def _draft_marginals(draft, ctx, depth):
+    import torch
+
+    memo = draft.__dict__.setdefault("_memo", {})
+    key = (tuple(ctx), depth)
+    if key not in memo:
+        ids, per_depth = list(ctx), []
+        for _ in range(depth):
+            lg, _ = draft.causal(ids)
+            per_depth.append(lg[-1])
+            ids.append(int(lg[-1].argmax()))
+        memo[key] = torch.stack(per_depth)
+    return memo[key]
 
 
 class StandInRunner:
@@ -326,18 +430,7 @@ def draft_topk(h, draft, contexts, depth, k, shards=2):
     torch = h.torch
     from sglang.srt.speculative.ddtree_lineage import sharded_topk_logprobs
 
-    rows = []
-    memo = draft.__dict__.setdefault("_memo", {})
-    for ctx in contexts:
-        key = (tuple(ctx), depth)
-        if key not in memo:
-            ids, per_depth = list(ctx), []
-            for _ in range(depth):
-                lg, _ = draft.causal(ids)
-                per_depth.append(lg[-1])
-                ids.append(int(lg[-1].argmax()))
-            memo[key] = torch.stack(per_depth)
-        rows.append(memo[key])
+    rows = [_draft_marginals(draft, ctx, depth) for ctx in contexts]
     logits = torch.stack(rows)  # [bs, L, V]
     bs, L, V = logits.shape
     flat = logits.reshape(bs * L, V)
@@ -368,7 +461,7 @@ def draft_topk(h, draft, contexts, depth, k, shards=2):
 
 
 def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling=None,
-               seed=0, check=True, first_token=None, kv_slots=4096):
+               seed=0, check=True, first_token=None, kv_slots=4096, via_forward=False):
     torch = h.torch
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -386,6 +479,8 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     cache = RadixCache(CacheInitParams(
         disable=True, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc, page_size=1))
     w = h.worker(target, budget, topk, block, rtp, kv, alloc)
+    w.draft_model_runner.draft = draft
+    w.via_forward = via_forward
     reqs = []
     for i, prompt in enumerate(prompts):
         params = SamplingParams(max_new_tokens=max_new[i], **(sampling or {"temperature": 0.0}))
@@ -410,8 +505,14 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
         req.output_ids.append(bonus[req.rid])
     active = list(range(bs))
     steps, accepts = 0, []
-    # What the scheduler's spec bag holds for DDTREE (release_kv_cache reads the algorithm).
-    with get_spec().override(speculative_algorithm="DDTREE"):
+    # What the scheduler's spec bag holds once the plugin resolved DDTREE (budget B, verify
+    # width B + 1, the draft block, per-depth K): prepare_for_decode (the family's 0005 hunk)
+    # and release_kv_cache read it.
+    with get_spec().override(
+        speculative_algorithm="DDTREE", speculative_ddtree_budget=budget,
+        speculative_num_draft_tokens=budget + 1, speculative_dflash_block_size=block,
+        speculative_eagle_topk=topk, speculative_ddtree_topk=topk,
+    ):
         steps = _decode_loop(h, target, draft, prompts, max_new, budget, topk, block, sampling,
                              gen, check, reqs, rows, bonus, active, accepts, w, rtp, kv, alloc,
                              cache)
@@ -447,15 +548,28 @@ def _decode_loop(h, target, draft, prompts, max_new, budget, topk, block, sampli
         draft_input = make_draft_input_v2(
             bonus_tokens=torch.tensor([bonus[r.rid] for r in areqs]), new_seq_lens=committed
         )
-        # The real over-allocation for the next step, at the DDTree verify width.
-        with get_spec().override(speculative_num_draft_tokens=budget + 1):
-            draft_input.prepare_for_decode(batch)
+        # The real over-allocation for the step (the family's 0005: block + max(B + 1, block)
+        # past the committed length, not DFlash's 2 x (B + 1)).
+        draft_input.prepare_for_decode(batch)
+        reserve = block + max(budget + 1, block)
+        ahead = [r.kv.kv_allocated_len - r.kv.kv_committed_len for r in areqs]
+        # Never short of the step's need; exactly the reserve where this step allocated (a
+        # request allocated ahead earlier may hold more, never 2 x (B + 1) fresh).
+        assert min(ahead) >= reserve and reserve in ahead, (ahead, reserve)
         batch.spec_info = draft_input
         contexts = [list(prompts[i]) + list(reqs[i].output_ids) for i in active]
-        logprobs, tokens = draft_topk(h, draft, contexts, block - 1, topk)
-        window = w_window(h, w, batch, block)
         w._rows = [rows[i] for i in active]
-        res = w._ddtree_verify_and_commit(batch, draft_input, logprobs, tokens, window, None)
+        if w.via_forward:
+            # The worker's whole decode step: DFlash block -> top-K head -> tree -> verify.
+            for i, ctx in zip(active, contexts):
+                w.draft_model_runner.contexts[rows[i]] = ctx
+            batch.can_run_decode_cuda_graph = False
+            res = w.forward_batch_generation(batch)
+        else:
+            logprobs, tokens = draft_topk(h, draft, contexts, block - 1, topk)
+            window = w_window(h, w, batch, block)
+            res = w._ddtree_verify_and_commit(batch, draft_input, logprobs, tokens, window,
+                                              None)
         steps += 1
         n = budget + 1
         out = res.next_token_ids.view(len(active), n)
@@ -537,8 +651,8 @@ def case_greedy_lossless(h):
     plens, max_new = [4, 9, 15], [6, 23, 14]
     prompts = [torch.randint(0, target.vocab, (m,), generator=gen).tolist() for m in plens]
     reqs, steps, accepts, w = run_decode(h, target, draft, prompts, max_new, budget=10,
-                                         topk=3, block=5)
-    assert w._target_worker.calls == steps
+                                         topk=3, block=5, via_forward=True)
+    assert w._target_worker.calls == steps == w.draft_model_runner.calls
     # Not vacuous: deep paths and off-chain (rank > 0) accepts happened.
     assert max(accepts) >= 2, accepts
     assert int(w._ddtree_offchain) >= 1, "no off-chain accept: the tree never mattered"
@@ -583,7 +697,6 @@ def case_sampling_law(h):
         sgl_kernel.tree_speculative_sampling_target_only
     )
     eagle_utils._is_cpu = False
-    get_parallel().override_permanently(tp_group=_OneRank(), attn_tp_group=_OneRank())
     target = TinyTarget(torch, vocab=6, hidden=16, seed=4, scale=0.6)
     target.head = target.head * 0.1  # spread-out next-token laws (~0.4/0.4/0.2 at the root)
     draft = target.perturbed(0.05, seed=5)  # agrees often, not always
