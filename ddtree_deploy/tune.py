@@ -252,8 +252,9 @@ def next_step(opts: TuneOptions, records: Sequence[Record]) -> Step | None:
        stops at a failed launch (a larger verify width needs more memory) or once a
        budget is DROP_STOP slower than that top-K's best (past the peak);
     3. refine: around the best DDTree so far (at the choice concurrency), the budgets the
-       coarse pass skipped next to its budget, and the neighbouring top-K values at its
-       budget; repeated until the best no longer moves;
+       coarse pass skipped next to its budget and the neighbouring top-K values at its
+       budget; around each other top-K's best within DROP_STOP of it, the budgets next to
+       that one; repeated until no centre moves;
     4. repeat: the best two eligible DDTree configurations and the first baseline run
        ``opts.repeats`` more times each, for the run-to-run noise.
     """
@@ -276,13 +277,22 @@ def next_step(opts: TuneOptions, records: Sequence[Record]) -> Step | None:
             if best and tps < best * (1 - DROP_STOP):
                 break
             best = max(best, tps)
-    # Hill climbing on the grid: each refinement that beats the best makes it the new
-    # centre, so its own neighbours come next; it ends when the best has all of them.
+    # Hill climbing on the grid: each refinement that beats a centre becomes one, so its
+    # own neighbours come next. Centres: the best DDTree so far, and the best budget of
+    # every other top-K within DROP_STOP of it (a near-tie on the coarse grid must not
+    # hide the peak between two coarse budgets of another top-K).
     best = _best_ddtree(done, at)
     if best is not None:
-        for c in _neighbours(opts, best.config):
-            if c not in done:
-                return Step(c, "refine", why=f"next to the best so far ({best.config.label})")
+        centres = [best]
+        for k in opts.topk:
+            line = _best_ddtree({c: r for c, r in done.items() if c.topk == k}, at)
+            if line is not None and line is not best and line.tps(at) >= best.tps(at) * (1 - DROP_STOP):
+                centres.append(line)
+        for centre in centres:
+            for c in _neighbours(opts, centre.config, topk_too=centre is best):
+                if c not in done:
+                    return Step(c, "refine", why=f"next to {centre.config.label} "
+                                                 f"({'the best' if centre is best else 'best of its top-K'} so far)")
     if opts.repeats:
         choice = choose(opts, records)
         wanted = [c for c in (choice.best, choice.second) if c is not None]
@@ -300,13 +310,15 @@ def _best_ddtree(done: Mapping[Config, Record], at: int) -> Record | None:
     return max(ok, key=lambda r: (r.tps(at), -r.config.budget, -r.config.topk), default=None)
 
 
-def _neighbours(opts: TuneOptions, c: Config) -> list[Config]:
+def _neighbours(opts: TuneOptions, c: Config, topk_too: bool = True) -> list[Config]:
     budgets, topk = sorted(opts.budgets), sorted(opts.topk)
     out = []
     i = budgets.index(c.budget)
     for j in (i - 1, i + 1):
         if 0 <= j < len(budgets):
             out.append(Config("ddtree", budgets[j], c.topk))
+    if not topk_too:
+        return out
     i = topk.index(c.topk)
     for j in (i - 1, i + 1):
         if 0 <= j < len(topk):

@@ -332,3 +332,19 @@ def test_bad_hosts_are_one_line_exit_2(hosts, tmp_path):
     (out / "results.jsonl").write_text("{}\n")
     proc = cli(["--host", "gpu", "--out", str(out)], hosts, tmp_path)
     assert proc.returncode == 2 and "a results file is already there: pass --resume" in proc.stderr
+
+
+def test_refine_looks_between_coarse_budgets_of_a_near_tied_top_k():
+    """The demo's case (docs/tune.md): on the coarse grid B=16 K=1 is best by a hair over
+    B=16 K=2, while the peak is at B=8 K=2, between two coarse budgets of the other top-K.
+    Refining only around the single best would never launch it."""
+    opts = TuneOptions(budgets=(4, 8, 16, 64), topk=(1, 2), concurrency=(4,), baselines=("dflash",), repeats=0)
+    table = {(4, 1): 131, (8, 1): 132, (16, 1): 146.5, (64, 1): 70, (4, 2): 142, (8, 2): 170, (16, 2): 145,
+             (64, 2): 72}
+    records: list[Record] = []
+    while (step := tune.next_step(opts, records)) is not None:
+        c = step.config
+        tps = 138.0 if c.kind == "dflash" else table[(c.budget, c.topk)]
+        records.append(Record(c, step.stage, "ok", step.repeat, (Measure(4, tps, 4, 50, 60, 20, 80, 8),)))
+    assert tune.choose(opts, records).best == Config("ddtree", 8, 2)
+    assert [r.config for r in records if r.stage == "refine"][:2] == [Config("ddtree", 8, 1), Config("ddtree", 8, 2)]
