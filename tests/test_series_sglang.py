@@ -355,6 +355,10 @@ def test_ddtree_max_running_requests_derived_from_memory(server_args_probe):
     cap = int(free * 0.5 // per_request)
     assert 1 <= cap < 48, (cap, plan)
     assert got["max_running_requests"] == cap
+    # The derived cap is logged with its numbers.
+    logged = [ln for ln in server_args_probe["mem_derived:log"] if "max_running_requests" in ln]
+    assert len(logged) == 1 and f"max_running_requests = {cap} " in logged[0], logged
+    assert "budget 1024 x vocab 512" in logged[0]
     # An explicit value within the cap is kept.
     assert server_args_probe["mem_explicit_fits"]["max_running_requests"] == 1
 
@@ -479,7 +483,23 @@ def _probe_server_args(models: Path, *unused: str) -> dict:
         "hybrid_allowed": make(model_path=hybrid, disable_radix_cache=True,
                                speculative_ddtree_allow_hybrid_unsafe=True),
     }
-    results = {name: _outcome(build) for name, build in cases.items()}
+    import logging
+
+    class _Lines(logging.Handler):  # what DDTREE's validation logs, per case
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    results = {}
+    for name, build in cases.items():
+        lines = _Lines()
+        logging.getLogger("sglang.srt.speculative.ddtree_args").addHandler(lines)
+        results[name] = _outcome(build)
+        logging.getLogger("sglang.srt.speculative.ddtree_args").removeHandler(lines)
+        results[name + ":log"] = lines.lines
     results["mem_plan"] = {"device_memory_mib": device_mib}
     return results
 
