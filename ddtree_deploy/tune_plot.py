@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")  # files only: never a display
 import matplotlib.pyplot as plt  # noqa: E402
@@ -38,6 +39,9 @@ def plot_png(opts: tune.TuneOptions, records: Sequence[tune.Record], path: Path,
         ax.plot([choice.best.budget], [choice.best_tps], marker="*", markersize=16, color="gold",
                 markeredgecolor="black", linestyle="none", label="chosen")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(opts.budgets))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("DDTree budget (tree nodes per request)")
     ax.set_ylabel("output tokens/s")
     ax.set_title(f"{title}: throughput at concurrency {at}" if title else f"throughput at concurrency {at}")
