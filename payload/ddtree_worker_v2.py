@@ -36,6 +36,7 @@ EAGLE's own tree-aware ``commit_mamba_states_after_verify`` runs).
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Optional, Tuple
 
@@ -375,11 +376,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         bs = len(batch.seq_lens)
         n = self.ddtree_verify_width
         k = int(tokens.shape[2])
-        prefix_lens = batch.seq_lens
         roots = draft_input.bonus_tokens.view(-1).to(torch.int64)
         layout, parent_list, top_scores_index, draft_tokens = self._ddtree_build(
             roots, logprobs, tokens
         )
+        # EAGLE's verify rebinds the batch's input ids, cache locs, spec_info and forward
+        # mode; a shallow copy keeps the scheduler's batch as it was (UNO does the same).
+        batch = copy.copy(batch)
         verify_input = build_eagle_verify_input(
             batch,
             EagleDraftInput(bonus_tokens=roots),

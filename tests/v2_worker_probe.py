@@ -169,7 +169,6 @@ class Harness:
 
     # -- the worker, built without __init__ (that loads a draft model on a GPU) -------------
     def worker(self, target, budget, topk, block, req_to_token_pool, kv, allocator):
-        torch = self.torch
         from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
         from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
 
