@@ -741,10 +741,11 @@ class _Applier:
         return (hi == n and self.src_open) == (sf == 0 and not pat.last_nl)
 
     def _locate(self, pat: _Pattern, first: int, fuzz: int, whole_file: bool = False,
-                only_at: bool = False) -> int | None:
+                only_at: bool = False, reach: int | None = None) -> int | None:
         """The 1-based line where the hunk lands at this fuzz level, or None (GNU's locate_hunk).
 
-        ``only_at``: try the expected line ``first`` alone (no search at other places).
+        ``only_at``: try the expected line ``first`` alone (no search at other places);
+        ``reach``: only places at most that many lines from ``first``.
         """
         m, n = len(pat.bodies), len(self.src)
         if m == 0:  # nothing to match: a pure insertion lands where it says
@@ -772,6 +773,8 @@ class _Applier:
         if only_at:
             ok = min_where <= first <= max_where and self._matches(pat, first, pf, sf)
             return first if ok else None
+        if reach is not None:
+            min_where, max_where = max(min_where, first - reach), min(max_where, first + reach)
         if m - sf <= pf:  # fuzz left no line to compare: the nearest allowed line
             if min_where > max_where:
                 return None
@@ -942,15 +945,19 @@ class _Applier:
                 if done is not None:
                     return self._already(index, h, rev, first, done, fuzz)
             if where is None:
-                # Then outward from there, forward first, as GNU patch searches (a new side
-                # found nearer than the old side elsewhere proves nothing: drift moves both).
+                # Then outward from there, both ways: the nearer wins, on equal distance the
+                # new side (the safe side). Drift from other upstream changes moves a hunk a
+                # few lines; its new side found nearer than its old side means the change is
+                # there, and applying the old side's match farther away would make it twice
+                # (GNU patch searches forward everywhere first; the differential test names it).
                 # A new side marked "no newline" that lands mid-file gets its newline back
                 # when the next line is written (_copy_till, _write_added), as GNU patch does.
                 where = self._locate(fwd, first, fuzz, whole)
-                if where is None and can_reverse:
+                if can_reverse:
                     rev = rev or _pattern(h, self.strip_cr, new_side=True)
-                    done = self._locate(rev, first, fuzz)
-                    if done is not None:
+                    reach = None if where is None else abs(where - first)
+                    done = self._locate(rev, first, fuzz, reach=reach)
+                    if done is not None and (reach is None or abs(done - first) <= reach):
                         return self._already(index, h, rev, first, done, fuzz)
             if where is not None:
                 line = where + self.out_offset
