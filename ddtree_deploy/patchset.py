@@ -30,15 +30,28 @@ lines can be checked against ``patch`` itself; see tests/test_patch_differential
 * Lines match byte for byte, including whether the line has a newline: a hunk
   line followed by "\\ No newline at end of file" matches only a last line that
   lacks one, and a line with a newline never matches such a last line.
-* Order of attempts: forward without fuzz, then the reverse hunk without fuzz
-  (already applied; GNU patch checks this for the first hunk of a file only, we
-  check every hunk), then forward with fuzz 1..fuzz. A reverse match is never
-  fuzzy: "already applied" must be certain, or a change could be applied twice.
+* Never a change twice. At each fuzz level 0..fuzz, every hunk is first tried at
+  its expected place (stated line plus the offset so far) both ways: the new side
+  there means already-applied, whatever matches elsewhere; where both sides match
+  there (repeated lines) the longer side wins. Then outward from that place both
+  ways: the nearer match wins, on equal distance the new side. GNU patch instead
+  searches forward everywhere first and checks "previously applied" on the first
+  hunk only; the differential test names where the two differ and checks that the
+  new side really is where the engine says. The reverse match uses the same fuzz
+  as the forward one (GNU patch does), so fuzz never re-adds a line that is there.
+  A file with some hunks already applied and others applied now is
+  ``FileResult.partly_applied``; the check layer refuses it unless asked.
 * Fuzz f ignores up to f context lines at each end of the hunk (never changed
   lines), limited by the hunk's context; lines kept from the file are the file's,
   so fuzzed context is never rewritten.
 * Where a line is written after a last line that had no newline, that line gets
   its newline first (GNU patch 2.7.6 can join the two into one line).
+
+Cost: the input's lines are indexed once (line -> positions); a hunk not at its
+expected place is looked for only where its rarest line occurs, and a failed hunk's
+nearest location is counted from those places with a bound that stops early, so
+placement stays near-linear in the file and the patch. Inputs past MAX_PATCH_CHARS,
+MAX_HUNKS, MAX_HUNK_LINES or MAX_LINE_CHARS are refused (BadInput) before any work.
 
 Line endings: a file whose every line ends in CRLF keeps CRLF (new lines get
 CRLF) whether the patch is LF or CRLF. A patch whose body lines all end in CRLF,
