@@ -260,9 +260,13 @@ class _SSHProcess(Process):
                 code = None
             tail = self._stderr_tail() if code is not None else ""
         except Exception:
-            return None, ""
-        finally:
+            code, tail = None, ""
+        try:
+            # On a cut connection paramiko's close raises EOFError (it tries to send the
+            # channel-close message): the connection is gone, which is all close means.
             self.chan.close()
+        except Exception:
+            pass
         return code, tail
 
 
@@ -433,6 +437,8 @@ class SSHTransport(Transport):
         if self.conn is not None:
             try:
                 self.conn.close()
+            except Exception:
+                pass  # a cut connection fails its own goodbye (EOFError): it is closed either way
             finally:
                 self.conn = None
 

@@ -323,6 +323,8 @@ def test_state_dir_that_is_not_ours_is_refused(sshd, tmp_path, env, monkeypatch,
         assert "state_dir" in r.stderr and "Traceback" not in r.output, (name, r.stderr)
         errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1, (name, r.stderr)
+        st = _cli("status", "--host", "h")  # read-only, and refused all the same
+        assert st.exit_code == 2 and "state_dir" in st.stderr, (name, st.output)
     assert (theirs / "staging" / "keep").is_dir() and json.loads((theirs / "journal.json").read_text()) == {"mine": True}
     assert not (h.site / "sglang" / ".state").exists() and not (tmp_path / "h" / "state").exists()
     assert files(h) == before and not Path(str(tmp_path) + "/$(id)").exists()
@@ -438,6 +440,8 @@ out.write(b'{"ok": true, "pad": "' + b"a" * (32 << 20) + b'"}\\n'); out.flush();
     t0 = time.monotonic()
     with SSHTransport(big) as t, AgentSession(t, big) as sess:
         reply = sess.one({"op": "init"})
+        # SSH keepalives on the connection: a vanished host fails the read, never hangs it.
+        assert t.conn.transport.packetizer._Packetizer__keepalive_interval == 15
     took = time.monotonic() - t0
     assert reply["ok"] and len(reply["pad"]) == 32 << 20
     print(f"\n32 MiB agent reply read in {took:.2f} s")
@@ -554,5 +558,23 @@ def test_a_cut_during_the_upload_is_one_connection_error_line(sshd, tmp_path, en
             proxy.arm(None)
             _cli("rollback", "--host", "h")
         assert seen >= 8
+        # Densely across status's whole conversation (the agent upload is most of it): a
+        # cut there once ended in paramiko's EOFError escaping the channel's close.
+        proxy.arm(None)
+        assert _cli("status", "--host", "h").exit_code == 0
+        total, dense = proxy.relayed, 0
+        for cut in range(3000, total, 500):
+            proxy.arm(cut)
+            r = _cli("status", "--host", "h")
+            if not proxy.cut:
+                continue
+            dense += 1
+            assert "Traceback" not in r.output and "EOFError" not in r.output, (cut, r.output)
+            if r.exit_code == 0:  # cut after the last reply (the channel's goodbye): status was read
+                assert "lock:" in r.stdout, (cut, r.output)
+                continue
+            assert r.exit_code == 1, (cut, r.output)
+            assert len([line for line in r.stderr.splitlines() if line.startswith("error:")]) == 1, r.stderr
+        assert dense >= 40
     finally:
         proxy.close()
