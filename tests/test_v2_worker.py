@@ -22,7 +22,7 @@ Two layers:
      a committed position holds that position's KV; the draft is handed, for every committed
      position, the same hidden state as sequential decoding;
    - sampling (verify/accept/commit with a 2-shard top-K): the law of the two tokens the
-     worker emits equals the target's (chi-square on a 6-token vocabulary, 600 requests; a
+     worker emits equals the target's (chi-square on a 6-token vocabulary, 400 requests; a
      sampling walk without the residual is rejected);
    - no host sync: the tree build + lineage + off-chain counter make no .item()/.tolist()/
      .cpu() call; the /server_info report hook; the top-K head as the draft graph calls it.

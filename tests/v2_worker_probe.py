@@ -699,7 +699,7 @@ def case_sampling_law(h):
     target = TinyTarget(torch, vocab=6, hidden=16, seed=4, scale=0.6)
     target.head = target.head * 0.1  # spread-out next-token laws (~0.4/0.4/0.2 at the root)
     draft = target.perturbed(0.05, seed=5)  # agrees often, not always
-    prompt, first, trials = [1, 4, 2, 5, 0], 3, 600
+    prompt, first, trials = [1, 4, 2, 5, 0], 3, 400
     torch.manual_seed(11)  # EAGLE's verify coins come from torch.rand
     # K = 2: the root's two children carry ~80 % of the mass, so all-rejected nodes (and the
     # residual draw) happen in a fair share of the trials.
