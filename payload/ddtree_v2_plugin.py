@@ -305,6 +305,7 @@ def _spec_class():
             resolve_server_args(server_args)
 
         def create_worker(self, server_args):
+            ddtree_verify_width(server_args)  # refuses args not resolved as DDTREE's
             worker = self.factory(server_args)
             if getattr(worker, "DDTREE_TREE_VERIFY", False) is not True:
                 raise RuntimeError(

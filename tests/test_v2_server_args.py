@@ -165,17 +165,17 @@ def test_cuda_graph_capture_verifies_the_target_as_eagle_and_drafts_as_dflash(re
     assert cap["dflash_target"]["type"] == "DFlashVerifyInput" and not cap["dflash_target"]["mask_is_buffer"]
 
 
-def test_a_spawned_process_has_ddtree_registered(patched_env):
+def test_a_spawned_process_has_ddtree_registered(resolved):
     # The scheduler and data-parallel children are spawned: a fresh interpreter that only
     # unpickles the resolved args and imports spec_info resolves DDTREE (hunk 0002).
-    got = _probe(patched_env, "spawn")
+    got = resolved["_spawn"]
     assert got == {"algorithm": "CustomSpecAlgo('DDTREE')", "worker": "DDTreeWorkerV2", "width": 65}
 
 
-def test_the_server_info_report_hook_is_applied_in_the_scheduler(patched_env):
+def test_the_server_info_report_hook_is_applied_in_the_scheduler(resolved):
     # The scheduler module imports spec_info (so the plugin) at its top, then its process
     # calls load_plugins(), which applies the plugin's AFTER hook on get_internal_state.
-    got = _probe(patched_env, "report-hook")
+    got = resolved["_report_hook"]
     assert got == {"before_load_plugins": False, "wrapped": True, "hook": "_internal_state_report"}
 
 
@@ -240,6 +240,9 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
         if fields["speculative_algorithm"] == "DDTREE":
             result.update(_ddtree_facts(args, plugin, get_spec, publish))
         out[name] = result
+    if plugin is not None:  # the patched release: two more facts from this process
+        out["_spawn"] = _probe_spawn(models)
+        out["_report_hook"] = _probe_report_hook(models)
     return out
 
 
@@ -359,6 +362,6 @@ def _probe_report_hook(models: Path) -> dict:
 
 
 if __name__ == "__main__":
-    _probes = {"resolve": _probe_resolve, "spawn": _probe_spawn, "report-hook": _probe_report_hook}
+    _probes = {"resolve": _probe_resolve}
     _result = _probes[sys.argv[1]](Path(sys.argv[2]), *sys.argv[3:])
     print(PROBE_TAG + json.dumps(_result, default=str), flush=True)
