@@ -2,9 +2,11 @@
 
 It cannot run here (CUDA kernels, a served model). What can be checked without a GPU is: the
 shell script parses, the helper compiles and imports with the standard library alone and
-offers its three commands, and its ``install`` step really installs: the 0.5.23 wheel plus the
-v2 family's series land in a folder where every installed Python file byte-compiles and the
-worker module carries the tree-verify marker.
+offers its three commands, its ``install`` step really installs (the 0.5.23 wheel plus the v2
+family's series land in a folder where every installed Python file byte-compiles and the
+worker module carries the tree-verify marker), and its ``kernels`` step runs at small shapes
+on CPU through SGLang's CPU-engine path with the named kernel stand-ins, so its calls into
+SGLang are right before a GPU is spent on them. ``serve`` is only import-checked.
 """
 
 from __future__ import annotations
@@ -61,3 +63,26 @@ def test_install_step_lays_down_a_compiling_patched_release(tmp_path):
         for line in (REPO / "patches" / "sglang-0.5.20" / patch).read_text().splitlines():
             if line.startswith("+++ b/"):
                 py_compile.compile(str(site / line[6:].split("\t")[0]), doraise=True)
+
+
+def test_kernels_step_runs_on_cpu_against_the_patched_release(tmp_path):
+    # The script's `kernels` step at small shapes on CPU (SGLang's CPU-engine path, the named
+    # kernel stand-ins of tests/v2_kernel_standins.py): SGLang's build_tree_kernel_efficient
+    # and verify_tree_greedy_func wrappers called the way the GPU run calls them, on the
+    # release with the family applied. The sync check and the sampling kernel are CUDA-only.
+    import json
+
+    import v2_kernel_standins as ks
+    from sglang_host import make_host_env, run_python
+    from test_v2_worker import RELEASE, _family_overlay
+
+    (tmp_path / "series").mkdir()
+    env = make_host_env(tmp_path / "host", overlay=_family_overlay(tmp_path / "series"),
+                        version=RELEASE)
+    standin = ks.install_as_sgl_kernel(tmp_path / "standin")
+    run = run_python(env, [str(HELPER), "kernels", "--device", "cpu"], timeout=600,
+                     extra_env={"PYTHONPATH": standin, "SGLANG_USE_CPU_ENGINE": "1"})
+    rows = [json.loads(line[len("GPU-V2:"):]) for line in run.stdout.splitlines()
+            if line.startswith("GPU-V2:")]
+    assert run.returncode == 0 and len(rows) == 6, run.stdout[-2000:] + run.stderr[-4000:]
+    assert all(row["ok"] for row in rows), rows
