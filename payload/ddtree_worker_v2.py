@@ -24,8 +24,10 @@ requests), so the overlap scheduler's CPU work for the next batch runs alongside
 
 Widths: the target verifies ``budget + 1`` tokens per request (``speculative_num_draft_tokens``
 after the plugin's resolution); the draft runs its own block (``speculative_dflash_block_size``).
-``__init__`` builds the DFlash machinery under ``get_spec().override(speculative_num_draft_tokens
-= block)`` so every draft-side size reads the block.
+The draft runner sizes itself by the block through the plugin's
+``get_num_tokens_per_req_for_target_verify``; ``__init__`` then re-derives what
+``DFlashWorkerV2.__init__`` took from ``speculative_num_draft_tokens`` (B + 1 here) for the
+block (``_ddtree_set_draft_block``).
 
 Not supported (refused at start-up with one line): DFlash heads that are not per-position
 marginals (selector, Domino, LiLiCorr), the compact draft window (``--speculative-draft-window-
@@ -131,14 +133,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self.ddtree_topk = ddtree_topk(spec)
         draft_block = ddtree_draft_block(spec)
         self.ddtree_verify_width = verify_width(self.ddtree_budget)
-        # The draft side (block buffers, draft runner, mask-token block) reads the block.
-        with spec.override(speculative_num_draft_tokens=draft_block):
-            super().__init__(server_args, gpu_id, nccl_port, target_worker)
-        if int(self.block_size) != draft_block:
-            raise ValueError(
-                f"DDTREE: the DFlash worker built a draft block of {self.block_size}, "
-                f"expected speculative_dflash_block_size={draft_block}."
-            )
+        # The draft runner sizes itself by the block already (the plugin's
+        # get_num_tokens_per_req_for_target_verify answers the block for the draft worker),
+        # but DFlashWorkerV2.__init__ takes its block from speculative_num_draft_tokens,
+        # which is B + 1 here. (Not overridden around __init__: the plugin's helpers refuse a
+        # Spec whose width is not B + 1, and the draft runner calls them while it builds.)
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self._ddtree_set_draft_block(draft_block)
         if self.selector is not None or self.lilicorr is not None or self._is_domino:
             raise ValueError(
                 "DDTREE needs a plain DFlash draft (per-position marginals); this draft "
@@ -152,6 +153,24 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if get_parallel().attn_dp_enabled:
             raise ValueError("DDTREE does not support --enable-dp-attention; drop the flag.")
         self._init_ddtree_state()
+
+    def _ddtree_set_draft_block(self, block: int) -> None:
+        """Everything DFlashWorkerV2.__init__ derived from its block, for the draft block."""
+        from sglang.srt.speculative.draft_worker_common import (
+            build_block_pos_offsets,
+            make_draft_block_spec_info,
+        )
+
+        self.block_size = int(block)
+        self.draft_model.set_block_size(self.block_size)
+        # What the scheduler-side code reads as this worker's verify width.
+        self.speculative_num_draft_tokens = int(self.ddtree_verify_width)
+        self._block_pos_offsets = build_block_pos_offsets(length=self.block_size,
+                                                          device=self.device)
+        self._draft_block_ids_buf = None  # re-sized by _ensure_draft_block_buffers
+        self._draft_block_spec_info = make_draft_block_spec_info(
+            draft_token_num=self.block_size, device=self.device
+        )
 
     def _init_ddtree_state(self) -> None:
         """Per-worker DDTree state (also used by the CPU tests, which build the worker
@@ -172,12 +191,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     # ---------------------------------------------------------------------------------
     # Start-up: the draft graph folds the top-K head in (instead of DFlash's argmax head).
-
-    def init_cuda_graphs(self):
-        from sglang.srt.runtime_context import get_spec
-
-        with get_spec().override(speculative_num_draft_tokens=int(self.block_size)):
-            super().init_cuda_graphs()
 
     def _maybe_build_draft_sampler(self):
         """Replaces DFlash's in-graph argmax head with the top-K head (dense LM head only;

@@ -182,12 +182,10 @@ class Harness:
         w.ddtree_budget = budget
         w.ddtree_topk = topk
         w.ddtree_verify_width = budget + 1
-        w.block_size = block
         w.model_runner = runner
         w._target_worker = StandInTargetWorker(runner)
         w.draft_model_runner = runner  # _draft_write_ids: the target's ids (shared pool)
         w.plan_stream, w.plan_stream_ctx = None, None
-        w._init_ddtree_state()
         w.draft_kv = {}  # (request row, position) -> (slot, hidden row)
         # Draft side of the decode step (_ddtree_draft): DFlash's block buffers and constants
         # as DFlashWorkerV2.__init__ leaves them, the target's embedding and LM head, and the
@@ -200,15 +198,24 @@ class Harness:
         )
 
         runner.model = TargetModelStandIn(target)
-        w.draft_model = types.SimpleNamespace()
+        blocks = []
+        w.draft_model = types.SimpleNamespace(set_block_size=blocks.append)
         w.draft_parallel_layout = types.SimpleNamespace(tp_group=None)
-        w._draft_block_ids_buf = None
-        w._block_pos_offsets = build_block_pos_offsets(length=block, device="cpu")
         w._mask_token_id = 0
         w._noise_embed_scale = 1.0
         w._full_embed_gpu = None
-        w._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=block,
+        # As DFlashWorkerV2.__init__ leaves them with speculative_num_draft_tokens = B + 1,
+        # then the worker's own fix-up for the draft block.
+        w.block_size = budget + 1
+        w._block_pos_offsets = build_block_pos_offsets(length=budget + 1, device="cpu")
+        w._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=budget + 1,
                                                               device="cpu")
+        w._ddtree_set_draft_block(block)
+        assert blocks == [block] and w.block_size == block
+        assert w.speculative_num_draft_tokens == budget + 1
+        assert w._block_pos_offsets.tolist() == list(range(block))
+        assert w._draft_block_spec_info.draft_token_num == block
+        w._init_ddtree_state()
         w.draft_model_runner = DraftRunnerStandIn(translator, target, w)
 
         def record(*, target_hidden, cache_loc, positions, cache_loc_2d=None, commit_lens=None,
