@@ -38,6 +38,7 @@ EAGLE's own tree-aware ``commit_mamba_states_after_verify`` runs).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from typing import Optional, Tuple
@@ -179,6 +180,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self.ddtree_depth = int(self.block_size) - 1
         self.ddtree_reserve = decode_reserve(self.ddtree_budget, int(self.block_size))
         self._ddtree_head: Optional[_DDTreeTopKHead] = None
+        # EAGLE's verify can prepare on a separate plan stream; DDTree prepares on the forward
+        # stream (set here: DFlashWorkerV2.__getattr__ would otherwise ask the draft worker).
+        self.plan_stream = None
+        self.plan_stream_ctx = contextlib.nullcontext()
         # Verify steps in which some request accepted an off-chain node (rank > 0 somewhere
         # on its path): a device counter, read only when the internal state is asked for.
         self._ddtree_offchain = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -411,19 +416,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             device=self.device,
         )
         batch.spec_info = verify_input
-        plan_stream = getattr(self, "plan_stream", None)
-        plan_stream_ctx = getattr(self, "plan_stream_ctx", None)
-        if plan_stream_ctx is None:
-            import contextlib
-
-            plan_stream_ctx = contextlib.nullcontext()
         result = run_eagle_verify(
             batch,
             target_worker=self.target_worker,
             req_to_token_pool=self.model_runner.req_to_token_pool,
             token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
-            plan_stream=plan_stream,
-            plan_stream_ctx=plan_stream_ctx,
+            plan_stream=self.plan_stream,
+            plan_stream_ctx=self.plan_stream_ctx,
             topk=k,
             num_draft_tokens=n,
             device=self.device,

@@ -185,7 +185,6 @@ class Harness:
         w.model_runner = runner
         w._target_worker = StandInTargetWorker(runner)
         w.draft_model_runner = runner  # _draft_write_ids: the target's ids (shared pool)
-        w.plan_stream, w.plan_stream_ctx = None, None
         w.draft_kv = {}  # (request row, position) -> (slot, hidden row)
         # Draft side of the decode step (_ddtree_draft): DFlash's block buffers and constants
         # as DFlashWorkerV2.__init__ leaves them, the target's embedding and LM head, and the
