@@ -25,10 +25,17 @@ BENCH_MODULE = "sglang.bench_serving"
 # --dataset-path is given); `random-ids` is random token ids, offline. The prompts depend
 # only on --seed, the lengths and the tokenizer: the same for every configuration.
 OFFLINE_DATASET = "random-ids"
+# Failures of the host, not of the configuration: every later launch would fail the same
+# way (or measure something else), so the sweep stops (exit 1) and keeps what it has.
+STOPPERS = ("series-changed", "locked", "port", "gpu", "left-running")
 
 
 def _quiet(_line: str) -> None:
     pass
+
+
+def _num(x) -> str:
+    return f"{x:.1f}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "?"
 
 
 @dataclass(frozen=True)
@@ -214,9 +221,9 @@ class Session:
             elif event == "phase":
                 what = doc.get("what")
                 if what == "measured":
-                    m = doc["measure"]
-                    self.progress(f"{doc['key']}: concurrency {m['concurrency']}: {m['output_tps']:.1f} tok/s, "
-                                  f"ITL p99 {m['itl_p99_ms']:.1f} ms")
+                    m = doc.get("measure") or {}
+                    self.progress(f"{doc['key']}: concurrency {m.get('concurrency')}: {_num(m.get('output_tps'))} "
+                                  f"tok/s, ITL p99 {_num(m.get('itl_p99_ms'))} ms")
                 else:
                     self.progress(f"{doc['key']}: server ready in {doc.get('seconds')} s")
             if event in until:
@@ -370,7 +377,7 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
                          + (f", {m.output_tps:.1f} tok/s at concurrency {m.concurrency}" if m else ""))
             else:
                 progress(f"{c.key}: FAILED ({record.error}); the sweep goes on")
-            if answer.get("code") in ("series-changed", "locked"):
+            if answer.get("code") in STOPPERS:
                 stopped = record.error
                 break
     outcome = TuneOutcome(host=host.name, opts=opts, records=records, results_path=results, resumed=resumed,

@@ -314,3 +314,21 @@ def test_no_ddtree_deployed_is_bad_input(sshd, tuned_host, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "fresh: no DDTree deployed (phase never-deployed)" in proc.stderr
     assert proc.stderr.count("error:") == 1 and not (fresh.state_dir / "tune").exists()
+
+
+def test_a_busy_port_stops_the_sweep_instead_of_failing_every_launch(tuned_host, tmp_path):
+    """Something else answers on the launch port: probing it would measure the wrong server,
+    and every later launch would fail the same way, so the sweep stops there (exit 1)."""
+    import socket
+
+    h = tuned_host
+    pid_file = tmp_path / "server.pids"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        inventory, port = write_inventory(h, ["--pid-file", str(pid_file)], port=busy.getsockname()[1])
+        proc = run_cli(tune_args(inventory, tmp_path / "out", "--json"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert [(r["config"], r["status"]) for r in doc["runs"]] == [("none", "failed")]
+    assert f"port {port} on 127.0.0.1 is already in use" in doc["stopped"] and not pid_file.exists()

@@ -87,6 +87,8 @@ def tune_cmd(
         err.print(safe(outcome.apply["diff"]), highlight=False, markup=False)
     if json_output:
         emit_json(outcome.to_json())
+        if outcome.stopped:
+            raise typer.Exit(1)
         return
     for line in tune.table_lines(opts, outcome.records):
         out.print(line, highlight=False, markup=False)
