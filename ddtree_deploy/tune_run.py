@@ -321,9 +321,6 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
     resumed = len(records)
     if resumed:
         progress(f"resume: {resumed} finished run(s) in {results}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not results.exists() or not results.read_text(encoding="utf-8").strip():
-        results.write_text(json.dumps(head) + "\n", encoding="utf-8")
     run_id = deploy.new_run_id()
     state = host.state_dir.rstrip("/")
     stopped = None
@@ -339,6 +336,11 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
             raise DeployError(f"{host.name}: {begun['message']} (holder {holder.get('holder')}, since "
                               f"{holder.get('time')}, run {holder.get('run_id')}): tune refused, nothing launched",
                               code=begun.get("code") or "locked", hint=f"ddtree-deploy status --host {host.name}")
+        # Only now, with the host's locks held, does anything get written here: a refusal
+        # (bad dataset path, a lock) leaves no results file behind.
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if not results.exists() or not results.read_text(encoding="utf-8").strip():
+            results.write_text(json.dumps(head) + "\n", encoding="utf-8")
         if begun.get("took_over"):
             progress(f"took over a stale tune lock (run {begun['took_over'].get('run_id')}: its process is gone)")
         bench = bench_argv(launch, opts)

@@ -304,6 +304,7 @@ def test_locks_refuse_before_anything_launches(tuned_host, tmp_path):
         lock.rmdir()
     assert proc.returncode == 1 and "another tune holds the tune lock (holder bob@ops" in proc.stderr
     assert not pid_file.exists()  # nothing launched
+    assert not (tmp_path / "out1").exists() and not (tmp_path / "out2").exists()  # nothing written
 
 
 def test_no_ddtree_deployed_is_bad_input(sshd, tuned_host, tmp_path):
@@ -332,3 +333,16 @@ def test_a_busy_port_stops_the_sweep_instead_of_failing_every_launch(tuned_host,
     doc = json.loads(proc.stdout)
     assert [(r["config"], r["status"]) for r in doc["runs"]] == [("none", "failed")]
     assert f"port {port} on 127.0.0.1 is already in use" in doc["stopped"] and not pid_file.exists()
+
+
+def test_sharegpt_file_missing_on_the_host_is_bad_input(tuned_host, tmp_path):
+    h = tuned_host
+    pid_file = tmp_path / "server.pids"
+    inventory, _ = write_inventory(h, ["--pid-file", str(pid_file)])
+    missing = tmp_path / "no-such-sharegpt.json"
+    proc = run_cli(tune_args(inventory, tmp_path / "out", "--dataset", f"sharegpt-file={missing}"))
+    assert proc.returncode == 2, proc.stderr
+    assert f"--dataset sharegpt-file: {missing} is not a file on the host" in proc.stderr
+    assert proc.stderr.count("error:") == 1 and not pid_file.exists()
+    assert not (h["test_host"].state_dir / "tune" / "lock").exists()
+    assert not (tmp_path / "out").exists()  # nothing written locally either
