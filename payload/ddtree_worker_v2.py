@@ -30,10 +30,11 @@ The draft runner sizes itself by the block through the plugin's
 block (``_ddtree_set_draft_block``).
 
 Not supported (refused at start-up with one line): DFlash heads that are not per-position
-marginals (selector, Domino, LiLiCorr), the compact draft window (``--speculative-draft-window-
-size``), data-parallel attention, grammar-constrained requests (refused per batch), and
-hybrid recurrent targets (the plugin refuses them unless the unsafe flag is given; then
-EAGLE's own tree-aware ``commit_mamba_states_after_verify`` runs).
+marginals (selector, Domino, LiLiCorr), the compact draft window
+(``--speculative-draft-window-size``), data-parallel attention. Hybrid recurrent targets are
+refused by the plugin unless the unsafe flag is given; then EAGLE's own tree-aware
+``commit_mamba_states_after_verify`` runs. Grammar-constrained requests go through EAGLE's
+grammar handling of the verify tree (not exercised by the CPU tests).
 """
 
 from __future__ import annotations
@@ -250,16 +251,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             return super().forward_batch_generation(
                 batch, on_publish, grammar_barrier, pp_proxy_tensors
             )
-        if batch.has_grammar:
-            raise RuntimeError(
-                "DDTREE does not support grammar-constrained requests yet; serve them "
-                "with --speculative-algorithm DFLASH."
-            )
         draft_input = batch.spec_info
         window = self._ddtree_draft(batch, draft_input)
         logprobs, tokens = window["logprobs"], window["tokens"]
+        # Grammar-constrained requests: EAGLE's verify masks the target's logits over the tree
+        # (GrammarTree.from_device), as it does for EAGLE trees; the draft stays unconstrained.
         return self._ddtree_verify_and_commit(
-            batch, draft_input, logprobs, tokens, window, on_publish
+            batch, draft_input, logprobs, tokens, window, on_publish, grammar_barrier
         )
 
     def _ddtree_draft(self, batch, draft_input) -> dict:
@@ -381,7 +379,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         return layout, parent_list, top_scores_index, draft_tokens
 
     def _ddtree_verify_and_commit(
-        self, batch, draft_input, logprobs, tokens, window, on_publish
+        self, batch, draft_input, logprobs, tokens, window, on_publish, grammar_barrier=None
     ):
         from sglang.srt.managers.utils import GenerationBatchResult
         from sglang.srt.speculative.eagle_info import EagleDraftInput
@@ -428,6 +426,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             device=self.device,
             metadata_ready_pre_pad=False,
             finalize_tree_path=True,
+            grammar_barrier=grammar_barrier,
         )
         accept_lens = result.accept_lens  # committed tokens per request (root + accepted)
         new_seq_lens = result.new_seq_lens
