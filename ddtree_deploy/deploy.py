@@ -486,7 +486,10 @@ def describe(name: str, facts: dict, desired: Desired | None, round_trips: int =
             expect.setdefault(t.path, (t.pristine, t.patched))
     files = []
     unsafe = {p: i["unsafe"] for p, i in (facts.get("files") or {}).items() if i and "unsafe" in i}
-    for path in sorted(set(expect) | set(current)):
+    # Paths of other families (the CLI asks for every family's paths before it knows the
+    # host's release) say nothing about this host: once its files are known, only they count.
+    shown = (set(expect) if expect else {p for p, sha in current.items() if sha}) | set(unsafe)
+    for path in sorted(shown):
         pristine, patched = expect.get(path, (None, None))
         state = classify(current.get(path), pristine, patched) if path in expect else None
         entry = {"path": path, "state": state.value if state else "unknown", "sha256": current.get(path)}

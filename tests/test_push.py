@@ -542,3 +542,24 @@ def test_rollback_without_backups_or_with_an_unknown_id(host, oracle):
     assert "dry run: would restore 3 file(s)" in dry.stdout and host.read(ADDED) is not None
     ok("rollback", "--host", host.name)
     assert files_of(host) == pristine
+
+
+def test_status_lists_only_the_hosts_own_files_once_they_are_known():
+    """The CLI asks a host for every family's paths (it does not know the release yet);
+    files of other families must not show up as 'unknown' once the host's are known."""
+    from ddtree_deploy.deploy import describe
+
+    facts = {"files": {"a.py": {"sha256": "x"}, "other_family.py": None, "present_other.py": {"sha256": "y"}},
+             "journal": None}
+
+    class _T:
+        def __init__(self, path, pristine, patched):
+            self.path, self.pristine, self.patched = path, pristine, patched
+
+    class _D:
+        targets = [_T("a.py", "x", "z")]
+
+    doc = describe("h", facts, _D())
+    assert [(f["path"], f["state"]) for f in doc["files"]] == [("a.py", "pristine")]
+    unknown = describe("h", facts, None)  # nothing known: what is present, as unknown
+    assert [(f["path"], f["state"]) for f in unknown["files"]] == [("a.py", "unknown"), ("present_other.py", "unknown")]
