@@ -398,7 +398,27 @@ class Agent(object):
             raise AgentError("locked", "deploy lock taken concurrently", holder=None, stale=False)
         self.locked = True
         self.lock_owner = owner
+        tuning = self._live_tune_lock()
+        if tuning:
+            # A tune's servers run the files a push or rollback would switch (the tune itself
+            # checks the deploy lock before each launch): refuse, and hold nothing.
+            self._remove_lock(lock)
+            self.locked = False
+            self.lock_owner = None
+            raise AgentError("locked", "a tune is running on this host (tune lock held); wait for it or stop it",
+                             holder=tuning, stale=False)
         return {"owner": owner, "broke": broke}
+
+    def _live_tune_lock(self):
+        """The tune lock's owner while its process provably runs on this host, else None."""
+        held = read_json(self._p("tune", "lock", "owner.json"))
+        if not isinstance(held, dict) or held.get("host") != socket.gethostname():
+            return None
+        pid = held.get("pid")
+        if not isinstance(pid, int) or pid <= 0:
+            return None
+        start = process_start(pid)
+        return held if start is not None and start == held.get("pid_start") else None
 
     def _remove_lock(self, lock):
         # Rename first so a concurrent taker never sees a half-deleted lock.

@@ -121,6 +121,13 @@ def _lock(run_id: str, command: str, break_lock: bool) -> dict:
 
 def _locked_error(host: Host, reply: dict) -> DeployError:
     h = reply.get("holder") or {}
+    if h.get("command") == "tune":  # the agent refuses the deploy lock while a tune's servers run
+        return DeployError(
+            f"{host.name}: a tune is running (run {h.get('run_id', '?')} by {h.get('holder', '?')} since "
+            f"{h.get('time', '?')}, pid {h.get('pid', '?')}); its servers use the files this would switch",
+            code="locked",
+            hint="wait for the tune to finish, or stop it (Ctrl-C on its controller)",
+        )
     stale = " (its process is gone)" if reply.get("stale") else ""
     return DeployError(
         f"{host.name}: deploy lock held by {h.get('holder', '?')} since {h.get('time', '?')} "

@@ -372,3 +372,36 @@ def test_mark_moves_switched_to_deployed_only_for_its_run(env):
     assert not refused["ok"] and refused["code"] == "protocol"
     journal = json.loads((Path(h.state_dir) / "journal.json").read_text())
     assert journal["phase"] == "deployed" and journal["run_id"] == "run-a"
+
+
+def test_a_running_tune_refuses_the_deploy_lock_and_a_dead_one_does_not(env):
+    """A tune's servers run the files a push would switch: while its lock's process lives,
+    the deploy lock is refused (and not left held); once that process is gone, it is ignored."""
+    h, _root = env
+    with session(h) as sess:  # creates the (marked) state dir
+        assert opened(sess, h)[1]["ok"]
+    tune = Path(h.state_dir) / "tune" / "lock"
+    tune.mkdir(parents=True)
+    owner = {"run_id": "tune-1", "holder": "tuner@here", "command": "tune", "host": socket.gethostname(),
+             "pid": os.getpid(), "pid_start": process_start(os.getpid())}
+    (tune / "owner.json").write_text(json.dumps(owner))
+    with session(h) as sess:
+        _i, lock, _f = opened(sess, h, run_id="run-b")
+    assert not lock["ok"] and "tune is running" in lock["message"] and lock["holder"]["run_id"] == "tune-1"
+    assert not (Path(h.state_dir) / "lock").exists()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tune / "owner.json").write_text(json.dumps({**owner, "pid": dead.pid}))
+    with session(h) as sess:
+        _i, lock, _f = opened(sess, h, run_id="run-c")
+    assert lock["ok"]
+
+
+def test_the_client_names_a_running_tune_not_a_deploy_lock():
+    from ddtree_deploy.deploy import _locked_error
+
+    host = Host(name="gpu1", python="/usr/bin/python3", ssh=None, state_dir="/tmp/s")
+    err = _locked_error(host, {"ok": False, "code": "locked", "holder": {
+        "command": "tune", "run_id": "t1", "holder": "ann@ops", "time": "2026-11-30T10:00:00Z", "pid": 42}})
+    assert err.code == "locked" and err.message.startswith("gpu1: a tune is running (run t1 by ann@ops")
+    assert "tune" in err.hint and "--break-lock" not in err.hint
