@@ -375,8 +375,9 @@ def test_the_ci_workflow_runs_the_matrix_command_with_options_it_has():
 @pytest.mark.sglang_env
 def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_import(
         release_wheel, monkeypatch, tmp_path):
-    """Two families split 0.5.12 and 0.5.12.post1: the test family, and the same plus a patch
-    that compiles but imports a module that does not exist. Real wheels, real venvs, the real
+    """Two families split 0.5.12 and 0.5.12.post1: the REAL 0.5.12 DDTree family (a toy series
+    would now fail the tree level, rightly: it is not a tree), and the same plus a patch that
+    compiles but imports a module that does not exist. Real wheels, real venvs, the real
     smoke program; dflash_worker.py is left out of the import level on CPU because the
     unpatched release cannot import it here either (sgl_kernel is CUDA-only)."""
     from ddtree_deploy import port
@@ -387,24 +388,27 @@ def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_i
         pytest.skip(f"0.5.12 wheel not cached and PyPI unreachable: {exc.message}")
     patches = tmp_path / "patches"
     good = patches / "good"
-    shutil.copytree(TEST_FAMILY / "patches" / "sglang-0.5.12", good)
-    (good / "family.toml").write_text('sglang = "==0.5.12"\n')
+    real = REPO_ROOT / "patches" / "sglang-0.5.12"
+    shutil.copytree(real, good)
+    family_toml = (real / "family.toml").read_text()
+    assert 'sglang = ">=0.5.12,<0.5.13"' in family_toml
+    (good / "family.toml").write_text(family_toml.replace('">=0.5.12,<0.5.13"', '"==0.5.12"'))
     bad = patches / "bad"
-    shutil.copytree(TEST_FAMILY / "patches" / "sglang-0.5.12", bad)
-    (bad / "family.toml").write_text('sglang = "==0.5.12.post1"\n')
+    shutil.copytree(real, bad)
+    (bad / "family.toml").write_text(family_toml.replace('">=0.5.12,<0.5.13"', '"==0.5.12.post1"'))
     spec = "sglang/srt/speculative/spec_info.py"
     old = releases.read_wheel_files(release_wheel, [spec])[spec].decode()
     new = old.replace("from enum import", "import ddtree_no_such_module_for_this_test  # noqa\nfrom enum import", 1)
     assert new != old
-    (bad / "0005-broken-import.patch").write_text(
+    (bad / "0099-broken-import.patch").write_text(
         f"--- a/{spec}\n+++ b/{spec}\n" + "".join(h for _, h in port.diff_hunks(old, new)))
     with open(bad / "series", "a") as fh:
-        fh.write("0005-broken-import.patch\n")
+        fh.write("0099-broken-import.patch\n")
     monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(patches))
-    monkeypatch.setenv("DDTREE_DEPLOY_PAYLOAD", str(TEST_FAMILY / "payload"))
+    monkeypatch.setenv("DDTREE_DEPLOY_PAYLOAD", str(REPO_ROOT / "payload"))
     m = run_matrix(from_version="0.5.12", to_version="0.5.12.post1", offline=True, jobs=1, import_smoke=True)
     rows = _by_version(m)
-    assert rows["0.5.12"].verdict == "ok" and rows["0.5.12.post1"].applies  # both apply and compile
+    assert rows["0.5.12"].verdict == "ok" and rows["0.5.12.post1"].applies, rows["0.5.12"].smoke  # both apply and compile
     levels = {lv: (st, d) for lv, st, d in rows["0.5.12"].smoke}
     assert levels["import"][0] == "passed" and levels["cli"][0] == "passed"
     assert "sglang.srt.speculative.dflash_worker" in levels["import"][1] and "sgl_kernel" in levels["import"][1]
