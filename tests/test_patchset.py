@@ -27,7 +27,6 @@ from ddtree_deploy.patchset import (
 
 REPO = Path(__file__).resolve().parent.parent
 SERIES_DIR = REPO / "patches" / "sglang-0.5.12"
-SGLANG_TREE = Path("/tmp/sglang-0.5.12.post1")  # the cached 0.5.12.post1 wheel, extracted
 
 WORDS = [f"line {i}\n" for i in range(1, 31)]
 BASE = "".join(WORDS)
@@ -634,9 +633,7 @@ def test_missing_file_fails_every_hunk():
 # ----------------------------------------------------------------------------- real series
 
 
-@pytest.mark.skipif(not (SGLANG_TREE / "sglang").is_dir() or not shutil.which("patch"),
-                    reason="needs the extracted SGLang 0.5.12.post1 wheel and GNU patch")
-def test_real_series_against_gnu_patch(tmp_path: Path):
+def test_real_series_against_gnu_patch(tmp_path: Path, release_tree: Path):
     """The series, in order, on SGLang 0.5.12.post1's own files: same verdicts and texts as GNU patch."""
     series = [ln.strip() for ln in (SERIES_DIR / "series").read_text().splitlines()
               if ln.strip() and not ln.startswith("#") and not ln.startswith("add ")]
@@ -645,7 +642,7 @@ def test_real_series_against_gnu_patch(tmp_path: Path):
     for name in series:
         for fp in parse_patch((SERIES_DIR / name).read_text(), name=name):
             if fp.path not in texts:
-                src = SGLANG_TREE / fp.path
+                src = release_tree / fp.path
                 texts[fp.path] = src.read_text() if src.exists() else None
                 if src.exists():
                     (gnu_root / fp.path).parent.mkdir(parents=True, exist_ok=True)
@@ -673,7 +670,7 @@ _REAL = sorted(SERIES_DIR.glob("*.patch"))
 @settings(max_examples=int(os.environ.get("DDTREE_MANGLE_EXAMPLES", "400")), deadline=None,
           derandomize=True, database=None)
 @given(data=st.data())
-def test_mangled_real_patches_raise_only_bad_input(data):
+def test_mangled_real_patches_raise_only_bad_input(data, release_tree):
     """Cut, drop, duplicate or renumber lines of a real patch: the parser answers with a result or
     one BadInput line naming the patch and a line in it, never another exception."""
     path = data.draw(st.sampled_from(_REAL))
@@ -704,7 +701,7 @@ def test_mangled_real_patches_raise_only_bad_input(data):
         assert 1 <= line <= max(len(lines), 1)
         return
     for fp in fps:  # what parses must also apply (or fail) cleanly on the real file
-        src = SGLANG_TREE / fp.path
+        src = release_tree / fp.path
         if src.exists():
             try:
                 apply_file_patch(fp, src.read_text())
