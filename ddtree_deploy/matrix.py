@@ -344,8 +344,19 @@ class Matrix:
         parts = [f"{n} {verdict}" for verdict, n in counts.items()]
         return f"{len(self.rows)} release(s): " + ", ".join(parts)
 
+    def tables(self) -> list[tuple[str | None, list[str], list[list[str]]]]:
+        """One text table per family, its own entries as columns (families share no entry
+        names, so one table over all of them is mostly "-"): (family, header, rows), in order
+        of the families' first release; releases no family judged come last, under None."""
+        groups: dict[str | None, list[ReleaseRow]] = {}
+        for row in self.rows:
+            groups.setdefault(row.family, []).append(row)
+        if None in groups:
+            groups[None] = groups.pop(None)
+        return [(family, *Matrix(tuple(rows), self.timings, self.strict).table()) for family, rows in groups.items()]
+
     def table(self) -> tuple[list[str], list[list[str]]]:
-        """Header and rows of strings for a text table (the CLI renders them)."""
+        """Header and rows of strings for a text table (the markdown report renders it)."""
         columns = self.columns()
         smoked = any(row.smoke for row in self.rows)
         header = ["release", "family", *map(short_entry, columns), "compile", *(["import"] if smoked else []),

@@ -127,9 +127,10 @@ def explain_missing(facts: ReleaseFacts, history: Sequence[ReleaseFacts]) -> tup
     return tuple(phrases)
 
 
-def describe(facts: ReleaseFacts, history: Sequence[ReleaseFacts]) -> str:
-    """A one-line summary for the report's "why" column."""
-    parts = list(explain_missing(facts, history))
+def describe(facts: ReleaseFacts, history: Sequence[ReleaseFacts], missing: bool = True) -> str:
+    """A one-line summary for the report's "why" column (``missing``: also the series files
+    the release lacks, dated from ``history``)."""
+    parts = list(explain_missing(facts, history)) if missing else []
     parts.append(f"DFlash worker {facts.dflash_worker.value}")
     parts.append(f"validation in {facts.validation_in}")
     return "; ".join(parts)

@@ -314,6 +314,14 @@ def test_ci_matrix_real_series(ci_wheels, tmp_path, monkeypatch):
     assert rows["0.5.14"].verdict in ("uncovered", "no family")
     assert rows["0.5.14"].facts.dflash_worker is DFlashWorker.V2
     assert m.exit_code == 0
+    # A release its family covers cleanly lists no files that only other families touch.
+    assert "not yet added" not in rows["0.5.12"].why and "DFlash worker v1" in rows["0.5.12"].why
+    # The terminal shows one table per family, with that family's own entries as columns.
+    tables = {family: (header, [r[0] for r in body]) for family, header, body in m.tables()}
+    assert list(tables) == ["sglang-0.5.12", "sglang-0.5.13", None]
+    assert tables["sglang-0.5.12"][1] == ["0.5.12", "0.5.12.post1"]
+    assert tables[None][1] == ["0.5.11", "0.5.14"]
+    assert "0003" in tables["sglang-0.5.13"][0] and len(tables["sglang-0.5.13"][0]) == len(set(tables["sglang-0.5.13"][0]))
 
 
 # --- CLI ------------------------------------------------------------------------------

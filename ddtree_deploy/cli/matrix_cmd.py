@@ -33,14 +33,23 @@ _CELL_STYLE = {"exact": "green", "offset": "green", "already-applied": "cyan", "
 
 
 def _render_matrix(matrix: Matrix) -> None:
-    header, body = matrix.table()
+    for family, header, body in matrix.tables():
+        _render_table(family, header, body)
+    for line in matrix.details():
+        err.print(f"[red]does not apply:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    err.print(f"{matrix.summary()}; time {matrix.timings.line()}", highlight=False, soft_wrap=True)
+
+
+def _render_table(family: str | None, header: list[str], body: list[list[str]]) -> None:
     # The "why" column is long prose: printed under the table, one line per release.
-    header, whys = header[:-1], [(row[0], row[-1]) for row in body]
-    body = [row[:-1] for row in body]
-    table = Table(title="DDTree series vs SGLang releases")
+    # The family is the table's title, not a column.
+    header, whys = [header[0], *header[2:-1]], [(row[0], row[-1]) for row in body]
+    body = [[row[0], *row[2:-1]] for row in body]
+    title = f"DDTree family {family} vs SGLang releases" if family else "SGLang releases no family judges"
+    table = Table(title=escape(title))
     for name in header:
         table.add_column(name, overflow="fold")
-    verdict_at, cells_from, cells_to = len(header) - 1, 2, 2 + len(matrix.columns())
+    verdict_at, cells_from, cells_to = len(header) - 1, 1, header.index("compile")
     for row in body:
         styled = []
         for i, text in enumerate(row):
@@ -55,9 +64,6 @@ def _render_matrix(matrix: Matrix) -> None:
     for version, why in whys:
         if why:
             err.print(f"  {escape(version)}: {escape(why)}", highlight=False, soft_wrap=True)
-    for line in matrix.details():
-        err.print(f"[red]does not apply:[/] {escape(line)}", highlight=False, soft_wrap=True)
-    err.print(f"{matrix.summary()}; time {matrix.timings.line()}", highlight=False, soft_wrap=True)
 
 
 @app.command("matrix")
