@@ -1,18 +1,69 @@
-"""Where things live: the repository's folders and the user's cache."""
+"""Where things live: the repository's folders (or the installed copy) and the user's folders.
+
+Two layouts, the same names:
+
+* a checkout (``git clone``, ``pip install -e .``): everything is read from the
+  repository's top-level folders, so an edit to a patch is seen at once;
+* an installed wheel (``pipx install``, ``pip install``): the families, payload and
+  release manifests come from the copy the build put under ``ddtree_deploy/_data/``
+  (see setup.py); what the CLI writes goes to the user's folders instead of
+  site-packages: snapshots and port trees under the cache, inventories under
+  ``$XDG_CONFIG_HOME/ddtree-deploy/hosts``.
+
+``DDTREE_DEPLOY_<NAME>`` (PATCHES, PAYLOAD, SNAPSHOT, HOSTS, BUILD) beats both.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
-#: The repository root (the folder holding patches/, snapshot/, hosts/, payload/).
+#: The repository root when running from a checkout (the folder holding patches/, payload/).
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The data a built wheel carries (setup.py copies patches/, payload/, snapshot manifests).
+PACKAGE_DATA = Path(__file__).resolve().parent / "_data"
+
+# Read-only folders shipped in the wheel; the others are written by the CLI.
+_SHIPPED = ("patches", "payload")
+
+
+def in_checkout() -> bool:
+    """Running from the repository itself (its pyproject.toml and patches/ beside the package)."""
+    return (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "patches").is_dir()
 
 
 def repo_dir(name: str) -> Path:
-    """A top-level folder of the repository; overridable by DDTREE_DEPLOY_<NAME>."""
+    """A top-level folder of the toolkit's data; overridable by DDTREE_DEPLOY_<NAME>."""
     override = os.environ.get(f"DDTREE_DEPLOY_{name.upper()}")
-    return Path(override) if override else REPO_ROOT / name
+    if override:
+        return Path(override)
+    if in_checkout():
+        return REPO_ROOT / name
+    if name in _SHIPPED:
+        return PACKAGE_DATA / name
+    if name == "snapshot":
+        return _installed_snapshot_root()
+    if name == "hosts":
+        return config_dir() / "hosts"
+    return cache_dir() / name
+
+
+def _installed_snapshot_root() -> Path:
+    """Snapshots of an installed toolkit live in the cache (site-packages is no place to
+    write); the shipped release manifests are copied there once, so a release snapshot
+    keeps its committed manifest byte for byte, as in a fresh clone."""
+    root = cache_dir() / "snapshot"
+    shipped = PACKAGE_DATA / "snapshot"
+    if shipped.is_dir():
+        for manifest in shipped.glob("*/MANIFEST.json"):
+            dest = root / manifest.parent.name / manifest.name
+            if not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+                shutil.copyfile(manifest, tmp)
+                os.replace(tmp, dest)  # two processes seeding at once: both write the same bytes
+    return root
 
 
 def cache_dir() -> Path:
@@ -21,4 +72,10 @@ def cache_dir() -> Path:
     if override:
         return Path(override)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ddtree-deploy"
+
+
+def config_dir() -> Path:
+    """The user's config folder (an installed toolkit's inventories: hosts/)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "ddtree-deploy"

@@ -1,0 +1,119 @@
+"""Installable anywhere: the built wheel carries the families, payload and release manifests.
+
+Builds the real wheel (setup.py's build hook), installs it into a fresh venv outside the
+checkout and runs the installed `ddtree-deploy` from a temporary folder: `check` and
+`matrix --offline` must find the families from the wheel, not from the checkout.
+The fresh venv reuses the project venv's dependencies through a .pth line (a plain path,
+so the project's editable ddtree_deploy is NOT importable there: only the wheel's is).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy import releases
+from ddtree_deploy.errors import DeployError
+
+REPO = Path(__file__).resolve().parent.parent
+RELEASE = "0.5.12.post1"
+# What the build needs from the checkout; copied so the build never writes into it.
+SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddtree_deploy", "patches", "payload")
+
+
+def _copy_sources(dest: Path) -> None:
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "_data")
+    for name in SOURCES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=skip)
+        else:
+            shutil.copy2(src, dest / name)
+    for manifest in (REPO / "snapshot").glob("*/MANIFEST.json"):
+        (dest / "snapshot" / manifest.parent.name).mkdir(parents=True)
+        shutil.copy2(manifest, dest / "snapshot" / manifest.parent.name / "MANIFEST.json")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    try:
+        wheels = releases.ensure_wheel(RELEASE).parent
+    except DeployError as exc:  # offline with an empty cache
+        pytest.skip(f"the {RELEASE} wheel is not cached and PyPI is unreachable: {exc.message}")
+    root = tmp_path_factory.mktemp("install")
+    src, dist, venv = root / "src", root / "dist", root / "venv"
+    src.mkdir()
+    _copy_sources(src)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(dist), str(src)], check=True, timeout=120)
+    (wheel,) = dist.glob("ddtree_deploy-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    (site / "project-deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "--no-index", str(wheel)], check=True, timeout=120)
+    # A cache of its own (snapshots are written there) that shares the downloaded wheels.
+    cache = root / "cache"
+    cache.mkdir()
+    (cache / "wheels").symlink_to(wheels)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_DEPLOY_")}
+    env.update(DDTREE_DEPLOY_CACHE=str(cache), XDG_CONFIG_HOME=str(root / "config"), COLUMNS="200")
+    cwd = root / "elsewhere"
+    cwd.mkdir()
+    return {"wheel": wheel, "exe": venv / "bin" / "ddtree-deploy", "python": venv / "bin" / "python",
+            "env": env, "cwd": cwd, "cache": cache}
+
+
+def _run(installed: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(installed["exe"]), *args], cwd=installed["cwd"], env=installed["env"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_wheel_carries_families_payload_and_manifests(installed):
+    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
+    for family in (REPO / "patches").iterdir():
+        if (family / "family.toml").is_file():
+            for f in family.iterdir():
+                assert f"ddtree_deploy/_data/patches/{family.name}/{f.name}" in names
+    for f in (REPO / "payload").glob("*.py"):
+        assert f"ddtree_deploy/_data/payload/{f.name}" in names
+    for m in (REPO / "snapshot").glob("*/MANIFEST.json"):
+        assert f"ddtree_deploy/_data/snapshot/{m.parent.name}/MANIFEST.json" in names
+    assert not any("/files/" in n for n in names), "SGLang's own files are never shipped"
+
+
+def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
+    where = subprocess.run([str(installed["python"]), "-c", "import ddtree_deploy.locations as l; "
+                            "print(l.__file__); print(l.in_checkout()); print(l.repo_dir('patches'))"],
+                           cwd=installed["cwd"], env=installed["env"], capture_output=True, text=True, check=True)
+    module, checkout, patches = where.stdout.split("\n")[:3]
+    assert not module.startswith(str(REPO)), module
+    assert checkout == "False"
+    assert patches.endswith("ddtree_deploy/_data/patches")
+
+
+def test_installed_check_finds_the_family_from_the_wheel(installed):
+    r = _run(installed, "check", "--release", RELEASE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith(f"check ok: family sglang-0.5.12 on sglang-{RELEASE}"), r.stdout
+    # The release snapshot went to the user's cache, under the shipped manifest (byte for byte).
+    made = installed["cache"] / "snapshot" / f"sglang-{RELEASE}" / "MANIFEST.json"
+    assert made.read_bytes() == (REPO / "snapshot" / f"sglang-{RELEASE}" / "MANIFEST.json").read_bytes()
+
+
+def test_installed_matrix_offline_sees_the_families(installed):
+    r = _run(installed, "matrix", "--from", "0.5.12", "--to", "0.5.13", "--offline")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no family covers" not in r.stdout + r.stderr
+    assert "3 release(s): 3 ok" in r.stdout, r.stdout + r.stderr
+    # The per-family tables (stderr): both families came from the wheel.
+    for family in ("sglang-0.5.12", "sglang-0.5.13"):
+        assert f"DDTree family {family} vs SGLang releases" in r.stderr, r.stderr
