@@ -117,3 +117,9 @@ def test_installed_matrix_offline_sees_the_families(installed):
     # The per-family tables (stderr): both families came from the wheel.
     for family in ("sglang-0.5.12", "sglang-0.5.13"):
         assert f"DDTree family {family} vs SGLang releases" in r.stderr, r.stderr
+
+
+def test_installed_version_is_the_wheels(installed):
+    r = _run(installed, "--version")
+    wheel_version = installed["wheel"].name.split("-")[1]
+    assert (r.returncode, r.stdout) == (0, f"ddtree-deploy {wheel_version}\n")

@@ -31,6 +31,24 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def _print_version(value: bool) -> None:
+    # The installed distribution's version (a wheel or an editable checkout alike).
+    if value:
+        from importlib.metadata import version
+
+        sys.stdout.write(f"ddtree-deploy {version('ddtree-deploy')}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                      help="Print the toolkit's version and exit."),
+) -> None:
+    pass
+
+
 def _log_width() -> int | None:
     """Terminals report their width; logs and pipes get 120 columns (rich's 80 folds the
     check table and the step lines), unless COLUMNS says otherwise."""
