@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install demo test bench matrix clean
+.PHONY: install system-deps demo test bench matrix clean
 
 $(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/sglang-v2-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +18,15 @@ $(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/sgla
 
 install: $(VENV)/.installed
 
+# sshd, GNU patch, git, rsync: installed with apt as root, else one line saying what to install.
+system-deps:
+	@bash scripts/system-deps.sh
+
 # pytest exits 5 when it collects no test: that is a failure here, never a pass.
-test: install
+test: system-deps install
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc
 
-demo: install
+demo: system-deps install
 	$(PY) scripts/demo.py
 
 bench: install

@@ -74,6 +74,22 @@ def make_python_env(dest: Path, files: list[str] | None = None, version: str = S
     return dest / "bin" / "python", site
 
 
+def require_openssh() -> None:
+    """sshd and ssh-keygen are there, or one clear line naming the package (under pytest a
+    plain failure without a traceback; scripts/demo.py gets a RuntimeError it reports)."""
+    missing = [name for name, path in (("sshd", SSHD), ("ssh-keygen", shutil.which("ssh-keygen")))
+               if not path or not os.access(path, os.X_OK)]
+    if not missing:
+        return
+    message = (f"{' and '.join(missing)} not found (sshd is looked for at {SSHD}): install openssh-server "
+               f"(apt-get install -y openssh-server; `make test` does it when run as root)")
+    if "pytest" in sys.modules:
+        import pytest
+
+        pytest.fail(message, pytrace=False)
+    raise RuntimeError(message)
+
+
 @dataclass
 class TestHost:
     """One host served by an SSHServer: its own interpreter, package root and state dir."""
@@ -161,6 +177,7 @@ class SSHServer:
         self.stop()
 
     def start(self) -> None:
+        require_openssh()
         keygen = ["ssh-keygen", "-q", "-t", "ed25519", "-N", ""]
         subprocess.run([*keygen, "-f", str(self.host_key)], check=True)
         subprocess.run([*keygen, "-f", str(self.identity)], check=True)
