@@ -18,6 +18,9 @@ Host-side state (``state_dir``, default ``~/.ddtree-deploy``)::
     journal.json          what is deployed and the phase (written by temp + rename):
                           staged, switching, switched (smoke not passed yet), deployed,
                           rolled-back
+    history.jsonl         the audit history: one JSON line appended per push, rollback,
+                          mark, lock break and lock release (never rewritten; see record)
+    history.1.jsonl       the previous history.jsonl, once that passed HISTORY_MAX_BYTES
     backups/<id>/         original files by index + manifest.json (written last)
     staging/<run_id>/     uploaded files, verified, before the switch
 
@@ -47,6 +50,11 @@ PHASES = ("staged", "switching", "switched", "deployed", "rolled-back")
 FS_IOC_GETFLAGS = 0x80086601  # linux/fs.h, _IOR('f', 1, long) on 64-bit
 FS_IMMUTABLE_FL = 0x00000010
 FS_APPEND_FL = 0x00000020
+HISTORY = "history.jsonl"
+HISTORY_OLD = "history.1.jsonl"
+# Rotation bound: history.jsonl moves to history.1.jsonl (dropping the older one) once it
+# holds this much, so the host keeps the newest 4-8 MiB (~10,000+ entries).
+HISTORY_MAX_BYTES = 4 << 20
 
 
 class AgentError(Exception):
@@ -338,7 +346,10 @@ class Agent(object):
             out.update(exc.extra)
             return out
         except OSError as exc:
-            return {"ok": False, "code": "os-error", "message": "%s: %s" % (exc.filename or op, exc.strerror)}
+            out = {"ok": False, "code": "os-error", "message": "%s: %s" % (exc.filename or op, exc.strerror)}
+            if getattr(exc, "history_warning", None):
+                out["history_warning"] = exc.history_warning
+            return out
         result["ok"] = True
         return result
 
@@ -399,6 +410,7 @@ class Agent(object):
         self.locked = True
         self.lock_owner = owner
         tuning = self._live_tune_lock()
+        warning = None
         if tuning:
             # A tune's servers run the files a push or rollback would switch (the tune itself
             # checks the deploy lock before each launch): refuse, and hold nothing.
@@ -407,7 +419,13 @@ class Agent(object):
             self.lock_owner = None
             raise AgentError("locked", "a tune is running on this host (tune lock held); wait for it or stop it",
                              holder=tuning, stale=False)
-        return {"owner": owner, "broke": broke}
+        if broke is not None:
+            warning = self.record("lock-break", outcome="broken" if not broke.get("stale") else "stale-taken",
+                                  previous=broke)
+        reply = {"owner": owner, "broke": broke}
+        if warning:
+            reply["history_warning"] = warning
+        return reply
 
     def _live_tune_lock(self):
         """The tune lock's owner while its process provably runs on this host, else None."""
@@ -516,6 +534,36 @@ class Agent(object):
     # -- the one mutating op: push and rollback both go through here
 
     def op_apply(self, request):
+        """``apply`` (below), recorded in the history whatever its outcome."""
+        try:
+            reply = self.apply(request)
+        except AgentError as exc:
+            if exc.code != "protocol":
+                warning = self.record_apply(request, exc.code, None, error=exc.message)
+                if warning:
+                    exc.extra["history_warning"] = warning
+            raise
+        except OSError as exc:
+            warning = self.record_apply(request, "os-error", None, error=describe_os_error(exc, "apply"))
+            if warning:
+                exc.history_warning = warning
+            raise
+        warning = self.record_apply(request, "ok", request.get("final_phase"), backup_id=reply.get("backup_id"))
+        if warning:
+            reply["history_warning"] = warning
+        return reply
+
+    def record_apply(self, request, outcome, phase, **extra):
+        journal = request.get("journal") or {}
+        files = {}
+        for f in request.get("files") or ():
+            if isinstance(f, dict) and "path" in f:
+                files[f["path"]] = {"from": f.get("expect"), "to": f.get("want")}
+        return self.record(request.get("kind") or "apply", outcome=outcome, phase=phase,
+                           series=journal.get("series"), series_id=journal.get("series_id"),
+                           sglang_version=journal.get("sglang_version"), files=files, **extra)
+
+    def apply(self, request):
         """Back up (push), stage and verify, switch by rename, purge bytecode, journal.
 
         ``files``: [{path, expect, want, data | backup}] where expect/want are sha256 or
@@ -674,7 +722,132 @@ class Agent(object):
         if request.get("smoke") is not None:
             journal["smoke"] = request["smoke"]
         self.journal(journal, request["phase"])
-        return {"journal": journal}
+        reply = {"journal": journal}
+        warning = self.record("mark", outcome="ok", phase=request["phase"], marked_run=journal.get("run_id"),
+                              series=journal.get("series"), series_id=journal.get("series_id"),
+                              smoke=request.get("smoke"))
+        if warning:
+            reply["history_warning"] = warning
+        return reply
+
+    # -- the audit history (append-only; see HISTORY_MAX_BYTES for the bound)
+
+    def record(self, event, holder=None, run_id=None, command=None, **fields):
+        """Append one JSON line to history.jsonl; a warning string when that failed, else None.
+
+        Never raises: the history is evidence, not a step of the deploy, so a full disk or
+        an unwritable file leaves the op's result as it is and the reply carries the warning.
+        One os.write of the whole line on an O_APPEND descriptor: concurrent appenders
+        (a lock release beside a push) never interleave inside a line.
+        """
+        owner = self.lock_owner or {}
+        holder = holder if holder is not None else owner.get("holder")
+        entry = {
+            "time": now_iso(),
+            "event": event,
+            "holder": holder,
+            # The controller's host name: holder_name() is user@host on the controller.
+            "from": holder.rsplit("@", 1)[1] if isinstance(holder, str) and "@" in holder else None,
+            "run_id": run_id if run_id is not None else owner.get("run_id"),
+            "command": command if command is not None else owner.get("command"),
+            "host": socket.gethostname(),
+        }
+        entry.update(fields)
+        try:
+            line = (json.dumps(entry, sort_keys=False) + "\n").encode()
+            path = self._p(HISTORY)
+            try:
+                if os.lstat(path).st_size >= HISTORY_MAX_BYTES:
+                    os.rename(path, self._p(HISTORY_OLD))
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:  # ENOENT: nothing yet, or a concurrent rotation won
+                    raise
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                end = os.lseek(fd, 0, os.SEEK_END)
+                if end and os.pread(fd, 1, end - 1) != b"\n":
+                    line = b"\n" + line  # a torn line (a full disk before): end it, keep ours whole
+                view = memoryview(line)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except Exception as exc:  # noqa: BLE001 -- never fail the op over its record
+            what = describe_os_error(exc, "history") if isinstance(exc, OSError) else str(exc)
+            return "the audit history was not written (%s): %s" % (HISTORY, what)
+        return None
+
+    def need_state_dir(self):
+        if not self.state_dir:
+            raise AgentError("protocol", "init must run first")
+        self.check_state_dir(create=False)
+
+    def op_history(self, request):
+        """Read-only: the newest ``limit`` history entries, newest first."""
+        self.need_state_dir()
+        limit = int(request.get("limit") or 20)
+        lines, unreadable = [], 0
+        for name in (HISTORY_OLD, HISTORY):
+            path = self._p(name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                continue
+            with open(path, "rb") as f:
+                lines.extend(f.read().splitlines())
+        entries, total = [], 0
+        for raw in reversed(lines):
+            if not raw.strip():
+                continue
+            try:
+                doc = json.loads(raw.decode("utf-8"))
+            except ValueError:
+                unreadable += 1  # a line torn by a full disk or a crash: counted, skipped
+                continue
+            if not isinstance(doc, dict):
+                unreadable += 1
+                continue
+            total += 1
+            if len(entries) < limit:
+                entries.append(doc)
+        return {"entries": entries, "total": total, "unreadable": unreadable,
+                "files": [n for n in (HISTORY, HISTORY_OLD) if os.path.isfile(self._p(n))]}
+
+    def read_lock(self):
+        """The deploy lock's owner (with ``stale``: its process provably gone), or None."""
+        if not os.path.isdir(self._p("lock")):
+            return None
+        owner = read_json(self._p("lock", "owner.json")) or {}
+        owner["stale"] = holder_is_dead(owner)
+        return owner
+
+    def op_lock_status(self, request):
+        """Read-only: who holds the deploy lock (and the tune lock) and whether provably stale."""
+        self.need_state_dir()
+        exists = os.path.isdir(self.state_dir)
+        return {"lock": self.read_lock() if exists else None,
+                "tune_lock": self._live_tune_lock() if exists else None}
+
+    def op_lock_release(self, request):
+        """Remove the deploy lock: only a provably stale one unless ``force``; recorded."""
+        self.need_state_dir()
+        held = self.read_lock() if os.path.isdir(self.state_dir) else None
+        if held is None:
+            return {"released": False, "lock": None}
+        if self.locked and held.get("run_id") == (self.lock_owner or {}).get("run_id"):
+            raise AgentError("protocol", "lock_release is for somebody else's lock; this session holds it")
+        if not held["stale"] and not request.get("force"):
+            raise AgentError("locked", "the deploy lock's process may still run (not provably stale); "
+                             "release it with --force only when you know that run is gone",
+                             holder=held, stale=False)
+        self._remove_lock(self._p("lock"))
+        reply = {"released": True, "lock": held}
+        warning = self.record("lock-release", holder=request.get("holder"), run_id=held.get("run_id"),
+                              command="lock release", outcome="forced" if not held["stale"] else "stale-released",
+                              previous=held)
+        if warning:
+            reply["history_warning"] = warning
+        return reply
 
     def preflight(self, targets, request):
         """Refuse, before any write, what would fail half-way: folders or a ``__pycache__`` we
@@ -1065,7 +1238,7 @@ def foreign_content(folder):
         return only(full, lambda n: False, sub)
 
     def top_file(name):
-        return name == "journal.json" or name.startswith("journal.json" + TMP_TAG)
+        return name in ("journal.json", HISTORY, HISTORY_OLD) or name.startswith("journal.json" + TMP_TAG)
 
     why = only(folder, top_file, top)
     if why is not None:

@@ -18,6 +18,8 @@ from ddtree_deploy.cli import (  # noqa: E402,F401
     inventory_cmd,
     image_cmd,
     tune_cmd,
+    history_cmd,
+    lock_cmd,
 )
 
 

@@ -1,0 +1,44 @@
+"""`ddtree-deploy history`: the host's append-only audit history, newest first."""
+
+from __future__ import annotations
+
+import typer
+
+from ddtree_deploy.cli.app import app, emit_json, handles_errors, out
+from ddtree_deploy.cli.text import safe
+from ddtree_deploy.errors import BadInput
+
+
+@app.command("history")
+@handles_errors
+def history(
+    host: str = typer.Option(..., "--host", "-H", help="inventory name, a .toml path, or 'local'"),
+    limit: int = typer.Option(20, "--limit", "-n", help="print the newest N entries (1-10000)"),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+) -> None:
+    """Who pushed, rolled back, marked or broke the lock on a host, from where, when, with what.
+
+    Read from <state_dir>/history.jsonl on the host (read-only; takes no lock).
+    """
+    from ddtree_deploy import hostlog
+    from ddtree_deploy.inventory import load_host
+    from ddtree_deploy.transport import transport_for
+
+    if not 1 <= limit <= 10000:
+        raise BadInput(f"--limit {limit}: give a number from 1 to 10000")
+    h = load_host(host)
+    doc = hostlog.history(h, transport_for(h, trust_new_host=trust_new_host), limit)
+    if json_output:
+        emit_json(doc)
+        return
+    shown = len(doc["entries"])
+    out.print(safe(f"{h.name}: {shown} of {doc['total']} history entries, newest first"), highlight=False)
+    for e in doc["entries"]:
+        out.print("  " + safe(hostlog.entry_line(e)), highlight=False)
+    if doc["unreadable"]:
+        out.print(safe(f"  ({doc['unreadable']} unreadable line(s) skipped: torn by a crash or a full disk)"),
+                  highlight=False)
+
+
+__all__ = ["history"]

@@ -1,0 +1,89 @@
+"""`ddtree-deploy lock status|release`: the host's deploy lock (Kamal's ``lock``)."""
+
+from __future__ import annotations
+
+import typer
+
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.text import safe
+
+lock_app = typer.Typer(
+    name="lock",
+    help="Show or release a host's deploy lock.",
+    no_args_is_help=True,
+)
+app.add_typer(lock_app, name="lock")
+
+HOST_HELP = "inventory name, a .toml path, or 'local'"
+TRUST_HELP = "record an unknown host key in known_hosts"
+JSON_HELP = "print one JSON document on stdout"
+
+
+def _host(name: str, trust_new_host: bool):
+    from ddtree_deploy.inventory import load_host
+    from ddtree_deploy.transport import transport_for
+
+    h = load_host(name)
+    return h, transport_for(h, trust_new_host=trust_new_host)
+
+
+@lock_app.command("status")
+@handles_errors
+def status(
+    host: str = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host", help=TRUST_HELP),
+    json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Who holds the deploy lock, since when, for which run and command, and whether provably stale."""
+    from ddtree_deploy import hostlog
+
+    h, transport = _host(host, trust_new_host)
+    doc = hostlog.lock_status(h, transport)
+    if json_output:
+        emit_json(doc)
+        return
+    out.print(safe(hostlog.lock_line(h.name, doc["lock"])), highlight=False)
+    tune = doc.get("tune_lock")
+    if tune:
+        out.print(safe(f"{h.name}: a tune is running (run {tune.get('run_id', '?')}, pid {tune.get('pid', '?')})"),
+                  highlight=False)
+
+
+@lock_app.command("release")
+@handles_errors
+def release(
+    host: str = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    force: bool = typer.Option(False, "--force",
+                               help="release a lock whose process may still run (you know it is gone)"),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host", help=TRUST_HELP),
+    json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Release the deploy lock: only a provably stale one unless --force. Written to the history.
+
+    Exit 1 when the lock's process may still run and --force is not given.
+    """
+    from ddtree_deploy import hostlog
+    from ddtree_deploy.transport import AgentFailed
+
+    h, transport = _host(host, trust_new_host)
+    try:
+        doc = hostlog.lock_release(h, transport, force)
+    except AgentFailed as exc:
+        if exc.code == "locked":
+            exc.message = hostlog.lock_line(h.name, exc.reply.get("holder")) + "; not released"
+            exc.hint = ("wait for that run, or `ddtree-deploy lock release --host "
+                        f"{h.name} --force` once you know it is gone")
+        raise
+    if json_output:
+        emit_json(doc)
+        return
+    if not doc["released"]:
+        out.print(safe(f"{h.name}: lock free; nothing to release"), highlight=False)
+    else:
+        out.print(safe(f"{h.name}: released the lock of run {doc['lock'].get('run_id', '?')} by "
+                       f"{doc['lock'].get('holder', '?')}"), highlight=False)
+    if doc.get("history_warning"):
+        err.print(f"[yellow]warning:[/] {safe(doc['history_warning'])}", highlight=False, soft_wrap=True)
+
+
+__all__ = ["lock_app"]

@@ -1,0 +1,153 @@
+"""The host's append-only audit history: written by the agent inside each locked op,
+read back with `ddtree-deploy history`. A real sshd on loopback and real SGLang files
+(tests/sshd_host.py), as tests/test_push.py; the rotation and the torn-line cases run
+the agent in-process on a real state folder.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddtree_deploy import agent as agent_mod
+from ddtree_deploy.agent import Agent, boot_id, foreign_content
+from ddtree_deploy.cli import app
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sshd_host import ADDED, SPEC, UTILS, SSHServer, TestHost, deploy_series_oracle  # noqa: E402
+from sshd_host import DEPLOY_SERIES as DATA  # noqa: E402
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory, sshd):
+    return deploy_series_oracle(sshd, tmp_path_factory.mktemp("oracle"))
+
+
+@pytest.fixture
+def host(sshd, tmp_path, monkeypatch) -> TestHost:
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(DATA / "patches"))
+    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
+    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
+    h = sshd.add_host(f"hist{next(_names)}", tmp_path / "host", files=[SPEC, UTILS])
+    h.inventory(smoke_levels=[])
+    return h
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def ok(*args: str):
+    result = cli(*args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def history(h: TestHost, *extra: str) -> dict:
+    return json.loads(ok("history", "--host", h.name, "--json", *extra).stdout)
+
+
+@pytest.mark.sshd
+def test_push_rollback_and_a_broken_lock_are_recorded_newest_first(host, oracle):
+    pristine, patched = oracle
+    assert history(host)["entries"] == []  # no state folder yet: an empty history, nothing created
+    assert not host.state_dir.exists()
+
+    pushed = json.loads(ok("push", "--host", host.name, "--json").stdout)["hosts"][0]
+    ok("push", "--host", host.name)  # a no-op takes the lock but changes nothing: no entry
+    ok("rollback", "--host", host.name)
+    doc = history(host)
+    assert [e["event"] for e in doc["entries"]] == ["rollback", "push"] and doc["total"] == 2
+    rolled, push = doc["entries"]
+    me = f"{getpass.getuser()}@{socket.gethostname()}"
+    assert push["holder"] == me and push["from"] == socket.gethostname()
+    assert push["outcome"] == "ok" and push["phase"] == "deployed" and push["command"] == "push"
+    assert push["series"] == "sglang-0.5.12" and len(push["series_id"]) == 64
+    assert push["backup_id"] == pushed["backup_id"] and push["run_id"] == pushed["run_id"]
+    sha = lambda b: hashlib.sha256(b).hexdigest() if b is not None else None  # noqa: E731
+    assert push["files"] == {p: {"from": sha(pristine[p]), "to": sha(patched[p])} for p in (SPEC, UTILS, ADDED)}
+    assert rolled["outcome"] == "ok" and rolled["phase"] == "rolled-back"
+    assert rolled["files"][ADDED] == {"from": sha(patched[ADDED]), "to": None}
+    assert push["time"] <= rolled["time"]
+
+    # A hostile lock holder (markup, an escape sequence) broken by --break-lock: recorded,
+    # and printed inert.
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (host.state_dir / "lock").mkdir()
+        (host.state_dir / "lock" / "owner.json").write_text(json.dumps({
+            "run_id": "hung[/]", "holder": "eve\x1b[31m@[bold]x", "command": "push", "time": "2026-11-01T10:00:00Z",
+            "host": socket.gethostname(), "pid": sleeper.pid, "pid_start": agent_mod.process_start(sleeper.pid),
+            "boot_id": boot_id()}))
+        ok("push", "--host", host.name, "--break-lock")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    events = [e["event"] for e in history(host)["entries"]]
+    assert events == ["push", "lock-break", "rollback", "push"]
+    text = ok("history", "--host", host.name).stdout
+    assert "4 of 4 history entries, newest first" in text
+    assert "lock of run hung[/] by eve\\x1b[31m@[bold]x" in text and "\x1b" not in text
+    assert text.index("lock-break") < text.index("rollback")  # newest first
+    assert [e["event"] for e in history(host, "--limit", "1")["entries"]] == ["push"]
+    assert cli("history", "--host", host.name, "--limit", "0").exit_code == 2
+
+
+@pytest.mark.sshd
+def test_a_failed_append_never_fails_the_push(host, oracle):
+    _pristine, patched = oracle
+    (host.state_dir / "history.jsonl").mkdir(parents=True)  # the append cannot open it
+    (host.state_dir / ".ddtree-deploy-state").write_text("{}\n")
+    ok("push", "--host", host.name)
+    assert {p: host.read(p) for p in (SPEC, UTILS, ADDED)} == patched
+    a = Agent(str(host.state_dir))
+    warning = a.record("push", outcome="ok")
+    assert warning.startswith("the audit history was not written (history.jsonl)"), warning
+
+
+def test_rotation_keeps_the_newest_entries_and_the_folder_stays_ours(tmp_path, monkeypatch):
+    monkeypatch.setattr(agent_mod, "HISTORY_MAX_BYTES", 600)
+    state = tmp_path / "state"
+    state.mkdir()
+    a = Agent(str(state))
+    for i in range(12):
+        assert a.record("mark", run_id=f"r{i}", outcome="ok") is None
+    assert (state / "history.jsonl").stat().st_size < 600 + 300
+    assert (state / "history.1.jsonl").exists()
+    a.root = str(tmp_path / "site")  # check_state_dir needs the package root only to refuse nesting
+    doc = a.op_history({"limit": 100})
+    runs = [e["run_id"] for e in doc["entries"]]
+    assert runs == [f"r{i}" for i in range(11, 11 - len(runs), -1)] and 4 <= len(runs) < 12
+    assert foreign_content(str(state)) is None  # history files are the agent's own layout
+
+
+def test_a_torn_line_is_skipped_and_the_next_entry_stays_whole(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    a = Agent(str(state))
+    a.root = str(tmp_path / "site")
+    a.record("push", run_id="r1", outcome="ok")
+    with open(state / "history.jsonl", "ab") as f:
+        f.write(b'{"event": "push", "run_')  # a full disk cut this append
+    a.record("rollback", run_id="r2", outcome="ok")
+    doc = a.op_history({"limit": 10})
+    assert [e["run_id"] for e in doc["entries"]] == ["r2", "r1"] and doc["unreadable"] == 1
+    assert oct(os.stat(state / "history.jsonl").st_mode & 0o777) == "0o600"
