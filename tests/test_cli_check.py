@@ -133,6 +133,24 @@ def test_a_failing_hunk_exits_1_and_names_the_patch_line(snap, env):
     assert "Traceback" not in r.stderr and "Exit" not in r.stderr  # a verdict, not a crash
 
 
+
+def test_failure_evidence_is_never_wrapped_on_a_narrow_console(snap, env, monkeypatch):
+    """A CI log (stderr piped, COLUMNS=40): the quoted source lines stay whole, one per line."""
+    import importlib
+
+    app_module = importlib.import_module("ddtree_deploy.cli.app")
+    monkeypatch.setattr(app_module.err, "width", 40)  # what COLUMNS=40 gives the console at start
+    long_name = "EAGLE_SOMEWHERE_ELSE_WITH_A_VERY_LONG_NAME_THAT_PASSES_FORTY_COLUMNS"
+    patch = env / "patches" / "test-0.5.12" / P1
+    _edit(patch, "     EAGLE = auto()\n", f"     {long_name} = auto()\n")
+    r = _run("check", "--snapshot", SNAP)
+    assert r.exit_code == 1
+    evidence = [line for line in r.stderr.splitlines() if long_name in line]
+    assert evidence and all(f"expected '    {long_name} = auto()'" in line for line in evidence), r.stderr
+    failed = [line for line in r.stderr.splitlines() if f"{P1}:" in line and "failed on" in line]
+    assert failed and "spec_info.py" in failed[0]  # the hunk line is whole too
+
+
 SPEC = "sglang/srt/speculative/spec_info.py"
 HUNK1_DONE = ("    DFLASH = auto()\n"
               "    # Test series only: a stand-in algorithm name exercising the check flow.\n"

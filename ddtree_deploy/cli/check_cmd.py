@@ -89,10 +89,12 @@ def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
     for entry in report.entries:
         _render_failures(entry, series)
     for c in report.compile_errors:
-        err.print(f"[bold red]does not compile:[/] {escape(str(c))}", highlight=False)
+        err.print(f"[bold red]does not compile:[/] {escape(str(c))}", highlight=False, soft_wrap=True)
 
 
 def _render_failures(entry: EntryCheck, series: Series) -> None:
+    # Evidence quotes source lines: soft_wrap, so a narrow console or a CI log never
+    # breaks a quoted line in two (the table above folds; these lines must not).
     patch_file = next((show(e.file) for e in series.entries if e.line == entry.line), entry.name)
     for f in entry.files:
         if f.status == PARTLY:
@@ -100,25 +102,25 @@ def _render_failures(entry: EntryCheck, series: Series) -> None:
             style = "yellow" if f.ok else "red"
             where = f"{patch_file}:{f.header_line}" if f.header_line else patch_file
             err.print(f"[{style}]{escape(where)}[/]: {escape(f.path)}: {escape(f.message or PARTLY)}",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
             for h in f.hunks:
                 err.print(f"    hunk {h.index} {escape(h.header)}: {h.status.value} at line {h.line}",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
             continue
         if f.ok:
             continue
         if f.message and not f.hunks:
-            err.print(f"[red]{escape(entry.name)}[/]: {escape(f.path)}: {escape(f.message)}", highlight=False)
+            err.print(f"[red]{escape(entry.name)}[/]: {escape(f.path)}: {escape(f.message)}", highlight=False, soft_wrap=True)
         for h in f.hunks:
             if h.ok:
                 continue
             near = f" nearest match at line {h.nearest_line}" if h.nearest_line else ""
             why = f" ({escape(h.reason)})" if h.reason else ""
             err.print(f"[red]{escape(patch_file)}:{h.patch_line}[/] hunk {h.index} {escape(h.header)} "
-                      f"failed on {escape(f.path)};{near}{why}", highlight=False)
+                      f"failed on {escape(f.path)};{near}{why}", highlight=False, soft_wrap=True)
             for m in h.mismatches[:5]:
                 actual = "(end of file)" if m.actual is None else repr(m.actual)
-                err.print(f"    line {m.line}: expected {m.expected!r}, found {escape(actual)}", highlight=False)
+                err.print(f"    line {m.line}: expected {m.expected!r}, found {escape(actual)}", highlight=False, soft_wrap=True)
 
 
 def _write(directory: Path, report: CheckReport) -> None:
