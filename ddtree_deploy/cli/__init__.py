@@ -15,6 +15,7 @@ from ddtree_deploy.cli import (  # noqa: E402,F401
     deploy_cmd,
     smoke_cmd,
     matrix_cmd,
+    port_cmd,
     inventory_cmd,
     image_cmd,
     tune_cmd,

@@ -27,7 +27,8 @@ app = typer.Typer(
     name="ddtree-deploy",
     help="Deploy the DDTree patch series into SGLang on GPU hosts. " + EXIT_CODES_HELP,
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion / --show-completion (bash, zsh, fish, PowerShell): typer's own.
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 
