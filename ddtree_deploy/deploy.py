@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ddtree_deploy.codes import Code, Phase
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.plan import Desired, FileState, Plan, classify, plan_push, plan_rollback, sha256
@@ -125,14 +126,14 @@ def _locked_error(host: Host, reply: dict) -> DeployError:
         return DeployError(
             f"{host.name}: a tune is running (run {h.get('run_id', '?')} by {h.get('holder', '?')} since "
             f"{h.get('time', '?')}, pid {h.get('pid', '?')}); its servers use the files this would switch",
-            code="locked",
+            code=Code.LOCKED,
             hint="wait for the tune to finish, or stop it (Ctrl-C on its controller)",
         )
     stale = " (its process is gone)" if reply.get("stale") else ""
     return DeployError(
         f"{host.name}: deploy lock held by {h.get('holder', '?')} since {h.get('time', '?')} "
         f"(run {h.get('run_id', '?')}, {h.get('command', '?')}, pid {h.get('pid', '?')}){stale}",
-        code="locked",
+        code=Code.LOCKED,
         hint="wait for that run to finish; if it is dead, rerun with --break-lock",
     )
 
@@ -164,7 +165,7 @@ def _unsafe(host: Host, facts: dict) -> None:
     bad = [(p, i["unsafe"]) for p, i in sorted(facts["files"].items()) if i and "unsafe" in i]
     if bad:
         raise DeployError(f"{host.name}: {len(bad)} target file(s) cannot be replaced safely: {bad[0][1]}",
-                          code="unsafe-file", hint="replace the symlink by the real file on the host, then rerun")
+                          code=Code.UNSAFE_FILE, hint="replace the symlink by the real file on the host, then rerun")
 
 
 def _session(transport: Transport, host: Host, write: bool) -> AgentSession:
@@ -208,7 +209,7 @@ class Held:
 
     def mark(self, phase: str, smoke: dict | None = None) -> dict:
         if not self.locked:
-            raise DeployError(f"{self.host.name}: mark: the deploy lock was already released", code="protocol")
+            raise DeployError(f"{self.host.name}: mark: the deploy lock was already released", code=Code.PROTOCOL)
         self.locked = False
         marked, _unlock = self.sess.call(_mark(self.run_id, phase, smoke), {"op": "unlock"})
         journal = expect_ok(marked, self.host.name, "mark")["journal"]
@@ -232,54 +233,64 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
     """
     t0 = time.monotonic()
     out = Outcome(host.name, command, new_run_id())
-    progress("connect")
-    with transport, _session(transport, host, write=True) as sess:
-        progress("lock + discover")
-        facts, lock = _open_locked(sess, host, out.run_id, command, paths, break_lock, dry_run)
-        out.broke_lock = (lock or {}).get("broke")
-        out.sglang_version = facts["sglang_version"]
-        out.phase = (facts["journal"] or {}).get("phase")
-        try:
-            prepared = prepare(facts, progress)
-        except DeployError:
-            if not dry_run:
-                _finish(sess, None)  # release the lock now, not at EOF
-            raise
-        out.plan = prepared.plan
-        if not dry_run and prepared.complete is not None:
-            progress(f"journal: complete the interrupted run ({prepared.complete['phase']})")
+    # Decided here, where it happens: an error before the apply request (or the smoke of
+    # an earlier switch) is sent left the host as it was, whatever its code.
+    sending: list[str] = []
+    try:
+        progress("connect")
+        with transport, _session(transport, host, write=True) as sess:
+            progress("lock + discover")
+            facts, lock = _open_locked(sess, host, out.run_id, command, paths, break_lock, dry_run)
+            out.broke_lock = (lock or {}).get("broke")
+            out.sglang_version = facts["sglang_version"]
+            out.phase = (facts["journal"] or {}).get("phase")
             try:
-                done = expect_ok(sess.one(prepared.complete), host.name, "complete the journal")
+                prepared = prepare(facts, progress)
             except DeployError:
-                _finish(sess, None)
+                if not dry_run:
+                    _finish(sess, None)  # release the lock now, not at EOF
                 raise
-            out.phase = done["journal"]["phase"]
-        if not dry_run and prepared.plan.noop and hold is not None and prepared.pending:
-            out.summary = prepared.noop
-            out.phase, out.smoke_pending = "switched", prepared.pending.get("run_id")
-            out.backup_id = prepared.pending.get("backup_id")
-            _hold(sess, host, out, hold)
-        elif dry_run or prepared.plan.noop:
-            if not dry_run:
-                extra = prepared.noop_request if prepared.plan.noop else None
-                reply = _finish(sess, extra)
-                if extra is not None:
-                    out.phase = expect_ok(reply, host.name, extra["op"])["journal"]["phase"]
-            out.summary = prepared.noop if prepared.plan.noop else prepared.dry
-        else:
-            progress(prepared.step)
-            request = prepared.request(out.run_id)
-            holding = hold is not None and request["final_phase"] == "switched"
-            done = expect_ok(sess.call(request)[0] if holding else _finish(sess, request), host.name, "apply")
-            out.changed = True
-            out.phase = request["final_phase"]
-            out.backup_id = done["backup_id"]
-            out.purged, out.pruned = done["purged"], done["pruned"]
-            out.summary = prepared.done(done)
-            if holding:
-                out.smoke_pending = out.run_id
+            out.plan = prepared.plan
+            if not dry_run and prepared.complete is not None:
+                progress(f"journal: complete the interrupted run ({prepared.complete['phase']})")
+                try:
+                    done = expect_ok(sess.one(prepared.complete), host.name, "complete the journal")
+                except DeployError:
+                    _finish(sess, None)
+                    raise
+                out.phase = done["journal"]["phase"]
+            if not dry_run and prepared.plan.noop and hold is not None and prepared.pending:
+                out.summary = prepared.noop
+                out.phase, out.smoke_pending = Phase.SWITCHED, prepared.pending.get("run_id")
+                out.backup_id = prepared.pending.get("backup_id")
+                sending.append("hold")
                 _hold(sess, host, out, hold)
-        out.round_trips, out.connections = sess.round_trips, transport.connections
+            elif dry_run or prepared.plan.noop:
+                if not dry_run:
+                    extra = prepared.noop_request if prepared.plan.noop else None
+                    reply = _finish(sess, extra)
+                    if extra is not None:
+                        out.phase = expect_ok(reply, host.name, extra["op"])["journal"]["phase"]
+                out.summary = prepared.noop if prepared.plan.noop else prepared.dry
+            else:
+                progress(prepared.step)
+                request = prepared.request(out.run_id)
+                holding = hold is not None and request["final_phase"] == Phase.SWITCHED
+                sending.append("apply")
+                done = expect_ok(sess.call(request)[0] if holding else _finish(sess, request), host.name, "apply")
+                out.changed = True
+                out.phase = request["final_phase"]
+                out.backup_id = done["backup_id"]
+                out.purged, out.pruned = done["purged"], done["pruned"]
+                out.summary = prepared.done(done)
+                if holding:
+                    out.smoke_pending = out.run_id
+                    _hold(sess, host, out, hold)
+            out.round_trips, out.connections = sess.round_trips, transport.connections
+    except DeployError as exc:
+        if not sending:
+            exc.host_unchanged = True  # read by fleet.outcome_of_error
+        raise
     out.seconds = time.monotonic() - t0
     return out
 
@@ -315,52 +326,52 @@ def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[d
         name = f"{desired.series} ({desired.series_id[:12]})"
         journal = dict(facts["journal"] or {})
         noop, noop_request, complete = f"already deployed: {name}; nothing changed", None, None
-        if plan.noop and journal.get("phase") == "switching" and journal.get("series_id") == desired.series_id:
+        if plan.noop and journal.get("phase") == Phase.SWITCHING and journal.get("series_id") == desired.series_id:
             # A run killed after its last rename, before its journal: every file is switched.
             # Finish that run as it would have ended: `switched` (and the smoke runs) or
             # `deployed` without a smoke; never "already deployed" with no smoke at all.
-            complete = _mark(journal.get("run_id"), "switched" if smoke else "deployed", expect="switching")
+            complete = _mark(journal.get("run_id"), Phase.SWITCHED if smoke else Phase.DEPLOYED, expect=Phase.SWITCHING)
             stopped = f"run {journal.get('run_id')} of {name} stopped after switching every file"
             if dry_run:
                 noop = f"dry run: {stopped}; a push would complete its journal; nothing changed"
             elif smoke:
-                journal["phase"] = "switched"
+                journal["phase"] = Phase.SWITCHED
                 seen.update(journal)
                 noop = f"{stopped}: journal completed (switched); its smoke runs now"
             else:
                 noop = f"{stopped}: journal completed and marked deployed without a smoke"
-        if plan.noop and journal.get("phase") == "switched" and complete is None:
+        if plan.noop and journal.get("phase") == Phase.SWITCHED and complete is None:
             seen.update(journal)
             noop = f"nothing to switch: {name} was switched by run {journal.get('run_id')}, whose smoke never passed"
             if not smoke and not dry_run:
-                noop_request = _mark(journal.get("run_id"), "deployed")
+                noop_request = _mark(journal.get("run_id"), Phase.DEPLOYED)
                 noop += "; marked deployed without a smoke"
         return _Prepared(
             plan,
             noop=noop,
             dry=f"dry run: would switch {len(plan.changes)} of {len(plan.steps)} file(s); nothing changed",
             step=f"back up + stage + switch {len(plan.changes)} file(s)",
-            request=lambda run_id: _apply_push(host, run_id, desired, plan, "switched" if smoke else "deployed"),
+            request=lambda run_id: _apply_push(host, run_id, desired, plan, Phase.SWITCHED if smoke else Phase.DEPLOYED),
             done=lambda d: f"pushed {name}: {len(plan.changes)} file(s) switched, backup {d['backup_id']}",
             noop_request=noop_request,
-            pending=dict(journal) if plan.noop and journal.get("phase") == "switched" and smoke else None,
+            pending=dict(journal) if plan.noop and journal.get("phase") == Phase.SWITCHED and smoke else None,
             complete=complete,
         )
 
     outcome = _execute("push", host, transport, paths, prepare, dry_run=dry_run, break_lock=break_lock,
                        progress=progress, hold=after_switch if smoke else None)
-    if outcome.phase == "switched" and not dry_run and outcome.smoke_pending is None:
+    if outcome.phase == Phase.SWITCHED and not dry_run and outcome.smoke_pending is None:
         outcome.smoke_pending = outcome.run_id if outcome.changed else seen.get("run_id")
         if not outcome.changed:
             outcome.backup_id = seen.get("backup_id")
     return outcome
 
 
-def _mark(run_id: str | None, phase: str, smoke: dict | None = None, expect: str = "switched") -> dict:
+def _mark(run_id: str | None, phase: str, smoke: dict | None = None, expect: str = Phase.SWITCHED) -> dict:
     return {"op": "mark", "run_id": run_id, "expect": expect, "phase": phase, "smoke": smoke}
 
 
-def mark(host: Host, transport: Transport, run_id: str, phase: str = "deployed", *, smoke: dict | None = None,
+def mark(host: Host, transport: Transport, run_id: str, phase: str = Phase.DEPLOYED, *, smoke: dict | None = None,
          progress: Progress = _quiet) -> dict:
     """After the smoke: move the journal of ``run_id`` from ``switched`` to ``phase`` (one round trip).
 
@@ -381,7 +392,7 @@ def mark(host: Host, transport: Transport, run_id: str, phase: str = "deployed",
     return expect_ok(marked, host.name, "mark")["journal"]
 
 
-def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan, final_phase: str = "deployed") -> dict:
+def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan, final_phase: str = Phase.DEPLOYED) -> dict:
     by_path = {t.path: t for t in desired.targets}
     files = []
     for step in plan.changes:
@@ -416,10 +427,10 @@ def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run
         bid = manifest["id"]
         journal = facts["journal"] or {}
         complete, noop = None, f"already at backup {bid}; nothing changed"
-        if plan.noop and journal.get("phase") in ("staged", "switching"):
+        if plan.noop and journal.get("phase") in (Phase.STAGED, Phase.SWITCHING):
             # Every file is already at the backup (a rollback killed after its last rename, or
             # a push killed before its first): the journal must not stay `switching`.
-            complete = _mark(journal.get("run_id"), "rolled-back", expect=journal.get("phase"))
+            complete = _mark(journal.get("run_id"), Phase.ROLLED_BACK, expect=journal.get("phase"))
             noop = (f"completed: every file is at backup {bid} (run {journal.get('run_id')} stopped "
                     f"while {journal.get('phase')}); journal marked rolled-back")
         return _Prepared(
@@ -451,14 +462,14 @@ def _apply_rollback(host: Host, run_id: str, manifest: dict, plan: Plan, journal
         "backup_id": manifest["id"],
         "make_backup": False,
         "journal": journal,  # the series stays recorded: status can still tell patched from pristine
-        "final_phase": "rolled-back",
+        "final_phase": Phase.ROLLED_BACK,
         "keep_backups": host.keep_backups,
     }
 
 
 def _choose_backup(host: Host, backups: list[dict], to: str | None) -> dict:
     if not backups:
-        raise DeployError(f"{host.name}: no backups on the host (nothing was ever pushed)", code="no-backup")
+        raise DeployError(f"{host.name}: no backups on the host (nothing was ever pushed)", code=Code.NO_BACKUP)
     if to is None:
         return backups[-1]  # ids start with a UTC timestamp: the last is the newest
     for b in backups:
@@ -507,7 +518,7 @@ def describe(name: str, facts: dict, desired: Desired | None, round_trips: int =
         "host": name,
         "sglang_version": facts.get("sglang_version"),
         "package_root": facts.get("package_root"),
-        "phase": (journal or {}).get("phase", "never-deployed"),
+        "phase": (journal or {}).get("phase", Phase.NEVER_DEPLOYED),
         "explanation": explain(journal, files, name),
         "series": ({"name": journal.get("series"), "id": journal.get("series_id"), "run_id": journal.get("run_id"),
                     "updated": journal.get("updated"), "backup_id": journal.get("backup_id")} if journal else None),
@@ -563,7 +574,7 @@ def pull(host: Host, transport: Transport, paths: list[str]) -> tuple[dict, dict
     if extra or missing:
         raise DeployError(f"{host.name}: the host answered for other files than asked "
                           f"({'extra: ' + extra[0] if extra else 'missing: ' + missing[0]}); nothing was stored",
-                          code="agent")
+                          code=Code.AGENT)
     _unsafe(host, facts)
     files = {p: (base64.b64decode(got[p]["data"]) if got[p] else None) for p in paths}
     return facts, files

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 
 from ddtree_deploy.check import check_series
+from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.plan import Desired, Target, sha256
 from ddtree_deploy.series import AddEntry, PatchEntry, Series
@@ -50,7 +51,7 @@ def desired_for(series: Series, host_name: str, facts: dict, *, fuzz: int = 0, f
     version = facts.get("sglang_version")
     if not version:
         raise DeployError(f"{host_name}: cannot tell the SGLang version at {facts.get('package_root')}",
-                          code="no-version")
+                          code=Code.NO_VERSION)
     if not forced and not series.info.covers(version):
         raise BadInput(f"{host_name}: runs SGLang {version}, but family {series.name} covers {series.specifier}",
                        hint="choose the family for that release with --family")
@@ -60,7 +61,7 @@ def desired_for(series: Series, host_name: str, facts: dict, *, fuzz: int = 0, f
     if not report.ok:
         failed = [e.name for e in report.entries if not e.ok] or [str(c) for c in report.compile_errors]
         raise DeployError(f"{host_name}: series {series.name} does not apply cleanly to {source}: "
-                          f"{', '.join(failed)}", code="check-failed",
+                          f"{', '.join(failed)}", code=Code.CHECK_FAILED,
                           hint=f"run `ddtree-deploy check` for the hunk-by-hunk report; nothing was changed")
     targets = []
     for path in paths:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Sequence
 
+from ddtree_deploy.codes import BEFORE_CHANGE, UNREACHABLE, Code, Phase
 from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
 
 
@@ -50,13 +51,6 @@ class Kind(str, Enum):
 
 _OK = {Kind.PUSHED, Kind.ALREADY, Kind.ROLLED_BACK, Kind.ALREADY_ROLLED_BACK, Kind.READ, Kind.PLANNED}
 
-# Error codes raised before the apply request is sent: the host is provably untouched.
-# Anything else (an agent failure during apply, a connection lost after it was sent)
-# is reported as "state unknown", with `status` as the way to find out.
-_BEFORE_CHANGE = {"auth", "host-key", "locked", "drift", "other-series", "check-failed", "no-version",
-                  "bad-input", "no-backup", "preflight", "permission", "no-space", "unsafe-file",
-                  "bad-state-dir", "changed"}
-_UNREACHABLE = {"connect"}
 
 
 @dataclass(frozen=True)
@@ -172,11 +166,15 @@ class Schedule:
 
 
 def outcome_of_error(exc: DeployError) -> Kind:
-    if exc.code in _UNREACHABLE:
+    """Where the failure happened decides: deploy marks every error it sees before the
+    apply request is sent (``host_unchanged``); the code sets cover errors raised outside
+    deploy's session (a connection refused, a bad inventory). Anything else may have
+    changed files: "state unknown", with `status` as the way to find out."""
+    if exc.code in UNREACHABLE:
         return Kind.UNREACHABLE
-    if exc.code in _BEFORE_CHANGE:
+    if getattr(exc, "host_unchanged", False) or exc.code in BEFORE_CHANGE:
         return Kind.FAILED_BEFORE_CHANGE
-    if exc.code == "failed-unchanged":
+    if exc.code == Code.FAILED_UNCHANGED:
         return Kind.FAILED_UNCHANGED
     return Kind.FAILED_UNKNOWN
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable, Protocol, Sequence
 
+from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy, Schedule, failed, skipped
 
@@ -83,7 +84,7 @@ def _guarded(work: Work, host: str, events: Events) -> HostResult:
         result = failed(host, exc)
     except Exception as exc:  # noqa: BLE001 - a bug on one host must not abandon the others mid-push
         result = HostResult(host, Kind.FAILED_UNKNOWN,
-                            {"host": host, "error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}",
+                            {"host": host, "error": {"code": Code.INTERNAL, "message": f"{type(exc).__name__}: {exc}",
                                                      "hint": "rerun with DDTREE_DEPLOY_DEBUG=1 for a traceback"}},
                             f"{type(exc).__name__}: {exc}")
     return replace(result, elapsed=time.monotonic() - t0)

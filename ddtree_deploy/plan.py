@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import DeployError
 
 
@@ -105,7 +106,7 @@ def classify(current: str | None, pristine: str | None, patched: str | None) -> 
 def drift_error(host: str, bad: list[tuple[str, FileState]], source: str, *, hint: str) -> DeployError:
     listed = ", ".join(f"{path} ({state.value})" for path, state in bad)
     return DeployError(f"{host}: {len(bad)} file(s) match neither {source} nor the patched version: {listed}",
-                       code="drift", hint=hint)
+                       code=Code.DRIFT, hint=hint)
 
 
 def plan_push(host: str, desired: Desired, current: dict[str, str | None], journal: dict | None = None) -> Plan:
@@ -135,7 +136,7 @@ def plan_push(host: str, desired: Desired, current: dict[str, str | None], journ
         raise DeployError(
             f"{host}: series {j.get('series')} ({str(j.get('series_id'))[:12]}) is deployed there, not "
             f"{desired.series} ({desired.series_id[:12]}): {', '.join(sorted(other))} hold its patched versions",
-            code="other-series", hint=f"`ddtree-deploy rollback --host {host}` first, then push")
+            code=Code.OTHER_SERIES, hint=f"`ddtree-deploy rollback --host {host}` first, then push")
     if bad:
         raise drift_error(host, bad, f"the snapshot ({desired.snapshot})",
                           hint=f"`ddtree-deploy snapshot pull --host {host}` records the host's files as the new "

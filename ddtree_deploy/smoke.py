@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from ddtree_deploy.codes import Code, Phase
 from ddtree_deploy.errors import BadInput, DeployError
 
 LEVELS = ("compile", "import", "cli", "launch")
@@ -688,12 +689,12 @@ def run_on_host(host, transport, plan: SmokePlan, *, log_dir=None, progress: Pro
                     proc = None
                     last = tail.strip().splitlines()[-1] if tail.strip() else "no output"
                     raise DeployError(f"{host.name}: the smoke program stopped without a result "
-                                      f"(exit {code}; {last})", code="smoke-agent")
+                                      f"(exit {code}; {last})", code=Code.SMOKE_AGENT)
                 try:
                     doc = json.loads(line)
                 except ValueError:
                     raise DeployError(f"{host.name}: the smoke program answered garbage: {line[:200]!r}",
-                                      code="smoke-agent") from None
+                                      code=Code.SMOKE_AGENT) from None
                 event = doc.get("event")
                 # One progress step per level (a caller's step timer times it); the
                 # results themselves are in the report.
@@ -829,24 +830,24 @@ def after_push(host, make_transport: Callable[[], Any], outcome, series, *, leve
     try:
         report = run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress)
     except DeployError as exc:
-        return AfterPush(None, host=host.name, error=exc.message, phase="switched" if pending else None)
+        return AfterPush(None, host=host.name, error=exc.message, phase=Phase.SWITCHED if pending else None)
     if report.ok:
         if pending is None:
             return AfterPush(report, host=host.name)
         try:
-            mark("deployed")
+            mark(Phase.DEPLOYED)
         except DeployError as exc:
             return AfterPush(report, host=host.name, mark_error=exc.message)
-        return AfterPush(report, host=host.name, marked=True, phase="deployed")
+        return AfterPush(report, host=host.name, marked=True, phase=Phase.DEPLOYED)
     if not auto_rollback:
         note = None
         if pending is not None:
             try:  # the journal keeps which level failed; the phase stays `switched`
-                mark("switched", {"failed": report.failed.level, "detail": report.failed.detail[:500]})
+                mark(Phase.SWITCHED, {"failed": report.failed.level, "detail": report.failed.detail[:500]})
             except DeployError as exc:
                 note = exc.message
         return AfterPush(report, kept=True, host=host.name, mark_error=note,
-                         phase="switched" if pending else None)
+                         phase=Phase.SWITCHED if pending else None)
     progress(f"smoke failed at {report.failed.level}: rolling back to backup {outcome.backup_id}")
     try:
         if held is not None:
@@ -854,7 +855,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome, series, *, leve
         undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress)
     except DeployError as exc:
         return AfterPush(report, rollback_error=exc.message, host=host.name)
-    return AfterPush(report, rollback=undone, host=host.name, phase="rolled-back")
+    return AfterPush(report, rollback=undone, host=host.name, phase=Phase.ROLLED_BACK)
 
 
 def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str] | None = None,
@@ -877,16 +878,16 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
     choose_levels(settings, levels, source=host.source)  # bad input stops here, before any connection
     progress("read the host's journal")
     doc = deploy.status(host, make_transport())
-    if doc["phase"] not in ("deployed", "switched") or not doc["series"]:
+    if doc["phase"] not in (Phase.DEPLOYED, Phase.SWITCHED) or not doc["series"]:
         raise DeployError(f"{host.name}: no series is deployed (phase {doc['phase']}): the smoke checks a "
-                          "deployed series", code="not-deployed",
+                          "deployed series", code=Code.NOT_DEPLOYED,
                           hint=f"push first: ddtree-deploy push --host {host.name}")
     # The name comes from the host: only ever a key among the known families, never a path.
     name = doc["series"]["name"]
     known = {f.name: f.folder for f in families(Path(patches_dir or repo_dir("patches")))}
     if not isinstance(name, str) or name not in known:
         raise DeployError(f"{host.name}: the host's journal names series {name!r}, which is not a family "
-                          f"here ({', '.join(sorted(known)) or 'none'})", code="unknown-family",
+                          f"here ({', '.join(sorted(known)) or 'none'})", code=Code.UNKNOWN_FAMILY,
                           hint="smoke it from a checkout that has that family under patches/")
     series = load_family(known[name])
     touched, flags = series_inputs(series)
@@ -899,10 +900,10 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
         return report
     run_id = doc["series"]["run_id"]
     if report.ok:
-        deploy.mark(host, make_transport(), run_id, "deployed", progress=progress)
+        deploy.mark(host, make_transport(), run_id, Phase.DEPLOYED, progress=progress)
         return replace(report, note=f"phase switched -> deployed (run {run_id}): the smoke passed")
     failed = report.failed
-    deploy.mark(host, make_transport(), run_id, "switched", progress=progress,
+    deploy.mark(host, make_transport(), run_id, Phase.SWITCHED, progress=progress,
                 smoke={"failed": failed.level, "detail": failed.detail[:500]} if failed else None)
     return replace(report, note=f"phase stays switched (run {run_id}): roll back with "
                                 f"`ddtree-deploy rollback --host {host.name}`")

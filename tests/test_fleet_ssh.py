@@ -293,3 +293,20 @@ def test_two_fleet_pushes_over_overlapping_hosts_push_each_host_once(fleet, orac
         assert journal["run_id"] == next(x for x in pusher["hosts"] if x["host"] == name)["run_id"]
     locked = sum(1 for d in docs for h in d["hosts"] if (h.get("error") or {}).get("code") == "locked")
     print(f"overlapping hosts refused by the lock: {locked} of 2")
+
+
+def test_a_host_without_sglang_is_failed_before_any_change(fleet, oracle):
+    """Issue #14: the error (no-sglang, from the agent's discovery) is not in any list of
+    'before change' codes; deploy marks it where it happens (before the apply request), so
+    the host reads 'failed before any change', not 'failed, state unknown'."""
+    pristine, patched = oracle
+    fleet.add("canary", 0)
+    bare = fleet.add("bare", 1)
+    bare.inventory(fleet.hosts_dir, smoke_levels=["compile"], python="/usr/bin/python3")  # no sglang there
+    before = tree_of(bare)
+    result = cli("push", "--host", "canary", "--host", "bare", "--json")
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert outcomes(doc) == {"canary": "pushed", "bare": "failed before any change"}
+    assert {h["host"]: h for h in doc["hosts"]}["bare"]["error"]["code"] == "no-sglang"
+    assert files_of(fleet.hosts["canary"]) == patched and tree_of(bare) == before

@@ -18,6 +18,7 @@ from ddtree_deploy import deploy
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.cli.snapshot_cmd import report_snapshot, snapshot_app
 from ddtree_deploy.cli.text import safe
+from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.fleet import HostResult, Kind, Policy
 from ddtree_deploy.inventory import Host, load_host
@@ -42,7 +43,7 @@ def _series_chooser(family: str | None):
     def choose(facts: dict):
         version = facts.get("sglang_version")
         if not version:
-            raise DeployError(f"cannot tell the SGLang version at {facts.get('package_root')}", code="no-version")
+            raise DeployError(f"cannot tell the SGLang version at {facts.get('package_root')}", code=Code.NO_VERSION)
         return load_family(pick_family(version, families()).folder)
 
     return paths, choose, False
@@ -383,7 +384,7 @@ def pull(
     patched = deploy.patched_paths(facts, files)
     if patched:
         raise DeployError(f"{h.name}: {', '.join(patched)} are patched by ddtree-deploy, not pristine",
-                          code="not-pristine", hint=f"roll back first (ddtree-deploy rollback --host {h.name})")
+                          code=Code.NOT_PRISTINE, hint=f"roll back first (ddtree-deploy rollback --host {h.name})")
     if not facts.get("sglang_version"):
         raise BadInput(f"{h.name}: cannot tell the SGLang version at {facts.get('package_root')}")
     source = {"kind": "host", "host": h.name, "python": h.python}

@@ -1,0 +1,92 @@
+"""Every machine-readable error code and journal phase, named in one place.
+
+The string values are an interface: they appear in ``--json`` output, the Ansible
+collection (ansible/ddtree/plugins/plugin_utils/toolkit.py) matches on them, and the
+host agent (``agent.py``, stdlib only, copied to hosts) writes the same literals;
+tests/test_codes.py asserts the agent's literals are these. They are plain ``str``
+constants, not an ``Enum``: an error code arriving from the agent is a plain string,
+and a str-mixin Enum hashes by member name (``"locked" in {Code.LOCKED}`` would be
+False) and formats differently across Python 3.10-3.12.
+"""
+
+from __future__ import annotations
+
+
+class Code:
+    """``DeployError.code`` values."""
+
+    # generic (errors.py, the CLI)
+    FAILED = "failed"
+    BAD_INPUT = "bad-input"
+    INTERNAL = "internal"  # an unexpected exception, caught so that one host cannot abandon the others
+    # reaching the host (transport.py)
+    CONNECT = "connect"
+    AUTH = "auth"
+    HOST_KEY = "host-key"
+    CONNECTION_LOST = "connection-lost"
+    TIMEOUT = "timeout"
+    REPLY_TOO_LARGE = "reply-too-large"
+    AGENT = "agent"
+    PROTOCOL = "protocol"
+    # push / rollback before the switch (deploy.py, desired.py, plan.py, the CLI)
+    LOCKED = "locked"
+    NO_VERSION = "no-version"
+    NOT_PRISTINE = "not-pristine"
+    CHECK_FAILED = "check-failed"
+    DRIFT = "drift"
+    OTHER_SERIES = "other-series"
+    NO_BACKUP = "no-backup"
+    # raised by the agent on the host
+    NO_SGLANG = "no-sglang"
+    BAD_STATE_DIR = "bad-state-dir"
+    BAD_PATH = "bad-path"
+    UNSAFE_FILE = "unsafe-file"
+    PREFLIGHT = "preflight"
+    PERMISSION = "permission"
+    NO_SPACE = "no-space"
+    BACKUP = "backup"
+    VERIFY = "verify"
+    SWITCH = "switch"  # the switch failed and every switched file was switched back
+    SWITCH_MIXED = "switch-mixed"  # ... and switching back failed too: the host is mixed
+    FAILED_UNCHANGED = "failed-unchanged"
+    CHANGED = "changed"  # a mark found the journal at another run / phase
+    OS_ERROR = "os-error"  # an unexpected OSError in the agent
+    # smoke (smoke.py)
+    NOT_DEPLOYED = "not-deployed"
+    SMOKE_AGENT = "smoke-agent"
+    UNKNOWN_FAMILY = "unknown-family"
+
+
+# Codes the agent itself raises (agent.py's AgentError literals); tests/test_codes.py checks both ways.
+AGENT_CODES = frozenset({
+    Code.NO_SGLANG, Code.BAD_STATE_DIR, Code.BAD_PATH, Code.UNSAFE_FILE, Code.PREFLIGHT, Code.PERMISSION,
+    Code.NO_SPACE, Code.BACKUP, Code.VERIFY, Code.SWITCH, Code.SWITCH_MIXED, Code.FAILED_UNCHANGED,
+    Code.CHANGED, Code.LOCKED, Code.PROTOCOL, Code.OS_ERROR,
+})
+
+# Codes that can only be raised before the apply request is sent: the host is provably
+# untouched. (deploy.py also marks every error it sees before sending the apply request,
+# whatever its code: see ``deploy.before_change``.)
+BEFORE_CHANGE = frozenset({
+    Code.AUTH, Code.HOST_KEY, Code.LOCKED, Code.DRIFT, Code.OTHER_SERIES, Code.CHECK_FAILED, Code.NO_VERSION,
+    Code.BAD_INPUT, Code.NO_BACKUP, Code.PREFLIGHT, Code.PERMISSION, Code.NO_SPACE, Code.UNSAFE_FILE,
+    Code.BAD_STATE_DIR, Code.CHANGED,
+})
+UNREACHABLE = frozenset({Code.CONNECT})
+
+
+class Phase:
+    """The host journal's ``phase`` (agent.PHASES), plus ``never-deployed`` for a host without one."""
+
+    STAGED = "staged"
+    SWITCHING = "switching"
+    SWITCHED = "switched"  # files patched; the smoke has not passed yet
+    DEPLOYED = "deployed"
+    ROLLED_BACK = "rolled-back"
+    NEVER_DEPLOYED = "never-deployed"
+
+
+# In the agent's order (agent.PHASES).
+JOURNAL_PHASES = (Phase.STAGED, Phase.SWITCHING, Phase.SWITCHED, Phase.DEPLOYED, Phase.ROLLED_BACK)
+
+__all__ = ["AGENT_CODES", "BEFORE_CHANGE", "Code", "JOURNAL_PHASES", "Phase", "UNREACHABLE"]
