@@ -9,6 +9,7 @@ speaks (the script `--show-completion bash` prints).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,6 +52,14 @@ def test_port_and_series_refresh_live_in_their_own_module():
     assert not hasattr(matrix_cmd, "port_command") and not hasattr(matrix_cmd, "series_app")
 
 
+def test_check_cmd_partly_matches_the_checker():
+    # check_cmd keeps its own copy so `--help` need not import the checker.
+    from ddtree_deploy import check
+    from ddtree_deploy.cli import check_cmd
+
+    assert check_cmd.PARTLY == check.PARTLY
+
+
 def test_completion_options_are_offered():
     result = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"})
     assert "--install-completion" in result.output and "--show-completion" in result.output
@@ -69,3 +78,55 @@ def test_the_console_script_completes_commands_and_subcommands():
     assert _complete("ddtree-deploy lo", 1) == ["lock"]
     assert _complete("ddtree-deploy lock r", 2) == ["release"]
     assert "--limit" in _complete("ddtree-deploy history --li", 2)
+
+
+_SHAPE = r"""
+import json, sys
+import typer.main
+from ddtree_deploy import cli
+names = sys.argv[1:]
+if names:
+    cli.load_commands(names)
+    from ddtree_deploy.cli.app import app
+else:
+    from ddtree_deploy.cli import app
+group = typer.main.get_command(app)
+
+def shape(cmd):
+    subs = getattr(cmd, "commands", None)
+    if subs:
+        return {n: shape(c) for n, c in sorted(subs.items())}
+    return sorted(p.name for p in cmd.params)
+
+print(json.dumps({n: shape(c) for n, c in group.commands.items()}))
+"""
+
+
+def _shape(*modules: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", _SHAPE, *modules], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_console_script_loads_each_command_whole_from_its_own_modules():
+    """main() imports only COMMAND_MODULES[command]: each must register that command exactly
+    as the full app has it (a command moved to another module fails here, by name)."""
+    from ddtree_deploy.cli import COMMAND_MODULES
+
+    full = _shape()
+    assert set(full) == set(COMMAND_MODULES), "every command needs its entry in COMMAND_MODULES"
+    for command, modules in COMMAND_MODULES.items():
+        assert _shape(*modules).get(command) == full[command], command
+
+
+def test_a_lock_command_does_not_import_the_checker_smoke_or_tuner(tmp_path):
+    probe = ("import sys; sys.argv = ['ddtree-deploy', 'lock', '--help']\n"
+             "from ddtree_deploy import cli\n"
+             "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith('ddtree_deploy.')))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, COLUMNS="100"))
+    loaded = done.stdout.strip().splitlines()[-1]
+    assert "ddtree_deploy.cli.lock_cmd" in loaded
+    for heavy in ("ddtree_deploy.check'", "ddtree_deploy.smoke'", "ddtree_deploy.tune'", "ddtree_deploy.patchset'"):
+        assert heavy not in loaded, loaded

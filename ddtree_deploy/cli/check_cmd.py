@@ -7,32 +7,32 @@ Exit 0 only when every hunk applied and every result compiles; 1 otherwise.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from ddtree_deploy.check import PARTLY, CheckReport, EntryCheck, check_series
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.errors import EXIT_FAILED, BadInput
-from ddtree_deploy.patchset import HunkResult, HunkStatus
-from ddtree_deploy.series import (
-    Series,
-    check_no_symlink_escape,
-    families,
-    load_family,
-    pick_family,
-    show,
-)
-from ddtree_deploy.snapshot import Snapshot, fresh_release_snapshot, load_snapshot
 
+# The checker (check -> patchset, series, snapshot) is imported when `check` runs, not at
+# every CLI start (`--help`, `status`): see _check.
+if TYPE_CHECKING:
+    from ddtree_deploy.check import CheckReport, EntryCheck
+    from ddtree_deploy.patchset import HunkResult
+    from ddtree_deploy.series import Series
+    from ddtree_deploy.snapshot import Snapshot
+
+PARTLY = "partly applied"  # ddtree_deploy.check.PARTLY (a test pins the two equal)
 _STYLE = {"applied": "green", "already-applied": "cyan", "failed": "bold red", "skipped": "yellow",
           PARTLY: "bold red"}
 
 
 def _resolve(snapshot: str | None, release: str | None, family: str | None) -> tuple[Snapshot, Series]:
     """The snapshot to check and the family to apply (all bad input raised before any write)."""
+    from ddtree_deploy.series import families, load_family, pick_family
+    from ddtree_deploy.snapshot import fresh_release_snapshot, load_snapshot
+
     if (snapshot is None) == (release is None):
         raise BadInput("give exactly one of --snapshot NAME or --release VERSION")
     version = release if release is not None else None
@@ -52,6 +52,8 @@ def _resolve(snapshot: str | None, release: str | None, family: str | None) -> t
 
 
 def _hunks_cell(hunks: tuple[HunkResult, ...]) -> str:
+    from ddtree_deploy.patchset import HunkStatus
+
     parts = []
     for status in HunkStatus:
         these = [h for h in hunks if h.status is status]
@@ -67,6 +69,8 @@ def _hunks_cell(hunks: tuple[HunkResult, ...]) -> str:
 
 
 def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
+    from rich.table import Table
+
     table = Table(title=f"check: family {series.name} on snapshot {snap.name} "
                         f"(sglang {snap.manifest.sglang_version}, fuzz {report.fuzz})")
     # fold, never truncate: a path cut to "sglang/srt/…" tells nobody anything.
@@ -93,6 +97,8 @@ def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
 
 
 def _render_failures(entry: EntryCheck, series: Series) -> None:
+    from ddtree_deploy.series import show
+
     # Evidence quotes source lines: soft_wrap, so a narrow console or a CI log never
     # breaks a quoted line in two (the table above folds; these lines must not).
     patch_file = next((show(e.file) for e in series.entries if e.line == entry.line), entry.name)
@@ -130,6 +136,8 @@ def _write(directory: Path, report: CheckReport) -> None:
         dest = directory / p.path
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(p.patched)
+    from ddtree_deploy.series import show
+
     err.print(f"[dim]wrote {len(report.patched)} patched files under {show(directory)}[/]")
 
 
@@ -160,6 +168,9 @@ def _check(*, snapshot: str | None, release: str | None, family: str | None, fuz
            json_output: bool, write: Path | None, allow_partly_applied: bool = False) -> bool:
     if write is not None and write.exists() and not write.is_dir():
         raise BadInput(f"--write {write}: exists and is not a folder")
+    from ddtree_deploy.check import check_series
+    from ddtree_deploy.series import check_no_symlink_escape
+
     snap, series = _resolve(snapshot, release, family)
     check_no_symlink_escape(series, snap.files_dir)
     report = check_series(series, snap.read_files(), fuzz=fuzz, allow_partly_applied=allow_partly_applied)

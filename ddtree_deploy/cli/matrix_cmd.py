@@ -7,18 +7,19 @@ Thin: parse options, call ``matrix_run``, render. Tables and progress go to stde
 
 from __future__ import annotations
 
-# matrix_run and rich.progress are imported inside the command that uses them: every
+# matrix, matrix_run, rich.table and rich.progress are imported inside the command that uses them: every
 # CLI start (a push included) would otherwise pay for them.
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
-from ddtree_deploy.matrix import Matrix
 from ddtree_deploy.series import show
+
+if TYPE_CHECKING:
+    from ddtree_deploy.matrix import Matrix
 
 _VERDICT_STYLE = {"ok": "green", "already upstream": "cyan", "failed": "bold red", "uncovered": "yellow",
                   "no family": "dim",
@@ -36,6 +37,8 @@ def _render_matrix(matrix: Matrix) -> None:
 
 
 def _render_table(family: str | None, header: list[str], body: list[list[str]]) -> None:
+    from rich.table import Table
+
     # The "why" column is long prose: printed under the table, one line per release.
     # The family is the table's title, not a column.
     header, whys = [header[0], *header[2:-1]], [(row[0], row[-1]) for row in body]
