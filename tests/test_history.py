@@ -151,3 +151,24 @@ def test_a_torn_line_is_skipped_and_the_next_entry_stays_whole(tmp_path):
     doc = a.op_history({"limit": 10})
     assert [e["run_id"] for e in doc["entries"]] == ["r2", "r1"] and doc["unreadable"] == 1
     assert oct(os.stat(state / "history.jsonl").st_mode & 0o777) == "0o600"
+
+
+def test_a_refused_apply_is_recorded_with_its_code(tmp_path):
+    """The agent in-process on a real folder standing in for the package root: the file changed
+    since it was read, so apply refuses ("changed") and the history says so, holder and all."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "x.py").write_text("now\n")
+    a = Agent(str(tmp_path / "state"))
+    a.root = str(site)
+    assert a.op_lock({"run_id": "r1", "holder": "carol@ctl-1", "command": "push"})["owner"]["run_id"] == "r1"
+    reply = a.handle({"op": "apply", "kind": "push", "run_id": "r1", "final_phase": "deployed",
+                      "files": [{"path": "x.py", "expect": "0" * 64, "want": "1" * 64, "data": ""}],
+                      "journal": {"series": "s", "series_id": "f" * 64}})
+    a.release()
+    assert reply["ok"] is False and reply["code"] == "changed" and "history_warning" not in reply
+    [entry] = a.op_history({"limit": 5})["entries"]
+    assert (entry["event"], entry["outcome"], entry["phase"]) == ("push", "changed", None)
+    assert entry["holder"] == "carol@ctl-1" and entry["from"] == "ctl-1" and entry["run_id"] == "r1"
+    assert "x.py changed since it was read" in entry["error"]
+    assert entry["files"] == {"x.py": {"from": "0" * 64, "to": "1" * 64}}
