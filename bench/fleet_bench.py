@@ -3,11 +3,11 @@
     python -m bench fleet_bench
 
 Eight real OpenSSH sshd on loopback (one per host: own port, own keys), each host its
-own venv holding SGLang 0.5.12.post1's real files. Both figures are the whole
-``ddtree-deploy push`` command run in process (typer's CliRunner: option parsing,
-inventories, the series check, connect, lock, back up, stage, switch, journal, the
-``compile`` smoke level), so the ratio shows what the fleet path adds over one host:
-the canary first (alone), then the seven others at once on threads.
+own venv holding SGLang 0.5.12.post1's real files. Both figures are the whole push as
+``ddtree-deploy push`` runs it, called through ``rollout.push`` (what the CLI calls
+after parsing: inventories, the series check, connect, lock, back up, stage, switch,
+journal, the ``compile`` smoke level), so the ratio shows what the fleet path adds over
+one host: the canary first (alone), then the seven others at once on threads.
 
 The series is the real DDTree series when it applies to 0.5.12.post1, else the small
 real test series (tests/data/deploy_series). Every run starts from pristine hosts (reset
@@ -34,12 +34,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from typer.testing import CliRunner  # noqa: E402
-
-from ddtree_deploy.cli import app  # noqa: E402
+from ddtree_deploy import rollout  # noqa: E402
 from ddtree_deploy.desired import desired_for  # noqa: E402
 from ddtree_deploy.errors import DeployError  # noqa: E402
 from ddtree_deploy.series import load_family  # noqa: E402
+from ddtree_deploy.transport import transport_for  # noqa: E402
 from sshd_host import DEPLOY_SERIES, SSHServer  # noqa: E402
 
 HOSTS = 8
@@ -111,23 +110,24 @@ def main() -> None:
                         p.write_bytes(data)
                 shutil.rmtree(h.state_dir, ignore_errors=True)
 
-        def push(names: list[str], *extra: str) -> tuple[float, float, float]:
-            """(wall, controller CPU, host-side CPU) seconds of one push command."""
+        def push(names: list[str], parallel: int | None = None) -> tuple[float, float, float]:
+            """(wall, controller CPU, host-side CPU) seconds of one push (inventories read included)."""
             reset()
-            args = ["push", "--family", str(family), *[a for n in names for a in ("--host", n)], *extra]
+            options = rollout.PushOptions(family=str(family), parallel=parallel)
             cpu0, host0, t = _self_cpu(), _host_cpu(servers), time.perf_counter()
-            result = CliRunner().invoke(app, args)
+            report = rollout.push(rollout.select_hosts(names, []), transport_for, options)
             took = time.perf_counter() - t
-            if result.exit_code != 0:
-                raise SystemExit(f"fleet_bench: push failed (exit {result.exit_code}):\n{result.output[-3000:]}")
+            if not report.ok:
+                bad = [f"{r.host}: {r.kind.value}: {r.message}" for r in report.results if not r.kind.ok]
+                raise SystemExit("fleet_bench: push failed:\n" + "\n".join(bad))
             time.sleep(0.2)  # let sshd reap the sessions' processes (their CPU is counted then)
             return took, _self_cpu() - cpu0, _host_cpu(servers) - host0
 
         names = [h.name for h in hosts]
         cases = {
             "1 host": lambda: push(names[:1]),
-            f"{HOSTS} hosts, canary + --parallel {HOSTS}": lambda: push(names, "--parallel", str(HOSTS)),
-            f"{HOSTS} hosts, canary + --parallel 1": lambda: push(names, "--parallel", "1"),
+            f"{HOSTS} hosts, canary + --parallel {HOSTS}": lambda: push(names, parallel=HOSTS),
+            f"{HOSTS} hosts, canary + --parallel 1": lambda: push(names, parallel=1),
         }
         runs = {name: RUNS if i < 2 else SERIAL_RUNS for i, name in enumerate(cases)}
         for fn in cases.values():

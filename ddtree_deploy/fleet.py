@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Sequence
 
-from ddtree_deploy.codes import BEFORE_CHANGE, UNREACHABLE, Code, Phase
+from ddtree_deploy.codes import BEFORE_CHANGE, UNREACHABLE, Code
 from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
 
 
@@ -179,62 +179,6 @@ def outcome_of_error(exc: DeployError) -> Kind:
     return Kind.FAILED_UNKNOWN
 
 
-def _planned(doc: dict) -> bool:
-    """A dry run whose plan changes something (a no-op plan reads as 'already ...')."""
-    return bool((doc.get("plan") or {}).get("changes"))
-
-
-def outcome_of_push(doc: dict, *, dry_run: bool = False) -> Kind:
-    """A push document (deploy.Outcome.to_json, plus the smoke's keys when it ran).
-
-    A host whose journal ends ``switched`` (files patched, the smoke never passed) is
-    never ok: ``failed, NOT rolled back`` when its smoke failed, else ``switched``.
-    """
-    smoked = doc.get("smoke") is not None or doc.get("smoke_error") is not None
-    if not doc.get("changed") and not smoked:
-        if dry_run and _planned(doc):
-            return Kind.PLANNED
-        if not dry_run and doc.get("phase") == "switched":
-            return Kind.SWITCHED
-        return Kind.ALREADY if doc.get("ok", True) else Kind.FAILED_BEFORE_CHANGE
-    if doc.get("ok", True):
-        return Kind.PUSHED
-    undo = doc.get("auto_rollback") or {}
-    if undo.get("done"):
-        return Kind.FAILED_ROLLED_BACK
-    if not undo and doc.get("phase") == "switched":
-        return Kind.SWITCHED
-    return Kind.FAILED_NOT_ROLLED_BACK
-
-
-def outcome_of_rollback(doc: dict, *, dry_run: bool = False) -> Kind:
-    if doc.get("changed"):
-        return Kind.ROLLED_BACK
-    return Kind.PLANNED if dry_run and _planned(doc) else Kind.ALREADY_ROLLED_BACK
-
-
-def detail_of(doc: dict, kind: Kind) -> str:
-    """One line for the outcome table: the summary, or why a pushed host did not stay deployed."""
-    smoke = doc.get("smoke") or {}
-    bad = next((lv for lv in smoke.get("levels", []) if lv.get("status") == "failed"), None)
-    if kind is Kind.SWITCHED:
-        why = (f"the smoke could not run: {doc['smoke_error']}" if doc.get("smoke_error")
-               else f"the smoke passed but marking it deployed failed: {doc['mark_error']}" if doc.get("mark_error")
-               else "the smoke has not passed")
-        host = doc.get("host")
-        return (f"files switched by run {doc.get('smoke_pending') or doc.get('run_id')}, not deployed: {why}; "
-                f"run `ddtree-deploy smoke --host {host}` or `ddtree-deploy rollback --host {host}`")
-    if kind.ok or bad is None:
-        return doc.get("summary") or ""
-    why = f"smoke failed at {bad['level']}: {bad.get('detail', '')}"
-    undo = doc.get("auto_rollback") or {}
-    if undo.get("done"):
-        return f"{why}; rolled back: {(undo.get('outcome') or {}).get('summary', '')}"
-    if undo.get("kept_new_files"):
-        return f"{why}; new files KEPT (--no-rollback)"
-    return f"{why}; the automatic rollback FAILED: {undo.get('error')}"
-
-
 @dataclass(frozen=True)
 class HostResult:
     """One host's end: its kind, the document the single-host command would print, why."""
@@ -246,6 +190,10 @@ class HostResult:
     exit_code: int = 0  # the error's own exit code (2 for bad input), else 1 when not ok
     lines: tuple[str, ...] = ()  # what the single-host command prints on stdout for this host
     elapsed: float | None = None  # wall time of the host's whole work (push + smoke + rollback); None: not started
+    hint: str | None = None  # what to do about it (the error's hint)
+    # The exception that ended the host's work, where one did: the one-host CLI re-raises it
+    # (its one-line message, hint and exit code); evidence, not part of the JSON.
+    error: BaseException | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict:
         return {**self.doc, "host": self.host, "ok": self.kind.ok, "outcome": self.kind.value,
@@ -253,7 +201,8 @@ class HostResult:
 
 
 def failed(host: str, exc: DeployError) -> HostResult:
-    return HostResult(host, outcome_of_error(exc), {"host": host, **exc.to_json()}, exc.message, exc.exit_code)
+    return HostResult(host, outcome_of_error(exc), {"host": host, **exc.to_json()}, exc.message, exc.exit_code,
+                      hint=exc.hint, error=exc)
 
 
 def skipped(host: str, reason: str) -> HostResult:
@@ -303,6 +252,6 @@ def status_row(doc: dict) -> dict:
             "drift": f"{len(bad)} file(s)" if bad else "none", "lock": lock_text}
 
 
-__all__ = ["FleetReport", "HostResult", "Kind", "Policy", "Schedule", "detail_of", "failed", "outcome_of_error",
-           "outcome_of_push", "outcome_of_rollback", "push_policy", "select", "skipped", "spread_policy",
+__all__ = ["FleetReport", "HostResult", "Kind", "Policy", "Schedule", "failed", "outcome_of_error", "push_policy",
+           "select", "skipped", "spread_policy",
            "status_row"]

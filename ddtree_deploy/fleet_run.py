@@ -86,7 +86,7 @@ def _guarded(work: Work, host: str, events: Events) -> HostResult:
         result = HostResult(host, Kind.FAILED_UNKNOWN,
                             {"host": host, "error": {"code": Code.INTERNAL, "message": f"{type(exc).__name__}: {exc}",
                                                      "hint": "rerun with DDTREE_DEPLOY_DEBUG=1 for a traceback"}},
-                            f"{type(exc).__name__}: {exc}")
+                            f"{type(exc).__name__}: {exc}", error=exc)
     return replace(result, elapsed=time.monotonic() - t0)
 
 

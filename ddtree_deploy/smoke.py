@@ -24,7 +24,9 @@ The levels, in the order they run (each proves what the next one needs):
 a verify width equal to the draft block) fails the import, cli and launch levels.
 
 The host-side work is ``smoke_agent.py`` (stdlib only); this module decides WHAT it
-runs from the inventory and the series, and reads its answer into typed results.
+runs from the inventory and the series, and reads its answer into typed results. What
+happens around a smoke (after a push's switch: mark deployed or roll back; ``smoke`` on
+a deployed host) is ``rollout``'s: this module never calls ``deploy``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ddtree_deploy.codes import Code, Phase
+from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import BadInput, DeployError
 
 LEVELS = ("compile", "import", "cli", "launch")
@@ -725,185 +727,3 @@ def _keep_log(host_name: str, text: str, log_dir) -> "Path":
     path.write_text(text, encoding="utf-8")
     return path
 
-
-@dataclass(frozen=True)
-class AfterPush:
-    """The smoke that ``push`` ran after its switch, and the automatic rollback if it failed.
-
-    The switch left the host's journal in phase ``switched``; a passed smoke moves it to
-    ``deployed`` (``marked``). Anything else leaves it ``switched`` (or rolled back).
-    """
-
-    report: SmokeReport | None  # None: not run (see ``skipped`` or ``error``)
-    skipped: str | None = None
-    rollback: Any = None  # deploy.Outcome of the automatic rollback, when one ran
-    rollback_error: str | None = None  # the rollback itself failed: the host needs a person
-    kept: bool = False  # failed, and --no-rollback kept the new files
-    host: str = "HOST"
-    error: str | None = None  # the smoke could not run (connection lost, program died)
-    marked: bool = False  # passed, and the journal moved switched -> deployed
-    mark_error: str | None = None  # passed, but moving the journal to deployed failed
-    phase: str | None = None  # the journal phase this left, when known
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.mark_error is None and (self.report is None or self.report.ok)
-
-    def to_json(self) -> dict:
-        doc = {
-            "smoke": self.report.to_json() if self.report else None,
-            "smoke_skipped": self.skipped,
-            "smoke_error": self.error,
-            "mark_error": self.mark_error,
-            "auto_rollback": (None if self.report is None or self.report.ok else {
-                "done": self.rollback is not None,
-                "outcome": self.rollback.to_json() if self.rollback is not None else None,
-                "error": self.rollback_error,
-                "kept_new_files": self.kept,
-            }),
-        }
-        if self.phase is not None:
-            doc["phase"] = self.phase
-        return doc
-
-    def _next(self) -> str:
-        return (f"the host stays `switched`: run `ddtree-deploy smoke --host {self.host}` or "
-                f"`ddtree-deploy rollback --host {self.host}`")
-
-    def lines(self) -> list[str]:
-        if self.report is None:
-            if self.error is not None:
-                return [f"smoke: could not run ({self.error}); {self._next()}"]
-            return [f"smoke: not run ({self.skipped})"]
-        out = ["smoke:"] + ["  " + line for line in self.report.lines()]
-        if self.report.ok:
-            if self.mark_error is not None:
-                return out + [f"smoke passed, but marking the host deployed FAILED ({self.mark_error}); "
-                              f"{self._next()}"]
-            return out + (["smoke passed: journal marked deployed"] if self.marked else [])
-        if self.rollback is not None:
-            out.append(f"smoke failed at {self.report.failed.level}: rolled back automatically: "
-                       f"{self.rollback.summary}")
-        elif self.kept:
-            out.append(f"smoke failed at {self.report.failed.level}: new files KEPT (--no-rollback); "
-                       f"journal phase `switched`; roll back with `ddtree-deploy rollback --host {self.host}`")
-        else:
-            out.append(f"smoke failed at {self.report.failed.level}, and the automatic rollback FAILED: "
-                       f"{self.rollback_error}")
-        return out
-
-
-def after_push(host, make_transport: Callable[[], Any], outcome, series, *, levels: Sequence[str] | None = None,
-               auto_rollback: bool = True, log_dir=None, progress: Progress = _quiet, held=None) -> AfterPush:
-    """Run the host's smoke levels after a push switched files; roll back if one fails.
-
-    ``outcome`` is ``deploy.push``'s; nothing runs when it changed nothing (a dry run,
-    or already deployed: ``smoke`` checks those on demand), unless the host is still
-    ``switched`` by a run whose smoke never passed (``outcome.smoke_pending``): that one is
-    smoke-tested now. When every level passes, the journal moves ``switched`` ->
-    ``deployed`` (``deploy.mark``, compare-and-set on the run id). The rollback restores
-    the backup the push made, through ``deploy.rollback`` (the same verified switch).
-
-    ``held`` (``deploy.Held``, from ``deploy.push(after_switch=...)``): the push's session,
-    still holding the deploy lock; the mark goes through it (and its lock is released
-    before a rollback, which takes the lock itself). Without it, ``deploy.mark`` opens a
-    session of its own.
-    """
-    from ddtree_deploy import deploy
-
-    def mark(phase: str, smoke: dict | None = None) -> None:
-        if held is not None:
-            progress(f"journal: {phase}")
-            held.mark(phase, smoke)
-        else:
-            deploy.mark(host, make_transport(), pending, phase, smoke=smoke, progress=progress)
-
-    pending = outcome.smoke_pending
-    if not outcome.changed and pending is None:
-        return AfterPush(None, skipped="nothing was switched", host=host.name)
-    settings = parse_settings(host.smoke, source=host.source)
-    touched, flags = series_inputs(series)
-    plan = plan_smoke(settings, touched_paths=touched, flags=flags, levels=levels, source=host.source,
-                      log_path=host_log_path(host.state_dir, outcome.run_id), family=family_smoke(series))
-    if not plan.levels:
-        return AfterPush(None, skipped="no smoke levels configured", host=host.name)
-    try:
-        report = run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress)
-    except DeployError as exc:
-        return AfterPush(None, host=host.name, error=exc.message, phase=Phase.SWITCHED if pending else None)
-    if report.ok:
-        if pending is None:
-            return AfterPush(report, host=host.name)
-        try:
-            mark(Phase.DEPLOYED)
-        except DeployError as exc:
-            return AfterPush(report, host=host.name, mark_error=exc.message)
-        return AfterPush(report, host=host.name, marked=True, phase=Phase.DEPLOYED)
-    if not auto_rollback:
-        note = None
-        if pending is not None:
-            try:  # the journal keeps which level failed; the phase stays `switched`
-                mark(Phase.SWITCHED, {"failed": report.failed.level, "detail": report.failed.detail[:500]})
-            except DeployError as exc:
-                note = exc.message
-        return AfterPush(report, kept=True, host=host.name, mark_error=note,
-                         phase=Phase.SWITCHED if pending else None)
-    progress(f"smoke failed at {report.failed.level}: rolling back to backup {outcome.backup_id}")
-    try:
-        if held is not None:
-            held.unlock()
-        undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress)
-    except DeployError as exc:
-        return AfterPush(report, rollback_error=exc.message, host=host.name)
-    return AfterPush(report, rollback=undone, host=host.name, phase=Phase.ROLLED_BACK)
-
-
-def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str] | None = None,
-               patches_dir=None, log_dir=None, progress: Progress = _quiet,
-               heartbeat: Callable[[str, float], None] | None = None) -> SmokeReport:
-    """``ddtree-deploy smoke``: the levels against what the host's journal says is deployed.
-
-    A host in phase ``switched`` (files patched, smoke never passed) is smoke-tested the
-    same way; when every level passes its journal moves to ``deployed`` (the report's
-    ``note`` says so), and a failed level is recorded there, the phase staying ``switched``.
-    """
-    import uuid
-    from pathlib import Path
-
-    from ddtree_deploy import deploy
-    from ddtree_deploy.locations import repo_dir
-    from ddtree_deploy.series import families, load_family
-
-    settings = parse_settings(host.smoke, source=host.source)
-    choose_levels(settings, levels, source=host.source)  # bad input stops here, before any connection
-    progress("read the host's journal")
-    doc = deploy.status(host, make_transport())
-    if doc["phase"] not in (Phase.DEPLOYED, Phase.SWITCHED) or not doc["series"]:
-        raise DeployError(f"{host.name}: no series is deployed (phase {doc['phase']}): the smoke checks a "
-                          "deployed series", code=Code.NOT_DEPLOYED,
-                          hint=f"push first: ddtree-deploy push --host {host.name}")
-    # The name comes from the host: only ever a key among the known families, never a path.
-    name = doc["series"]["name"]
-    known = {f.name: f.folder for f in families(Path(patches_dir or repo_dir("patches")))}
-    if not isinstance(name, str) or name not in known:
-        raise DeployError(f"{host.name}: the host's journal names series {name!r}, which is not a family "
-                          f"here ({', '.join(sorted(known)) or 'none'})", code=Code.UNKNOWN_FAMILY,
-                          hint="smoke it from a checkout that has that family under patches/")
-    series = load_family(known[name])
-    touched, flags = series_inputs(series)
-    deployed = [f["path"] for f in doc["files"]]
-    plan = plan_smoke(settings, touched_paths=deployed or touched, flags=flags, levels=levels,
-                      source=host.source, log_path=host_log_path(host.state_dir, uuid.uuid4().hex[:12]),
-                      family=family_smoke(series))
-    report = run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress, heartbeat=heartbeat)
-    if doc["phase"] != "switched":
-        return report
-    run_id = doc["series"]["run_id"]
-    if report.ok:
-        deploy.mark(host, make_transport(), run_id, Phase.DEPLOYED, progress=progress)
-        return replace(report, note=f"phase switched -> deployed (run {run_id}): the smoke passed")
-    failed = report.failed
-    deploy.mark(host, make_transport(), run_id, Phase.SWITCHED, progress=progress,
-                smoke={"failed": failed.level, "detail": failed.detail[:500]} if failed else None)
-    return replace(report, note=f"phase stays switched (run {run_id}): roll back with "
-                                f"`ddtree-deploy rollback --host {host.name}`")

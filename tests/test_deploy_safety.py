@@ -262,7 +262,7 @@ def test_pycache_of_another_user_is_refused_for_an_unprivileged_agent(sshd, env,
 
 
 def test_killed_after_the_last_rename_rerun_runs_the_smoke_then_deploys(sshd, tmp_path, env, series, monkeypatch):
-    from ddtree_deploy import smoke
+    from ddtree_deploy import rollout
 
     h, host = new_host(sshd, tmp_path)
     monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": 3}))
@@ -275,7 +275,7 @@ def test_killed_after_the_last_rename_rerun_runs_the_smoke_then_deploys(sshd, tm
     results = []
 
     def smoke_then_mark(outcome, held):
-        results.append(smoke.after_push(host, lambda: SSHTransport(host), outcome, series, levels=["compile"],
+        results.append(rollout.after_push(host, lambda: SSHTransport(host), outcome, series, levels=["compile"],
                                         held=held))
 
     rerun = push(host, series, smoke=True, after_switch=smoke_then_mark)
@@ -508,7 +508,7 @@ g['main']()
 
 def test_a_family_named_by_the_host_is_only_looked_up_among_known_families(sshd, tmp_path, env, series):
     """The journal names an absolute folder (with a family in it): the smoke must not load it."""
-    from ddtree_deploy import smoke
+    from ddtree_deploy import rollout
 
     h, host = new_host(sshd, tmp_path)
     push(host, series)
@@ -518,7 +518,7 @@ def test_a_family_named_by_the_host_is_only_looked_up_among_known_families(sshd,
     doc["series"] = str(planted / "patches" / FAMILY.name)
     (h.state_dir / "journal.json").write_text(json.dumps(doc))
     with pytest.raises(DeployError) as e:
-        smoke.smoke_host(host, lambda: SSHTransport(host), levels=["compile"], patches_dir=FAMILY.parent)
+        rollout.smoke_host(host, lambda: SSHTransport(host), levels=["compile"], patches_dir=FAMILY.parent)
     assert e.value.code == "unknown-family" and "not a family here" in e.value.message
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import deploy, smoke
+from ddtree_deploy import deploy, rollout
 from ddtree_deploy.desired import desired_for
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.inventory import load_host
@@ -304,7 +304,7 @@ def test_cut_between_switch_and_mark_then_rerun_completes(world, capsys):
         assert not rerun.changed
         if doc["phase"] == "switched":
             assert rerun.smoke_pending == switched.run_id and "whose smoke never passed" in rerun.summary
-            after = smoke.after_push(direct, lambda: SSHTransport(direct), rerun, w["series"], levels=["compile"])
+            after = rollout.after_push(direct, lambda: SSHTransport(direct), rerun, w["series"], levels=["compile"])
             assert after.ok and after.marked and after.phase == "deployed", after.lines()
         else:
             assert rerun.smoke_pending is None and "already deployed" in rerun.summary
@@ -329,7 +329,7 @@ def test_connection_cut_while_the_push_holds_the_lock_during_its_smoke(world):
 
     def smoke_then_cut(outcome, held):
         proxy.arm(1)  # the next byte on the push's connection (the mark request) cuts it
-        results.append(smoke.after_push(direct, lambda: SSHTransport(direct), outcome, w["series"],
+        results.append(rollout.after_push(direct, lambda: SSHTransport(direct), outcome, w["series"],
                                         levels=["compile"], held=held))
 
     proxy.arm(None)
@@ -342,7 +342,7 @@ def test_connection_cut_while_the_push_holds_the_lock_during_its_smoke(world):
     assert doc["phase"] == "switched" and doc["series"]["run_id"] == pushed.run_id and doc["lock"] is None
 
     def smoke_only(outcome, held):
-        results.append(smoke.after_push(direct, lambda: SSHTransport(direct), outcome, w["series"],
+        results.append(rollout.after_push(direct, lambda: SSHTransport(direct), outcome, w["series"],
                                         levels=["compile"], held=held))
 
     rerun = deploy.push(direct, SSHTransport(direct), TARGETS, desire(w), smoke=True, after_switch=smoke_only)

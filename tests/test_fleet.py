@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_deploy.deploy import Outcome
 from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.fleet import (FleetReport, HostResult, Kind, Schedule, detail_of, outcome_of_error,
-                                 outcome_of_push, outcome_of_rollback, push_policy, select, spread_policy)
+from ddtree_deploy.fleet import (FleetReport, HostResult, Kind, Schedule, outcome_of_error, push_policy, select,
+                                 spread_policy)
+from ddtree_deploy.plan import FileState, FileStep, Plan
+from ddtree_deploy.rollout import AfterPush, push_detail, push_kind, rollback_kind
+from ddtree_deploy.smoke import LevelResult, SmokeReport
 from ddtree_deploy.fleet_run import run_fleet
 from ddtree_deploy.inventory import load_groups, load_host, parse_groups
 
@@ -160,47 +164,75 @@ def test_outcome_kinds():
     assert outcome_of_error(DeployError("x", code="failed-unchanged")) is Kind.FAILED_UNCHANGED
     assert not Kind.FAILED_UNCHANGED.ok
     assert outcome_of_error(DeployError("x", code="agent")) is Kind.FAILED_UNKNOWN
-    assert outcome_of_push({"changed": True, "ok": True}) is Kind.PUSHED
-    assert outcome_of_push({"changed": False, "ok": True}) is Kind.ALREADY
-    assert outcome_of_push({"changed": True, "ok": False, "auto_rollback": {"done": True}}) is Kind.FAILED_ROLLED_BACK
-    assert outcome_of_push({"changed": True, "ok": False,
-                            "auto_rollback": {"done": False, "kept_new_files": True}}) is Kind.FAILED_NOT_ROLLED_BACK
-    plan = {"changes": 3}
-    assert outcome_of_push({"changed": False, "ok": True, "plan": plan}, dry_run=True) is Kind.PLANNED
-    assert outcome_of_push({"changed": False, "ok": True, "plan": {"changes": 0}}, dry_run=True) is Kind.ALREADY
-    assert outcome_of_rollback({"changed": False, "plan": plan}, dry_run=True) is Kind.PLANNED
+    # deploy marks an error raised before its apply request went out, whatever its code.
+    early = DeployError("x", code="no-sglang")
+    assert outcome_of_error(early) is Kind.FAILED_UNKNOWN
+    early.host_unchanged = True
+    assert outcome_of_error(early) is Kind.FAILED_BEFORE_CHANGE
+
+
+# How a push or rollback that returned ended: decided from the typed values the steps
+# return (rollout.push_kind), not from their JSON documents.
+
+def _outcome(*, changed=False, phase=None, plan_changes=None, pending=None, summary="pushed s") -> Outcome:
+    out = Outcome("a", "push", "r1", changed=changed, phase=phase, smoke_pending=pending, summary=summary)
+    if plan_changes is not None:
+        steps = [FileStep(f"f{i}.py", FileState.PRISTINE, "0" * 64, "1" * 64) for i in range(plan_changes)]
+        out.plan = Plan("push", "a", tuple(steps) or (FileStep("k.py", FileState.PRISTINE, "0" * 64, "0" * 64),))
+    return out
+
+
+def _report(*statuses: str) -> SmokeReport:
+    names = ("compile", "import", "cli")
+    return SmokeReport("a", tuple(LevelResult(n, st, 0.1, "import x failed" if st == "failed" else "")
+                                  for n, st in zip(names, statuses)))
+
+
+def test_push_kinds_from_typed_outcomes():
+    assert push_kind(_outcome(changed=True), None) is Kind.PUSHED
+    assert push_kind(_outcome(), None) is Kind.ALREADY
+    failed = _report("passed", "failed")
+    undone = _outcome(summary="rolled back 3 file(s) to backup B")
+    rolled = AfterPush(failed, rollback=undone, host="a", phase="rolled-back")
+    assert push_kind(_outcome(changed=True), rolled) is Kind.FAILED_ROLLED_BACK
+    kept = AfterPush(failed, kept=True, host="a")
+    assert push_kind(_outcome(changed=True), kept) is Kind.FAILED_NOT_ROLLED_BACK
+    assert push_kind(_outcome(plan_changes=3), None, dry_run=True) is Kind.PLANNED
+    assert push_kind(_outcome(plan_changes=0), None, dry_run=True) is Kind.ALREADY
+    assert rollback_kind(_outcome(plan_changes=3), dry_run=True) is Kind.PLANNED
     assert Kind.PLANNED.ok
-    assert outcome_of_rollback({"changed": True}) is Kind.ROLLED_BACK
-    assert outcome_of_rollback({"changed": False}) is Kind.ALREADY_ROLLED_BACK
-    smoke = {"levels": [{"level": "compile", "status": "passed"},
-                        {"level": "import", "status": "failed", "detail": "import x failed"}]}
-    doc = {"changed": True, "ok": False, "smoke": smoke, "summary": "pushed s",
-           "auto_rollback": {"done": True, "outcome": {"summary": "rolled back 3 file(s) to backup B"}}}
-    assert detail_of(doc, Kind.FAILED_ROLLED_BACK) == \
+    assert rollback_kind(_outcome(changed=True)) is Kind.ROLLED_BACK
+    assert rollback_kind(_outcome()) is Kind.ALREADY_ROLLED_BACK
+    assert push_detail(_outcome(changed=True), rolled, Kind.FAILED_ROLLED_BACK) == \
         "smoke failed at import: import x failed; rolled back: rolled back 3 file(s) to backup B"
-    assert detail_of({"summary": "pushed s"}, Kind.PUSHED) == "pushed s"
+    assert push_detail(_outcome(changed=True), None, Kind.PUSHED) == "pushed s"
+    failed_undo = AfterPush(failed, rollback_error="lock held", host="a")
+    assert push_kind(_outcome(changed=True), failed_undo) is Kind.FAILED_NOT_ROLLED_BACK
+    assert push_detail(_outcome(changed=True), failed_undo, Kind.FAILED_NOT_ROLLED_BACK).endswith(
+        "; the automatic rollback FAILED: lock held")
 
 
 def test_a_host_left_switched_is_not_ok_and_says_why():
     """Files patched, the smoke never passed (it could not run, or the mark failed): exit 1."""
-    lost = {"host": "a", "changed": True, "ok": False, "phase": "switched", "smoke": None, "run_id": "r1",
-            "smoke_pending": "r1", "smoke_error": "a: connection lost", "auto_rollback": None}
-    assert outcome_of_push(lost) is Kind.SWITCHED and not Kind.SWITCHED.ok
-    assert detail_of(lost, Kind.SWITCHED) == (
+    lost = AfterPush(None, host="a", error="a: connection lost", phase="switched")
+    switched = _outcome(changed=True, phase="switched", pending="r1")
+    assert push_kind(switched, lost) is Kind.SWITCHED and not Kind.SWITCHED.ok
+    assert push_detail(switched, lost, Kind.SWITCHED) == (
         "files switched by run r1, not deployed: the smoke could not run: a: connection lost; "
         "run `ddtree-deploy smoke --host a` or `ddtree-deploy rollback --host a`")
-    unmarked = {"host": "a", "changed": False, "ok": False, "phase": "switched", "smoke_pending": "r0",
-                "smoke": {"levels": [{"level": "compile", "status": "passed"}]}, "mark_error": "lock held",
-                "auto_rollback": None}
-    assert outcome_of_push(unmarked) is Kind.SWITCHED
+    unmarked = AfterPush(_report("passed"), host="a", mark_error="lock held")
+    earlier = _outcome(phase="switched", pending="r0")
+    assert push_kind(earlier, unmarked) is Kind.SWITCHED
     assert "run r0, not deployed: the smoke passed but marking it deployed failed: lock held" in \
-        detail_of(unmarked, Kind.SWITCHED)
+        push_detail(earlier, unmarked, Kind.SWITCHED)
     # A rerun whose smoke passed and marked the host deployed is ok; one kept by --no-rollback is not.
-    assert outcome_of_push({"changed": False, "ok": True, "phase": "deployed", "smoke": {"levels": []}}) is Kind.PUSHED
-    kept = {"changed": False, "ok": False, "phase": "switched", "smoke": {"levels": []},
-            "auto_rollback": {"done": False, "kept_new_files": True}}
-    assert outcome_of_push(kept) is Kind.FAILED_NOT_ROLLED_BACK
-    assert outcome_of_push({"changed": False, "ok": True, "phase": "switched"}, dry_run=True) is Kind.ALREADY
+    rerun = AfterPush(_report("passed"), host="a", marked=True, phase="deployed")
+    assert push_kind(_outcome(phase="switched", pending="r0"), rerun) is Kind.PUSHED
+    kept = AfterPush(_report("failed"), kept=True, host="a", phase="switched")
+    assert push_kind(_outcome(phase="switched", pending="r0"), kept) is Kind.FAILED_NOT_ROLLED_BACK
+    assert push_kind(_outcome(phase="switched"), None, dry_run=True) is Kind.ALREADY
+    # Switched by an earlier run, and this push ran no smoke (it could not be asked to): not ok.
+    assert push_kind(_outcome(phase="switched"), None) is Kind.SWITCHED
 
 
 def test_report_exit_code_and_json():

@@ -22,6 +22,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ddtree_deploy.cli import app
+from ddtree_deploy.fleet import Kind
+from ddtree_deploy.rollout import EventKind
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sshd_host import ADDED, SPEC, UTILS, SSHServer, TestHost, deploy_series_oracle, free_port  # noqa: E402
@@ -310,3 +312,34 @@ def test_a_host_without_sglang_is_failed_before_any_change(fleet, oracle):
     assert outcomes(doc) == {"canary": "pushed", "bare": "failed before any change"}
     assert {h["host"]: h for h in doc["hosts"]}["bare"]["error"]["code"] == "no-sglang"
     assert files_of(fleet.hosts["canary"]) == patched and tree_of(bare) == before
+
+
+def test_rollout_push_without_the_cli_typed_outcomes_and_events(fleet, oracle):
+    """The core the CLI calls: rollout.push on two hosts, no CliRunner. Each host's kind is
+    decided by rollout from typed values (the drift error keeps its exception and hint);
+    events come per host STARTED, STEPs, FINISHED, and the canary finishes before the
+    other host starts."""
+    from ddtree_deploy import rollout
+    from ddtree_deploy.codes import Code
+    from ddtree_deploy.transport import transport_for
+
+    pristine, patched = oracle
+    fleet.add("canary", 0)
+    fleet.add("drift", 1).file(SPEC).write_bytes(b"# edited by hand on the host\n")
+    events: list = []
+    hosts = rollout.select_hosts(["canary", "drift"], [])
+    report = rollout.push(hosts, transport_for, rollout.PushOptions(max_failures=1), on_event=events.append)
+    by = {r.host: r for r in report.results}
+    assert by["canary"].kind is Kind.PUSHED and by["canary"].error is None
+    assert by["drift"].kind is Kind.FAILED_BEFORE_CHANGE and by["drift"].error.code == Code.DRIFT
+    assert by["drift"].hint and "snapshot pull" in by["drift"].hint
+    assert by["canary"].lines[0].startswith("canary: pushed ") and not report.ok and report.exit_code == 1
+    for name in ("canary", "drift"):
+        mine = [e for e in events if e.host == name]
+        assert mine[0].kind is EventKind.STARTED and mine[-1].kind is EventKind.FINISHED
+        assert mine[-1].result is by[name]
+        assert {e.kind for e in mine[1:-1]} == {EventKind.STEP}
+    order = [(e.kind, e.host) for e in events if e.kind in (EventKind.STARTED, EventKind.FINISHED)]
+    assert order.index((EventKind.FINISHED, "canary")) < order.index((EventKind.STARTED, "drift"))
+    assert files_of(fleet.hosts["canary"]) == patched
+    assert fleet.hosts["drift"].read(SPEC) == b"# edited by hand on the host\n"

@@ -217,6 +217,10 @@ def test_drift_is_refused_until_snapshot_pull(host, oracle):
     assert result.exit_code == 1
     assert f"{UTILS} (drifted)" in result.stderr and "snapshot pull" in result.stderr
     assert SPEC not in result.stderr.split("match neither")[1].split("hint")[0]
+    # Progress is in order and the step that failed says so, before the error line (issue #14).
+    steps = result.stderr.split("error:")[0]
+    assert f"{host.name}: lock + discover (" in steps and f"{host.name}: check failed (" in steps
+    assert steps.index("lock + discover (") < steps.index("check failed (")
     assert files_of(host) == {**pristine, UTILS: edited}
     assert not (host.state_dir / "backups").exists() and not (host.state_dir / "lock").exists()
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import deploy, smoke
+from ddtree_deploy import deploy, rollout
 from ddtree_deploy.desired import desired_for
 from ddtree_deploy.inventory import load_host
 from ddtree_deploy.plan import Desired, Target
@@ -95,7 +95,7 @@ def push_and_smoke(host, series, desire=None, **kwargs):
     desire = desire or (lambda facts: desired_for(series, host.name, facts))
     outcome = deploy.push(host, transport_for(host), paths, desire)
     assert outcome.changed
-    return outcome, smoke.after_push(host, lambda: transport_for(host), outcome, series, **kwargs)
+    return outcome, rollout.after_push(host, lambda: transport_for(host), outcome, series, **kwargs)
 
 
 def test_real_series_passes_compile_import_cli(sshd, tmp_path):
@@ -125,7 +125,7 @@ def test_real_series_passes_compile_import_cli(sshd, tmp_path):
         "verify width 21 = budget 20 + 1")
     # The host is still deployed (nothing rolled back) and `smoke` alone agrees.
     assert deploy.status(host, transport_for(host))["phase"] == "deployed"
-    again = smoke.smoke_host(host, lambda: transport_for(host), levels=["compile"], patches_dir=FAMILY.parent)
+    again = rollout.smoke_host(host, lambda: transport_for(host), levels=["compile"], patches_dir=FAMILY.parent)
     assert again.ok and again.levels[0].evidence["files"] == len(series.touched_paths())
 
     # The launch level over SSH, against the STAND-IN server (no GPU here).

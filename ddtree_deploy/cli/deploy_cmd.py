@@ -1,15 +1,13 @@
 """`ddtree-deploy push | rollback | status`, and `snapshot pull`: the host commands.
 
-Thin: parse options, load the inventory and the series, call ddtree_deploy.deploy,
-render. Progress goes to stderr, one summary line per host (or one JSON document) to
-stdout. One host is the plain path; several (``--host`` repeated, ``--group``) are a
-fleet: canary first, then ``--parallel`` at a time (ddtree_deploy.fleet decides, and
-ddtree_deploy.fleet_run runs the threads), with an outcome table at the end.
+Thin: parse options, call ddtree_deploy.rollout (which does the work on one host or a
+fleet and says how each host ended), render. Progress goes to stderr (a spinner for one
+host, a row per host for a fleet), one summary line per host (or one JSON document) to
+stdout, and with several hosts (``--host`` repeated, ``--group``) an outcome table.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Callable, List, Optional
 
 import typer
@@ -20,7 +18,6 @@ from ddtree_deploy.cli.snapshot_cmd import report_snapshot, snapshot_app
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.fleet import HostResult, Kind, Policy
 from ddtree_deploy.inventory import Host, load_host
 from ddtree_deploy.transport import transport_for
 
@@ -30,127 +27,58 @@ PARALLEL_HELP = "with several hosts: how many are worked on at once (default: al
 FAMILY_HELP = "family folder or name under the patches folder (default: the one covering the host's SGLang)"
 
 
-def _series_chooser(family: str | None):
-    """(paths to discover, facts -> Series): the family is chosen by the host's version unless forced."""
-    from ddtree_deploy.series import families, load_family, pick_family
-    from ddtree_deploy.snapshot import all_touched_paths
-
-    if family:
-        series = load_family(family)
-        return list(series.touched_paths()), (lambda facts: series), True
-    paths = list(all_touched_paths())
-
-    def choose(facts: dict):
-        version = facts.get("sglang_version")
-        if not version:
-            raise DeployError(f"cannot tell the SGLang version at {facts.get('package_root')}", code=Code.NO_VERSION)
-        return load_family(pick_family(version, families()).folder)
-
-    return paths, choose, False
-
-
-def _desire(host: Host, choose: Callable, forced: bool, check: Callable, chosen: dict | None = None):
-    """facts -> Desired; records the series it chose in ``chosen`` (the smoke needs it).
-
-    ``check`` (fleet_run.CheckOnce) runs the check once for the hosts that share its inputs.
-    """
-    from ddtree_deploy.desired import desired_for
-
-    def desire(facts: dict):
-        series = choose(facts)
-        if chosen is not None:
-            chosen[host.name] = series
-        return check(host.name, series, facts, forced, lambda: desired_for(series, host.name, facts, forced=forced))
-
-    return desire
-
-
 def _say(line: str) -> None:
     # Every result line quotes host text (series, backup ids, errors): none is markup.
     out.print(safe(line), highlight=False)
 
 
-def _each_host(hosts: List[Host], command: str, json_output: bool, run: Callable[..., dict]) -> None:
-    """Run ``run`` per host with live progress; one failure never hides the other hosts."""
-    results, worst = [], 0
-    for host in hosts:
-        try:
-            with err.status(safe(f"{host.name}: starting")) as spinner:
-                steps = _Steps(host.name, spinner)
-                try:
-                    doc = run(host, steps, _say)
-                finally:
-                    steps.finish()
-            results.append(doc)
-            if doc.get("ok") is False:  # e.g. a failed smoke: reported in full, exit 1
-                worst = max(worst, 1)
-        except DeployError as exc:
-            if len(hosts) == 1:
-                raise
-            worst = max(worst, exc.exit_code)
-            results.append({"host": host.name, "ok": False, **exc.to_json()})
-            err.print(f"[bold red]{safe(host.name)}: error:[/] {safe(exc.message)}", highlight=False, soft_wrap=True)
-            if exc.hint:
-                err.print(f"[dim]hint:[/] {safe(exc.hint)}", highlight=False, soft_wrap=True)
-    if json_output:
-        emit_json({"command": command, "ok": worst == 0, "hosts": results})
-    if worst:
-        raise typer.Exit(worst)
+def _connect(trust_new_host: bool) -> Callable[[Host], object]:
+    return lambda h: transport_for(h, trust_new_host=trust_new_host)
 
 
-class _Steps:
-    """Progress on stderr: a live spinner for the running step, a timed line for each finished one."""
+def _render(command: str, hosts: List[Host], json_output: bool, call: Callable, canary: str | None = None) -> None:
+    """Run ``call(listener)`` (a rollout function) under the right view; print its results.
 
-    def __init__(self, host: str, spinner):
-        self.host, self.spinner = host, spinner
-        self.step: str | None = None
-        self.started = time.monotonic()
+    One host: its lines (or ``{"command", "ok", "hosts": [doc]}``), exit 1 when its
+    document says not ok, and its error re-raised as is (one line, its exit code).
+    Several: the outcome table, every host's document with its outcome; exit non-zero
+    unless every host is ok.
+    """
+    from ddtree_deploy.cli.fleet_view import FleetView, HostView, print_counts, print_outcomes, print_status_table
 
-    def __call__(self, step: str) -> None:
-        self.finish()
-        self.step, self.started = step, time.monotonic()
-        self.spinner.update(safe(f"{self.host}: {step}"))
-
-    def finish(self) -> None:
-        if self.step is not None:
-            err.print(f"[dim]{safe(self.host)}:[/] {safe(self.step)} "
-                      f"[dim]({time.monotonic() - self.started:.2f} s)[/]", highlight=False)
-            self.step = None
-
-
-def _print_plan(outcome: deploy.Outcome, say: Callable[[str], None]) -> None:
-    if outcome.plan is None:
+    if len(hosts) == 1:
+        with HostView(hosts[0].name) as view:
+            report = call(view)
+        r = report.results[0]
+        if r.error is not None:
+            raise r.error
+        if not json_output:
+            for line in r.lines:
+                _say(line)
+            if command == "status":
+                _print_status(r.doc)
+        if json_output:
+            emit_json({"command": command, "ok": r.doc.get("ok") is not False, "hosts": [r.doc]})
+        if r.doc.get("ok") is False:  # e.g. a failed smoke: reported in full, exit 1
+            raise typer.Exit(1)
         return
-    for step in outcome.plan.steps:
-        frm = (step.current or "absent")[:12]
-        to = (step.want or "absent")[:12]
-        say(f"  {step.action:<8} {step.path}  {step.state.value}  {frm} -> {to}")
-
-
-def _summary(outcome: deploy.Outcome, json_output: bool, show_plan: bool, say: Callable[[str], None]) -> dict:
-    if not json_output:
-        say(f"{outcome.host}: {outcome.summary}")
-        if show_plan:
-            _print_plan(outcome, say)
-        if outcome.broke_lock:
-            err.print("[yellow]" + safe(f"{outcome.host}: broke the lock of run {outcome.broke_lock.get('run_id')} "
-                                        f"({outcome.broke_lock.get('holder')})") + "[/]")
-    return outcome.to_json()
-
-
-def _selection(host: List[str] | None, group: List[str] | None) -> List[Host]:
-    """--host and --group into Hosts; every inventory parses before any connection."""
-    from ddtree_deploy.fleet import select
-    from ddtree_deploy.inventory import load_groups
-
-    names = select(host or [], group or [], load_groups() if group else {})
-    hosts = [load_host(n) for n in names]
-    seen: dict[str, str] = {}
-    for name, h in zip(names, hosts):
-        if h.name in seen:  # two .toml paths with one stem: their results would be indistinguishable
-            raise BadInput(f"{name} and {seen[h.name]} are both host {h.name!r}; give each host once")
-        seen[h.name] = name
-    return hosts
+    names = [h.name for h in hosts]
+    with FleetView(names, canary) as view:
+        report = call(view)
+    if not json_output:  # results on stdout, in selection order, once every host is done
+        for r in report.results:
+            for line in r.lines:
+                _say(line)
+    if command == "status":  # its table (stdout) already says how each host ended
+        if not json_output:
+            print_status_table(report)
+        print_counts(report)
+    else:
+        print_outcomes(report)
+    if json_output:
+        emit_json(report.to_json())
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
 
 
 @app.command("push")
@@ -175,58 +103,15 @@ def push(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Deploy the series: lock, drift check, check, back up, stage + verify, switch, journal, smoke."""
-    from ddtree_deploy import smoke
-    from ddtree_deploy.fleet import outcome_of_push, push_policy, spread_policy
-    from ddtree_deploy.fleet_run import CheckOnce
+    from ddtree_deploy import rollout
 
-    hosts = _selection(host, group)
-    names = [h.name for h in hosts]
-    policy = push_policy(names, canary=canary, parallel=parallel, max_failures=max_failures)
-    if dry_run:  # it changes nothing: every host's plan is shown, none waits for a canary
-        policy = spread_policy(names, parallel=parallel)
-    smoking = not (no_smoke or dry_run)
-    # Per host: will smoke levels run after the switch? Then the switch journals `switched`,
-    # and only a passed smoke makes it `deployed`. A typo in [smoke] must not surface only
-    # after the switch: every table is checked here.
-    smokes: dict[str, bool] = {}
-    for h in hosts:
-        smokes[h.name] = smoking and bool(smoke.choose_levels(smoke.check_settings(h), level, source=h.source)
-                                          if smoking else ())
-    paths, choose, forced = _series_chooser(family)
-    chosen: dict = {}
-    check = CheckOnce()
-
-    def run(h: Host, progress, say) -> dict:
-        done: dict = {}
-
-        def after_switch(outcome: deploy.Outcome, held: deploy.Held) -> None:
-            # The smoke runs while the push still holds the host's deploy lock.
-            done["after"] = smoke.after_push(h, lambda: transport_for(h, trust_new_host=trust_new_host), outcome,
-                                             chosen[h.name], levels=level or None, auto_rollback=not no_rollback,
-                                             progress=progress, held=held)
-
-        outcome = deploy.push(h, transport_for(h, trust_new_host=trust_new_host), paths,
-                              _desire(h, choose, forced, check, chosen), dry_run=dry_run,
-                              break_lock=break_lock, smoke=smokes[h.name], after_switch=after_switch,
-                              progress=progress)
-        doc = _summary(outcome, json_output, show_plan=dry_run or outcome.changed, say=say)
-        if not smokes[h.name]:
-            if outcome.changed and not dry_run:
-                skipped = "--no-smoke" if no_smoke else "no smoke levels configured"
-                doc["smoke_skipped"] = skipped
-                if not json_output:
-                    say(f"{h.name}: smoke: not run ({skipped}); journal phase {outcome.phase}")
-            return doc
-        after = done.get("after")
-        if after is None:
-            return doc
-        doc.update(after.to_json(), ok=after.ok)
-        if not json_output:
-            for line in after.lines():
-                say(f"{h.name}: {line}" if not line.startswith(" ") else line)
-        return doc
-
-    _on_hosts(hosts, "push", json_output, run, policy, lambda doc: outcome_of_push(doc, dry_run=dry_run))
+    hosts = rollout.select_hosts(host or [], group or [])
+    options = rollout.PushOptions(family=family, dry_run=dry_run, break_lock=break_lock, smoke=not no_smoke,
+                                  levels=tuple(level or ()), auto_rollback=not no_rollback, canary=canary,
+                                  parallel=parallel, max_failures=max_failures)
+    _render("push", hosts, json_output,
+            lambda view: rollout.push(hosts, _connect(trust_new_host), options, on_event=view),
+            canary=rollout.push_policy_for(hosts, options).canary)
 
 
 @app.command("rollback")
@@ -242,20 +127,12 @@ def rollback(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Restore a backup through the same staged, verified switch; every file checked by sha256."""
-    from ddtree_deploy.fleet import outcome_of_rollback, spread_policy
+    from ddtree_deploy import rollout
 
-    hosts = _selection(host, group)
-    if to is not None and len(hosts) > 1:  # backup ids are per host: one id cannot name a backup on each
-        raise BadInput(f"--to {to}: a backup id belongs to one host; give it with a single --host",
-                       hint="without --to, each host restores its own newest backup")
-    policy = spread_policy([h.name for h in hosts], parallel=parallel)
-
-    def run(h: Host, progress, say) -> dict:
-        outcome = deploy.rollback(h, transport_for(h, trust_new_host=trust_new_host), to=to, dry_run=dry_run,
-                                  break_lock=break_lock, progress=progress)
-        return _summary(outcome, json_output, show_plan=dry_run or outcome.changed, say=say)
-
-    _on_hosts(hosts, "rollback", json_output, run, policy, lambda doc: outcome_of_rollback(doc, dry_run=dry_run))
+    hosts = rollout.select_hosts(host or [], group or [])
+    _render("rollback", hosts, json_output,
+            lambda view: rollout.rollback(hosts, _connect(trust_new_host), to=to, dry_run=dry_run,
+                                          break_lock=break_lock, parallel=parallel, on_event=view))
 
 
 @app.command("status")
@@ -269,75 +146,12 @@ def status(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Per host: SGLang version, phase, deployed series, per-file state, backups, lock holder."""
-    from ddtree_deploy.fleet import spread_policy
-    from ddtree_deploy.fleet_run import CheckOnce
+    from ddtree_deploy import rollout
 
-    hosts = _selection(host, group)
-    policy = spread_policy([h.name for h in hosts], parallel=parallel)
-    try:
-        paths, choose, forced = _series_chooser(family)
-    except BadInput as exc:
-        # A broken series must not hide a host's state: report what the journal knows.
-        err.print(f"[yellow]series not loaded ({safe(exc.message)}); per-file states come from the host's journal[/]",
-                  highlight=False, soft_wrap=True)
-        paths, choose, forced = [], None, False
-    check = CheckOnce()
-
-    def run(h: Host, progress, say) -> dict:
-        desire = _desire(h, choose, forced, check) if choose else None
-        progress("read state")
-
-        def expected(facts: dict):
-            try:
-                return desire(facts) if desire else None
-            except DeployError:
-                return None  # status still reports what the journal knows
-
-        doc = deploy.status(h, transport_for(h, trust_new_host=trust_new_host), paths, expected)
-        if not json_output and len(hosts) == 1:  # a fleet gets one table instead (below)
-            _print_status(doc)
-        return doc
-
-    _on_hosts(hosts, "status", json_output, run, policy, lambda doc: Kind.READ)
-
-
-# ---------------------------------------------------------------- fleets (several hosts)
-
-
-def _on_hosts(hosts: List[Host], command: str, json_output: bool, run: Callable[..., dict], policy: Policy,
-              kind_of: Callable[[dict], Kind]) -> None:
-    """One host: the plain path, unchanged. Several: the fleet path; exits non-zero unless all are ok."""
-    if len(hosts) == 1:
-        _each_host(hosts, command, json_output, run)
-        return
-    from ddtree_deploy.cli.fleet_view import FleetView, print_counts, print_outcomes, print_status_table
-    from ddtree_deploy.fleet import detail_of
-    from ddtree_deploy.fleet_run import run_fleet
-
-    by_name = {h.name: h for h in hosts}
-
-    def work(name: str, progress: Callable[[str], None]) -> HostResult:
-        lines: list[str] = []
-        doc = run(by_name[name], progress, lines.append)
-        kind = kind_of(doc)
-        detail = detail_of(doc, kind)
-        return HostResult(name, kind, doc, detail, 0 if kind.ok else 1, tuple(lines))
-
-    with FleetView([h.name for h in hosts], policy) as view:
-        report = run_fleet(command, [h.name for h in hosts], policy, work, view)
-    for r in report.results:  # results on stdout, in selection order, once every host is done
-        for line in r.lines:
-            _say(line)
-    if command == "status":  # its table (stdout) already says how each host ended
-        if not json_output:
-            print_status_table(report)
-        print_counts(report)
-    else:
-        print_outcomes(report)
-    if json_output:
-        emit_json(report.to_json())
-    if report.exit_code:
-        raise typer.Exit(report.exit_code)
+    hosts = rollout.select_hosts(host or [], group or [])
+    _render("status", hosts, json_output,
+            lambda view: rollout.status(hosts, _connect(trust_new_host), family=family, parallel=parallel,
+                                        on_event=view))
 
 
 def _print_status(doc: dict) -> None:
@@ -378,7 +192,9 @@ def pull(
     from ddtree_deploy.snapshot import snapshot_from_files
 
     h = load_host(host)
-    paths, _choose, _forced = _series_chooser(family)
+    from ddtree_deploy.rollout import series_chooser
+
+    paths, _choose, _forced = series_chooser(family)
     err.print(f"[dim]{safe(h.name)}:[/] reading {len(paths)} file(s)")
     facts, files = deploy.pull(h, transport_for(h, trust_new_host=trust_new_host), paths)
     patched = deploy.patched_paths(facts, files)

@@ -1,5 +1,7 @@
-"""What a fleet command shows: live per-host progress and the outcome table on stderr,
-the fleet status table on stdout. Rendering only; the policy is ddtree_deploy.fleet."""
+"""What the host commands show: live progress (one host: a spinner and a timed line per
+finished step; a fleet: one row per host) and the outcome table on stderr, the fleet
+status table on stdout. Rendering only: each view is a ``rollout.Listener`` (it gets
+``rollout.Event``s); the policy is ddtree_deploy.fleet, the work ddtree_deploy.rollout."""
 
 from __future__ import annotations
 
@@ -9,22 +11,78 @@ from typing import List
 
 from ddtree_deploy.cli.app import err, out
 from ddtree_deploy.cli.text import safe
-from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy
+from ddtree_deploy.fleet import FleetReport, HostResult, Kind
+from ddtree_deploy.rollout import Event, EventKind
 
 _STYLE = {True: "green", False: "red"}
+
+
+def _warning(event: Event) -> None:
+    who = f"{event.host}: " if event.host else ""
+    err.print("[yellow]" + safe(who + event.text) + "[/]", highlight=False, soft_wrap=True)
+
+
+def _heartbeat(event: Event) -> None:
+    err.print(f"[dim]{safe(event.host)}: {safe(event.text)}: still running ({event.seconds or 0:.0f} s)[/]",
+              highlight=False)
+
+
+class HostView:
+    """One host: a live spinner for the running step, then a timed line for each finished one.
+
+    Lines are printed in order: a step's line before the next step starts, the last one
+    before the result (the caller prints results after leaving this context), and a step
+    that ended in an error says ``failed``.
+    """
+
+    def __init__(self, host: str):
+        self.host = host
+        self.step: str | None = None
+        self.started = time.monotonic()
+        self.spinner = err.status(safe(f"{host}: starting"))
+
+    def __enter__(self) -> "HostView":
+        self.spinner.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._close(failed=exc[0] is not None)
+        self.spinner.stop()
+
+    def __call__(self, event: Event) -> None:
+        if event.kind is EventKind.STEP:
+            self._close(failed=False)
+            self.step, self.started = event.text, time.monotonic()
+            self.spinner.update(safe(f"{self.host}: {event.text}"))
+        elif event.kind is EventKind.FINISHED:
+            self._close(failed=event.result is not None and event.result.error is not None)
+        elif event.kind is EventKind.WARNING:
+            _warning(event)
+        elif event.kind is EventKind.HEARTBEAT:
+            _heartbeat(event)
+
+    def _close(self, *, failed: bool) -> None:
+        if self.step is not None:
+            took = f"{time.monotonic() - self.started:.2f} s"
+            if failed:
+                err.print(f"[dim]{safe(self.host)}:[/] {safe(self.step)} [bold red]failed[/] [dim]({took})[/]",
+                          highlight=False)
+            else:
+                err.print(f"[dim]{safe(self.host)}:[/] {safe(self.step)} [dim]({took})[/]", highlight=False)
+            self.step = None
 
 
 class FleetView:
     """Live per-host progress on stderr (one row per host), and a timed line per finished step."""
 
-    def __init__(self, names: List[str], policy: Policy):
+    def __init__(self, names: List[str], canary: str | None = None):
         from rich.live import Live
 
         self.rows = {n: ["waiting", "", None] for n in names}  # state, step, started
         self.steps: dict[str, tuple[str, float]] = {}
         self.lock = threading.Lock()
-        if policy.canary:
-            self.rows[policy.canary][0] = "canary: waiting"
+        if canary:
+            self.rows[canary][0] = "canary: waiting"
         self.live = Live(console=err, get_renderable=self._table, transient=True, refresh_per_second=4,
                          redirect_stdout=False, redirect_stderr=False)
 
@@ -45,6 +103,19 @@ class FleetView:
                 table.add_row(safe(name), safe(state), safe(step), secs)
         return table
 
+    def __call__(self, event: Event) -> None:
+        if event.kind is EventKind.STARTED:
+            self.started(event.host)
+        elif event.kind is EventKind.STEP:
+            self.step(event.host, event.text)
+        elif event.kind is EventKind.FINISHED:
+            self.finished(event.result)
+        elif event.kind is EventKind.WARNING:
+            with self.lock:
+                _warning(event)
+        elif event.kind is EventKind.HEARTBEAT:
+            _heartbeat(event)
+
     def started(self, host: str) -> None:
         with self.lock:
             self.rows[host] = ["running", "connect", time.monotonic()]
@@ -61,16 +132,18 @@ class FleetView:
         with self.lock:
             prev = self.steps.pop(result.host, None)
             self.rows[result.host] = [result.kind.value, "", None]
-        self._done_line(result.host, prev)
+        self._done_line(result.host, prev, failed=result.error is not None)
         colour = _STYLE[result.kind.ok] if result.kind is not Kind.SKIPPED else "yellow"
         tail = f": {_esc(result.message)}" if result.message and not result.kind.ok else ""
         err.print(f"[bold {colour}]{safe(result.host)}: {result.kind.value}[/]{tail}", highlight=False, soft_wrap=True)
 
-    def _done_line(self, host: str, prev: tuple[str, float] | None) -> None:
+    def _done_line(self, host: str, prev: tuple[str, float] | None, failed: bool = False) -> None:
         # Refresh first: a line printed during a live display redraws its last render below it.
         self.live.refresh()
         if prev is not None:
-            err.print(f"[dim]{safe(host)}:[/] {_esc(prev[0])} [dim]({time.monotonic() - prev[1]:.2f} s)[/]", highlight=False)
+            mark = " [bold red]failed[/]" if failed else ""
+            err.print(f"[dim]{safe(host)}:[/] {_esc(prev[0])}{mark} [dim]({time.monotonic() - prev[1]:.2f} s)[/]",
+                      highlight=False)
 
 
 def _esc(text: str) -> str:
@@ -119,4 +192,4 @@ def print_status_table(report: FleetReport) -> None:
     out.print(table)
 
 
-__all__ = ["FleetView", "print_counts", "print_outcomes", "print_status_table"]
+__all__ = ["FleetView", "HostView", "print_counts", "print_outcomes", "print_status_table"]

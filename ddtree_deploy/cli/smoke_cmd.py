@@ -1,6 +1,6 @@
 """`ddtree-deploy smoke`: prove a host's deployed series works, level by level.
 
-Thin: load the inventory, call ``smoke.smoke_host``, render. Progress on stderr; one
+Thin: load the inventory, call ``rollout.smoke_one``, render. Progress on stderr; one
 line per level (or one JSON document) on stdout; exit 1 when a level fails.
 """
 
@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from ddtree_deploy import smoke
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_json, handles_errors, out
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.inventory import load_host
 from ddtree_deploy.transport import transport_for
@@ -29,14 +29,13 @@ def smoke_cmd(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Run the smoke levels (compile, import, cli, launch) against the series deployed on a host."""
+    from ddtree_deploy import rollout
+    from ddtree_deploy.cli.fleet_view import HostView
+
     h = load_host(host)
-    report = smoke.smoke_host(
-        h, lambda: transport_for(h, trust_new_host=trust_new_host), levels=level or None,
-        # Level names and report lines come from the host's smoke program: printed inert.
-        progress=lambda step: err.print(f"[dim]{safe(h.name)}:[/] {safe(step)}", highlight=False),
-        heartbeat=lambda lvl, s: err.print(f"[dim]{safe(h.name)}: smoke {safe(lvl)}: still running ({s:.0f} s)[/]",
-                                           highlight=False),
-    )
+    with HostView(h.name) as view:  # level names and report lines come from the host: printed inert
+        report = rollout.smoke_one(h, lambda x: transport_for(x, trust_new_host=trust_new_host), levels=level,
+                                   on_event=view)
     if json_output:
         emit_json(report.to_json())
     else:

@@ -1,0 +1,535 @@
+"""The main use case, in one place: push (push -> smoke -> mark, or roll back), rollback,
+status and smoke, on one host or a fleet (canary first, then waves).
+
+It sits above ``deploy`` (the locked, verified switch) and ``smoke`` (the levels), and
+below the CLI: the CLI parses, calls one function here, and renders what it gets back.
+Every host ends as a ``fleet.HostResult`` whose ``kind`` is decided here from the typed
+values the steps return (``deploy.Outcome``, ``AfterPush``, the ``DeployError`` and
+where it was raised), never re-read from the JSON document. Progress is reported as
+``Event``s to one callback (called from worker threads with several hosts); what the
+single-host command prints as its result is in ``HostResult.lines``.
+
+Calls go down: rollout -> fleet_run / fleet, deploy, smoke -> transport. Nothing below
+imports this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ddtree_deploy import deploy, smoke
+from ddtree_deploy.codes import Code, Phase
+from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy, push_policy, spread_policy
+from ddtree_deploy.fleet_run import CheckOnce, run_fleet
+from ddtree_deploy.inventory import Host
+
+Progress = Callable[[str], None]
+Connect = Callable[[Host], Any]  # Host -> a fresh Transport (each call: a new connection)
+
+
+# ---------------------------------------------------------------- events
+
+
+class EventKind(enum.Enum):
+    STARTED = "started"  # a host's work began
+    STEP = "step"  # a host began a step (the previous one, if any, finished)
+    HEARTBEAT = "heartbeat"  # a long smoke level is still running (``seconds`` so far)
+    WARNING = "warning"  # something the operator must see now (a broken lock, a series not loaded)
+    FINISHED = "finished"  # a host ended: ``result`` says how
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: EventKind
+    host: str
+    text: str = ""
+    seconds: float | None = None
+    result: HostResult | None = None
+
+
+Listener = Callable[[Event], None]
+
+
+def _ignore(_event: Event) -> None:
+    pass
+
+
+def _quiet(_step: str) -> None:
+    pass
+
+
+class _Relay:
+    """fleet_run's Events protocol -> one Listener."""
+
+    def __init__(self, listener: Listener):
+        self.listener = listener
+
+    def started(self, host: str) -> None:
+        self.listener(Event(EventKind.STARTED, host))
+
+    def step(self, host: str, text: str) -> None:
+        self.listener(Event(EventKind.STEP, host, text))
+
+    def finished(self, result: HostResult) -> None:
+        self.listener(Event(EventKind.FINISHED, result.host, result=result))
+
+
+# ---------------------------------------------------------------- the series a host gets
+
+
+def series_chooser(family: str | None):
+    """(paths to discover, facts -> Series, forced): the family is chosen by the host's version unless forced."""
+    from ddtree_deploy.series import families, load_family, pick_family
+    from ddtree_deploy.snapshot import all_touched_paths
+
+    if family:
+        series = load_family(family)
+        return list(series.touched_paths()), (lambda facts: series), True
+    paths = list(all_touched_paths())
+
+    def choose(facts: dict):
+        version = facts.get("sglang_version")
+        if not version:
+            raise DeployError(f"cannot tell the SGLang version at {facts.get('package_root')}", code=Code.NO_VERSION)
+        return load_family(pick_family(version, families()).folder)
+
+    return paths, choose, False
+
+
+def _desire(host: Host, choose: Callable, forced: bool, check: CheckOnce, chosen: dict | None = None):
+    """facts -> Desired; records the series it chose in ``chosen`` (the smoke needs it).
+
+    ``check`` runs the check once for the hosts that share its inputs.
+    """
+    from ddtree_deploy.desired import desired_for
+
+    def desire(facts: dict):
+        series = choose(facts)
+        if chosen is not None:
+            chosen[host.name] = series
+        return check(host.name, series, facts, forced, lambda: desired_for(series, host.name, facts, forced=forced))
+
+    return desire
+
+
+def select_hosts(host: Sequence[str], group: Sequence[str]) -> list[Host]:
+    """--host and --group into Hosts; every inventory parses before any connection."""
+    from ddtree_deploy.fleet import select
+    from ddtree_deploy.inventory import load_groups, load_host
+
+    names = select(list(host or []), list(group or []), load_groups() if group else {})
+    hosts = [load_host(n) for n in names]
+    seen: dict[str, str] = {}
+    for name, h in zip(names, hosts):
+        if h.name in seen:  # two .toml paths with one stem: their results would be indistinguishable
+            raise BadInput(f"{name} and {seen[h.name]} are both host {h.name!r}; give each host once")
+        seen[h.name] = name
+    return hosts
+
+
+# ---------------------------------------------------------------- after the switch: smoke, mark or roll back
+
+
+@dataclass(frozen=True)
+class AfterPush:
+    """What happened after a push's switch: the smoke, and the mark or rollback it led to."""
+
+    report: smoke.SmokeReport | None  # None: no level ran (see ``skipped`` / ``error``)
+    skipped: str | None = None  # why no level ran (``--no-smoke``, none configured, nothing switched)
+    rollback: deploy.Outcome | None = None  # the automatic rollback, when one ran and succeeded
+    rollback_error: str | None = None  # the rollback itself failed: the host needs a person
+    kept: bool = False  # failed, and --no-rollback kept the new files
+    host: str = "HOST"
+    error: str | None = None  # the smoke could not run (connection lost, program died)
+    marked: bool = False  # passed, and the journal moved switched -> deployed
+    mark_error: str | None = None  # passed, but moving the journal to deployed failed
+    phase: str | None = None  # the journal phase this left, when known
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.mark_error is None and (self.report is None or self.report.ok)
+
+    @property
+    def smoked(self) -> bool:
+        """A smoke was attempted (it ran, or it could not run)."""
+        return self.report is not None or self.error is not None
+
+    def to_json(self) -> dict:
+        doc = {
+            "smoke": self.report.to_json() if self.report else None,
+            "smoke_skipped": self.skipped,
+            "smoke_error": self.error,
+            "mark_error": self.mark_error,
+            "auto_rollback": (None if self.report is None or self.report.ok else {
+                "done": self.rollback is not None,
+                "outcome": self.rollback.to_json() if self.rollback is not None else None,
+                "error": self.rollback_error,
+                "kept_new_files": self.kept,
+            }),
+        }
+        if self.phase is not None:
+            doc["phase"] = self.phase
+        return doc
+
+    def _next(self) -> str:
+        return (f"the host stays `switched`: run `ddtree-deploy smoke --host {self.host}` or "
+                f"`ddtree-deploy rollback --host {self.host}`")
+
+    def lines(self) -> list[str]:
+        if self.report is None:
+            if self.error is not None:
+                return [f"smoke: could not run ({self.error}); {self._next()}"]
+            return [f"smoke: not run ({self.skipped})"]
+        out = ["smoke:"] + ["  " + line for line in self.report.lines()]
+        if self.report.ok:
+            if self.mark_error is not None:
+                return out + [f"smoke passed, but marking the host deployed FAILED ({self.mark_error}); "
+                              f"{self._next()}"]
+            return out + (["smoke passed: journal marked deployed"] if self.marked else [])
+        if self.rollback is not None:
+            out.append(f"smoke failed at {self.report.failed.level}: rolled back automatically: "
+                       f"{self.rollback.summary}")
+        elif self.kept:
+            out.append(f"smoke failed at {self.report.failed.level}: new files KEPT (--no-rollback); "
+                       f"journal phase `switched`; roll back with `ddtree-deploy rollback --host {self.host}`")
+        else:
+            out.append(f"smoke failed at {self.report.failed.level}, and the automatic rollback FAILED: "
+                       f"{self.rollback_error}")
+        return out
+
+
+def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome, series, *,
+               levels: Sequence[str] | None = None, auto_rollback: bool = True, log_dir=None,
+               progress: Progress = _quiet, held: deploy.Held | None = None,
+               heartbeat: Callable[[str, float], None] | None = None) -> AfterPush:
+    """Run the host's smoke levels after a push switched files; roll back if one fails.
+
+    ``outcome`` is ``deploy.push``'s; nothing runs when it changed nothing (a dry run,
+    or already deployed: ``smoke`` checks those on demand), unless the host is still
+    ``switched`` by a run whose smoke never passed (``outcome.smoke_pending``): that one is
+    smoke-tested now. When every level passes, the journal moves ``switched`` ->
+    ``deployed`` (``deploy.mark``, compare-and-set on the run id). The rollback restores
+    the backup the push made, through ``deploy.rollback`` (the same verified switch).
+
+    ``held`` (``deploy.Held``, from ``deploy.push(after_switch=...)``): the push's session,
+    still holding the deploy lock; the mark goes through it (and its lock is released
+    before a rollback, which takes the lock itself). Without it, ``deploy.mark`` opens a
+    session of its own.
+    """
+
+    def mark(phase: str, smoke_doc: dict | None = None) -> None:
+        if held is not None:
+            progress(f"journal: {phase}")
+            held.mark(phase, smoke_doc)
+        else:
+            deploy.mark(host, make_transport(), pending, phase, smoke=smoke_doc, progress=progress)
+
+    pending = outcome.smoke_pending
+    if not outcome.changed and pending is None:
+        return AfterPush(None, skipped="nothing was switched", host=host.name)
+    settings = smoke.parse_settings(host.smoke, source=host.source)
+    touched, flags = smoke.series_inputs(series)
+    plan = smoke.plan_smoke(settings, touched_paths=touched, flags=flags, levels=levels, source=host.source,
+                            log_path=smoke.host_log_path(host.state_dir, outcome.run_id),
+                            family=smoke.family_smoke(series))
+    if not plan.levels:
+        return AfterPush(None, skipped="no smoke levels configured", host=host.name)
+    try:
+        report = smoke.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress,
+                                   heartbeat=heartbeat)
+    except DeployError as exc:
+        return AfterPush(None, host=host.name, error=exc.message, phase=Phase.SWITCHED if pending else None)
+    if report.ok:
+        if pending is None:
+            return AfterPush(report, host=host.name)
+        try:
+            mark(Phase.DEPLOYED)
+        except DeployError as exc:
+            return AfterPush(report, host=host.name, mark_error=exc.message)
+        return AfterPush(report, host=host.name, marked=True, phase=Phase.DEPLOYED)
+    if not auto_rollback:
+        note = None
+        if pending is not None:
+            try:  # the journal keeps which level failed; the phase stays `switched`
+                mark(Phase.SWITCHED, {"failed": report.failed.level, "detail": report.failed.detail[:500]})
+            except DeployError as exc:
+                note = exc.message
+        return AfterPush(report, kept=True, host=host.name, mark_error=note,
+                         phase=Phase.SWITCHED if pending else None)
+    progress(f"smoke failed at {report.failed.level}: rolling back to backup {outcome.backup_id}")
+    try:
+        if held is not None:
+            held.unlock()
+        undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress)
+    except DeployError as exc:
+        return AfterPush(report, rollback_error=exc.message, host=host.name)
+    return AfterPush(report, rollback=undone, host=host.name, phase=Phase.ROLLED_BACK)
+
+
+def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str] | None = None,
+               patches_dir=None, log_dir=None, progress: Progress = _quiet,
+               heartbeat: Callable[[str, float], None] | None = None) -> smoke.SmokeReport:
+    """``ddtree-deploy smoke``: the levels against what the host's journal says is deployed.
+
+    A host in phase ``switched`` (files patched, smoke never passed) is smoke-tested the
+    same way; when every level passes its journal moves to ``deployed`` (the report's
+    ``note`` says so), and a failed level is recorded there, the phase staying ``switched``.
+    """
+    from ddtree_deploy.locations import repo_dir
+    from ddtree_deploy.series import families, load_family
+
+    settings = smoke.parse_settings(host.smoke, source=host.source)
+    smoke.choose_levels(settings, levels, source=host.source)  # bad input stops here, before any connection
+    progress("read the host's journal")
+    doc = deploy.status(host, make_transport())
+    if doc["phase"] not in (Phase.DEPLOYED, Phase.SWITCHED) or not doc["series"]:
+        raise DeployError(f"{host.name}: no series is deployed (phase {doc['phase']}): the smoke checks a "
+                          "deployed series", code=Code.NOT_DEPLOYED,
+                          hint=f"push first: ddtree-deploy push --host {host.name}")
+    # The name comes from the host: only ever a key among the known families, never a path.
+    name = doc["series"]["name"]
+    known = {f.name: f.folder for f in families(Path(patches_dir or repo_dir("patches")))}
+    if not isinstance(name, str) or name not in known:
+        raise DeployError(f"{host.name}: the host's journal names series {name!r}, which is not a family "
+                          f"here ({', '.join(sorted(known)) or 'none'})", code=Code.UNKNOWN_FAMILY,
+                          hint="smoke it from a checkout that has that family under patches/")
+    series = load_family(known[name])
+    touched, flags = smoke.series_inputs(series)
+    deployed = [f["path"] for f in doc["files"]]
+    plan = smoke.plan_smoke(settings, touched_paths=deployed or touched, flags=flags, levels=levels,
+                            source=host.source, log_path=smoke.host_log_path(host.state_dir, uuid.uuid4().hex[:12]),
+                            family=smoke.family_smoke(series))
+    report = smoke.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress, heartbeat=heartbeat)
+    if doc["phase"] != Phase.SWITCHED:
+        return report
+    run_id = doc["series"]["run_id"]
+    if report.ok:
+        deploy.mark(host, make_transport(), run_id, Phase.DEPLOYED, progress=progress)
+        return replace(report, note=f"phase switched -> deployed (run {run_id}): the smoke passed")
+    failed = report.failed
+    deploy.mark(host, make_transport(), run_id, Phase.SWITCHED, progress=progress,
+                smoke={"failed": failed.level, "detail": failed.detail[:500]} if failed else None)
+    return replace(report, note=f"phase stays switched (run {run_id}): roll back with "
+                                f"`ddtree-deploy rollback --host {host.name}`")
+
+
+# ---------------------------------------------------------------- how a host ended (typed, not from JSON)
+
+
+def push_kind(outcome: deploy.Outcome, after: AfterPush | None, *, dry_run: bool = False) -> Kind:
+    """A push that returned (errors are ``fleet.outcome_of_error``'s).
+
+    A host whose journal ends ``switched`` (files patched, the smoke never passed) is
+    never ok: ``failed, NOT rolled back`` when its smoke failed, else ``switched``.
+    """
+    smoked = after is not None and after.smoked
+    phase = after.phase if after is not None and after.phase is not None else outcome.phase
+    ok = outcome.ok and (after is None or after.ok)
+    if not outcome.changed and not smoked:
+        if dry_run and outcome.plan is not None and outcome.plan.changes:
+            return Kind.PLANNED
+        if not dry_run and phase == Phase.SWITCHED:
+            return Kind.SWITCHED
+        return Kind.ALREADY if ok else Kind.FAILED_BEFORE_CHANGE
+    if ok:
+        return Kind.PUSHED
+    failed_smoke = after is not None and after.report is not None and not after.report.ok
+    if failed_smoke and after.rollback is not None:
+        return Kind.FAILED_ROLLED_BACK
+    if not failed_smoke and phase == Phase.SWITCHED:
+        return Kind.SWITCHED
+    return Kind.FAILED_NOT_ROLLED_BACK
+
+
+def push_detail(outcome: deploy.Outcome, after: AfterPush | None, kind: Kind) -> str:
+    """One line for the outcome table: the summary, or why a pushed host did not stay deployed."""
+    if kind is Kind.SWITCHED:
+        why = (f"the smoke could not run: {after.error}" if after is not None and after.error
+               else f"the smoke passed but marking it deployed failed: {after.mark_error}"
+               if after is not None and after.mark_error else "the smoke has not passed")
+        return (f"files switched by run {outcome.smoke_pending or outcome.run_id}, not deployed: {why}; "
+                f"run `ddtree-deploy smoke --host {outcome.host}` or `ddtree-deploy rollback --host {outcome.host}`")
+    bad = after.report.failed if after is not None and after.report is not None else None
+    if kind.ok or bad is None:
+        return outcome.summary
+    why = f"smoke failed at {bad.level}: {bad.detail}"
+    if after.rollback is not None:
+        return f"{why}; rolled back: {after.rollback.summary}"
+    if after.kept:
+        return f"{why}; new files KEPT (--no-rollback)"
+    return f"{why}; the automatic rollback FAILED: {after.rollback_error}"
+
+
+def rollback_kind(outcome: deploy.Outcome, *, dry_run: bool = False) -> Kind:
+    if outcome.changed:
+        return Kind.ROLLED_BACK
+    return Kind.PLANNED if dry_run and outcome.plan is not None and outcome.plan.changes else Kind.ALREADY_ROLLED_BACK
+
+
+def _result(host: str, kind: Kind, doc: dict, message: str, lines: list[str]) -> HostResult:
+    return HostResult(host, kind, doc, message, 0 if kind.ok else 1, tuple(lines))
+
+
+def _plan_lines(outcome: deploy.Outcome) -> list[str]:
+    if outcome.plan is None:
+        return []
+    return [f"  {s.action:<8} {s.path}  {s.state.value}  {(s.current or 'absent')[:12]} -> {(s.want or 'absent')[:12]}"
+            for s in outcome.plan.steps]
+
+
+def _summary_lines(outcome: deploy.Outcome, show_plan: bool) -> list[str]:
+    return [f"{outcome.host}: {outcome.summary}"] + (_plan_lines(outcome) if show_plan else [])
+
+
+def _warn_broken_lock(outcome: deploy.Outcome, listener: Listener) -> None:
+    if outcome.broke_lock:
+        listener(Event(EventKind.WARNING, outcome.host, f"broke the lock of run {outcome.broke_lock.get('run_id')} "
+                                                       f"({outcome.broke_lock.get('holder')})"))
+
+
+# ---------------------------------------------------------------- the commands
+
+
+@dataclass(frozen=True)
+class PushOptions:
+    family: str | None = None
+    dry_run: bool = False
+    break_lock: bool = False
+    smoke: bool = True  # False: --no-smoke (switch only)
+    levels: tuple[str, ...] = ()  # () : the host's [smoke] levels
+    auto_rollback: bool = True
+    canary: str | None = None
+    parallel: int | None = None
+    max_failures: int = 0
+    log_dir: Any = None  # where a failed launch's server log is copied (tests)
+
+
+def _fleet(command: str, hosts: Sequence[Host], policy: Policy, one: Callable[[Host, Progress], HostResult],
+           listener: Listener) -> FleetReport:
+    by_name = {h.name: h for h in hosts}
+    return run_fleet(command, [h.name for h in hosts], policy, lambda name, progress: one(by_name[name], progress),
+                     _Relay(listener))
+
+
+def push_policy_for(hosts: Sequence[Host], options: PushOptions) -> Policy:
+    names = [h.name for h in hosts]
+    policy = push_policy(names, canary=options.canary, parallel=options.parallel, max_failures=options.max_failures)
+    if options.dry_run:  # it changes nothing: every host's plan is shown, none waits for a canary
+        return spread_policy(names, parallel=options.parallel)
+    return policy
+
+
+def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOptions(), *,
+         on_event: Listener = _ignore) -> FleetReport:
+    """Lock, check, back up, switch, smoke, then mark deployed or roll back: on every host.
+
+    Bad input (a [smoke] table, --level, --canary, --parallel) raises ``BadInput`` before
+    any connection. Anything a host does becomes its ``HostResult``.
+    """
+    policy = push_policy_for(hosts, options)
+    smoking = options.smoke and not options.dry_run
+    levels = list(options.levels) or None
+    # Per host: will smoke levels run after the switch? Then the switch journals `switched`,
+    # and only a passed smoke makes it `deployed`. A typo in [smoke] must not surface only
+    # after the switch: every table is checked here.
+    smokes = {h.name: smoking and bool(smoke.choose_levels(smoke.check_settings(h), levels, source=h.source))
+              for h in hosts}
+    paths, choose, forced = series_chooser(options.family)
+    chosen: dict = {}
+    check = CheckOnce()
+
+    def one(h: Host, progress: Progress) -> HostResult:
+        done: dict = {}
+
+        def after_switch(outcome: deploy.Outcome, held: deploy.Held) -> None:
+            # The smoke runs while the push still holds the host's deploy lock.
+            done["after"] = after_push(
+                h, lambda: connect(h), outcome, chosen[h.name], levels=levels, auto_rollback=options.auto_rollback,
+                log_dir=options.log_dir, progress=progress, held=held,
+                heartbeat=lambda lvl, s: on_event(Event(EventKind.HEARTBEAT, h.name, f"smoke {lvl}", seconds=s)))
+
+        outcome = deploy.push(h, connect(h), paths, _desire(h, choose, forced, check, chosen),
+                              dry_run=options.dry_run, break_lock=options.break_lock, smoke=smokes[h.name],
+                              after_switch=after_switch, progress=progress)
+        _warn_broken_lock(outcome, on_event)
+        after: AfterPush | None = done.get("after")
+        doc = outcome.to_json()
+        lines = _summary_lines(outcome, show_plan=options.dry_run or outcome.changed)
+        if not smokes[h.name]:
+            if outcome.changed and not options.dry_run:
+                skipped = "--no-smoke" if not options.smoke else "no smoke levels configured"
+                doc["smoke_skipped"] = skipped
+                lines.append(f"{h.name}: smoke: not run ({skipped}); journal phase {outcome.phase}")
+        elif after is not None:
+            doc.update(after.to_json(), ok=after.ok)
+            lines += [f"{h.name}: {line}" if not line.startswith(" ") else line for line in after.lines()]
+        kind = push_kind(outcome, after, dry_run=options.dry_run)
+        return _result(h.name, kind, doc, push_detail(outcome, after, kind), lines)
+
+    return _fleet("push", hosts, policy, one, on_event)
+
+
+def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, dry_run: bool = False,
+             break_lock: bool = False, parallel: int | None = None, on_event: Listener = _ignore) -> FleetReport:
+    """Restore each host's newest backup (or ``to``, one host only) through the verified switch."""
+    if to is not None and len(hosts) > 1:  # backup ids are per host: one id cannot name a backup on each
+        raise BadInput(f"--to {to}: a backup id belongs to one host; give it with a single --host",
+                       hint="without --to, each host restores its own newest backup")
+    policy = spread_policy([h.name for h in hosts], parallel=parallel)
+
+    def one(h: Host, progress: Progress) -> HostResult:
+        outcome = deploy.rollback(h, connect(h), to=to, dry_run=dry_run, break_lock=break_lock, progress=progress)
+        _warn_broken_lock(outcome, on_event)
+        kind = rollback_kind(outcome, dry_run=dry_run)
+        return _result(h.name, kind, outcome.to_json(), outcome.summary,
+                       _summary_lines(outcome, show_plan=dry_run or outcome.changed))
+
+    return _fleet("rollback", hosts, policy, one, on_event)
+
+
+def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None, parallel: int | None = None,
+           on_event: Listener = _ignore) -> FleetReport:
+    """Per host: version, phase, series, per-file state, backups, lock. Reads only."""
+    policy = spread_policy([h.name for h in hosts], parallel=parallel)
+    try:
+        paths, choose, forced = series_chooser(family)
+    except BadInput as exc:
+        # A broken series must not hide a host's state: report what the journal knows.
+        on_event(Event(EventKind.WARNING, "", f"series not loaded ({exc.message}); per-file states come from "
+                                              "the host's journal"))
+        paths, choose, forced = [], None, False
+    check = CheckOnce()
+
+    def one(h: Host, progress: Progress) -> HostResult:
+        desire = _desire(h, choose, forced, check) if choose else None
+        progress("read state")
+
+        def expected(facts: dict):
+            try:
+                return desire(facts) if desire else None
+            except DeployError:
+                return None  # status still reports what the journal knows
+
+        doc = deploy.status(h, connect(h), paths, expected)
+        return _result(h.name, Kind.READ, doc, "", [])
+
+    return _fleet("status", hosts, policy, one, on_event)
+
+
+def smoke_one(host: Host, connect: Connect, *, levels: Sequence[str] | None = None,
+              on_event: Listener = _ignore) -> smoke.SmokeReport:
+    """``ddtree-deploy smoke`` on one host (raises its ``DeployError``)."""
+    return smoke_host(host, lambda: connect(host), levels=levels or None,
+                      progress=lambda step: on_event(Event(EventKind.STEP, host.name, step)),
+                      heartbeat=lambda lvl, s: on_event(Event(EventKind.HEARTBEAT, host.name, f"smoke {lvl}",
+                                                              seconds=s)))
+
+
+__all__ = ["AfterPush", "Event", "EventKind", "Listener", "PushOptions", "after_push", "push", "push_detail", "push_policy_for",
+           "push_kind", "rollback", "rollback_kind", "select_hosts", "series_chooser", "smoke_host", "smoke_one",
+           "status"]
