@@ -149,7 +149,7 @@ def _open_locked(sess: AgentSession, host: Host, run_id: str, command: str, path
     if not dry_run:
         lock = replies[1]
         if not lock.get("ok"):
-            if lock.get("code") == "locked":
+            if lock.get("code") == Code.LOCKED:
                 raise _locked_error(host, lock)
             expect_ok(lock, host.name, "lock")
     facts = expect_ok(replies[-1], host.name, "discover")
@@ -386,7 +386,7 @@ def mark(host: Host, transport: Transport, run_id: str, phase: str = Phase.DEPLO
                                                 _mark(run_id, phase, smoke), {"op": "unlock"})
     expect_ok(init, host.name, "agent start")
     if not lock.get("ok"):
-        if lock.get("code") == "locked":
+        if lock.get("code") == Code.LOCKED:
             raise _locked_error(host, lock)
         expect_ok(lock, host.name, "lock")
     return expect_ok(marked, host.name, "mark")["journal"]
@@ -541,19 +541,19 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
     op, phase, run = journal.get("op"), journal.get("phase"), journal.get("run_id")
     bad = counts.get(FileState.DRIFTED.value, 0) + counts.get(FileState.MISSING.value, 0) + counts.get("unsafe", 0)
     suffix = f"; {bad} file(s) changed outside ddtree-deploy" if bad else ""
-    if phase == "deployed":
+    if phase == Phase.DEPLOYED:
         return f"deployed {journal.get('series')} by run {run} ({tally}){suffix}"
-    if phase == "switched":
+    if phase == Phase.SWITCHED:
         failed = (journal.get("smoke") or {}).get("failed")
         why = f" (it failed at {failed})" if failed else ""
         return (f"files patched by run {run} ({tally}); the smoke has not passed{why}: run "
                 f"`ddtree-deploy smoke --host {host}` or `ddtree-deploy rollback --host {host}`{suffix}")
-    if phase == "rolled-back":
+    if phase == Phase.ROLLED_BACK:
         return f"rolled back to backup {journal.get('backup_id')} by run {run} ({tally}){suffix}"
-    if phase == "staged":
+    if phase == Phase.STAGED:
         return (f"{op} run {run} stopped after staging, before any file changed ({tally}); "
                 f"rerun `{op}` to complete it{suffix}")
-    if phase == "switching":
+    if phase == Phase.SWITCHING:
         return (f"{op} run {run} was interrupted while switching files ({tally}); each file is wholly old or new; "
                 f"rerun `{op}` to complete it" + (" or `rollback` to restore the backup" if op == "push" else "")
                 + suffix)
