@@ -82,6 +82,7 @@ class Outcome:
     purged: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
     broke_lock: dict | None = None
+    history_warning: str | None = None  # the host could not append to its audit history
     phase: str | None = None  # the host's journal phase when the command ended
     # push: the run whose switch awaits its smoke (journal phase ``switched``): this push's
     # own, or an earlier one that switched the same files and never passed its smoke.
@@ -104,6 +105,7 @@ class Outcome:
             "purged_bytecode": self.purged,
             "pruned_backups": self.pruned,
             "broke_lock": self.broke_lock,
+            "history_warning": self.history_warning,
             "phase": self.phase,
             "smoke_pending": self.smoke_pending,
             "round_trips": self.round_trips,
@@ -282,6 +284,7 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
                 out.phase = request["final_phase"]
                 out.backup_id = done["backup_id"]
                 out.purged, out.pruned = done["purged"], done["pruned"]
+                out.history_warning = done.get("history_warning")
                 out.summary = prepared.done(done)
                 if holding:
                     out.smoke_pending = out.run_id

@@ -387,9 +387,13 @@ def _summary_lines(outcome: deploy.Outcome, show_plan: bool) -> list[str]:
 
 
 def _warn_broken_lock(outcome: deploy.Outcome, listener: Listener) -> None:
+    """What the operator must see of a push or rollback that went through: a lock it broke,
+    an audit line the host could not write."""
     if outcome.broke_lock:
         listener(Event(EventKind.WARNING, outcome.host, f"broke the lock of run {outcome.broke_lock.get('run_id')} "
                                                        f"({outcome.broke_lock.get('holder')})"))
+    if outcome.history_warning:
+        listener(Event(EventKind.WARNING, outcome.host, f"history not written: {outcome.history_warning}"))
 
 
 # ---------------------------------------------------------------- the commands

@@ -116,8 +116,11 @@ def test_a_failed_append_never_fails_the_push(host, oracle):
     _pristine, patched = oracle
     (host.state_dir / "history.jsonl").mkdir(parents=True)  # the append cannot open it
     (host.state_dir / ".ddtree-deploy-state").write_text("{}\n")
-    ok("push", "--host", host.name)
+    pushed = ok("push", "--host", host.name, "--json")
     assert {p: host.read(p) for p in (SPEC, UTILS, ADDED)} == patched
+    # ... and the operator is told, on stderr and in the JSON.
+    assert json.loads(pushed.stdout)["hosts"][0]["history_warning"].startswith("the audit history was not written")
+    assert "history not written: the audit history was not written (history.jsonl)" in pushed.stderr
     a = Agent(str(host.state_dir))
     warning = a.record("push", outcome="ok")
     assert warning.startswith("the audit history was not written (history.jsonl)"), warning
