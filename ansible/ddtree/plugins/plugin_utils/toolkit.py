@@ -238,3 +238,23 @@ SPECS = {
     "rollback": dict(_COMMON, to={"type": "str"}, break_lock={"type": "bool", "default": False}),
     "status": dict(_COMMON, family={"type": "str"}),
 }
+
+
+def action_module(command):
+    """The ActionModule class of the ``command`` action plugin (push, status, rollback): they
+    differ only in the command they run, so each plugin file is one line over this."""
+    from ansible.plugins.action import ActionBase
+
+    class ActionModule(ActionBase):
+        # The toolkit opens its own SSH connection (strict host keys, one agent session):
+        # Ansible's connection to the host is never used.
+        _requires_connection = False
+        _supports_check_mode = True
+        _supports_async = False
+
+        def run(self, tmp=None, task_vars=None):
+            super(ActionModule, self).run(tmp, task_vars)
+            _valid, args = self.validate_argument_spec(argument_spec=SPECS[command])
+            return run_command(self, command, task_vars or {}, args)
+
+    return ActionModule
