@@ -5,7 +5,7 @@ The context (``--out DIR``)::
     Dockerfile                  FROM the base image; COPY ddtree/; RUN apply.py; rm the staging
     ddtree/apply.py             the in-image client (ddtree_deploy/image_apply.py)
     ddtree/agent.py             the toolkit's stdlib host agent, unchanged
-    ddtree/lib/ddtree_deploy/   plan.py + errors.py: the same drift check as push
+    ddtree/lib/ddtree_deploy/   plan.py and the package modules it imports: the same drift check as push
     ddtree/apply-request.json   the agent request push would send (patched bytes, backup, journal)
     ddtree/series.json          series name, sha256, SGLang version, targets (pristine/patched sha256)
     ddtree/series/              the series itself (family.toml, series, patches, payload): provenance
@@ -80,6 +80,32 @@ RUN "${{DDTREE_PYTHON}}" {STAGE}/apply.py --state-dir {state_dir} \\
 """
 
 
+
+def _module_closure(start: str) -> list[str]:
+    """``start`` and every ddtree_deploy module it imports, transitively (sorted names): what the
+    in-image apply step must carry so that ``import ddtree_deploy.<start>`` works there."""
+    import ast
+
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        tree = ast.parse((_PKG / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            found = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module == "ddtree_deploy":
+                    found = [a.name for a in node.names]
+                elif node.module.startswith("ddtree_deploy."):
+                    found = [node.module.split(".")[1]]
+            elif isinstance(node, ast.Import):
+                found = [a.name.split(".")[1] for a in node.names if a.name.startswith("ddtree_deploy.")]
+            todo.extend(n for n in found if (_PKG / f"{n}.py").is_file())
+    return sorted(seen)
+
 def write_context(base: str, release: str, out: Path, *, family: str | None = None,
                   state_dir: str = DEFAULT_STATE_DIR, python: str = "python3", force: bool = False) -> Context:
     """Check the series against ``release`` and write the build context into ``out``."""
@@ -118,9 +144,9 @@ def write_context(base: str, release: str, out: Path, *, family: str | None = No
     shutil.copyfile(_PKG / "image_apply.py", stage / "apply.py")
     shutil.copyfile(_PKG / "agent.py", stage / "agent.py")
     (stage / "lib" / "ddtree_deploy" / "__init__.py").write_text(
-        '"""The two pure modules of ddtree-deploy the in-image apply step needs."""\n')
-    for name in ("plan.py", "errors.py"):
-        shutil.copyfile(_PKG / name, stage / "lib" / "ddtree_deploy" / name)
+        '"""The pure modules of ddtree-deploy the in-image apply step needs (plan + its imports)."""\n')
+    for name in _module_closure("plan"):
+        shutil.copyfile(_PKG / f"{name}.py", stage / "lib" / "ddtree_deploy" / f"{name}.py")
     (stage / "apply-request.json").write_text(json.dumps(request, indent=1) + "\n")
     meta = {"series": desired.series, "series_id": desired.series_id, "sglang_version": release,
             "snapshot": desired.snapshot, "state_dir": state_dir, "base": base,

@@ -73,7 +73,10 @@ def _complete(words: str, cword: int) -> list[str]:
 
 
 def test_the_console_script_completes_commands_and_subcommands():
-    script = subprocess.run([str(EXE), "--show-completion", "bash"], capture_output=True, text=True, timeout=60)
+    # The script bash sources. (`--show-completion` detects the calling shell from the process
+    # tree, which under make or CI is sh and has no completion: ask for bash's script directly.)
+    env = dict(os.environ, _DDTREE_DEPLOY_COMPLETE="source_bash")
+    script = subprocess.run([str(EXE)], env=env, capture_output=True, text=True, timeout=60)
     assert script.returncode == 0 and "_DDTREE_DEPLOY_COMPLETE=complete_bash" in script.stdout
     assert _complete("ddtree-deploy lo", 1) == ["lock"]
     assert _complete("ddtree-deploy lock r", 2) == ["release"]
