@@ -2,13 +2,13 @@
 
 Command modules (one per command group) register on ``app`` and wrap their
 bodies with ``@handles_errors``. Diagnostics and progress go to stderr
-(``err``); results and ``--json`` documents go to stdout (``emit_json``).
+(``err``); results go to stdout; a ``--json`` run's one document is handed to
+``emit_json``, and printed inside the envelope when the run ends (cli/envelope.py).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 from typing import Any, Callable
@@ -16,6 +16,7 @@ from typing import Any, Callable
 import typer
 from rich.console import Console
 
+from ddtree_deploy.cli import envelope
 from ddtree_deploy.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput, DeployError
 
 EXIT_CODES_HELP = (
@@ -30,6 +31,9 @@ app = typer.Typer(
     # --install-completion / --show-completion (bash, zsh, fish, PowerShell): typer's own.
     add_completion=True,
     pretty_exceptions_enable=False,
+    # The root click group owns each run: with --json it prints the one envelope (also on
+    # usage errors and crashes) once the exit code is known.
+    cls=envelope.EnvelopeGroup,
 )
 
 
@@ -65,35 +69,67 @@ out = Console(highlight=False, soft_wrap=True)
 
 
 def emit_json(document: Any) -> None:
-    """Print one JSON document to stdout (the ``--json`` contract)."""
-    sys.stdout.write(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
-    sys.stdout.flush()
+    """Hand the run's result document to the envelope (the ``--json`` contract, docs/json.md).
+
+    Nothing is printed here: the root group prints one envelope -- ``schema``, ``command``,
+    ``ok``, ``exit_code``, ``error``, ``hosts`` and this document's fields -- when the command
+    has ended, so its exit code is the real one. Call it at most once per run. Outside a CLI
+    run (library use) the document is printed at once, enveloped, exit code from its ``ok``.
+    """
+    run = envelope.current()
+    if run is not None:
+        run.record(document)
+        return
+    doc = document if isinstance(document, dict) else {"result": document}
+    envelope.write(envelope.envelope(doc, command=str(doc.get("command", "")),
+                                     exit_code=0 if doc.get("ok", True) is not False else EXIT_FAILED))
+
+
+def say_error(console: Console, message: str, hint: str | None, *, internal: bool = False) -> None:
+    """The one-line error (and its hint) on stderr; host text inert."""
+    label = "internal error:" if internal else "error:"
+    console.print(f"[bold red]{label}[/] {_escape(message)}", highlight=False, soft_wrap=True)
+    if hint:
+        console.print(f"[dim]hint:[/] {_escape(hint)}", highlight=False, soft_wrap=True)
 
 
 def handles_errors(fn: Callable) -> Callable:
-    """Map DeployError to one line on stderr (and a JSON error with --json) and its exit code."""
+    """Map errors to one line on stderr (and the envelope's ``error`` with --json) and an exit code.
+
+    DeployError: its message, hint and exit code. Ctrl-C: exit 130. Any other exception is a
+    bug: one line (its type and text) and a hint, exit 1; ``DDTREE_DEPLOY_DEBUG=1`` re-raises
+    it for the traceback.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        run = envelope.current()
+        if run is not None:
+            run.note_command(kwargs)
         try:
             return fn(*args, **kwargs)
         except DeployError as exc:
-            if kwargs.get("json_output"):
-                emit_json(exc.to_json())
-            line = f"[bold red]error:[/] {_escape(exc.message)}"
-            err.print(line, highlight=False, soft_wrap=True)
-            if exc.hint:
-                err.print(f"[dim]hint:[/] {_escape(exc.hint)}", highlight=False, soft_wrap=True)
+            if run is not None:
+                run.error = envelope.error_doc(exc.code, exc.message, exc.hint)
+            elif kwargs.get("json_output"):  # not under the CLI's group: print the envelope now
+                envelope.write(envelope.envelope(None, command="", exit_code=exc.exit_code,
+                                                 error=exc.to_json()["error"]))
+            say_error(err, exc.message, exc.hint)
             raise typer.Exit(exc.exit_code)
         except typer.Exit:  # typer's own exit is a RuntimeError subclass: let it through
             raise
         except KeyboardInterrupt:
+            if run is not None:
+                run.error = envelope.error_doc("interrupted", "interrupted (Ctrl-C)")
             err.print("[bold red]interrupted[/]")
-            raise typer.Exit(130)
-        except Exception:
-            if os.environ.get("DDTREE_DEPLOY_DEBUG"):
+            raise typer.Exit(envelope.EXIT_INTERRUPTED)
+        except Exception as exc:
+            if os.environ.get(envelope.DEBUG_ENV):
                 raise
-            err.print_exception(max_frames=8)
+            error = envelope.internal_error(exc)
+            if run is not None:
+                run.error = error
+            say_error(err, error["message"], error["hint"], internal=True)
             raise typer.Exit(EXIT_FAILED)
 
     return wrapper
@@ -111,6 +147,7 @@ __all__ = [
     "out",
     "emit_json",
     "handles_errors",
+    "say_error",
     "BadInput",
     "DeployError",
     "EXIT_BAD_INPUT",

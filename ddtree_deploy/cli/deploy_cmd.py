@@ -39,7 +39,7 @@ def _connect(trust_new_host: bool) -> Callable[[Host], object]:
 def _render(command: str, hosts: List[Host], json_output: bool, call: Callable, canary: str | None = None) -> None:
     """Run ``call(listener)`` (a rollout function) under the right view; print its results.
 
-    One host: its lines (or ``{"command", "ok", "hosts": [doc]}``), exit 1 when its
+    One host: its lines (or, as for several, the fleet document), exit 1 when its
     document says not ok, and its error re-raised as is (one line, its exit code).
     Several: the outcome table, every host's document with its outcome; exit non-zero
     unless every host is ok.
@@ -50,6 +50,8 @@ def _render(command: str, hosts: List[Host], json_output: bool, call: Callable, 
         with HostView(hosts[0].name) as view:
             report = call(view)
         r = report.results[0]
+        if json_output:  # the fleet's document, for one host too (the envelope adds the error, if raised)
+            emit_json(report.to_json())
         if r.error is not None:
             raise r.error
         if not json_output:
@@ -57,8 +59,6 @@ def _render(command: str, hosts: List[Host], json_output: bool, call: Callable, 
                 _say(line)
             if command == "status":
                 _print_status(r.doc)
-        if json_output:
-            emit_json({"command": command, "ok": r.doc.get("ok") is not False, "hosts": [r.doc]})
         if r.doc.get("ok") is False:  # e.g. a failed smoke: reported in full, exit 1
             raise typer.Exit(1)
         return
