@@ -1,4 +1,5 @@
-"""Build hook: copy the toolkit's data (families, payload, release manifests) into the wheel.
+"""Build hook: copy the toolkit's data (families, payload, release manifests, the demo's
+tiny model configs) into the wheel.
 
 The checkout keeps one copy of each at the top level (patches/, payload/,
 snapshot/*/MANIFEST.json), where the CLI reads them when run from a checkout.
@@ -18,6 +19,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 DATA = "_data"
+DEMO_MODELS = ("tiny-llama", "tiny-dflash-draft")
 
 
 def data_files() -> list[tuple[Path, str]]:
@@ -30,6 +32,10 @@ def data_files() -> list[tuple[Path, str]]:
     # Release manifests only: SGLang's own files are re-extracted from the cached wheel.
     for f in sorted((ROOT / "snapshot").glob("*/MANIFEST.json")):
         out.append((f, f.relative_to(ROOT).as_posix()))
+    # `python -m ddtree_deploy.demo`: the two tiny model configs (no weights) its cli level validates.
+    for model in DEMO_MODELS:
+        for f in sorted((ROOT / "tests" / "data" / "models" / model).glob("*.json")):
+            out.append((f, f"models/{model}/{f.name}"))
     return out
 
 

@@ -24,11 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+from ddtree_deploy.sandbox import SSHServer
+from ddtree_deploy.series import load_family
 
-from ddtree_deploy.series import load_family  # noqa: E402
-from sshd_host import SSHServer  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 HOSTS = 8
 RUNS = 3

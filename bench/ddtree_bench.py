@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "payload"))
-import ddtree_utils as du  # noqa: E402
+from ddtree_testkit import payload
+
+du = payload("ddtree_utils")
 
 DEPTH = 15
 BUDGETS_OBJECTIVE = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -192,10 +191,9 @@ def topk_table() -> None:
 
 def tiny_llama_table(num_tokens: int = 64, depth: int = 8) -> None:
     """Target forward passes of DDTree decoding vs greedy on the tests' tiny Llama (CPU).
-    Reuses the end-to-end test's decoders (tests/ddtree_support.py) so the figures are the
+    Reuses the end-to-end test's decoders (ddtree_testkit/ddtree_support.py) so the figures are the
     ones the test asserts on; the emitted tokens are checked equal to greedy here too."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import ddtree_support as sup
+    from ddtree_testkit import ddtree_support as sup
 
     print(f"\n(d) tiny random Llama (tests' model, CPU): target forwards for {num_tokens} tokens,"
           f" draft depth {depth}")

@@ -2,8 +2,8 @@
 
     python -m bench ddtree_verify_bench
 
-Installs SGLang 0.5.12.post1 + the series into a throwaway host environment (as
-scripts/gpu_check_series.py does), then, inside it, times on CPU
+Installs SGLang 0.5.12.post1 + the series (applied by the toolkit's own check) into a
+throwaway sandbox host environment (ddtree_deploy.sandbox), then, inside it, times on CPU
 ``DDTreeVerifyInput.prepare_for_verify`` (slot allocation, req_to_token, the FULL tree
 mask) and ``verify`` (greedy walk, per-request append loop, KV split, req_to_token
 rewrite, next context) on real SGLang batches with random trees and random target logits
@@ -19,7 +19,6 @@ import os
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -112,9 +111,9 @@ def _v2_main() -> None:
     positions + its FULL mask). Median of 5 after a warm-up; one thread."""
     import torch
 
-    sys.path.insert(0, str(REPO / "payload"))
-    import ddtree_lineage as dl
-    import ddtree_utils as du
+    from ddtree_testkit import payload
+
+    dl, du = payload("ddtree_lineage"), payload("ddtree_utils")
 
     torch.set_num_threads(1)
     depth, prefix = 15, 512
@@ -165,29 +164,27 @@ def _v2_main() -> None:
 
 def main() -> None:
     _v2_main()
-    sys.path.insert(0, str(REPO / "scripts"))
-    import gpu_check_series  # noqa: E402  (scripts/ is not a package)
-
-    from ddtree_deploy.locations import cache_dir
+    from ddtree_deploy import releases
+    from ddtree_deploy.check import check_series
+    from ddtree_deploy.locations import cache_dir, repo_dir
+    from ddtree_deploy.sandbox import make_host_env
+    from ddtree_deploy.series import load_family
 
     wheels = sorted((cache_dir() / "wheels").glob("sglang-0.5.12.post1-*.whl"))
     if not wheels:
         print("skipped: the SGLang 0.5.12.post1 wheel is not cached (run the tests first)")
         return
+    series = load_family(repo_dir("patches") / "sglang-0.5.12")
+    wanted = series.touched_paths()
+    found = releases.read_wheel_files(wheels[0], wanted)
+    report = check_series(series, {p: found.get(p) for p in wanted})
+    if not report.ok:
+        raise RuntimeError("ddtree_verify_bench: the series does not apply to SGLang 0.5.12.post1")
     with tempfile.TemporaryDirectory() as tmp:
-        base = getattr(sys, "_base_executable", None) or sys.executable
-        subprocess.run([base, "-m", "venv", "--without-pip", f"{tmp}/host"], check=True)
-        python = f"{tmp}/host/bin/python"
-        site = subprocess.run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True, capture_output=True, text=True,
-        ).stdout.strip()
-        gpu_check_series.install(wheels[0], Path(site))
-        shared = sysconfig.get_paths()["purelib"]
-        Path(site, "zz_shared.pth").write_text(f"import site; site.addsitedir({shared!r})\n")
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
-        run = subprocess.run([python, __file__, "--inner"], capture_output=True, text=True,
-                             env=env, timeout=900)
+        env = make_host_env(Path(tmp) / "host", overlay={p: f.patched for p, f in report.patched.items()})
+        environ = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
+        run = subprocess.run([str(env.python), __file__, "--inner"], capture_output=True, text=True,
+                             env=environ, timeout=900)
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith("BENCH:")]
     if run.returncode != 0 or not lines:
         raise RuntimeError(f"ddtree_verify_bench failed:\n{run.stdout[-2000:]}{run.stderr[-4000:]}")

@@ -26,20 +26,20 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+from ddtree_deploy import rollout
+from ddtree_deploy.desired import desired_for
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.sandbox import SSHServer
+from ddtree_deploy.series import load_family
+from ddtree_deploy.transport import transport_for
 
-from ddtree_deploy import rollout  # noqa: E402
-from ddtree_deploy.desired import desired_for  # noqa: E402
-from ddtree_deploy.errors import DeployError  # noqa: E402
-from ddtree_deploy.series import load_family  # noqa: E402
-from ddtree_deploy.transport import transport_for  # noqa: E402
-from sshd_host import DEPLOY_SERIES, SSHServer  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+# The tests' small real series (data, read from the checkout like patches/).
+DEPLOY_SERIES = REPO / "tests" / "data" / "deploy_series"
 
 HOSTS = 8
 RUNS = 5

@@ -35,17 +35,16 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+from ddtree_deploy import deploy
+from ddtree_deploy.desired import desired_for
+from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.inventory import load_host
+from ddtree_deploy.locations import cache_dir
+from ddtree_deploy.sandbox import SSHServer
+from ddtree_deploy.series import load_family
+from ddtree_deploy.transport import SSHTransport
 
-from ddtree_deploy import deploy  # noqa: E402
-from ddtree_deploy.desired import desired_for  # noqa: E402
-from ddtree_deploy.errors import BadInput, DeployError  # noqa: E402
-from ddtree_deploy.inventory import load_host  # noqa: E402
-from ddtree_deploy.locations import cache_dir  # noqa: E402
-from ddtree_deploy.series import load_family  # noqa: E402
-from ddtree_deploy.transport import SSHTransport  # noqa: E402
-from sshd_host import SSHServer  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 RUNS = 5
 #: Five real SGLang files patched (one line each) and one added module: "six SGLang-sized files".

@@ -26,7 +26,7 @@ from ddtree_deploy.plan import Desired, Target, plan_push, sha256
 from ddtree_deploy.transport import AgentSession, LocalTransport, agent_argv, agent_source
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import make_python_env  # noqa: E402
+from ddtree_deploy.sandbox import make_python_env  # noqa: E402
 
 SPEC = "sglang/srt/speculative/spec_info.py"
 UTILS = "sglang/srt/speculative/dflash_utils.py"

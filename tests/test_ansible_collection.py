@@ -24,7 +24,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import SSHServer  # noqa: E402
+from ddtree_deploy.sandbox import SSHServer  # noqa: E402
 
 from ddtree_deploy.series import AddEntry, PatchEntry, load_family  # noqa: E402
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from ddtree_support import DEVICE, ddtree_utils as du
+from ddtree_testkit.ddtree_support import DEVICE, ddtree_utils as du
 
 
 def _random_trees(bs, depth, vocab, k, budget, seed, cap=None):

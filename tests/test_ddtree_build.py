@@ -13,7 +13,7 @@ import zlib
 import pytest
 import torch
 
-from ddtree_support import DEVICE, ddtree_utils as du, layout_mismatch, quantised_logits
+from ddtree_testkit.ddtree_support import DEVICE, ddtree_utils as du, layout_mismatch, quantised_logits
 
 CASES = [
     # (bs, depth L, vocab V, top-k, budget B, max_per_depth, logits kind)

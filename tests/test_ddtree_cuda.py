@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree_support import DEVICE, ddtree_utils as du, layout_mismatch
+from ddtree_testkit.ddtree_support import DEVICE, ddtree_utils as du, layout_mismatch
 
 pytestmark = pytest.mark.skipif(DEVICE.type != "cuda", reason="needs DDTREE_TEST_DEVICE=cuda")
 

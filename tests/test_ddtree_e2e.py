@@ -7,7 +7,7 @@ keep only the accepted path's KV) must emit exactly the tokens of plain greedy d
 
 Stand-in (named as such): the draft. DFlash's block-diffusion draft needs a trained checkpoint;
 here a perturbed copy of the target, run along its own greedy chain, supplies the per-depth
-marginals (see ddtree_support.draft_marginals). The target, the tree verify and the cache
+marginals (see ddtree_testkit.ddtree_support.draft_marginals). The target, the tree verify and the cache
 handling are the real thing.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree_support import ddtree_decode, greedy_decode, perturbed_copy, tiny_llama
+from ddtree_testkit.ddtree_support import ddtree_decode, greedy_decode, perturbed_copy, tiny_llama
 
 NUM_TOKENS = 64
 DEPTH = 8  # draft depths per step (DFlash block 9)
@@ -66,7 +66,7 @@ def test_perfect_draft_needs_far_fewer_target_forwards(models):
 def test_tree_verify_logits_equal_sequential_decoding():
     # The verify forward itself: one tree forward gives, at every node, the logits of decoding
     # that node's root-to-node path sequentially (the property the mask + positions encode).
-    import ddtree_support as sup
+    from ddtree_testkit import ddtree_support as sup
 
     du = sup.ddtree_utils
     from transformers import DynamicCache

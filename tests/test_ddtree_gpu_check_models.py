@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddtree_support import ddtree_utils as du
+from ddtree_testkit.ddtree_support import ddtree_utils as du
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "tests" / "data" / "models"

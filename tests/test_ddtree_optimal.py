@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from ddtree_support import DEVICE, ddtree_utils as du
+from ddtree_testkit.ddtree_support import DEVICE, ddtree_utils as du
 
 
 def _rooted_subtrees(children, max_size):

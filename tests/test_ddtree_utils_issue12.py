@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from ddtree_support import DEVICE, ddtree_utils as du
+from ddtree_testkit.ddtree_support import DEVICE, ddtree_utils as du
 
 
 # --- verify memory ------------------------------------------------------------------------

@@ -54,7 +54,7 @@ CASES = _probe_module().CASES
 
 def _apply_series(work: Path, family: Path, release: str) -> dict[str, bytes]:
     """Every series entry applied with GNU patch (-F0, no offset) to the pristine files."""
-    from sglang_host import pristine_files
+    from ddtree_deploy.sandbox import pristine_files
 
     entries = []
     for raw in (family / "series").read_text().splitlines():
@@ -88,7 +88,7 @@ def _apply_series(work: Path, family: Path, release: str) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=[f[0] for f in FAMILIES])
 def probe_results(request, tmp_path_factory) -> dict:
-    from sglang_host import make_host_env, run_python, write_kernel_standin
+    from ddtree_deploy.sandbox import make_host_env, run_python, write_kernel_standin
 
     name, release = request.param
     overlay = _apply_series(tmp_path_factory.mktemp("series"), REPO / "patches" / name, release)

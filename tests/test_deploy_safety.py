@@ -33,7 +33,8 @@ from ddtree_deploy.series import load_family
 from ddtree_deploy.transport import AgentSession, SSHTransport
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import ADDED, SPEC, UTILS, SSHServer, make_python_env  # noqa: E402
+from ddtree_deploy.sandbox import SSHServer, make_python_env  # noqa: E402
+from sshd_host import ADDED, SPEC, UTILS  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY  # noqa: E402
 
 pytestmark = pytest.mark.sshd
@@ -242,7 +243,7 @@ def test_pycache_of_another_user_is_refused_for_an_unprivileged_agent(sshd, env,
                            f"env PYTHONPATH={site} HOME={base} /usr/bin/python3 \"$@\"\n")
         wrapper.chmod(0o755)
         os.chown(base, 65534, 65534)
-        from sshd_host import TestHost
+        from ddtree_deploy.sandbox import SandboxHost as TestHost
 
         h = TestHost("nobody", sshd, wrapper, site, state)
         host = load_host(str(h.inventory(base / "inv")))
@@ -404,7 +405,7 @@ def _program_host(sshd, tmp_path, name, program: str, **keys):
     wrapper = tmp_path / f"{name}-python"
     wrapper.write_text(f"#!{sys.executable}\n{program}\n")
     wrapper.chmod(0o755)
-    from sshd_host import TestHost
+    from ddtree_deploy.sandbox import SandboxHost as TestHost
 
     h = TestHost(name, sshd, wrapper, tmp_path, tmp_path / f"{name}-state")
     return load_host(str(h.inventory(tmp_path / f"inv-{name}", **keys)))

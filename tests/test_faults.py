@@ -32,7 +32,8 @@ from ddtree_deploy.series import load_family
 from ddtree_deploy.transport import SSHTransport
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import ADDED, SPEC, UTILS, SSHServer  # noqa: E402
+from ddtree_deploy.sandbox import SSHServer  # noqa: E402
+from sshd_host import ADDED, SPEC, UTILS  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY  # noqa: E402
 
 pytestmark = pytest.mark.sshd

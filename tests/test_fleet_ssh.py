@@ -26,7 +26,8 @@ from ddtree_deploy.fleet import Kind
 from ddtree_deploy.rollout import EventKind
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import ADDED, SPEC, UTILS, SSHServer, TestHost, deploy_series_oracle, free_port  # noqa: E402
+from ddtree_deploy.sandbox import SandboxHost as TestHost, SSHServer, free_port  # noqa: E402
+from sshd_host import ADDED, SPEC, UTILS, deploy_series_oracle  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY, DEPLOY_SERIES as DATA  # noqa: E402
 
 pytestmark = pytest.mark.sshd

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import getpass
 import hashlib
-import itertools
 import json
 import os
 import socket
@@ -24,31 +23,8 @@ from ddtree_deploy.agent import Agent, boot_id, foreign_content
 from ddtree_deploy.cli import app
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import ADDED, SPEC, UTILS, SSHServer, TestHost, deploy_series_oracle  # noqa: E402
-from sshd_host import DEPLOY_SERIES as DATA  # noqa: E402
-
-_names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def oracle(tmp_path_factory, sshd):
-    return deploy_series_oracle(sshd, tmp_path_factory.mktemp("oracle"))
-
-
-@pytest.fixture
-def host(sshd, tmp_path, monkeypatch) -> TestHost:
-    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(DATA / "patches"))
-    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
-    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
-    h = sshd.add_host(f"hist{next(_names)}", tmp_path / "host", files=[SPEC, UTILS])
-    h.inventory(smoke_levels=[])
-    return h
+from ddtree_deploy.sandbox import SandboxHost  # noqa: E402
+from sshd_host import ADDED, SPEC, UTILS, host, oracle, sshd  # noqa: E402,F401  (shared with test_push.py)
 
 
 def cli(*args: str):
@@ -61,7 +37,7 @@ def ok(*args: str):
     return result
 
 
-def history(h: TestHost, *extra: str) -> dict:
+def history(h: SandboxHost, *extra: str) -> dict:
     return json.loads(ok("history", "--host", h.name, "--json", *extra).stdout)
 
 

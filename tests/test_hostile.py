@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 from ddtree_deploy.cli import app
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import SPEC, UTILS, SSHServer  # noqa: E402
+from ddtree_deploy.sandbox import SSHServer  # noqa: E402
+from sshd_host import SPEC, UTILS  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY  # noqa: E402
 
 pytestmark = pytest.mark.sshd

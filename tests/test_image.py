@@ -27,7 +27,7 @@ from ddtree_deploy.cli import app
 from ddtree_deploy.series import load_family
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import make_python_env  # noqa: E402
+from ddtree_deploy.sandbox import make_python_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FAMILY = REPO / "patches" / "sglang-0.5.12"

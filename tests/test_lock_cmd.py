@@ -19,7 +19,8 @@ from ddtree_deploy.agent import boot_id, process_start
 from ddtree_deploy.cli import app
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import SPEC, UTILS, SSHServer, TestHost  # noqa: E402
+from ddtree_deploy.sandbox import SandboxHost as TestHost, SSHServer  # noqa: E402
+from sshd_host import SPEC, UTILS  # noqa: E402
 
 pytestmark = pytest.mark.sshd
 _names = itertools.count()

@@ -436,7 +436,7 @@ def _release_diff_family(tmp_path: Path, path: str, old: str, new: str, spec: st
     """A family whose one patch is SGLang's own change to ``path`` from ``old`` to ``new``."""
     import subprocess
 
-    from tests.sglang_host import pristine_files
+    from ddtree_deploy.sandbox import pristine_files
 
     work = tmp_path / "diff"
     for side, version in (("a", old), ("b", new)):
@@ -470,7 +470,7 @@ def test_matrix_never_says_ok_offset_for_a_release_that_has_the_change(tmp_path,
     assert new.verdict == "already upstream" and m.exit_code == 0
     # what the check hands a push: the release's own bytes, no hunk written a second time
     from ddtree_deploy.check import check_series
-    from tests.sglang_host import pristine_files
+    from ddtree_deploy.sandbox import pristine_files
 
     original = pristine_files("0.5.16", [EAGLE])
     report = check_series(load_family(tmp_path / "patches" / "eagle"), original)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.patchset import FilePatch, HunkStatus, apply_file_patch, parse_patch
-from tests.sglang_host import pristine_files
+from ddtree_deploy.sandbox import pristine_files
 
 EAGLE = "sglang/srt/speculative/eagle_utils.py"
 SPEC = "sglang/srt/speculative/spec_info.py"

@@ -29,7 +29,8 @@ from ddtree_deploy.series import load_family
 from ddtree_deploy.transport import SSHTransport
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import ADDED, SPEC, UTILS, SSHServer, TestHost, deploy_series_oracle  # noqa: E402
+from ddtree_deploy.sandbox import SandboxHost as TestHost  # noqa: E402
+from sshd_host import ADDED, SPEC, UTILS, host, oracle, sshd  # noqa: E402,F401  (shared fixtures)
 from sshd_host import DEPLOY_FAMILY as FAMILY, DEPLOY_SERIES as DATA  # noqa: E402
 
 pytestmark = pytest.mark.sshd
@@ -38,26 +39,8 @@ TARGETS = (SPEC, UTILS, ADDED)
 _names = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def oracle(tmp_path_factory, sshd):
-    """The patched files as GNU patch makes them from the release files (plus the added file)."""
-    return deploy_series_oracle(sshd, tmp_path_factory.mktemp("oracle"))
-
-
-@pytest.fixture
-def host(sshd, tmp_path, monkeypatch) -> TestHost:
-    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(DATA / "patches"))
-    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
-    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
-    h = sshd.add_host(f"h{next(_names)}", tmp_path / "host", files=[SPEC, UTILS])
-    h.inventory(smoke_levels=[])  # smoke after push: tested on its own below
-    return h
+# sshd (module-wide), oracle (GNU patch's result) and host (one per test, no smoke after push):
+# tests/sshd_host.py, shared with test_history.py.
 
 
 # ---------------------------------------------------------------- pure: plans and status text

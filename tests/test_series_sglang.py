@@ -48,7 +48,7 @@ def family(request):
 @pytest.fixture(scope="module")
 def series(family):
     """(patched files, their pristine bytes) for every path the series touches."""
-    from sglang_host import pristine_files
+    from ddtree_deploy.sandbox import pristine_files
 
     from ddtree_deploy.check import check_series
     from ddtree_deploy.series import load_family
@@ -74,7 +74,7 @@ def _patch_files(folder: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def patched_env(family, series, tmp_path_factory):
-    from sglang_host import make_host_env
+    from ddtree_deploy.sandbox import make_host_env
 
     return make_host_env(tmp_path_factory.mktemp("host") / "patched", overlay=series[0],
                          version=family[1])
@@ -82,14 +82,14 @@ def patched_env(family, series, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pristine_env(family, tmp_path_factory):
-    from sglang_host import make_host_env
+    from ddtree_deploy.sandbox import make_host_env
 
     return make_host_env(tmp_path_factory.mktemp("host") / "pristine", version=family[1])
 
 
 def _probe(env, what: str, *args: str, pythonpath: Path | None = None,
            extra: dict | None = None) -> dict:
-    from sglang_host import run_python
+    from ddtree_deploy.sandbox import run_python
 
     extra = dict(extra or {}, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {}))
     run = run_python(env, [__file__, what, str(MODELS), *args], timeout=600, extra_env=extra)
@@ -149,7 +149,7 @@ def test_oracles_agree_with_the_check_layer(family, series, tmp_path, tool):
 def test_sibling_release_has_the_same_files(family, series):
     # Each family covers X and X.post1: the series is checked on one, so the other
     # must ship byte-identical files for every path it patches.
-    from sglang_host import pristine_files
+    from ddtree_deploy.sandbox import pristine_files
 
     _, pristine = series
     assert pristine_files(family[2], paths=sorted(pristine)) == pristine
@@ -174,7 +174,7 @@ def _modules(series) -> set[str]:
 
 @pytest.fixture(scope="module")
 def import_probe(series, patched_env, tmp_path_factory):
-    from sglang_host import write_kernel_standin
+    from ddtree_deploy.sandbox import write_kernel_standin
 
     standin = write_kernel_standin(tmp_path_factory.mktemp("standin"))
     return _probe(patched_env, "imports", *sorted(_modules(series)), pythonpath=standin)
@@ -213,7 +213,7 @@ def test_hybrid_gate_agrees_with_sglang_runtime(import_probe):
 
 
 def test_launch_server_help_lists_ddtree_flags(patched_env):
-    from sglang_host import run_python
+    from ddtree_deploy.sandbox import run_python
 
     run = run_python(patched_env, ["-m", "sglang.launch_server", "--help"], timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -330,7 +330,7 @@ def test_draft_block_write_stays_in_its_req_to_token_row(patched_env, tmp_path):
     """Issue 12 (1), real objects: with every budget ServerArgs accepts, the draft step's
     block write (SGLang's own Triton kernel, CPU interpreter) stays inside the request's
     req_to_token row; with budget 4 (now refused) it wrote into the next request's row."""
-    from sglang_host import write_kernel_standin
+    from ddtree_deploy.sandbox import write_kernel_standin
 
     got = _probe(patched_env, "draft-row", pythonpath=write_kernel_standin(tmp_path),
                  extra={"TRITON_INTERPRET": "1"})

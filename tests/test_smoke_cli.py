@@ -17,7 +17,7 @@ from ddtree_deploy.inventory import load_host
 from ddtree_deploy.series import load_family
 from ddtree_deploy.transport import transport_for
 
-from sshd_host import make_python_env
+from ddtree_deploy.sandbox import make_python_env
 
 REPO = Path(__file__).resolve().parent.parent
 FAMILY = REPO / "patches" / "sglang-0.5.12"

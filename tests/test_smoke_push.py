@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from ddtree_deploy.cli import app
 
-import sglang_host
+from ddtree_deploy.sandbox import hostenv as sglang_host
 
 pytestmark = pytest.mark.sglang_env
 

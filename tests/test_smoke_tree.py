@@ -30,9 +30,8 @@ from ddtree_deploy.inventory import load_host
 from ddtree_deploy.series import PatchEntry, load_family
 from ddtree_deploy.transport import transport_for
 
-import sglang_host
-from sshd_host import SSHServer
-from sshd_host import TestHost as SandboxHost  # aliased: pytest would try to collect a Test* class
+from ddtree_deploy.sandbox import hostenv as sglang_host
+from ddtree_deploy.sandbox import SandboxHost, SSHServer
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
 
@@ -96,13 +95,13 @@ def sshd(tmp_path_factory):
         yield server
 
 
-@pytest.fixture(scope="module")
-def tree_host(sshd, patched, tmp_path_factory):
-    """One host: the patched release, the kernel stand-in, tiny model folders for the cli level."""
-    root = tmp_path_factory.mktemp("tree-host")
-    env = sglang_host.make_host_env(root / "env", overlay=patched)
+def sandbox_tree_host(sshd, root: Path, name: str, overlay: dict[str, bytes], *, version: str,
+                      device: str):
+    """A host on ``sshd``: the patched release, the kernel stand-in, tiny model folders for
+    the cli level (launched with ``--device <device>``); (SandboxHost, its inventory's Host)."""
+    env = sglang_host.make_host_env(root / "env", overlay=overlay, version=version)
     sglang_host.write_kernel_standin(env.site_packages)  # STAND-IN for sgl_kernel (CUDA)
-    test_host = SandboxHost(name="h-tree", server=sshd, python=env.python, site=env.site_packages,
+    test_host = SandboxHost(name=name, server=sshd, python=env.python, site=env.site_packages,
                             state_dir=root / "state")
     inv = test_host.inventory(root / "hosts")
     with open(inv, "a") as fh:
@@ -113,10 +112,17 @@ def tree_host(sshd, patched, tmp_path_factory):
             model = "{MODELS / 'tiny-llama'}"
             draft_model = "{MODELS / 'tiny-dflash-draft'}"
             budget = 20
-            extra_args = ["--device", "cpu", "--attention-backend", "triton", "--skip-tokenizer-init"]
+            extra_args = ["--device", "{device}", "--attention-backend", "triton", "--skip-tokenizer-init"]
             gpu = false
         """))
     return test_host, load_host(str(inv))
+
+
+@pytest.fixture(scope="module")
+def tree_host(sshd, patched, tmp_path_factory):
+    """One host: the patched 0.5.12.post1 release."""
+    return sandbox_tree_host(sshd, tmp_path_factory.mktemp("tree-host"), "h-tree", patched,
+                             version="0.5.12.post1", device="cpu")
 
 
 def run_levels(tree_host, series, levels, files: dict[str, str], *, probe_only=False):
@@ -252,25 +258,9 @@ def patched_v2(series_v2) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def tree_host_v2(sshd, patched_v2, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tree-host-v2")
-    env = sglang_host.make_host_env(root / "env", overlay=patched_v2, version="0.5.23")
-    sglang_host.write_kernel_standin(env.site_packages)  # STAND-IN for sgl_kernel (CUDA)
-    test_host = SandboxHost(name="h-tree-v2", server=sshd, python=env.python, site=env.site_packages,
-                            state_dir=root / "state")
-    inv = test_host.inventory(root / "hosts")
-    with open(inv, "a") as fh:
-        fh.write(textwrap.dedent(f"""
-            [smoke]
-            levels = ["import", "cli"]
-            [smoke.launch]
-            model = "{MODELS / 'tiny-llama'}"
-            draft_model = "{MODELS / 'tiny-dflash-draft'}"
-            budget = 20
-            # 0.5.14+: DFlash's resolution refuses --device cpu; resolving with cuda needs no GPU.
-            extra_args = ["--device", "cuda", "--attention-backend", "triton", "--skip-tokenizer-init"]
-            gpu = false
-        """))
-    return test_host, load_host(str(inv))
+    # 0.5.14+: DFlash's resolution refuses --device cpu; resolving with cuda needs no GPU.
+    return sandbox_tree_host(sshd, tmp_path_factory.mktemp("tree-host-v2"), "h-tree-v2", patched_v2,
+                             version="0.5.23", device="cuda")
 
 
 def test_v2_family_resolves_ddtree_to_its_tree_worker(tree_host_v2, series_v2, patched_v2):

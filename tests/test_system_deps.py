@@ -20,7 +20,7 @@ SCRIPT = REPO / "scripts" / "system-deps.sh"
 TOOLS = ("bash", "env", "id", "grep", "make", "git", "rsync", "patch", "sshd")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sshd_host  # noqa: E402
+from ddtree_deploy.sandbox import sshd as sshd_host  # noqa: E402
 
 
 def _bin(tmp: Path, hide: tuple[str, ...] = ()) -> Path:

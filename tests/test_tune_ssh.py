@@ -31,9 +31,8 @@ from ddtree_deploy.inventory import load_host
 from ddtree_deploy.series import load_family
 from ddtree_deploy.transport import transport_for
 
-import sglang_host
-from sshd_host import SSHServer, free_port
-from sshd_host import TestHost as SandboxHost  # aliased: pytest would try to collect a Test* class
+from ddtree_deploy.sandbox import hostenv as sglang_host
+from ddtree_deploy.sandbox import SandboxHost, SSHServer, free_port
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
 

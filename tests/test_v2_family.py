@@ -39,7 +39,7 @@ def test_family_range_is_the_releases_it_is_proven_on():
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_check_release_applies_and_compiles(version, tmp_path):
-    from sglang_host import release_wheel
+    from ddtree_deploy.sandbox import release_wheel
 
     release_wheel(version)  # cached once (sha256-checked against PyPI)
     done = subprocess.run(
@@ -63,7 +63,7 @@ def _env() -> dict:
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_gnu_patch_agrees_with_the_check_layer(version, tmp_path):
-    from sglang_host import pristine_files
+    from ddtree_deploy.sandbox import pristine_files
 
     from ddtree_deploy.check import check_series
     from ddtree_deploy.series import PatchEntry, load_family

@@ -67,7 +67,7 @@ ACCEPTED = [name for name, (_, want) in CASES.items() if isinstance(want, dict)]
 
 
 def _family_overlay(version: str, family: Path = FAMILY) -> dict[str, bytes]:
-    from sglang_host import pristine_files
+    from ddtree_deploy.sandbox import pristine_files
 
     from ddtree_deploy.check import check_series
     from ddtree_deploy.series import load_family
@@ -80,7 +80,7 @@ def _family_overlay(version: str, family: Path = FAMILY) -> dict[str, bytes]:
 
 
 def _probe(env, what: str, *args: str) -> dict:
-    from sglang_host import run_python
+    from ddtree_deploy.sandbox import run_python
 
     run = run_python(env, [__file__, what, str(MODELS), *args], timeout=900)
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith(PROBE_TAG)]
@@ -92,7 +92,7 @@ def _probe(env, what: str, *args: str) -> dict:
 
 @pytest.fixture(scope="module")
 def patched_env(tmp_path_factory):
-    from sglang_host import make_host_env
+    from ddtree_deploy.sandbox import make_host_env
 
     return make_host_env(tmp_path_factory.mktemp("v2") / "patched", overlay=_family_overlay(RELEASE),
                          version=RELEASE)
@@ -180,7 +180,7 @@ def test_the_server_info_report_hook_is_applied_in_the_scheduler(resolved):
 
 
 def test_launch_server_help_lists_the_flags(patched_env):
-    from sglang_host import run_python
+    from ddtree_deploy.sandbox import run_python
 
     run = run_python(patched_env, ["-m", "sglang.launch_server", "--help"], timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -192,7 +192,7 @@ def test_launch_server_help_lists_the_flags(patched_env):
 def test_pristine_release_baseline(tmp_path):
     # The same probe on the unpatched 0.5.23: DFLASH resolves as DFlash (verify width = the
     # block, topk 1) and DDTREE is unknown, so the cases above measure the family.
-    from sglang_host import make_host_env
+    from ddtree_deploy.sandbox import make_host_env
 
     env = make_host_env(tmp_path / "pristine", version=RELEASE)
     got = _probe(env, "resolve", json.dumps({"dflash": {"speculative_algorithm": "DFLASH"}, "ddtree": {}}))

@@ -271,7 +271,7 @@ def _family_overlay(work: Path) -> dict[str, bytes]:
     import shutil
     import subprocess
 
-    from sglang_host import pristine_files
+    from ddtree_deploy.sandbox import pristine_files
 
     entries = [line.split("#", 1)[0].split() for line in (FAMILY / "series").read_text()
                .splitlines()]
@@ -301,7 +301,7 @@ def _family_overlay(work: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def probe_results(tmp_path_factory) -> dict:
-    from sglang_host import make_host_env, run_python
+    from ddtree_deploy.sandbox import make_host_env, run_python
 
     overlay = _family_overlay(tmp_path_factory.mktemp("series"))
     assert {f"sglang/srt/speculative/{name}.py" for name in PAYLOAD} <= set(overlay)

@@ -43,7 +43,7 @@ def test_helper_is_stdlib_only_at_module_level_and_has_three_commands():
 
 
 def test_install_step_lays_down_a_compiling_patched_release(tmp_path):
-    from sglang_host import release_wheel
+    from ddtree_deploy.sandbox import release_wheel
 
     site = tmp_path / "sp"
     run = subprocess.run(
@@ -73,7 +73,7 @@ def test_kernels_step_runs_on_cpu_against_the_patched_release(tmp_path):
     import json
 
     import v2_kernel_standins as ks
-    from sglang_host import make_host_env, run_python
+    from ddtree_deploy.sandbox import make_host_env, run_python
     from test_v2_worker import RELEASE, _family_overlay
 
     (tmp_path / "series").mkdir()

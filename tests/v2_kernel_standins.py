@@ -221,7 +221,7 @@ def install_as_sgl_kernel(dest) -> str:
     tests/sglang_host.py plus the ops above; return ``dest`` (for PYTHONPATH)."""
     from pathlib import Path
 
-    import sglang_host
+    from ddtree_deploy.sandbox import hostenv as sglang_host
 
     folder = sglang_host.write_kernel_standin(Path(dest))
     init = folder / "sgl_kernel" / "__init__.py"

@@ -1,17 +1,19 @@
-"""Host environments for tests: a Python with a REAL SGLang release installed.
+"""Sandbox host environments: a Python with a REAL SGLang release installed.
 
 A "host environment" stands in for a GPU host's interpreter, minus the GPU: a venv
 made from the base interpreter (no pip), whose site-packages holds the SGLang
 release wheel's files exactly as pip would install them (``--no-deps``), optionally
-overlaid with patched files, plus a ``.pth`` file that adds the project venv's
-site-packages (torch, transformers, ... are shared, never reinstalled per test).
+overlaid with patched files, plus a ``.pth`` file that adds the running venv's
+site-packages (torch, transformers, ... are shared, never reinstalled per host).
 The host's own site-packages comes first on ``sys.path``, so its ``sglang`` wins.
 
-Helpers for test modules (not a test module itself):
+Used by the demo (``python -m ddtree_deploy.demo``), the benchmarks and the tests:
 
     release_wheel(version)                      -> Path of the cached wheel (downloads once)
     pristine_files(version, paths=None)         -> {package-relative path: bytes}
     make_host_env(dest, *, overlay=None, version) -> HostEnv(python, site_packages)
+    make_python_env(dest, files=None, version)  -> (python, site-packages): only some files,
+                                                   no shared venv (for deploy tests: fast)
     write_kernel_standin(dest)                  -> folder to put on PYTHONPATH (see there)
     run_python(env, code_or_args, ...)          -> subprocess.CompletedProcess
 """
@@ -191,6 +193,31 @@ def make_host_env(
         f"import site; site.addsitedir({str(_shared_site_packages())!r})\n"
     )
     return HostEnv(python=python, site_packages=site_packages)
+
+
+def make_python_env(dest: Path, files: list[str] | None = None,
+                    version: str = BASELINE_RELEASE) -> tuple[Path, Path]:
+    """A bare venv at ``dest`` whose site-packages holds SGLang's real files and dist-info,
+    without the shared venv (nothing there imports torch): what push/status/rollback need.
+
+    ``files``: package-relative paths to extract (plus every ``__init__.py`` on their way
+    and sglang/version.py); None extracts the whole package. Returns (python, site-packages).
+    """
+    dest = Path(dest)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
+    (site,) = dest.glob("lib/python3*/site-packages")
+    wanted = None
+    if files is not None:
+        wanted = set(files) | {"sglang/__init__.py", "sglang/version.py"}
+        for f in files:
+            parts = f.split("/")
+            for i in range(1, len(parts)):
+                wanted.add("/".join(parts[:i]) + "/__init__.py")
+    with zipfile.ZipFile(release_wheel(version)) as whl:
+        for name in whl.namelist():
+            if ".dist-info/" in name or (name.startswith("sglang/") and (wanted is None or name in wanted)):
+                whl.extract(name, site)
+    return dest / "bin" / "python", site
 
 
 def run_python(

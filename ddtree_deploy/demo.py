@@ -1,4 +1,6 @@
-"""`make demo`: the whole job against a sandbox host built on this machine, then cleaned up.
+"""The demo: the whole job against a sandbox host built on this machine, then cleaned up.
+
+    python -m ddtree_deploy.demo      # from a checkout (`make demo`) or an installed wheel
 
 1. A sandbox "GPU host" without the GPU: a Python environment holding the real SGLang
    0.5.12.post1 files from the PyPI wheel (cached after the first download, so the demo
@@ -9,7 +11,12 @@
    check -> push (then the smoke levels the sandbox supports: compile, import, cli;
    launch needs a GPU) -> status -> rollback -> status.
 3. Everything it made (sshd, sandbox, snapshots) lives in one temporary folder, removed
-   at the end whatever happened; the repository is left as it was.
+   at the end whatever happened; the repository (or the installed package) is left as it
+   was, and the commands run in that folder, so nothing depends on the current directory.
+
+The sandbox pieces are ddtree_deploy.sandbox (shared with the tests and benchmarks); the
+tiny model configs come from the checkout's tests/data/models, or from the copy the wheel
+carries under ddtree_deploy/_data/models (setup.py).
 """
 
 from __future__ import annotations
@@ -23,14 +30,14 @@ import textwrap
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))  # the sandbox builders are the test suite's own
-
-from ddtree_deploy import releases  # noqa: E402
-from ddtree_deploy.errors import DeployError  # noqa: E402
+from ddtree_deploy import releases
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.locations import PACKAGE_DATA, REPO_ROOT, in_checkout
+from ddtree_deploy.sandbox import SSHServer, make_host_env
 
 VERSION = "0.5.12.post1"  # the release the DDTree series is made against
-MODELS = REPO / "tests" / "data" / "models"  # tiny model CONFIGS (no weights): enough for validation
+# Tiny model CONFIGS (no weights): enough for the cli level's validation.
+MODELS = REPO_ROOT / "tests" / "data" / "models" if in_checkout() else PACKAGE_DATA / "models"
 # The import level skips the worker module: it imports sgl_kernel, which needs CUDA libraries.
 # Patched modules that import sgl_kernel (CUDA) at module level: the sandbox cannot import them.
 NO_CUDA = ", ".join(f'"{m}"' for m in (
@@ -41,10 +48,12 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def run(args: list[str], env: dict[str, str]) -> int:
+def run(args: list[str], env: dict[str, str], cwd: Path) -> int:
     say(f"\n$ {shlex.join(['ddtree-deploy', *args])}")
+    # The console script of this interpreter's environment (a venv, pipx), else the module.
     exe = Path(sys.executable).parent / "ddtree-deploy"
-    return subprocess.run([str(exe), *args], env=env, cwd=REPO).returncode
+    argv = [str(exe)] if exe.is_file() else [sys.executable, "-m", "ddtree_deploy"]
+    return subprocess.run([*argv, *args], env=env, cwd=cwd).returncode
 
 
 def smoke_table() -> str:
@@ -66,8 +75,6 @@ def smoke_table() -> str:
 
 def start_sshd(workdir: Path):
     """A loopback sshd for the sandbox, or (None, why not)."""
-    from sshd_host import SSHServer
-
     server = SSHServer(workdir)
     try:
         server.start()
@@ -111,8 +118,6 @@ def main() -> int:
     say(f"SGLang wheel: {wheel}")
     with tempfile.TemporaryDirectory(prefix="ddtree-demo-") as name:
         tmp = Path(name)
-        from sglang_host import make_host_env
-
         env = make_host_env(tmp / "sandbox-env")
         say(f"sandbox host: {env.python} (SGLang {VERSION} files in {env.site_packages})")
         sshd, why = start_sshd(tmp / "sshd")
@@ -134,7 +139,7 @@ def main() -> int:
                 ["status", "--host", inventory],
             ]
             for args in steps:
-                rc = run(args, cli_env)
+                rc = run(args, cli_env, tmp)
                 if rc != 0:
                     say(f"\ndemo: `ddtree-deploy {args[0]}` exited {rc}")
                     return rc

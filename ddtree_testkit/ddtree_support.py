@@ -1,26 +1,23 @@
 """Shared helpers for the DDTree core tests: the module under test, the device, a tiny Llama.
 
-The module is imported by path from payload/ (it is installed into SGLang as
-sglang/srt/speculative/ddtree_utils.py; importing it as a top-level `ddtree_utils` can never
-shadow a real `sglang`). DDTREE_TEST_DEVICE=cuda runs the tests on a GPU.
+The module is imported from payload/ through ddtree_testkit.payload (it is installed into
+SGLang as sglang/srt/speculative/ddtree_utils.py; importing it as a top-level `ddtree_utils`
+can never shadow a real `sglang`). Used by tests/test_ddtree_*.py and bench/ddtree_bench.py.
+DDTREE_TEST_DEVICE=cuda runs the tests on a GPU.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO / "payload") not in sys.path:
-    sys.path.insert(0, str(REPO / "payload"))
+from ddtree_testkit import payload
 
-import ddtree_utils  # noqa: E402
+ddtree_utils = payload("ddtree_utils")
 
 DEVICE = torch.device(os.environ.get("DDTREE_TEST_DEVICE", "cpu"))
 

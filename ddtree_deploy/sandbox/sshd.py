@@ -1,0 +1,215 @@
+"""A real OpenSSH sshd on loopback, and the sandbox hosts it serves.
+
+Used by the demo (``python -m ddtree_deploy.demo``), the benchmarks and the tests:
+
+    with SSHServer(tmp) as sshd:                  # own host keys, port, authorized key
+        host = sshd.add_host("h1", tmp / "h1")    # own venv + site-packages with SGLang 0.5.12.post1
+        host.inventory()                          # writes <hosts dir>/h1.toml for the CLI
+
+The client side never touches the user's ~/.ssh: each server has its own known_hosts,
+identity file and (empty) ssh config, all named in the generated inventory.
+Nothing here is a stand-in: sshd is OpenSSH, the SGLang files come from the release wheel.
+sshd runs as the current user (no root needed), on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddtree_deploy.sandbox.hostenv import make_python_env
+
+SSHD = "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def require_openssh() -> None:
+    """sshd and ssh-keygen are there, or one clear line naming the package (under pytest a
+    plain failure without a traceback; the demo gets a RuntimeError it reports)."""
+    missing = [name for name, path in (("sshd", SSHD), ("ssh-keygen", shutil.which("ssh-keygen")))
+               if not path or not os.access(path, os.X_OK)]
+    if not missing:
+        return
+    message = (f"{' and '.join(missing)} not found (sshd is looked for at {SSHD}): install openssh-server "
+               f"(apt-get install -y openssh-server; `make test` does it when run as root)")
+    if "pytest" in sys.modules:
+        import pytest
+
+        pytest.fail(message, pytrace=False)
+    raise RuntimeError(message)
+
+
+@dataclass
+class SandboxHost:
+    """One host served by an SSHServer: its own interpreter, package root and state dir."""
+
+    __test__ = False  # never collected by pytest, whatever a test module names it
+
+    name: str
+    server: "SSHServer"
+    python: Path
+    site: Path  # the package root (holds sglang/)
+    state_dir: Path
+    extra: dict = field(default_factory=dict)
+
+    def file(self, rel: str) -> Path:
+        return self.site / rel
+
+    def read(self, rel: str) -> bytes | None:
+        p = self.file(rel)
+        return p.read_bytes() if p.exists() else None
+
+    def inventory(self, hosts_dir: Path | None = None, *, port: int | None = None,
+                  smoke_levels: list[str] | None = None, **host_keys) -> Path:
+        """Write ``<hosts_dir>/<name>.toml`` for this host and return its path.
+
+        ``smoke_levels``: when given, a ``[smoke]`` table with those levels (``[]``: no smoke
+        after push); else no table (the smoke's defaults apply, or append your own).
+        """
+        hosts_dir = hosts_dir or self.server.hosts_dir
+        hosts_dir.mkdir(parents=True, exist_ok=True)
+        s = self.server
+        table = {"python": str(self.python), "state_dir": str(self.state_dir), **host_keys}
+        lines = [
+            "[ssh]",
+            'host = "127.0.0.1"',
+            f'user = "{s.user}"',
+            f"port = {port or s.port}",
+            f"identity_file = {_toml_str(s.identity)}",
+            f"known_hosts = {_toml_str(s.known_hosts)}",
+            f"ssh_config = {_toml_str(s.ssh_config)}",
+            "connect_timeout = 5",
+            "",
+            "[host]",
+        ]
+        for k, v in table.items():
+            lines.append(f"{k} = {_toml_value(v)}")
+        if smoke_levels is not None:
+            lines += ["", "[smoke]", "levels = [" + ", ".join(_toml_str(x) for x in smoke_levels) + "]"]
+        path = hosts_dir / f"{self.name}.toml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+
+def _toml_str(value) -> str:
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return _toml_str(v)
+
+
+class SSHServer:
+    """OpenSSH's sshd on 127.0.0.1:<free port>, with generated keys; killed on exit."""
+
+    def __init__(self, workdir: Path):
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.user = os.environ.get("USER") or __import__("getpass").getuser()
+        self.identity = self.dir / "client_ed25519"
+        self.known_hosts = self.dir / "known_hosts"
+        self.ssh_config = self.dir / "ssh_config"
+        self.hosts_dir = self.dir / "hosts"
+        self.host_key = self.dir / "ssh_host_ed25519_key"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "SSHServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        require_openssh()
+        keygen = ["ssh-keygen", "-q", "-t", "ed25519", "-N", ""]
+        subprocess.run([*keygen, "-f", str(self.host_key)], check=True)
+        subprocess.run([*keygen, "-f", str(self.identity)], check=True)
+        shutil.copy(f"{self.identity}.pub", self.dir / "authorized_keys")
+        self.ssh_config.write_text("")  # never the user's own ~/.ssh/config
+        self.trust()
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+        config = self.dir / "sshd_config"
+        config.write_text(
+            "\n".join([
+                f"Port {self.port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {self.host_key}",
+                f"PidFile {self.dir / 'sshd.pid'}",
+                f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
+                "StrictModes no",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PermitRootLogin prohibit-password",
+                "UsePAM no",
+                "MaxStartups 50",
+                "MaxSessions 50",
+                "LogLevel ERROR",
+                "Subsystem sftp internal-sftp",
+                "",
+            ])
+        )
+        self.log = open(self.dir / "sshd.log", "wb")
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"sshd did not start: {(self.dir / 'sshd.log').read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def host_key_line(self, port: int | None = None) -> str:
+        pub = Path(f"{self.host_key}.pub").read_text().split()
+        return f"[127.0.0.1]:{port or self.port} {pub[0]} {pub[1]}\n"
+
+    def trust(self, port: int | None = None) -> None:
+        """Record this server's key in the client's known_hosts (for ``port``, e.g. a proxy's)."""
+        with open(self.known_hosts, "a") as f:
+            f.write(self.host_key_line(port))
+
+    def forget(self) -> None:
+        self.known_hosts.write_text("")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)  # sshd and its session children
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            self.proc = None
+            self.log.close()
+
+    def add_host(self, name: str, root: Path, files: list[str] | None = None) -> SandboxHost:
+        """A new host on this server: its own venv, site-packages and state folder under ``root``."""
+        python, site = make_python_env(Path(root) / "env", files)
+        return SandboxHost(name=name, server=self, python=python, site=site, state_dir=Path(root) / "state")

@@ -1,0 +1,36 @@
+"""Test support shared by tests/ and bench/: never shipped in the wheel, never imported by
+ddtree_deploy.
+
+A top-level package of the checkout, like bench/: importable from the repository root
+(`python -m bench`, `python -m pytest`; pyproject's [tool.pytest.ini_options] pythonpath
+names the root, so a bare `pytest` from anywhere finds it too). What the demo needs at run
+time (sandbox hosts, the loopback sshd) is ddtree_deploy.sandbox instead, which the wheel
+ships.
+
+    ddtree_testkit.payload(name)   the payload module ``name`` (payload/<name>.py), imported
+                                   as a top-level module
+    ddtree_testkit.ddtree_support  the DDTree core tests' helpers: ddtree_utils, the device,
+                                   a tiny float64 Llama, greedy and DDTree decoders
+
+Payload modules are SGLang drop-ins (installed as sglang/srt/speculative/<name>.py on a
+host), so on this machine they are imported as top-level modules from the payload folder
+that ddtree_deploy.locations names (the checkout's payload/, or DDTREE_DEPLOY_PAYLOAD):
+one place decides where that folder is, nothing hard-codes a path. A top-level
+``ddtree_utils`` can never shadow a real ``sglang``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from types import ModuleType
+
+from ddtree_deploy.locations import repo_dir
+
+
+def payload(name: str) -> ModuleType:
+    """Import payload/<name>.py as the top-level module ``name`` (once per process)."""
+    folder = str(repo_dir("payload"))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)
