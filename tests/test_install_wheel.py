@@ -2,7 +2,8 @@
 
 Builds the real wheel (setup.py's build hook), installs it into a fresh venv outside the
 checkout and runs the installed `ddtree-deploy` from a temporary folder: `check` and
-`matrix --offline` must find the families from the wheel, not from the checkout.
+`matrix --offline` must find the families from the wheel, not from the checkout, and the
+demo (`python -m ddtree_deploy.demo`) must run its whole flow from the wheel alone.
 The fresh venv reuses the project venv's dependencies through a .pth line (a plain path,
 so the project's editable ddtree_deploy is NOT importable there: only the wheel's is).
 """
@@ -10,6 +11,7 @@ so the project's editable ddtree_deploy is NOT importable there: only the wheel'
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 RELEASE = "0.5.12.post1"
 # What the build needs from the checkout; copied so the build never writes into it.
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddtree_deploy", "patches", "payload")
+DEMO_MODELS = ("tiny-llama", "tiny-dflash-draft")
 
 
 def _copy_sources(dest: Path) -> None:
@@ -39,6 +42,8 @@ def _copy_sources(dest: Path) -> None:
     for manifest in (REPO / "snapshot").glob("*/MANIFEST.json"):
         (dest / "snapshot" / manifest.parent.name).mkdir(parents=True)
         shutil.copy2(manifest, dest / "snapshot" / manifest.parent.name / "MANIFEST.json")
+    for model in DEMO_MODELS:  # the demo's tiny model configs (setup.py ships them)
+        shutil.copytree(REPO / "tests" / "data" / "models" / model, dest / "tests" / "data" / "models" / model)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +92,10 @@ def test_the_wheel_carries_families_payload_and_manifests(installed):
         assert f"ddtree_deploy/_data/payload/{f.name}" in names
     for m in (REPO / "snapshot").glob("*/MANIFEST.json"):
         assert f"ddtree_deploy/_data/snapshot/{m.parent.name}/MANIFEST.json" in names
+    for model in DEMO_MODELS:
+        assert f"ddtree_deploy/_data/models/{model}/config.json" in names
+    assert "ddtree_deploy/demo.py" in names and "ddtree_deploy/sandbox/sshd.py" in names
+    assert not any(n.startswith(("ddtree_testkit/", "tests/", "bench/")) for n in names), "test support is not shipped"
     assert not any("/files/" in n for n in names), "SGLang's own files are never shipped"
 
 
@@ -123,3 +132,28 @@ def test_installed_version_is_the_wheels(installed):
     r = _run(installed, "--version")
     wheel_version = installed["wheel"].name.split("-")[1]
     assert (r.returncode, r.stdout) == (0, f"ddtree-deploy {wheel_version}\n")
+
+
+@pytest.mark.sshd
+def test_installed_demo_runs_the_whole_flow_from_a_temp_folder(installed):
+    """`python -m ddtree_deploy.demo` with only the wheel: sandbox host, loopback sshd, check,
+    push + the compile/import/cli smoke levels, status, rollback, status; nothing left behind."""
+    from ddtree_deploy.sandbox import require_openssh
+
+    require_openssh()  # one line naming openssh-server when sshd is missing, not a LOCAL fallback
+    tmp = installed["cwd"].parent / "demo-tmp"
+    tmp.mkdir()
+    env = {**installed["env"], "TMPDIR": str(tmp)}
+    r = subprocess.run([str(installed["python"]), "-m", "ddtree_deploy.demo"], cwd=installed["cwd"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    assert "transport: SSH to a real sshd on 127.0.0.1" in out, out[-4000:]
+    assert f"check ok: family sglang-0.5.12 on sglang-{RELEASE}" in out, out[-4000:]
+    for level in ("compile", "import", "cli"):  # the smoke levels push ran (cli read the shipped models)
+        assert re.search(rf"^ +{level} +passed ", out, re.M), (level, out[-4000:])
+    assert "smoke passed: journal marked deployed" in out
+    assert "phase: rolled-back" in out.split("$ ddtree-deploy status")[-1]  # back to pristine
+    assert "demo: done in" in out and "the sandbox and its sshd are gone" in out
+    assert list(tmp.iterdir()) == [], "the demo leaves nothing in its temp folder"
+    assert list(installed["cwd"].iterdir()) == [], "nor in the folder it ran from"
