@@ -6,7 +6,7 @@
    the series' SGLang 0.5.12.post1 files from the release wheel, answering JSON) against
    the two things it cannot avoid, measured here in the same run: starting an interpreter
    (`python -c pass`) and compiling the same files in this process.
-2. launch level against tests/standin_server.py (a STAND-IN for SGLang's server: no GPU
+2. launch level against ddtree_testkit/standin_server.py (a STAND-IN for SGLang's server: no GPU
    here): the full level (port check, start, readiness poll, /generate probe,
    /server_info, TERM of the process group, check that nothing is left) against a bare
    start-until-listening-then-kill of the same stand-in.
@@ -27,10 +27,10 @@ import zipfile
 from pathlib import Path
 
 from ddtree_deploy import releases, smoke_agent
+from ddtree_testkit import STANDIN_SERVER
 
-REPO = Path(__file__).resolve().parent.parent
 AGENT = Path(smoke_agent.__file__)
-STANDIN = REPO / "tests" / "standin_server.py"
+STANDIN = STANDIN_SERVER
 FILES = ["sglang/srt/speculative/spec_info.py", "sglang/srt/server_args.py",
          "sglang/srt/speculative/dflash_info.py", "sglang/srt/speculative/dflash_worker.py",
          "sglang/srt/speculative/spec_registry.py"]

@@ -9,6 +9,10 @@ ships.
 
     ddtree_testkit.payload(name)   the payload module ``name`` (payload/<name>.py), imported
                                    as a top-level module
+    STANDIN_SERVER                 standin_server.py: a STAND-IN for SGLang's HTTP server (the
+                                   launch smoke level on CPU); run as a script on a sandbox host
+    STANDIN_TUNE_SERVER            standin_tune_server.py: the same for `tune` (its documented
+                                   synthetic throughput model); imports standin_server beside it
     ddtree_testkit.ddtree_support  the DDTree core tests' helpers: ddtree_utils, the device,
                                    a tiny float64 Llama, greedy and DDTree decoders
 
@@ -23,9 +27,14 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 from types import ModuleType
 
 from ddtree_deploy.locations import repo_dir
+
+# Scripts a sandbox host's Python runs by path (stdlib only: the host has no ddtree_testkit).
+STANDIN_SERVER = Path(__file__).resolve().with_name("standin_server.py")
+STANDIN_TUNE_SERVER = Path(__file__).resolve().with_name("standin_tune_server.py")
 
 
 def payload(name: str) -> ModuleType:

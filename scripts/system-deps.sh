@@ -6,7 +6,7 @@
 # otherwise (or with DDTREE_DEPLOY_NO_SYSTEM_INSTALL=1, or --check) it stops with one line
 # saying exactly what to install, exit 1. Used by the Makefile and by .ci/run.
 # SSHD names the sshd binary to look for when it is not on PATH (default /usr/sbin/sshd,
-# where Debian puts it and where tests/sshd_host.py starts it).
+# where Debian puts it and where ddtree_deploy/sandbox/sshd.py starts it).
 set -euo pipefail
 
 no_install="${DDTREE_DEPLOY_NO_SYSTEM_INSTALL:-}"

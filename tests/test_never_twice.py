@@ -1,6 +1,6 @@
 """Never a change twice, on SGLang's own release-to-release diffs (issue 11 item 10).
 
-Real files from the PyPI wheels (tests/sglang_host.py), diffs made by GNU diff, GNU
+Real files from the PyPI wheels (ddtree_deploy/sandbox/hostenv.py), diffs made by GNU diff, GNU
 patch -N as the oracle. Each case is one the engine used to get wrong:
 
 - eagle_utils.py's 0.5.14 -> 0.5.16 change, checked against 0.5.16: every hunk is there

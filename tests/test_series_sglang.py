@@ -5,7 +5,7 @@ other release, 0.5.12 / 0.5.13, ships the same files: checked below).
 The series (patches/sglang-0.5.1x/) is applied in memory by the toolkit's check layer
 to the release wheel's own files (every hunk exact; GNU patch and git apply, the
 oracles, must give the same bytes). The results are overlaid on a host environment
-(tests/sglang_host.py: a venv with the wheel installed), whose interpreter runs the
+(ddtree_deploy/sandbox/hostenv.py: a venv with the wheel installed), whose interpreter runs the
 probes at the bottom of this file in subprocesses: imports, the launch_server CLI,
 real ``ServerArgs`` validation on tiny config-only model folders (tests/data/models/),
 and the hybrid gate against SGLang's own runtime test. A pristine host environment runs

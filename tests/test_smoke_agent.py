@@ -1,7 +1,7 @@
 """The host-side smoke program, run the way a host runs it: a separate interpreter,
 a JSON request on stdin, a JSON answer on stdout.
 
-The launch cases start tests/standin_server.py, a STAND-IN for SGLang's server (this
+The launch cases start ddtree_testkit/standin_server.py, a STAND-IN for SGLang's server (this
 machine has no GPU), and check after every case that no process of the server's group
 is left running.
 """
@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy import smoke_agent
+from ddtree_testkit import STANDIN_SERVER
 
 AGENT = Path(smoke_agent.__file__)
-STANDIN = Path(__file__).with_name("standin_server.py")
+STANDIN = STANDIN_SERVER
 
 
 def run_agent(request: dict, env: dict | None = None, timeout: float = 120) -> dict:

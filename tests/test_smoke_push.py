@@ -1,7 +1,7 @@
 """`ddtree-deploy push` runs the host's smoke levels after its switch and rolls back by
 itself when one fails (`--no-rollback` keeps the new files). Through the CLI, on a
 local-transport host whose Python has the real SGLang 0.5.12.post1 files and imports them
-(CPU dependencies shared from the project venv: tests/sglang_host.py).
+(CPU dependencies shared from the project venv: ddtree_deploy/sandbox/hostenv.py).
 
 The series is the real one plus one new module whose import fails: `check` is clean (it
 compiles), so only the smoke can catch it.

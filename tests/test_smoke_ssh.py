@@ -1,11 +1,11 @@
 """The smoke after a real push, over a real sshd on loopback, on a host whose Python has
 the real SGLang 0.5.12.post1 files (and the CPU dependencies its imports need, shared
-from the project venv: tests/sglang_host.py).
+from the project venv: ddtree_deploy/sandbox/hostenv.py).
 
 - compile, import and cli run for real after a real push of the real DDTree series;
 - a broken series fails the smoke and the host is rolled back to pristine, verified by
   sha256 against the release wheel's own bytes;
-- the launch level runs over SSH against tests/standin_server.py, a STAND-IN for the
+- the launch level runs over SSH against ddtree_testkit/standin_server.py, a STAND-IN for the
   SGLang server (no GPU here), and leaves no process behind.
 
 The import level skips ``sglang.srt.speculative.dflash_worker`` (and the scheduler, which the
@@ -33,13 +33,14 @@ from ddtree_deploy.transport import transport_for
 
 from ddtree_deploy.sandbox import hostenv as sglang_host
 from ddtree_deploy.sandbox import SandboxHost, SSHServer, free_port
+from ddtree_testkit import STANDIN_SERVER
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
 
 REPO = Path(__file__).resolve().parent.parent
 FAMILY = REPO / "patches" / "sglang-0.5.12"
 MODELS = REPO / "tests" / "data" / "models"
-STANDIN = REPO / "tests" / "standin_server.py"
+STANDIN = STANDIN_SERVER
 
 
 def smoke_table(levels, launch_extra=""):

@@ -4,7 +4,7 @@ real sshd on loopback: "never silently linear".
 
 The host Python is a venv with the release wheel's files, the series applied to them (in
 memory, by the toolkit's own check) and the project venv's CPU dependencies shared
-(tests/sglang_host.py). Resolving the worker class imports ``dflash_worker``, which imports
+(ddtree_deploy/sandbox/hostenv.py). Resolving the worker class imports ``dflash_worker``, which imports
 ``sgl_kernel`` (CUDA): the host gets ``sglang_host.write_kernel_standin``, a named STAND-IN
 whose every kernel raises when called (nothing here calls one). Everything else is real:
 argparse, ``ServerArgs`` and its DDTREE validation, ``SpeculativeAlgorithm.from_string`` and

@@ -3,7 +3,7 @@ real inventory file (tomlkit), the plot file, argv building, and every bad-input
 CLI (exit 2, nothing launched). The sweep against a host: tests/test_tune_ssh.py.
 
 The synthetic "host" below is the stand-in server's own performance model
-(tests/standin_tune_server.py), evaluated directly: the planner is tested against the same
+(ddtree_testkit/standin_tune_server.py), evaluated directly: the planner is tested against the same
 landscape the end-to-end test measures.
 """
 
@@ -23,7 +23,7 @@ from ddtree_deploy.smoke import FamilySmoke, LaunchSettings
 from ddtree_deploy.tune import Config, Measure, Record, TuneOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import standin_tune_server as model  # noqa: E402  (the stand-in's documented model)
+from ddtree_testkit import standin_tune_server as model  # noqa: E402  (the stand-in's documented model)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """DDTREE server arguments on the REAL patched SGLang 0.5.23, on CPU (the v2 family).
 
 The family (patches/sglang-0.5.20/) is applied in memory by the toolkit's check layer to the
-0.5.23 wheel's own files, overlaid on a host environment (tests/sglang_host.py), and its
+0.5.23 wheel's own files, overlaid on a host environment (ddtree_deploy/sandbox/hostenv.py), and its
 interpreter runs the probe at the bottom of this file: real ``ServerArgs`` on the tiny
 config-only model folders of tests/data/models, resolved by SGLang's own pipeline
 (``resolve_once``), then published to the runtime context as a scheduler would. ``device``

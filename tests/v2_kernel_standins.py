@@ -218,7 +218,7 @@ def tree_speculative_sampling_target_only(
 
 def install_as_sgl_kernel(dest) -> str:
     """Write a ``sgl_kernel`` package under ``dest`` = the generic raising stand-in of
-    tests/sglang_host.py plus the ops above; return ``dest`` (for PYTHONPATH)."""
+    ddtree_deploy/sandbox/hostenv.py plus the ops above; return ``dest`` (for PYTHONPATH)."""
     from pathlib import Path
 
     from ddtree_deploy.sandbox import hostenv as sglang_host

@@ -2,7 +2,7 @@
 
 `tune` launches the host's server once per configuration and drives it with SGLang's own
 ``python -m sglang.bench_serving``. This machine has no GPU, so the tests launch this
-stdlib HTTP server instead. It takes the launch flags of tests/standin_server.py (reused
+stdlib HTTP server instead. It takes the launch flags of ddtree_testkit/standin_server.py (reused
 by import: ``standin_server.parse``) plus the DDTree top-K and its own model knobs, and
 serves what bench_serving 0.5.12.post1 calls (read from its source), with SGLang's shapes:
 
@@ -53,8 +53,13 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import standin_server  # noqa: E402  (the launch smoke's stand-in: its flags and ready line)
+# The launch smoke's stand-in (its flags and ready line): a package import under the tests,
+# its sibling file when a sandbox host's Python runs this file as a script.
+if __package__:
+    from ddtree_testkit import standin_server
+else:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import standin_server  # noqa: E402
 
 T0, TD, TW = 30.0, 6.0, 0.6
 CHAIN_ACCEPT = 3.0
