@@ -2,7 +2,7 @@
 SGLang 0.5.12.post1 release and the real DDTree series pushed, and SGLang's OWN
 ``python -m sglang.bench_serving`` from that release driving the load.
 
-The server is tests/standin_tune_server.py, a STAND-IN for SGLang's server (no GPU here):
+The server is ddtree_testkit/standin_tune_server.py, a STAND-IN for SGLang's server (no GPU here):
 its throughput and accept length follow the synthetic model documented there, so the
 sweep's choice is known in advance. The tokenizer bench_serving loads is a real
 ``transformers`` fast tokenizer built here (a word-level vocabulary; no download).
@@ -33,12 +33,13 @@ from ddtree_deploy.transport import transport_for
 
 from ddtree_deploy.sandbox import hostenv as sglang_host
 from ddtree_deploy.sandbox import SandboxHost, SSHServer, free_port
+from ddtree_testkit import STANDIN_TUNE_SERVER
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
 
 REPO = Path(__file__).resolve().parent.parent
 FAMILY = REPO / "patches" / "sglang-0.5.12"
-STANDIN = REPO / "tests" / "standin_tune_server.py"
+STANDIN = STANDIN_TUNE_SERVER
 CLI = [sys.executable, "-m", "ddtree_deploy"]
 
 
@@ -67,7 +68,7 @@ def launch_table(model: Path, port: int, extra: list[str]) -> str:
         [smoke]
         levels = ["compile"]
 
-        # The launch settings tune uses. STAND-IN server (no GPU here): see tests/standin_tune_server.py.
+        # The launch settings tune uses. STAND-IN server (no GPU here): see ddtree_testkit/standin_tune_server.py.
         [smoke.launch]
         model = {json.dumps(str(model))}   # the model folder (a tokenizer only)
         draft_model = {json.dumps(str(model))}
@@ -162,7 +163,7 @@ def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, 
     assert failed["error"].startswith("OOM: the server exited with code 1 before it was ready"), failed
     assert doc["failed"] == ["ddtree-b32-k2"]
     choice = doc["choice"]
-    # The model: B=8 K=2 ~ +19% over the DFlash chain, ~+30% over B=2 (tests/standin_tune_server.py).
+    # The model: B=8 K=2 ~ +19% over the DFlash chain, ~+30% over B=2 (ddtree_testkit/standin_tune_server.py).
     assert (choice["best"], choice["budget"], choice["topk"]) == ("ddtree-b8-k2", 8, 2)
     assert choice["gain_pct"] > 5 and choice["second"] == "ddtree-b2-k2" and choice["margin_pct"] > 10
     assert choice["noise_pct"] is None  # --repeats 0: said so, never invented
