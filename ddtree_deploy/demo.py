@@ -4,8 +4,9 @@
 
 1. A sandbox "GPU host" without the GPU: a Python environment holding the real SGLang
    0.5.12.post1 files from the PyPI wheel (cached after the first download, so the demo
-   runs offline afterwards), importing the rest of SGLang's CPU dependencies from this
-   project's venv. It is reached through a real OpenSSH sshd on loopback when one can be
+   runs offline afterwards), importing the rest of SGLang's CPU dependencies (torch,
+   transformers, ...) from the environment running the demo: a checkout's .venv, or
+   whatever an installed toolkit has beside it (checked first: one line when missing). It is reached through a real OpenSSH sshd on loopback when one can be
    started here, else through the local transport (said on screen).
 2. The real commands, each printed before it runs, with their real output:
    check -> push (then the smoke levels the sandbox supports: compile, import, cli;
@@ -21,6 +22,7 @@ carries under ddtree_deploy/_data/models (setup.py).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import subprocess
@@ -106,10 +108,21 @@ def write_inventory(tmp: Path, python: Path, sshd) -> Path:
     return path
 
 
+def missing_cpu_deps() -> list[str]:
+    """SGLang's heavy CPU dependencies the sandbox host shares from this environment."""
+    return [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+
+
 def main() -> int:
     started = time.monotonic()
     say(f"ddtree-deploy demo: deploy the DDTree series into SGLang {VERSION} on a sandbox host, "
         "smoke it, roll it back.")
+    missing = missing_cpu_deps()
+    if missing:
+        say(f"demo: {', '.join(missing)} not importable here; the sandbox host imports SGLang's CPU "
+            f"dependencies from this Python environment: install them beside ddtree-deploy "
+            f"(a checkout's `make demo` does), then run the demo again")
+        return 2
     try:
         wheel = releases.ensure_wheel(VERSION)
     except DeployError as exc:
