@@ -272,7 +272,7 @@ all:
                        env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["hosts"] == ["h1", "h3"] and doc["groups"] == {"gpu": ["h1", "h3"]}
+    assert doc["imported_hosts"] == ["h1", "h3"] and doc["groups"] == {"gpu": ["h1", "h3"]}
     r = subprocess.run([*cli, "status", "--group", "gpu", "--json"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr + r.stdout
     status = json.loads(r.stdout)

@@ -31,6 +31,7 @@ from ddtree_deploy.inventory import load_host
 from ddtree_deploy.series import load_family
 from ddtree_deploy.transport import transport_for
 
+from envelope_check import check_envelope  # tests/envelope_check.py: the --json contract
 from ddtree_deploy.sandbox import hostenv as sglang_host
 from ddtree_deploy.sandbox import SandboxHost, SSHServer, free_port
 from ddtree_testkit import STANDIN_TUNE_SERVER
@@ -152,7 +153,7 @@ def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, 
                     "--output-len", "32", "--repeats", "0", "--out", str(out), "--apply", "--json"])
     seconds = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-4000:]
-    doc = json.loads(proc.stdout)
+    doc = check_envelope(proc.stdout, proc.returncode, "tune")  # docs/json-schema.json (test_json_envelope.py)
     runs = [(r["config"], r["stage"], r["status"]) for r in doc["runs"]]
     # The baseline, the coarse budgets (2 and 32: every other budget, both ends kept), then
     # the budget skipped next to the best (8). (The noise repeats are tested in test_tune.py:
@@ -330,7 +331,7 @@ def test_a_busy_port_stops_the_sweep_instead_of_failing_every_launch(tuned_host,
         inventory, port = write_inventory(h, ["--pid-file", str(pid_file)], port=busy.getsockname()[1])
         proc = run_cli(tune_args(inventory, tmp_path / "out", "--json"))
     assert proc.returncode == 1, proc.stderr[-2000:]
-    doc = json.loads(proc.stdout)
+    doc = check_envelope(proc.stdout, proc.returncode, "tune")
     assert [(r["config"], r["status"]) for r in doc["runs"]] == [("none", "failed")]
     assert f"port {port} on 127.0.0.1 is already in use" in doc["stopped"] and not pid_file.exists()
 

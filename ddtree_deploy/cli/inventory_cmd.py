@@ -40,7 +40,8 @@ def from_ansible(
     target = out_dir or hosts_dir()
     written = write_hosts(imported, target, force=force)
     if json_output:
-        emit_json({"source": source, "out": str(target), "hosts": list(imported.hosts),
+        # "imported_hosts", not "hosts": the envelope's "hosts" are the hosts a command worked on (none here).
+        emit_json({"source": source, "out": str(target), "imported_hosts": list(imported.hosts),
                    "groups": imported.groups, "written": [str(p) for p in written]})
         return
     err.print(f"[dim]{safe(source)}: {len(imported.hosts)} host(s), {len(imported.groups)} group(s)[/]",

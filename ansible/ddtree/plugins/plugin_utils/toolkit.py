@@ -58,7 +58,11 @@ def toolkit_cmd(args, values):
 
 
 def run_json(argv, timeout):
-    """(exit code, the one JSON document or None, stderr tail)."""
+    """(exit code, the one JSON document or None, stderr tail).
+
+    The document is the toolkit's envelope (docs/json.md): ``schema``, ``command``, ``ok``,
+    ``exit_code``, ``error`` (null or code/message/hint), ``hosts`` (each with ``host`` and
+    ``ok``), and the command's own fields beside them."""
     env = dict(os.environ, COLUMNS=os.environ.get("COLUMNS", "120"))
     try:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, env=env)
@@ -96,10 +100,12 @@ def run_command(action, command, task_vars, args):
             return dict(result, failed=True, msg="ddtree-deploy gave no JSON (exit %d): %s"
                         % (rc, stderr.strip().splitlines()[-1] if stderr.strip() else "no output"),
                         stderr=stderr)
-        if "error" in doc:  # the toolkit's one-line error and hint (exit 1 or 2)
-            err = doc["error"]
+        host = (doc.get("hosts") or [None])[0]
+        err = (host or {}).get("error") or (doc.get("error") if host is None else None)
+        if err:  # the toolkit's one-line error and hint (exit 1 or 2): the host's, or the run's (bad input)
             return dict(result, failed=True, msg=err.get("message"), hint=err.get("hint"), code=err.get("code"))
-        host = (doc.get("hosts") or [doc])[0] if "hosts" in doc else doc
+        if host is None:  # never expected: a push/status/rollback with no host and no error
+            return dict(result, failed=True, msg="ddtree-deploy reported no host (exit %d)" % rc)
         result["ddtree"] = host
         if command == "status":
             result["msg"] = "%s: %s" % (host.get("phase"), host.get("explanation"))
