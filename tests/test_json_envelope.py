@@ -317,6 +317,7 @@ def test_usage_errors_through_the_console_script(tmp_path):
         (["snapshot", "pul", "--json"], "snapshot pul", "No such command 'pul'"),
         (["lock", "--json"], "lock", "No such option: --json"),
         (["check", "--fuzz", "7", "--json"], "check", "--fuzz"),
+        (["--version", "--json"], "", "No such option: --json"),  # the top level has no --json
     ):
         proc = subprocess.run([str(CONSOLE), *argv], capture_output=True, text=True, env=env, timeout=60)
         assert proc.returncode == 2, (argv, proc.stderr)
