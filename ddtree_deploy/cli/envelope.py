@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from typer.core import TyperGroup
@@ -65,7 +65,6 @@ class Run:
     doc: dict | None = None
     error: dict | None = None
     host_arg: str | None = None  # the one --host given, for an error that came before any host document
-    extra_hosts: list = field(default_factory=list)
 
     def record(self, document: Any) -> None:
         # At most one emit per run (CONTRACTS.md); a second one's keys win rather than losing a result.
