@@ -51,7 +51,7 @@ class Code:
     FAILED_UNCHANGED = "failed-unchanged"
     CHANGED = "changed"  # a mark found the journal at another run / phase
     OS_ERROR = "os-error"  # an unexpected OSError in the agent
-    # smoke (smoke.py)
+    # smoke (smoke_run.py, rollout.py)
     NOT_DEPLOYED = "not-deployed"
     SMOKE_AGENT = "smoke-agent"
     UNKNOWN_FAMILY = "unknown-family"

@@ -10,7 +10,7 @@ puts them there). The env's own site-packages comes first, so its ``sglang`` win
 
 The host-side smoke program (``smoke_agent``) then runs the ``import`` and ``cli``
 levels with the env's interpreter, exactly as it would on a GPU host; the request
-comes from ``smoke.plan_smoke``. A third level, ``tree``, is never silently linear:
+comes from ``smoke_plan.plan_smoke``. A third level, ``tree``, is never silently linear:
 SGLang's own ``ServerArgs`` for ``--speculative-algorithm DDTREE`` (budget 32, on
 tiny config-only model folders written into the env) must resolve to a verify width
 of budget + 1, and the worker class DDTREE resolves to must carry
@@ -34,14 +34,10 @@ from ddtree_deploy import releases
 from ddtree_deploy.check import check_series
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.series import PatchEntry, Series
-from ddtree_deploy.smoke import (
-    SmokeSettings,
-    module_name,
-    plan_smoke,
-    read_answer,
-    series_flags,
-    smoke_agent_source,
-)
+from ddtree_deploy.smoke_plan import module_name, plan_smoke, series_flags
+from ddtree_deploy.smoke_report import read_answer
+from ddtree_deploy.smoke_run import smoke_agent_source
+from ddtree_deploy.smoke_settings import SmokeSettings
 
 LEVELS = ("import", "cli")
 TREE_LEVEL = "tree"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ddtree_deploy import deploy, smoke
+from ddtree_deploy import deploy, smoke_plan, smoke_report, smoke_run, smoke_settings
 from ddtree_deploy.codes import Code, Phase
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy, push_policy, spread_policy
@@ -139,7 +139,7 @@ def select_hosts(host: Sequence[str], group: Sequence[str]) -> list[Host]:
 class AfterPush:
     """What happened after a push's switch: the smoke, and the mark or rollback it led to."""
 
-    report: smoke.SmokeReport | None  # None: no level ran (see ``skipped`` / ``error``)
+    report: smoke_report.SmokeReport | None  # None: no level ran (see ``skipped`` / ``error``)
     skipped: str | None = None  # why no level ran (``--no-smoke``, none configured, nothing switched)
     rollback: deploy.Outcome | None = None  # the automatic rollback, when one ran and succeeded
     rollback_error: str | None = None  # the rollback itself failed: the host needs a person
@@ -232,15 +232,15 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
     pending = outcome.smoke_pending
     if not outcome.changed and pending is None:
         return AfterPush(None, skipped="nothing was switched", host=host.name)
-    settings = smoke.parse_settings(host.smoke, source=host.source)
-    touched, flags = smoke.series_inputs(series)
-    plan = smoke.plan_smoke(settings, touched_paths=touched, flags=flags, levels=levels, source=host.source,
-                            log_path=smoke.host_log_path(host.state_dir, outcome.run_id),
-                            family=smoke.family_smoke(series))
+    settings = smoke_settings.parse_settings(host.smoke, source=host.source)
+    touched, flags = smoke_plan.series_inputs(series)
+    plan = smoke_plan.plan_smoke(settings, touched_paths=touched, flags=flags, levels=levels, source=host.source,
+                            log_path=smoke_plan.host_log_path(host.state_dir, outcome.run_id),
+                            family=smoke_settings.family_smoke(series))
     if not plan.levels:
         return AfterPush(None, skipped="no smoke levels configured", host=host.name)
     try:
-        report = smoke.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress,
+        report = smoke_run.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress,
                                    heartbeat=heartbeat)
     except DeployError as exc:
         return AfterPush(None, host=host.name, error=exc.message, phase=Phase.SWITCHED if pending else None)
@@ -273,7 +273,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
 
 def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str] | None = None,
                patches_dir=None, log_dir=None, progress: Progress = _quiet,
-               heartbeat: Callable[[str, float], None] | None = None) -> smoke.SmokeReport:
+               heartbeat: Callable[[str, float], None] | None = None) -> smoke_report.SmokeReport:
     """``ddtree-deploy smoke``: the levels against what the host's journal says is deployed.
 
     A host in phase ``switched`` (files patched, smoke never passed) is smoke-tested the
@@ -283,8 +283,8 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
     from ddtree_deploy.locations import repo_dir
     from ddtree_deploy.series import families, load_family
 
-    settings = smoke.parse_settings(host.smoke, source=host.source)
-    smoke.choose_levels(settings, levels, source=host.source)  # bad input stops here, before any connection
+    settings = smoke_settings.parse_settings(host.smoke, source=host.source)
+    smoke_plan.choose_levels(settings, levels, source=host.source)  # bad input stops here, before any connection
     progress("read the host's journal")
     doc = deploy.status(host, make_transport())
     if doc["phase"] not in (Phase.DEPLOYED, Phase.SWITCHED) or not doc["series"]:
@@ -299,12 +299,12 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
                           f"here ({', '.join(sorted(known)) or 'none'})", code=Code.UNKNOWN_FAMILY,
                           hint="smoke it from a checkout that has that family under patches/")
     series = load_family(known[name])
-    touched, flags = smoke.series_inputs(series)
+    touched, flags = smoke_plan.series_inputs(series)
     deployed = [f["path"] for f in doc["files"]]
-    plan = smoke.plan_smoke(settings, touched_paths=deployed or touched, flags=flags, levels=levels,
-                            source=host.source, log_path=smoke.host_log_path(host.state_dir, uuid.uuid4().hex[:12]),
-                            family=smoke.family_smoke(series))
-    report = smoke.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress, heartbeat=heartbeat)
+    plan = smoke_plan.plan_smoke(settings, touched_paths=deployed or touched, flags=flags, levels=levels,
+                            source=host.source, log_path=smoke_plan.host_log_path(host.state_dir, uuid.uuid4().hex[:12]),
+                            family=smoke_settings.family_smoke(series))
+    report = smoke_run.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress, heartbeat=heartbeat)
     if doc["phase"] != Phase.SWITCHED:
         return report
     run_id = doc["series"]["run_id"]
@@ -441,7 +441,7 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     # Per host: will smoke levels run after the switch? Then the switch journals `switched`,
     # and only a passed smoke makes it `deployed`. A typo in [smoke] must not surface only
     # after the switch: every table is checked here.
-    smokes = {h.name: smoking and bool(smoke.choose_levels(smoke.check_settings(h), levels, source=h.source))
+    smokes = {h.name: smoking and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels, source=h.source))
               for h in hosts}
     paths, choose, forced = series_chooser(options.family)
     chosen: dict = {}
@@ -526,7 +526,7 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
 
 
 def smoke_one(host: Host, connect: Connect, *, levels: Sequence[str] | None = None,
-              on_event: Listener = _ignore) -> smoke.SmokeReport:
+              on_event: Listener = _ignore) -> smoke_report.SmokeReport:
     """``ddtree-deploy smoke`` on one host (raises its ``DeployError``)."""
     return smoke_host(host, lambda: connect(host), levels=levels or None,
                       progress=lambda step: on_event(Event(EventKind.STEP, host.name, step)),

@@ -155,7 +155,7 @@ class FamilyInfo:
     folder: Path
     specifier: SpecifierSet
     description: str
-    smoke: Any = None  # smoke.FamilySmoke: how this family's tree shows to the smoke ([smoke])
+    smoke: Any = None  # smoke_settings.FamilySmoke: how this family's tree shows to the smoke ([smoke])
 
     def covers(self, version: str | Version) -> bool:
         v = version if isinstance(version, Version) else Version(str(version))
@@ -286,8 +286,8 @@ def read_family_info(folder: Path) -> FamilyInfo:
     if not isinstance(description, str):
         raise BadInput(f"{where}:{_find_key_line(text, 'description')}: 'description' must be a string")
     # [smoke]: validated here, with the rest of the family, so a bad key stops a push
-    # before it changes anything (ddtree_deploy.smoke owns the keys).
-    from ddtree_deploy.smoke import parse_family_smoke
+    # before it changes anything (ddtree_deploy.smoke_settings owns the keys).
+    from ddtree_deploy.smoke_settings import parse_family_smoke
 
     smoke = parse_family_smoke(doc.get("smoke"), where=where)
     return FamilyInfo(name=folder.name, folder=folder, specifier=spec, description=description, smoke=smoke)

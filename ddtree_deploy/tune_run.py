@@ -3,7 +3,7 @@
 The decisions (grid, pruning, choice, table) are ``tune.py``'s; this module asks the
 host (``deploy.status``: is DDTree deployed, by which family), builds each launch's argv
 from the host's ``[smoke.launch]`` settings with the launch smoke's own template code
-(``smoke.launch_argv``), ships ``tune_agent.py`` (with the smoke program's helpers) to
+(``smoke_plan.launch_argv``), ships ``tune_agent.py`` (with the smoke program's helpers) to
 the host, and streams each finished configuration into the local results file.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ddtree_deploy import smoke, tune
+from ddtree_deploy import smoke_plan, smoke_settings, tune
 from ddtree_deploy.errors import BadInput, DeployError
 
 Progress = Callable[[str], None]
@@ -42,18 +42,18 @@ def _num(x) -> str:
 class Target:
     """What the sweep needs to know about the host before it launches anything."""
 
-    launch: smoke.LaunchSettings
-    family: smoke.FamilySmoke
+    launch: smoke_settings.LaunchSettings
+    family: smoke_settings.FamilySmoke
     series: dict  # the status document's series entry
     sglang_version: str | None
 
 
-def check_host(host, *, apply: bool) -> smoke.LaunchSettings:
+def check_host(host, *, apply: bool) -> smoke_settings.LaunchSettings:
     """Local checks (no connection): the inventory's launch settings can drive a tune."""
     if apply and host.source is None:
         raise BadInput(f"--apply: host {host.name!r} has no inventory file to write the choice into; "
                        "use an inventory file (hosts/<name>.toml)")
-    settings = smoke.parse_settings(host.smoke, source=host.source)
+    settings = smoke_settings.parse_settings(host.smoke, source=host.source)
     where = host.source or "<inventory>"
     launch = settings.launch
     if launch is None:
@@ -76,7 +76,7 @@ def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress =
     from ddtree_deploy.locations import repo_dir
     from ddtree_deploy.series import families, load_family
 
-    launch = smoke.parse_settings(host.smoke, source=host.source).launch
+    launch = smoke_settings.parse_settings(host.smoke, source=host.source).launch
     progress("read the host's journal")
     doc = deploy.status(host, make_transport())
     if doc["phase"] != "deployed" or not doc["series"]:
@@ -87,7 +87,7 @@ def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress =
     if not isinstance(name, str) or name not in known:
         raise BadInput(f"{host.name}: the host's journal names series {name!r}, which is not a family here "
                        f"({', '.join(sorted(known)) or 'none'}); tune from a checkout that has it")
-    family = smoke.family_smoke(load_family(known[name]))
+    family = smoke_settings.family_smoke(load_family(known[name]))
     lock = doc.get("lock")
     if lock:
         raise DeployError(f"{host.name}: a {lock.get('command') or 'push/rollback'} holds the deploy lock "
@@ -125,9 +125,9 @@ def launch_argv(target: Target, config: tune.Config, *, source: str | None = Non
     """
     fam = target.family
     if config.kind == "ddtree":
-        return smoke.launch_argv(replace(target.launch, budget=config.budget, topk=config.topk),
+        return smoke_plan.launch_argv(replace(target.launch, budget=config.budget, topk=config.topk),
                                  source=source, family=fam)
-    filled = smoke.launch_argv(replace(target.launch, budget=target.launch.budget or 1,
+    filled = smoke_plan.launch_argv(replace(target.launch, budget=target.launch.budget or 1,
                                        topk=target.launch.topk or 1), source=source, family=fam)
     if config.kind == "dflash":
         argv = _drop_flags(filled, lambda f: f in (fam.budget_flag, fam.topk_flag)
@@ -141,7 +141,7 @@ def launch_argv(target: Target, config: tune.Config, *, source: str | None = Non
     return _drop_flags(filled, lambda f: f.startswith("--speculative-") or f in (fam.budget_flag, fam.topk_flag))
 
 
-def bench_argv(launch: smoke.LaunchSettings, opts: tune.TuneOptions) -> list[str]:
+def bench_argv(launch: smoke_settings.LaunchSettings, opts: tune.TuneOptions) -> list[str]:
     """SGLang's own benchmark on the host (``--max-concurrency`` and ``--output-file`` are
     added per run by the host program). Fixed seed and lengths: the same prompts for every
     configuration; ``--flush-cache`` so no run profits from the previous one's prefix cache."""
@@ -160,7 +160,7 @@ def bench_argv(launch: smoke.LaunchSettings, opts: tune.TuneOptions) -> list[str
 
 
 def expected_algorithm(config: tune.Config) -> str | None:
-    return {"ddtree": smoke.ALGORITHM, "dflash": "DFLASH", "none": None}[config.kind]
+    return {"ddtree": smoke_plan.ALGORITHM, "dflash": "DFLASH", "none": None}[config.kind]
 
 
 # ------------------------------------------------------------------ the host program

@@ -131,5 +131,6 @@ def test_a_lock_command_does_not_import_the_checker_smoke_or_tuner(tmp_path):
                           env=dict(os.environ, COLUMNS="100"))
     loaded = done.stdout.strip().splitlines()[-1]
     assert "ddtree_deploy.cli.lock_cmd" in loaded
-    for heavy in ("ddtree_deploy.check'", "ddtree_deploy.smoke'", "ddtree_deploy.tune'", "ddtree_deploy.patchset'"):
+    for heavy in ("ddtree_deploy.check'", "ddtree_deploy.smoke_plan'", "ddtree_deploy.smoke_run'",
+                  "ddtree_deploy.tune'", "ddtree_deploy.patchset'"):
         assert heavy not in loaded, loaded

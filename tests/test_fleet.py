@@ -15,7 +15,7 @@ from ddtree_deploy.fleet import (FleetReport, HostResult, Kind, Schedule, outcom
                                  spread_policy)
 from ddtree_deploy.plan import FileState, FileStep, Plan
 from ddtree_deploy.rollout import AfterPush, push_detail, push_kind, rollback_kind
-from ddtree_deploy.smoke import LevelResult, SmokeReport
+from ddtree_deploy.smoke_report import LevelResult, SmokeReport
 from ddtree_deploy.fleet_run import run_fleet
 from ddtree_deploy.inventory import load_groups, load_host, parse_groups
 

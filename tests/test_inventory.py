@@ -37,7 +37,7 @@ def test_example_inventory_parses():
 
 def test_example_inventory_smoke_launch_uses_a_tree_mask_backend():
     # Patch 0003 refuses DDTREE with FA3 (SGLang's Hopper default): the example must pick one.
-    from ddtree_deploy.smoke import parse_settings
+    from ddtree_deploy.smoke_settings import parse_settings
 
     host = load_host(str(REPO_ROOT / "hosts" / "ct200.toml"))
     settings = parse_settings(host.smoke, source="hosts/ct200.toml")

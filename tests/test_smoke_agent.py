@@ -179,7 +179,7 @@ def test_cli_validation_rejects_and_skips_without_model_files(fake_pkg):
 
 
 def tree_check(budget=8, worker_class="DFlashWorker", prompts=3):
-    """The launch request's tree part, as smoke.plan_smoke builds it."""
+    """The launch request's tree part, as smoke_plan.plan_smoke builds it."""
     return {"budget": budget, "budget_field": "speculative_ddtree_budget", "worker_class": worker_class,
             "prompts": [f"prompt {i}" for i in range(prompts)], "max_new_tokens": 32}
 
@@ -482,12 +482,12 @@ FAKE_PATHS = {"plugins": ["fakepkg.release", "load_plugins"], "parse": ["fakepkg
 
 
 def fake_tree_probe(**family):
-    from ddtree_deploy import smoke
+    from ddtree_deploy import smoke_plan, smoke_settings
 
     excluded = family.pop("excluded", ())
-    fam = smoke.FamilySmoke(**{"budget_flag": "--budget", "worker_class": "TreeWorker", "probe_args": (),
+    fam = smoke_settings.FamilySmoke(**{"budget_flag": "--budget", "worker_class": "TreeWorker", "probe_args": (),
                                "worker_module": "fakepkg.release", **family})
-    return dict(smoke.tree_probe(fam, excluded), **FAKE_PATHS)
+    return dict(smoke_plan.tree_probe(fam, excluded), **FAKE_PATHS)
 
 
 def run_tree_probe(fake_pkg, mode="tree", probe=None):

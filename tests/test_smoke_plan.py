@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import smoke
+from ddtree_deploy import smoke_plan, smoke_report, smoke_settings
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.inventory import parse_host
 
@@ -15,10 +15,10 @@ REPO = Path(__file__).resolve().parent.parent
 SRC = "hosts/gpu1.toml"
 
 
-def settings(text: str) -> smoke.SmokeSettings:
+def settings(text: str) -> smoke_settings.SmokeSettings:
     host = parse_host('[host]\npython = "/opt/py/bin/python"\n[ssh]\nhost = "gpu1"\n' + text,
                       name="gpu1", source=SRC)
-    return smoke.parse_settings(host.smoke, source=host.source)
+    return smoke_settings.parse_settings(host.smoke, source=host.source)
 
 
 GPU_HOST = """
@@ -38,14 +38,14 @@ min_free_gib = 40
 
 def test_defaults_without_smoke_table():
     s = settings("")
-    assert s == smoke.SmokeSettings(levels=("compile", "import", "cli"), launch=None)
+    assert s == smoke_settings.SmokeSettings(levels=("compile", "import", "cli"), launch=None)
 
 
 def test_gpu_host_settings_and_level_order():
     s = settings(GPU_HOST)
     assert s.levels == ("compile", "import", "cli", "launch")
     assert s.launch.min_free_gib == 40.0 and s.launch.gpu is True
-    assert smoke.launch_argv(s.launch) == [
+    assert smoke_plan.launch_argv(s.launch) == [
         "{python}", "-m", "sglang.launch_server", "--model-path", "/models/Qwen3-8B",
         "--speculative-algorithm", "DDTREE",
         "--speculative-draft-model-path", "/models/Qwen3-8B-DFlash-b16",
@@ -83,14 +83,14 @@ def test_command_template_fills_argv_without_a_shell():
                  'extra_args = ["--x", "$(y)"]\n'
                  'command = ["{python}", "standin.py", "--model-path", "{model}", "--port={port}", "{extra_args}"]\n')
     # Hostile-looking values stay single argv elements: nothing here is ever parsed by a shell.
-    assert smoke.launch_argv(s.launch) == ["{python}", "standin.py", "--model-path", "/m/a b; rm -rf ~",
+    assert smoke_plan.launch_argv(s.launch) == ["{python}", "standin.py", "--model-path", "/m/a b; rm -rf ~",
                                            "--port=1234", "--x", "$(y)"]
 
 
 def test_template_using_an_unset_value_is_bad_input():
     s = settings('[smoke.launch]\nmodel = "/m"\ncommand = ["{python}", "x", "--topk", "{topk}"]\n')
     with pytest.raises(BadInput) as exc:
-        smoke.launch_argv(s.launch, source=SRC)
+        smoke_plan.launch_argv(s.launch, source=SRC)
     assert exc.value.message == f"{SRC}: key smoke.launch.topk: not set, but the launch command uses {{topk}}"
 
 
@@ -98,12 +98,12 @@ def test_series_flags_read_from_added_lines_only():
     text = ('+        parser.add_argument(\n+            "--speculative-ddtree-budget",\n'
             ' "--speculative-ddtree-context-only",\n-  "--speculative-ddtree-removed",\n'
             '+  x = "--speculative-ddtree-topk"  # twice\n+  "--speculative-ddtree-topk"\n')
-    assert smoke.series_flags([text]) == ("--speculative-ddtree-budget", "--speculative-ddtree-topk")
+    assert smoke_plan.series_flags([text]) == ("--speculative-ddtree-budget", "--speculative-ddtree-topk")
 
 
 def test_the_real_series_adds_the_flags_the_default_launch_command_uses():
     texts = [p.read_text() for p in sorted((REPO / "patches/sglang-0.5.12").glob("*.patch"))]
-    flags = smoke.series_flags(texts)
+    flags = smoke_plan.series_flags(texts)
     assert {"--speculative-ddtree-budget", "--speculative-ddtree-topk"} <= set(flags)
 
 
@@ -113,9 +113,9 @@ TOUCHED = ("sglang/srt/speculative/spec_info.py", "sglang/srt/server_args.py",
 
 def test_plan_request_is_exact():
     s = settings(GPU_HOST)
-    plan = smoke.plan_smoke(s, touched_paths=TOUCHED, flags=("--speculative-ddtree-budget",),
+    plan = smoke_plan.plan_smoke(s, touched_paths=TOUCHED, flags=("--speculative-ddtree-budget",),
                             log_path="/h/.ddtree-deploy/smoke/r1/server.log", source=SRC,
-                            family=smoke.FAMILY_SMOKE_DEFAULT)
+                            family=smoke_settings.FAMILY_SMOKE_DEFAULT)
     assert plan.levels == ("compile", "import", "cli", "launch")
     assert plan.excluded_modules == ("sglang.srt.speculative.dflash_worker",)
     req = plan.request
@@ -125,17 +125,17 @@ def test_plan_request_is_exact():
                     "sglang.srt.speculative.ddtree_utils"],
         "attributes": [["sglang.srt.speculative.spec_info", "SpeculativeAlgorithm.DDTREE"]],
         "timeout_s": 300.0,
-        "tree": smoke.tree_probe(smoke.FAMILY_SMOKE_DEFAULT, ("sglang.srt.speculative.dflash_worker",)),
+        "tree": smoke_plan.tree_probe(smoke_settings.FAMILY_SMOKE_DEFAULT, ("sglang.srt.speculative.dflash_worker",)),
     }
     assert req["cli"]["argv"] == ["{python}", "-m", "sglang.launch_server", "--help"]
     assert req["cli"]["validate"]["function"] == "prepare_server_args"
-    assert req["cli"]["validate"]["argv"] == smoke.launch_argv(s.launch)[3:]
+    assert req["cli"]["validate"]["argv"] == smoke_plan.launch_argv(s.launch)[3:]
     assert req["cli"]["validate"]["needs_paths"] == ["/models/Qwen3-8B", "/models/Qwen3-8B-DFlash-b16"]
     assert req["launch"]["min_free_mib"] == 40 * 1024
     assert req["launch"]["gpu_check"] is True
     assert req["launch"]["log_path"] == "/h/.ddtree-deploy/smoke/r1/server.log"
     assert req["launch"]["tree"] == {"budget": 64, "budget_field": "speculative_ddtree_budget", "worker_class": None,
-                                     "prompts": list(smoke.TREE_PROMPTS), "max_new_tokens": 256}
+                                     "prompts": list(smoke_plan.TREE_PROMPTS), "max_new_tokens": 256}
     assert req["cli"]["validate"]["width"] == {"field": "speculative_num_draft_tokens", "budget": 64,
                                                "budget_field": "speculative_ddtree_budget",
                                                "budget_flag": "--speculative-ddtree-budget"}
@@ -143,14 +143,14 @@ def test_plan_request_is_exact():
 
 # ------------------------------------------------------ the family's [smoke] table
 
-V2_LIKE = smoke.FamilySmoke(budget_flag="--speculative-tree-budget", topk_flag="--speculative-tree-topk",
+V2_LIKE = smoke_settings.FamilySmoke(budget_flag="--speculative-tree-budget", topk_flag="--speculative-tree-topk",
                             budget_field="tree_budget", worker_class="DDTreeWorkerV2",
                             worker_module="sglang.srt.speculative.ddtree_worker_v2",
                             probe_args=("--device", "cuda"))
 
 
 def test_tree_probe_request_uses_the_family():
-    probe = smoke.tree_probe(V2_LIKE)
+    probe = smoke_plan.tree_probe(V2_LIKE)
     assert probe["argv"] == ["--model-path", "{model}", "--speculative-algorithm", "DDTREE",
                              "--speculative-draft-model-path", "{draft_model}", "--speculative-tree-budget", "24",
                              "--skip-tokenizer-init", "--device", "cuda"]
@@ -161,15 +161,15 @@ def test_tree_probe_request_uses_the_family():
     assert (probe["plugins"], probe["parse"], probe["resolve"]) == (
         ["sglang.srt.plugins", "load_plugins"], ["sglang.srt.server_args", "prepare_server_args"], "resolve_once")
     # The probe's budget is neither SGLang's default nor the draft block, so neither can pass for it.
-    assert smoke.PROBE_BUDGET + 1 not in (64 + 1, smoke.TINY_DRAFT_CONFIG["block_size"])
+    assert smoke_plan.PROBE_BUDGET + 1 not in (64 + 1, smoke_plan.TINY_DRAFT_CONFIG["block_size"])
     # A host that cannot import the worker module (import_exclude) is told to skip only that.
-    assert smoke.tree_probe(V2_LIKE, ("sglang.srt.speculative.ddtree_worker_v2",))["skip_worker"] == \
+    assert smoke_plan.tree_probe(V2_LIKE, ("sglang.srt.speculative.ddtree_worker_v2",))["skip_worker"] == \
         "sglang.srt.speculative.ddtree_worker_v2"
 
 
 def test_family_flags_reach_the_launch_command_and_its_validation():
     s = settings(GPU_HOST)
-    plan = smoke.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli", "launch"],
+    plan = smoke_plan.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli", "launch"],
                             family=V2_LIKE)
     argv = plan.request["launch"]["argv"]
     assert argv[argv.index("--speculative-tree-budget") + 1] == "64"
@@ -190,19 +190,19 @@ def test_every_family_says_how_its_tree_shows(name):
     # worker module could not honour import_exclude: every family names both.
     assert fam.worker_class and fam.worker_module and fam.worker_module.endswith(
         "." + {"DFlashWorker": "dflash_worker", "DDTreeWorkerV2": "ddtree_worker_v2"}[fam.worker_class])
-    plan = smoke.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli"], family=fam)
+    plan = smoke_plan.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli"], family=fam)
     assert {fam.budget_flag, fam.topk_flag} <= set(plan.request["cli"]["expect"])
 
 
 def test_real_family_smoke_table():
     from ddtree_deploy.series import load_family
 
-    fam = smoke.family_smoke(load_family(REPO / "patches/sglang-0.5.12"))
+    fam = smoke_settings.family_smoke(load_family(REPO / "patches/sglang-0.5.12"))
     assert fam.budget_flag == "--speculative-ddtree-budget" and fam.budget_field == "speculative_ddtree_budget"
     assert fam.worker_class == "DFlashWorker" and fam.worker_module == "sglang.srt.speculative.dflash_worker"
     # The flags it names are flags the series adds.
     texts = [p.read_text() for p in sorted((REPO / "patches/sglang-0.5.12").glob("*.patch"))]
-    assert {fam.budget_flag, fam.topk_flag} <= set(smoke.series_flags(texts))
+    assert {fam.budget_flag, fam.topk_flag} <= set(smoke_plan.series_flags(texts))
 
 
 FAM = "patches/x/family.toml"
@@ -221,7 +221,7 @@ FAM = "patches/x/family.toml"
 ])
 def test_bad_family_smoke_table_is_one_line(table, message):
     with pytest.raises(BadInput) as exc:
-        smoke.parse_family_smoke(table, where=FAM)
+        smoke_settings.parse_family_smoke(table, where=FAM)
     assert exc.value.message == message
 
 
@@ -237,25 +237,25 @@ def test_bad_family_smoke_table_stops_loading_the_family(tmp_path):
 
 def test_tree_probe_only_with_a_family():
     # push and smoke always pass the series' family; matrix --import has its own tree level.
-    plan = smoke.plan_smoke(settings(GPU_HOST), touched_paths=TOUCHED, flags=(), log_path="l", levels=["import"])
+    plan = smoke_plan.plan_smoke(settings(GPU_HOST), touched_paths=TOUCHED, flags=(), log_path="l", levels=["import"])
     assert "tree" not in plan.request["import"]
 
 
 def test_plan_level_choice():
     s = settings(GPU_HOST)
-    plan = smoke.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli", "compile"])
+    plan = smoke_plan.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli", "compile"])
     assert plan.levels == ("compile", "cli") and set(plan.request) == {"levels", "compile", "cli"}
     with pytest.raises(BadInput, match="unknown smoke level 'smoke'"):
-        smoke.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["smoke"])
+        smoke_plan.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["smoke"])
     with pytest.raises(BadInput, match=r"the launch level needs a \[smoke.launch\] table"):
-        smoke.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l", levels=["launch"],
+        smoke_plan.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l", levels=["launch"],
                          source=SRC)
 
 
 def test_validation_uses_sglang_flags_even_with_a_stand_in_command():
     s = settings('[smoke.launch]\nmodel = "/m"\ndraft_model = "/d"\nextra_args = ["--device", "cpu"]\n'
                  'command = ["{python}", "standin.py", "--model-path", "{model}"]\n')
-    plan = smoke.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli", "launch"])
+    plan = smoke_plan.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli", "launch"])
     assert plan.request["cli"]["validate"]["argv"] == [
         "--model-path", "/m", "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/d",
         "--host", "127.0.0.1", "--port", "30188", "--device", "cpu"]
@@ -263,25 +263,25 @@ def test_validation_uses_sglang_flags_even_with_a_stand_in_command():
 
 
 def test_no_validation_without_model_and_draft():
-    plan = smoke.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l")
+    plan = smoke_plan.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l")
     assert plan.request["cli"]["validate"] is None
 
 
 def test_read_answer():
     s = settings(GPU_HOST)
-    plan = smoke.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["compile", "import"])
+    plan = smoke_plan.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["compile", "import"])
     answer = {"ok": True, "python": "/opt/py/bin/python", "levels": [
         {"level": "compile", "status": "passed", "seconds": 0.2, "detail": "4 files byte-compiled", "evidence": {}},
         {"level": "import", "status": "passed", "seconds": 7.5, "detail": "3 modules imported", "evidence": {}},
     ]}
-    report = smoke.run_smoke("gpu1", plan, lambda request: answer)
+    report = smoke_report.run_smoke("gpu1", plan, lambda request: answer)
     assert report.ok and report.failed is None
     assert report.levels[1].detail == ("3 modules imported; not imported here (smoke.import_exclude): "
                                        "sglang.srt.speculative.dflash_worker")
     assert report.lines()[0] == "compile  passed       0.2 s  4 files byte-compiled"
     failed = dict(answer, levels=[dict(answer["levels"][0], status="failed", detail="x.py:3: bad"),
                                   dict(answer["levels"][1], status="skipped")])
-    report = smoke.read_answer("gpu1", plan, failed)
+    report = smoke_report.read_answer("gpu1", plan, failed)
     assert not report.ok and report.failed.detail == "x.py:3: bad"
     assert report.to_json()["levels"][1]["status"] == "skipped"
 
@@ -292,9 +292,9 @@ def test_read_answer():
     ({"levels": []}, "gpu1: the smoke program answered levels [], asked for ['compile']"),
 ])
 def test_malformed_answers_are_deploy_errors(answer, message):
-    plan = smoke.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l", levels=["compile"])
+    plan = smoke_plan.plan_smoke(settings(""), touched_paths=TOUCHED, flags=(), log_path="l", levels=["compile"])
     with pytest.raises(DeployError) as exc:
-        smoke.read_answer("gpu1", plan, answer)
+        smoke_report.read_answer("gpu1", plan, answer)
     assert exc.value.message == message
 
 
@@ -302,6 +302,6 @@ def test_check_settings_catches_template_mistakes_before_any_push():
     host = parse_host('[host]\npython = "/p"\n[ssh]\nhost = "gpu1"\n[smoke.launch]\nmodel = "/m"\n'
                       'command = ["{python}", "x", "--topk", "{topk}"]\n', name="gpu1", source=SRC)
     with pytest.raises(BadInput, match=r"key smoke.launch.topk: not set, but the launch command uses \{topk\}"):
-        smoke.check_settings(host)
+        smoke_plan.check_settings(host)
     fine = parse_host('[host]\npython = "/p"\n[ssh]\nhost = "gpu1"\n' + GPU_HOST, name="gpu1", source=SRC)
-    assert smoke.check_settings(fine).levels == ("compile", "import", "cli", "launch")
+    assert smoke_plan.check_settings(fine).levels == ("compile", "import", "cli", "launch")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import releases, smoke
+from ddtree_deploy import releases, smoke_plan, smoke_run, smoke_settings
 from ddtree_deploy.check import check_series
 from ddtree_deploy.inventory import load_host
 from ddtree_deploy.series import PatchEntry, load_family
@@ -134,13 +134,13 @@ def run_levels(tree_host, series, levels, files: dict[str, str], *, probe_only=F
     test_host, host = tree_host
     for rel, text in files.items():
         test_host.file(rel).write_text(text)
-    settings = smoke.parse_settings(host.smoke, source=host.source)
+    settings = smoke_settings.parse_settings(host.smoke, source=host.source)
     texts = [e.file.read_text() for e in series.entries if isinstance(e, PatchEntry)]
-    plan = smoke.plan_smoke(settings, touched_paths=series.touched_paths(), flags=smoke.series_flags(texts),
-                            log_path="-", levels=levels, source=host.source, family=smoke.family_smoke(series))
+    plan = smoke_plan.plan_smoke(settings, touched_paths=series.touched_paths(), flags=smoke_plan.series_flags(texts),
+                            log_path="-", levels=levels, source=host.source, family=smoke_settings.family_smoke(series))
     if probe_only:
         plan.request["import"]["modules"] = ["sglang.srt.speculative.spec_info"]
-    return smoke.run_on_host(host, transport_for(host), plan)
+    return smoke_run.run_on_host(host, transport_for(host), plan)
 
 
 def test_tree_worker_with_marker_and_budget_width_passes(tree_host, series, patched):
@@ -189,12 +189,12 @@ def test_worker_class_other_than_the_family_names_fails(tree_host, series, patch
     test_host, host = tree_host
     for rel in (WORKER, SERVER_ARGS):
         test_host.file(rel).write_text(with_marker(patched[rel].decode()) if rel == WORKER else patched[rel].decode())
-    settings = smoke.parse_settings(host.smoke, source=host.source)
-    family = replace(smoke.family_smoke(series), worker_class="DDTreeWorkerV2")
-    plan = smoke.plan_smoke(settings, touched_paths=series.touched_paths(), flags=(), log_path="-",
+    settings = smoke_settings.parse_settings(host.smoke, source=host.source)
+    family = replace(smoke_settings.family_smoke(series), worker_class="DDTreeWorkerV2")
+    plan = smoke_plan.plan_smoke(settings, touched_paths=series.touched_paths(), flags=(), log_path="-",
                             levels=["import"], family=family)
     plan.request["import"]["modules"] = ["sglang.srt.speculative.spec_info"]
-    report = smoke.run_on_host(host, transport_for(host), plan)
+    report = smoke_run.run_on_host(host, transport_for(host), plan)
     assert report.failed.detail == (
         "DDTREE probe: DDTREE resolves to worker class sglang.srt.speculative.dflash_worker.DFlashWorker, "
         "expected DDTreeWorkerV2 (the family's [smoke] worker_class)")

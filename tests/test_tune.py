@@ -19,7 +19,7 @@ import pytest
 
 from ddtree_deploy import tune, tune_run
 from ddtree_deploy.errors import BadInput
-from ddtree_deploy.smoke import FamilySmoke, LaunchSettings
+from ddtree_deploy.smoke_settings import FamilySmoke, LaunchSettings
 from ddtree_deploy.tune import Config, Measure, Record, TuneOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -140,7 +140,7 @@ def _tree_level(series, version: str, tmp_path: Path) -> tuple[str, str]:
     from ddtree_deploy import releases
     from ddtree_deploy.check import check_series
     from ddtree_deploy.matrix_import import make_env, tree_level, unimportable
-    from ddtree_deploy.smoke import module_name
+    from ddtree_deploy.smoke_plan import module_name
 
     wheel = releases.ensure_wheel(version)
     wanted = series.touched_paths()

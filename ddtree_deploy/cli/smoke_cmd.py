@@ -10,13 +10,13 @@ from typing import List, Optional
 
 import typer
 
-from ddtree_deploy import smoke
+from ddtree_deploy import smoke_settings
 from ddtree_deploy.cli.app import app, emit_json, handles_errors, out
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.inventory import load_host
 from ddtree_deploy.transport import transport_for
 
-LEVEL_HELP = ("a level to run: " + ", ".join(smoke.LEVELS) +
+LEVEL_HELP = ("a level to run: " + ", ".join(smoke_settings.LEVELS) +
               "; repeatable (default: the levels of the host's smoke table)")
 
 
