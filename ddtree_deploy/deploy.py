@@ -2,17 +2,21 @@
 
 Each command is one agent session over one connection (see transport.AgentSession):
 
-    push:      [init, lock, facts]  -> plan in memory -> [apply, unlock]     2 round trips
-      + smoke: [init, lock, facts]  -> plan -> [apply] -> smoke -> [mark, unlock]   3
+    push:      [init, facts] -> resolve + check -> [lock, facts] -> plan -> [apply, unlock]   3 round trips
+      + smoke: ... -> [apply] -> smoke (lock held) -> [mark, unlock]                       4
+    push --dry-run: [init, facts] -> resolve + check -> plan                               1 round trip
     mark:      [init, lock, mark, unlock]                                    1 round trip
     rollback:  [init, lock, facts]  -> plan           -> [apply, unlock]     2 round trips
     status:    [init, facts]                                                 1 round trip
     pull:      [init, facts+content]                                         1 round trip
 
-The caller gives a ``desire`` function that turns the host's facts (SGLang version,
-file hashes) into a ``Desired`` (snapshot choice + series check, all in memory): it
-runs while the lock is held, so nothing can change the host between the read and the
-write, and the agent re-checks every hash anyway.
+The caller gives a ``desire`` function that turns the host's facts (SGLang version)
+into a ``Desired`` (family choice, release snapshot, series check, all on this side).
+It runs on the first, unlocked read: a release wheel it downloads, or a check it runs,
+never holds the host's deploy lock. The locked read must then show the same install
+(version, package root), the plan is made from it, and the agent re-checks every hash
+under the lock anyway. A push with a smoke returns a ``PushSession`` that still holds
+the lock (``begin_push``): the caller smokes, marks or unlocks, and leaves it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import os
 import socket
 import time
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -87,6 +92,9 @@ class Outcome:
     # push: the run whose switch awaits its smoke (journal phase ``switched``): this push's
     # own, or an earlier one that switched the same files and never passed its smoke.
     smoke_pending: str | None = None
+    # The level the journal records as failed for that earlier run (kept by --no-rollback):
+    # the smoke of this push must run it again before the host may be marked deployed.
+    smoke_failed: str | None = None
     round_trips: int = 0
     connections: int = 0
     seconds: float = 0.0
@@ -141,15 +149,16 @@ def _locked_error(host: Host, reply: dict) -> DeployError:
 
 
 def _open_locked(sess: AgentSession, host: Host, run_id: str, command: str, paths: list[str],
-                 break_lock: bool, dry_run: bool) -> tuple[dict, dict | None]:
-    """One round trip: init, lock (unless a dry run), facts. Returns (facts, lock reply)."""
-    requests = [_init(host)] + ([] if dry_run else [_lock(run_id, command, break_lock)])
+                 break_lock: bool, dry_run: bool, init: bool = True) -> tuple[dict, dict | None]:
+    """One round trip: init (unless done), lock (unless a dry run), facts. Returns (facts, lock reply)."""
+    requests = ([_init(host)] if init else []) + ([] if dry_run else [_lock(run_id, command, break_lock)])
     requests.append({"op": "facts", "paths": paths})
     replies = sess.call(*requests)
-    expect_ok(replies[0], host.name, "agent start")
+    if init:
+        expect_ok(replies[0], host.name, "agent start")
     lock = None
     if not dry_run:
-        lock = replies[1]
+        lock = replies[1 if init else 0]
         if not lock.get("ok"):
             if lock.get("code") == Code.LOCKED:
                 raise _locked_error(host, lock)
@@ -198,133 +207,219 @@ class _Prepared:
     complete: dict | None = None
 
 
-class Held:
-    """A push's agent session after its switch, still holding the deploy lock (during the
-    smoke): ``mark`` moves the journal of the switched run (compare-and-set on its run id)
-    and releases the lock in the same round trip; ``unlock`` only releases it. A dropped
-    connection releases it too (the agent sees EOF), leaving the phase ``switched``."""
+class PushSession:
+    """A push (or rollback) that went as far as it goes alone: its ``outcome``, and, when
+    its switch ended ``switched`` with a smoke to run (``locked``), its agent session still
+    holding the host's deploy lock. The caller runs the smoke, then ``mark``s the result
+    (the journal's compare-and-set on the run id and the unlock travel in one round trip)
+    or ``unlock``s before a rollback. Use it as a context manager: leaving it releases a
+    lock still held and closes the connection. A dropped connection releases the lock
+    too (the agent sees EOF), leaving the phase ``switched``."""
 
-    def __init__(self, sess: AgentSession, host: Host, run_id: str):
-        self.sess, self.host, self.run_id = sess, host, run_id
-        self.locked = True
+    def __init__(self, outcome: Outcome, sess: AgentSession | None, host: Host, stack: ExitStack, t0: float):
+        self.outcome, self.host, self._sess, self._stack, self._t0 = outcome, host, sess, stack, t0
+        self.locked = sess is not None
         self.marked: str | None = None  # the phase a successful mark wrote
 
+    @property
+    def run_id(self) -> str | None:
+        """The run whose switch awaits its smoke (this push's, or an earlier one's)."""
+        return self.outcome.smoke_pending
+
     def mark(self, phase: str, smoke: dict | None = None) -> dict:
-        if not self.locked:
+        if not self.locked or self._sess is None:
             raise DeployError(f"{self.host.name}: mark: the deploy lock was already released", code=Code.PROTOCOL)
         self.locked = False
-        marked, _unlock = self.sess.call(_mark(self.run_id, phase, smoke), {"op": "unlock"})
+        marked, _unlock = self._sess.call(_mark(self.run_id, phase, smoke), {"op": "unlock"})
         journal = expect_ok(marked, self.host.name, "mark")["journal"]
-        self.marked = phase
+        self.marked = self.outcome.phase = phase
         return journal
 
     def unlock(self) -> None:
-        if self.locked:
+        if self.locked and self._sess is not None:
             self.locked = False
-            self.sess.call({"op": "unlock"})
+            self._sess.call({"op": "unlock"})
+
+    def close(self) -> None:
+        try:
+            if self.locked:
+                try:
+                    self.unlock()
+                except DeployError:
+                    pass  # the connection is gone: the agent released the lock at EOF
+            if self._sess is not None:
+                self.outcome.round_trips = self._sess.round_trips
+        finally:
+            self._stack.close()
+
+    def __enter__(self) -> "PushSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _discover(sess: AgentSession, host: Host, paths: list[str]) -> dict:
+    """One round trip without the lock: init, facts (what to resolve the series from)."""
+    init, facts = sess.call(_init(host), {"op": "facts", "paths": paths})
+    expect_ok(init, host.name, "agent start")
+    return expect_ok(facts, host.name, "discover")
+
+
+def _same_install(host: Host, before: dict, now: dict) -> None:
+    """The series was resolved from the unlocked read: refuse if the install changed since."""
+    for key in ("sglang_version", "package_root"):
+        if before.get(key) != now.get(key):
+            raise DeployError(f"{host.name}: SGLang's {key.replace('_', ' ')} changed from {before.get(key)} to "
+                              f"{now.get(key)} while the series was prepared; nothing was changed",
+                              code=Code.CHANGED, hint="rerun the command")
 
 
 def _execute(command: str, host: Host, transport: Transport, paths: list[str],
-             prepare: Callable[[dict, Progress], _Prepared], *, dry_run: bool, break_lock: bool,
-             progress: Progress, hold: Callable[[Outcome, Held], None] | None = None) -> Outcome:
-    """Lock + discover, plan in memory, then apply + unlock: the one path of push and rollback.
+             prepare: Callable[[dict, object, Progress], _Prepared], *, dry_run: bool, break_lock: bool,
+             progress: Progress, resolve: Callable[[dict, Progress], object] | None = None,
+             keep_lock: bool = False) -> PushSession:
+    """Discover, resolve, lock + discover, plan in memory, apply + unlock: the one path of
+    push and rollback.
 
-    ``hold`` (push with a smoke): called after a switch that ended ``switched`` (or when
-    nothing is to switch but an earlier run is still ``switched``) with the session still
-    holding the lock; it runs the smoke and marks the result through ``Held``.
+    ``resolve`` (push): facts -> what the plan needs from this side (the family, the
+    release snapshot, perhaps a wheel download, the check). It runs on an unlocked read,
+    so nothing slow happens while the host's lock is held; the locked read then must show
+    the same install. ``keep_lock`` (push with a smoke): a switch that ends ``switched``
+    (or, with nothing to switch, an earlier run still ``switched``) returns with the lock
+    held, for the smoke and its mark; otherwise the returned session is already unlocked.
     """
     t0 = time.monotonic()
     out = Outcome(host.name, command, new_run_id())
+    stack = ExitStack()
     # Decided here, where it happens: an error before the apply request (or the smoke of
     # an earlier switch) is sent left the host as it was, whatever its code.
     sending: list[str] = []
     try:
         progress("connect")
-        with transport, _session(transport, host, write=True) as sess:
+        stack.enter_context(transport)
+        sess = stack.enter_context(_session(transport, host, write=True))
+        resolved = None
+        if resolve is not None:
+            progress("discover")
+            first = _discover(sess, host, paths if dry_run else [])
+            resolved = resolve(first, progress)
+        if resolve is not None and dry_run:
+            facts, lock = first, None
+        else:
             progress("lock + discover")
-            facts, lock = _open_locked(sess, host, out.run_id, command, paths, break_lock, dry_run)
-            out.broke_lock = (lock or {}).get("broke")
-            out.sglang_version = facts["sglang_version"]
-            out.phase = (facts["journal"] or {}).get("phase")
-            try:
-                prepared = prepare(facts, progress)
-            except DeployError:
-                if not dry_run:
-                    _finish(sess, None)  # release the lock now, not at EOF
-                raise
-            out.plan = prepared.plan
-            if not dry_run and prepared.complete is not None:
-                progress(f"journal: complete the interrupted run ({prepared.complete['phase']})")
+            facts, lock = _open_locked(sess, host, out.run_id, command, paths, break_lock, dry_run,
+                                       init=resolve is None)
+            if resolve is not None:
                 try:
-                    done = expect_ok(sess.one(prepared.complete), host.name, "complete the journal")
+                    _same_install(host, first, facts)
                 except DeployError:
-                    _finish(sess, None)
+                    _finish(sess, None)  # release the lock now, not at EOF
                     raise
-                out.phase = done["journal"]["phase"]
-            if not dry_run and prepared.plan.noop and hold is not None and prepared.pending:
-                out.summary = prepared.noop
-                out.phase, out.smoke_pending = Phase.SWITCHED, prepared.pending.get("run_id")
-                out.backup_id = prepared.pending.get("backup_id")
-                sending.append("hold")
-                _hold(sess, host, out, hold)
-            elif dry_run or prepared.plan.noop:
-                if not dry_run:
-                    extra = prepared.noop_request if prepared.plan.noop else None
-                    reply = _finish(sess, extra)
-                    if extra is not None:
-                        out.phase = expect_ok(reply, host.name, extra["op"])["journal"]["phase"]
-                out.summary = prepared.noop if prepared.plan.noop else prepared.dry
-            else:
-                progress(prepared.step)
-                request = prepared.request(out.run_id)
-                holding = hold is not None and request["final_phase"] == Phase.SWITCHED
-                sending.append("apply")
-                done = expect_ok(sess.call(request)[0] if holding else _finish(sess, request), host.name, "apply")
-                out.changed = True
-                out.phase = request["final_phase"]
-                out.backup_id = done["backup_id"]
-                out.purged, out.pruned = done["purged"], done["pruned"]
-                out.history_warning = done.get("history_warning")
-                out.summary = prepared.done(done)
-                if holding:
-                    out.smoke_pending = out.run_id
-                    _hold(sess, host, out, hold)
-            out.round_trips, out.connections = sess.round_trips, transport.connections
+        out.broke_lock = (lock or {}).get("broke")
+        out.sglang_version = facts["sglang_version"]
+        out.phase = (facts["journal"] or {}).get("phase")
+        try:
+            prepared = prepare(facts, resolved, progress)
+        except DeployError:
+            if not dry_run:
+                _finish(sess, None)
+            raise
+        out.plan = prepared.plan
+        if not dry_run and prepared.complete is not None:
+            progress(f"journal: complete the interrupted run ({prepared.complete['phase']})")
+            try:
+                done = expect_ok(sess.one(prepared.complete), host.name, "complete the journal")
+            except DeployError:
+                _finish(sess, None)
+                raise
+            out.phase = done["journal"]["phase"]
+        held = False
+        if not dry_run and prepared.plan.noop and keep_lock and prepared.pending:
+            out.summary = prepared.noop
+            out.phase, out.smoke_pending = Phase.SWITCHED, prepared.pending.get("run_id")
+            out.backup_id = prepared.pending.get("backup_id")
+            sending.append("smoke")
+            held = True
+        elif dry_run or prepared.plan.noop:
+            if not dry_run:
+                extra = prepared.noop_request if prepared.plan.noop else None
+                reply = _finish(sess, extra)
+                if extra is not None:
+                    out.phase = expect_ok(reply, host.name, extra["op"])["journal"]["phase"]
+            out.summary = prepared.noop if prepared.plan.noop else prepared.dry
+        else:
+            progress(prepared.step)
+            request = prepared.request(out.run_id)
+            held = keep_lock and request["final_phase"] == Phase.SWITCHED
+            sending.append("apply")
+            done = expect_ok(sess.call(request)[0] if held else _finish(sess, request), host.name, "apply")
+            out.changed = True
+            out.phase = request["final_phase"]
+            out.backup_id = done["backup_id"]
+            out.purged, out.pruned = done["purged"], done["pruned"]
+            out.history_warning = done.get("history_warning")
+            out.summary = prepared.done(done)
+            if held:
+                out.smoke_pending = out.run_id
+        out.round_trips, out.connections = sess.round_trips, transport.connections
     except DeployError as exc:
+        stack.close()
         if not sending:
             exc.host_unchanged = True  # read by fleet.outcome_of_error
         raise
+    except BaseException:
+        stack.close()
+        raise
     out.seconds = time.monotonic() - t0
-    return out
+    if held:
+        return PushSession(out, sess, host, stack, t0)
+    stack.close()
+    return PushSession(out, None, host, ExitStack(), t0)
 
 
-def _hold(sess: AgentSession, host: Host, out: Outcome, hold: Callable[[Outcome, Held], None]) -> None:
-    held = Held(sess, host, out.smoke_pending)
-    hold(out, held)
-    held.unlock()
-    if held.marked:
-        out.phase = held.marked
+def begin_push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
+               dry_run: bool = False, break_lock: bool = False, smoke: bool = False,
+               progress: Progress = _quiet) -> PushSession:
+    """Deploy the series on ``host``: discover, resolve and check the series (no lock
+    yet), then lock, re-read, drift check, back up, stage, switch.
+
+    ``desire`` (facts -> Desired) is called on the unlocked read: a release wheel it
+    downloads, or a check it runs, never holds the host's lock.
+    ``smoke``: the caller runs smoke levels next, so the switch ends in phase ``switched``
+    (files patched, smoke not passed) and the returned session still holds the lock
+    (``locked``): the caller smokes, then ``mark``s ``deployed`` (or unlocks and rolls
+    back), so no other push or mark interleaves. Without, the switch ends ``deployed``
+    and the session comes back unlocked. A host left ``switched`` by an earlier run of the
+    same series has nothing to switch: with ``smoke`` the session's ``run_id`` names that
+    run (the caller smokes it again), without it is marked ``deployed`` here, unless its
+    journal records a failed smoke level (then it stays ``switched``: only a smoke that
+    passes may mark it).
+    """
+    return _push(host, transport, paths, desire, dry_run=dry_run, break_lock=break_lock, smoke=smoke,
+                 progress=progress, keep_lock=smoke)
 
 
 def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
-         dry_run: bool = False, break_lock: bool = False, smoke: bool = False,
-         after_switch: Callable[[Outcome, Held], None] | None = None, progress: Progress = _quiet) -> Outcome:
-    """Deploy the series on ``host``: lock, discover, drift check, check, back up, stage, switch.
+         dry_run: bool = False, break_lock: bool = False, smoke: bool = False, progress: Progress = _quiet) -> Outcome:
+    """``begin_push`` without holding the lock afterwards: the outcome only (with ``smoke``,
+    the journal stays ``switched`` and ``smoke_pending`` names the run to smoke and mark)."""
+    with _push(host, transport, paths, desire, dry_run=dry_run, break_lock=break_lock, smoke=smoke,
+               progress=progress, keep_lock=False) as session:
+        return session.outcome
 
-    ``smoke``: the caller runs smoke levels next, so the switch ends in phase ``switched``
-    (files patched, smoke not passed) and ``mark`` moves it to ``deployed`` once they pass;
-    without, the switch ends ``deployed``. A host left ``switched`` by an earlier run of the
-    same series has nothing to switch: with ``smoke`` the outcome's ``smoke_pending`` names
-    that run (the caller smokes it again), without it is marked ``deployed`` here.
-    ``after_switch`` (with ``smoke``): the smoke, run while this push still holds the lock,
-    so no other push or mark interleaves; it gets the outcome and a ``Held`` to mark with.
-    """
+
+def _push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
+          dry_run: bool, break_lock: bool, smoke: bool, progress: Progress, keep_lock: bool) -> PushSession:
     seen: dict = {}
 
-    def prepare(facts: dict, progress: Progress) -> _Prepared:
-        progress("check")
+    def resolve(facts: dict, progress: Progress) -> Desired:
+        progress("resolve + check the series")
+        return desire(facts)
+
+    def prepare(facts: dict, desired: Desired, progress: Progress) -> _Prepared:
+        progress("drift check + plan")
         _unsafe(host, facts)
-        desired = desire(facts)
         plan = plan_push(host.name, desired, _hashes(facts), facts["journal"])
         name = f"{desired.series} ({desired.series_id[:12]})"
         journal = dict(facts["journal"] or {})
@@ -346,9 +441,17 @@ def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[d
         if plan.noop and journal.get("phase") == Phase.SWITCHED and complete is None:
             seen.update(journal)
             noop = f"nothing to switch: {name} was switched by run {journal.get('run_id')}, whose smoke never passed"
+            failed = (journal.get("smoke") or {}).get("failed")
+            if failed:
+                noop = (f"nothing to switch: {name} was switched by run {journal.get('run_id')}, whose smoke "
+                        f"failed at {failed}")
             if not smoke and not dry_run:
-                noop_request = _mark(journal.get("run_id"), Phase.DEPLOYED)
-                noop += "; marked deployed without a smoke"
+                if failed:  # a level failed on these files: only a smoke that passes may mark them
+                    noop += ("; NOT marked deployed without a smoke: run `ddtree-deploy smoke --host "
+                             f"{host.name}` or `ddtree-deploy rollback --host {host.name}`")
+                else:
+                    noop_request = _mark(journal.get("run_id"), Phase.DEPLOYED)
+                    noop += "; marked deployed without a smoke"
         return _Prepared(
             plan,
             noop=noop,
@@ -361,13 +464,16 @@ def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[d
             complete=complete,
         )
 
-    outcome = _execute("push", host, transport, paths, prepare, dry_run=dry_run, break_lock=break_lock,
-                       progress=progress, hold=after_switch if smoke else None)
+    session = _execute("push", host, transport, paths, prepare, dry_run=dry_run, break_lock=break_lock,
+                       progress=progress, resolve=resolve, keep_lock=keep_lock)
+    outcome = session.outcome
     if outcome.phase == Phase.SWITCHED and not dry_run and outcome.smoke_pending is None:
         outcome.smoke_pending = outcome.run_id if outcome.changed else seen.get("run_id")
         if not outcome.changed:
             outcome.backup_id = seen.get("backup_id")
-    return outcome
+    if outcome.smoke_pending is not None and outcome.smoke_pending == seen.get("run_id"):
+        outcome.smoke_failed = (seen.get("smoke") or {}).get("failed")
+    return session
 
 
 def _mark(run_id: str | None, phase: str, smoke: dict | None = None, expect: str = Phase.SWITCHED) -> dict:
@@ -423,7 +529,7 @@ def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run
              break_lock: bool = False, progress: Progress = _quiet) -> Outcome:
     """Restore a backup (the newest, or ``to``) through the same staged, verified switch as push."""
 
-    def prepare(facts: dict, progress: Progress) -> _Prepared:
+    def prepare(facts: dict, _resolved: object, progress: Progress) -> _Prepared:
         _unsafe(host, facts)
         manifest = _choose_backup(host, facts["backups"], to)
         plan = plan_rollback(host.name, manifest, _hashes(facts), facts["journal"])
@@ -447,7 +553,7 @@ def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run
         )
 
     outcome = _execute("rollback", host, transport, [], prepare, dry_run=dry_run, break_lock=break_lock,
-                       progress=progress)
+                       progress=progress).outcome
     outcome.backup_id = outcome.plan.backup_id if outcome.plan else None
     return outcome
 
@@ -595,5 +701,5 @@ def patched_paths(facts: dict, files: dict[str, bytes | None]) -> list[str]:
     return out
 
 
-__all__ = ["AgentFailed", "Held", "Outcome", "describe", "patched_paths", "explain", "mark", "pull", "push", "rollback",
+__all__ = ["AgentFailed", "Outcome", "PushSession", "begin_push", "describe", "patched_paths", "explain", "mark", "pull", "push", "rollback",
            "status", "TEST_HOOKS_ENV"]

@@ -38,8 +38,10 @@ class Kind(str, Enum):
     FAILED_ROLLED_BACK = "failed, rolled back"  # smoke failed after the switch; the backup is back
     FAILED_NOT_ROLLED_BACK = "failed, NOT rolled back"  # --no-rollback, or the automatic rollback failed
     SWITCHED = "switched, smoke not passed"  # files patched, but the smoke could not run or the mark failed
-    FAILED_BEFORE_CHANGE = "failed before any change"
-    FAILED_UNCHANGED = "failed, host unchanged"  # the switch failed; the agent switched every file back
+    # Nothing on the host changed: refused before the apply request was sent (drift, lock
+    # held, check, no sglang in the host's python...), or the switch failed and the agent
+    # switched every file back in the same op (the error names the file and errno).
+    FAILED_UNCHANGED = "failed, host unchanged"
     FAILED_UNKNOWN = "failed, state unknown"  # the error came from a step that may have changed files
     SKIPPED = "skipped"
     UNREACHABLE = "unreachable"
@@ -172,9 +174,7 @@ def outcome_of_error(exc: DeployError) -> Kind:
     changed files: "state unknown", with `status` as the way to find out."""
     if exc.code in UNREACHABLE:
         return Kind.UNREACHABLE
-    if getattr(exc, "host_unchanged", False) or exc.code in BEFORE_CHANGE:
-        return Kind.FAILED_BEFORE_CHANGE
-    if exc.code == Code.FAILED_UNCHANGED:
+    if getattr(exc, "host_unchanged", False) or exc.code in BEFORE_CHANGE or exc.code == Code.FAILED_UNCHANGED:
         return Kind.FAILED_UNCHANGED
     return Kind.FAILED_UNKNOWN
 

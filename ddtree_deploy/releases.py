@@ -18,11 +18,13 @@ import io
 import json
 import os
 import tempfile
+import threading
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, Iterator
 from urllib.parse import urljoin
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -214,11 +216,43 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download(file: ReleaseFile, dest_dir: Path | None = None) -> Path:
-    """Download one file, verify its sha256 while streaming, then rename it into place. Network."""
+#: ``(file, bytes received so far)``: called with 0 before the first byte, then after each chunk.
+DownloadProgress = Callable[[ReleaseFile, int], None]
+
+_listeners: list[DownloadProgress] = []
+_listeners_lock = threading.Lock()
+
+
+@contextmanager
+def reporting_downloads(listener: DownloadProgress) -> Iterator[None]:
+    """Every ``download`` in this block without a ``progress`` of its own reports to ``listener``
+    (the CLI draws a progress bar): the commands that may need a wheel deep inside (a push's
+    release snapshot, a check) need not pass a callback through every layer."""
+    with _listeners_lock:
+        _listeners.append(listener)
+    try:
+        yield
+    finally:
+        with _listeners_lock:
+            _listeners.remove(listener)
+
+
+def _report(progress: DownloadProgress | None) -> DownloadProgress | None:
+    if progress is not None:
+        return progress
+    with _listeners_lock:
+        return _listeners[-1] if _listeners else None
+
+
+def download(file: ReleaseFile, dest_dir: Path | None = None, progress: DownloadProgress | None = None) -> Path:
+    """Download one file, verify its sha256 while streaming, then rename it into place. Network.
+
+    ``progress`` (else the listener of an enclosing ``reporting_downloads``) hears the bytes
+    received."""
     import urllib.error
     import urllib.request
 
+    report = _report(progress)
     dest_dir = dest_dir if dest_dir is not None else wheel_cache()
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / file.filename
@@ -227,10 +261,16 @@ def download(file: ReleaseFile, dest_dir: Path | None = None) -> Path:
     try:
         with os.fdopen(fd, "wb") as fh:
             try:
+                received = 0
+                if report is not None:
+                    report(file, 0)
                 with urllib.request.urlopen(file.url, timeout=TIMEOUT_S) as resp:
                     for chunk in iter(lambda: resp.read(_CHUNK), b""):
                         digest.update(chunk)
                         fh.write(chunk)
+                        received += len(chunk)
+                        if report is not None:
+                            report(file, received)
             except urllib.error.HTTPError as exc:
                 raise DeployError(f"{file.url}: HTTP {exc.code}") from None
             except (urllib.error.URLError, OSError) as exc:
@@ -263,11 +303,13 @@ def _cached_verified(release: Release) -> Path | None:
     return None
 
 
-def ensure_wheel(version: str, project: str = PROJECT, *, index: str | None = None) -> Path:
+def ensure_wheel(version: str, project: str = PROJECT, *, index: str | None = None,
+                 progress: DownloadProgress | None = None) -> Path:
     """A verified wheel of ``project==version`` in the cache, downloading only when needed.
 
     Offline path: cached listing knows the version and a cached wheel matches its
-    sha256 -> no network at all. Otherwise refresh the listing and download.
+    sha256 -> no network at all. Otherwise refresh the listing and download
+    (``progress``: see ``download``).
     """
     parse_version(version)
     doc = cached_project(project)
@@ -288,7 +330,7 @@ def ensure_wheel(version: str, project: str = PROJECT, *, index: str | None = No
         if cached is not None:
             return cached
         if attempt == "network":
-            return download(choose_wheel(release))
+            return download(choose_wheel(release), progress=progress)
     raise AssertionError("unreachable: the network attempt returns or raises")
 
 
@@ -369,6 +411,7 @@ __all__ = [
     "parse_project",
     "parse_version",
     "read_wheel_files",
+    "reporting_downloads",
     "sha256_file",
     "wheel_cache",
     "wheel_candidates",

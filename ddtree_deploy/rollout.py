@@ -40,6 +40,7 @@ class EventKind(enum.Enum):
     STEP = "step"  # a host began a step (the previous one, if any, finished)
     HEARTBEAT = "heartbeat"  # a long smoke level is still running (``seconds`` so far)
     WARNING = "warning"  # something the operator must see now (a broken lock, a series not loaded)
+    DOWNLOAD = "download"  # a release wheel is downloading (``text``: its name; ``received`` of ``total`` bytes)
     FINISHED = "finished"  # a host ended: ``result`` says how
 
 
@@ -50,6 +51,8 @@ class Event:
     text: str = ""
     seconds: float | None = None
     result: HostResult | None = None
+    received: int | None = None  # DOWNLOAD: bytes so far (0: it starts)
+    total: int | None = None  # DOWNLOAD: the file's size
 
 
 Listener = Callable[[Event], None]
@@ -205,7 +208,7 @@ class AfterPush:
 
 def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome, series, *,
                levels: Sequence[str] | None = None, auto_rollback: bool = True, log_dir=None,
-               progress: Progress = _quiet, held: deploy.Held | None = None,
+               progress: Progress = _quiet, held: deploy.PushSession | None = None,
                heartbeat: Callable[[str, float], None] | None = None) -> AfterPush:
     """Run the host's smoke levels after a push switched files; roll back if one fails.
 
@@ -216,10 +219,14 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
     ``deployed`` (``deploy.mark``, compare-and-set on the run id). The rollback restores
     the backup the push made, through ``deploy.rollback`` (the same verified switch).
 
-    ``held`` (``deploy.Held``, from ``deploy.push(after_switch=...)``): the push's session,
-    still holding the deploy lock; the mark goes through it (and its lock is released
-    before a rollback, which takes the lock itself). Without it, ``deploy.mark`` opens a
-    session of its own.
+    ``held`` (``deploy.begin_push``'s session, ``locked``): the push's session, still
+    holding the deploy lock; the mark goes through it (and its lock is released before a
+    rollback, which takes the lock itself). Without it, ``deploy.mark`` opens a session of
+    its own.
+
+    A host whose earlier smoke failed at a level (recorded in its journal, kept by
+    ``--no-rollback``: ``outcome.smoke_failed``) runs that level again, whatever
+    ``levels`` says: it is never marked deployed on a smoke that skipped it.
     """
 
     def mark(phase: str, smoke_doc: dict | None = None) -> None:
@@ -234,9 +241,19 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         return AfterPush(None, skipped="nothing was switched", host=host.name)
     settings = smoke_settings.parse_settings(host.smoke, source=host.source)
     touched, flags = smoke_plan.series_inputs(series)
-    plan = smoke_plan.plan_smoke(settings, touched_paths=touched, flags=flags, levels=levels, source=host.source,
-                            log_path=smoke_plan.host_log_path(host.state_dir, outcome.run_id),
-                            family=smoke_settings.family_smoke(series))
+    wanted = smoke_plan.choose_levels(settings, levels, source=host.source)
+    redo = outcome.smoke_failed if pending is not None else None
+    if redo and redo not in wanted:
+        wanted += (redo,)
+    try:
+        plan = smoke_plan.plan_smoke(settings, touched_paths=touched, flags=flags, levels=wanted, source=host.source,
+                                log_path=smoke_plan.host_log_path(host.state_dir, outcome.run_id),
+                                family=smoke_settings.family_smoke(series))
+    except BadInput as exc:
+        if not redo:
+            raise
+        return AfterPush(None, host=host.name, phase=Phase.SWITCHED,
+                         error=f"its earlier smoke failed at {redo}, which cannot run here: {exc.message}")
     if not plan.levels:
         return AfterPush(None, skipped="no smoke levels configured", host=host.name)
     try:
@@ -335,7 +352,7 @@ def push_kind(outcome: deploy.Outcome, after: AfterPush | None, *, dry_run: bool
             return Kind.PLANNED
         if not dry_run and phase == Phase.SWITCHED:
             return Kind.SWITCHED
-        return Kind.ALREADY if ok else Kind.FAILED_BEFORE_CHANGE
+        return Kind.ALREADY if ok else Kind.FAILED_UNCHANGED
     if ok:
         return Kind.PUSHED
     failed_smoke = after is not None and after.report is not None and not after.report.ok
@@ -415,9 +432,17 @@ class PushOptions:
 
 def _fleet(command: str, hosts: Sequence[Host], policy: Policy, one: Callable[[Host, Progress], HostResult],
            listener: Listener) -> FleetReport:
+    from ddtree_deploy import releases
+
     by_name = {h.name: h for h in hosts}
-    return run_fleet(command, [h.name for h in hosts], policy, lambda name, progress: one(by_name[name], progress),
-                     _Relay(listener))
+
+    def downloading(file, received: int) -> None:
+        # The series check fetches a release wheel it needs (once per fleet, before any lock).
+        listener(Event(EventKind.DOWNLOAD, "", file.filename, received=received, total=file.size))
+
+    with releases.reporting_downloads(downloading):
+        return run_fleet(command, [h.name for h in hosts], policy,
+                         lambda name, progress: one(by_name[name], progress), _Relay(listener))
 
 
 def push_policy_for(hosts: Sequence[Host], options: PushOptions) -> Policy:
@@ -436,32 +461,33 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     any connection. Anything a host does becomes its ``HostResult``.
     """
     policy = push_policy_for(hosts, options)
-    smoking = options.smoke and not options.dry_run
     levels = list(options.levels) or None
     # Per host: will smoke levels run after the switch? Then the switch journals `switched`,
     # and only a passed smoke makes it `deployed`. A typo in [smoke] must not surface only
-    # after the switch: every table is checked here.
-    smokes = {h.name: smoking and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels, source=h.source))
-              for h in hosts}
+    # after the switch: every table is checked here, for a dry run too (same errors).
+    smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels, source=h.source))
+              and not options.dry_run for h in hosts}
     paths, choose, forced = series_chooser(options.family)
     chosen: dict = {}
     check = CheckOnce()
 
     def one(h: Host, progress: Progress) -> HostResult:
-        done: dict = {}
+        def heartbeat(level: str, seconds: float) -> None:
+            on_event(Event(EventKind.HEARTBEAT, h.name, f"smoke {level}", seconds=seconds))
 
-        def after_switch(outcome: deploy.Outcome, held: deploy.Held) -> None:
-            # The smoke runs while the push still holds the host's deploy lock.
-            done["after"] = after_push(
-                h, lambda: connect(h), outcome, chosen[h.name], levels=levels, auto_rollback=options.auto_rollback,
-                log_dir=options.log_dir, progress=progress, held=held,
-                heartbeat=lambda lvl, s: on_event(Event(EventKind.HEARTBEAT, h.name, f"smoke {lvl}", seconds=s)))
-
-        outcome = deploy.push(h, connect(h), paths, _desire(h, choose, forced, check, chosen),
-                              dry_run=options.dry_run, break_lock=options.break_lock, smoke=smokes[h.name],
-                              after_switch=after_switch, progress=progress)
+        after: AfterPush | None = None
+        # The series is resolved and checked (a release wheel downloaded, if one is needed)
+        # before the host's lock is taken; a switch that awaits its smoke comes back with
+        # the lock still held, so the smoke, the mark or the rollback follow here in order.
+        with deploy.begin_push(h, connect(h), paths, _desire(h, choose, forced, check, chosen),
+                               dry_run=options.dry_run, break_lock=options.break_lock, smoke=smokes[h.name],
+                               progress=progress) as pushed:
+            outcome = pushed.outcome
+            if pushed.locked:
+                after = after_push(h, lambda: connect(h), outcome, chosen[h.name], levels=levels,
+                                   auto_rollback=options.auto_rollback, log_dir=options.log_dir, progress=progress,
+                                   held=pushed, heartbeat=heartbeat)
         _warn_broken_lock(outcome, on_event)
-        after: AfterPush | None = done.get("after")
         doc = outcome.to_json()
         lines = _summary_lines(outcome, show_plan=options.dry_run or outcome.changed)
         if not smokes[h.name]:

@@ -274,12 +274,12 @@ def test_killed_after_the_last_rename_rerun_runs_the_smoke_then_deploys(sshd, tm
     assert killed["phase"] == "switching"
     patched = files(h)
     results = []
-
-    def smoke_then_mark(outcome, held):
-        results.append(rollout.after_push(host, lambda: SSHTransport(host), outcome, series, levels=["compile"],
-                                        held=held))
-
-    rerun = push(host, series, smoke=True, after_switch=smoke_then_mark)
+    with deploy.begin_push(host, SSHTransport(host), TARGETS, lambda f: desired_for(series, host.name, f),
+                           smoke=True) as held:
+        assert held.locked
+        rerun = held.outcome
+        results.append(rollout.after_push(host, lambda: SSHTransport(host), rerun, series, levels=["compile"],
+                                          held=held))
     assert "already deployed" not in rerun.summary and rerun.smoke_pending == killed["run_id"], rerun.summary
     assert results and results[0].report is not None and results[0].ok and results[0].marked
     assert journal(h)["phase"] == "deployed" and journal(h)["run_id"] == killed["run_id"] and files(h) == patched

@@ -327,14 +327,12 @@ def test_connection_cut_while_the_push_holds_the_lock_during_its_smoke(world):
     proxy = w["proxy"]
     direct, proxied = w["direct"], w["proxied"]
     results: list = []
-
-    def smoke_then_cut(outcome, held):
-        proxy.arm(1)  # the next byte on the push's connection (the mark request) cuts it
-        results.append(rollout.after_push(direct, lambda: SSHTransport(direct), outcome, w["series"],
-                                        levels=["compile"], held=held))
-
     proxy.arm(None)
-    pushed = deploy.push(proxied, SSHTransport(proxied), TARGETS, desire(w), smoke=True, after_switch=smoke_then_cut)
+    with deploy.begin_push(proxied, SSHTransport(proxied), TARGETS, desire(w), smoke=True) as held:
+        pushed = held.outcome
+        proxy.arm(1)  # the next byte on the push's connection (the mark request) cuts it
+        results.append(rollout.after_push(direct, lambda: SSHTransport(direct), pushed, w["series"],
+                                          levels=["compile"], held=held))
     after = results[0]
     assert pushed.changed and proxy.cut and after.report.ok and not after.ok and after.mark_error, after.lines()
     assert "the host stays `switched`" in after.lines()[-1]
@@ -342,11 +340,10 @@ def test_connection_cut_while_the_push_holds_the_lock_during_its_smoke(world):
     doc = check_explained(w, files(w))
     assert doc["phase"] == "switched" and doc["series"]["run_id"] == pushed.run_id and doc["lock"] is None
 
-    def smoke_only(outcome, held):
-        results.append(rollout.after_push(direct, lambda: SSHTransport(direct), outcome, w["series"],
-                                        levels=["compile"], held=held))
-
-    rerun = deploy.push(direct, SSHTransport(direct), TARGETS, desire(w), smoke=True, after_switch=smoke_only)
+    with deploy.begin_push(direct, SSHTransport(direct), TARGETS, desire(w), smoke=True) as held:
+        rerun = held.outcome
+        results.append(rollout.after_push(direct, lambda: SSHTransport(direct), rerun, w["series"],
+                                          levels=["compile"], held=held))
     assert not rerun.changed and rerun.smoke_pending == pushed.run_id and rerun.phase == "deployed"
     assert results[1].ok and results[1].marked
     assert deploy.status(direct, SSHTransport(direct))["phase"] == "deployed"

@@ -113,7 +113,7 @@ def test_canary_alone_first_then_the_others_in_waves():
     assert s.done and s.skipped() == [] and s.stop_reason is None
 
 
-@pytest.mark.parametrize("kind", [Kind.FAILED_ROLLED_BACK, Kind.UNREACHABLE, Kind.FAILED_BEFORE_CHANGE])
+@pytest.mark.parametrize("kind", [Kind.FAILED_ROLLED_BACK, Kind.UNREACHABLE, Kind.FAILED_UNCHANGED])
 def test_a_failed_canary_starts_nobody_else(kind):
     s = Schedule(HOSTS, push_policy(HOSTS, canary=None, parallel=None, max_failures=3))
     assert s.ready() == ["a"]
@@ -133,7 +133,7 @@ def test_max_failures_stops_new_starts_but_running_hosts_finish():
 
 
 def test_max_failures_tolerates_k():
-    kinds = {"b": Kind.UNREACHABLE, "c": Kind.FAILED_BEFORE_CHANGE, "d": Kind.FAILED_ROLLED_BACK}
+    kinds = {"b": Kind.UNREACHABLE, "c": Kind.FAILED_UNCHANGED, "d": Kind.FAILED_ROLLED_BACK}
     s = Schedule(HOSTS, push_policy(HOSTS, canary=None, parallel=1, max_failures=2))
     assert _drain(s, kinds) == [["a"], ["b"], ["c"], ["d"]]  # the third failure stops it
     assert s.skipped() == ["e"]
@@ -154,13 +154,13 @@ def test_rollback_and_status_never_stop():
 def test_outcome_kinds():
     assert outcome_of_error(DeployError("x", code="connect")) is Kind.UNREACHABLE
     for code in ("locked", "drift", "host-key", "check-failed", "other-series"):
-        assert outcome_of_error(DeployError("x", code=code)) is Kind.FAILED_BEFORE_CHANGE
-    assert outcome_of_error(BadInput("x")) is Kind.FAILED_BEFORE_CHANGE
+        assert outcome_of_error(DeployError("x", code=code)) is Kind.FAILED_UNCHANGED
+    assert outcome_of_error(BadInput("x")) is Kind.FAILED_UNCHANGED
     # An error this module cannot place before the switch is never called "no change".
     assert outcome_of_error(DeployError("x", code="connection-lost")) is Kind.FAILED_UNKNOWN
     # The agent's preflight refuses before any write; a failed switch it undid leaves the host unchanged.
     for code in ("preflight", "permission", "no-space", "unsafe-file", "bad-state-dir"):
-        assert outcome_of_error(DeployError("x", code=code)) is Kind.FAILED_BEFORE_CHANGE
+        assert outcome_of_error(DeployError("x", code=code)) is Kind.FAILED_UNCHANGED
     assert outcome_of_error(DeployError("x", code="failed-unchanged")) is Kind.FAILED_UNCHANGED
     assert not Kind.FAILED_UNCHANGED.ok
     assert outcome_of_error(DeployError("x", code="agent")) is Kind.FAILED_UNKNOWN
@@ -168,7 +168,7 @@ def test_outcome_kinds():
     early = DeployError("x", code="no-sglang")
     assert outcome_of_error(early) is Kind.FAILED_UNKNOWN
     early.host_unchanged = True
-    assert outcome_of_error(early) is Kind.FAILED_BEFORE_CHANGE
+    assert outcome_of_error(early) is Kind.FAILED_UNCHANGED
 
 
 # How a push or rollback that returned ended: decided from the typed values the steps
@@ -237,16 +237,16 @@ def test_a_host_left_switched_is_not_ok_and_says_why():
 
 def test_report_exit_code_and_json():
     pushed = HostResult("a", Kind.PUSHED, {"host": "a", "summary": "pushed"})
-    bad = HostResult("b", Kind.FAILED_BEFORE_CHANGE, {"host": "b"}, "bad", 2)
+    bad = HostResult("b", Kind.FAILED_UNCHANGED, {"host": "b"}, "bad", 2)
     skip = HostResult("c", Kind.SKIPPED, {"host": "c"}, "not started", 1)
     policy = spread_policy("abc", parallel=None)
     assert FleetReport("push", policy, (pushed,)).exit_code == 0
     report = FleetReport("push", policy, (pushed, bad, skip))
     assert report.exit_code == 2 and not report.ok
     doc = report.to_json()
-    assert doc["counts"] == {"pushed": 1, "failed before any change": 1, "skipped": 1}
+    assert doc["counts"] == {"pushed": 1, "failed, host unchanged": 1, "skipped": 1}
     assert [(h["host"], h["ok"], h["outcome"]) for h in doc["hosts"]] == \
-        [("a", True, "pushed"), ("b", False, "failed before any change"), ("c", False, "skipped")]
+        [("a", True, "pushed"), ("b", False, "failed, host unchanged"), ("c", False, "skipped")]
 
 
 # ---------------------------------------------------------------- the runner's thread loop
@@ -296,7 +296,7 @@ def test_runner_parallel_limit_isolation_and_skips():
     assert order[0] == "canary" and most[0] == 3
     kinds = {r.host: r.kind for r in report.results}
     assert kinds == {"canary": Kind.PUSHED, "w1": Kind.PUSHED, "w2": Kind.PUSHED, "w3": Kind.PUSHED,
-                     "boom": Kind.FAILED_UNKNOWN, "late": Kind.FAILED_BEFORE_CHANGE}
+                     "boom": Kind.FAILED_UNKNOWN, "late": Kind.FAILED_UNCHANGED}
     boom = next(r for r in report.results if r.host == "boom")
     assert boom.doc["error"]["code"] == "internal" and "ValueError: a bug on one host" in boom.message
     assert [r.host for r in report.results] == hosts  # selection order, whatever the finishing order

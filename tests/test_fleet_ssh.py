@@ -141,7 +141,7 @@ def test_push_status_rollback_of_a_group_with_every_kind_of_failure(fleet, oracl
     dry = cli("push", "--group", "gpu", "--dry-run", "--json")  # every host planned, none waits, nothing changes
     assert dry.exit_code == 1
     assert outcomes(json.loads(dry.stdout)) == {
-        "canary": "dry run: would change", "good1": "dry run: would change", "drift": "failed before any change",
+        "canary": "dry run: would change", "good1": "dry run: would change", "drift": "failed, host unchanged",
         "smoke": "dry run: would change", "down": "unreachable", "good2": "dry run: would change"}
     assert {n: tree_of(h) for n, h in fleet.hosts.items()} == before
 
@@ -149,20 +149,20 @@ def test_push_status_rollback_of_a_group_with_every_kind_of_failure(fleet, oracl
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
     assert doc["ok"] is False and [h["host"] for h in doc["hosts"]] == names
-    assert outcomes(doc) == {"canary": "pushed", "good1": "pushed", "drift": "failed before any change",
+    assert outcomes(doc) == {"canary": "pushed", "good1": "pushed", "drift": "failed, host unchanged",
                              "smoke": "failed, rolled back", "down": "unreachable", "good2": "pushed"}
     by = {h["host"]: h for h in doc["hosts"]}
     assert by["drift"]["error"]["code"] == "drift" and by["down"]["error"]["code"] == "connect"
     assert by["smoke"]["auto_rollback"]["done"] is True
     assert [(lv["level"], lv["status"]) for lv in by["smoke"]["smoke"]["levels"]] == [("import", "failed")]
-    assert doc["counts"] == {"pushed": 3, "failed before any change": 1, "failed, rolled back": 1, "unreachable": 1}
+    assert doc["counts"] == {"pushed": 3, "failed, host unchanged": 1, "failed, rolled back": 1, "unreachable": 1}
     for name in ("canary", "good1", "good2"):
         assert files_of(fleet.hosts[name]) == patched, name
     assert files_of(fleet.hosts["smoke"]) == pristine  # rolled back automatically, sha256-verified
     assert fleet.hosts["drift"].read(SPEC) == b"# edited by hand on the host\n"
     assert fleet.hosts["drift"].read(ADDED) is None and backups(fleet.hosts["drift"]) == []
     # The outcome table is on stderr; only the JSON document is on stdout.
-    for row in ("canary", "pushed", "failed, rolled back", "unreachable", "failed before any change"):
+    for row in ("canary", "pushed", "failed, rolled back", "unreachable", "failed, host unchanged"):
         assert row in result.stderr
     assert "smoke failed at import" in result.stderr
 
@@ -181,7 +181,7 @@ def test_push_status_rollback_of_a_group_with_every_kind_of_failure(fleet, oracl
     rolled = cli("rollback", "--group", "gpu", "--parallel", "2", "--json")
     assert rolled.exit_code == 1
     assert outcomes(json.loads(rolled.stdout)) == {
-        "canary": "rolled back", "good1": "rolled back", "drift": "failed before any change",
+        "canary": "rolled back", "good1": "rolled back", "drift": "failed, host unchanged",
         "smoke": "already rolled back", "down": "unreachable", "good2": "rolled back"}
     for name in ("canary", "good1", "good2", "smoke"):
         assert files_of(fleet.hosts[name]) == pristine, name
@@ -235,7 +235,7 @@ def test_max_failures_and_a_held_lock(fleet, oracle):
         first = cli("push", *hosts, "--parallel", "1", "--json")
         assert first.exit_code == 1
         doc = json.loads(first.stdout)
-        assert outcomes(doc) == {"g1": "pushed", "locked": "failed before any change", "g2": "skipped",
+        assert outcomes(doc) == {"g1": "pushed", "locked": "failed, host unchanged", "g2": "skipped",
                                  "g3": "skipped"}
         assert doc["hosts"][1]["error"]["code"] == "locked" and "alice@laptop" in doc["hosts"][1]["error"]["message"]
         assert doc["stopped"] == "1 host(s) failed (--max-failures 0)"
@@ -244,7 +244,7 @@ def test_max_failures_and_a_held_lock(fleet, oracle):
 
         second = cli("push", *hosts, "--parallel", "1", "--max-failures", "1", "--json")
         assert second.exit_code == 1
-        assert outcomes(json.loads(second.stdout)) == {"g1": "already deployed", "locked": "failed before any change",
+        assert outcomes(json.loads(second.stdout)) == {"g1": "already deployed", "locked": "failed, host unchanged",
                                                        "g2": "pushed", "g3": "pushed"}
         assert all(files_of(fleet.hosts[n]) == patched for n in ("g1", "g2", "g3"))
         assert files_of(fleet.hosts["locked"]) == pristine
@@ -301,7 +301,7 @@ def test_two_fleet_pushes_over_overlapping_hosts_push_each_host_once(fleet, orac
 def test_a_host_without_sglang_is_failed_before_any_change(fleet, oracle):
     """Issue #14: the error (no-sglang, from the agent's discovery) is not in any list of
     'before change' codes; deploy marks it where it happens (before the apply request), so
-    the host reads 'failed before any change', not 'failed, state unknown'."""
+    the host reads 'failed, host unchanged', not 'failed, state unknown'."""
     pristine, patched = oracle
     fleet.add("canary", 0)
     bare = fleet.add("bare", 1)
@@ -310,7 +310,7 @@ def test_a_host_without_sglang_is_failed_before_any_change(fleet, oracle):
     result = cli("push", "--host", "canary", "--host", "bare", "--json")
     assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
-    assert outcomes(doc) == {"canary": "pushed", "bare": "failed before any change"}
+    assert outcomes(doc) == {"canary": "pushed", "bare": "failed, host unchanged"}
     assert {h["host"]: h for h in doc["hosts"]}["bare"]["error"]["code"] == "no-sglang"
     assert files_of(fleet.hosts["canary"]) == patched and tree_of(bare) == before
 
@@ -332,7 +332,7 @@ def test_rollout_push_without_the_cli_typed_outcomes_and_events(fleet, oracle):
     report = rollout.push(hosts, transport_for, rollout.PushOptions(max_failures=1), on_event=events.append)
     by = {r.host: r for r in report.results}
     assert by["canary"].kind is Kind.PUSHED and by["canary"].error is None
-    assert by["drift"].kind is Kind.FAILED_BEFORE_CHANGE and by["drift"].error.code == Code.DRIFT
+    assert by["drift"].kind is Kind.FAILED_UNCHANGED and by["drift"].error.code == Code.DRIFT
     assert by["drift"].hint and "snapshot pull" in by["drift"].hint
     assert by["canary"].lines[0].startswith("canary: pushed ") and not report.ok and report.exit_code == 1
     for name in ("canary", "drift"):

@@ -137,7 +137,7 @@ def test_push_status_rollback(host, oracle):
     assert files_of(host) == pristine and not host.state_dir.exists()  # a dry run touches nothing
 
     pushed = json.loads(ok("push", "--host", host.name, "--json").stdout)["hosts"][0]
-    assert pushed["changed"] and pushed["round_trips"] == 2 and pushed["connections"] == 1
+    assert pushed["changed"] and pushed["round_trips"] == 3 and pushed["connections"] == 1
     assert files_of(host) == patched  # byte-identical to GNU patch's result
     st = spec.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (4321, 8765, 0o640)
@@ -189,7 +189,7 @@ def test_round_trips_and_connections_do_not_grow_with_files(host, tmp_path):
         assert len(pushed["plan"]["files"]) == n + 2
         rolled = json.loads(ok("rollback", "--host", host.name, "--json").stdout)["hosts"][0]
         counts[n] = (pushed["round_trips"], pushed["connections"], rolled["round_trips"], rolled["connections"])
-    assert counts[1] == counts[12] == (2, 1, 2, 1)
+    assert counts[1] == counts[12] == (3, 1, 2, 1)
 
 
 def test_drift_is_refused_until_snapshot_pull(host, oracle):
@@ -202,8 +202,9 @@ def test_drift_is_refused_until_snapshot_pull(host, oracle):
     assert SPEC not in result.stderr.split("match neither")[1].split("hint")[0]
     # Progress is in order and the step that failed says so, before the error line (issue #14).
     steps = result.stderr.split("error:")[0]
-    assert f"{host.name}: lock + discover (" in steps and f"{host.name}: check failed (" in steps
-    assert steps.index("lock + discover (") < steps.index("check failed (")
+    assert f"{host.name}: lock + discover (" in steps and f"{host.name}: drift check + plan failed (" in steps
+    assert (steps.index("discover (") < steps.index("resolve + check the series (") < steps.index("lock + discover (")
+            < steps.index("plan failed ("))  # the series is resolved and checked before the lock
     assert files_of(host) == {**pristine, UTILS: edited}
     assert not (host.state_dir / "backups").exists() and not (host.state_dir / "lock").exists()
 
@@ -237,41 +238,63 @@ def test_a_series_that_does_not_apply_changes_nothing(host, oracle, tmp_path):
 
 
 def test_two_pushes_at_once_exactly_one_proceeds(host, oracle):
-    """The first push holds the lock while it plans; the second arrives then and is refused."""
+    """The first push holds the lock after its switch (its smoke would run now); a second
+    push arrives then and is refused, naming the holder; the first then marks and unlocks."""
     _pristine, patched = oracle
     h = load_host(host.name)
     series = load_family(FAMILY)
-    holding = threading.Event()
-    release = threading.Event()
-    results: dict[str, object] = {}
+
+    def desire(facts):
+        return desired_for(series, h.name, facts)
+
+    with deploy.begin_push(h, SSHTransport(h), list(TARGETS), desire, smoke=True) as first:
+        assert first.locked and first.outcome.changed and (host.state_dir / "lock").is_dir()
+        with pytest.raises(DeployError) as second:
+            deploy.push(h, SSHTransport(h), list(TARGETS), desire)
+        first.mark("deployed")
+    assert second.value.code == "locked" and second.value.host_unchanged
+    assert f"(run {first.outcome.run_id}, push" in second.value.message
+    assert "since 20" in second.value.message and "@" in second.value.message
+    assert files_of(host) == patched and not (host.state_dir / "lock").exists()
+    assert len(list((host.state_dir / "backups").iterdir())) == 1
+    assert json.loads((host.state_dir / "journal.json").read_text())["phase"] == "deployed"
+
+
+def test_the_series_is_resolved_before_the_lock_is_taken(host, oracle):
+    """``desire`` (family, release snapshot, check, any wheel download) runs on the unlocked
+    read: while it works the host holds no lock of this push, and another push may switch
+    meanwhile; the first then plans from its locked read (already deployed), not its first."""
+    _pristine, patched = oracle
+    h = load_host(host.name)
+    series = load_family(FAMILY)
+    resolving, release = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
 
     def slow_desire(facts):
-        holding.set()
+        seen["lock_while_resolving"] = (host.state_dir / "lock").exists()
+        resolving.set()
         assert release.wait(30)
         return desired_for(series, h.name, facts)
 
     def first():
         try:
-            results["first"] = deploy.push(h, SSHTransport(h), list(TARGETS), slow_desire)
+            seen["first"] = deploy.push(h, SSHTransport(h), list(TARGETS), slow_desire)
         except Exception as exc:  # reported below
-            results["first"] = exc
+            seen["first"] = exc
 
     t = threading.Thread(target=first)
     t.start()
     try:
-        assert holding.wait(30)
-        with pytest.raises(DeployError) as second:
-            deploy.push(h, SSHTransport(h), list(TARGETS), lambda facts: desired_for(series, h.name, facts))
+        assert resolving.wait(30)
+        other = deploy.push(h, SSHTransport(h), list(TARGETS), lambda facts: desired_for(series, h.name, facts))
     finally:
         release.set()
         t.join(60)
-    assert second.value.code == "locked"
-    first_outcome = results["first"]
-    assert isinstance(first_outcome, deploy.Outcome) and first_outcome.changed
-    assert f"(run {first_outcome.run_id}, push" in second.value.message
-    assert "since 20" in second.value.message and "@" in second.value.message
-    assert files_of(host) == patched
-    assert len(list((host.state_dir / "backups").iterdir())) == 1
+    assert seen["lock_while_resolving"] is False and other.changed
+    first_outcome = seen["first"]
+    assert isinstance(first_outcome, deploy.Outcome) and not first_outcome.changed, first_outcome
+    assert "already deployed" in first_outcome.summary
+    assert files_of(host) == patched and len(list((host.state_dir / "backups").iterdir())) == 1
 
 
 def test_lock_of_a_live_run_needs_break_lock(host, oracle):
@@ -424,13 +447,21 @@ def test_push_runs_the_smoke_and_rolls_back_when_it_fails(host, oracle):
     assert (f"files patched by run {journal['run_id']} (3 patched); the smoke has not passed (it failed at import): "
             f"run `ddtree-deploy smoke --host {host.name}` or `ddtree-deploy rollback --host {host.name}`"
             ) == status["explanation"]
-    # --no-smoke on a switched host: nothing to switch, the operator skips the smoke: deployed.
+    # A re-push never marks these files deployed without running the level that failed:
+    # --no-smoke leaves the host `switched` (exit 1), saying why ...
     skipped = cli("push", "--host", host.name, "--no-smoke")
-    assert skipped.exit_code == 0 and "nothing to switch" in skipped.stdout, skipped.output
-    assert f"was switched by run {journal['run_id']}" in skipped.stdout
-    assert "marked deployed without a smoke" in skipped.stdout
-    assert json.loads((host.state_dir / "journal.json").read_text())["phase"] == "deployed"
-    assert "already deployed" in ok("push", "--host", host.name, "--no-smoke").stdout
+    assert skipped.exit_code == 1 and "nothing to switch" in skipped.stdout, skipped.output
+    assert f"was switched by run {journal['run_id']}, whose smoke failed at import" in skipped.stdout
+    assert "NOT marked deployed without a smoke" in skipped.stdout
+    assert json.loads((host.state_dir / "journal.json").read_text())["phase"] == "switched"
+    # ... and a smoke of other levels runs the failed one too (it fails again here: kept).
+    rerun = cli("push", "--host", host.name, "--level", "compile", "--no-rollback", "--json")
+    doc = json.loads(rerun.stdout)["hosts"][0]
+    assert rerun.exit_code == 1 and doc["outcome"] == "failed, NOT rolled back", rerun.output
+    assert [(l["level"], l["status"]) for l in doc["smoke"]["levels"]] == [("compile", "passed"), ("import", "failed")]
+    assert json.loads((host.state_dir / "journal.json").read_text())["phase"] == "switched"
+    ok("rollback", "--host", host.name)
+    assert files_of(host) == pristine
 
 
 def _journal(host: TestHost) -> dict:
@@ -550,3 +581,109 @@ def test_status_lists_only_the_hosts_own_files_once_they_are_known():
     assert [(f["path"], f["state"]) for f in doc["files"]] == [("a.py", "pristine")]
     unknown = describe("h", facts, None)  # nothing known: what is present, as unknown
     assert [(f["path"], f["state"]) for f in unknown["files"]] == [("a.py", "unknown"), ("present_other.py", "unknown")]
+
+
+# ---------------------------------------------------------------- a release wheel download never holds a lock
+
+
+@pytest.fixture
+def uncached_release(tmp_path, monkeypatch, release_wheel, release_version, data_dir):
+    """An empty wheel cache, a snapshot folder without the release's files (so the push's
+    check must re-extract them from the wheel), and a real HTTP index on loopback serving
+    the real wheel (tests/test_releases.py's), so the push really downloads it."""
+    from test_releases import _doc, _Index
+
+    root = tmp_path / "www"
+    (root / "pypi" / "sglang").mkdir(parents=True)
+    (root / "packages").mkdir()
+    shutil.copy(release_wheel, root / "packages" / release_wheel.name)
+    doc = _doc(data_dir)
+    doc["releases"][release_version] = [{
+        "filename": release_wheel.name, "url": f"../../packages/{release_wheel.name}",
+        "digests": {"sha256": hashlib.sha256(release_wheel.read_bytes()).hexdigest()},
+        "size": release_wheel.stat().st_size, "packagetype": "bdist_wheel", "yanked": False}]
+    (root / "pypi" / "sglang" / "json").write_text(json.dumps(doc))
+    snapshots = tmp_path / "snapshot"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "snapshot", snapshots,
+                    ignore=shutil.ignore_patterns("files"))
+    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(snapshots))
+    monkeypatch.setenv("DDTREE_DEPLOY_CACHE", str(tmp_path / "cache"))
+    index = _Index(root)
+    monkeypatch.setenv("DDTREE_DEPLOY_PYPI", index.url)
+    yield index
+    index.stop()
+
+
+def test_a_wheel_download_happens_before_any_lock(host, oracle, uncached_release):
+    """Issue #14: the release wheel the check needs is downloaded before the host's deploy
+    lock is taken (Events in order: discover, the download, then lock + discover), with its
+    bytes reported; a second push finds it cached (no download)."""
+    from ddtree_deploy import rollout
+    from ddtree_deploy.rollout import EventKind
+
+    _pristine, patched = oracle
+    h = load_host(host.name)
+    seen: list[tuple[str, str, bool]] = []
+    received: list[int] = []
+
+    def record(event):
+        if event.kind is EventKind.STEP:
+            seen.append(("step", event.text, (host.state_dir / "lock").exists()))
+        elif event.kind is EventKind.DOWNLOAD:
+            received.append(event.received)
+            if event.received == 0:
+                seen.append(("download", event.text, (host.state_dir / "lock").exists()))
+
+    options = rollout.PushOptions(family=str(FAMILY), smoke=False)
+    report = rollout.push([h], lambda x: SSHTransport(x), options, on_event=record)
+    assert report.ok, report.results[0].message
+    order = [text if kind == "step" else "DOWNLOAD" for kind, text, _ in seen]
+    assert order.index("discover") < order.index("DOWNLOAD") < order.index("lock + discover"), order
+    assert not any(locked for kind, _, locked in seen if kind == "download")
+    assert received[-1] == uncached_release_size(uncached_release) and received == sorted(received)
+    assert files_of(host) == patched
+
+    ok("rollback", "--host", host.name)
+    seen.clear()
+    assert rollout.push([h], lambda x: SSHTransport(x), options, on_event=record).ok
+    assert not [s for s in seen if s[0] == "download"]  # cached now
+
+
+def uncached_release_size(index) -> int:
+    return next(p for p in (Path(index.server.RequestHandlerClass.keywords["directory"]) / "packages").iterdir()).stat().st_size
+
+
+def test_a_failed_download_leaves_the_host_untouched(host, oracle, uncached_release, monkeypatch):
+    """The index is unreachable: the push fails before any lock, journal or backup exists on
+    the host, reported `failed, host unchanged`, and nothing claims a cached wheel."""
+    pristine, _patched = oracle
+    uncached_release.stop()
+    r = cli("push", "--host", host.name, "--family", str(FAMILY), "--no-smoke", "--json")
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    assert doc["hosts"][0]["outcome"] == "failed, host unchanged" and "package index" in doc["error"]["message"]
+    assert files_of(host) == pristine and not host.state_dir.exists()  # no lock, journal or backup
+    assert "cached" not in r.stderr
+
+
+def test_a_piped_push_names_its_download_in_one_line(host, uncached_release):
+    """Not a terminal (CliRunner, CI logs): no bar, one line `downloading <wheel> (N MiB)`."""
+    r = cli("push", "--host", host.name, "--family", str(FAMILY), "--no-smoke")
+    assert r.exit_code == 0, r.output
+    lines = [line for line in r.stderr.splitlines() if line.startswith("downloading ")]
+    size = uncached_release_size(uncached_release)
+    assert lines == [f"downloading sglang-0.5.12.post1-cp311-cp311-manylinux_2_34_x86_64.whl ({size / (1 << 20):.1f} MiB)"]
+
+
+def test_a_dry_run_checks_the_smoke_table_as_a_push_does(host, oracle):
+    """Issue #14: `push --dry-run` validated nothing of `[smoke]`; now it gives the real push's
+    one-line error (exit 2) and touches nothing; --no-smoke skips the table in both."""
+    pristine, _patched = oracle
+    host.inventory(smoke_levels=["compile", "launch"])  # launch without a [smoke.launch] table
+    real, dry = cli("push", "--host", host.name), cli("push", "--host", host.name, "--dry-run")
+    assert real.exit_code == dry.exit_code == 2, (real.output, dry.output)
+    line = [ln for ln in real.stderr.splitlines() if ln.startswith("error:")]
+    assert len(line) == 1 and "smoke.levels" in line[0] and "[smoke.launch]" in line[0]
+    assert [ln for ln in dry.stderr.splitlines() if ln.startswith("error:")] == line
+    assert files_of(host) == pristine and not host.state_dir.exists()
+    assert "would switch 3 of 3" in ok("push", "--host", host.name, "--dry-run", "--no-smoke").stdout

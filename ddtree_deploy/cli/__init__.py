@@ -39,7 +39,7 @@ MODULES = (
 #: loading only these gives the command exactly as the full app has it).
 COMMAND_MODULES = {
     "check": ("check_cmd",),
-    "snapshot": ("snapshot_cmd", "deploy_cmd"),
+    "snapshot": ("snapshot_cmd",),
     "push": ("deploy_cmd",),
     "rollback": ("deploy_cmd",),
     "status": ("deploy_cmd",),

@@ -1,4 +1,4 @@
-"""`ddtree-deploy push | rollback | status`, and `snapshot pull`: the host commands.
+"""`ddtree-deploy push | rollback | status`: the host commands.
 
 Thin: parse options, call ddtree_deploy.rollout (which does the work on one host or a
 fleet and says how each host ended), render. Progress goes to stderr (a spinner for one
@@ -12,13 +12,9 @@ from typing import Callable, List, Optional
 
 import typer
 
-from ddtree_deploy import deploy
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
-from ddtree_deploy.cli.snapshot_cmd import report_snapshot, snapshot_app
 from ddtree_deploy.cli.text import safe
-from ddtree_deploy.codes import Code
-from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.inventory import Host, load_host
+from ddtree_deploy.inventory import Host
 from ddtree_deploy.transport import transport_for
 
 HOST_HELP = "inventory name (hosts/<name>.toml), a .toml path, or 'local' (this machine); repeatable"
@@ -47,7 +43,7 @@ def _render(command: str, hosts: List[Host], json_output: bool, call: Callable, 
     from ddtree_deploy.cli.fleet_view import FleetView, HostView, print_counts, print_outcomes, print_status_table
 
     if len(hosts) == 1:
-        with HostView(hosts[0].name) as view:
+        with HostView(hosts[0].name, bars=not json_output) as view:
             report = call(view)
         r = report.results[0]
         if json_output:  # the fleet's document, for one host too (the envelope adds the error, if raised)
@@ -59,11 +55,11 @@ def _render(command: str, hosts: List[Host], json_output: bool, call: Callable, 
                 _say(line)
             if command == "status":
                 _print_status(r.doc)
-        if r.doc.get("ok") is False:  # e.g. a failed smoke: reported in full, exit 1
-            raise typer.Exit(1)
+        if not r.kind.ok or r.doc.get("ok") is False:  # e.g. a failed smoke, or left `switched`: exit 1
+            raise typer.Exit(r.exit_code or 1)
         return
     names = [h.name for h in hosts]
-    with FleetView(names, canary) as view:
+    with FleetView(names, canary, bars=not json_output) as view:
         report = call(view)
     if not json_output:  # results on stdout, in selection order, once every host is done
         for r in report.results:
@@ -179,34 +175,4 @@ def _print_status(doc: dict) -> None:
         say("  lock: free")
 
 
-@snapshot_app.command("pull")
-@handles_errors
-def pull(
-    host: str = typer.Option(..., "--host", "-H", help="inventory name, a .toml path, or 'local'"),
-    family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
-    name: Optional[str] = typer.Option(None, "--name", help="snapshot name (default: the host's name)"),
-    trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
-    json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
-) -> None:
-    """Snapshot the host's own SGLang files (the pristine state push compares against)."""
-    from ddtree_deploy.snapshot import snapshot_from_files
-
-    h = load_host(host)
-    from ddtree_deploy.rollout import series_chooser
-
-    paths, _choose, _forced = series_chooser(family)
-    err.print(f"[dim]{safe(h.name)}:[/] reading {len(paths)} file(s)")
-    facts, files = deploy.pull(h, transport_for(h, trust_new_host=trust_new_host), paths)
-    patched = deploy.patched_paths(facts, files)
-    if patched:
-        raise DeployError(f"{h.name}: {', '.join(patched)} are patched by ddtree-deploy, not pristine",
-                          code=Code.NOT_PRISTINE, hint=f"roll back first (ddtree-deploy rollback --host {h.name})")
-    if not facts.get("sglang_version"):
-        raise BadInput(f"{h.name}: cannot tell the SGLang version at {facts.get('package_root')}")
-    source = {"kind": "host", "host": h.name, "python": h.python}
-    snap = snapshot_from_files(name or h.name, facts["sglang_version"], source, files,
-                               package_root=facts.get("package_root"))
-    report_snapshot(snap, json_output=json_output)
-
-
-__all__ = ["push", "rollback", "status", "pull"]
+__all__ = ["push", "rollback", "status"]

@@ -35,17 +35,22 @@ class HostView:
     that ended in an error says ``failed``.
     """
 
-    def __init__(self, host: str):
+    def __init__(self, host: str, *, bars: bool = True):
+        from ddtree_deploy.cli.download_view import Downloads
+
         self.host = host
         self.step: str | None = None
         self.started = time.monotonic()
         self.spinner = err.status(safe(f"{host}: starting"))
+        # A download's bar replaces the spinner while it runs (one live display at a time).
+        self.downloads = Downloads(bar=bars, pause=self.spinner.stop, resume=self.spinner.start)
 
     def __enter__(self) -> "HostView":
         self.spinner.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.downloads.close()
         self._close(failed=exc[0] is not None)
         self.spinner.stop()
 
@@ -60,6 +65,8 @@ class HostView:
             _warning(event)
         elif event.kind is EventKind.HEARTBEAT:
             _heartbeat(event)
+        elif event.kind is EventKind.DOWNLOAD:
+            self.downloads.update(event.text, event.total or 0, event.received or 0)
 
     def _close(self, *, failed: bool) -> None:
         if self.step is not None:
@@ -75,8 +82,10 @@ class HostView:
 class FleetView:
     """Live per-host progress on stderr (one row per host), and a timed line per finished step."""
 
-    def __init__(self, names: List[str], canary: str | None = None):
+    def __init__(self, names: List[str], canary: str | None = None, *, bars: bool = True):
         from rich.live import Live
+
+        from ddtree_deploy.cli.download_view import Downloads
 
         self.rows = {n: ["waiting", "", None] for n in names}  # state, step, started
         self.steps: dict[str, tuple[str, float]] = {}
@@ -85,12 +94,15 @@ class FleetView:
             self.rows[canary][0] = "canary: waiting"
         self.live = Live(console=err, get_renderable=self._table, transient=True, refresh_per_second=4,
                          redirect_stdout=False, redirect_stderr=False)
+        # A download's bar replaces the host rows while it runs (one live display at a time).
+        self.downloads = Downloads(bar=bars, pause=self.live.stop, resume=self.live.start)
 
     def __enter__(self) -> "FleetView":
         self.live.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.downloads.close()
         self.live.stop()
 
     def _table(self):
@@ -115,6 +127,8 @@ class FleetView:
                 _warning(event)
         elif event.kind is EventKind.HEARTBEAT:
             _heartbeat(event)
+        elif event.kind is EventKind.DOWNLOAD:  # not under self.lock: stopping the Live redraws the rows
+            self.downloads.update(event.text, event.total or 0, event.received or 0)
 
     def started(self, host: str) -> None:
         with self.lock:

@@ -1,9 +1,7 @@
 """`ddtree-deploy snapshot ...`: take snapshots of the SGLang files the series touch.
 
-``snapshot_app`` is the sub-app; other command modules register more
-sub-commands on it (``snapshot pull`` from a host lives with the push code:
-``from ddtree_deploy.cli.snapshot_cmd import snapshot_app`` then
-``@snapshot_app.command("pull")``), and reuse ``report_snapshot`` to print one.
+``snapshot release`` takes them from a PyPI release's verified wheel, ``snapshot pull``
+from a host (its own files, the pristine state push compares against).
 """
 
 from __future__ import annotations
@@ -49,9 +47,50 @@ def release(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Snapshot a PyPI release: the files every family touches, from the verified wheel."""
-    err.print(f"[dim]snapshot of sglang {version} from its wheel (cached under the user's cache folder)[/]", soft_wrap=True)
-    snap = snapshot_from_release(version, name=name)
+    from ddtree_deploy.cli.download_view import downloads_shown
+
+    with downloads_shown(json_output=json_output) as shown:
+        snap = snapshot_from_release(version, name=name)
+    # "cached" only when it was: a download above showed its own bar or line.
+    err.print(f"[dim]snapshot of sglang {version}: from the wheel "
+              f"{'just downloaded and verified' if shown.downloaded else 'in the cache, verified'}[/]", soft_wrap=True)
     report_snapshot(snap, json_output=json_output)
 
 
-__all__ = ["snapshot_app", "report_snapshot"]
+@snapshot_app.command("pull")
+@handles_errors
+def pull(
+    host: str = typer.Option(..., "--host", "-H", help="inventory name, a .toml path, or 'local'"),
+    family: Optional[str] = typer.Option(None, "--family", help="family folder or name under the patches folder "
+                                         "(default: the files of every family)"),
+    name: Optional[str] = typer.Option(None, "--name", help="snapshot name (default: the host's name)"),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
+) -> None:
+    """Snapshot the host's own SGLang files (the pristine state push compares against)."""
+    # The host's modules load only for this sub-command (``snapshot release`` needs none).
+    from ddtree_deploy import deploy
+    from ddtree_deploy.codes import Code
+    from ddtree_deploy.errors import BadInput, DeployError
+    from ddtree_deploy.inventory import load_host
+    from ddtree_deploy.rollout import series_chooser
+    from ddtree_deploy.snapshot import snapshot_from_files
+    from ddtree_deploy.transport import transport_for
+
+    h = load_host(host)
+    paths, _choose, _forced = series_chooser(family)
+    err.print(f"[dim]{safe(h.name)}:[/] reading {len(paths)} file(s)")
+    facts, files = deploy.pull(h, transport_for(h, trust_new_host=trust_new_host), paths)
+    patched = deploy.patched_paths(facts, files)
+    if patched:
+        raise DeployError(f"{h.name}: {', '.join(patched)} are patched by ddtree-deploy, not pristine",
+                          code=Code.NOT_PRISTINE, hint=f"roll back first (ddtree-deploy rollback --host {h.name})")
+    if not facts.get("sglang_version"):
+        raise BadInput(f"{h.name}: cannot tell the SGLang version at {facts.get('package_root')}")
+    source = {"kind": "host", "host": h.name, "python": h.python}
+    snap = snapshot_from_files(name or h.name, facts["sglang_version"], source, files,
+                               package_root=facts.get("package_root"))
+    report_snapshot(snap, json_output=json_output)
+
+
+__all__ = ["snapshot_app", "report_snapshot", "pull"]
