@@ -95,6 +95,7 @@ class Outcome:
     # The level the journal records as failed for that earlier run (kept by --no-rollback):
     # the smoke of this push must run it again before the host may be marked deployed.
     smoke_failed: str | None = None
+    diff: str | None = None  # push --diff: the unified diff of every file the plan changes
     round_trips: int = 0
     connections: int = 0
     seconds: float = 0.0
@@ -119,7 +120,7 @@ class Outcome:
             "round_trips": self.round_trips,
             "connections": self.connections,
             "seconds": round(self.seconds, 3),
-        }
+        } | ({"diff": self.diff} if self.diff is not None else {})
 
 
 def _init(host: Host) -> dict:
@@ -149,10 +150,11 @@ def _locked_error(host: Host, reply: dict) -> DeployError:
 
 
 def _open_locked(sess: AgentSession, host: Host, run_id: str, command: str, paths: list[str],
-                 break_lock: bool, dry_run: bool, init: bool = True) -> tuple[dict, dict | None]:
-    """One round trip: init (unless done), lock (unless a dry run), facts. Returns (facts, lock reply)."""
+                 break_lock: bool, dry_run: bool, init: bool = True, content: bool = False) -> tuple[dict, dict | None]:
+    """One round trip: init (unless done), lock (unless a dry run), facts (``content``: with
+    the files' bytes, for a diff). Returns (facts, lock reply)."""
     requests = ([_init(host)] if init else []) + ([] if dry_run else [_lock(run_id, command, break_lock)])
-    requests.append({"op": "facts", "paths": paths})
+    requests.append({"op": "facts", "paths": paths, "content": content})
     replies = sess.call(*requests)
     if init:
         expect_ok(replies[0], host.name, "agent start")
@@ -205,6 +207,7 @@ class _Prepared:
     # Nothing to switch but the journal says `switching` (the agent was killed after its last
     # rename): sent first, it moves the journal to where that run would have ended.
     complete: dict | None = None
+    diff: str | None = None  # push --diff: what the plan changes, as a unified diff
 
 
 class PushSession:
@@ -259,9 +262,9 @@ class PushSession:
         self.close()
 
 
-def _discover(sess: AgentSession, host: Host, paths: list[str]) -> dict:
+def _discover(sess: AgentSession, host: Host, paths: list[str], content: bool = False) -> dict:
     """One round trip without the lock: init, facts (what to resolve the series from)."""
-    init, facts = sess.call(_init(host), {"op": "facts", "paths": paths})
+    init, facts = sess.call(_init(host), {"op": "facts", "paths": paths, "content": content})
     expect_ok(init, host.name, "agent start")
     return expect_ok(facts, host.name, "discover")
 
@@ -278,7 +281,7 @@ def _same_install(host: Host, before: dict, now: dict) -> None:
 def _execute(command: str, host: Host, transport: Transport, paths: list[str],
              prepare: Callable[[dict, object, Progress], _Prepared], *, dry_run: bool, break_lock: bool,
              progress: Progress, resolve: Callable[[dict, Progress], object] | None = None,
-             keep_lock: bool = False) -> PushSession:
+             keep_lock: bool = False, content: bool = False) -> PushSession:
     """Discover, resolve, lock + discover, plan in memory, apply + unlock: the one path of
     push and rollback.
 
@@ -302,14 +305,14 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
         resolved = None
         if resolve is not None:
             progress("discover")
-            first = _discover(sess, host, paths if dry_run else [])
+            first = _discover(sess, host, paths if dry_run else [], content and dry_run)
             resolved = resolve(first, progress)
         if resolve is not None and dry_run:
             facts, lock = first, None
         else:
             progress("lock + discover")
             facts, lock = _open_locked(sess, host, out.run_id, command, paths, break_lock, dry_run,
-                                       init=resolve is None)
+                                       init=resolve is None, content=content)
             if resolve is not None:
                 try:
                     _same_install(host, first, facts)
@@ -326,6 +329,7 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
                 _finish(sess, None)
             raise
         out.plan = prepared.plan
+        out.diff = prepared.diff
         if not dry_run and prepared.complete is not None:
             progress(f"journal: complete the interrupted run ({prepared.complete['phase']})")
             try:
@@ -379,7 +383,7 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
 
 
 def begin_push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
-               dry_run: bool = False, break_lock: bool = False, smoke: bool = False,
+               dry_run: bool = False, break_lock: bool = False, smoke: bool = False, diff: bool = False,
                progress: Progress = _quiet) -> PushSession:
     """Deploy the series on ``host``: discover, resolve and check the series (no lock
     yet), then lock, re-read, drift check, back up, stage, switch.
@@ -395,22 +399,27 @@ def begin_push(host: Host, transport: Transport, paths: list[str], desire: Calla
     run (the caller smokes it again), without it is marked ``deployed`` here, unless its
     journal records a failed smoke level (then it stays ``switched``: only a smoke that
     passes may mark it).
+    ``diff``: the locked read (a dry run's only read) brings the target files' bytes, and
+    the outcome's ``diff`` is the unified diff from each host file the plan changes to
+    its patched version (``a/<path>`` -> ``b/<path>``, ``/dev/null`` for an absent file).
     """
     return _push(host, transport, paths, desire, dry_run=dry_run, break_lock=break_lock, smoke=smoke,
-                 progress=progress, keep_lock=smoke)
+                 progress=progress, keep_lock=smoke, diff=diff)
 
 
 def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
-         dry_run: bool = False, break_lock: bool = False, smoke: bool = False, progress: Progress = _quiet) -> Outcome:
+         dry_run: bool = False, break_lock: bool = False, smoke: bool = False, diff: bool = False,
+         progress: Progress = _quiet) -> Outcome:
     """``begin_push`` without holding the lock afterwards: the outcome only (with ``smoke``,
     the journal stays ``switched`` and ``smoke_pending`` names the run to smoke and mark)."""
     with _push(host, transport, paths, desire, dry_run=dry_run, break_lock=break_lock, smoke=smoke,
-               progress=progress, keep_lock=False) as session:
+               progress=progress, keep_lock=False, diff=diff) as session:
         return session.outcome
 
 
 def _push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
-          dry_run: bool, break_lock: bool, smoke: bool, progress: Progress, keep_lock: bool) -> PushSession:
+          dry_run: bool, break_lock: bool, smoke: bool, progress: Progress, keep_lock: bool,
+          diff: bool = False) -> PushSession:
     seen: dict = {}
 
     def resolve(facts: dict, progress: Progress) -> Desired:
@@ -462,10 +471,11 @@ def _push(host: Host, transport: Transport, paths: list[str], desire: Callable[[
             noop_request=noop_request,
             pending=dict(journal) if plan.noop and journal.get("phase") == Phase.SWITCHED and smoke else None,
             complete=complete,
+            diff=plan_diff(plan, desired, facts) if diff else None,
         )
 
     session = _execute("push", host, transport, paths, prepare, dry_run=dry_run, break_lock=break_lock,
-                       progress=progress, resolve=resolve, keep_lock=keep_lock)
+                       progress=progress, resolve=resolve, keep_lock=keep_lock, content=diff)
     outcome = session.outcome
     if outcome.phase == Phase.SWITCHED and not dry_run and outcome.smoke_pending is None:
         outcome.smoke_pending = outcome.run_id if outcome.changed else seen.get("run_id")
@@ -499,6 +509,28 @@ def mark(host: Host, transport: Transport, run_id: str, phase: str = Phase.DEPLO
             raise _locked_error(host, lock)
         expect_ok(lock, host.name, "lock")
     return expect_ok(marked, host.name, "mark")["journal"]
+
+
+def plan_diff(plan: Plan, desired: Desired, facts: dict) -> str:
+    """Pure: the unified diff from each host file the plan changes (its bytes in ``facts``,
+    read with ``content``) to the file the push writes; "" when nothing changes. Like
+    ``ansible-playbook --check --diff``: what each host would get, per file."""
+    from ddtree_deploy.port import diff_hunks
+
+    by_path = {t.path: t for t in desired.targets}
+    out = []
+    for step in plan.changes:
+        info = (facts.get("files") or {}).get(step.path)
+        old = base64.b64decode(info["data"]) if info and info.get("data") is not None else None
+        new = by_path[step.path].data
+        # Text for people: bytes that are not UTF-8 show as U+FFFD, never fail the push.
+        old_text = "" if old is None else old.decode("utf-8", errors="replace")
+        hunks = diff_hunks(old_text, new.decode("utf-8", errors="replace"))
+        if not hunks:
+            continue
+        out.append(f"--- {'/dev/null' if old is None else 'a/' + step.path}\n+++ b/{step.path}\n")
+        out.extend(text for _line, text in hunks)
+    return "".join(out)
 
 
 def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan, final_phase: str = Phase.DEPLOYED) -> dict:

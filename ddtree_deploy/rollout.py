@@ -428,6 +428,7 @@ class PushOptions:
     parallel: int | None = None
     max_failures: int = 0
     log_dir: Any = None  # where a failed launch's server log is copied (tests)
+    diff: bool = False  # --diff: each host's unified diff (from its current files) in its result
 
 
 def _fleet(command: str, hosts: Sequence[Host], policy: Policy, one: Callable[[Host, Progress], HostResult],
@@ -481,7 +482,7 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
         # the lock still held, so the smoke, the mark or the rollback follow here in order.
         with deploy.begin_push(h, connect(h), paths, _desire(h, choose, forced, check, chosen),
                                dry_run=options.dry_run, break_lock=options.break_lock, smoke=smokes[h.name],
-                               progress=progress) as pushed:
+                               diff=options.diff, progress=progress) as pushed:
             outcome = pushed.outcome
             if pushed.locked:
                 after = after_push(h, lambda: connect(h), outcome, chosen[h.name], levels=levels,
@@ -490,6 +491,8 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
         _warn_broken_lock(outcome, on_event)
         doc = outcome.to_json()
         lines = _summary_lines(outcome, show_plan=options.dry_run or outcome.changed)
+        if outcome.diff:  # --diff: after the plan, before the smoke, as it happened
+            lines += outcome.diff.splitlines()
         if not smokes[h.name]:
             if outcome.changed and not options.dry_run:
                 skipped = "--no-smoke" if not options.smoke else "no smoke levels configured"

@@ -687,3 +687,42 @@ def test_a_dry_run_checks_the_smoke_table_as_a_push_does(host, oracle):
     assert [ln for ln in dry.stderr.splitlines() if ln.startswith("error:")] == line
     assert files_of(host) == pristine and not host.state_dir.exists()
     assert "would switch 3 of 3" in ok("push", "--host", host.name, "--dry-run", "--no-smoke").stdout
+
+
+# ---------------------------------------------------------------- push --diff
+
+
+def _apply_with_gnu_patch(tmp_path: Path, files: dict[str, bytes | None], diff: str) -> dict[str, bytes | None]:
+    """GNU patch, the oracle: apply ``diff`` to a copy of ``files``; return the result."""
+    root = tmp_path / "gnu"
+    for path, data in files.items():
+        if data is not None:
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(data)
+    root.mkdir(exist_ok=True)
+    (tmp_path / "d.diff").write_text(diff)
+    subprocess.run(["patch", "-p1", "--forward", "--batch", "-s", "-d", str(root), "-i", str(tmp_path / "d.diff")],
+                   check=True)
+    return {p: (root / p).read_bytes() if (root / p).exists() else None for p in files}
+
+
+def test_push_diff_shows_what_each_file_gets(host, oracle, tmp_path):
+    """`push --dry-run --diff` (as `ansible-playbook --check --diff`): per file, the unified diff
+    from the host's current file to the patched one; GNU patch applying it to the host's
+    files gives the exact bytes a push writes. `push --diff` shows the same and switches;
+    once deployed there is nothing to show."""
+    pristine, patched = oracle
+    host.file(UTILS).write_bytes(pristine[UTILS])  # the host's own bytes are the diff's "from" side
+    dry = json.loads(ok("push", "--host", host.name, "--dry-run", "--diff", "--json").stdout)["hosts"][0]
+    text = dry["diff"]
+    assert f"--- a/{SPEC}\n+++ b/{SPEC}\n" in text and f"--- /dev/null\n+++ b/{ADDED}\n" in text
+    assert _apply_with_gnu_patch(tmp_path, files_of(host), text) == patched
+    assert files_of(host) == pristine and not host.state_dir.exists()
+
+    human = ok("push", "--host", host.name, "--dry-run", "--diff").stdout
+    assert f"--- a/{SPEC}" in human and f"+++ b/{ADDED}" in human and "@@ -" in human
+    assert "diff" not in json.loads(ok("push", "--host", host.name, "--dry-run", "--json").stdout)["hosts"][0]
+
+    real = json.loads(ok("push", "--host", host.name, "--diff", "--json").stdout)["hosts"][0]
+    assert real["changed"] and real["diff"] == text and files_of(host) == patched
+    assert json.loads(ok("push", "--host", host.name, "--diff", "--json").stdout)["hosts"][0]["diff"] == ""

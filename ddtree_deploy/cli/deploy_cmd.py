@@ -84,6 +84,8 @@ def push(
     group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
     family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (files, hashes, changes); touch nothing"),
+    diff: bool = typer.Option(False, "--diff", help="print the unified diff each host gets, per file, from its "
+                              "current file (with --dry-run: would get)"),
     break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     no_smoke: bool = typer.Option(False, "--no-smoke", help="switch only: run no smoke level afterwards"),
@@ -104,7 +106,7 @@ def push(
     hosts = rollout.select_hosts(host or [], group or [])
     options = rollout.PushOptions(family=family, dry_run=dry_run, break_lock=break_lock, smoke=not no_smoke,
                                   levels=tuple(level or ()), auto_rollback=not no_rollback, canary=canary,
-                                  parallel=parallel, max_failures=max_failures)
+                                  parallel=parallel, max_failures=max_failures, diff=diff)
     _render("push", hosts, json_output,
             lambda view: rollout.push(hosts, _connect(trust_new_host), options, on_event=view),
             canary=rollout.push_policy_for(hosts, options).canary)
