@@ -34,6 +34,8 @@ class Kind(str, Enum):
     ROLLED_BACK = "rolled back"  # the rollback command restored a backup
     ALREADY_ROLLED_BACK = "already rolled back"  # the rollback command found nothing to restore
     READ = "read"  # status: the host answered
+    SMOKE_PASSED = "smoke passed"  # smoke: every level passed
+    SMOKE_FAILED = "smoke failed"  # smoke: a level failed (the host's report says which)
     PLANNED = "dry run: would change"  # --dry-run: the plan has changes; nothing was changed
     FAILED_ROLLED_BACK = "failed, rolled back"  # smoke failed after the switch; the backup is back
     FAILED_NOT_ROLLED_BACK = "failed, NOT rolled back"  # --no-rollback, or the automatic rollback failed
@@ -51,7 +53,8 @@ class Kind(str, Enum):
         return self in _OK
 
 
-_OK = {Kind.PUSHED, Kind.ALREADY, Kind.ROLLED_BACK, Kind.ALREADY_ROLLED_BACK, Kind.READ, Kind.PLANNED}
+_OK = {Kind.PUSHED, Kind.ALREADY, Kind.ROLLED_BACK, Kind.ALREADY_ROLLED_BACK, Kind.READ, Kind.PLANNED,
+       Kind.SMOKE_PASSED}
 
 
 

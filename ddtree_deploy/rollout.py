@@ -297,11 +297,32 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
     same way; when every level passes its journal moves to ``deployed`` (the report's
     ``note`` says so), and a failed level is recorded there, the phase staying ``switched``.
     """
+    settings = smoke_settings.parse_settings(host.smoke, source=host.source)
+    smoke_plan.choose_levels(settings, levels, source=host.source)  # bad input stops here, before any connection
+    try:  # nothing below changes the host until its journal is marked
+        doc, series, report = _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, progress,
+                                            heartbeat)
+    except DeployError as exc:
+        exc.host_unchanged = True  # read by fleet.outcome_of_error
+        raise
+    if doc["phase"] != Phase.SWITCHED:
+        return report
+    run_id = doc["series"]["run_id"]
+    if report.ok:
+        deploy.mark(host, make_transport(), run_id, Phase.DEPLOYED, progress=progress)
+        return replace(report, note=f"phase switched -> deployed (run {run_id}): the smoke passed")
+    failed = report.failed
+    deploy.mark(host, make_transport(), run_id, Phase.SWITCHED, progress=progress,
+                smoke={"failed": failed.level, "detail": failed.detail[:500]} if failed else None)
+    return replace(report, note=f"phase stays switched (run {run_id}): roll back with "
+                                f"`ddtree-deploy rollback --host {host.name}`")
+
+
+def _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, progress, heartbeat):
+    """Read the host's journal, load the series it names, run the levels: (status, series, report)."""
     from ddtree_deploy.locations import repo_dir
     from ddtree_deploy.series import families, load_family
 
-    settings = smoke_settings.parse_settings(host.smoke, source=host.source)
-    smoke_plan.choose_levels(settings, levels, source=host.source)  # bad input stops here, before any connection
     progress("read the host's journal")
     doc = deploy.status(host, make_transport())
     if doc["phase"] not in (Phase.DEPLOYED, Phase.SWITCHED) or not doc["series"]:
@@ -322,17 +343,7 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
                             source=host.source, log_path=smoke_plan.host_log_path(host.state_dir, uuid.uuid4().hex[:12]),
                             family=smoke_settings.family_smoke(series))
     report = smoke_run.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress, heartbeat=heartbeat)
-    if doc["phase"] != Phase.SWITCHED:
-        return report
-    run_id = doc["series"]["run_id"]
-    if report.ok:
-        deploy.mark(host, make_transport(), run_id, Phase.DEPLOYED, progress=progress)
-        return replace(report, note=f"phase switched -> deployed (run {run_id}): the smoke passed")
-    failed = report.failed
-    deploy.mark(host, make_transport(), run_id, Phase.SWITCHED, progress=progress,
-                smoke={"failed": failed.level, "detail": failed.detail[:500]} if failed else None)
-    return replace(report, note=f"phase stays switched (run {run_id}): roll back with "
-                                f"`ddtree-deploy rollback --host {host.name}`")
+    return doc, series, report
 
 
 # ---------------------------------------------------------------- how a host ended (typed, not from JSON)
@@ -554,6 +565,30 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
     return _fleet("status", hosts, policy, one, on_event)
 
 
+def smoke_hosts(hosts: Sequence[Host], connect: Connect, *, levels: Sequence[str] | None = None,
+                parallel: int | None = None, log_dir=None, on_event: Listener = _ignore) -> FleetReport:
+    """``ddtree-deploy smoke`` on every host (``parallel`` at a time; no canary and no stop:
+    it changes no file, and each host's result must be known). Every host's ``[smoke]``
+    table and ``levels`` are checked before any connection. A host ends ``smoke passed``,
+    ``smoke failed`` (a level failed; its report says which), or as its error says (e.g.
+    nothing deployed: ``failed, host unchanged``). Its document is the one-host smoke report."""
+    levels = list(levels or []) or None
+    for h in hosts:
+        smoke_plan.choose_levels(smoke_settings.parse_settings(h.smoke, source=h.source), levels, source=h.source)
+    policy = spread_policy([h.name for h in hosts], parallel=parallel)
+
+    def one(h: Host, progress: Progress) -> HostResult:
+        report = smoke_host(h, lambda: connect(h), levels=levels, log_dir=log_dir, progress=progress,
+                            heartbeat=lambda lvl, s: on_event(Event(EventKind.HEARTBEAT, h.name, f"smoke {lvl}",
+                                                                    seconds=s)))
+        kind = Kind.SMOKE_PASSED if report.ok else Kind.SMOKE_FAILED
+        bad = report.failed
+        lines = [f"{h.name}: smoke {'passed' if report.ok else 'FAILED'}"] + ["  " + line for line in report.lines()]
+        return _result(h.name, kind, report.to_json(), "" if bad is None else f"{bad.level}: {bad.detail}", lines)
+
+    return _fleet("smoke", hosts, policy, one, on_event)
+
+
 def smoke_one(host: Host, connect: Connect, *, levels: Sequence[str] | None = None,
               on_event: Listener = _ignore) -> smoke_report.SmokeReport:
     """``ddtree-deploy smoke`` on one host (raises its ``DeployError``)."""
@@ -564,5 +599,5 @@ def smoke_one(host: Host, connect: Connect, *, levels: Sequence[str] | None = No
 
 
 __all__ = ["AfterPush", "Event", "EventKind", "Listener", "PushOptions", "after_push", "push", "push_detail", "push_policy_for",
-           "push_kind", "rollback", "rollback_kind", "select_hosts", "series_chooser", "smoke_host", "smoke_one",
+           "push_kind", "rollback", "rollback_kind", "select_hosts", "series_chooser", "smoke_host", "smoke_hosts", "smoke_one",
            "status"]

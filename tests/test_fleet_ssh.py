@@ -298,7 +298,7 @@ def test_two_fleet_pushes_over_overlapping_hosts_push_each_host_once(fleet, orac
     print(f"overlapping hosts refused by the lock: {locked} of 2")
 
 
-def test_a_host_without_sglang_is_failed_before_any_change(fleet, oracle):
+def test_a_host_without_sglang_is_failed_host_unchanged(fleet, oracle):
     """Issue #14: the error (no-sglang, from the agent's discovery) is not in any list of
     'before change' codes; deploy marks it where it happens (before the apply request), so
     the host reads 'failed, host unchanged', not 'failed, state unknown'."""
@@ -344,3 +344,41 @@ def test_rollout_push_without_the_cli_typed_outcomes_and_events(fleet, oracle):
     assert order.index((EventKind.FINISHED, "canary")) < order.index((EventKind.STARTED, "drift"))
     assert files_of(fleet.hosts["canary"]) == patched
     assert fleet.hosts["drift"].read(SPEC) == b"# edited by hand on the host\n"
+
+
+def test_smoke_on_a_group_reports_each_host(fleet, oracle):
+    """`smoke --group`: every host smoke-tested through rollout (no canary, no stop), each
+    with its own [smoke] levels and its own outcome: passed, failed at a level (a venv
+    without SGLang's dependencies fails `import` for real), or not deployed (nothing
+    changed there); the outcome table on stderr, one fleet document with --json, exit 1.
+    One host keeps the one-host document (its levels at the top)."""
+    for name, slot, levels in (("a", 0, ["compile"]), ("b", 1, ["compile"]), ("fails", 2, ["import"]),
+                               ("bare", 3, ["compile"])):
+        fleet.add(name, slot, levels=levels)
+    fleet.group("gpu", ["a", "b", "fails", "bare"])
+    for name in ("a", "b", "fails"):
+        assert cli("push", "--host", name, "--no-smoke").exit_code == 0
+    before = tree_of(fleet.hosts["bare"])
+
+    from envelope_check import check_envelope
+
+    r = cli("smoke", "--group", "gpu", "--json")
+    assert r.exit_code == 1, r.output
+    doc = check_envelope(r.stdout, 1, "smoke")  # one document, valid against docs/json-schema.json
+    assert outcomes(doc) == {"a": "smoke passed", "b": "smoke passed", "fails": "smoke failed",
+                             "bare": "failed, host unchanged"}
+    by = {h["host"]: h for h in doc["hosts"]}
+    assert [(lv["level"], lv["status"]) for lv in by["a"]["levels"]] == [("compile", "passed")]
+    assert [(lv["level"], lv["status"]) for lv in by["fails"]["levels"]] == [("import", "failed")]
+    assert by["bare"]["error"]["code"] == "not-deployed" and doc["counts"] == {"smoke passed": 2, "smoke failed": 1,
+                                                                               "failed, host unchanged": 1}
+    assert tree_of(fleet.hosts["bare"]) == before
+    human = cli("smoke", "--group", "gpu", "--parallel", "2")
+    assert human.exit_code == 1 and "a: smoke passed" in human.stdout and "fails: smoke FAILED" in human.stdout
+    for row in ("smoke passed", "smoke failed", "failed, host unchanged"):
+        assert row in human.stderr
+
+    one = cli("smoke", "--host", "a", "--json")
+    assert one.exit_code == 0 and check_envelope(one.stdout, 0, "smoke")["levels"][0]["level"] == "compile"
+    bad = cli("smoke", "--group", "gpu", "--level", "fly")
+    assert bad.exit_code == 2 and "unknown smoke level 'fly'" in bad.stderr

@@ -12,7 +12,7 @@ from typing import Callable, List, Optional
 
 import typer
 
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, handles_errors, out
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.transport import transport_for
@@ -23,58 +23,15 @@ PARALLEL_HELP = "with several hosts: how many are worked on at once (default: al
 FAMILY_HELP = "family folder or name under the patches folder (default: the one covering the host's SGLang)"
 
 
-def _say(line: str) -> None:
-    # Every result line quotes host text (series, backup ids, errors): none is markup.
-    out.print(safe(line), highlight=False)
-
-
 def _connect(trust_new_host: bool) -> Callable[[Host], object]:
     return lambda h: transport_for(h, trust_new_host=trust_new_host)
 
 
 def _render(command: str, hosts: List[Host], json_output: bool, call: Callable, canary: str | None = None) -> None:
-    """Run ``call(listener)`` (a rollout function) under the right view; print its results.
+    from ddtree_deploy.cli.fleet_view import render
 
-    One host: its lines (or, as for several, the fleet document), exit 1 when its
-    document says not ok, and its error re-raised as is (one line, its exit code).
-    Several: the outcome table, every host's document with its outcome; exit non-zero
-    unless every host is ok.
-    """
-    from ddtree_deploy.cli.fleet_view import FleetView, HostView, print_counts, print_outcomes, print_status_table
-
-    if len(hosts) == 1:
-        with HostView(hosts[0].name, bars=not json_output) as view:
-            report = call(view)
-        r = report.results[0]
-        if json_output:  # the fleet's document, for one host too (the envelope adds the error, if raised)
-            emit_json(report.to_json())
-        if r.error is not None:
-            raise r.error
-        if not json_output:
-            for line in r.lines:
-                _say(line)
-            if command == "status":
-                _print_status(r.doc)
-        if not r.kind.ok or r.doc.get("ok") is False:  # e.g. a failed smoke, or left `switched`: exit 1
-            raise typer.Exit(r.exit_code or 1)
-        return
-    names = [h.name for h in hosts]
-    with FleetView(names, canary, bars=not json_output) as view:
-        report = call(view)
-    if not json_output:  # results on stdout, in selection order, once every host is done
-        for r in report.results:
-            for line in r.lines:
-                _say(line)
-    if command == "status":  # its table (stdout) already says how each host ended
-        if not json_output:
-            print_status_table(report)
-        print_counts(report)
-    else:
-        print_outcomes(report)
-    if json_output:
-        emit_json(report.to_json())
-    if report.exit_code:
-        raise typer.Exit(report.exit_code)
+    render(command, hosts, json_output, call, canary=canary,
+           single=(lambda r: _print_status(r.doc)) if command == "status" else None)
 
 
 @app.command("push")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import List
+from typing import Callable, List
 
-from ddtree_deploy.cli.app import err, out
+from ddtree_deploy.cli.app import emit_json, err, out
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.fleet import FleetReport, HostResult, Kind
 from ddtree_deploy.rollout import Event, EventKind
@@ -207,3 +207,54 @@ def print_status_table(report: FleetReport) -> None:
 
 
 __all__ = ["FleetView", "HostView", "print_counts", "print_outcomes", "print_status_table"]
+
+
+def render(command: str, hosts: list, json_output: bool, call: Callable, *, canary: str | None = None,
+           single: Callable[[HostResult], None] | None = None, one_doc: bool = False) -> None:
+    """Run ``call(listener)`` (a rollout function) under the right view; print its results.
+
+    One host: its lines (``single`` prints more, e.g. status' detail), its error re-raised
+    as is (one line, its exit code), exit 1 when it did not end ok; with ``--json`` the
+    fleet's document (``one_doc``: the host's own document, as ``smoke`` always gave).
+    Several: the outcome table (status: its table and counts), every host's document with
+    its outcome; exit non-zero unless every host is ok.
+    """
+    import typer
+
+    if len(hosts) == 1:
+        with HostView(hosts[0].name, bars=not json_output) as view:
+            report = call(view)
+        r = report.results[0]
+        if json_output and not (one_doc and r.error is not None):  # the envelope adds the error, if raised
+            emit_json(r.doc if one_doc else report.to_json())
+        if r.error is not None:
+            raise r.error
+        if not json_output:
+            for line in r.lines:
+                _say(line)
+            if single is not None:
+                single(r)
+        if not r.kind.ok or r.doc.get("ok") is False:  # e.g. a failed smoke, or left `switched`: exit 1
+            raise typer.Exit(r.exit_code or 1)
+        return
+    with FleetView([h.name for h in hosts], canary, bars=not json_output) as view:
+        report = call(view)
+    if not json_output:  # results on stdout, in selection order, once every host is done
+        for r in report.results:
+            for line in r.lines:
+                _say(line)
+    if command == "status":  # its table (stdout) already says how each host ended
+        if not json_output:
+            print_status_table(report)
+        print_counts(report)
+    else:
+        print_outcomes(report)
+    if json_output:
+        emit_json(report.to_json())
+    if report.exit_code:
+        raise typer.Exit(report.exit_code)
+
+
+def _say(line: str) -> None:
+    # Every result line quotes host text (series, backup ids, errors, smoke details): none is markup.
+    out.print(safe(line), highlight=False)

@@ -1,7 +1,10 @@
 """`ddtree-deploy smoke`: prove a host's deployed series works, level by level.
 
-Thin: load the inventory, call ``rollout.smoke_one``, render. Progress on stderr; one
-line per level (or one JSON document) on stdout; exit 1 when a level fails.
+Thin: select the hosts (``--host`` repeated, ``--group``), call ``rollout.smoke_hosts``,
+render. One host: progress on stderr, one line per level (or its JSON report) on stdout.
+Several: the fleet view, each host's lines, then the outcome table (``smoke passed`` /
+``smoke failed`` / why it could not run), one fleet document with ``--json``. Exit 1 when
+a host did not pass.
 """
 
 from __future__ import annotations
@@ -11,9 +14,7 @@ from typing import List, Optional
 import typer
 
 from ddtree_deploy import smoke_settings
-from ddtree_deploy.cli.app import app, emit_json, handles_errors, out
-from ddtree_deploy.cli.text import safe
-from ddtree_deploy.inventory import load_host
+from ddtree_deploy.cli.app import app, handles_errors
 from ddtree_deploy.transport import transport_for
 
 LEVEL_HELP = ("a level to run: " + ", ".join(smoke_settings.LEVELS) +
@@ -23,27 +24,26 @@ LEVEL_HELP = ("a level to run: " + ", ".join(smoke_settings.LEVELS) +
 @app.command("smoke")
 @handles_errors
 def smoke_cmd(
-    host: str = typer.Option(..., "--host", "-H", help="inventory name (hosts/<name>.toml), a .toml path, or 'local'"),
+    host: Optional[List[str]] = typer.Option(None, "--host", "-H", help="inventory name (hosts/<name>.toml), a .toml "
+                                             "path, or 'local'; repeatable"),
+    group: Optional[List[str]] = typer.Option(None, "--group", "-g", help="host group from hosts/groups.toml; "
+                                              "repeatable"),
     level: Optional[List[str]] = typer.Option(None, "--level", "-l", help=LEVEL_HELP),
+    parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help="with several hosts: how many are "
+                                           "smoke-tested at once (default: all)"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
-    """Run the smoke levels (compile, import, cli, launch) against the series deployed on a host."""
+    """Run the smoke levels (compile, import, cli, launch) against the series deployed on each host."""
     from ddtree_deploy import rollout
-    from ddtree_deploy.cli.fleet_view import HostView
+    from ddtree_deploy.cli.fleet_view import render
 
-    h = load_host(host)
-    with HostView(h.name) as view:  # level names and report lines come from the host: printed inert
-        report = rollout.smoke_one(h, lambda x: transport_for(x, trust_new_host=trust_new_host), levels=level,
-                                   on_event=view)
-    if json_output:
-        emit_json(report.to_json())
-    else:
-        out.print(safe(f"{h.name}: smoke {'passed' if report.ok else 'FAILED'}"), highlight=False)
-        for line in report.lines():
-            out.print(safe("  " + line), highlight=False)
-    if not report.ok:
-        raise typer.Exit(1)
+    hosts = rollout.select_hosts(host or [], group or [])
+    # Level names and report lines come from the hosts: the views print them inert.
+    render("smoke", hosts, json_output,
+           lambda view: rollout.smoke_hosts(hosts, lambda x: transport_for(x, trust_new_host=trust_new_host),
+                                            levels=level, parallel=parallel, on_event=view),
+           one_doc=True)
 
 
 __all__ = ["smoke_cmd"]
