@@ -4,7 +4,7 @@ Stdlib only, run with the host's own interpreter (the one SGLang is installed in
 so what it proves is what that interpreter sees. It reads one JSON request on
 stdin (or from the file named by its only argument) and prints one JSON document
 on stdout; it never changes the installed files. The request is built by
-``ddtree_deploy.smoke`` (pure); this program knows nothing about DDTree beyond
+``ddtree_deploy.smoke_plan`` (pure); this program knows nothing about DDTree beyond
 what the request names, so its logic can be tested locally with plain
 subprocesses.
 
@@ -60,12 +60,14 @@ TAIL_CHARS = 4000
 
 
 class LevelFailed(Exception):
-    """One level failed; ``evidence`` is what the report shows about why."""
+    """One level failed; ``evidence`` is what the report shows about why; ``code`` names
+    a failure of the host rather than of the series (the tune program stops on those)."""
 
-    def __init__(self, detail, evidence=None):
+    def __init__(self, detail, evidence=None, code=None):
         super().__init__(detail)
         self.detail = detail
         self.evidence = evidence or {}
+        self.code = code
 
 
 def _tail(text, limit=TAIL_CHARS):
@@ -423,22 +425,22 @@ def check_gpus(min_free_mib):
         raise LevelFailed(
             "nvidia-smi not found on the host: the launch level needs an NVIDIA GPU "
             "(run the compile/import/cli levels only, or fix the host's driver install)",
-            {"gpus": []},
+            {"gpus": []}, code="gpu",
         )
     query = [exe, "--query-gpu=index,name,memory.free,memory.total", "--format=csv,noheader,nounits"]
     rc, out = _run(query, 30)
     if rc != 0:
-        raise LevelFailed(f"nvidia-smi failed (exit {rc}): no usable GPU", {"output": _tail(out)})
+        raise LevelFailed(f"nvidia-smi failed (exit {rc}): no usable GPU", {"output": _tail(out)}, code="gpu")
     gpus = []
     for line in out.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 4 and parts[2].isdigit():
             gpus.append({"index": parts[0], "name": parts[1], "free_mib": int(parts[2]), "total_mib": int(parts[3])})
     if not gpus:
-        raise LevelFailed("nvidia-smi lists no GPU", {"output": _tail(out)})
+        raise LevelFailed("nvidia-smi lists no GPU", {"output": _tail(out)}, code="gpu")
     if max(g["free_mib"] for g in gpus) < min_free_mib:
         raise LevelFailed(
-            f"no GPU has {min_free_mib} MiB free (another server running?)", {"gpus": gpus}
+            f"no GPU has {min_free_mib} MiB free (another server running?)", {"gpus": gpus}, code="gpu"
         )
     return gpus
 
@@ -533,27 +535,63 @@ def stop_group(proc, grace_s):
     return {"pgid": pgid, "signals": signals, "left": group_pids(pgid), "exit_code": proc.poll()}
 
 
-def level_launch(spec):
+def start_server(spec, evidence):
+    """Start the server of ``spec`` (the launch level's, or one tune configuration's)
+    detached in its own process group, its output appended to ``log_path``, after its
+    preconditions: a GPU with ``min_free_mib`` free (unless ``gpu_check`` is false) and a
+    free port. -> the Popen; a failed precondition is a LevelFailed with a ``code``."""
     host, port = spec.get("host", "127.0.0.1"), int(spec["port"])
-    base = f"http://{host}:{port}"
-    evidence = {"log_path": spec["log_path"], "argv": spec["argv"]}
     if spec.get("gpu_check", True):
         evidence["gpus"] = check_gpus(int(spec.get("min_free_mib", 0)))
     else:
         evidence["gpus"] = "not checked (the inventory says gpu = false)"
     if _port_open(host, port):
         # Something already answers there: probing it would test the wrong server.
-        raise LevelFailed(f"port {port} on {host} is already in use: stop that server or pick another port", evidence)
-    os.makedirs(os.path.dirname(spec["log_path"]) or ".", exist_ok=True)
+        raise LevelFailed(f"port {port} on {host} is already in use: stop that server or set another "
+                          "[smoke.launch] port", evidence, code="port")
+    os.makedirs(os.path.dirname(spec["log_path"]) or ".", mode=0o700, exist_ok=True)
     argv = [sys.executable if a == "{python}" else a for a in spec["argv"]]
     with open(spec["log_path"], "ab") as log:
         try:
-            proc = subprocess.Popen(
+            return subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,
             )
         except OSError as exc:
-            raise LevelFailed(f"cannot start {argv[0]!r}: {exc.strerror}", evidence)
+            raise LevelFailed(f"cannot start {argv[0]!r}: {exc.strerror}", evidence, code="start")
+
+
+def wait_ready(proc, spec, stop=None):
+    """Until the server is ready: ``/health_generate`` 200 or the log's ready line, within
+    ``ready_timeout_s``. -> how it showed. ``stop()``, when given, is called each poll (it
+    raises to give up early: the tune program's abort)."""
+    base = f"http://{spec.get('host', '127.0.0.1')}:{int(spec['port'])}"
+    timeout_s = float(spec.get("ready_timeout_s", 900))
+    deadline = time.monotonic() + timeout_s
+    poll_s = float(spec.get("poll_s", 1.0))
+    offset = 0
+    while True:
+        if stop is not None:
+            stop()
+        code = proc.poll()
+        if code is not None:
+            raise LevelFailed(f"the server exited with code {code} before it was ready", {"exit_code": code})
+        status, _ = _http("GET", base + "/health_generate", timeout=min(10.0, poll_s + 5))
+        if status == 200:
+            return "/health_generate 200"
+        offset, seen = _scan_log(spec["log_path"], offset, READY_LINE)
+        if seen:
+            return "log line"
+        if time.monotonic() >= deadline:
+            raise LevelFailed(f"the server was not ready after {timeout_s:g} s", {"last_health_status": status})
+        time.sleep(poll_s)
+
+
+def level_launch(spec):
+    host, port = spec.get("host", "127.0.0.1"), int(spec["port"])
+    base = f"http://{host}:{port}"
+    evidence = {"log_path": spec["log_path"], "argv": spec["argv"]}
+    proc = start_server(spec, evidence)
     evidence["pid"] = proc.pid
     try:
         _serve_and_probe(proc, spec, base, evidence)
@@ -572,25 +610,7 @@ def level_launch(spec):
 
 def _serve_and_probe(proc, spec, base, evidence):
     started = time.monotonic()
-    timeout_s = float(spec.get("ready_timeout_s", 900))
-    deadline = started + timeout_s
-    poll_s = float(spec.get("poll_s", 1.0))
-    offset = 0
-    while True:
-        code = proc.poll()
-        if code is not None:
-            raise LevelFailed(f"the server exited with code {code} before it was ready", {"exit_code": code})
-        status, _ = _http("GET", base + "/health_generate", timeout=min(10.0, poll_s + 5))
-        if status == 200:
-            evidence["ready_by"] = "/health_generate 200"
-            break
-        offset, seen = _scan_log(spec["log_path"], offset, READY_LINE)
-        if seen:
-            evidence["ready_by"] = "log line"
-            break
-        if time.monotonic() >= deadline:
-            raise LevelFailed(f"the server was not ready after {timeout_s:g} s", {"last_health_status": status})
-        time.sleep(poll_s)
+    evidence["ready_by"] = wait_ready(proc, spec)
     evidence["ready_s"] = round(time.monotonic() - started, 2)
 
     probe = spec.get("probe", {})

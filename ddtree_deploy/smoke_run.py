@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Callable
 
 from ddtree_deploy.codes import Code
-from ddtree_deploy.errors import DeployError
 from ddtree_deploy.smoke_plan import SmokePlan
 from ddtree_deploy.smoke_report import SmokeReport, read_answer
+from ddtree_deploy.transport import HostProgram, ProgramSession
 
 Progress = Callable[[str], None]
 
@@ -20,10 +20,12 @@ def _quiet(_step: str) -> None:
     pass
 
 
-def smoke_agent_source() -> bytes:
-    from importlib import resources
+# Never sudo: the smoke reads files and starts a server as the SSH user.
+SMOKE_PROGRAM = HostProgram("smoke_agent.py", "the smoke program", Code.SMOKE_AGENT)
 
-    return resources.files("ddtree_deploy").joinpath("smoke_agent.py").read_bytes()
+
+def smoke_agent_source() -> bytes:
+    return SMOKE_PROGRAM.source()
 
 
 def run_on_host(host, transport, plan: SmokePlan, *, log_dir=None, progress: Progress = _quiet,
@@ -36,42 +38,20 @@ def run_on_host(host, transport, plan: SmokePlan, *, log_dir=None, progress: Pro
     ``progress`` hears each level's start; ``heartbeat(level, seconds)``, when given,
     hears the host program's keep-alives during long levels.
     """
-    import json
-
-    from ddtree_deploy.transport import BOOTSTRAP
-
-    source = smoke_agent_source()
     answer = None
-    # Never sudo: the smoke reads files and starts a server as the SSH user.
-    with transport:
-        proc = transport.start([host.python, "-c", BOOTSTRAP])
-        try:
-            proc.write(b"%d\n" % len(source) + source + json.dumps(plan.request).encode() + b"\n")
-            while answer is None:
-                line = proc.readline()
-                if not line.endswith(b"\n"):
-                    code, tail = proc.close()
-                    proc = None
-                    last = tail.strip().splitlines()[-1] if tail.strip() else "no output"
-                    raise DeployError(f"{host.name}: the smoke program stopped without a result "
-                                      f"(exit {code}; {last})", code=Code.SMOKE_AGENT)
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    raise DeployError(f"{host.name}: the smoke program answered garbage: {line[:200]!r}",
-                                      code=Code.SMOKE_AGENT) from None
-                event = doc.get("event")
-                # One progress step per level (a caller's step timer times it); the
-                # results themselves are in the report.
-                if event == "start":
-                    progress(f"smoke {doc['level']}")
-                elif event == "wait" and heartbeat is not None:
-                    heartbeat(doc["level"], float(doc["seconds"]))
-                elif event == "done":
-                    answer = doc
-        finally:
-            if proc is not None:
-                proc.close()
+    with transport, ProgramSession(transport, host, SMOKE_PROGRAM) as session:
+        session.send(plan.request, during="while sending the smoke request")
+        while answer is None:
+            doc = session.read(what="the smoke result", during="the smoke")
+            event = doc.get("event")
+            # One progress step per level (a caller's step timer times it); the
+            # results themselves are in the report.
+            if event == "start":
+                progress(f"smoke {doc['level']}")
+            elif event == "wait" and heartbeat is not None:
+                heartbeat(doc["level"], float(doc["seconds"]))
+            elif event == "done":
+                answer = doc
     report = read_answer(host.name, plan, answer)
     if answer.get("server_log") is not None:
         report = report.with_log_copy(str(_keep_log(host.name, answer["server_log"], log_dir)))

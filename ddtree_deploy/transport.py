@@ -6,7 +6,10 @@ everything host-side is done by the agent (``ddtree_deploy.agent``) speaking JSO
 known_hosts) and ``LocalTransport`` (subprocess, for running on the GPU box itself)
 implement it; only this module imports fabric/paramiko.
 
-``AgentSession`` ships the agent source once per command and counts round trips.
+``ProgramSession`` is the one way to start a host program: a single-file, stdlib-only
+Python program (the deploy agent, the smoke program, the tune program: a ``HostProgram``)
+shipped whole over the transport to the host's interpreter (``python -c BOOTSTRAP``), then
+JSON lines both ways. ``AgentSession`` is the deploy agent's: it counts round trips.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -50,10 +54,15 @@ class ReplyError(DeployError):
     """A host program's reply broke a bound (too large, too late)."""
 
 
-def agent_argv(host: Host) -> list[str]:
-    """The command that runs the agent on ``host`` (pure; tested by equality)."""
-    prefix = ["sudo", "-n", "--"] if host.sudo else []
+def program_argv(host: Host, *, sudo: bool = False) -> list[str]:
+    """The command that runs a shipped host program on ``host`` (pure; tested by equality)."""
+    prefix = ["sudo", "-n", "--"] if sudo else []
     return [*prefix, host.python, "-c", BOOTSTRAP]
+
+
+def agent_argv(host: Host) -> list[str]:
+    """The deploy agent's command: under ``sudo -n`` when the inventory says so."""
+    return program_argv(host, sudo=host.sudo)
 
 
 def remote_command(argv: list[str]) -> str:
@@ -61,8 +70,43 @@ def remote_command(argv: list[str]) -> str:
     return shlex.join(argv)
 
 
+@dataclass(frozen=True)
+class HostProgram:
+    """A single-file, stdlib-only Python program shipped whole to a host and run there.
+
+    ``ahead``: (module name, package file) pairs loaded as modules before it, so a program
+    can reuse another one's helpers (the tune program imports the smoke program's) while
+    each stays one self-contained file. ``code`` is the error code of its failures;
+    ``stopped_code`` / ``stopped_hint`` those of a program that ended without answering.
+    """
+
+    file: str
+    name: str
+    code: str
+    ahead: tuple[tuple[str, str], ...] = ()
+    stopped_code: str | None = None
+    stopped_hint: str | None = None
+
+    def source(self) -> bytes:
+        pkg = resources.files("ddtree_deploy")
+        main = pkg.joinpath(self.file).read_bytes()
+        if not self.ahead:
+            return main
+        prelude = ["import sys as _sys, types as _types"]
+        for module, file in self.ahead:
+            text = pkg.joinpath(file).read_text(encoding="utf-8")
+            prelude += [f"_m = _types.ModuleType({module!r})",
+                        f"exec(compile({text!r}, {file!r}, 'exec'), _m.__dict__)",
+                        f"_sys.modules[{module!r}] = _m"]
+        return ("\n".join(prelude) + "\n").encode("utf-8") + main
+
+
+AGENT = HostProgram("agent.py", "the agent", "agent", stopped_code="connection-lost",
+                    stopped_hint="run `ddtree-deploy status` to see where the host stands, then rerun")
+
+
 def agent_source() -> bytes:
-    return resources.files("ddtree_deploy").joinpath("agent.py").read_bytes()
+    return AGENT.source()
 
 
 # ---------------------------------------------------------------- processes
@@ -122,6 +166,10 @@ class Process:
         """Stop waiting for the program: close the pipes/channel now (the agent sees EOF)."""
         self.close()
 
+    def detach(self) -> None:
+        """Stop listening and leave the program to finish by itself (never killed)."""
+        self.abort()
+
     def close(self) -> tuple[int | None, str]:
         """Close stdin, wait (bounded), return (exit code or None, stderr tail)."""
         raise NotImplementedError
@@ -180,6 +228,15 @@ class _LocalProcess(Process):
     def abort(self) -> None:
         self.p.kill()
         self.close()
+
+    def detach(self) -> None:
+        # Our ends closed, nothing waited for or killed: the program sees EOF / EPIPE.
+        for stream in (self.p.stdin, self.p.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self._err.close()
 
     def close(self):
         try:
@@ -458,32 +515,28 @@ class AgentFailed(DeployError):
         self.reply = reply
 
 
-class AgentSession:
-    """One agent process on one host for the whole command.
+class ProgramSession:
+    """One host program on one host, started over ``transport`` (which the caller opens).
 
-    ``call(*requests)`` pipelines the requests (one write) and reads one answer per
-    request: one round trip however many requests or files.
+    ``__enter__`` starts ``python -c BOOTSTRAP`` (under ``sudo -n`` only when ``sudo``) and
+    uploads the program; ``send`` writes JSON lines, ``read`` reads one JSON line within a
+    deadline. A program that ends without a line is one error naming the step, its exit
+    code and its last stderr line; one whose interpreter cannot even start (exit 126/127
+    before any reply) says which ``host.python`` to fix.
     """
 
-    def __init__(self, transport: Transport, host: Host, op_timeout: float | None = None):
-        self.transport = transport
-        self.host = host
+    def __init__(self, transport: Transport, host: Host, program: HostProgram, *, sudo: bool = False,
+                 label: str | None = None):
+        self.transport, self.host, self.program, self.sudo = transport, host, program, sudo
+        self.label = label or host.name
         self.proc: Process | None = None
-        self.round_trips = 0
-        # Seconds each round trip may take (None: the host's inventory op_timeout, else
-        # DEFAULT_OP_TIMEOUT). A silent host fails the call, naming host and step.
-        self.op_timeout = op_timeout
+        self.received = 0  # lines read so far: none means the program may never have started
 
     def __enter__(self):
-        self.proc = self.transport.start(agent_argv(self.host))
-        source = agent_source()
+        self.proc = self.transport.start(program_argv(self.host, sudo=self.sudo))
         try:
-            self.proc.write(b"%d\n" % len(source) + source)
-        except DeployError as exc:
-            self.__exit__()
-            if exc.code == "connection-lost":
-                exc.message = exc.message.replace("connection lost", "connection lost while uploading the agent", 1)
-            raise
+            source = self.program.source()
+            self.write(b"%d\n" % len(source) + source, f"while uploading {self.program.name}")
         except BaseException:
             self.__exit__()
             raise
@@ -494,31 +547,102 @@ class AgentSession:
             self.proc.close()
             self.proc = None
 
+    def write(self, data: bytes, during: str) -> None:
+        """Write raw bytes; a lost connection says what was being sent (``during``)."""
+        if self.proc is None:
+            raise DeployError(f"{self.label}: {self.program.name} is not running", code="connection-lost")
+        try:
+            self.proc.write(data)
+        except DeployError as exc:
+            if exc.code == "connection-lost":
+                exc.message = exc.message.replace("connection lost", f"connection lost {during}", 1)
+            raise
+
+    def send(self, *docs: dict, during: str = "while sending a request") -> None:
+        """JSON lines, in one write."""
+        self.write(b"".join(json.dumps(d).encode() + b"\n" for d in docs), during)
+
+    def read(self, deadline: float | None = None, what: str = "a reply", during: str | None = None) -> dict:
+        """One JSON line (``what``, read ``during`` a step: both for messages).
+        ``deadline`` (time.monotonic): TimeoutError past it (the caller words it, it knows
+        the step's limit); ReplyError for an oversized line."""
+        if self.proc is None:
+            raise DeployError(f"{self.label}: {self.program.name} is not running", code="connection-lost")
+        during = during or what
+        try:
+            line = self.proc.readline(deadline, what)
+        except DeployError as exc:
+            if exc.code == "connection-lost" and not isinstance(exc, ReplyError):
+                exc.message = exc.message.replace("connection lost", f"connection lost waiting for {during}", 1)
+            raise
+        if not line.endswith(b"\n"):
+            raise self._stopped(during)
+        self.received += 1
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise DeployError(f"{self.label}: {self.program.name} answered garbage: {line[:200]!r}",
+                              code=self.program.code) from None
+
+    def _stopped(self, during: str) -> DeployError:
+        code, tail = self.proc.close()
+        self.proc = None
+        detail = tail.strip().splitlines()[-1] if tail.strip() else "no output"
+        if self.received == 0 and code in (126, 127):
+            # The shell could not run the interpreter: nothing ran on the host.
+            return DeployError(
+                f"{self.label}: cannot run the host's Python {self.host.python!r} (exit {code}; {detail})",
+                code="agent",
+                hint=f"set host.python in {self.host.source or 'the inventory'} to an interpreter "
+                "on the host that has sglang installed (`command -v python3` there shows one)")
+        return DeployError(f"{self.label}: {self.program.name} stopped during {during} (exit {code}; {detail})",
+                           code=self.program.stopped_code or self.program.code, hint=self.program.stopped_hint)
+
+    def abort(self) -> None:
+        """Stop waiting now: kill a local program, close an SSH channel."""
+        if self.proc is not None:
+            self.proc.abort()
+            self.proc = None
+
+    def detach(self) -> None:
+        """Stop listening, leave the program running to finish on its own (it ignores the
+        hangup, and every wait of its own has a deadline: the smoke program then stops
+        the server it started)."""
+        if self.proc is not None:
+            self.proc.detach()
+            self.proc = None
+
+
+class AgentSession(ProgramSession):
+    """The deploy agent's session: one agent process on one host for the whole command.
+
+    ``call(*requests)`` pipelines the requests (one write) and reads one answer per
+    request: one round trip however many requests or files.
+    """
+
+    def __init__(self, transport: Transport, host: Host, op_timeout: float | None = None):
+        super().__init__(transport, host, AGENT, sudo=host.sudo, label=transport.label)
+        self.round_trips = 0
+        # Seconds each round trip may take (None: the host's inventory op_timeout, else
+        # DEFAULT_OP_TIMEOUT). A silent host fails the call, naming host and step.
+        self.op_timeout = op_timeout
+
     def call(self, *requests: dict, timeout: float | None = None) -> list[dict]:
         """Send ``requests`` in one write, read one reply each, all within ``timeout`` seconds."""
         if self.proc is None:
             raise DeployError(f"{self.transport.label}: the agent session is closed", code="connection-lost")
-        payload = b"".join(json.dumps(r).encode() + b"\n" for r in requests)
         limit = timeout or self.op_timeout or self.host.op_timeout or DEFAULT_OP_TIMEOUT
         deadline = time.monotonic() + limit
-        try:
-            self.proc.write(payload)
-        except DeployError as exc:
-            if exc.code != "connection-lost":
-                raise
-            ops = "+".join(str(r.get("op")) for r in requests)
-            exc.message = exc.message.replace(
-                "connection lost", f"connection lost while sending {ops}", 1)
-            raise
+        ops = "+".join(str(r.get("op")) for r in requests)
+        self.send(*requests, during=f"while sending {ops}")
         self.round_trips += 1
         replies = []
         for request in requests:
             op = request.get("op")
             try:
-                line = self.proc.readline(deadline, f"the reply to {op}")
+                replies.append(self.read(deadline, f"the reply to {op}", during=op))
             except TimeoutError:
-                self.proc.abort()
-                self.proc = None
+                self.abort()
                 raise DeployError(
                     f"{self.transport.label}: no answer from the host agent during {op} after {limit:g} s",
                     code="timeout",
@@ -526,35 +650,8 @@ class AgentSession:
                     f"{self.host.source or 'the inventory'} if {op} is just slow there, then run "
                     "`ddtree-deploy status`") from None
             except ReplyError:
-                self.proc.abort()
-                self.proc = None
+                self.abort()
                 raise
-            except DeployError as exc:
-                if exc.code == "connection-lost":
-                    exc.message = exc.message.replace("connection lost", f"connection lost waiting for {op}", 1)
-                raise
-            if not line.endswith(b"\n"):
-                code, tail = self.proc.close()
-                self.proc = None
-                detail = tail.strip().splitlines()[-1] if tail.strip() else "no output"
-                if self.round_trips == 1 and code in (126, 127):
-                    # The shell could not run the interpreter: nothing ran on the host.
-                    raise DeployError(
-                        f"{self.transport.label}: cannot run the host's Python {self.host.python!r} "
-                        f"(exit {code}; {detail})", code="agent",
-                        hint=f"set host.python in {self.host.source or 'the inventory'} to an interpreter "
-                        "on the host that has sglang installed")
-                raise DeployError(
-                    f"{self.transport.label}: the agent stopped during {request.get('op')} "
-                    f"(exit {code}; {detail})",
-                    code="connection-lost",
-                    hint="run `ddtree-deploy status` to see where the host stands, then rerun",
-                )
-            try:
-                replies.append(json.loads(line))
-            except ValueError:
-                raise DeployError(f"{self.transport.label}: the agent answered garbage: {line[:200]!r}",
-                                  code="agent") from None
         return replies
 
     def one(self, request: dict) -> dict:
@@ -580,10 +677,13 @@ def expect_ok(reply: dict, label: str, what: str) -> dict:
 
 
 __all__ = [
+    "AGENT",
     "AgentFailed",
     "AgentSession",
     "BOOTSTRAP",
     "HostKeyRefused",
+    "HostProgram",
+    "ProgramSession",
     "LocalTransport",
     "SSHTransport",
     "Transport",
@@ -591,6 +691,7 @@ __all__ = [
     "agent_source",
     "expect_ok",
     "fingerprint",
+    "program_argv",
     "remote_command",
     "transport_for",
 ]

@@ -1,9 +1,10 @@
 """The host-side tune program: one server at a time, SGLang's bench_serving against it.
 
 Stdlib only, run with the host's interpreter, shipped over the same connection as the
-smoke program (``tune_run.host_program`` sends the smoke program first, as the module
-``ddtree_smoke_agent``: the launch level's helpers -- GPU check, port check, HTTP,
-log scan, process-group stop, heartbeat emitter -- are reused from there, not copied).
+smoke program (``tune_run.TUNE_PROGRAM`` ships the smoke program ahead of it, as the
+module ``ddtree_smoke_agent``: the launch level's helpers -- server start with its GPU and
+port checks, readiness wait, HTTP, process-group stop, heartbeat emitter -- are reused
+from there, not copied).
 
 Protocol: JSON lines on stdin, JSON lines on stdout.
 
@@ -36,7 +37,7 @@ import threading
 import time
 
 try:
-    import ddtree_smoke_agent as sa  # shipped ahead of this program (tune_run.host_program)
+    import ddtree_smoke_agent as sa  # shipped ahead of this program (tune_run.TUNE_PROGRAM)
 except ImportError:  # run from a checkout (tests, a GPU box with the repository)
     from ddtree_deploy import smoke_agent as sa
 
@@ -187,21 +188,12 @@ class Tuner(object):
             problem = self._check_series()
             if problem:
                 raise RunFailed(problem + ": the sweep stops here", code="series-changed")
-            if req.get("gpu_check"):
-                try:
-                    sa.check_gpus(int(req.get("min_free_mib", 0)))
-                except sa.LevelFailed as exc:
-                    raise RunFailed(exc.detail, code="gpu")
-            host, port = req["host"], int(req["port"])
-            if sa._port_open(host, port):
-                raise RunFailed("port %d on %s is already in use: stop that server or set another "
-                                "[smoke.launch] port" % (port, host), code="port")
-            os.makedirs(os.path.dirname(req["log_path"]), mode=0o700, exist_ok=True)
-            argv = [sys.executable if a == "{python}" else a for a in req["argv"]]
-            with open(req["log_path"], "ab") as log:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, close_fds=True)
-            self._wait_ready(proc, req)
+            try:
+                proc = sa.start_server(dict(req, gpu_check=bool(req.get("gpu_check"))), {})
+                sa.wait_ready(proc, dict(req, poll_s=0.5), stop=self._stop_if_aborted)
+            except sa.LevelFailed as exc:
+                extra = {"exit_code": exc.evidence["exit_code"]} if "exit_code" in exc.evidence else {}
+                raise RunFailed(exc.detail, code=exc.code or "failed", **extra)
             self.emit({"event": "phase", "key": req["key"], "what": "ready",
                        "seconds": round(time.monotonic() - started, 1)})
             measures = []
@@ -237,24 +229,9 @@ class Tuner(object):
         result["seconds"] = round(time.monotonic() - started, 2)
         return result
 
-    def _wait_ready(self, proc, req):
-        deadline = time.monotonic() + float(req.get("ready_timeout_s", 900))
-        offset = 0
-        while True:
-            if self.abort.is_set():
-                raise Aborted()
-            code = proc.poll()
-            if code is not None:
-                raise RunFailed("the server exited with code %s before it was ready" % code, exit_code=code)
-            status, _ = sa._http("GET", "http://%s:%s/health_generate" % (req["host"], req["port"]), timeout=5)
-            if status == 200:
-                return
-            offset, seen = sa._scan_log(req["log_path"], offset, sa.READY_LINE)
-            if seen:
-                return
-            if time.monotonic() > deadline:
-                raise RunFailed("the server was not ready after %s s" % req.get("ready_timeout_s"))
-            self.abort.wait(0.5)
+    def _stop_if_aborted(self):
+        if self.abort.is_set():
+            raise Aborted()
 
     def _bench(self, proc, req, conc):
         bench = req["bench"]

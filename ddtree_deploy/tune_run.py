@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 from ddtree_deploy import smoke_plan, smoke_settings, tune
 from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.transport import HostProgram, ProgramSession
 
 Progress = Callable[[str], None]
 BENCH_MODULE = "sglang.bench_serving"
@@ -166,19 +167,11 @@ def expected_algorithm(config: tune.Config) -> str | None:
 # ------------------------------------------------------------------ the host program
 
 
-def host_program() -> bytes:
-    """The tune program as the BOOTSTRAP runs it: the smoke program first, loaded as the
-    module ``ddtree_smoke_agent`` (whose helpers it reuses), then ``tune_agent.py``."""
-    from importlib import resources
-
-    pkg = resources.files("ddtree_deploy")
-    smoke_src = pkg.joinpath("smoke_agent.py").read_text(encoding="utf-8")
-    tune_src = pkg.joinpath("tune_agent.py").read_text(encoding="utf-8")
-    prelude = ("import sys as _sys, types as _types\n"
-               "_m = _types.ModuleType('ddtree_smoke_agent')\n"
-               f"exec(compile({smoke_src!r}, 'smoke_agent.py', 'exec'), _m.__dict__)\n"
-               "_sys.modules['ddtree_smoke_agent'] = _m\n")
-    return (prelude + tune_src).encode("utf-8")
+# The tune program reuses the smoke program's launch helpers (GPU check, port check, HTTP,
+# server start and readiness, process-group stop, heartbeats): shipped ahead of it as the
+# module ``ddtree_smoke_agent``, so both stay self-contained stdlib files.
+TUNE_PROGRAM = HostProgram("tune_agent.py", "the tune program", "tune-agent",
+                           ahead=(("ddtree_smoke_agent", "smoke_agent.py"),))
 
 
 class Session:
@@ -187,34 +180,27 @@ class Session:
     def __init__(self, host, transport, *, progress: Progress = _quiet,
                  heartbeat: Callable[[str, float], None] | None = None):
         self.host, self.transport, self.progress, self.heartbeat = host, transport, progress, heartbeat
-        self.proc = None
+        self.program: ProgramSession | None = None
+
+    @property
+    def proc(self):
+        return self.program.proc if self.program is not None else None
 
     def __enter__(self):
-        from ddtree_deploy.transport import BOOTSTRAP
-
         self.transport.__enter__()
-        source = host_program()
-        self.proc = self.transport.start([self.host.python, "-c", BOOTSTRAP])
-        self.proc.write(b"%d\n" % len(source) + source)
+        try:
+            self.program = ProgramSession(self.transport, self.host, TUNE_PROGRAM).__enter__()
+        except BaseException:
+            self.transport.__exit__(None, None, None)
+            raise
         return self
 
     def send(self, doc: dict) -> None:
-        self.proc.write(json.dumps(doc).encode() + b"\n")
+        self.program.send(doc, during=f"while sending {doc.get('op')}")
 
     def read(self, until: Sequence[str]) -> dict:
         while True:
-            line = self.proc.readline()
-            if not line.endswith(b"\n"):
-                code, tail = self.proc.close()
-                self.proc = None
-                last = tail.strip().splitlines()[-1] if tail.strip() else "no output"
-                raise DeployError(f"{self.host.name}: the tune program stopped (exit {code}; {last})",
-                                  code="tune-agent")
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                raise DeployError(f"{self.host.name}: the tune program answered garbage: {line[:200]!r}",
-                                  code="tune-agent") from None
+            doc = self.program.read(what=" or ".join(until), during="the sweep")
             event = doc.get("event")
             if event == "wait" and self.heartbeat is not None:
                 self.heartbeat(str(doc.get("level")), float(doc.get("seconds") or 0))
@@ -237,10 +223,7 @@ class Session:
             self.send({"op": "abort"})
             deadline = time.monotonic() + grace_s
             while True:
-                line = self.proc.readline(deadline, "the stop confirmation")
-                if not line.endswith(b"\n"):
-                    return None
-                doc = json.loads(line)
+                doc = self.program.read(deadline, "the stop confirmation")
                 if doc.get("event") in ("result", "bye"):
                     return doc
         except (DeployError, TimeoutError, ValueError, KeyboardInterrupt):
@@ -253,8 +236,9 @@ class Session:
                     self.send({"op": "end"})
                 except DeployError:
                     pass
-                self.proc.close()
-                self.proc = None
+            if self.program is not None:
+                self.program.__exit__()
+                self.program = None
         finally:
             self.transport.__exit__(*exc)
 
