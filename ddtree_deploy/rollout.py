@@ -256,6 +256,9 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
                          error=f"its earlier smoke failed at {redo}, which cannot run here: {exc.message}")
     if not plan.levels:
         return AfterPush(None, skipped="no smoke levels configured", host=host.name)
+    beat = deploy.test_hooks().get("smoke_heartbeat_s")
+    if beat:  # TEST HOOK: the host program's keep-alive interval (20 s by default), to see one quickly
+        plan = replace(plan, request={**plan.request, "heartbeat_s": float(beat)})
     try:
         report = smoke_run.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress,
                                    heartbeat=heartbeat)
