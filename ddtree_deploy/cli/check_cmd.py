@@ -46,7 +46,8 @@ def _resolve(snapshot: str | None, release: str | None, family: str | None) -> t
         err.print(f"[yellow]note:[/] family {series.name} ({series.specifier}) does not cover "
                   f"SGLang {version}; checking it anyway because --family was given")
     if snap is None:
-        err.print(f"[dim]snapshot sglang-{version}: from the cached, verified wheel[/]")
+        # "cached" is not claimed: a download, when one is needed, shows its own bar or line.
+        err.print(f"[dim]snapshot sglang-{version}: from the release's verified wheel[/]")
         snap = fresh_release_snapshot(version, series.touched_paths())
     return snap, series
 
@@ -171,7 +172,10 @@ def _check(*, snapshot: str | None, release: str | None, family: str | None, fuz
     from ddtree_deploy.check import check_series
     from ddtree_deploy.series import check_no_symlink_escape
 
-    snap, series = _resolve(snapshot, release, family)
+    from ddtree_deploy.cli.download_view import downloads_shown
+
+    with downloads_shown(json_output=json_output):
+        snap, series = _resolve(snapshot, release, family)
     check_no_symlink_escape(series, snap.files_dir)
     report = check_series(series, snap.read_files(), fuzz=fuzz, allow_partly_applied=allow_partly_applied)
     if write is not None:
