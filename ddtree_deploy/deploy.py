@@ -219,8 +219,8 @@ class PushSession:
     lock still held and closes the connection. A dropped connection releases the lock
     too (the agent sees EOF), leaving the phase ``switched``."""
 
-    def __init__(self, outcome: Outcome, sess: AgentSession | None, host: Host, stack: ExitStack, t0: float):
-        self.outcome, self.host, self._sess, self._stack, self._t0 = outcome, host, sess, stack, t0
+    def __init__(self, outcome: Outcome, sess: AgentSession | None, host: Host, stack: ExitStack):
+        self.outcome, self.host, self._sess, self._stack = outcome, host, sess, stack
         self.locked = sess is not None
         self.marked: str | None = None  # the phase a successful mark wrote
 
@@ -377,9 +377,9 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
         raise
     out.seconds = time.monotonic() - t0
     if held:
-        return PushSession(out, sess, host, stack, t0)
+        return PushSession(out, sess, host, stack)
     stack.close()
-    return PushSession(out, None, host, ExitStack(), t0)
+    return PushSession(out, None, host, ExitStack())
 
 
 def begin_push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
