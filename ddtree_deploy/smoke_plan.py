@@ -28,8 +28,8 @@ only), starting it on a host is ``smoke_run``'s and reading its answer ``smoke_r
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
 
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.smoke_settings import (
@@ -172,11 +172,56 @@ def module_name(rel_path: str) -> str | None:
 
 @dataclass(frozen=True)
 class SmokePlan:
-    """What the host-side program is asked to do, and the levels it will report."""
+    """What the host-side program is asked to do, the levels it will report, and how long
+    the controller waits for each (``deadlines``, seconds; ``level_deadlines`` of the
+    request when empty)."""
 
     levels: tuple[str, ...]
     request: dict
     excluded_modules: tuple[str, ...] = ()
+    deadlines: Mapping[str, float] = field(default_factory=dict)
+
+    def deadline(self, level: str) -> float:
+        return float(self.deadlines.get(level) or level_deadlines(self.request)[level])
+
+
+# How long the controller waits for the smoke program, seen from this side of the link.
+# Every wait ON the host has its own deadline (the request's timeouts); the controller's
+# deadline for a level is the sum of those inside it, plus LEVEL_SLACK_S for the
+# interpreter's start, a slow link and the result line. A missed one means the program or
+# the link is stuck, not that SGLang is slow (that is the host's own timeout, reported as
+# the level's failure).
+LEVEL_SLACK_S = 60.0
+COMPILE_S = 120.0  # the compile level has no deadline on the host: reading + compiling the files
+START_S = 60.0  # before the first level starts, and for the final answer after the last
+NVIDIA_SMI_S = 30.0  # smoke_agent.check_gpus
+SERVER_INFO_S = 60.0  # /server_info, then /get_server_info: 30 s each
+HEALTH_POLL_S = 10.0  # the last readiness poll may start just before the deadline
+KILL_S = 15.0  # SIGKILL's wait (10 s) and the reap (5 s) after term_grace_s
+HEARTBEAT_S = 20.0  # smoke_agent.HEARTBEAT_S, unless the request sets heartbeat_s
+SILENT_BEATS = 3  # this many heartbeats missed in a row: the link or the program is stuck
+
+
+def level_deadlines(request: Mapping[str, Any]) -> dict[str, float]:
+    """Seconds the controller waits for each level of ``request`` (pure)."""
+    out: dict[str, float] = {}
+    if "compile" in request:
+        out["compile"] = COMPILE_S
+    for level in ("import", "cli"):  # the cli level's help and validation run side by side
+        if level in request:
+            out[level] = float(request[level].get("timeout_s", 180)) + LEVEL_SLACK_S
+    if "launch" in request:
+        spec = request["launch"]
+        out["launch"] = (NVIDIA_SMI_S + float(spec.get("ready_timeout_s", 900)) + HEALTH_POLL_S
+                         + 2 * float(spec.get("probe_timeout_s", 120)) + SERVER_INFO_S
+                         + float(spec.get("term_grace_s", 20)) + KILL_S + LEVEL_SLACK_S)
+    return out
+
+
+def silence_limit(request: Mapping[str, Any]) -> float:
+    """Seconds without a line from the smoke program (it beats every ``heartbeat_s`` during a
+    level) after which the link or the program is taken as stuck."""
+    return SILENT_BEATS * float(request.get("heartbeat_s", HEARTBEAT_S))
 
 
 def check_settings(host) -> SmokeSettings:
@@ -278,7 +323,8 @@ def plan_smoke(
             "term_grace_s": launch.term_grace_s,
             "log_tail_lines": 40,
         }
-    return SmokePlan(levels=chosen, request=request, excluded_modules=excluded)
+    return SmokePlan(levels=chosen, request=request, excluded_modules=excluded,
+                     deadlines=level_deadlines(request))
 
 
 def _validation(launch: LaunchSettings | None, family: FamilySmoke = FAMILY_SMOKE_DEFAULT) -> dict | None:
