@@ -37,6 +37,8 @@ def _inner() -> None:
     import torch
 
     torch.set_num_threads(1)
+    # The GPU check's own probe (scripts/gpu_check_series.sh runs it as a script on the host),
+    # loaded by its file in the sandbox host's Python: the bench times exactly that code.
     spec = importlib.util.spec_from_file_location(
         "ddtree_verify_probe", REPO / "scripts" / "ddtree_verify_probe.py"
     )
