@@ -15,8 +15,10 @@ JSON lines both ways. ``AgentSession`` is the deploy agent's: it counts round tr
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
+import logging
 import os
 import select
 import shlex
@@ -47,6 +49,7 @@ DEFAULT_IO_TIMEOUT = 600.0  # seconds one read may wait when the caller gives no
 #: The largest reply line accepted from a host program: a pull of every target file is a
 #: few MB; anything past this is a broken or hostile host, refused with a clear error.
 MAX_REPLY_BYTES = 64 << 20
+_QUIET = logging.NullHandler()
 KEEPALIVE_S = 15  # SSH keepalive interval: a dead peer is noticed, an idle NAT entry kept
 
 
@@ -435,7 +438,8 @@ class SSHTransport(Transport):
                     raise HostKeyRefused(
                         f"{transport.label}: unknown host key for {hostname}: {key.get_name()} "
                         f"{fingerprint(key)} (not in {known})",
-                        hint="check the fingerprint with the host's owner, then rerun with --trust-new-host",
+                        hint="check the fingerprint with the host's owner (on the host: "
+                        "`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), then rerun with --trust-new-host",
                     )
                 client.get_host_keys().add(hostname, key.get_name(), key)
                 # Append one line: rewriting the file through paramiko would drop what it
@@ -454,27 +458,26 @@ class SSHTransport(Transport):
             return
         conn = self._connection()
         t = self.target
-        where = f"{conn.user}@{conn.host}:{conn.port}"
+        # paramiko logs a failed handshake (a port that is not SSH) with a traceback on
+        # stderr when nothing handles its logger; the one-line error below says it all.
+        logging.getLogger("paramiko").addHandler(_QUIET)
         try:
             conn.open()
         except HostKeyRefused:
             raise
         except paramiko.BadHostKeyException as exc:
             name = exc.hostname
+            if name == conn.host and conn.port != 22:
+                # known_hosts keys a non-default port as [host]:port, and so must ssh-keygen -R.
+                name = f"[{name}]:{conn.port}"
             raise HostKeyRefused(
                 f"{self.label}: HOST KEY CHANGED for {name}: got {fingerprint(exc.key)}, "
                 f"known_hosts has {fingerprint(exc.expected_key)}; refusing to connect",
                 hint=f"if the change is expected: ssh-keygen -f {shlex.quote(str(Path(t.known_hosts).expanduser()))} "
                 f"-R {shlex.quote(name)}, then rerun with --trust-new-host",
             ) from None
-        except paramiko.AuthenticationException as exc:
-            raise DeployError(f"{self.label}: authentication failed for {where} ({exc})", code="auth",
-                              hint="check ssh.user and ssh.identity_file in the inventory") from None
-        except (socket.timeout, TimeoutError):
-            raise DeployError(f"{self.label}: timed out connecting to {where} after {t.connect_timeout:g}s",
-                              code="connect") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise DeployError(f"{self.label}: cannot connect to {where}: {exc}", code="connect") from None
+            raise connect_error(self.label, self.host, conn, exc) from None
         self.conn = conn
         self.connections += 1
         # Keepalives: a host that vanished (cable, reboot) fails the read instead of hanging it.
@@ -498,6 +501,45 @@ class SSHTransport(Transport):
                 pass  # a cut connection fails its own goodbye (EOFError): it is closed either way
             finally:
                 self.conn = None
+
+
+def connect_error(label: str, host: Host, conn, exc: BaseException) -> DeployError:
+    """Why a connection could not be made, in one line, with a hint saying what to check or
+    run (pure: tested with the exceptions a real sshd, resolver and socket give)."""
+    import paramiko
+
+    t = host.ssh
+    where = f"{conn.user}@{conn.host}:{conn.port}"
+    inv = host.source or "the inventory"
+    verbose = f"`ssh -v -p {conn.port} {shlex.quote(conn.user)}@{shlex.quote(conn.host)} true` shows each step"
+    if isinstance(exc, paramiko.AuthenticationException):
+        return DeployError(f"{label}: authentication failed for {where} ({exc})", code="auth",
+                           hint=f"check ssh.user and ssh.identity_file in {inv} (the key must be in the "
+                           f"user's authorized_keys on the host); {verbose}")
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return DeployError(f"{label}: timed out connecting to {where} after {t.connect_timeout:g} s", code="connect",
+                           hint=f"is the host up and its port {conn.port} reachable from here (firewall, VPN)? "
+                           f"Raise ssh.connect_timeout in {inv} for a slow link; {verbose}")
+    if isinstance(exc, socket.gaierror):
+        return DeployError(f"{label}: cannot resolve the host name {conn.host!r} ({exc.strerror or exc})",
+                           code="connect",
+                           hint=f"check ssh.host in {inv} (a name, an address, or a Host alias of the ssh "
+                           f"config); `getent hosts {shlex.quote(conn.host)}` shows what this machine resolves")
+    errors = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError: one per address tried
+    codes = {getattr(e, "errno", None) for e in errors.values()} if isinstance(errors, dict) and errors else \
+        {getattr(exc, "errno", None)}
+    if codes == {errno.ECONNREFUSED}:
+        return DeployError(f"{label}: connection refused by {conn.host} port {conn.port} (nothing listens there)",
+                           code="connect",
+                           hint=f"check ssh.port in {inv} and that sshd runs on the host; {verbose}")
+    if codes & {errno.EHOSTUNREACH, errno.ENETUNREACH}:
+        return DeployError(f"{label}: no route to {conn.host} ({where})", code="connect",
+                           hint=f"check ssh.host / ssh.jump in {inv} and this machine's network (VPN?); {verbose}")
+    if isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
+        return DeployError(f"{label}: {where} does not answer as an SSH server ({exc})", code="connect",
+                           hint=f"check ssh.port in {inv}: something else listens there; {verbose}")
+    why = "the connection was closed" if isinstance(exc, EOFError) or not str(exc) else str(exc)
+    return DeployError(f"{label}: cannot connect to {where}: {why}", code="connect", hint=verbose)
 
 
 def transport_for(host: Host, *, trust_new_host: bool = False) -> Transport:

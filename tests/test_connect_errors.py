@@ -1,0 +1,175 @@
+"""Each way a connection to a host fails is one line with a hint saying what to check or run.
+
+Real parts only: OpenSSH's sshd on loopback (ddtree_deploy.sandbox.SSHServer) for the
+refused port, the unknown and the changed host key, the refused key and the missing
+interpreter; the system resolver for a name under the reserved ``.invalid`` TLD (RFC 2606:
+never resolves); a real listening socket whose accept queue is full (Linux drops the SYN,
+so the connect really times out); a real socket that answers with HTTP, not SSH.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ddtree_deploy.errors import DeployError
+from ddtree_deploy.inventory import Host, SSHTarget
+from ddtree_deploy.sandbox import SSHServer
+from ddtree_deploy.sandbox.sshd import free_port
+from ddtree_deploy.smoke_plan import SmokePlan
+from ddtree_deploy.smoke_run import run_on_host
+from ddtree_deploy.transport import AgentSession, SSHTransport
+
+SOURCE = "hosts/box.toml"
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+def _host(sshd: SSHServer, *, python: str = sys.executable, **ssh) -> Host:
+    target = dict(host="127.0.0.1", user=sshd.user, port=sshd.port, identity_file=str(sshd.identity),
+                  known_hosts=str(sshd.known_hosts), ssh_config=str(sshd.ssh_config), connect_timeout=5)
+    target.update(ssh)
+    return Host(name="box", python=python, ssh=SSHTarget(**target), source=SOURCE)
+
+
+def _connect(host: Host, trust_new_host: bool = False) -> DeployError:
+    with pytest.raises(DeployError) as caught:
+        with SSHTransport(host, trust_new_host=trust_new_host) as transport:
+            transport.start(["true"])
+    return caught.value
+
+
+def _keygen(path: Path) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path
+
+
+def test_the_sandbox_sshd_connects(sshd):
+    """The baseline every case below changes one thing of."""
+    with SSHTransport(_host(sshd)) as transport:
+        proc = transport.start(["true"])
+        assert proc.close()[0] == 0
+
+
+def test_refused(sshd):
+    port = free_port()  # nothing listens there
+    err = _connect(_host(sshd, port=port))
+    assert str(err) == f"box: connection refused by 127.0.0.1 port {port} (nothing listens there)"
+    assert err.code == "connect"
+    assert err.hint == (f"check ssh.port in {SOURCE} and that sshd runs on the host; "
+                        f"`ssh -v -p {port} {sshd.user}@127.0.0.1 true` shows each step")
+
+
+def test_unknown_host_key(sshd, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    err = _connect(_host(sshd, known_hosts=str(empty)))
+    assert str(err).startswith(f"box: unknown host key for [127.0.0.1]:{sshd.port}: ssh-ed25519 SHA256:")
+    assert err.code == "host-key"
+    assert "--trust-new-host" in err.hint and "ssh-keygen -lf" in err.hint
+
+
+def test_changed_host_key(sshd, tmp_path):
+    other = _keygen(tmp_path / "other")
+    pub = Path(f"{other}.pub").read_text().split()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{sshd.port} {pub[0]} {pub[1]}\n")
+    err = _connect(_host(sshd, known_hosts=str(known)), trust_new_host=True)  # never trusted over a change
+    assert str(err).startswith(f"box: HOST KEY CHANGED for [127.0.0.1]:{sshd.port}: got SHA256:")
+    assert err.code == "host-key"
+    # The entry to remove is the one known_hosts has: [host]:port for a port other than 22.
+    assert err.hint == (f"if the change is expected: ssh-keygen -f {known} -R '[127.0.0.1]:{sshd.port}', "
+                        "then rerun with --trust-new-host")
+    subprocess.run(["ssh-keygen", "-f", str(known), "-R", f"[127.0.0.1]:{sshd.port}"], check=True,
+                   capture_output=True)
+    assert known.read_text().strip() == ""  # the hint's command really removes the stale key
+
+
+def test_auth_failure(sshd, tmp_path):
+    stranger = _keygen(tmp_path / "stranger")  # not in the server's authorized_keys
+    err = _connect(_host(sshd, identity_file=str(stranger)))
+    assert str(err).startswith(f"box: authentication failed for {sshd.user}@127.0.0.1:{sshd.port} (")
+    assert err.code == "auth"
+    assert err.hint.startswith(f"check ssh.user and ssh.identity_file in {SOURCE}")
+    assert f"ssh -v -p {sshd.port} {sshd.user}@127.0.0.1 true" in err.hint
+
+
+def test_a_name_that_cannot_resolve(sshd):
+    err = _connect(_host(sshd, host="gpu-box.invalid"))
+    assert str(err).startswith("box: cannot resolve the host name 'gpu-box.invalid' (")
+    assert err.code == "connect"
+    assert err.hint.startswith(f"check ssh.host in {SOURCE}")
+    assert "getent hosts gpu-box.invalid" in err.hint
+
+
+def test_a_connect_that_times_out(sshd):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = []
+        for _ in range(3):  # fill the accept queue: the next SYN is dropped, never answered
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            fillers.append(s)
+        try:
+            err = _connect(_host(sshd, port=port, connect_timeout=1))
+        finally:
+            for s in fillers:
+                s.close()
+    assert str(err) == f"box: timed out connecting to {sshd.user}@127.0.0.1:{port} after 1 s"
+    assert err.code == "connect"
+    assert "reachable from here" in err.hint and "ssh.connect_timeout" in err.hint
+
+
+def test_a_port_that_is_not_ssh(sshd, capfd):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+
+        def answer_http():
+            conn, _ = listener.accept()
+            conn.settimeout(5)
+            conn.recv(256)  # the client's SSH banner: read, so the close is a clean FIN, not a reset
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.shutdown(socket.SHUT_WR)
+            try:
+                while conn.recv(256):
+                    pass
+            except OSError:
+                pass
+            conn.close()
+
+        threading.Thread(target=answer_http, daemon=True).start()
+        err = _connect(_host(sshd, port=port))
+    assert str(err).startswith(f"box: {sshd.user}@127.0.0.1:{port} does not answer as an SSH server "
+                               "(Error reading SSH protocol banner")
+    assert err.hint.startswith(f"check ssh.port in {SOURCE}: something else listens there")
+    assert "Traceback" not in capfd.readouterr().err  # paramiko's own log stays quiet
+
+
+@pytest.mark.parametrize("program", ["agent", "smoke"])
+def test_no_such_interpreter_on_the_host(sshd, program):
+    host = _host(sshd, python="/nonexistent/bin/python3")
+    with pytest.raises(DeployError) as caught:
+        if program == "agent":
+            with SSHTransport(host) as transport, AgentSession(transport, host) as sess:
+                sess.one({"op": "facts"})
+        else:
+            plan = SmokePlan(levels=("compile",), request={"levels": ["compile"], "compile": {"files": []}})
+            run_on_host(host, SSHTransport(host), plan)
+    err = caught.value
+    assert str(err).startswith("box: cannot run the host's Python '/nonexistent/bin/python3' (exit 127; ")
+    assert err.code == "agent"
+    assert err.hint.startswith(f"set host.python in {SOURCE} to an interpreter on the host")
