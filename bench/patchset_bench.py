@@ -29,7 +29,8 @@ import zipfile
 from pathlib import Path
 
 from ddtree_deploy.locations import REPO_ROOT, cache_dir
-from ddtree_deploy.patchset import apply_file_patch, parse_patch
+from ddtree_deploy.patch_apply import apply_file_patch
+from ddtree_deploy.patch_parse import parse_patch
 
 RELEASE = "0.5.12.post1"
 NEXT = "0.5.13"

@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ddtree_deploy import patchset
+from ddtree_deploy import patch_apply
 from ddtree_deploy.errors import BadInput
-from ddtree_deploy.patchset import HunkResult, HunkStatus
+from ddtree_deploy.patch_apply import HunkResult, HunkStatus
 from ddtree_deploy.series import AddEntry, PatchEntry, Series
 
 MAX_FUZZ = 2
@@ -235,7 +235,7 @@ def _apply_patch_entry(entry: PatchEntry, work: _Work, fuzz: int, allow_partly: 
             work.broken[path] = f"{entry.name} failed on this file"
             results.append(FileCheck(path, FAILED, message=error, header_line=fp.header_line))
             continue
-        res = patchset.apply_file_patch(fp, text, fuzz=fuzz)
+        res = patch_apply.apply_file_patch(fp, text, fuzz=fuzz)
         if res.ok and res.partly_applied:
             results.append(FileCheck(path, PARTLY, hunks=res.hunks, header_line=fp.header_line,
                                      message=_partly_message(res.hunks, allow_partly),

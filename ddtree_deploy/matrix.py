@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 from packaging.version import Version
 
 from ddtree_deploy.check import ALREADY, FAILED, PARTLY, SKIPPED, EntryCheck, FileCheck
-from ddtree_deploy.patchset import HunkStatus
+from ddtree_deploy.patch_apply import HunkStatus
 from ddtree_deploy.release_facts import ReleaseFacts
 from ddtree_deploy.series import FamilyInfo, pick_family
 

@@ -33,10 +33,11 @@ from typing import Mapping, Sequence
 import unidiff
 from packaging.version import InvalidVersion, Version
 
-from ddtree_deploy import patchset, releases
+from ddtree_deploy import patch_apply, patch_parse, releases
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.fsutil import atomic_write
-from ddtree_deploy.patchset import FilePatch, HunkResult, HunkStatus
+from ddtree_deploy.patch_apply import HunkResult, HunkStatus
+from ddtree_deploy.patch_parse import FilePatch
 from ddtree_deploy.series import (
     FAMILY_FILE,
     SERIES_FILE,
@@ -381,7 +382,7 @@ def apply_partial(fp: FilePatch, text: str | None, *, fuzz: int) -> tuple[str | 
         if not keep:  # nothing left to apply: the text stays as it was
             return text, [dataclasses.replace(failed[i], index=i + 1) for i in range(len(fp.hunks))]
         sub = dataclasses.replace(fp, hunks=tuple(fp.hunks[i] for i in keep))
-        result = patchset.apply_file_patch(sub, text, fuzz=fuzz)
+        result = patch_apply.apply_file_patch(sub, text, fuzz=fuzz)
         bad = [keep[pos] for pos, h in enumerate(result.hunks) if h.status is HunkStatus.FAILED]
         if not bad:
             landed = {keep[pos]: h for pos, h in enumerate(result.hunks)}
@@ -630,8 +631,8 @@ def verify_refresh(
     for item in refreshed:
         if item.text is None:
             continue
-        for fp in patchset.parse_patch(item.text, name=item.entry):
-            result = patchset.apply_file_patch(fp, state.get(fp.path), fuzz=0)
+        for fp in patch_parse.parse_patch(item.text, name=item.entry):
+            result = patch_apply.apply_file_patch(fp, state.get(fp.path), fuzz=0)
             if not result.ok or any(h.status is not HunkStatus.EXACT for h in result.hunks):
                 raise DeployError(f"{item.entry}: the regenerated patch does not apply exactly to {fp.path}",
                                   hint="this is a bug in ddtree-deploy's refresh; nothing was written")

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Union
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ddtree_deploy import patchset
+from ddtree_deploy import patch_parse
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.locations import repo_dir
 
@@ -170,7 +170,7 @@ class PatchEntry:
     name: str  # the file name, as written in ``series``
     line: int  # its line in ``series``
     file: Path
-    file_patches: tuple[patchset.FilePatch, ...]
+    file_patches: tuple[patch_parse.FilePatch, ...]
 
     kind = "patch"
 
@@ -329,7 +329,7 @@ def _load_patch(folder: Path, name: str, number: int, where: str) -> PatchEntry:
         raise BadInput(f"{show(file)}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     for line, raw in header_paths(text):
         check_header_path(raw, where=f"{show(file)}:{line}")
-    file_patches = tuple(patchset.parse_patch(text, name=show(file)))
+    file_patches = tuple(patch_parse.parse_patch(text, name=show(file)))
     for fp in file_patches:
         at = f"{show(file)}:{fp.header_line}"
         # The engine's stripped view too, whatever form the headers took.

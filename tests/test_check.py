@@ -15,7 +15,7 @@ import pytest
 
 from ddtree_deploy import check as C
 from ddtree_deploy.errors import BadInput
-from ddtree_deploy.patchset import HunkStatus
+from ddtree_deploy.patch_apply import HunkStatus
 from ddtree_deploy.series import PatchEntry, load_family
 
 SPEC = "sglang/srt/speculative/spec_info.py"

@@ -252,13 +252,13 @@ def _symlinked_entry(env: Path) -> None:
 
 
 def _long_line(env: Path) -> None:
-    from ddtree_deploy.patchset import MAX_LINE_CHARS
+    from ddtree_deploy.patch_parse import MAX_LINE_CHARS
 
     _edit(_family(env) / P1, "+    DDTREE_TEST = auto()\n", "+    DDTREE_TEST = auto()  # " + "x" * MAX_LINE_CHARS + "\n")
 
 
 def _many_hunks(env: Path) -> None:
-    from ddtree_deploy.patchset import MAX_HUNKS
+    from ddtree_deploy.patch_parse import MAX_HUNKS
 
     hunks = "".join(f"@@ -{3 * k + 1} +{3 * k + 1} @@\n-a\n+b\n" for k in range(MAX_HUNKS + 1))
     path = "sglang/srt/speculative/spec_info.py"

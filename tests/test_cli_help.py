@@ -132,5 +132,5 @@ def test_a_lock_command_does_not_import_the_checker_smoke_or_tuner(tmp_path):
     loaded = done.stdout.strip().splitlines()[-1]
     assert "ddtree_deploy.cli.lock_cmd" in loaded
     for heavy in ("ddtree_deploy.check'", "ddtree_deploy.smoke_plan'", "ddtree_deploy.smoke_run'",
-                  "ddtree_deploy.tune'", "ddtree_deploy.patchset'"):
+                  "ddtree_deploy.tune'", "ddtree_deploy.patch_parse'", "ddtree_deploy.patch_apply'"):
         assert heavy not in loaded, loaded

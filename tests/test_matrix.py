@@ -38,7 +38,7 @@ from ddtree_deploy.matrix import (
     upper_bound,
 )
 from ddtree_deploy.matrix_run import run_matrix, select_releases
-from ddtree_deploy.patchset import HunkResult, HunkStatus, Mismatch
+from ddtree_deploy.patch_apply import HunkResult, HunkStatus, Mismatch
 from ddtree_deploy.release_facts import DFlashWorker, describe, explain_missing, facts_from_names
 from ddtree_deploy.series import FamilyInfo, load_family
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.patchset import FilePatch, HunkStatus, apply_file_patch, parse_patch
+from ddtree_deploy.patch_apply import HunkStatus, apply_file_patch
+from ddtree_deploy.patch_parse import FilePatch, parse_patch
 from ddtree_deploy.sandbox import pristine_files
 
 EAGLE = "sglang/srt/speculative/eagle_utils.py"

@@ -34,7 +34,8 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from ddtree_deploy.patchset import FilePatch, HunkStatus, apply_file_patch, parse_patch
+from ddtree_deploy.patch_apply import HunkStatus, apply_file_patch
+from ddtree_deploy.patch_parse import FilePatch, parse_patch
 
 SEED = int(os.environ.get("DDTREE_DIFF_SEED", "20261129"))
 EXAMPLES = int(os.environ.get("DDTREE_DIFF_EXAMPLES", "600"))  # fuzz 0, against both tools

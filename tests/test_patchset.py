@@ -16,14 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddtree_deploy.errors import BadInput
-from ddtree_deploy.patchset import (
-    FilePatch,
-    HunkStatus,
-    Mismatch,
-    apply_file_patch,
-    parse_patch,
-    strip_path,
-)
+from ddtree_deploy.patch_apply import HunkStatus, Mismatch, apply_file_patch
+from ddtree_deploy.patch_parse import FilePatch, parse_patch, strip_path
 
 REPO = Path(__file__).resolve().parent.parent
 SERIES_DIR = REPO / "patches" / "sglang-0.5.12"
@@ -468,15 +462,15 @@ def test_two_sections_after_a_dash_dash_hunk():
 
 # issue 11 item 13: limits against hostile input, one line each (BadInput: exit 2).
 def test_limit_patch_size(monkeypatch):
-    from ddtree_deploy import patchset
+    from ddtree_deploy import patch_parse
 
-    monkeypatch.setattr(patchset, "MAX_PATCH_CHARS", 100)
+    monkeypatch.setattr(patch_parse, "MAX_PATCH_CHARS", 100)
     with pytest.raises(BadInput, match=r"^p.diff:1: the patch is .* over the limit of 100"):
         parse_patch(TWO_HUNKS + "\n" * 100, name="p.diff")
 
 
 def test_limit_hunk_count():
-    from ddtree_deploy.patchset import MAX_HUNKS
+    from ddtree_deploy.patch_parse import MAX_HUNKS
 
     hunks = "".join(f"@@ -{3 * k + 1} +{3 * k + 1} @@\n-a\n+b\n" for k in range(MAX_HUNKS + 1))
     with pytest.raises(BadInput, match=rf"^p.diff:{3 * MAX_HUNKS + 3}: more than {MAX_HUNKS} hunks"):
@@ -484,7 +478,7 @@ def test_limit_hunk_count():
 
 
 def test_limit_hunk_lines():
-    from ddtree_deploy.patchset import MAX_HUNK_LINES
+    from ddtree_deploy.patch_parse import MAX_HUNK_LINES
 
     text = f"--- a/f\n+++ b/f\n@@ -1,1 +1,{MAX_HUNK_LINES} @@\n-a\n" + "+b\n" * MAX_HUNK_LINES
     with pytest.raises(BadInput, match=rf"^p.diff:3: hunk @@ -1,1 \+1,{MAX_HUNK_LINES} @@ has "):
@@ -492,7 +486,7 @@ def test_limit_hunk_lines():
 
 
 def test_limit_line_length():
-    from ddtree_deploy.patchset import MAX_LINE_CHARS
+    from ddtree_deploy.patch_parse import MAX_LINE_CHARS
 
     text = "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+" + "b" * MAX_LINE_CHARS + "\n"
     with pytest.raises(BadInput, match=r"^p.diff:5: line of .* characters, over the limit"):
@@ -715,7 +709,7 @@ def test_mangled_real_patches_raise_only_bad_input(data, release_tree):
        first=st.integers(-3, 45), no_eol=st.booleans())
 def test_nearest_match_equals_a_brute_force_count(file, pattern, first, no_eol):
     """The indexed, pruned nearest-match search (issue 11 item 13) against counting every start."""
-    from ddtree_deploy.patchset import _Applier, _Lines, _Pattern
+    from ddtree_deploy.patch_apply import _Applier, _Lines, _Pattern
 
     text = "".join(w + "\n" for w in file)
     if no_eol and text:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy import patchset, port, releases
+from ddtree_deploy import patch_apply, patch_parse, port, releases
 from ddtree_deploy.check import check_series
 from ddtree_deploy.cli import app
 from ddtree_deploy.errors import BadInput, DeployError
@@ -165,10 +165,10 @@ def test_port_and_refresh_onto_the_same_release_give_back_git_s_patches(folder, 
             state = {p: (d.decode() if d is not None else None) for p, d in files.items()}
             ref = dict(state)
             for name, original in originals.items():
-                for fp_new, fp_old in zip(patchset.parse_patch(texts[name], name=name),
-                                          patchset.parse_patch(original, name=name)):
-                    state[fp_new.path] = patchset.apply_file_patch(fp_new, state[fp_new.path]).text
-                    ref[fp_old.path] = patchset.apply_file_patch(fp_old, ref[fp_old.path]).text
+                for fp_new, fp_old in zip(patch_parse.parse_patch(texts[name], name=name),
+                                          patch_parse.parse_patch(original, name=name)):
+                    state[fp_new.path] = patch_apply.apply_file_patch(fp_new, state[fp_new.path]).text
+                    ref[fp_old.path] = patch_apply.apply_file_patch(fp_old, ref[fp_old.path]).text
                 assert state == ref, name
 
 

@@ -15,11 +15,11 @@ from rich.markup import escape
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.errors import EXIT_FAILED, BadInput
 
-# The checker (check -> patchset, series, snapshot) is imported when `check` runs, not at
+# The checker (check -> patch_parse, patch_apply, series, snapshot) is imported when `check` runs, not at
 # every CLI start (`--help`, `status`): see _check.
 if TYPE_CHECKING:
     from ddtree_deploy.check import CheckReport, EntryCheck
-    from ddtree_deploy.patchset import HunkResult
+    from ddtree_deploy.patch_apply import HunkResult
     from ddtree_deploy.series import Series
     from ddtree_deploy.snapshot import Snapshot
 
@@ -53,7 +53,7 @@ def _resolve(snapshot: str | None, release: str | None, family: str | None) -> t
 
 
 def _hunks_cell(hunks: tuple[HunkResult, ...]) -> str:
-    from ddtree_deploy.patchset import HunkStatus
+    from ddtree_deploy.patch_apply import HunkStatus
 
     parts = []
     for status in HunkStatus:
