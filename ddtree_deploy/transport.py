@@ -45,7 +45,7 @@ BOOTSTRAP = (
 #: generous for a push's backup + switch of large files, short enough that a silent host
 #: is reported in minutes, not left hanging.
 DEFAULT_OP_TIMEOUT = 120.0
-DEFAULT_IO_TIMEOUT = 600.0  # seconds one read may wait when the caller gives no deadline (the smoke)
+DEFAULT_IO_TIMEOUT = 600.0  # seconds one SSH read may wait when the caller gives no deadline (the tune sweep)
 #: The largest reply line accepted from a host program: a pull of every target file is a
 #: few MB; anything past this is a broken or hostile host, refused with a clear error.
 MAX_REPLY_BYTES = 64 << 20

@@ -22,7 +22,8 @@ import pytest
 from ddtree_deploy.agent import TMP_TAG, boot_id, process_start
 from ddtree_deploy.deploy import _apply_push
 from ddtree_deploy.inventory import Host
-from ddtree_deploy.plan import Desired, Target, plan_push, sha256
+from ddtree_deploy.digests import sha256
+from ddtree_deploy.plan import Desired, Target, plan_push
 from ddtree_deploy.transport import AgentSession, LocalTransport, agent_argv, agent_source
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -405,3 +406,34 @@ def test_the_client_names_a_running_tune_not_a_deploy_lock():
         "command": "tune", "run_id": "t1", "holder": "ann@ops", "time": "2026-11-30T10:00:00Z", "pid": 42}})
     assert err.code == "locked" and err.message.startswith("gpu1: a tune is running (run t1 by ann@ops")
     assert "tune" in err.hint and "--break-lock" not in err.hint
+
+
+def test_every_host_program_runs_shipped_whole_with_the_stdlib_alone(tmp_path):
+    """The deploy agent, the smoke program and the tune program (with the smoke program
+    shipped ahead of it as a module) start through the one ProgramSession and run on an
+    interpreter that sees the standard library only (-I -S: no site-packages, no
+    PYTHONPATH, so no ddtree_deploy to fall back on)."""
+    import sys
+    import time
+
+    from ddtree_deploy.smoke_run import SMOKE_PROGRAM
+    from ddtree_deploy.transport import AGENT, ProgramSession
+    from ddtree_deploy.tune_run import TUNE_PROGRAM
+
+    bare = tmp_path / "python"
+    bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "$@"\n')
+    bare.chmod(0o755)
+    host = Host(name="bare", python=str(bare), ssh=None, state_dir=str(tmp_path / "state"))
+    good = tmp_path / "good.py"
+    good.write_text("x = 1\n")
+    cases = [
+        (AGENT, {"op": "init", "state_dir": str(tmp_path / "state")}, lambda doc: doc.get("ok") and "python" in doc),
+        (SMOKE_PROGRAM, {"levels": ["compile"], "compile": {"files": [str(good)]}},
+         lambda doc: doc.get("event") == "start"),
+        (TUNE_PROGRAM, {"op": "end"}, lambda doc: doc.get("event") == "bye"),
+    ]
+    for program, request, expected in cases:
+        with ProgramSession(LocalTransport(), host, program) as sess:
+            sess.send(request)
+            doc = sess.read(time.monotonic() + 30, "its first line")
+        assert expected(doc), (program.file, doc)
