@@ -70,6 +70,9 @@ class AgentError(Exception):
 
 # ---------------------------------------------------------------- small file helpers
 
+# Its own sha256 helpers, not ddtree_deploy.digests: this file runs on the host as one
+# stdlib-only program (sent over SSH, no package installed there). Same digests (hex sha256).
+
 
 def sha256_file(path):
     h = hashlib.sha256()

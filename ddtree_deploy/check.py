@@ -11,12 +11,12 @@ exactly (CRLF files stay CRLF; the engine sees what is on disk).
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from ddtree_deploy import patch_apply
+from ddtree_deploy.digests import sha256_or_none
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.patch_apply import HunkResult, HunkStatus
 from ddtree_deploy.series import AddEntry, PatchEntry, Series
@@ -117,10 +117,6 @@ class CheckReport:
         }
 
 
-def _sha(data: bytes | None) -> str | None:
-    return None if data is None else hashlib.sha256(data).hexdigest()
-
-
 def _hunk_json(h: HunkResult) -> dict:
     return {
         "index": h.index,
@@ -161,8 +157,8 @@ def _patched_json(p: PatchedFile) -> dict:
         "path": p.path,
         "created": p.original is None,
         "changed": p.changed,
-        "original_sha256": _sha(p.original),
-        "patched_sha256": _sha(p.patched),
+        "original_sha256": sha256_or_none(p.original),
+        "patched_sha256": sha256_or_none(p.patched),
     }
 
 

@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ddtree_deploy.codes import Code, Phase
+from ddtree_deploy.digests import sha256
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.inventory import Host
-from ddtree_deploy.plan import Desired, FileState, Plan, classify, plan_push, plan_rollback, sha256
+from ddtree_deploy.plan import Desired, FileState, Plan, classify, plan_push, plan_rollback
 from ddtree_deploy.transport import AgentFailed, AgentSession, Transport, expect_ok
 
 #: Seconds one agent round trip may take unless the inventory's host.op_timeout says:

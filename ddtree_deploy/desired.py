@@ -14,19 +14,18 @@ memory, between the two round trips of a push, with the host's facts in hand:
 
 from __future__ import annotations
 
-import hashlib
-
 from ddtree_deploy.check import check_series
 from ddtree_deploy.codes import Code
+from ddtree_deploy.digests import hasher, sha256
 from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.plan import Desired, Target, sha256
+from ddtree_deploy.plan import Desired, Target
 from ddtree_deploy.series import AddEntry, PatchEntry, Series
 from ddtree_deploy.snapshot import fresh_release_snapshot, load_snapshot
 
 
 def series_id(series: Series) -> str:
     """A hash of the series' content (order, patch bytes, added files): which series is deployed."""
-    h = hashlib.sha256()
+    h = hasher()
     for entry in series.entries:
         if isinstance(entry, PatchEntry):
             h.update(b"patch\0" + entry.name.encode() + b"\0" + entry.file.read_bytes() + b"\0")

@@ -8,16 +8,11 @@ matches neither side fails the plan before any write (drift).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from enum import Enum
 
 from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import DeployError
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class FileState(str, Enum):

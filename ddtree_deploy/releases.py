@@ -11,9 +11,7 @@ We only read ``.py`` files out of a wheel, so any wheel of a release will do;
 
 from __future__ import annotations
 
-import base64
 import csv
-import hashlib
 import io
 import json
 import os
@@ -30,6 +28,7 @@ from urllib.parse import urljoin
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from ddtree_deploy.digests import hasher, sha256_file, sha256_record
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.locations import cache_dir
 from ddtree_deploy.fsutil import atomic_write
@@ -208,14 +207,6 @@ def wheel_cache() -> Path:
     return cache_dir() / "wheels"
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 #: ``(file, bytes received so far)``: called with 0 before the first byte, then after each chunk.
 DownloadProgress = Callable[[ReleaseFile, int], None]
 
@@ -257,7 +248,7 @@ def download(file: ReleaseFile, dest_dir: Path | None = None, progress: Download
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / file.filename
     fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=f".{file.filename}.")
-    digest = hashlib.sha256()
+    digest = hasher()
     try:
         with os.fdopen(fd, "wb") as fh:
             try:
@@ -375,7 +366,7 @@ def read_wheel_files(wheel: Path, paths: Iterable[str]) -> dict[str, bytes]:
             data = zf.read(path)
             expected = record.get(path)
             if expected is not None:
-                actual = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                actual = sha256_record(data)
                 if actual != expected:
                     raise DeployError(f"{wheel.name}: {path} does not match the wheel's RECORD",
                                       hint="the cached wheel is damaged; delete it and run again")
@@ -412,7 +403,6 @@ __all__ = [
     "parse_version",
     "read_wheel_files",
     "reporting_downloads",
-    "sha256_file",
     "wheel_cache",
     "wheel_candidates",
     "wheel_version",

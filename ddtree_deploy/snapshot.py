@@ -13,7 +13,6 @@ final place and swapped in, so a failure leaves the previous snapshot intact.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ddtree_deploy import releases
+from ddtree_deploy.digests import sha256, sha256_file
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.locations import repo_dir
 from ddtree_deploy.series import check_package_path, families, load_family, show
@@ -34,10 +34,6 @@ FORMAT = 1
 MANIFEST = "MANIFEST.json"
 FILES = "files"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -174,9 +170,9 @@ class Snapshot:
                     hint=f"take the snapshot {self.name!r} again",
                 )
             data = path.read_bytes()
-            if len(data) != entry.size or sha256_bytes(data) != entry.sha256:
+            if len(data) != entry.size or sha256(data) != entry.sha256:
                 raise BadInput(
-                    f"{show(path)}: sha256 {sha256_bytes(data)[:16]}... does not match {MANIFEST} "
+                    f"{show(path)}: sha256 {sha256(data)[:16]}... does not match {MANIFEST} "
                     f"({entry.sha256[:16]}...): the file changed after the snapshot was taken",
                     hint=f"take the snapshot {self.name!r} again; never edit snapshot files by hand",
                 )
@@ -270,7 +266,7 @@ def snapshot_from_files(
     for path in files:
         check_package_path(path, where=f"snapshot {name}")
     entries = tuple(
-        FileEntry(p, None, None) if data is None else FileEntry(p, sha256_bytes(data), len(data))
+        FileEntry(p, None, None) if data is None else FileEntry(p, sha256(data), len(data))
         for p, data in sorted(files.items())
     )
     folder = (root if root is not None else snapshot_root()) / name
@@ -328,7 +324,7 @@ def snapshot_from_release(
         "kind": "pypi",
         "project": releases.PROJECT,
         "wheel": wheel.name,
-        "sha256": releases.sha256_file(wheel),
+        "sha256": sha256_file(wheel),
     }
     return snapshot_from_files(name, actual, source, files, root=root)
 
@@ -379,7 +375,6 @@ __all__ = [
     "fresh_release_snapshot",
     "load_snapshot",
     "release_name",
-    "sha256_bytes",
     "snapshot_from_files",
     "snapshot_from_release",
     "snapshot_root",

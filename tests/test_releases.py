@@ -19,6 +19,7 @@ import pytest
 from packaging.version import Version
 
 from ddtree_deploy import releases
+from ddtree_deploy.digests import sha256_file
 from ddtree_deploy.errors import BadInput, DeployError
 
 WHEEL_PATH_IN_DOC = "../../packages/{name}"  # relative, as the mirror here writes them
@@ -138,7 +139,7 @@ def index(tmp_path, release_wheel, release_version, data_dir, monkeypatch):
         {
             "filename": release_wheel.name,
             "url": WHEEL_PATH_IN_DOC.format(name=release_wheel.name),
-            "digests": {"sha256": releases.sha256_file(release_wheel)},
+            "digests": {"sha256": sha256_file(release_wheel)},
             "size": release_wheel.stat().st_size,
             "packagetype": "bdist_wheel",
             "yanked": False,
@@ -218,4 +219,4 @@ def test_live_pypi_lists_the_baseline_release_with_the_cached_wheels_digest(
     post1 = releases.find_release("0.5.12.post1", rel)
     assert post1 is not None
     by_name = {f.filename: f for f in post1.wheels}
-    assert by_name[release_wheel.name].sha256 == releases.sha256_file(release_wheel)
+    assert by_name[release_wheel.name].sha256 == sha256_file(release_wheel)
