@@ -207,7 +207,9 @@ class _LocalProcess(Process):
         try:
             self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
         except OSError as exc:
-            raise DeployError(f"cannot start {argv[0]}: {exc.strerror}", code="agent") from None
+            raise DeployError(f"cannot start {argv[0]}: {exc.strerror}", code="agent",
+                              hint="set host.python in the inventory to an interpreter on this machine "
+                              "that has sglang installed (`command -v python3` shows one)") from None
 
     def write(self, data: bytes) -> None:
         try:

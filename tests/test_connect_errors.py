@@ -173,3 +173,13 @@ def test_no_such_interpreter_on_the_host(sshd, program):
     assert str(err).startswith("box: cannot run the host's Python '/nonexistent/bin/python3' (exit 127; ")
     assert err.code == "agent"
     assert err.hint.startswith(f"set host.python in {SOURCE} to an interpreter on the host")
+
+
+def test_no_such_interpreter_here_with_the_local_transport(tmp_path):
+    from ddtree_deploy.transport import LocalTransport
+
+    host = Host(name="here", python=str(tmp_path / "no-python3"), ssh=None, source=SOURCE)
+    with pytest.raises(DeployError) as caught:
+        run_on_host(host, LocalTransport(), SmokePlan(levels=("compile",), request={"levels": ["compile"]}))
+    assert str(caught.value) == f"cannot start {tmp_path / 'no-python3'}: No such file or directory"
+    assert caught.value.hint.startswith("set host.python in the inventory to an interpreter on this machine")
