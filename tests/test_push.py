@@ -726,3 +726,14 @@ def test_push_diff_shows_what_each_file_gets(host, oracle, tmp_path):
     real = json.loads(ok("push", "--host", host.name, "--diff", "--json").stdout)["hosts"][0]
     assert real["changed"] and real["diff"] == text and files_of(host) == patched
     assert json.loads(ok("push", "--host", host.name, "--diff", "--json").stdout)["hosts"][0]["diff"] == ""
+
+
+def test_snapshot_release_says_cached_only_when_it_was(uncached_release, tmp_path):
+    """`snapshot release` downloads the wheel (one line, piped) and says so; the second run
+    finds it in the cache and says that instead."""
+    first = cli("snapshot", "release", "0.5.12.post1", "--name", "fresh")
+    assert first.exit_code == 0, first.output
+    assert "downloading sglang-0.5.12.post1-" in first.stderr and "just downloaded and verified" in first.stderr
+    assert "in the cache" not in first.stderr
+    again = cli("snapshot", "release", "0.5.12.post1", "--name", "fresh")
+    assert again.exit_code == 0 and "in the cache, verified" in again.stderr and "downloading" not in again.stderr
