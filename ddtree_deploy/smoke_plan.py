@@ -200,6 +200,7 @@ HEALTH_POLL_S = 10.0  # the last readiness poll may start just before the deadli
 KILL_S = 15.0  # SIGKILL's wait (10 s) and the reap (5 s) after term_grace_s
 HEARTBEAT_S = 20.0  # smoke_agent.HEARTBEAT_S, unless the request sets heartbeat_s
 SILENT_BEATS = 3  # this many heartbeats missed in a row: the link or the program is stuck
+MIN_SILENCE_S = 10.0  # never less: a loaded machine may delay a short test heartbeat a little
 
 
 def level_deadlines(request: Mapping[str, Any]) -> dict[str, float]:
@@ -218,10 +219,15 @@ def level_deadlines(request: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def heartbeat_s(request: Mapping[str, Any]) -> float:
+    """How often the smoke program says a level still runs."""
+    return float(request.get("heartbeat_s", HEARTBEAT_S))
+
+
 def silence_limit(request: Mapping[str, Any]) -> float:
     """Seconds without a line from the smoke program (it beats every ``heartbeat_s`` during a
     level) after which the link or the program is taken as stuck."""
-    return SILENT_BEATS * float(request.get("heartbeat_s", HEARTBEAT_S))
+    return max(SILENT_BEATS * heartbeat_s(request), MIN_SILENCE_S)
 
 
 def check_settings(host) -> SmokeSettings:

@@ -11,7 +11,7 @@ from typing import Callable
 
 from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import DeployError
-from ddtree_deploy.smoke_plan import SILENT_BEATS, START_S, SmokePlan, silence_limit
+from ddtree_deploy.smoke_plan import START_S, SmokePlan, heartbeat_s, silence_limit
 from ddtree_deploy.smoke_report import SmokeReport, read_answer
 from ddtree_deploy.transport import HostProgram, ProgramSession
 
@@ -89,7 +89,7 @@ def _missed(host, plan: SmokePlan, level: str | None, limit: float, silence: flo
     if silent:
         return DeployError(
             f"{host.name}: smoke level {level}: no word from the host for {silence:g} s (the smoke program "
-            f"sends a heartbeat every {silence / SILENT_BEATS:g} s): the link or the program is stuck",
+            f"sends a heartbeat every {heartbeat_s(plan.request):g} s): the link or the program is stuck",
             code=Code.TIMEOUT, hint=f"check the host answers (`ssh {_ssh_target(host)} true`), {status}")
     keys = {"import": "smoke.timeout_s", "cli": "smoke.timeout_s",
             "launch": "the [smoke.launch] timeouts (ready_timeout_s, probe_timeout_s, term_grace_s)"}

@@ -58,7 +58,7 @@ def test_a_level_past_its_deadline_is_one_line_naming_host_level_and_seconds(tmp
     assert 2.0 <= took < 10.0
 
 
-def test_a_silent_program_is_noticed_after_three_missed_heartbeats(tmp_path):
+def test_a_silent_program_is_noticed_after_three_missed_heartbeats_10_s_at_least(tmp_path):
     plan, fifo = _stuck_plan(tmp_path, heartbeat_s=0.5)
     # The host's python: the real one, its pid written down so the test can freeze it.
     pid_file = tmp_path / "pid"
@@ -91,10 +91,10 @@ def test_a_silent_program_is_noticed_after_three_missed_heartbeats(tmp_path):
             os.kill(pid, signal.SIGKILL)
         _release(fifo)
     assert frozen, "the program never started"
-    assert str(caught.value) == ("box: smoke level compile: no word from the host for 1.5 s (the smoke program "
+    assert str(caught.value) == ("box: smoke level compile: no word from the host for 10 s (the smoke program "
                                  "sends a heartbeat every 0.5 s): the link or the program is stuck")
     assert caught.value.code == "timeout"
-    assert time.monotonic() - started < 15.0
+    assert 10.0 <= time.monotonic() - started < 25.0
 
 
 def test_each_level_waits_the_sum_of_its_own_host_deadlines_plus_slack():
@@ -106,4 +106,5 @@ def test_each_level_waits_the_sum_of_its_own_host_deadlines_plus_slack():
     # ready 500 + last poll 10 + probe and tree requests 2 x 50 + server_info 60 + term 10 + kill 15 + 60.
     assert plan.deadlines == {"compile": 120.0, "import": 160.0, "cli": 160.0, "launch": 785.0}
     assert level_deadlines(plan.request) == plan.deadlines
-    assert silence_limit(plan.request) == 60.0
+    assert silence_limit(plan.request) == 60.0  # three 20 s heartbeats
+    assert silence_limit({"heartbeat_s": 0.5}) == 10.0  # never under 10 s
