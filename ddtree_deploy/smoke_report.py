@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.smoke_plan import SmokePlan
 
+
 @dataclass(frozen=True)
 class LevelResult:
     level: str

@@ -80,7 +80,7 @@ def family_smoke(series) -> FamilySmoke:
     return found if isinstance(found, FamilySmoke) else FAMILY_SMOKE_DEFAULT
 
 
-# ------------------------------------------------------------------ settings
+# ------------------------------------------------------------------ the host's [smoke]
 
 
 @dataclass(frozen=True)
