@@ -25,7 +25,6 @@ from packaging.version import InvalidVersion, Version
 from ddtree_deploy import releases
 from ddtree_deploy.check import check_series, compile_check
 from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.locations import repo_dir
 from ddtree_deploy.matrix import (
     Coverage,
     Matrix,
@@ -38,7 +37,10 @@ from ddtree_deploy.matrix import (
 )
 from ddtree_deploy.matrix_import import smoke_releases
 from ddtree_deploy.release_facts import MARKERS, ReleaseFacts, describe, facts_from_names
-from ddtree_deploy.series import FamilyInfo, PatchEntry, Series, families, load_family, read_family_info
+from ddtree_deploy.series import (
+    NO_FAMILY_HINT, NO_SUCH_FAMILY_HINT, FamilyInfo, PatchEntry, Series, families, family_folder, load_family,
+    no_such_family, read_family_info, show,
+)
 
 #: progress(phase, done, total): phase is "download" or "apply".
 Progress = Callable[[str, int, int], None]
@@ -225,12 +227,12 @@ def run_matrix(
     infos: list[FamilyInfo] = families(patches_dir)
     chosen = None
     if family is not None:
-        folder = Path(family)
+        folder = family_folder(family, patches_dir)
         if not folder.is_dir():
-            folder = (patches_dir or repo_dir("patches")) / family
+            raise BadInput(no_such_family(show(folder), patches_dir), hint=NO_SUCH_FAMILY_HINT)
         chosen = read_family_info(folder)
     if not infos and chosen is None:
-        raise BadInput("no family under patches/", hint="a family is a folder with family.toml and series")
+        raise BadInput("no family under patches/", hint=NO_FAMILY_HINT)
 
     listing = list_sglang_releases(offline=offline, warn=warn)
     selected = select_releases(listing, from_version, to_version)

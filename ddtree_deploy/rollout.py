@@ -87,7 +87,7 @@ class _Relay:
 
 def series_chooser(family: str | None):
     """(paths to discover, facts -> Series, forced): the family is chosen by the host's version unless forced."""
-    from ddtree_deploy.series import families, load_family, pick_family
+    from ddtree_deploy.series import choose_series, load_family
     from ddtree_deploy.snapshot import all_touched_paths
 
     if family:
@@ -99,7 +99,7 @@ def series_chooser(family: str | None):
         version = facts.get("sglang_version")
         if not version:
             raise DeployError(f"cannot tell the SGLang version at {facts.get('package_root')}", code=Code.NO_VERSION)
-        return load_family(pick_family(version, families()).folder)
+        return choose_series(version)
 
     return paths, choose, False
 
@@ -324,7 +324,7 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
 def _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, progress, heartbeat):
     """Read the host's journal, load the series it names, run the levels: (status, series, report)."""
     from ddtree_deploy.locations import repo_dir
-    from ddtree_deploy.series import families, load_family
+    from ddtree_deploy.series import known_family, load_family, no_such_family
 
     progress("read the host's journal")
     doc = deploy.status(host, make_transport())
@@ -334,12 +334,12 @@ def _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, 
                           hint=f"push first: ddtree-deploy push --host {host.name}")
     # The name comes from the host: only ever a key among the known families, never a path.
     name = doc["series"]["name"]
-    known = {f.name: f.folder for f in families(Path(patches_dir or repo_dir("patches")))}
-    if not isinstance(name, str) or name not in known:
-        raise DeployError(f"{host.name}: the host's journal names series {name!r}, which is not a family "
-                          f"here ({', '.join(sorted(known)) or 'none'})", code=Code.UNKNOWN_FAMILY,
-                          hint="smoke it from a checkout that has that family under patches/")
-    series = load_family(known[name])
+    folder = known_family(name, Path(patches_dir or repo_dir("patches")))
+    if folder is None:
+        raise DeployError(f"{host.name}: the host's journal names a series that is not here: "
+                          f"{no_such_family(str(name), Path(patches_dir or repo_dir('patches')))}",
+                          code=Code.UNKNOWN_FAMILY, hint="smoke it from a checkout that has that family under patches/")
+    series = load_family(folder)
     touched, flags = smoke_plan.series_inputs(series)
     deployed = [f["path"] for f in doc["files"]]
     plan = smoke_plan.plan_smoke(settings, touched_paths=deployed or touched, flags=flags, levels=levels,

@@ -373,12 +373,9 @@ def load_family(folder: Path | str, *, payload_dir: Path | None = None) -> Serie
     the ``payload/`` beside the ``patches/`` that holds the family (sources are
     repository-relative), or DDTREE_DEPLOY_PAYLOAD when set.
     """
-    folder = Path(folder)
-    if not folder.is_dir() and len(folder.parts) == 1:
-        folder = repo_dir("patches") / folder
+    folder = family_folder(folder)
     if not folder.is_dir():
-        raise BadInput(f"{show(folder)}: no such family folder",
-                       hint=f"families: {', '.join(f.name for f in families()) or '(none)'}")
+        raise BadInput(no_such_family(show(folder)), hint=NO_SUCH_FAMILY_HINT)
     if payload_dir is None:
         payload_dir = (repo_dir(PAYLOAD) if os.environ.get("DDTREE_DEPLOY_PAYLOAD")
                        else folder.resolve().parent.parent / PAYLOAD)
@@ -414,6 +411,56 @@ def families(patches_dir: Path | None = None) -> list[FamilyInfo]:
     if not root.is_dir():
         return []
     return [read_family_info(d) for d in sorted(root.iterdir()) if (d / FAMILY_FILE).is_file()]
+
+
+# ---------------------------------------------------------------- naming and choosing a family
+# The one home of "which family": --family as a name or a folder, a host's journal naming a
+# family, the family that covers an SGLang version; with one text for each failure.
+
+NO_FAMILY_HINT = "a family is a folder with family.toml and series"
+
+
+def family_folder(name: Path | str, patches_dir: Path | None = None) -> Path:
+    """The folder ``--family`` names: a bare name (one path component that is not a folder
+    here) is ``patches/<name>``; anything else is the path as given. It may not exist yet
+    (``port --into`` names a new one)."""
+    folder = Path(name)
+    if not folder.is_dir() and len(folder.parts) == 1:
+        folder = (patches_dir if patches_dir is not None else repo_dir("patches")) / folder
+    return folder
+
+
+NO_SUCH_FAMILY_HINT = "name a family under patches/ or give a family folder (family.toml + series)"
+
+
+def no_such_family(name: str, patches_dir: Path | None = None) -> str:
+    """The one text for a family name or folder that is not a family (hint: NO_SUCH_FAMILY_HINT)."""
+    known = ", ".join(f.name for f in families(patches_dir)) or "(none)"
+    return f"no such family {name!r} (families here: {known})"
+
+
+def require_families(patches_dir: Path | None = None) -> list[FamilyInfo]:
+    """Every family, or BadInput when there is none."""
+    infos = families(patches_dir)
+    if not infos:
+        raise BadInput("no family under patches/", hint=NO_FAMILY_HINT)
+    return infos
+
+
+def known_family(name: object, patches_dir: Path | None = None) -> Path | None:
+    """The folder of the family called ``name`` among the known ones, else None. For a name
+    that comes from a host (its journal): only ever a key among the families here, never a path."""
+    if not isinstance(name, str):
+        return None
+    return {f.name: f.folder for f in families(patches_dir)}.get(name)
+
+
+def choose_series(version: str, family: Path | str | None = None) -> Series:
+    """The series for SGLang ``version``: the ``--family`` given (name or folder; whether it covers
+    ``version`` is the caller's call), else the one family whose range contains it."""
+    if family:
+        return load_family(family)
+    return load_family(pick_family(version, families()).folder)
 
 
 def pick_family(version: str, infos: Iterable[FamilyInfo]) -> FamilyInfo:
@@ -465,7 +512,13 @@ __all__ = [
     "Series",
     "check_no_symlink_escape",
     "check_package_path",
+    "choose_series",
     "families",
+    "family_folder",
+    "known_family",
+    "NO_SUCH_FAMILY_HINT",
+    "no_such_family",
+    "require_families",
     "load_family",
     "pick_family",
     "read_family_info",

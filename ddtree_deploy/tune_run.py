@@ -75,7 +75,7 @@ def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress =
     """Ask the host what is deployed: DDTree must be, by a family known here."""
     from ddtree_deploy import deploy
     from ddtree_deploy.locations import repo_dir
-    from ddtree_deploy.series import families, load_family
+    from ddtree_deploy.series import known_family, load_family, no_such_family
 
     launch = smoke_settings.parse_settings(host.smoke, source=host.source).launch
     progress("read the host's journal")
@@ -84,11 +84,12 @@ def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress =
         raise BadInput(f"{host.name}: no DDTree deployed (phase {doc['phase']}): tune measures a deployed "
                        f"series; push it first: ddtree-deploy push --host {host.name}")
     name = doc["series"]["name"]
-    known = {f.name: f.folder for f in families(Path(patches_dir or repo_dir("patches")))}
-    if not isinstance(name, str) or name not in known:
-        raise BadInput(f"{host.name}: the host's journal names series {name!r}, which is not a family here "
-                       f"({', '.join(sorted(known)) or 'none'}); tune from a checkout that has it")
-    family = smoke_settings.family_smoke(load_family(known[name]))
+    folder = known_family(name, Path(patches_dir or repo_dir("patches")))
+    if folder is None:
+        raise BadInput(f"{host.name}: the host's journal names a series that is not here: "
+                       f"{no_such_family(str(name), Path(patches_dir or repo_dir('patches')))}",
+                       hint="tune from a checkout that has that family under patches/")
+    family = smoke_settings.family_smoke(load_family(folder))
     lock = doc.get("lock")
     if lock:
         raise DeployError(f"{host.name}: a {lock.get('command') or 'push/rollback'} holds the deploy lock "

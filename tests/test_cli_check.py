@@ -282,7 +282,7 @@ BAD = {
     "not-in-snapshot": ([], _not_in_snapshot, f"{ARGS} is not in the snapshot"),
     "malformed-diff": ([], _malformed, P1),
     "truncated-hunk": ([], _truncated, P1),
-    "unknown-family": (["--family", "nope"], None, "no such family folder"),
+    "unknown-family": (["--family", "nope"], None, "no such family"),
     "tampered-snapshot": ([], lambda env: (env / "snapshot" / SNAP / "files" / ARGS).write_text("x = 1\n"),
                           "does not match MANIFEST.json"),
 }

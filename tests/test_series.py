@@ -7,6 +7,7 @@ checks the one-line message names the file, the line and the problem.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -321,3 +322,46 @@ def test_git_rename_lines_are_checked():
     with pytest.raises(BadInput, match="contains '..'"):
         for line, raw in paths:
             S.check_header_path(raw, where=f"p:{line}")
+
+
+# --- naming and choosing a family: one rule, one text (issue #14) --------------
+
+
+def test_family_folder_is_one_rule(tmp_path, monkeypatch):
+    patches = tmp_path / "patches"
+    monkeypatch.chdir(tmp_path)
+    assert S.family_folder("fam", patches) == patches / "fam"  # a bare name: under patches/
+    assert S.family_folder("some/where/fam", patches) == Path("some/where/fam")  # a path: as given
+    (tmp_path / "here").mkdir()
+    assert S.family_folder("here", patches) == Path("here")  # a bare name that is a folder here
+    from ddtree_deploy.cli import port_cmd  # port/series refresh use the same rule (was its own)
+    assert not hasattr(port_cmd, "_family_path")
+
+
+def test_no_such_family_is_one_text_for_a_name_a_folder_and_the_matrix(tmp_path, fam, monkeypatch):
+    from ddtree_deploy import matrix_run
+
+    patches = fam.parent
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(patches))
+    with pytest.raises(BadInput) as by_name:
+        S.load_family("nope")
+    with pytest.raises(BadInput) as in_matrix:
+        matrix_run.run_matrix(family="nope", patches_dir=patches, offline=True)
+    for exc in (by_name.value, in_matrix.value):
+        assert re.fullmatch(r"no such family '[^']*nope' \(families here: test-0\.5\.12\)", exc.message), exc.message
+        assert exc.hint == "name a family under patches/ or give a family folder (family.toml + series)"
+
+
+def test_known_family_takes_names_only(tmp_path, fam):
+    patches = fam.parent
+    assert S.known_family("test-0.5.12", patches) == fam
+    assert S.known_family(str(fam), patches) is None  # a path from a host is never followed
+    assert S.known_family(None, patches) is None
+
+
+def test_choose_series_forced_or_by_version(tmp_path, fam, monkeypatch):
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(fam.parent))
+    assert S.choose_series("0.5.12.post1").name == "test-0.5.12"
+    assert S.choose_series("0.4.0", str(fam)).name == "test-0.5.12"  # forced: coverage is the caller's call
+    with pytest.raises(BadInput, match=r"^no family covers SGLang 0.4.0; families: test-0.5.12 "):
+        S.choose_series("0.4.0")

@@ -30,7 +30,7 @@ _STYLE = {"applied": "green", "already-applied": "cyan", "failed": "bold red", "
 
 def _resolve(snapshot: str | None, release: str | None, family: str | None) -> tuple[Snapshot, Series]:
     """The snapshot to check and the family to apply (all bad input raised before any write)."""
-    from ddtree_deploy.series import families, load_family, pick_family
+    from ddtree_deploy.series import choose_series
     from ddtree_deploy.snapshot import fresh_release_snapshot, load_snapshot
 
     if (snapshot is None) == (release is None):
@@ -41,7 +41,7 @@ def _resolve(snapshot: str | None, release: str | None, family: str | None) -> t
         snap = load_snapshot(snapshot)
         version = snap.manifest.sglang_version
     assert version is not None
-    series = load_family(family) if family else load_family(pick_family(version, families()).folder)
+    series = choose_series(version, family)
     if family and not series.info.covers(version):
         err.print(f"[yellow]note:[/] family {series.name} ({series.specifier}) does not cover "
                   f"SGLang {version}; checking it anyway because --family was given")

@@ -16,7 +16,7 @@ from rich.markup import escape
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.errors import EXIT_FAILED, BadInput
 from ddtree_deploy.locations import repo_dir
-from ddtree_deploy.series import families, load_family, show
+from ddtree_deploy.series import families, family_folder, load_family, require_families, show
 
 series_app = typer.Typer(help="Work on a family's patch files.", no_args_is_help=True)
 app.add_typer(series_app, name="series")
@@ -34,15 +34,8 @@ def _newest_family() -> str:
 
     from ddtree_deploy.matrix import upper_bound
 
-    infos = families()
-    if not infos:
-        raise BadInput("no family under patches/", hint="a family is a folder with family.toml and series")
+    infos = require_families()
     return max(infos, key=lambda f: (upper_bound(f) or (Version("0"), False))[0]).name
-
-
-def _family_path(name: str) -> Path:
-    path = Path(name)
-    return path if len(path.parts) > 1 else repo_dir("patches") / name
 
 
 # help= rather than docstrings (see matrix_cmd): one line per paragraph, so the terminal
@@ -85,7 +78,7 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
     except InvalidVersion:
         raise BadInput(f"--to {to_version!r} is not a valid PEP 440 version", hint="e.g. 0.5.13") from None
     new_name = into or "sglang-" + ".".join(map(str, (list(release) + [0, 0])[:3]))
-    target = _family_path(new_name)
+    target = family_folder(new_name)
     tree_dir = tree or repo_dir("build") / f"port-{target.name}"
     from ddtree_deploy import port as porting
 
@@ -156,7 +149,7 @@ def refresh_command(
 ) -> None:
     from ddtree_deploy import port as porting
 
-    outcome = porting.refresh_family(_family_path(family), from_dir, version=release, resolved=resolved)
+    outcome = porting.refresh_family(family_folder(family), from_dir, version=release, resolved=resolved)
     if json_output:
         emit_json({
             "sglang": outcome.version,
