@@ -16,6 +16,7 @@ from typing import Any
 
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.locations import repo_dir
+from ddtree_deploy.toml_input import TomlFile
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -148,57 +149,54 @@ def load_host(name_or_path: str, *, directory: Path | None = None) -> Host:
 
 
 def parse_host(text: str, *, name: str, source: str) -> Host:
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise BadInput(f"{source}: not valid TOML ({exc})") from None
-    r = _Reader(data, source)
-    transport = r.choice("transport", ("ssh", "local"), default="ssh")
-    host_tab = r.table("host")
-    python = r.string("host.python", host_tab.get("python"), required=True)
-    state_dir = r.string("host.state_dir", host_tab.get("state_dir"), default=DEFAULT_STATE_DIR)
+    doc = TomlFile(text, source=source)
+    data = doc.data
+    transport = doc.choice("transport", ("ssh", "local"), default="ssh")
+    doc.table("host")
+    python = doc.string("host.python", required=True, example="/opt/venv/bin/python")
+    state_dir = doc.string("host.state_dir", default=DEFAULT_STATE_DIR)
     problem = state_dir_problem(state_dir)
     if problem:
-        raise BadInput(f"{source}: key host.state_dir: {state_dir!r} {problem}; use an absolute path "
-                       "or one under ~, e.g. \"~/.ddtree-deploy\"")
-    keep = r.integer("host.keep_backups", host_tab.get("keep_backups"), default=DEFAULT_KEEP_BACKUPS, lo=1, hi=1000)
-    sudo = r.boolean("host.sudo", host_tab.get("sudo"), default=False)
-    op_timeout = r.number("host.op_timeout", host_tab.get("op_timeout"), default=None)
-    r.unknown("host", host_tab, {"python", "state_dir", "keep_backups", "sudo", "op_timeout"})
+        raise doc.bad("host.state_dir", f"{state_dir!r} {problem}",
+                      'use an absolute path or one under ~, e.g. "~/.ddtree-deploy"')
+    keep = doc.integer("host.keep_backups", default=DEFAULT_KEEP_BACKUPS, lo=1, hi=1000)
+    sudo = doc.boolean("host.sudo", default=False)
+    op_timeout = doc.seconds("host.op_timeout", default=None)
+    doc.unknown("host", {"python", "state_dir", "keep_backups", "sudo", "op_timeout"})
     ssh = None
     if transport == "ssh":
-        t = r.table("ssh", required=True)
-        host = r.string("ssh.host", t.get("host"), required=True)
+        doc.table("ssh", required=True)
+        host = doc.string("ssh.host", required=True, example="gpu1.example.com")
         if not _HOSTNAME.match(host):
-            raise BadInput(f"{source}: key ssh.host: {host!r} is not a host name or ssh alias "
-                           "(letters, digits, '.', '-', '_' only)")
-        user = r.string("ssh.user", t.get("user"))
+            raise doc.bad("ssh.host", f"{host!r} is not a host name or ssh alias",
+                          "use letters, digits, '.', '-', '_' only")
+        user = doc.string("ssh.user")
         if user is not None and not _USER.match(user):
-            raise BadInput(f"{source}: key ssh.user: {user!r} is not a valid user name")
-        jump = r.string("ssh.jump", t.get("jump"))
+            raise doc.bad("ssh.user", f"{user!r} is not a valid user name",
+                          "use letters, digits, '.', '-', '_' (starting with a letter, digit or '_')")
+        jump = doc.string("ssh.jump")
         if jump is not None:
             for hop in jump.split(","):
                 m = _JUMP_HOP.match(hop.strip())
                 if not m or (m["port"] and not 0 < int(m["port"]) < 65536):
-                    raise BadInput(f"{source}: key ssh.jump: hop {hop!r} is not [user@]host[:port]")
+                    raise doc.bad("ssh.jump", f"hop {hop!r} is not [user@]host[:port]",
+                                  'write hops as "[user@]host[:port]", comma-separated')
         ssh = SSHTarget(
             host=host,
             user=user,
-            port=r.integer("ssh.port", t.get("port"), default=None, lo=1, hi=65535),
-            identity_file=r.string("ssh.identity_file", t.get("identity_file")),
+            port=doc.integer("ssh.port", default=None, lo=1, hi=65535),
+            identity_file=doc.string("ssh.identity_file"),
             jump=jump,
-            known_hosts=r.string("ssh.known_hosts", t.get("known_hosts"), default="~/.ssh/known_hosts"),
-            ssh_config=r.string("ssh.ssh_config", t.get("ssh_config"), default="~/.ssh/config"),
-            connect_timeout=r.number("ssh.connect_timeout", t.get("connect_timeout"),
-                                     default=DEFAULT_CONNECT_TIMEOUT),
+            known_hosts=doc.string("ssh.known_hosts", default="~/.ssh/known_hosts"),
+            ssh_config=doc.string("ssh.ssh_config", default="~/.ssh/config"),
+            connect_timeout=doc.seconds("ssh.connect_timeout", default=DEFAULT_CONNECT_TIMEOUT),
         )
-        r.unknown("ssh", t, {f.name for f in SSHTarget.__dataclass_fields__.values()} | {"jump"})
+        doc.unknown("ssh", {f.name for f in SSHTarget.__dataclass_fields__.values()} | {"jump"})
     elif "ssh" in data:
-        raise BadInput(f"{source}: key ssh: a local host (transport = \"local\") takes no [ssh] table")
-    smoke = data.get("smoke", {})
-    if not isinstance(smoke, dict):
-        raise BadInput(f"{source}: key smoke: must be a table ([smoke])")
-    r.unknown("", data, {"transport", "host", "ssh", "smoke"})
+        raise doc.bad("ssh", 'a local host (transport = "local") takes no [ssh] table',
+                      "remove the [ssh] table, or drop transport = \"local\"")
+    smoke = doc.table("smoke")  # its keys are smoke_settings' to check
+    doc.unknown("", {"transport", "host", "ssh", "smoke"})
     return Host(name=name, python=python, ssh=ssh, state_dir=state_dir, keep_backups=keep,
                 sudo=sudo, smoke=smoke, source=source, op_timeout=op_timeout)
 
@@ -216,68 +214,3 @@ def state_dir_problem(state_dir: str) -> str | None:
     if ".." in state_dir.split("/"):
         return "climbs with '..'"
     return None
-
-
-class _Reader:
-    """Typed getters that name the file and the key in every error."""
-
-    def __init__(self, data: dict, source: str):
-        self.data = data
-        self.source = source
-
-    def _bad(self, key: str, problem: str) -> BadInput:
-        return BadInput(f"{self.source}: key {key}: {problem}")
-
-    def table(self, key: str, required: bool = False) -> dict:
-        value = self.data.get(key)
-        if value is None:
-            if required:
-                raise self._bad(key, f"missing; add a [{key}] table")
-            return {}
-        if not isinstance(value, dict):
-            raise self._bad(key, f"must be a table ([{key}])")
-        return value
-
-    def choice(self, key, options, default):
-        value = self.data.get(key, default)
-        if value not in options:
-            raise self._bad(key, f"must be one of {', '.join(map(repr, options))}, not {value!r}")
-        return value
-
-    def string(self, key, value, *, required=False, default=None):
-        if value is None:
-            if required:
-                raise self._bad(key, "missing (required)")
-            return default
-        if not isinstance(value, str) or not value.strip():
-            raise self._bad(key, f"must be a non-empty string, not {value!r}")
-        if "\0" in value or "\n" in value:
-            raise self._bad(key, "must not contain NUL or newline characters")
-        return value
-
-    def integer(self, key, value, *, default, lo, hi):
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise self._bad(key, f"must be an integer from {lo} to {hi}, not {value!r}")
-        return value
-
-    def number(self, key, value, *, default):
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise self._bad(key, f"must be a positive number of seconds, not {value!r}")
-        return float(value)
-
-    def boolean(self, key, value, *, default):
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self._bad(key, f"must be true or false, not {value!r}")
-        return value
-
-    def unknown(self, where: str, table: dict, known: set[str]) -> None:
-        extra = sorted(set(table) - known)
-        if extra:
-            key = f"{where}.{extra[0]}" if where else extra[0]
-            raise self._bad(key, f"unknown key; known keys here: {', '.join(sorted(known))}")

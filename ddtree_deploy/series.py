@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Union
@@ -26,11 +25,7 @@ from packaging.version import InvalidVersion, Version
 from ddtree_deploy import patch_parse
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.locations import repo_dir
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+from ddtree_deploy.toml_input import TomlFile
 
 #: Every path the series may touch starts with this component: the package root
 #: is the folder that *contains* ``sglang/`` (site-packages on a host).
@@ -237,13 +232,11 @@ class Series:
 # Loading
 
 
-def _find_key_line(text: str, key: str) -> int:
-    m = re.search(rf"^\s*{re.escape(key)}\s*=", text, re.MULTILINE)
-    return text.count("\n", 0, m.start()) + 1 if m else 1
+_SGLANG_EXAMPLE = 'e.g. sglang = ">=0.5.12,<0.5.13"'
 
 
 def read_family_info(folder: Path) -> FamilyInfo:
-    """Read and validate ``<folder>/family.toml``."""
+    """Read and validate ``<folder>/family.toml`` (messages in toml_input's one format)."""
     toml_path = folder / FAMILY_FILE
     where = show(toml_path)
     if not toml_path.is_file():
@@ -252,39 +245,24 @@ def read_family_info(folder: Path) -> FamilyInfo:
             hint='a family folder needs family.toml with sglang = "<PEP 440 range>"',
         )
     text = toml_path.read_text(encoding="utf-8", errors="replace")
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        # tomllib's message already ends with "(at line N, column M)".
-        raise BadInput(f"{where}: not valid TOML: {exc}") from None
-    unknown = sorted(set(doc) - set(_FAMILY_KEYS))
-    if unknown:
-        raise BadInput(
-            f"{where}:{_find_key_line(text, unknown[0])}: unknown key {unknown[0]!r}",
-            hint=f"known keys: {', '.join(_FAMILY_KEYS)}",
-        )
+    doc = TomlFile(text, source=where)
+    doc.unknown("", _FAMILY_KEYS)
     raw = doc.get("sglang")
-    line = _find_key_line(text, "sglang")
     if not isinstance(raw, str):
-        raise BadInput(
-            f"{where}:{line}: 'sglang' must be a string holding a PEP 440 specifier",
-            hint='e.g. sglang = ">=0.5.12,<0.5.13"',
-        )
+        what = "missing" if raw is None else f"not {raw!r}"
+        raise doc.bad("sglang", f"must be a string holding a PEP 440 specifier ({what})", _SGLANG_EXAMPLE)
     try:
         spec = SpecifierSet(raw)
     except InvalidSpecifier:
-        raise BadInput(
-            f"{where}:{line}: sglang = {raw!r} is not a valid PEP 440 specifier",
-            hint='e.g. sglang = ">=0.5.12,<0.5.13"',
-        ) from None
+        raise doc.bad("sglang", f"{raw!r} is not a valid PEP 440 specifier", _SGLANG_EXAMPLE) from None
     if not str(spec):
-        raise BadInput(
-            f"{where}:{line}: sglang = {raw!r} is empty: a family must name its SGLang range",
-            hint='e.g. sglang = ">=0.5.12,<0.5.13"',
-        )
-    description = doc.get("description", "")
-    if not isinstance(description, str):
-        raise BadInput(f"{where}:{_find_key_line(text, 'description')}: 'description' must be a string")
+        raise doc.bad("sglang", f"{raw!r} is empty: a family must name its SGLang range", _SGLANG_EXAMPLE)
+    description = doc.get("description")
+    if description is None:
+        description = ""
+    elif not isinstance(description, str):
+        raise doc.bad("description", f"must be a string, not {description!r}", 'write it in quotes: description = "..."')
+    doc.table("smoke")  # a [smoke] that is no table: this format; its keys are smoke_settings'
     # [smoke]: validated here, with the rest of the family, so a bad key stops a push
     # before it changes anything (ddtree_deploy.smoke_settings owns the keys).
     from ddtree_deploy.smoke_settings import parse_family_smoke

@@ -56,7 +56,7 @@ def test_defaults_and_all_keys():
 def test_local_transport_takes_no_ssh_table():
     host = parse_host('transport = "local"\n[host]\npython = "/usr/bin/python3"\n', name="box", source="x.toml")
     assert host.is_local and host.ssh is None
-    with pytest.raises(BadInput, match=r"x.toml: key ssh: a local host"):
+    with pytest.raises(BadInput, match=r"x.toml: line 2: ssh: a local host"):
         parse_host('transport = "local"\n[ssh]\nhost = "a"\n[host]\npython = "p"\n', name="box", source="x.toml")
 
 
@@ -69,32 +69,35 @@ def test_builtin_local_host(tmp_path):
     "text, message",
     [
         ("[ssh\nhost='a'", r"not valid TOML"),
-        ("[host]\npython = '/p'\n", r"key ssh: missing"),
-        ("[ssh]\nhost = 'a'\n", r"key host.python: missing"),
-        ("[ssh]\nhost = 'a'\nport = 70000\n[host]\npython = '/p'\n", r"key ssh.port: must be an integer from 1 to 65535"),
-        ("[ssh]\nhost = 'a'\nport = '22'\n[host]\npython = '/p'\n", r"key ssh.port: must be an integer"),
-        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nkeep_backups = 0\n", r"key host.keep_backups"),
-        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nsudo = 'yes'\n", r"key host.sudo: must be true or false"),
-        ("[ssh]\nhost = 'a'\nprot = 22\n[host]\npython = '/p'\n", r"key ssh.prot: unknown key"),
-        ("[ssh]\nhost = 'a b'\n[host]\npython = '/p'\n", r"key ssh.host: 'a b' is not a host name"),
-        ("[ssh]\nhost = 'a;id'\n[host]\npython = '/p'\n", r"key ssh.host"),
-        ("[ssh]\nhost = '$(id)'\n[host]\npython = '/p'\n", r"key ssh.host"),
-        ("[ssh]\nhost = 'a'\nuser = \"x'y\"\n[host]\npython = '/p'\n", r"key ssh.user"),
-        ("[ssh]\nhost = 'a'\njump = 'b;c'\n[host]\npython = '/p'\n", r"key ssh.jump"),
-        ("[ssh]\nhost = 'a'\nconnect_timeout = -1\n[host]\npython = '/p'\n", r"key ssh.connect_timeout"),
-        ("[ssh]\nhost = 'a'\n[host]\npython = \"a\\nb\"\n", r"key host.python: must not contain"),
-        ("transport = 'telnet'\n[host]\npython = '/p'\n", r"key transport: must be one of"),
-        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = 'st'\n", r"key host.state_dir: .* not absolute"),
-        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '/a/../b'\n", r"key host.state_dir: .*'\.\.'"),
-        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '~/$(id)'\n", r"key host.state_dir: .*shell syntax"),
-        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '~x/s'\n", r"key host.state_dir"),
-        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nop_timeout = 0\n", r"key host.op_timeout: must be a positive"),
+        ("[host]\npython = '/p'\n", r"ssh: missing"),
+        ("[ssh]\nhost = 'a'\n", r"host.python: missing"),
+        ("[ssh]\nhost = 'a'\nport = 70000\n[host]\npython = '/p'\n", r"ssh.port: must be an integer from 1 to 65535"),
+        ("[ssh]\nhost = 'a'\nport = '22'\n[host]\npython = '/p'\n", r"ssh.port: must be an integer"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nkeep_backups = 0\n", r"host.keep_backups"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nsudo = 'yes'\n", r"host.sudo: must be true or false"),
+        ("[ssh]\nhost = 'a'\nprot = 22\n[host]\npython = '/p'\n", r"ssh.prot: unknown key"),
+        ("[ssh]\nhost = 'a b'\n[host]\npython = '/p'\n", r"ssh.host: 'a b' is not a host name"),
+        ("[ssh]\nhost = 'a;id'\n[host]\npython = '/p'\n", r"ssh.host"),
+        ("[ssh]\nhost = '$(id)'\n[host]\npython = '/p'\n", r"ssh.host"),
+        ("[ssh]\nhost = 'a'\nuser = \"x'y\"\n[host]\npython = '/p'\n", r"ssh.user"),
+        ("[ssh]\nhost = 'a'\njump = 'b;c'\n[host]\npython = '/p'\n", r"ssh.jump"),
+        ("[ssh]\nhost = 'a'\nconnect_timeout = -1\n[host]\npython = '/p'\n", r"ssh.connect_timeout"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = \"a\\nb\"\n", r"host.python: must not contain"),
+        ("transport = 'telnet'\n[host]\npython = '/p'\n", r"transport: must be one of"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = 'st'\n", r"host.state_dir: .* not absolute"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '/a/../b'\n", r"host.state_dir: .*'\.\.'"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '~/$(id)'\n", r"host.state_dir: .*shell syntax"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '~x/s'\n", r"host.state_dir"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nop_timeout = 0\n", r"host.op_timeout: must be a positive"),
     ],
 )
 def test_broken_inventory_names_file_and_key(text, message):
     with pytest.raises(BadInput, match=r"^hosts/h\.toml: ") as info:
         parse_host(text, name="h", source="hosts/h.toml")
     assert re.search(message, info.value.message), info.value.message
+    # One format (toml_input): <file>: line N: <key>: <what is wrong>; <what to do>
+    assert re.fullmatch(r"hosts/h\.toml: (line \d+: )?[a-z_.]+: .+; .+|hosts/h\.toml: line \d+: not valid TOML: .+; .+",
+                        info.value.message), info.value.message
 
 
 def test_missing_inventory_and_bad_name(tmp_path):
@@ -120,7 +123,7 @@ def test_cli_broken_inventory_is_one_line_exit_2(tmp_path, monkeypatch):
     for command in (["push"], ["rollback"], ["status"], ["snapshot", "pull"]):
         result = CliRunner().invoke(app, [*command, "--host", "bad"])
         assert result.exit_code == 2, (command, result.output)
-        assert "bad.toml: key ssh.port: must be an integer from 1 to 65535" in result.output
+        assert "ssh.port: must be an integer from 1 to 65535" in result.output
         assert "Traceback" not in result.output
 
 

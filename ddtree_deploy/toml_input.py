@@ -1,0 +1,169 @@
+"""Reading a TOML input file (an inventory file, a family.toml) into typed, validated values.
+
+One reader, one message format for every wrong value, so that a user who fixed one file
+knows how to read the next complaint:
+
+    <file>: line N: <key>: <what is wrong>; <what to do>
+
+``line N`` is tomllib's for a syntax error, else the line of the key (or of its table's
+header) found in the text; it is left out where the key is not written in the file (a
+required key that is missing from an absent table). Pure: the caller reads the file.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any, Iterable
+
+from ddtree_deploy.errors import BadInput
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+_AT_LINE = re.compile(r"\s*\(at line (\d+), column \d+\)$")
+_HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\- \"']+?)\s*\]\]?\s*(?:#.*)?$")
+
+
+def _bare(part: str) -> str:
+    return part.strip().strip("\"'")
+
+
+class TomlFile:
+    """A parsed TOML text and the typed getters that name its file, line and key."""
+
+    def __init__(self, text: str, *, source: str):
+        self.source = source
+        self.lines = text.splitlines()
+        try:
+            self.data: dict[str, Any] = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            message = str(exc)
+            m = _AT_LINE.search(message)
+            at = f"line {m.group(1)}: " if m else ""
+            what = message[:m.start()] if m else message
+            raise BadInput(f"{source}: {at}not valid TOML: {what}; fix the syntax (see https://toml.io)") from None
+
+    # ------------------------------------------------------------ messages
+
+    def line_of(self, key: str) -> int | None:
+        """The 1-based line where ``key`` ("ssh.port", "transport", "smoke") is written: its
+        ``name =`` line inside its table, else the header of its nearest written table; None
+        when neither is in the text."""
+        parts = key.split(".")
+        for split in range(len(parts) - 1, -1, -1):
+            table, rest = ".".join(parts[:split]), parts[split:]
+            found = self._find(table, rest)
+            if found is not None:
+                return found
+        # Not written: the header of the nearest table that is (a missing key of [ssh]).
+        return self.line_of(key.rsplit(".", 1)[0]) if "." in key else None
+
+    def _find(self, table: str, rest: list[str]) -> int | None:
+        """``rest[0] =`` (or a dotted ``rest[0].x =``) inside ``[table]`` ("" = top level), or the
+        header ``[table.rest...]`` itself."""
+        current = ""
+        whole = ".".join([table, *rest]) if table else ".".join(rest)
+        for number, line in enumerate(self.lines, 1):
+            h = _HEADER.match(line)
+            if h:
+                current = ".".join(_bare(p) for p in h.group(1).split("."))
+                if current == whole:
+                    return number
+                continue
+            if current == table and "=" in line:
+                name = line.split("=", 1)[0]
+                if ".".join(_bare(p) for p in name.split(".")).split(".")[0] == rest[0]:
+                    return number
+        return None
+
+    def bad(self, key: str, what: str, todo: str) -> BadInput:
+        """The one message: ``<file>: line N: <key>: <what is wrong>; <what to do>``."""
+        line = self.line_of(key)
+        at = f"line {line}: " if line is not None else ""
+        return BadInput(f"{self.source}: {at}{key}: {what}; {todo}")
+
+    # ------------------------------------------------------------ typed getters
+
+    def get(self, key: str) -> Any:
+        """The value at dotted ``key``, None when absent (or when a table on the way is not one)."""
+        value: Any = self.data
+        for part in key.split("."):
+            if not isinstance(value, dict):
+                return None
+            value = value.get(part)
+        return value
+
+    def table(self, key: str, *, required: bool = False) -> dict:
+        value = self.get(key)
+        if value is None:
+            if required:
+                raise self.bad(key, "missing", f"add a [{key}] table")
+            return {}
+        if not isinstance(value, dict):
+            raise self.bad(key, f"must be a table, not {value!r}", f"write it as a [{key}] table")
+        return value
+
+    def choice(self, key: str, options: Iterable[str], *, default: str) -> str:
+        options = tuple(options)
+        value = self.get(key)
+        value = default if value is None else value
+        if value not in options:
+            raise self.bad(key, f"must be one of {', '.join(map(repr, options))}, not {value!r}",
+                           "use one of those")
+        return value
+
+    def string(self, key: str, *, required: bool = False, default: str | None = None,
+               example: str = "...") -> str | None:
+        value = self.get(key)
+        leaf = key.rsplit(".", 1)[-1]
+        if value is None:
+            if required:
+                raise self.bad(key, "missing (required)", f'add {leaf} = "{example}"')
+            return default
+        if not isinstance(value, str) or not value.strip():
+            raise self.bad(key, f"must be a non-empty string, not {value!r}", f'write it in quotes: {leaf} = "{example}"')
+        if "\0" in value or "\n" in value:
+            raise self.bad(key, "must not contain NUL or newline characters", "write it on one line")
+        return value
+
+    def integer(self, key: str, *, default: int | None, lo: int, hi: int) -> int | None:
+        value = self.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise self.bad(key, f"must be an integer from {lo} to {hi}, not {value!r}",
+                           f"write a number without quotes, e.g. {key.rsplit('.', 1)[-1]} = {lo}")
+        return value
+
+    def seconds(self, key: str, *, default: float | None) -> float | None:
+        value = self.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise self.bad(key, f"must be a positive number of seconds, not {value!r}",
+                           f"write a number without quotes, e.g. {key.rsplit('.', 1)[-1]} = 30")
+        return float(value)
+
+    def boolean(self, key: str, *, default: bool) -> bool:
+        value = self.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.bad(key, f"must be true or false, not {value!r}", "write true or false without quotes")
+        return value
+
+    def unknown(self, where: str, known: Iterable[str]) -> None:
+        """Refuse a key of table ``where`` ("" = top level) that is not in ``known``."""
+        known = sorted(known)
+        table = self.get(where) if where else self.data
+        extra = sorted(set(table) - set(known)) if isinstance(table, dict) else []
+        if extra:
+            key = f"{where}.{extra[0]}" if where else extra[0]
+            raise self.bad(key, f"unknown key (known keys here: {', '.join(known)})",
+                           "fix its spelling or remove it")
+
+
+__all__ = ["TomlFile"]

@@ -1,0 +1,85 @@
+"""toml_input: the one TOML reader; the inventory and family.toml give the same message format.
+
+Format: <file>: line N: <key>: <what is wrong>; <what to do> (issue #14, one home per concept).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from ddtree_deploy import series as S
+from ddtree_deploy.errors import BadInput
+from ddtree_deploy.inventory import parse_host
+from ddtree_deploy.toml_input import TomlFile
+
+FORMAT = re.compile(r"(?P<file>[^:]+): line (?P<line>\d+): (?P<key>[a-z_.]+): (?P<what>.+?); (?P<todo>.+)")
+
+
+def _inventory_error(text: str) -> re.Match:
+    with pytest.raises(BadInput) as e:
+        parse_host(text, name="h", source="hosts/h.toml")
+    m = FORMAT.fullmatch(e.value.message)
+    assert m, e.value.message
+    return m
+
+
+def _family_error(tmp_path, test_family_dir, text: str) -> re.Match:
+    fam = tmp_path / "patches" / "f"
+    shutil.copytree(test_family_dir, fam)
+    (fam / "family.toml").write_text(text)
+    with pytest.raises(BadInput) as e:
+        S.read_family_info(fam)
+    m = FORMAT.fullmatch(e.value.message)
+    assert m, e.value.message
+    return m
+
+
+def test_wrong_type_same_format_in_inventory_and_family_toml(tmp_path, test_family_dir):
+    inv = _inventory_error("[host]\npython = '/p'\n[ssh]\nhost = 'a'\nport = '22'\n")
+    fam = _family_error(tmp_path, test_family_dir, '# a family\nsglang = 5\n')
+    assert (inv["file"], inv["line"], inv["key"]) == ("hosts/h.toml", "5", "ssh.port")
+    assert inv["what"] == "must be an integer from 1 to 65535, not '22'"
+    assert fam["file"].endswith("family.toml") and (fam["line"], fam["key"]) == ("2", "sglang")
+    assert fam["what"] == "must be a string holding a PEP 440 specifier (not 5)"
+    assert inv["todo"] and fam["todo"]
+
+
+def test_unknown_key_same_format_and_wording(tmp_path, test_family_dir):
+    inv = _inventory_error("[host]\npython = '/p'\n[ssh]\nhost = 'a'\nprot = 22\n")
+    fam = _family_error(tmp_path, test_family_dir, 'sglang = ">=0.5"\n\nrange = "x"\n')
+    assert (inv["line"], inv["key"]) == ("5", "ssh.prot")
+    assert (fam["line"], fam["key"]) == ("3", "range")
+    for m in (inv, fam):
+        assert m["what"].startswith("unknown key (known keys here: ")
+        assert m["todo"] == "fix its spelling or remove it"
+    assert fam["what"] == "unknown key (known keys here: description, sglang, smoke)"
+
+
+def test_syntax_error_carries_tomllib_line(tmp_path, test_family_dir):
+    with pytest.raises(BadInput, match=r"^hosts/h\.toml: line 2: not valid TOML: .+; fix the syntax"):
+        parse_host("[host]\npython = \n", name="h", source="hosts/h.toml")
+    with pytest.raises(BadInput, match=r"family\.toml: line 1: not valid TOML: .+; fix the syntax"):
+        S.read_family_info(_copy(tmp_path, test_family_dir, 'sglang = ">=0.5\n'))
+
+
+def _copy(tmp_path, test_family_dir, text):
+    fam = tmp_path / "patches" / "g"
+    shutil.copytree(test_family_dir, fam)
+    (fam / "family.toml").write_text(text)
+    return fam
+
+
+def test_line_of_finds_keys_in_tables_dotted_keys_and_headers():
+    doc = TomlFile('top = 1\n\n[ssh]\nhost = "a"\n# port = 1\nport = 2\n[smoke.launch]\nmodel = "m"\n'
+                   '[host]\n"python" = "/p"\nsub.x = 1\n', source="f")
+    assert doc.line_of("top") == 1
+    assert doc.line_of("ssh") == 3 and doc.line_of("ssh.port") == 6  # the comment is no key
+    assert doc.line_of("smoke.launch.model") == 8 and doc.line_of("smoke.launch") == 7
+    assert doc.line_of("host.python") == 10 and doc.line_of("host.sub.x") == 11
+    assert doc.line_of("ssh.nothing") == 3  # not written: its table's header
+    assert doc.line_of("absent") is None
+    assert doc.bad("absent", "missing", "add it").message == "f: absent: missing; add it"
+    assert doc.bad("ssh.user", "x", "y").message == "f: line 3: ssh.user: x; y"
