@@ -14,6 +14,7 @@ memory, between the two round trips of a push, with the host's facts in hand:
 
 from __future__ import annotations
 
+from ddtree_deploy import next_step
 from ddtree_deploy.check import check_series
 from ddtree_deploy.codes import Code
 from ddtree_deploy.digests import hasher, sha256
@@ -56,12 +57,14 @@ def desired_for(series: Series, host_name: str, facts: dict, *, fuzz: int = 0, f
                        hint="choose the family for that release with --family")
     paths = series.touched_paths()
     source, files = pristine_files(host_name, version, paths)
+    check_cmd = (next_step.check(snapshot=host_name, family=series.name) if source == f"snapshot/{host_name}"
+                 else next_step.check(release=version, family=series.name))
     report = check_series(series, files, fuzz=fuzz)
     if not report.ok:
         failed = [e.name for e in report.entries if not e.ok] or [str(c) for c in report.compile_errors]
         raise DeployError(f"{host_name}: series {series.name} does not apply cleanly to {source}: "
                           f"{', '.join(failed)}", code=Code.CHECK_FAILED,
-                          hint=f"run `ddtree-deploy check` for the hunk-by-hunk report; nothing was changed")
+                          hint=f"run {check_cmd} for the hunk-by-hunk report; nothing was changed")
     targets = []
     for path in paths:
         p = report.patched[path]

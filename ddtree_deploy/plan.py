@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ddtree_deploy import next_step
 from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import DeployError
 
@@ -131,10 +132,10 @@ def plan_push(host: str, desired: Desired, current: dict[str, str | None], journ
         raise DeployError(
             f"{host}: series {j.get('series')} ({str(j.get('series_id'))[:12]}) is deployed there, not "
             f"{desired.series} ({desired.series_id[:12]}): {', '.join(sorted(other))} hold its patched versions",
-            code=Code.OTHER_SERIES, hint=f"`ddtree-deploy rollback --host {host}` first, then push")
+            code=Code.OTHER_SERIES, hint=f"{next_step.rollback(host)} first, then push")
     if bad:
         raise drift_error(host, bad, f"the snapshot ({desired.snapshot})",
-                          hint=f"`ddtree-deploy snapshot pull --host {host}` records the host's files as the new "
+                          hint=f"{next_step.snapshot_pull(host)} records the host's files as the new "
                           "pristine state (after checking why they changed)")
     return Plan("push", host, tuple(steps))
 
@@ -156,5 +157,5 @@ def plan_rollback(host: str, manifest: dict, current: dict[str, str | None], jou
         steps.append(FileStep(path, state, have, want))
     if bad:
         raise drift_error(host, bad, f"backup {manifest['id']}",
-                          hint="restore those files by hand, or inspect them with `ddtree-deploy status`")
+                          hint=f"restore those files by hand, or inspect them with {next_step.status(host)}")
     return Plan("rollback", host, tuple(steps), backup_id=manifest["id"])

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ddtree_deploy import releases
+from ddtree_deploy import next_step, releases
 from ddtree_deploy.digests import sha256, sha256_file
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.locations import repo_dir
@@ -101,7 +101,7 @@ def release_name(version: str) -> str:
 
 def _manifest_from_json(doc: Any, where: str) -> Manifest:
     def bad(what: str) -> BadInput:
-        return BadInput(f"{where}: {what}", hint="take the snapshot again (ddtree-deploy snapshot ...)")
+        return BadInput(f"{where}: {what}", hint=f"take the snapshot again ({next_step.snapshot_release()} or {next_step.snapshot_pull('HOST')})")
 
     if not isinstance(doc, dict):
         raise bad("not a JSON object")
@@ -189,7 +189,7 @@ def load_snapshot(name_or_folder: str | Path) -> Snapshot:
     where = show(manifest_path)
     if not manifest_path.is_file():
         raise BadInput(f"{where}: no such snapshot",
-                       hint="take one: ddtree-deploy snapshot release VERSION")
+                       hint=f"take one: {next_step.snapshot_release()}")
     try:
         doc = json.loads(manifest_path.read_bytes())
     except ValueError as exc:

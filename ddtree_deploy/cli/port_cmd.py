@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy import next_step
 from ddtree_deploy.errors import EXIT_FAILED, BadInput
 from ddtree_deploy.locations import repo_dir
 from ddtree_deploy.series import families, family_folder, load_family, require_families, show
@@ -104,8 +105,8 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
             err.print(f"  {escape(where)}: {escape(reject.entry)}: {escape(reject.describe()[0])}", highlight=False, soft_wrap=True)
         for rej in outcome.rej_files:
             err.print(f"  details: {escape(show(rej))}", highlight=False, soft_wrap=True)
-        err.print(f"then: ddtree-deploy series refresh --family {escape(outcome.family_dir.name)} "
-                  f"--from {escape(show(outcome.tree_dir))} --resolved", highlight=False, soft_wrap=True)
+        err.print(f"then: {escape(next_step.series_refresh(outcome.family_dir.name, show(outcome.tree_dir)))}",
+                  highlight=False, soft_wrap=True)
     if not json_output:
         verdict = "ok" if result.ok else f"{len(result.rejects)} hunk(s) rejected"
         out.print(f"port {verdict}: family {outcome.family_dir.name} for SGLang {to_version}", highlight=False)

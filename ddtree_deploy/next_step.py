@@ -1,0 +1,78 @@
+"""The one home of "what to run next": the command lines that errors, hints and reports tell
+the user to run, written once, each in backticks so that it reads as a command and can be
+copied whole. Pure text, stdlib only (plan.py uses it, and the image build copies plan.py
+with the modules it imports).
+
+The host programs (agent.py, smoke_agent.py, tune_agent.py, image_apply.py) print no
+commands of the toolkit's own, or keep theirs: they run alone, without this package.
+"""
+
+from __future__ import annotations
+
+PROG = "ddtree-deploy"
+
+
+def command(*args: str) -> str:
+    """```ddtree-deploy ARGS...``` in backticks: one command the user can copy."""
+    return "`" + " ".join((PROG, *args)) + "`"
+
+
+def push(host: str) -> str:
+    return command("push", "--host", host)
+
+
+def rollback(host: str) -> str:
+    return command("rollback", "--host", host)
+
+
+def smoke(host: str) -> str:
+    return command("smoke", "--host", host)
+
+
+def status(host: str | None = None) -> str:
+    return command("status", "--host", host) if host else command("status")
+
+
+def smoke_or_rollback(host: str) -> str:
+    """A host left `switched` (smoke not run or not passed): the two ways on."""
+    return f"run {smoke(host)} or {rollback(host)}"
+
+
+def check(*, release: str | None = None, snapshot: str | None = None, family: str | None = None) -> str:
+    """`check` of a release or a snapshot (it needs one of them), with the family when known."""
+    args = ["check"]
+    args += ["--snapshot", snapshot] if snapshot else ["--release", release or "VERSION"]
+    return command(*args, *(["--family", family] if family else []))
+
+
+def snapshot_pull(host: str) -> str:
+    return command("snapshot", "pull", "--host", host)
+
+
+def snapshot_release(version: str = "VERSION") -> str:
+    return command("snapshot", "release", version)
+
+
+def series_refresh(family: str, tree: str) -> str:
+    """After `port` left rejects to fix by hand in ``tree``."""
+    return command("series", "refresh", "--family", family, "--from", tree, "--resolved")
+
+
+def lock_release(host: str) -> str:
+    return command("lock", "release", "--host", host)
+
+
+__all__ = [
+    "PROG",
+    "check",
+    "command",
+    "lock_release",
+    "push",
+    "rollback",
+    "series_refresh",
+    "smoke",
+    "smoke_or_rollback",
+    "snapshot_pull",
+    "snapshot_release",
+    "status",
+]
