@@ -18,11 +18,6 @@ from ddtree_deploy.errors import BadInput
 from ddtree_deploy.locations import repo_dir
 from ddtree_deploy.toml_input import TomlFile
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 DEFAULT_STATE_DIR = "~/.ddtree-deploy"
 DEFAULT_KEEP_BACKUPS = 5
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -87,34 +82,33 @@ def load_groups(directory: Path | None = None) -> dict[str, tuple[str, ...]]:
     if not path.exists():
         return {}
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise BadInput(f"{path}: not valid TOML ({exc})") from None
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
-    return parse_groups(data, source=str(path))
+    doc = TomlFile(text, source=str(path))
+    return parse_groups(doc.data, source=str(path), text=text)
 
 
-def parse_groups(data: dict, *, source: str) -> dict[str, tuple[str, ...]]:
+def parse_groups(data: dict, *, source: str, text: str = "") -> dict[str, tuple[str, ...]]:
+    """``groups.toml``'s values -> group name -> members (``text`` lets messages name the line)."""
+    doc = TomlFile.of(data, source=source, text=text)
     extra = sorted(set(data) - {"groups"})
     if extra:
-        raise BadInput(f"{source}: key {extra[0]}: unknown key; put groups in a [groups] table")
-    table = data.get("groups", {})
-    if not isinstance(table, dict):
-        raise BadInput(f"{source}: key groups: must be a table ([groups])")
+        raise doc.bad(extra[0], "unknown key", "put groups in a [groups] table")
+    table = doc.table("groups")
     groups: dict[str, tuple[str, ...]] = {}
     for name, members in table.items():
         key = f"groups.{name}"
         if not _HOST_FILE_NAME.match(name):
-            raise BadInput(f"{source}: key {key}: a group name uses letters, digits, '.', '-', '_'")
+            raise doc.bad(key, "a group name uses letters, digits, '.', '-', '_'", "rename the group")
         if not isinstance(members, list) or not members:
-            raise BadInput(f"{source}: key {key}: must be a non-empty list of host names, e.g. [\"ct200\"]")
+            raise doc.bad(key, "must be a non-empty list of host names", f'e.g. {name} = ["ct200"]')
         for m in members:
             if not isinstance(m, str) or not _HOST_FILE_NAME.match(m):
-                raise BadInput(f"{source}: key {key}: {m!r} is not a host name (the name of a file in hosts/)")
+                raise doc.bad(key, f"{m!r} is not a host name", "use the name of a file in hosts/ (without .toml)")
         if len(set(members)) != len(members):
             dup = next(m for m in members if members.count(m) > 1)
-            raise BadInput(f"{source}: key {key}: {dup!r} is listed twice")
+            raise doc.bad(key, f"{dup!r} is listed twice", "list each host once")
         groups[name] = tuple(members)
     return groups
 

@@ -46,6 +46,13 @@ class TomlFile:
             what = message[:m.start()] if m else message
             raise BadInput(f"{source}: {at}not valid TOML: {what}; fix the syntax (see https://toml.io)") from None
 
+    @classmethod
+    def of(cls, data: dict[str, Any], *, source: str, text: str = "") -> "TomlFile":
+        """A reader over values already parsed (``text``, when given, is where lines are found)."""
+        doc = cls.__new__(cls)
+        doc.source, doc.lines, doc.data = source, text.splitlines(), data
+        return doc
+
     # ------------------------------------------------------------ messages
 
     def line_of(self, key: str) -> int | None:

@@ -273,7 +273,7 @@ BAD = {
     "both": (["--release", VERSION], None, "give exactly one"),
     "missing-snapshot": (None, None, "no such snapshot"),
     "bad-range": ([], lambda env: _edit(_family(env) / "family.toml", '">=0.5.12,<0.5.13"', '">=0.5.12 <0.5.13"'),
-                  "family.toml:3: sglang = '>=0.5.12 <0.5.13' is not a valid PEP 440 specifier"),
+                  "family.toml: line 3: sglang: '>=0.5.12 <0.5.13' is not a valid PEP 440 specifier; e.g. sglang = "),
     "missing-entry": ([], lambda env: (_family(env) / P2).unlink(), f"series:3: entry '{P2}' does not exist"),
     "duplicate-entry": ([], lambda env: open(_family(env) / "series", "a").write(P1 + "\n"),
                         "series:6: duplicate entry"),

@@ -42,14 +42,14 @@ def test_groups_file(tmp_path):
 
 
 @pytest.mark.parametrize("text, problem", [
-    ('gpu = ["a"]\n', "key gpu: unknown key; put groups in a [groups] table"),
-    ('groups = 3\n', "key groups: must be a table ([groups])"),
-    ('[groups]\ngpu = []\n', "key groups.gpu: must be a non-empty list of host names"),
-    ('[groups]\ngpu = "a"\n', "key groups.gpu: must be a non-empty list of host names"),
-    ('[groups]\ngpu = ["a", "a;rm"]\n', "key groups.gpu: 'a;rm' is not a host name"),
-    ('[groups]\ngpu = ["a", 1]\n', "key groups.gpu: 1 is not a host name"),
-    ('[groups]\ngpu = ["a", "b", "a"]\n', "key groups.gpu: 'a' is listed twice"),
-    ('[groups]\n"g p u" = ["a"]\n', "key groups.g p u: a group name uses letters"),
+    ('gpu = ["a"]\n', "line 1: gpu: unknown key; put groups in a [groups] table"),
+    ('groups = 3\n', "line 1: groups: must be a table, not 3; write it as a [groups] table"),
+    ('[groups]\ngpu = []\n', "line 2: groups.gpu: must be a non-empty list of host names; "),
+    ('[groups]\ngpu = "a"\n', "line 2: groups.gpu: must be a non-empty list of host names; "),
+    ('[groups]\ngpu = ["a", "a;rm"]\n', "line 2: groups.gpu: 'a;rm' is not a host name; "),
+    ('[groups]\ngpu = ["a", 1]\n', "line 2: groups.gpu: 1 is not a host name; "),
+    ('[groups]\ngpu = ["a", "b", "a"]\n', "line 2: groups.gpu: 'a' is listed twice; "),
+    ('[groups]\n"g p u" = ["a"]\n', "line 2: groups.g p u: a group name uses letters"),
 ])
 def test_bad_groups_are_one_line_naming_the_key(tmp_path, text, problem):
     path = tmp_path / "groups.toml"
@@ -61,7 +61,7 @@ def test_bad_groups_are_one_line_naming_the_key(tmp_path, text, problem):
 
 def test_bad_toml_and_reserved_host_name(tmp_path):
     (tmp_path / "groups.toml").write_text("[groups\n")
-    with pytest.raises(BadInput, match="groups.toml: not valid TOML"):
+    with pytest.raises(BadInput, match="groups.toml: line 1: not valid TOML"):
         load_groups(tmp_path)
     with pytest.raises(BadInput, match="reserved"):
         load_host("groups", directory=tmp_path)
