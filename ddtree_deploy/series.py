@@ -261,7 +261,8 @@ def read_family_info(folder: Path) -> FamilyInfo:
     if description is None:
         description = ""
     elif not isinstance(description, str):
-        raise doc.bad("description", f"must be a string, not {description!r}", 'write it in quotes: description = "..."')
+        raise doc.bad("description", f"must be a string, not {description!r}",
+                      'write it in quotes: description = "..."')
     doc.table("smoke")  # a [smoke] that is no table: this format; its keys are smoke_settings'
     # [smoke]: validated here, with the rest of the family, so a bad key stops a push
     # before it changes anything (ddtree_deploy.smoke_settings owns the keys).

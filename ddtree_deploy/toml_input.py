@@ -131,7 +131,8 @@ class TomlFile:
                 raise self.bad(key, "missing (required)", f'add {leaf} = "{example}"')
             return default
         if not isinstance(value, str) or not value.strip():
-            raise self.bad(key, f"must be a non-empty string, not {value!r}", f'write it in quotes: {leaf} = "{example}"')
+            raise self.bad(key, f"must be a non-empty string, not {value!r}",
+                           f'write it in quotes: {leaf} = "{example}"')
         if "\0" in value or "\n" in value:
             raise self.bad(key, "must not contain NUL or newline characters", "write it on one line")
         return value
