@@ -32,6 +32,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ddtree_deploy import next_step
 from ddtree_deploy.codes import Code, Phase
 from ddtree_deploy.digests import sha256
 from ddtree_deploy.errors import BadInput, DeployError
@@ -457,8 +458,7 @@ def _push(host: Host, transport: Transport, paths: list[str], desire: Callable[[
                         f"failed at {failed}")
             if not smoke and not dry_run:
                 if failed:  # a level failed on these files: only a smoke that passes may mark them
-                    noop += ("; NOT marked deployed without a smoke: run `ddtree-deploy smoke --host "
-                             f"{host.name}` or `ddtree-deploy rollback --host {host.name}`")
+                    noop += f"; NOT marked deployed without a smoke: {next_step.smoke_or_rollback(host.name)}"
                 else:
                     noop_request = _mark(journal.get("run_id"), Phase.DEPLOYED)
                     noop += "; marked deployed without a smoke"
@@ -688,8 +688,8 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
     if phase == Phase.SWITCHED:
         failed = (journal.get("smoke") or {}).get("failed")
         why = f" (it failed at {failed})" if failed else ""
-        return (f"files patched by run {run} ({tally}); the smoke has not passed{why}: run "
-                f"`ddtree-deploy smoke --host {host}` or `ddtree-deploy rollback --host {host}`{suffix}")
+        return (f"files patched by run {run} ({tally}); the smoke has not passed{why}: "
+                f"{next_step.smoke_or_rollback(host)}{suffix}")
     if phase == Phase.ROLLED_BACK:
         return f"rolled back to backup {journal.get('backup_id')} by run {run} ({tally}){suffix}"
     if phase == Phase.STAGED:

@@ -101,6 +101,7 @@ def main(argv=None):
         root, version = facts["package_root"], facts["sglang_version"]
         say("sglang %s at %s (%s)" % (version, root, sys.executable))
         if version != meta["sglang_version"]:
+            # Its own command text, not next_step's: this program runs in the image build alone.
             fail("the image's sglang at %s is %s, but the series %s was checked against the pristine %s release; "
                  "build FROM an image of SGLang %s, or rerun `ddtree-deploy image --release %s`"
                  % (root, version, meta["series"], meta["sglang_version"], meta["sglang_version"], version))

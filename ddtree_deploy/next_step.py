@@ -58,8 +58,9 @@ def series_refresh(family: str, tree: str) -> str:
     return command("series", "refresh", "--family", family, "--from", tree, "--resolved")
 
 
-def lock_release(host: str) -> str:
-    return command("lock", "release", "--host", host)
+def lock_release(host: str, *, force: bool = False) -> str:
+    """``force``: for a lock whose process may still run (the user must know it is gone)."""
+    return command("lock", "release", "--host", host, *(["--force"] if force else []))
 
 
 __all__ = [

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ddtree_deploy import deploy, smoke_plan, smoke_report, smoke_run, smoke_settings
+from ddtree_deploy import deploy, next_step, smoke_plan, smoke_report, smoke_run, smoke_settings
 from ddtree_deploy.codes import Code, Phase
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy, push_policy, spread_policy
@@ -180,8 +180,7 @@ class AfterPush:
         return doc
 
     def _next(self) -> str:
-        return (f"the host stays `switched`: run `ddtree-deploy smoke --host {self.host}` or "
-                f"`ddtree-deploy rollback --host {self.host}`")
+        return f"the host stays `switched`: {next_step.smoke_or_rollback(self.host)}"
 
     def lines(self) -> list[str]:
         if self.report is None:
@@ -199,7 +198,7 @@ class AfterPush:
                        f"{self.rollback.summary}")
         elif self.kept:
             out.append(f"smoke failed at {self.report.failed.level}: new files KEPT (--no-rollback); "
-                       f"journal phase `switched`; roll back with `ddtree-deploy rollback --host {self.host}`")
+                       f"journal phase `switched`; roll back with {next_step.rollback(self.host)}")
         else:
             out.append(f"smoke failed at {self.report.failed.level}, and the automatic rollback FAILED: "
                        f"{self.rollback_error}")
@@ -318,7 +317,7 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
     deploy.mark(host, make_transport(), run_id, Phase.SWITCHED, progress=progress,
                 smoke={"failed": failed.level, "detail": failed.detail[:500]} if failed else None)
     return replace(report, note=f"phase stays switched (run {run_id}): roll back with "
-                                f"`ddtree-deploy rollback --host {host.name}`")
+                                f"{next_step.rollback(host.name)}")
 
 
 def _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, progress, heartbeat):
@@ -331,7 +330,7 @@ def _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, 
     if doc["phase"] not in (Phase.DEPLOYED, Phase.SWITCHED) or not doc["series"]:
         raise DeployError(f"{host.name}: no series is deployed (phase {doc['phase']}): the smoke checks a "
                           "deployed series", code=Code.NOT_DEPLOYED,
-                          hint=f"push first: ddtree-deploy push --host {host.name}")
+                          hint=f"push first: {next_step.push(host.name)}")
     # The name comes from the host: only ever a key among the known families, never a path.
     name = doc["series"]["name"]
     folder = known_family(name, Path(patches_dir or repo_dir("patches")))
@@ -384,7 +383,7 @@ def push_detail(outcome: deploy.Outcome, after: AfterPush | None, kind: Kind) ->
                else f"the smoke passed but marking it deployed failed: {after.mark_error}"
                if after is not None and after.mark_error else "the smoke has not passed")
         return (f"files switched by run {outcome.smoke_pending or outcome.run_id}, not deployed: {why}; "
-                f"run `ddtree-deploy smoke --host {outcome.host}` or `ddtree-deploy rollback --host {outcome.host}`")
+                f"{next_step.smoke_or_rollback(outcome.host)}")
     bad = after.report.failed if after is not None and after.report is not None else None
     if kind.ok or bad is None:
         return outcome.summary

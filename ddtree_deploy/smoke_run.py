@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from ddtree_deploy import next_step
 from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.smoke_plan import START_S, SmokePlan, heartbeat_s, silence_limit
@@ -82,7 +83,7 @@ def run_on_host(host, transport, plan: SmokePlan, *, log_dir=None, progress: Pro
 
 def _missed(host, plan: SmokePlan, level: str | None, limit: float, silence: float, *, silent: bool) -> DeployError:
     """One line for a missed deadline: host, level, seconds; the hint says what to check."""
-    status = f"then `ddtree-deploy status --host {host.name}`"
+    status = f"then {next_step.status(host.name)}"
     if level is None:
         return DeployError(f"{host.name}: the smoke program gave no answer within {limit:g} s (between levels)",
                            code=Code.TIMEOUT, hint=f"the host may be overloaded; {status}")

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ddtree_deploy import next_step
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.inventory import Host, SSHTarget
 
@@ -105,7 +106,7 @@ class HostProgram:
 
 
 AGENT = HostProgram("agent.py", "the agent", "agent", stopped_code="connection-lost",
-                    stopped_hint="run `ddtree-deploy status` to see where the host stands, then rerun")
+                    stopped_hint=f"run {next_step.status()} to see where the host stands, then rerun")
 
 
 def agent_source() -> bytes:
@@ -358,7 +359,7 @@ def connection_lost(label: str, exc: BaseException, step: str | None = None) -> 
         why = str(exc)
     during = f" during {step}" if step else ""
     return DeployError(f"{label}: connection lost{during} ({why})", code="connection-lost",
-                       hint="run `ddtree-deploy status` to see where the host stands, then rerun")
+                       hint=f"run {next_step.status()} to see where the host stands, then rerun")
 
 
 class HostKeyRefused(DeployError):
@@ -692,7 +693,7 @@ class AgentSession(ProgramSession):
                     code="timeout",
                     hint=f"the host may be hung or overloaded; raise host.op_timeout in "
                     f"{self.host.source or 'the inventory'} if {op} is just slow there, then run "
-                    "`ddtree-deploy status`") from None
+                    f"{next_step.status(self.host.name)}") from None
             except ReplyError:
                 self.abort()
                 raise

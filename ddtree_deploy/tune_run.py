@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ddtree_deploy import smoke_plan, smoke_settings, tune
+from ddtree_deploy import next_step, smoke_plan, smoke_settings, tune
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.transport import HostProgram, ProgramSession
 
@@ -82,7 +82,7 @@ def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress =
     doc = deploy.status(host, make_transport())
     if doc["phase"] != "deployed" or not doc["series"]:
         raise BadInput(f"{host.name}: no DDTree deployed (phase {doc['phase']}): tune measures a deployed "
-                       f"series; push it first: ddtree-deploy push --host {host.name}")
+                       f"series; push it first: {next_step.push(host.name)}")
     name = doc["series"]["name"]
     folder = known_family(name, Path(patches_dir or repo_dir("patches")))
     if folder is None:
@@ -95,7 +95,7 @@ def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress =
         raise DeployError(f"{host.name}: a {lock.get('command') or 'push/rollback'} holds the deploy lock "
                           f"(holder {lock.get('holder')}, since {lock.get('time')}, run {lock.get('run_id')}): "
                           "tune waits for it to finish", code="locked",
-                          hint=f"ddtree-deploy status --host {host.name}")
+                          hint=next_step.status(host.name))
     return Target(launch=launch, family=family, series=doc["series"], sglang_version=doc.get("sglang_version"))
 
 
@@ -320,7 +320,7 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
             holder = begun.get("holder") or {}
             raise DeployError(f"{host.name}: {begun['message']} (holder {holder.get('holder')}, since "
                               f"{holder.get('time')}, run {holder.get('run_id')}): tune refused, nothing launched",
-                              code=begun.get("code") or "locked", hint=f"ddtree-deploy status --host {host.name}")
+                              code=begun.get("code") or "locked", hint=next_step.status(host.name))
         # Only now, with the host's locks held, does anything get written here: a refusal
         # (bad dataset path, a lock) leaves no results file behind.
         out_dir.mkdir(parents=True, exist_ok=True)

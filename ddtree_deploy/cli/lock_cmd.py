@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from ddtree_deploy import next_step
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.cli.text import safe
 
@@ -71,8 +72,7 @@ def release(
     except AgentFailed as exc:
         if exc.code == "locked":
             exc.message = hostlog.lock_line(h.name, exc.reply.get("holder")) + "; not released"
-            exc.hint = ("wait for that run, or `ddtree-deploy lock release --host "
-                        f"{h.name} --force` once you know it is gone")
+            exc.hint = f"wait for that run, or {next_step.lock_release(h.name, force=True)} once you know it is gone"
         raise
     if json_output:
         emit_json(doc)

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from ddtree_deploy import next_step
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.series import show
@@ -84,7 +85,7 @@ def pull(
     patched = deploy.patched_paths(facts, files)
     if patched:
         raise DeployError(f"{h.name}: {', '.join(patched)} are patched by ddtree-deploy, not pristine",
-                          code=Code.NOT_PRISTINE, hint=f"roll back first (ddtree-deploy rollback --host {h.name})")
+                          code=Code.NOT_PRISTINE, hint=f"roll back first: {next_step.rollback(h.name)}")
     if not facts.get("sglang_version"):
         raise BadInput(f"{h.name}: cannot tell the SGLang version at {facts.get('package_root')}")
     source = {"kind": "host", "host": h.name, "python": h.python}
