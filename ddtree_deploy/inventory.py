@@ -189,7 +189,9 @@ def parse_host(text: str, *, name: str, source: str) -> Host:
     elif "ssh" in data:
         raise doc.bad("ssh", 'a local host (transport = "local") takes no [ssh] table',
                       "remove the [ssh] table, or drop transport = \"local\"")
-    smoke = doc.table("smoke")  # its keys are smoke_settings' to check
+    # Its keys are smoke_settings' to check, when a command uses them (push --no-smoke does
+    # not); the table keeps this file's lines for that message.
+    smoke = doc.located("smoke")
     doc.unknown("", {"transport", "host", "ssh", "smoke"})
     return Host(name=name, python=python, ssh=ssh, state_dir=state_dir, keep_backups=keep,
                 sudo=sudo, smoke=smoke, source=source, op_timeout=op_timeout)

@@ -268,7 +268,7 @@ def read_family_info(folder: Path) -> FamilyInfo:
     # before it changes anything (ddtree_deploy.smoke_settings owns the keys).
     from ddtree_deploy.smoke_settings import parse_family_smoke
 
-    smoke = parse_family_smoke(doc.get("smoke"), where=where)
+    smoke = parse_family_smoke(doc)  # its TomlFile: a wrong key names its line
     return FamilyInfo(name=folder.name, folder=folder, specifier=spec, description=description, smoke=smoke)
 
 

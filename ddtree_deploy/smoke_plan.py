@@ -149,11 +149,12 @@ def launch_argv(launch: LaunchSettings, *, source: str | None = None,
             if name == "python":
                 return "{python}"
             if name == "extra_args":
-                raise BadInput(f"{source or '<inventory>'}: key smoke.launch.command: "
-                               "{extra_args} must be a whole argument of its own")
+                raise launch.bad("smoke.launch.command", "{extra_args} must be a whole argument of its own",
+                                 'write "{extra_args}" as one element of the list', source=source)
             if values[name] is None:
-                raise BadInput(f"{source or '<inventory>'}: key smoke.launch.{name}: not set, "
-                               f"but the launch command uses {{{name}}}")
+                raise launch.bad(f"smoke.launch.{name}", f"not set, but the launch command uses {{{name}}}",
+                                 f"set {name} in [smoke.launch], or drop {{{name}}} from its command",
+                                 source=source)
             return str(values[name])
 
         argv.append(TEMPLATE_PLACEHOLDER.sub(fill, arg))
@@ -304,7 +305,8 @@ def plan_smoke(
         launch = settings.launch
         assert launch is not None
         if launch.model is None and launch.command is None:
-            raise BadInput(f"{where}: key smoke.launch.model: missing (the launch level serves it)")
+            raise launch.bad("smoke.launch.model", "missing (the launch level serves it)",
+                             'add model = "/path/to/model" to [smoke.launch]', source=where)
         request["launch"] = {
             "argv": launch_argv(launch, source=where, family=family),
             "host": launch.host,

@@ -1,16 +1,18 @@
 """The smoke's settings: a family's ``[smoke]`` table (``family.toml``: how its tree shows)
 and a host's ``[smoke]`` table (inventory: which levels, their deadlines, the launch
-level's server). Pure: parsed and validated here, each wrong key one BadInput line naming
-the file and the key. What the host program is asked to do is ``smoke_plan``'s.
+level's server). Pure: parsed and validated here through ``toml_input.TomlFile``, so each
+wrong key is the one message every TOML input gives,
+``<file>: line N: smoke.<key>: <what is wrong>; <what to do>``. What the host program is
+asked to do is ``smoke_plan``'s.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ddtree_deploy.errors import BadInput
+from ddtree_deploy.toml_input import Table, TomlFile
 
 LEVELS = ("compile", "import", "cli", "launch")
 DEFAULT_LEVELS = ("compile", "import", "cli")  # launch needs a GPU: only when asked for
@@ -40,37 +42,54 @@ FAMILY_SMOKE_DEFAULT = FamilySmoke()
 _FAMILY_SMOKE_KEYS = tuple(FamilySmoke.__dataclass_fields__)
 
 
-def parse_family_smoke(table: Any, *, where: str) -> FamilySmoke:
-    """``[smoke]`` of a family.toml -> FamilySmoke, or one BadInput line naming the key."""
-    if table is None:
+def _doc(given: Any, *, source: str | None) -> TomlFile:
+    """The TomlFile to read ``[smoke]`` from: the file's own (its lines name the key's line),
+    or, for a table already parsed, one over ``{"smoke": table}`` (no lines to give)."""
+    if isinstance(given, TomlFile):
+        return given
+    if isinstance(given, Table) and given.doc is not None and given.key == "smoke":
+        return given.doc  # the host file it was read from: its lines
+    return TomlFile.of({} if given is None else {"smoke": given}, source=source or "<inventory>")
+
+
+_FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def parse_family_smoke(table: Any, *, where: str | None = None) -> FamilySmoke:
+    """``[smoke]`` of a family.toml -> FamilySmoke, or one BadInput line naming the key.
+
+    ``table``: the family.toml's TomlFile (messages carry the key's line), or the raw
+    ``[smoke]`` value (None: no table) with ``where`` naming its file.
+    """
+    doc = _doc(table, source=where)
+    if doc.get("smoke") is None:
         return FAMILY_SMOKE_DEFAULT
-    if not isinstance(table, dict):
-        raise BadInput(f"{where}: key smoke: must be a table ([smoke])")
-    unknown = sorted(set(table) - set(_FAMILY_SMOKE_KEYS))
-    if unknown:
-        raise BadInput(f"{where}: key smoke.{unknown[0]}: unknown key; known keys here: "
-                       f"{', '.join(sorted(_FAMILY_SMOKE_KEYS))}")
+    doc.table("smoke")
+    doc.unknown("smoke", _FAMILY_SMOKE_KEYS)
     values: dict[str, Any] = {}
     for key in ("budget_flag", "topk_flag"):
-        if key in table:
-            flag = table[key]
-            if not isinstance(flag, str) or not re.fullmatch(r"--[a-z0-9][a-z0-9-]*", flag):
-                raise BadInput(f"{where}: key smoke.{key}: must be a long option such as "
-                               f"'--speculative-ddtree-budget', not {flag!r}")
+        flag = doc.get(f"smoke.{key}")
+        if flag is not None:
+            if not isinstance(flag, str) or not _FLAG.fullmatch(flag):
+                raise doc.bad(f"smoke.{key}", f"must be a long option such as "
+                              f"'--speculative-ddtree-budget', not {flag!r}",
+                              f'write the flag the family\'s server takes, e.g. {key} = "--speculative-ddtree-budget"')
             values[key] = flag
     for key in ("budget_field", "worker_class", "worker_module"):
-        if key in table:
-            name = table[key]
-            pattern = r"[A-Za-z_][A-Za-z0-9_]*" + (r"(\.[A-Za-z_][A-Za-z0-9_]*)*" if key == "worker_module" else "")
-            if not isinstance(name, str) or not re.fullmatch(pattern, name):
-                raise BadInput(f"{where}: key smoke.{key}: must be a Python "
-                               f"{'module path' if key == 'worker_module' else 'identifier'}, not {name!r}")
+        name = doc.get(f"smoke.{key}")
+        if name is not None:
+            module = key == "worker_module"
+            if not isinstance(name, str) or not (_MODULE if module else _IDENTIFIER).fullmatch(name):
+                raise doc.bad(f"smoke.{key}",
+                              f"must be a Python {'module path' if module else 'identifier'}, not {name!r}",
+                              f'write it in quotes, e.g. {key} = '
+                              f'"{"sglang.srt.speculative.dflash_worker" if module else "DFlashWorker"}"')
             values[key] = name
-    if "probe_args" in table:
-        args = table["probe_args"]
-        if not isinstance(args, list) or not all(isinstance(a, str) and a and "\0" not in a for a in args):
-            raise BadInput(f"{where}: key smoke.probe_args: must be a list of non-empty strings, not {args!r}")
-        values["probe_args"] = tuple(args)
+    if doc.get("smoke.probe_args") is not None:
+        values["probe_args"] = tuple(doc.strings("smoke.probe_args", nonempty=True,
+                                                 example='["--device", "cpu"]'))
     return FamilySmoke(**values)
 
 
@@ -102,6 +121,14 @@ class LaunchSettings:
     term_grace_s: float = 30.0
     probe_prompt: str = DEFAULT_PROBE
     max_new_tokens: int = 64
+    # The host file it was read from (None: built by hand), for the checks made when the
+    # launch level is planned (a template value not set) to name the key's line too.
+    doc: TomlFile | None = field(default=None, compare=False, repr=False)
+
+    def bad(self, key: str, what: str, todo: str, *, source: str | None = None):
+        """The one TOML message for a ``smoke.launch`` key found wrong after parsing."""
+        doc = self.doc or TomlFile.of({}, source=source or "<inventory>")
+        return doc.bad(key, what, todo)
 
 
 @dataclass(frozen=True)
@@ -114,110 +141,67 @@ class SmokeSettings:
     launch: LaunchSettings | None = None
 
 
-def parse_settings(table: Mapping[str, Any], *, source: str | None) -> SmokeSettings:
-    """``[smoke]`` (as the inventory keeps it, raw) -> SmokeSettings, or one BadInput line."""
-    where = source or "<inventory>"
-    r = _Keys(where)
-    r.unknown("smoke", table, {"levels", "timeout_s", "import_exclude", "launch"})
-    levels = r.strings("smoke.levels", table.get("levels"), default=list(DEFAULT_LEVELS))
+def parse_settings(table: Mapping[str, Any] | TomlFile, *, source: str | None) -> SmokeSettings:
+    """``[smoke]`` -> SmokeSettings, or one BadInput line naming the file, line and key.
+
+    ``table``: ``host.smoke`` as the inventory keeps it (a ``toml_input.Table`` that remembers
+    its file, so a wrong key names its line), the host file's TomlFile, or a plain dict
+    (built by hand: the same message, without a line). Checked when a command uses it, not
+    when the file is read: ``push --no-smoke`` skips the table.
+    """
+    doc = _doc(table, source=source)
+    doc.table("smoke")
+    doc.unknown("smoke", ("levels", "timeout_s", "import_exclude", "launch"))
+    levels = doc.strings("smoke.levels", default=DEFAULT_LEVELS, example='["compile", "import", "cli"]')
     for level in levels:
         if level not in LEVELS:
-            raise BadInput(f"{where}: key smoke.levels: unknown level {level!r}; levels are {', '.join(LEVELS)}")
+            raise doc.bad("smoke.levels", f"unknown level {level!r}", f"use levels from {', '.join(LEVELS)}")
     launch = None
-    raw = table.get("launch")
-    if raw is not None:
-        if not isinstance(raw, dict):
-            raise BadInput(f"{where}: key smoke.launch: must be a table ([smoke.launch])")
-        launch = _parse_launch(raw, r)
+    if doc.get("smoke.launch") is not None:
+        doc.table("smoke.launch")
+        launch = _parse_launch(doc)
     if "launch" in levels and launch is None:
-        raise BadInput(f"{where}: key smoke.levels: 'launch' needs a [smoke.launch] table "
-                       "(model, draft_model, port...)")
+        raise doc.bad("smoke.levels", "'launch' needs a [smoke.launch] table",
+                      "add [smoke.launch] with model, draft_model, port...")
     return SmokeSettings(
         levels=tuple(sorted(set(levels), key=LEVELS.index)),
-        timeout_s=r.number("smoke.timeout_s", table.get("timeout_s"), 300.0),
-        import_exclude=tuple(r.strings("smoke.import_exclude", table.get("import_exclude"), default=[])),
+        timeout_s=doc.seconds("smoke.timeout_s", default=300.0),
+        import_exclude=tuple(doc.strings("smoke.import_exclude", example='["sglang.srt.x"]')),
         launch=launch,
     )
 
 
-def _parse_launch(t: Mapping[str, Any], r: "_Keys") -> LaunchSettings:
-    known = set(LaunchSettings.__dataclass_fields__)
-    r.unknown("smoke.launch", t, known)
+def _parse_launch(doc: TomlFile) -> LaunchSettings:
+    doc.unknown("smoke.launch", LaunchSettings.__dataclass_fields__)
     d = LaunchSettings()
-    command = t.get("command")
-    if command is not None:
-        command = tuple(r.strings("smoke.launch.command", command, default=[]))
+    command = None
+    if doc.get("smoke.launch.command") is not None:
+        command = tuple(doc.strings("smoke.launch.command",
+                                    example='["{python}", "-m", "sglang.launch_server", "--model-path", "{model}"]'))
         if not command:
-            raise BadInput(f"{r.where}: key smoke.launch.command: must not be empty")
+            raise doc.bad("smoke.launch.command", "must not be empty",
+                          "name the program and its arguments, or remove command (sglang.launch_server)")
         for arg in command:
             for name in TEMPLATE_PLACEHOLDER.findall(arg):
                 if name not in _TEMPLATE_NAMES:
-                    raise BadInput(f"{r.where}: key smoke.launch.command: unknown placeholder {{{name}}}; "
-                                   f"known: {', '.join('{%s}' % n for n in _TEMPLATE_NAMES)}")
+                    raise doc.bad("smoke.launch.command", f"unknown placeholder {{{name}}}",
+                                  f"use {', '.join('{%s}' % n for n in _TEMPLATE_NAMES)}")
+    k = "smoke.launch."
     return LaunchSettings(
-        model=r.string("smoke.launch.model", t.get("model")),
-        draft_model=r.string("smoke.launch.draft_model", t.get("draft_model")),
-        budget=r.integer("smoke.launch.budget", t.get("budget"), None, 1, 1024),
-        topk=r.integer("smoke.launch.topk", t.get("topk"), None, 1, 1 << 20),
-        host=r.string("smoke.launch.host", t.get("host")) or d.host,
-        port=r.integer("smoke.launch.port", t.get("port"), d.port, 1, 65535),
-        extra_args=tuple(r.strings("smoke.launch.extra_args", t.get("extra_args"), default=[])),
+        model=doc.string(k + "model", example="/models/Qwen3-8B"),
+        draft_model=doc.string(k + "draft_model", example="/models/Qwen3-8B-DFlash-b16"),
+        budget=doc.integer(k + "budget", default=None, lo=1, hi=1024),
+        topk=doc.integer(k + "topk", default=None, lo=1, hi=1 << 20),
+        host=doc.string(k + "host", default=d.host, example=d.host),
+        port=doc.integer(k + "port", default=d.port, lo=1, hi=65535),
+        extra_args=tuple(doc.strings(k + "extra_args", example='["--tp-size", "1"]')),
         command=command,
-        gpu=r.boolean("smoke.launch.gpu", t.get("gpu"), d.gpu),
-        min_free_gib=r.number("smoke.launch.min_free_gib", t.get("min_free_gib"), d.min_free_gib, zero=True),
-        ready_timeout_s=r.number("smoke.launch.ready_timeout_s", t.get("ready_timeout_s"), d.ready_timeout_s),
-        probe_timeout_s=r.number("smoke.launch.probe_timeout_s", t.get("probe_timeout_s"), d.probe_timeout_s),
-        term_grace_s=r.number("smoke.launch.term_grace_s", t.get("term_grace_s"), d.term_grace_s),
-        probe_prompt=r.string("smoke.launch.probe_prompt", t.get("probe_prompt")) or d.probe_prompt,
-        max_new_tokens=r.integer("smoke.launch.max_new_tokens", t.get("max_new_tokens"), d.max_new_tokens, 1, 4096),
+        gpu=doc.boolean(k + "gpu", default=d.gpu),
+        min_free_gib=doc.number(k + "min_free_gib", default=d.min_free_gib, zero=True),
+        ready_timeout_s=doc.seconds(k + "ready_timeout_s", default=d.ready_timeout_s),
+        probe_timeout_s=doc.seconds(k + "probe_timeout_s", default=d.probe_timeout_s),
+        term_grace_s=doc.seconds(k + "term_grace_s", default=d.term_grace_s),
+        probe_prompt=doc.string(k + "probe_prompt", default=d.probe_prompt, example=d.probe_prompt),
+        max_new_tokens=doc.integer(k + "max_new_tokens", default=d.max_new_tokens, lo=1, hi=4096),
+        doc=doc if doc.lines else None,
     )
-
-
-class _Keys:
-    """Typed getters whose errors name the inventory file and the key."""
-
-    def __init__(self, where: str):
-        self.where = where
-
-    def bad(self, key: str, problem: str) -> BadInput:
-        return BadInput(f"{self.where}: key {key}: {problem}")
-
-    def unknown(self, key: str, table: Mapping[str, Any], known: set[str]) -> None:
-        extra = sorted(set(table) - known)
-        if extra:
-            raise self.bad(f"{key}.{extra[0]}", f"unknown key; known keys here: {', '.join(sorted(known))}")
-
-    def string(self, key, value):
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value.strip() or "\0" in value or "\n" in value:
-            raise self.bad(key, f"must be a non-empty one-line string, not {value!r}")
-        return value
-
-    def strings(self, key, value, *, default):
-        if value is None:
-            return list(default)
-        if not isinstance(value, list) or not all(isinstance(v, str) and "\0" not in v for v in value):
-            raise self.bad(key, f"must be a list of strings, not {value!r}")
-        return list(value)
-
-    def integer(self, key, value, default, lo, hi):
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise self.bad(key, f"must be an integer from {lo} to {hi}, not {value!r}")
-        return value
-
-    def number(self, key, value, default, zero=False):
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero):
-            raise self.bad(key, f"must be a {'non-negative' if zero else 'positive'} number, not {value!r}")
-        return float(value)
-
-    def boolean(self, key, value, default):
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.bad(key, f"must be true or false, not {value!r}")
-        return value

@@ -113,6 +113,11 @@ class TomlFile:
             raise self.bad(key, f"must be a table, not {value!r}", f"write it as a [{key}] table")
         return value
 
+    def located(self, key: str) -> "Table":
+        """``table(key)`` as a dict that keeps this file, so that a module checking its keys
+        later (smoke_settings, for a host's [smoke]) names their lines too."""
+        return Table(self.table(key), doc=self, key=key)
+
     def choice(self, key: str, options: Iterable[str], *, default: str) -> str:
         options = tuple(options)
         value = self.get(key)
@@ -155,6 +160,29 @@ class TomlFile:
                            f"write a number without quotes, e.g. {key.rsplit('.', 1)[-1]} = 30")
         return float(value)
 
+    def number(self, key: str, *, default: float | None, zero: bool = False) -> float | None:
+        """A positive number (``zero``: or 0), e.g. GiB of free memory."""
+        value = self.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero):
+            raise self.bad(key, f"must be a {'non-negative' if zero else 'positive'} number, not {value!r}",
+                           f"write a number without quotes, e.g. {key.rsplit('.', 1)[-1]} = {0 if zero else 1}")
+        return float(value)
+
+    def strings(self, key: str, *, default: Iterable[str] = (), nonempty: bool = False,
+                example: str = '["a", "b"]') -> list[str]:
+        """A list of strings (``nonempty``: each non-empty), without NUL characters."""
+        value = self.get(key)
+        if value is None:
+            return list(default)
+        if not isinstance(value, list) or not all(
+                isinstance(v, str) and "\0" not in v and (v or not nonempty) for v in value):
+            kind = "non-empty strings" if nonempty else "strings"
+            raise self.bad(key, f"must be a list of {kind}, not {value!r}",
+                           f"write a list in brackets, e.g. {key.rsplit('.', 1)[-1]} = {example}")
+        return list(value)
+
     def boolean(self, key: str, *, default: bool) -> bool:
         value = self.get(key)
         if value is None:
@@ -174,4 +202,15 @@ class TomlFile:
                            "fix its spelling or remove it")
 
 
-__all__ = ["TomlFile"]
+class Table(dict):
+    """A table read from a TomlFile, that remembers the file and its own key (``located``)."""
+
+    def __init__(self, values: Any = (), *, doc: TomlFile | None = None, key: str = ""):
+        super().__init__(values)  # (dataclasses.asdict rebuilds it from pairs: no file then)
+        self.doc, self.key = doc, key
+
+    def __reduce__(self):  # pickled or deep-copied: a plain dict (the file stays behind)
+        return (dict, (dict(self),))
+
+
+__all__ = ["Table", "TomlFile"]

@@ -53,7 +53,8 @@ def test_broken_smoke_table_names_file_and_key(tmp_path):
     code, stdout, stderr = invoke("--host", str(inv), "--json")
     assert code == 2
     assert json.loads(stdout)["error"]["message"] == (
-        f"{inv}: key smoke.launch.port: must be an integer from 1 to 65535, not '80'")
+        f"{inv}: line 5: smoke.launch.port: must be an integer from 1 to 65535, not '80'; "
+        "write a number without quotes, e.g. port = 1")
 
 
 def test_never_deployed_host_is_refused(local_host):

@@ -10,6 +10,7 @@ import pytest
 from ddtree_deploy import smoke_plan, smoke_report, smoke_settings
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.inventory import parse_host
+from ddtree_deploy.toml_input import TomlFile
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = "hosts/gpu1.toml"
@@ -55,22 +56,29 @@ def test_gpu_host_settings_and_level_order():
     ]
 
 
+# The host file's first 4 lines are the [host] and [ssh] tables: [smoke]'s keys are on line 6.
 @pytest.mark.parametrize("text, message", [
     ('[smoke]\nlevels = ["compile", "fly"]\n',
-     f"{SRC}: key smoke.levels: unknown level 'fly'; levels are compile, import, cli, launch"),
+     f"{SRC}: line 6: smoke.levels: unknown level 'fly'; use levels from compile, import, cli, launch"),
     ('[smoke]\nlevels = ["launch"]\n',
-     f"{SRC}: key smoke.levels: 'launch' needs a [smoke.launch] table (model, draft_model, port...)"),
+     f"{SRC}: line 6: smoke.levels: 'launch' needs a [smoke.launch] table; "
+     "add [smoke.launch] with model, draft_model, port..."),
     ('[smoke]\ntimout_s = 3\n',
-     f"{SRC}: key smoke.timout_s: unknown key; known keys here: import_exclude, launch, levels, timeout_s"),
+     f"{SRC}: line 6: smoke.timout_s: unknown key (known keys here: import_exclude, launch, levels, timeout_s); "
+     "fix its spelling or remove it"),
     ('[smoke.launch]\nport = 70000\n',
-     f"{SRC}: key smoke.launch.port: must be an integer from 1 to 65535, not 70000"),
+     f"{SRC}: line 6: smoke.launch.port: must be an integer from 1 to 65535, not 70000; "
+     "write a number without quotes, e.g. port = 1"),
     ('[smoke.launch]\nextra_args = "--tp 2"\n',
-     f"{SRC}: key smoke.launch.extra_args: must be a list of strings, not '--tp 2'"),
-    ('[smoke.launch]\ngpu = "no"\n', f"{SRC}: key smoke.launch.gpu: must be true or false, not 'no'"),
+     f"{SRC}: line 6: smoke.launch.extra_args: must be a list of strings, not '--tp 2'; "
+     'write a list in brackets, e.g. extra_args = ["--tp-size", "1"]'),
+    ('[smoke.launch]\ngpu = "no"\n',
+     f"{SRC}: line 6: smoke.launch.gpu: must be true or false, not 'no'; write true or false without quotes"),
     ('[smoke.launch]\ncommand = ["python", "{modle}"]\n',
-     f"{SRC}: key smoke.launch.command: unknown placeholder {{modle}}; known: {{python}}, {{model}}, "
+     f"{SRC}: line 6: smoke.launch.command: unknown placeholder {{modle}}; use {{python}}, {{model}}, "
      "{draft_model}, {budget}, {topk}, {host}, {port}, {extra_args}"),
-    ('[smoke]\nlaunch = 3\n', f"{SRC}: key smoke.launch: must be a table ([smoke.launch])"),
+    ('[smoke]\nlaunch = 3\n',
+     f"{SRC}: line 6: smoke.launch: must be a table, not 3; write it as a [smoke.launch] table"),
 ])
 def test_bad_settings_name_file_and_key(text, message):
     with pytest.raises(BadInput) as exc:
@@ -91,7 +99,9 @@ def test_template_using_an_unset_value_is_bad_input():
     s = settings('[smoke.launch]\nmodel = "/m"\ncommand = ["{python}", "x", "--topk", "{topk}"]\n')
     with pytest.raises(BadInput) as exc:
         smoke_plan.launch_argv(s.launch, source=SRC)
-    assert exc.value.message == f"{SRC}: key smoke.launch.topk: not set, but the launch command uses {{topk}}"
+    # topk is not written: its line is [smoke.launch]'s header.
+    assert exc.value.message == (f"{SRC}: line 5: smoke.launch.topk: not set, but the launch command uses {{topk}}; "
+                                 "set topk in [smoke.launch], or drop {topk} from its command")
 
 
 def test_series_flags_read_from_added_lines_only():
@@ -208,20 +218,29 @@ def test_real_family_smoke_table():
 FAM = "patches/x/family.toml"
 
 
-@pytest.mark.parametrize("table, message", [
-    (3, f"{FAM}: key smoke: must be a table ([smoke])"),
-    ({"budget_flg": "--x"}, f"{FAM}: key smoke.budget_flg: unknown key; known keys here: budget_field, "
-                            "budget_flag, probe_args, topk_flag, worker_class, worker_module"),
-    ({"budget_flag": "budget"}, f"{FAM}: key smoke.budget_flag: must be a long option such as "
-                                "'--speculative-ddtree-budget', not 'budget'"),
-    ({"worker_class": "a.B"}, f"{FAM}: key smoke.worker_class: must be a Python identifier, not 'a.B'"),
-    ({"worker_module": "a..b"}, f"{FAM}: key smoke.worker_module: must be a Python module path, not 'a..b'"),
-    ({"probe_args": "--device cpu"}, f"{FAM}: key smoke.probe_args: must be a list of non-empty strings, "
-                                     "not '--device cpu'"),
+# family.toml's line 1 is its sglang range; [smoke]'s keys are on line 3.
+@pytest.mark.parametrize("text, message", [
+    ("smoke = 3\n", f"{FAM}: line 2: smoke: must be a table, not 3; write it as a [smoke] table"),
+    ('[smoke]\nbudget_flg = "--x"\n',
+     f"{FAM}: line 3: smoke.budget_flg: unknown key (known keys here: budget_field, budget_flag, probe_args, "
+     "topk_flag, worker_class, worker_module); fix its spelling or remove it"),
+    ('[smoke]\nbudget_flag = "budget"\n',
+     f"{FAM}: line 3: smoke.budget_flag: must be a long option such as '--speculative-ddtree-budget', "
+     "not 'budget'; write the flag the family's server takes, e.g. budget_flag = \"--speculative-ddtree-budget\""),
+    ('[smoke]\nworker_class = "a.B"\n',
+     f"{FAM}: line 3: smoke.worker_class: must be a Python identifier, not 'a.B'; "
+     'write it in quotes, e.g. worker_class = "DFlashWorker"'),
+    ('[smoke]\nworker_module = "a..b"\n',
+     f"{FAM}: line 3: smoke.worker_module: must be a Python module path, not 'a..b'; "
+     'write it in quotes, e.g. worker_module = "sglang.srt.speculative.dflash_worker"'),
+    ('[smoke]\nprobe_args = "--device cpu"\n',
+     f"{FAM}: line 3: smoke.probe_args: must be a list of non-empty strings, not '--device cpu'; "
+     'write a list in brackets, e.g. probe_args = ["--device", "cpu"]'),
 ])
-def test_bad_family_smoke_table_is_one_line(table, message):
+def test_bad_family_smoke_table_is_one_line(text, message):
+    doc = TomlFile('sglang = ">=0.5.12,<0.5.13"\n' + text, source=FAM)
     with pytest.raises(BadInput) as exc:
-        smoke_settings.parse_family_smoke(table, where=FAM)
+        smoke_settings.parse_family_smoke(doc)
     assert exc.value.message == message
 
 
@@ -231,7 +250,8 @@ def test_bad_family_smoke_table_stops_loading_the_family(tmp_path):
     (tmp_path / "fam").mkdir()
     (tmp_path / "fam/family.toml").write_text('sglang = ">=0.5.12,<0.5.13"\n[smoke]\nworker_class = 3\n')
     (tmp_path / "fam/series").write_text("")
-    with pytest.raises(BadInput, match=r"family.toml: key smoke.worker_class: must be a Python identifier, not 3"):
+    with pytest.raises(BadInput, match=r"family.toml: line 3: smoke.worker_class: must be a Python identifier, not 3; "
+                                         "write it in quotes"):
         load_family(tmp_path / "fam")
 
 
@@ -301,7 +321,8 @@ def test_malformed_answers_are_deploy_errors(answer, message):
 def test_check_settings_catches_template_mistakes_before_any_push():
     host = parse_host('[host]\npython = "/p"\n[ssh]\nhost = "gpu1"\n[smoke.launch]\nmodel = "/m"\n'
                       'command = ["{python}", "x", "--topk", "{topk}"]\n', name="gpu1", source=SRC)
-    with pytest.raises(BadInput, match=r"key smoke.launch.topk: not set, but the launch command uses \{topk\}"):
+    with pytest.raises(BadInput, match=r"line 5: smoke.launch.topk: not set, but the launch "
+                                         r"command uses \{topk\}; set topk"):
         smoke_plan.check_settings(host)
     fine = parse_host('[host]\npython = "/p"\n[ssh]\nhost = "gpu1"\n' + GPU_HOST, name="gpu1", source=SRC)
     assert smoke_plan.check_settings(fine).levels == ("compile", "import", "cli", "launch")

@@ -83,3 +83,63 @@ def test_line_of_finds_keys_in_tables_dotted_keys_and_headers():
     assert doc.line_of("absent") is None
     assert doc.bad("absent", "missing", "add it").message == "f: absent: missing; add it"
     assert doc.bad("ssh.user", "x", "y").message == "f: line 3: ssh.user: x; y"
+
+
+# ---------------------------------------------------------------- the [smoke] tables (issue #14)
+
+HOST = "[host]\npython = '/p'\n[ssh]\nhost = 'a'\n"  # 4 lines: [smoke] starts on line 5
+
+
+def _smoke_error(parse) -> re.Match:
+    with pytest.raises(BadInput) as e:
+        parse()
+    m = FORMAT.fullmatch(e.value.message)
+    assert m, e.value.message
+    return m
+
+
+def _host_smoke(text: str):
+    """A host file's [smoke] as a command reads it: parsed with the file, checked on use."""
+    from ddtree_deploy.smoke_settings import parse_settings
+
+    host = parse_host(HOST + text, name="h", source="hosts/h.toml")
+    return lambda: parse_settings(host.smoke, source=host.source)
+
+
+def _family_smoke(tmp_path, test_family_dir, text: str):
+    return lambda: S.read_family_info(_copy(tmp_path, test_family_dir, 'sglang = ">=0.5"\n' + text))
+
+
+def test_smoke_tables_wrong_type_same_format_as_the_inventory(tmp_path, test_family_dir):
+    inv = _inventory_error(HOST + "port = '22'\n")  # the reference: the inventory's own wrong type
+    launch = _smoke_error(_host_smoke("[smoke.launch]\nmodel = '/m'\nport = '80'\n"))
+    fam = _smoke_error(_family_smoke(tmp_path, test_family_dir, "[smoke]\n\nprobe_args = '--device cpu'\n"))
+    assert inv["file"] == launch["file"] == "hosts/h.toml" and fam["file"].endswith("family.toml")
+    assert (launch["line"], launch["key"]) == ("7", "smoke.launch.port")
+    assert (inv["what"], launch["what"]) == ("must be an integer from 1 to 65535, not '22'",
+                                             "must be an integer from 1 to 65535, not '80'")
+    assert inv["todo"] == launch["todo"] == "write a number without quotes, e.g. port = 1"
+    assert (fam["line"], fam["key"]) == ("4", "smoke.probe_args")
+    assert fam["what"] == "must be a list of non-empty strings, not '--device cpu'"
+    assert fam["todo"] == 'write a list in brackets, e.g. probe_args = ["--device", "cpu"]'
+
+
+def test_smoke_tables_unknown_key_same_format_and_wording_as_the_inventory(tmp_path, test_family_dir):
+    inv = _inventory_error(HOST + "prot = 22\n")
+    launch = _smoke_error(_host_smoke("[smoke]\nlevels = ['compile']\n[smoke.launch]\nmodle = '/m'\n"))
+    fam = _smoke_error(_family_smoke(tmp_path, test_family_dir, "[smoke]\nworker_klass = 'W'\n"))
+    assert (launch["line"], launch["key"]) == ("8", "smoke.launch.modle")
+    assert (fam["line"], fam["key"]) == ("3", "smoke.worker_klass")
+    for m in (inv, launch, fam):
+        assert m["what"].startswith("unknown key (known keys here: ")
+        assert m["todo"] == "fix its spelling or remove it"
+    assert "draft_model, extra_args, gpu" in launch["what"] and "worker_class, worker_module)" in fam["what"]
+
+
+def test_a_hand_built_smoke_table_gives_the_same_format_without_a_line():
+    from ddtree_deploy.smoke_settings import parse_settings
+
+    with pytest.raises(BadInput) as e:
+        parse_settings({"launch": {"gpu": "no"}}, source="hosts/h.toml")
+    assert e.value.message == ("hosts/h.toml: smoke.launch.gpu: must be true or false, not 'no'; "
+                               "write true or false without quotes")
