@@ -62,7 +62,7 @@ def test_never_deployed_host_is_refused(local_host):
     code, stdout, stderr = invoke("--host", str(inv))
     assert code == 1
     assert "h1: no series is deployed (phase never-deployed)" in stderr
-    assert "hint: push first: ddtree-deploy push --host h1" in stderr
+    assert "hint: push first: `ddtree-deploy push --host h1`" in stderr
 
 
 def test_smoke_after_a_real_push_json_and_text(local_host):
