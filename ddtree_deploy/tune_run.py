@@ -61,13 +61,14 @@ def check_host(host, *, apply: bool) -> smoke_settings.LaunchSettings:
         raise BadInput(f"{where}: no [smoke.launch] table: tune launches the server with those settings "
                        "(model, draft_model, port...); add one (see docs/smoke.md)")
     if launch.model is None and launch.command is None:
-        raise BadInput(f"{where}: key smoke.launch.model: missing (tune serves that model)")
+        raise launch.bad("smoke.launch.model", "missing (tune serves that model)",
+                         'add model = "/path/to/model" to [smoke.launch]', source=where)
     if launch.command is not None:
         joined = " ".join(launch.command)
         for name in ("budget", "topk"):
             if "{%s}" % name not in joined:
-                raise BadInput(f"{where}: key smoke.launch.command: has no {{{name}}} placeholder, so tune "
-                               f"cannot set the {name}; add it to the command template")
+                raise launch.bad("smoke.launch.command", f"has no {{{name}}} placeholder, so tune cannot set the {name}",
+                                 "add it to the command template", source=where)
     return launch
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -319,7 +320,8 @@ def test_bad_hosts_are_one_line_exit_2(hosts, tmp_path):
     proc = cli(["--host", "nolaunch"], hosts, tmp_path)
     assert proc.returncode == 2 and "nolaunch.toml: no [smoke.launch] table" in proc.stderr
     proc = cli(["--host", "notemplate"], hosts, tmp_path)
-    assert proc.returncode == 2 and "key smoke.launch.command: has no {topk} placeholder" in proc.stderr
+    assert proc.returncode == 2 and re.search(r"\.toml: line \d+: smoke\.launch\.command: has no \{topk\} placeholder, so tune "
+                                                  r"cannot set the topk; add it to the command template", proc.stderr)
     proc = cli(["--host", "local", "--apply"], hosts, tmp_path)
     assert proc.returncode == 2 and "no inventory file to write the choice into" in proc.stderr
     # A grid over 64 with --yes passes the option checks (and then fails to connect: exit 1).
