@@ -366,3 +366,31 @@ def test_help_wins_over_json():
 def test_without_json_nothing_changes():
     r = CliRunner().invoke(app, ["check", "--snapshot", "nope"])
     assert r.exit_code == 2 and r.stdout == "" and "no such snapshot" in r.stderr
+
+
+def test_ctrl_c_is_exit_130_and_one_envelope(tmp_path):
+    """A real SIGINT to the console script while it waits on a host (a TCP listener that
+    accepts and never speaks SSH, so the run blocks reading the banner): exit 130, one
+    envelope with code "interrupted", one line on stderr, no traceback."""
+    import signal
+    import time
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        inv = tmp_path / "mute.toml"
+        inv.write_text(f'[ssh]\nhost = "127.0.0.1"\nport = {port}\nconnect_timeout = 60\n\n'
+                       f'[host]\npython = "/usr/bin/python3"\nstate_dir = "{tmp_path / "state"}"\n')
+        proc = subprocess.Popen([str(CONSOLE), "history", "--host", str(inv), "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        silent.settimeout(30)
+        conn, _ = silent.accept()  # the run is now blocked on our silence
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+        conn.close()
+    assert proc.returncode == 130, stderr
+    doc = check_envelope(stdout, 130, "history")
+    assert doc["error"]["code"] == "interrupted"
+    assert "interrupted" in stderr and "Traceback" not in stderr
