@@ -8,7 +8,8 @@ from there, not copied).
 
 Protocol: JSON lines on stdin, JSON lines on stdout.
 
-    {"op": "begin", "state_dir", "run_id", "holder", "series_id", "dataset_path": null | PATH}
+    {"op": "begin", "state_dir", "run_id", "holder", "series_id", "dataset_path": null | PATH,
+     "heartbeat_s": seconds between the "wait" events of a run (default: the smoke program's)}
         -> {"event": "ready", "lock": {...}} | {"event": "refused", "code", "message", ...}
     {"op": "run", "key", "argv", "host", "port", "log_path", "gpu_check", "min_free_mib",
      "ready_timeout_s", "term_grace_s", "expect_algorithm", "requests",
@@ -321,6 +322,12 @@ def main():
                 continue
             op = req.get("op")
             if op == "begin":
+                if req.get("heartbeat_s") is not None:
+                    # The controller's silence limit follows this interval: a new emitter,
+                    # so the first beat of a run is one interval away, not the default's.
+                    emitter.close()
+                    emitter = sa.Emitter(sys.stdout, float(req["heartbeat_s"]))
+                    tuner.emitter, tuner.emit = emitter, emitter.emit
                 emitter.emit(tuner.begin(req))
             elif op == "run":
                 if tuner.abort.is_set():

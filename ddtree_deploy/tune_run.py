@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ddtree_deploy import next_step, smoke_plan, smoke_settings, tune
 from ddtree_deploy.errors import BadInput, DeployError
@@ -176,13 +176,55 @@ TUNE_PROGRAM = HostProgram("tune_agent.py", "the tune program", "tune-agent",
                            ahead=(("ddtree_smoke_agent", "smoke_agent.py"),))
 
 
+# How long the controller waits for the tune program, step by step, seen from this side of
+# the link: the smoke's rule (smoke_plan: the sum of the host's own deadlines inside a step,
+# plus its slack), applied to one `run` request's steps. Every step may end with the
+# server's stop (TERM, term_grace_s, then KILL): each includes it.
+BENCH_STOP_S = 5.0 + smoke_plan.KILL_S  # tune_agent._bench: stop_group(child, 5.0) of an overdue bench
+
+
+def run_deadlines(request: Mapping) -> dict[str, float]:
+    """Seconds the controller waits for each step of one ``run`` request (pure):
+    ``launch`` (start, readiness), ``bench`` (one concurrency's bench_serving run, its
+    own ``timeout_s``) and ``end`` (the server's /server_info, then its stop)."""
+    stop = float(request.get("term_grace_s", 30)) + smoke_plan.KILL_S
+    slack = smoke_plan.LEVEL_SLACK_S
+    bench = request.get("bench") or {}
+    return {
+        "launch": (smoke_plan.NVIDIA_SMI_S + float(request.get("ready_timeout_s", 900))
+                   + smoke_plan.HEALTH_POLL_S + stop + slack),
+        "bench": float(bench.get("timeout_s", 3600)) + BENCH_STOP_S + stop + slack,
+        "end": smoke_plan.SERVER_INFO_S + stop + slack,
+    }
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the controller is waiting for now: its name in messages, its kind (a key of
+    ``run_deadlines``) and when it started (time.monotonic)."""
+
+    what: str
+    kind: str
+    started: float
+
+
 class Session:
-    """One host-program session: begin (locks), run per configuration, end."""
+    """One host-program session: begin (locks), run per configuration, end.
+
+    Every read has a deadline: the running step's (``run_deadlines``, or ``deadlines``
+    where given), and no more than ``smoke_plan.silence_limit`` without a line while a
+    configuration runs (the tune program beats every ``heartbeat_s``, sent with ``begin``).
+    A missed one is one error naming the host, the step and the seconds (code ``timeout``);
+    the program is left to stop what it started (it takes the hangup as an abort).
+    """
 
     def __init__(self, host, transport, *, progress: Progress = _quiet,
-                 heartbeat: Callable[[str, float], None] | None = None):
+                 heartbeat: Callable[[str, float], None] | None = None,
+                 heartbeat_s: float = smoke_plan.HEARTBEAT_S, deadlines: Mapping[str, float] | None = None):
         self.host, self.transport, self.progress, self.heartbeat = host, transport, progress, heartbeat
         self.program: ProgramSession | None = None
+        self.beat = {"heartbeat_s": heartbeat_s}  # what the tune program is told (begin), the silence rule's input
+        self.deadlines = dict(deadlines or {})
 
     @property
     def proc(self):
@@ -200,9 +242,50 @@ class Session:
     def send(self, doc: dict) -> None:
         self.program.send(doc, during=f"while sending {doc.get('op')}")
 
-    def read(self, until: Sequence[str]) -> dict:
+    def begin(self, request: dict) -> dict:
+        """Send ``begin`` (with the heartbeat interval); its answer within smoke_plan.START_S."""
+        self.send({**request, **self.beat})
+        limit = smoke_plan.START_S
+        try:
+            return self.read(("ready", "refused"), deadline=time.monotonic() + limit)
+        except TimeoutError:
+            raise self._missed(Step("the tune program's start (taking the tune lock)", "begin", 0.0),
+                               limit, silent=False) from None
+
+    def run(self, request: dict) -> dict:
+        """Send one ``run`` request and read its result, step by step within their deadlines."""
+        limits = {**run_deadlines(request), **self.deadlines}
+        silence = smoke_plan.silence_limit(self.beat)
+        key = request["key"]
+        concurrency = list((request.get("bench") or {}).get("concurrency") or ())
+        step = Step(f"launch of {key}", "launch", time.monotonic())
+        self.send(request)
         while True:
-            doc = self.program.read(what=" or ".join(until), during="the sweep")
+            limit = limits[step.kind]
+            now = time.monotonic()
+            try:
+                doc = self.read(("result", "phase"), deadline=min(step.started + limit, now + silence))
+            except TimeoutError:
+                raise self._missed(step, limit, silent=time.monotonic() < step.started + limit,
+                                   silence=silence) from None
+            if doc.get("event") == "result":
+                return doc
+            # A phase ended: the next step's clock starts now.
+            if doc.get("what") == "measured":
+                measured = (doc.get("measure") or {}).get("concurrency")
+                done = concurrency.index(measured) + 1 if measured in concurrency else len(concurrency)
+            else:  # "ready": the server is up, the bench runs begin
+                done = 0
+            if done < len(concurrency):
+                step = Step(f"bench of {key} at concurrency {concurrency[done]}", "bench", time.monotonic())
+            else:
+                step = Step(f"the end of {key} (server info, server stop)", "end", time.monotonic())
+
+    def read(self, until: Sequence[str], deadline: float | None = None) -> dict:
+        """The next event named in ``until`` (heartbeats and phases reported on the way);
+        TimeoutError when no line comes by ``deadline`` (time.monotonic)."""
+        while True:
+            doc = self.program.read(deadline, what=" or ".join(until), during="the sweep")
             event = doc.get("event")
             if event == "wait" and self.heartbeat is not None:
                 self.heartbeat(str(doc.get("level")), float(doc.get("seconds") or 0))
@@ -216,6 +299,29 @@ class Session:
                     self.progress(f"{doc['key']}: server ready in {doc.get('seconds')} s")
             if event in until:
                 return doc
+
+    def _missed(self, step: Step, limit: float, *, silent: bool, silence: float = 0.0) -> DeployError:
+        """One line for a missed deadline (host, step, seconds); the link is let go, and the
+        tune program, seeing it close, stops the server it started and releases its lock."""
+        if self.program is not None:
+            self.program.detach()
+        name, where = self.host.name, self.host.source or "the inventory"
+        after = (f"the tune program stops what it started by itself; the results file keeps every "
+                 f"finished run: {next_step.command('tune', '--host', name, '--resume')} (with the same "
+                 f"options) continues the sweep; then {next_step.status(name)}")
+        if silent:
+            return DeployError(
+                f"{name}: tune: {step.what}: no word from the host for {silence:g} s (the tune program sends a "
+                f"heartbeat every {self.beat['heartbeat_s']:g} s): the link or the program is stuck",
+                code="timeout", hint=f"check the host answers; {after}")
+        fix = {"launch": f"raise ready_timeout_s in [smoke.launch] of {where} if the server is just slow to "
+                         "start; ",
+               "bench": f"raise probe_timeout_s in [smoke.launch] of {where} if the benchmark is just slow "
+                        "(a bench run may take 4 x probe_timeout_s, 600 s at least); ",
+               "end": f"raise term_grace_s in [smoke.launch] of {where} if the server is just slow to stop; ",
+               }.get(step.kind, "the host may be overloaded; ")
+        return DeployError(f"{name}: tune: {step.what} did not finish within {limit:g} s", code="timeout",
+                           hint=fix + after)
 
     def interrupt(self, grace_s: float) -> dict | None:
         """Ctrl-C: ask the host program to stop the server, wait for it (bounded), close."""
@@ -286,8 +392,12 @@ def append_record(path: Path, record: tune.Record) -> None:
 
 def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | None = None,
               resume: bool = False, yes: bool = False, apply: bool = False, patches_dir=None,
-              progress: Progress = _quiet, heartbeat=None) -> TuneOutcome:
-    """Run (or resume) the sweep on ``host``; the results file grows as configurations end."""
+              progress: Progress = _quiet, heartbeat=None, heartbeat_s: float = smoke_plan.HEARTBEAT_S,
+              deadlines: Mapping[str, float] | None = None) -> TuneOutcome:
+    """Run (or resume) the sweep on ``host``; the results file grows as configurations end.
+
+    ``heartbeat_s``: how often the tune program beats during a run (the silence limit
+    follows from it); ``deadlines``: seconds per step kind, replacing ``run_deadlines``'s."""
     from ddtree_deploy import deploy
 
     tune.check_options(opts, yes=yes)
@@ -310,11 +420,11 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
     run_id = deploy.new_run_id()
     state = host.state_dir.rstrip("/")
     stopped = None
-    with Session(host, make_transport(), progress=progress, heartbeat=heartbeat) as sess:
-        sess.send({"op": "begin", "state_dir": host.state_dir, "run_id": run_id, "holder": deploy.holder_name(),
-                   "series_id": target.series.get("id"),
-                   "dataset_path": opts.dataset_path if opts.dataset == "sharegpt-file" else None})
-        begun = sess.read(("ready", "refused"))
+    with Session(host, make_transport(), progress=progress, heartbeat=heartbeat, heartbeat_s=heartbeat_s,
+                 deadlines=deadlines) as sess:
+        begun = sess.begin({"op": "begin", "state_dir": host.state_dir, "run_id": run_id,
+                            "holder": deploy.holder_name(), "series_id": target.series.get("id"),
+                            "dataset_path": opts.dataset_path if opts.dataset == "sharegpt-file" else None})
         if begun["event"] == "refused":
             if begun.get("code") == "bad-dataset":
                 raise BadInput(f"{host.name}: {begun['message']}")
@@ -347,8 +457,7 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
                                  "timeout_s": max(600.0, launch.probe_timeout_s * 4),
                                  "out_dir": f"{state}/tune/{run_id}/bench-{tag}"}}
             try:
-                sess.send(request)
-                answer = sess.read(("result",))
+                answer = sess.run(request)
             except KeyboardInterrupt:
                 progress("interrupted: stopping the server on the host")
                 done = sess.interrupt(launch.term_grace_s + 20)
