@@ -671,12 +671,17 @@ class Agent(object):
             for (f, path), src in zip(targets, staged):
                 entry = [f, path, None, False]
                 done.append(entry)
-                entry[2] = keep_previous(path)
+                entry[2] = keep_previous(path, links=not self.hooks.get("no_hard_links"))
                 self.switch_one(f, path, src)
                 entry[3] = True
                 purged.extend(purge_bytecode(path))
                 if self.hooks.get("exit_after_renames") == len(done):
                     os._exit(75)  # TEST HOOK: simulate the agent killed mid-switch
+                if self.hooks.get("immutable_after_renames") == len(done):
+                    # TEST HOOK (injected fault): the folder turns immutable (chattr +i) after
+                    # this rename, so the next switch and the switch back both really fail.
+                    import subprocess
+                    subprocess.run(["chattr", "+i", os.path.dirname(path)], check=True)
             for d in sorted(set(os.path.dirname(p) for _f, p in targets)):
                 fsync_dir(d)
             mismatched = []
@@ -1135,11 +1140,12 @@ def purge_bytecode(path):
     return purged
 
 
-def keep_previous(path):
+def keep_previous(path, links=True):
     """A hard link to ``path``'s current version beside it (None: absent), for the way back.
 
     A link costs no data blocks, so switching back works on a full disk. Where the file
     system has no hard links, a copy (same owner and mode) is the fallback.
+    ``links=False`` is a TEST HOOK (``no_hard_links``): os.link fails as on such a file system.
     """
     if not os.path.lexists(path):
         return None
@@ -1147,6 +1153,8 @@ def keep_previous(path):
     prev = os.path.join(d, ".%s%sprev-%d" % (name, TMP_TAG, os.getpid()))
     remove_quietly(prev)
     try:
+        if not links:
+            raise OSError(errno.EPERM, "hard links refused (injected test fault)", path)
         os.link(path, prev)
     except OSError as exc:
         if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.EOPNOTSUPP):

@@ -1,0 +1,206 @@
+"""The way back of a switch: (a) the switch back itself failing leaves the host MIXED, said so
+and explained by `status`, and `rollback` (once the cause is gone) restores every byte;
+(b) the copy fallback the agent uses where hard links fail still switches and switches back
+byte for byte.
+
+Real parts: the real agent over a real OpenSSH sshd on loopback (tests/sshd_host.py), the real
+SGLang 0.5.12.post1 release files, GNU patch's result as the oracle, the real CLI. Two faults
+are INJECTED through the agent's test hooks (DDTREE_DEPLOY_TEST_HOOKS), and named as such:
+
+- ``immutable_after_renames: 1``: right after the first rename the agent runs a real
+  ``chattr +i`` on the package folder, so the next file's switch and the first file's switch
+  back both fail with a real EPERM from the kernel (we run as root: chmod would not stop us).
+- ``no_hard_links: true``: keep_previous's os.link raises EPERM, as on a file system without
+  hard links, so the agent takes its copy fallback. The rest (the copies, renames, the
+  failure that triggers the switch back: an immutable .pyc, chattr +i) is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddtree_deploy import deploy
+from ddtree_deploy.cli import app
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sshd_host import ADDED, SPEC, UTILS, host, oracle, sshd  # noqa: E402,F401  (shared fixtures)
+
+pytestmark = pytest.mark.sshd
+
+TARGETS = (SPEC, UTILS, ADDED)
+SPECDIR = "sglang/srt/speculative"
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def ok(*args: str):
+    result = cli(*args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def files_of(h) -> dict:
+    return {p: h.read(p) for p in TARGETS}
+
+
+def temp_files(*roots) -> list:
+    return [p for r in roots for p in Path(r).rglob("*") if ".ddtree-tmp-" in p.name]
+
+
+def journal(h) -> dict | None:
+    p = h.state_dir / "journal.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def chattr(flag: str, path: Path) -> None:
+    if not shutil.which("chattr"):
+        pytest.skip("chattr (e2fsprogs) is not installed: the faults here are immutable inodes")
+    r = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"chattr {flag} refused on this file system ({r.stderr.strip()})")
+
+
+def hooks(monkeypatch, **kw) -> None:
+    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps(kw))
+
+
+# ---------------------------------------------------------------- (a) the switch back fails
+
+
+def test_switch_back_failing_leaves_mixed_explained_then_rollback_restores(host, oracle, monkeypatch):
+    pristine, patched = oracle
+    folder = host.site / SPECDIR
+    assert files_of(host) == pristine
+    chattr("+i", folder)  # probe once that this file system takes the flag (else: skip)
+    subprocess.run(["chattr", "-i", str(folder)], check=True)
+    try:
+        hooks(monkeypatch, immutable_after_renames=1)  # INJECTED: chattr +i after rename 1
+        failed = cli("push", "--host", host.name)
+        monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+        out = failed.output
+        assert failed.exit_code == 1, out
+        assert "MIXED" in out and "switching back also failed" in out and "EPERM" in out, out
+        assert "journal says `switching`" in out and "rollback" in out, out
+
+        # Exactly one file was switched and could not go back; the others never changed.
+        now = files_of(host)
+        flipped = [p for p in TARGETS if now[p] == patched[p] and now[p] != pristine[p]]
+        assert len(flipped) == 1 and all(now[p] == pristine[p] for p in TARGETS if p not in flipped), now
+        assert journal(host)["phase"] == "switching" and journal(host)["op"] == "push"
+
+        # status (read-only, works while the folder is still immutable) explains every file.
+        doc = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
+        states = {f["path"]: f["state"] for f in doc["files"]}
+        assert states == {p: ("patched" if p in flipped else "pristine") for p in TARGETS}, states
+        assert doc["phase"] == "switching"
+        assert "1 patched, 2 pristine" in doc["explanation"], doc["explanation"]
+        assert "rerun `push`" in doc["explanation"] and "`rollback`" in doc["explanation"], doc["explanation"]
+        human = ok("status", "--host", host.name).stdout
+        assert "phase: switching" in human, human
+        for p in TARGETS:
+            assert p in human, human
+        assert "1 patched, 2 pristine" in human and "rollback" in human, human
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)  # the cause removed
+
+    # rollback restores every file byte for byte (and sweeps the kept previous version).
+    ok("rollback", "--host", host.name)
+    assert files_of(host) == pristine
+    assert journal(host)["phase"] == "rolled-back" and not temp_files(host.site, host.state_dir)
+    # and the host is whole again: a push completes.
+    ok("push", "--host", host.name)
+    assert files_of(host) == patched and journal(host)["phase"] == "deployed"
+
+
+# ---------------------------------------------------------------- (b) no hard links: copies
+
+
+def test_without_hard_links_push_and_rollback_are_byte_identical(host, oracle, monkeypatch):
+    pristine, patched = oracle
+    spec = host.file(SPEC)
+    os.chmod(spec, 0o640)
+    hooks(monkeypatch, no_hard_links=True)  # INJECTED: os.link fails with EPERM
+    ok("push", "--host", host.name)
+    assert files_of(host) == patched and journal(host)["phase"] == "deployed"
+    assert spec.stat().st_mode & 0o7777 == 0o640
+    assert not temp_files(host.site, host.state_dir)
+    ok("rollback", "--host", host.name)
+    assert files_of(host) == pristine and journal(host)["phase"] == "rolled-back"
+    assert spec.stat().st_mode & 0o7777 == 0o640
+    assert not temp_files(host.site, host.state_dir)
+
+
+def _compile(h, rel):
+    subprocess.run([str(h.python), "-m", "py_compile", str(h.file(rel))], check=True)
+    return next((h.file(rel).parent / "__pycache__").glob(Path(rel).stem + ".*.pyc"))
+
+
+def test_without_hard_links_a_failed_switch_is_switched_back_from_the_copies(host, oracle, monkeypatch):
+    """The switch fails after renames (an immutable .pyc cannot be purged, a real EPERM); the
+    switched files go back from the copies the fallback kept: a new inode (so the copy, not a
+    link, was put back), the same bytes and mode. Push and rollback both."""
+    pristine, patched = oracle
+    os.chmod(host.file(SPEC), 0o640)
+    inodes = {p: host.file(p).stat().st_ino for p in (SPEC, UTILS)}
+    pyc = _compile(host, UTILS)
+    chattr("+i", pyc)
+    try:
+        hooks(monkeypatch, no_hard_links=True)  # INJECTED: os.link fails with EPERM
+        failed = cli("push", "--host", host.name)
+        assert failed.exit_code == 1 and "host unchanged" in failed.output and "EPERM" in failed.output, failed.output
+        assert files_of(host) == pristine and journal(host) is None
+        assert not temp_files(host.site, host.state_dir)
+        assert host.file(SPEC).stat().st_mode & 0o7777 == 0o640
+        put_back = [p for p in (SPEC, UTILS) if host.file(p).stat().st_ino != inodes[p]]
+        assert put_back, "no file was switched back from a copy: the fallback did not run"
+    finally:
+        subprocess.run(["chattr", "-i", str(pyc)], check=True)
+
+    ok("push", "--host", host.name)
+    assert files_of(host) == patched
+    deployed = journal(host)
+    inodes = {p: host.file(p).stat().st_ino for p in TARGETS}
+    pyc = _compile(host, UTILS)
+    chattr("+i", pyc)
+    try:
+        failed = cli("rollback", "--host", host.name)
+        assert failed.exit_code == 1 and "host unchanged" in failed.output and "EPERM" in failed.output, failed.output
+        assert files_of(host) == patched and journal(host) == deployed
+        assert not temp_files(host.site, host.state_dir)
+        assert any(host.file(p).stat().st_ino != inodes[p] for p in TARGETS if p != ADDED)
+    finally:
+        subprocess.run(["chattr", "-i", str(pyc)], check=True)
+    ok("rollback", "--host", host.name)
+    assert files_of(host) == pristine and host.file(SPEC).stat().st_mode & 0o7777 == 0o640
+
+
+def test_switch_back_failing_then_rerun_push_completes_and_rollback_is_pristine(host, oracle, monkeypatch):
+    """The other way out the MIXED error names: rerun push. It completes the switch, and a
+    later rollback still restores the release files (not the mixed state the rerun found)."""
+    pristine, patched = oracle
+    folder = host.site / SPECDIR
+    chattr("+i", folder)  # probe once that this file system takes the flag (else: skip)
+    subprocess.run(["chattr", "-i", str(folder)], check=True)
+    try:
+        hooks(monkeypatch, immutable_after_renames=1)  # INJECTED: chattr +i after rename 1
+        failed = cli("push", "--host", host.name)
+        monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+        assert failed.exit_code == 1 and "MIXED" in failed.output, failed.output
+        assert journal(host)["phase"] == "switching"
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    ok("push", "--host", host.name)
+    assert files_of(host) == patched and journal(host)["phase"] == "deployed"
+    assert not temp_files(host.site, host.state_dir)
+    ok("rollback", "--host", host.name)
+    assert files_of(host) == pristine and journal(host)["phase"] == "rolled-back"
