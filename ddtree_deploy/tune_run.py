@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ddtree_deploy import next_step, smoke_plan, smoke_settings, tune
+from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.transport import HostProgram, ProgramSession
 
@@ -313,14 +314,14 @@ class Session:
             return DeployError(
                 f"{name}: tune: {step.what}: no word from the host for {silence:g} s (the tune program sends a "
                 f"heartbeat every {self.beat['heartbeat_s']:g} s): the link or the program is stuck",
-                code="timeout", hint=f"check the host answers; {after}")
+                code=Code.TIMEOUT, hint=f"check the host answers; {after}")
         fix = {"launch": f"raise ready_timeout_s in [smoke.launch] of {where} if the server is just slow to "
                          "start; ",
                "bench": f"raise probe_timeout_s in [smoke.launch] of {where} if the benchmark is just slow "
                         "(a bench run may take 4 x probe_timeout_s, 600 s at least); ",
                "end": f"raise term_grace_s in [smoke.launch] of {where} if the server is just slow to stop; ",
                }.get(step.kind, "the host may be overloaded; ")
-        return DeployError(f"{name}: tune: {step.what} did not finish within {limit:g} s", code="timeout",
+        return DeployError(f"{name}: tune: {step.what} did not finish within {limit:g} s", code=Code.TIMEOUT,
                            hint=fix + after)
 
     def interrupt(self, grace_s: float) -> dict | None:
