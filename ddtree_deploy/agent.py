@@ -696,9 +696,11 @@ class Agent(object):
         except (OSError, AgentError) as exc:
             # os.write's ENOSPC names no file: name the one being switched.
             current = done[-1][0]["path"] if done else "switch"
-            what = exc.message if isinstance(exc, AgentError) else describe_os_error(exc, current)
-            if isinstance(exc, OSError) and exc.filename is None:
+            # Our own temp files (the kept previous version, a staged copy) mean nothing to the
+            # user: name the package file being switched instead.
+            if isinstance(exc, OSError) and (exc.filename is None or TMP_TAG in os.path.basename(str(exc.filename))):
                 exc.filename = current
+            what = exc.message if isinstance(exc, AgentError) else describe_os_error(exc, current)
             failed = switch_back(done)
             if failed:
                 raise AgentError("switch-mixed", "switch failed: %s; switching back also failed (%s): the host "
@@ -1182,7 +1184,8 @@ def switch_back(done):
                 elif os.path.lexists(path):
                     os.unlink(path)
         except OSError as exc:
-            failed.append("%s: %s" % (f["path"], describe_os_error(exc, "switch back")))
+            kept = "; its previous version is kept at %s" % prev if prev and os.path.lexists(prev) else ""
+            failed.append("%s: %s (errno %s)%s" % (f["path"], exc.strerror or exc, errno_name(exc), kept))
             continue
         if prev is not None:
             remove_quietly(prev)

@@ -91,6 +91,10 @@ def test_switch_back_failing_leaves_mixed_explained_then_rollback_restores(host,
         assert failed.exit_code == 1, out
         assert "MIXED" in out and "switching back also failed" in out and "EPERM" in out, out
         assert "journal says `switching`" in out and "rollback" in out, out
+        # Each file is named by its package path; the one that could not go back says where its
+        # previous version waits (the only temp file the message names).
+        assert f"switch failed: {SPECDIR}/" in out and f"back also failed ({SPECDIR}/" in out, out
+        assert out.count(".ddtree-tmp-") == 1 and "its previous version is kept at /" in out, out
 
         # Exactly one file was switched and could not go back; the others never changed.
         now = files_of(host)
