@@ -4,7 +4,8 @@ The sshd and the hosts themselves are ddtree_deploy.sandbox (the demo and the be
 use them too): SSHServer (OpenSSH on loopback), SandboxHost, make_python_env. Here only
 what the tests add: the small real series under tests/data/deploy_series, GNU patch's
 result for it (the oracle), and the module-wide sshd + one-host-per-test fixtures that
-test_push.py and test_history.py import:
+test_push.py, test_history.py and test_switch_back.py import, with the CLI helpers below
+(cli, ok) and the fault helpers (temp_files, chattr) test_deploy_safety.py shares:
 
     from sshd_host import host, oracle, sshd  # noqa: F401  (shared fixtures)
 """
@@ -17,7 +18,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from ddtree_deploy.cli import app
 from ddtree_deploy.sandbox import SandboxHost, SSHServer
 
 # The small real series the deploy tests push (tests/data/deploy_series): two patches, one add.
@@ -66,3 +69,28 @@ def host(sshd, tmp_path, monkeypatch) -> SandboxHost:
     h = sshd.add_host(f"host{next(_names)}", tmp_path / "host", files=[SPEC, UTILS])
     h.inventory(smoke_levels=[])  # smoke after push: tested on its own (test_smoke_push.py)
     return h
+
+
+def cli(*args: str):
+    """The real CLI, in process."""
+    return CliRunner().invoke(app, list(args))
+
+
+def ok(*args: str):
+    result = cli(*args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def temp_files(*roots) -> list:
+    """Our temporary files (the agent's TMP_TAG) anywhere below ``roots``."""
+    return [p for r in roots for p in Path(r).rglob("*") if ".ddtree-tmp-" in p.name]
+
+
+def chattr(flag: str, path: Path) -> None:
+    """A real ``chattr`` (immutable / append-only inodes as faults), else skip saying why."""
+    if not shutil.which("chattr"):
+        pytest.skip("chattr (e2fsprogs) is not installed: the faults here are immutable inodes")
+    r = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"chattr {flag} refused on this file system ({r.stderr.strip()})")

@@ -34,7 +34,7 @@ from ddtree_deploy.transport import AgentSession, SSHTransport
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SSHServer, make_python_env  # noqa: E402
-from sshd_host import ADDED, SPEC, UTILS  # noqa: E402
+from sshd_host import ADDED, SPEC, UTILS, chattr, temp_files  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY  # noqa: E402
 
 pytestmark = pytest.mark.sshd
@@ -77,10 +77,6 @@ def files(h):
     return {p: h.read(p) for p in TARGETS}
 
 
-def temp_files(*roots):
-    return [p for r in roots for p in Path(r).rglob("*") if ".ddtree-tmp-" in p.name]
-
-
 def journal(h):
     p = h.state_dir / "journal.json"
     return json.loads(p.read_text()) if p.exists() else None
@@ -98,14 +94,6 @@ def mount_tmpfs(folder: Path, size: str):
     for p in keep.iterdir():
         (shutil.copytree if p.is_dir() else shutil.copy2)(p, folder / p.name)
     return lambda: subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
-def chattr(flag: str, path: Path) -> None:
-    if not shutil.which("chattr"):
-        pytest.skip("chattr (e2fsprogs) is not installed")
-    r = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"chattr {flag} refused on this file system ({r.stderr.strip()})")
 
 
 # ---------------------------------------------------------------- item 1, 2: all or nothing

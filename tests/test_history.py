@@ -16,25 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from ddtree_deploy import agent as agent_mod
 from ddtree_deploy.agent import Agent, boot_id, foreign_content
-from ddtree_deploy.cli import app
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SandboxHost  # noqa: E402
-from sshd_host import ADDED, SPEC, UTILS, host, oracle, sshd  # noqa: E402,F401  (shared with test_push.py)
-
-
-def cli(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-def ok(*args: str):
-    result = cli(*args)
-    assert result.exit_code == 0, result.output
-    return result
+from sshd_host import ADDED, SPEC, UTILS, cli, host, ok, oracle, sshd  # noqa: E402,F401  (shared with test_push.py)
 
 
 def history(h: SandboxHost, *extra: str) -> dict:

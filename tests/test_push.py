@@ -18,10 +18,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from ddtree_deploy import deploy
-from ddtree_deploy.cli import app
 from ddtree_deploy.desired import desired_for
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.inventory import load_host
@@ -30,7 +28,7 @@ from ddtree_deploy.transport import SSHTransport
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SandboxHost as TestHost  # noqa: E402
-from sshd_host import ADDED, SPEC, UTILS, host, oracle, sshd  # noqa: E402,F401  (shared fixtures)
+from sshd_host import ADDED, SPEC, UTILS, cli, host, ok, oracle, sshd  # noqa: E402,F401  (shared fixtures)
 from sshd_host import DEPLOY_FAMILY as FAMILY, DEPLOY_SERIES as DATA  # noqa: E402
 
 pytestmark = pytest.mark.sshd
@@ -103,16 +101,6 @@ def test_status_explains_every_phase(phase, op, expect):
     assert [(f["path"], f["state"]) for f in doc["files"]] == [("x", "patched"), ("y", "pristine")]
     never = describe("h", {"files": {"x": {"sha256": "a"}}}, _desired(x=("a", "b")))
     assert never["phase"] == "never-deployed" and never["files"][0]["state"] == "pristine"
-
-
-def cli(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-def ok(*args: str):
-    result = cli(*args)
-    assert result.exit_code == 0, result.output
-    return result
 
 
 def files_of(h: TestHost) -> dict[str, bytes | None]:

@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from ddtree_deploy import deploy
-from ddtree_deploy.cli import app
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import ADDED, SPEC, UTILS, host, oracle, sshd  # noqa: E402,F401  (shared fixtures)
+from sshd_host import ADDED, SPEC, UTILS, chattr, cli, host, ok, oracle, sshd, temp_files  # noqa: E402,F401  (shared fixtures)
 
 pytestmark = pytest.mark.sshd
 
@@ -39,35 +36,13 @@ TARGETS = (SPEC, UTILS, ADDED)
 SPECDIR = "sglang/srt/speculative"
 
 
-def cli(*args: str):
-    return CliRunner().invoke(app, list(args))
-
-
-def ok(*args: str):
-    result = cli(*args)
-    assert result.exit_code == 0, result.output
-    return result
-
-
 def files_of(h) -> dict:
     return {p: h.read(p) for p in TARGETS}
-
-
-def temp_files(*roots) -> list:
-    return [p for r in roots for p in Path(r).rglob("*") if ".ddtree-tmp-" in p.name]
 
 
 def journal(h) -> dict | None:
     p = h.state_dir / "journal.json"
     return json.loads(p.read_text()) if p.exists() else None
-
-
-def chattr(flag: str, path: Path) -> None:
-    if not shutil.which("chattr"):
-        pytest.skip("chattr (e2fsprogs) is not installed: the faults here are immutable inodes")
-    r = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"chattr {flag} refused on this file system ({r.stderr.strip()})")
 
 
 def hooks(monkeypatch, **kw) -> None:
