@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install system-deps demo test bench matrix clean
+.PHONY: install system-deps demo test bench matrix clean gpu-check gpu-check-dry
 
 $(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/sglang-v2-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,5 +35,19 @@ bench: install
 matrix: install
 	$(VENV)/bin/ddtree-deploy matrix --from 0.5.11
 
+# The GPU check (README "GPU checks"). gpu-check-dry, on any machine with the venv: extract
+# SGLang's files from the release wheel into GPU_CARRY (git-ignored), run every check's CPU
+# path and measure what travels (< 64 MiB). gpu-check, on the lent GPU machine: no venv, its
+# own python3 (torch, Triton, nvcc); carry GPU_CARRY with the command. 540 s leaves the
+# device tool's 10-minute limit room to bring $OUT back.
+GPU_CARRY ?= .gpu-carry/gpu-check
+GPU_PYTHON ?= python3
+
+gpu-check:
+	timeout 540 $(GPU_PYTHON) scripts/gpu_check.py --carry $(GPU_CARRY)
+
+gpu-check-dry: install
+	$(PY) scripts/gpu_check.py --dry-run --prepare --carry $(GPU_CARRY)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis build/gpu-check

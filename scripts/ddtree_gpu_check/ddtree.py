@@ -1,0 +1,219 @@
+"""The worker's DDTree step as the GPU check runs it, from the payload's own modules.
+
+``payload/ddtree_utils.py`` and ``payload/ddtree_lineage.py`` are imported as top-level
+modules (as the tests do; on a host they are ``sglang.srt.speculative.*``), so the check
+exercises exactly what the v2 family installs. ``payload/ddtree_worker_v2.py`` itself imports
+SGLang and cannot be imported here: the few lines of its step the check repeats are named in
+``WORKER_LINES`` and tests/test_gpu_check.py pins them to the worker's source, so a change to
+the worker's call (another ``num_steps``, another lineage signature) fails that test instead
+of silently checking something else.
+
+One step (``_DDTreeTopKHead`` + ``_ddtree_build`` + ``build_eagle_verify_input``):
+  head     logits = hidden @ lm_head.T, top-K log-probs per drafted position
+           (``sharded_topk_logprobs``, one rank), [bs, block - 1, K]
+  tree     ``build_ddtree(logprobs, tokens, roots, budget)``
+  lineage  ``eagle_lineage(layout, tokens)`` -> parent_list, top_scores_index, draft_tokens
+  verify   SGLang's tree kernel with topk = K and depth = the worker's num_steps, into
+           preallocated buffers (the mask as the Triton backend's uint8 FULL_MASK buffer,
+           filled with 1 first, as ``eagle_utils.build_tree_kernel_efficient`` does)
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The worker's lines this module repeats (payload/ddtree_worker_v2.py).
+WORKER_LINES = (
+    "values, ids = sharded_topk_logprobs(",
+    "layout = build_ddtree(logprobs, tokens, roots, self.ddtree_budget)",
+    "parent_list, top_scores_index, draft_tokens = eagle_lineage(layout, tokens)",
+    "k = int(tokens.shape[2])",
+    "topk=k,",
+    "num_steps=layout.max_depth,",
+    "num_draft_tokens=n,",
+    "tree_mask_mode=default_tree_mask_mode(),",
+)
+DFLASH_DEFAULT_BLOCK = 16  # SGLang's DFlash draft block when the draft's config names none
+PAD_CELLS = 4096  # mask cells past the batch's, filled with SENTINEL: a write there is seen
+SENTINEL = 7
+FULL_MASK, QLEN_ONLY = 0, 1
+
+
+def payload_dir() -> Path:
+    """The payload folder ddtree_deploy.locations names (stdlib only: importable on the GPU
+    machine from the carried checkout): the checkout's payload/, or $DDTREE_DEPLOY_PAYLOAD."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from ddtree_deploy.locations import repo_dir
+
+    return repo_dir("payload")
+
+
+def payload(name: str):
+    folder = str(payload_dir())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)
+
+
+def worker_tree_args(layout, tokens) -> Tuple[int, int]:
+    """(topk, num_steps) as the worker passes them to ``build_eagle_verify_input``."""
+    return int(tokens.shape[2]), int(layout.max_depth)
+
+
+@dataclass(frozen=True)
+class Config:
+    label: str
+    budget: int
+    topk: int
+    block: int
+    batch: int
+
+    @property
+    def drafted(self) -> int:
+        """L: the draft block's positions after the bonus token (the tree's depth limit)."""
+        return self.block - 1
+
+    @property
+    def n(self) -> int:
+        return self.budget + 1
+
+    def __str__(self) -> str:
+        return (f"{self.label} (budget {self.budget}, top-K {self.topk}, block {self.block}, "
+                f"batch {self.batch})")
+
+
+def plugin_constants(names=("DEFAULT_BUDGET", "DEFAULT_MAX_TOPK", "MAX_BUDGET")) -> Dict[str, int]:
+    """The plugin's bounds, read from its source: importing it registers it with SGLang."""
+    tree = ast.parse((payload_dir() / "ddtree_v2_plugin.py").read_text())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id in names:
+            found[node.targets[0].id] = int(ast.literal_eval(node.value))
+    missing = set(names) - set(found)
+    if missing:
+        raise ValueError(f"payload/ddtree_v2_plugin.py no longer assigns {sorted(missing)}")
+    return found
+
+
+def configs(small: bool = False) -> List[Config]:
+    """The default configuration and edge ones the plugin accepts (its own constants)."""
+    c = plugin_constants()
+    b0, k0, bmax = c["DEFAULT_BUDGET"], c["DEFAULT_MAX_TOPK"], c["MAX_BUDGET"]
+    block = DFLASH_DEFAULT_BLOCK
+    out = [
+        Config("default", b0, k0, block, 4 if small else 16),
+        Config("budget 256", 256, k0, block, 2 if small else 8),
+        Config("the plugin's largest budget", bmax, min(k0, bmax), block, 1 if small else 2),
+        Config("budget 1", 1, 1, block, 8),
+        Config("top-K 1 (a chain)", 15, 1, block, 8),
+        Config("block 2 (depth 1, 8 padding nodes)", 16, k0, 2, 8),
+        Config("top-K 2, block 3 (58 padding nodes)", 64, 2, 3, 8),
+        Config("budget 16, top-K 4, block 8", 16, 4, 8, 8),
+    ]
+    return out
+
+
+@dataclass
+class Inputs:
+    hidden: "object"  # [bs * (block - 1), hidden] float32
+    lm_head: "object"  # [V, hidden] float32
+    roots: "object"  # [bs] int64
+    seq_lens: "object"  # [bs] int64
+    seq_lens_sum: int
+
+
+def make_inputs(cfg: Config, device, *, vocab: int, hidden: int, seed: int,
+                lm_head=None, max_seq: int = 200) -> Inputs:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    if lm_head is None:
+        lm_head = (torch.randn(vocab, hidden, generator=gen) / hidden ** 0.5).to(device)
+    bs = cfg.batch
+    hs = (torch.randn(bs * cfg.drafted, hidden, generator=gen) * 3).to(device)
+    roots = torch.randint(1, lm_head.shape[0], (bs,), generator=gen).to(device)
+    seq_lens = torch.randint(1, max_seq, (bs,), generator=gen)
+    return Inputs(hs, lm_head, roots, seq_lens.to(device), int(seq_lens.sum()))
+
+
+def head(lineage, inputs: Inputs, cfg: Config):
+    """The worker's ``_DDTreeTopKHead``: logits over the LM head, top-K per drafted position."""
+    logits = torch.matmul(inputs.hidden, inputs.lm_head.T)
+    values, ids = lineage.sharded_topk_logprobs(logits, cfg.topk)
+    shape = (cfg.batch, cfg.drafted, values.shape[1])
+    return values.view(shape), ids.view(shape)
+
+
+def tree(utils, lineage, logprobs, tokens, roots, cfg: Config):
+    """The worker's ``_ddtree_build``."""
+    layout = utils.build_ddtree(logprobs, tokens, roots, cfg.budget)
+    parent_list, top_scores_index, draft_tokens = lineage.eagle_lineage(layout, tokens)
+    return layout, parent_list, top_scores_index, draft_tokens
+
+
+@dataclass
+class VerifyBuffers:
+    """Preallocated outputs of the tree kernel (fixed addresses: CUDA-graph safe)."""
+
+    tree_mask: "object"
+    positions: "object"
+    retrieve: "object"  # [3, bs, n]: index, next token, next sibling
+    used: int
+    mode: int
+
+    @classmethod
+    def allocate(cls, cfg: Config, seq_lens_sum: int, device, mode: int = FULL_MASK):
+        bs, n = cfg.batch, cfg.n
+        used = n * seq_lens_sum + bs * n * n if mode == FULL_MASK else bs * n * n
+        return cls(torch.empty(used + PAD_CELLS, dtype=torch.uint8, device=device),
+                   torch.empty(bs * n, dtype=torch.long, device=device),
+                   torch.empty((3, bs, n), dtype=torch.long, device=device), used, mode)
+
+    def reset(self) -> None:
+        self.tree_mask[: self.used].fill_(1)  # the prefix columns: SGLang's fill
+        self.tree_mask[self.used:].fill_(SENTINEL)
+        self.positions.fill_(-1)
+        self.retrieve.fill_(-1)
+
+    def kernel_args(self):
+        return (self.tree_mask, self.positions, self.retrieve[0], self.retrieve[1],
+                self.retrieve[2])
+
+
+def verify_tensors(kernels, parent_list, top_scores_index, seq_lens, bufs: VerifyBuffers,
+                   topk: int, depth: int, n: int) -> None:
+    """``eagle_utils.build_tree_kernel_efficient`` with a preallocated buffer: fill, then
+    SGLang's kernel. ``kernels``: tree_abi.TreeKernels (CUDA) or None (nothing to launch)."""
+    bufs.reset()
+    if kernels is not None:
+        kernels.build_tree_kernel_efficient(parent_list, top_scores_index, seq_lens,
+                                            *bufs.kernel_args(), topk, depth, n, bufs.mode)
+
+
+def step(utils, lineage, kernels, inputs: Inputs, cfg: Config, bufs: Optional[VerifyBuffers],
+         marks=None) -> dict:
+    """One DDTree step; ``marks(name)`` is called after each phase (timing events)."""
+    mark = marks or (lambda name: None)
+    logprobs, tokens = head(lineage, inputs, cfg)
+    mark("head")
+    layout, parent_list, sel, draft = tree(utils, lineage, logprobs, tokens, inputs.roots, cfg)
+    mark("tree")
+    topk, depth = worker_tree_args(layout, tokens)
+    out = {"logprobs": logprobs, "tokens": tokens, "layout_tokens": layout.tokens,
+           "parents": layout.parents, "valid": layout.valid, "parent_list": parent_list,
+           "top_scores_index": sel, "draft_tokens": torch.cat(
+               (inputs.roots.unsqueeze(1), draft), dim=1).flatten()}
+    if bufs is not None:
+        verify_tensors(kernels, parent_list, sel, inputs.seq_lens, bufs, topk, depth, cfg.n)
+        out.update(tree_mask=bufs.tree_mask, positions=bufs.positions, retrieve=bufs.retrieve)
+    mark("verify")
+    return out
