@@ -35,6 +35,12 @@ class Context:
     def on_gpu(self) -> bool:
         return self.device.type == "cuda"
 
+    def missing_kernels(self) -> Optional[str]:
+        """On CUDA, a check of SGLang's kernels without them is a FAIL, never a silent pass."""
+        if self.on_gpu and self.kernels is None:
+            return f"SGLang's tree kernels are not built ({self.kernels_note}; see the build line)"
+        return None
+
 
 VOCAB, HIDDEN = 512, 64  # the tree checks: small head, real shapes of the tree tensors
 
@@ -66,6 +72,8 @@ def build_config(ctx: Context, cfg: dd.Config, seed: int, mode: int = dd.FULL_MA
 def check_config(report, ctx: Context, cfg: dd.Config, seed: int,
                  mode: int = dd.FULL_MASK) -> bool:
     name = f"tree kernel + lineage vs DDTree: {cfg}" + (", QLEN_ONLY" if mode else "")
+    if ctx.missing_kernels():
+        return report.record("FAIL", name, ctx.missing_kernels())
     try:
         inputs, layout, parent_list, sel, _draft, topk, depth, bufs = build_config(
             ctx, cfg, seed, mode)
@@ -138,6 +146,8 @@ def _known_layout(utils):
 
 def check_known_answers(report, ctx: Context) -> bool:
     name = "known-answer tree and negative controls (the checks can fail)"
+    if ctx.missing_kernels():
+        return report.record("FAIL", name, ctx.missing_kernels())
     problems, done = [], []
     parent_list, sel, seq_lens, topk, depth, n = _known_tree(ctx.device)
     cfg = dd.Config("known", 3, topk, depth + 1, 1)
@@ -238,6 +248,8 @@ def check_greedy_verify(report, ctx: Context, cfg: dd.Config, seed: int) -> bool
     links a padding node (it links every node), such a target would let SGLang's walk accept
     it (lossless, but not DDTree's walk, which never enters padding)."""
     name = f"verify_tree_greedy on the built tree == DDTree greedy walk: {cfg}"
+    if ctx.missing_kernels():
+        return report.record("FAIL", name, ctx.missing_kernels())
     inputs, layout, parent_list, sel, draft, topk, depth, bufs = build_config(ctx, cfg, seed)
     n, bs = cfg.n, cfg.batch
     model, violations = km.simulate(parent_list.cpu(), sel.cpu(), inputs.seq_lens.cpu(), topk,

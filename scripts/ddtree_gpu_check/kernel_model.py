@@ -128,10 +128,10 @@ def simulate(parent_list, selected_index, seq_lens, topk: int, depth: int, n: in
 
         for tid in range(n):
             start = mask_row_start(lens, b, tid, n, mode)
-            if start + n > INT32_MAX:
-                note(b, f"node {tid}: mask offset {start} overflows the kernel's int")
-                continue
             token_tree_idx = start + (lens[b] if mode == FULL_MASK else 0) + 1
+            if token_tree_idx + n > INT32_MAX:
+                note(b, f"node {tid}: mask offset {token_tree_idx} overflows the kernel's int")
+                continue
             flat[token_tree_idx - 1] = True
             flat[token_tree_idx:token_tree_idx + n - 1] = False
             if tid == 0:

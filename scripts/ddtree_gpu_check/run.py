@@ -140,7 +140,7 @@ def _build(report: Report, args, release_root: Path, device):
         report.record(status, name, "no nvcc here")
         return None, "no nvcc here"
     try:
-        lib = tree_abi.build(release_root, _abs(args.build_dir), capability, nvcc)
+        lib, retried = tree_abi.build(release_root, _abs(args.build_dir), capability, nvcc)
         kernels = tree_abi.TreeKernels(lib, release_root)
     except tree_abi.BuildFailed as exc:
         report.record("FAIL", name, str(exc))
@@ -151,6 +151,7 @@ def _build(report: Report, args, release_root: Path, device):
             shutil.copyfile(log, args.out / "nvcc.log")
     target = "sm_{}{}a".format(*capability) if capability[0] >= 9 else "sm_{}{}".format(*capability)
     report.record("PASS", name, f"{lib.name} for {target} with {nvcc}"
+                  + (f", retried with {' '.join(retried)}" if retried else "")
                   + ("" if device.type == "cuda" else " (built here, not launched: no GPU)"))
     return kernels, ""
 

@@ -26,7 +26,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 WRAPPER = HERE / "csrc" / "tree_abi.cu"
@@ -71,16 +71,26 @@ def arch_flags(major: int, minor: int) -> list:
             f"-gencode=arch=compute_{target},code=sm_{target}"]
 
 
-def build_command(nvcc: str, release_root: Path, capability: Tuple[int, int], out: Path) -> list:
+def build_command(nvcc: str, release_root: Path, capability: Tuple[int, int], out: Path,
+                  extra: Sequence[str] = ()) -> list:
     return [nvcc, "-std=c++20", "-O3", "--expt-relaxed-constexpr", *arch_flags(*capability),
-            "-shared", "-Xcompiler", "-fPIC",
+            "-shared", "-Xcompiler", "-fPIC", *extra,
             "-I", str(SHIM), "-I", str(release_root / JIT / "include"),
             "-I", str(release_root / JIT / "csrc"), str(WRAPPER), "-o", str(out)]
 
 
+# Toolchain differences between machines, not between SGLang's flags: a host compiler newer
+# than nvcc knows, or a toolkit without the static CUDA runtime. One retry with the flag that
+# answers the error; the PASS line names it.
+_RETRIES = (
+    (re.compile(r"unsupported (GNU|clang) version"), "-allow-unsupported-compiler"),
+    (re.compile(r"cudart_static"), "--cudart=shared"),
+)
+
+
 def build(release_root: Path, build_dir: Path, capability: Tuple[int, int],
-          nvcc: Optional[str] = None, timeout_s: int = 300) -> Path:
-    """Compile (once per source/flags digest) and return the library's path."""
+          nvcc: Optional[str] = None, timeout_s: int = 300) -> Tuple[Path, List[str]]:
+    """Compile (once per source/flags digest); the library's path and any retry flags."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise BuildFailed("no nvcc (looked at $CUDA_HOME, $CUDA_PATH, $PATH, /usr/local/cuda)")
@@ -93,21 +103,31 @@ def build(release_root: Path, build_dir: Path, capability: Tuple[int, int],
     digest.update(repr(nvcc_version(nvcc)).encode())
     build_dir.mkdir(parents=True, exist_ok=True)
     lib = build_dir / f"libddtree_tree_abi-{digest.hexdigest()[:16]}.so"
+    flags_file = lib.with_suffix(".flags")
     if lib.is_file():
-        return lib
+        return lib, flags_file.read_text().split() if flags_file.is_file() else []
     tmp = lib.with_suffix(".tmp.so")
-    cmd = build_command(nvcc, release_root, capability, tmp)
-    try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise BuildFailed(f"nvcc ran past {timeout_s} s") from None
     log = build_dir / "nvcc.log"
-    log.write_text(" ".join(cmd) + "\n" + run.stdout + run.stderr)
-    if run.returncode != 0:
-        tail = (run.stdout + run.stderr).strip().splitlines()[-6:]
-        raise BuildFailed(f"nvcc exit {run.returncode} (full log {log}): " + " | ".join(tail))
+    extra: List[str] = []
+    logged = ""
+    for attempt in range(2):
+        cmd = build_command(nvcc, release_root, capability, tmp, extra)
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise BuildFailed(f"nvcc ran past {timeout_s} s") from None
+        logged += " ".join(cmd) + "\n" + run.stdout + run.stderr + "\n"
+        log.write_text(logged)
+        if run.returncode == 0:
+            break
+        retry = [flag for pattern, flag in _RETRIES if pattern.search(run.stdout + run.stderr)]
+        if attempt == 1 or not retry:
+            tail = (run.stdout + run.stderr).strip().splitlines()[-6:]
+            raise BuildFailed(f"nvcc exit {run.returncode} (full log {log}): " + " | ".join(tail))
+        extra = retry
     os.replace(tmp, lib)
-    return lib
+    flags_file.write_text(" ".join(extra))
+    return lib, extra
 
 
 class _Tensor(ctypes.Structure):
