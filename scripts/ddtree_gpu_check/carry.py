@@ -81,26 +81,34 @@ class Closure:
     not_called: set[str] = field(default_factory=set)  # modules imported inside functions
 
 
-def cuda_closure(read: Callable[[str], Optional[bytes]]) -> Closure:
-    """tree.cuh and what it includes. ``read(path)``: the wheel's bytes of path, or None."""
-    shim = shim_headers()
-    out = Closure(files=[])
-    todo, seen = [CUDA_ENTRY], set()
+def _walk(entry: str, read: Callable[[str], Optional[bytes]], follow) -> list:
+    """Every file reachable from entry: ``follow(path, data)`` names the files it needs."""
+    files, todo, seen = [], [entry], set()
     while todo:
         path = todo.pop()
         if path in seen:
             continue
         seen.add(path)
-        text = read(path)
-        if text is None:
+        data = read(path)
+        if data is None:
             raise CarryError(f"{path}: not in the wheel")
-        out.files.append(path)
+        files.append(path)
+        todo.extend(follow(path, data))
+    return sorted(files)
+
+
+def cuda_closure(read: Callable[[str], Optional[bytes]]) -> Closure:
+    """tree.cuh and what it includes. ``read(path)``: the wheel's bytes of path, or None."""
+    shim = shim_headers()
+    out = Closure(files=[])
+
+    def includes(path: str, text: bytes):
         for name in _INCLUDE.findall(text.decode("utf-8", errors="replace")):
             local = posixpath.normpath(posixpath.join(posixpath.dirname(path), name))
             found = next((c for c in (local, JIT_INCLUDE + name, JIT_CSRC + name)
                           if read(c) is not None), None)
             if found is not None:
-                todo.append(found)
+                yield found
             elif name in shim:
                 out.shimmed.add(name)
             elif _is_std_header(name) or _CUDA_TOOLKIT.match(name):
@@ -111,7 +119,8 @@ def cuda_closure(read: Callable[[str], Optional[bytes]]) -> Closure:
                 raise CarryError(
                     f"{path} includes <{name}>, which neither the wheel nor our shim "
                     f"({SHIM}) provides; add a stand-in for it there")
-    out.files.sort()
+
+    out.files = _walk(CUDA_ENTRY, read, includes)
     return out
 
 
@@ -131,16 +140,8 @@ def _imports(source: bytes, path: str):
 def triton_closure(read: Callable[[str], Optional[bytes]]) -> Closure:
     """extend_attention.py and the SGLang modules it imports at module level."""
     out = Closure(files=[])
-    todo, seen = [TRITON_ENTRY], set()
-    while todo:
-        path = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        source = read(path)
-        if source is None:
-            raise CarryError(f"{path}: not in the wheel")
-        out.files.append(path)
+
+    def imports(path: str, source: bytes):
         for module, names, top_level in _imports(source, path):
             if not top_level:
                 out.not_called.add(module)
@@ -156,8 +157,9 @@ def triton_closure(read: Callable[[str], Optional[bytes]]) -> Closure:
                 if read(target) is None:
                     raise CarryError(f"{path} imports {module}, which is neither in the wheel "
                                      "as a module nor one of our stand-ins")
-                todo.append(target)
-    out.files.sort()
+                yield target
+
+    out.files = _walk(TRITON_ENTRY, read, imports)
     return out
 
 

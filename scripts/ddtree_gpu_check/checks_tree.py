@@ -50,9 +50,13 @@ def _outputs(bufs: dd.VerifyBuffers) -> km.TreeOutputs:
     return km.TreeOutputs(bufs.tree_mask.cpu(), bufs.positions.cpu(), r[0], r[1], r[2])
 
 
-def _differ(a: km.TreeOutputs, b: km.TreeOutputs) -> list:
-    fields = ("tree_mask", "positions", "retrieve_index", "retrieve_next_token",
-              "retrieve_next_sibling")
+TREE_FIELDS = ("tree_mask", "positions", "retrieve_index", "retrieve_next_token",
+               "retrieve_next_sibling")
+GREEDY_FIELDS = ("predicts", "accept_index", "accept_token_num")
+
+
+def _differ(a, b, fields=TREE_FIELDS) -> list:
+    """The fields in which two kernel outputs (real and transcribed) differ."""
     return [f for f in fields if not torch.equal(getattr(a, f), getattr(b, f))]
 
 
@@ -298,8 +302,7 @@ def check_greedy_verify(report, ctx: Context, cfg: dd.Config, seed: int) -> bool
             return report.record("FAIL", name, f"verify_tree_greedy refused: {exc}")
         torch.cuda.synchronize()
         got = km.GreedyOutputs(predicts.cpu(), accept_index.cpu(), num.cpu())
-        differ = [f for f in ("predicts", "accept_index", "accept_token_num")
-                  if not torch.equal(getattr(got, f), getattr(walk, f))]
+        differ = _differ(got, walk, GREEDY_FIELDS)
         if differ:
             return report.record("FAIL", name, f"SGLang's kernel and our transcription differ "
                                                f"in {differ}")
