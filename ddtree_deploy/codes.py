@@ -55,6 +55,9 @@ class Code:
     NOT_DEPLOYED = "not-deployed"
     SMOKE_AGENT = "smoke-agent"
     UNKNOWN_FAMILY = "unknown-family"
+    # restarting the host's server (serve_run.py)
+    SERVE_AGENT = "serve-agent"  # the serve program failed or answered garbage
+    UNHEALTHY = "unhealthy"  # the server was not healthy (or its DDTree proof failed) after a restart
 
 
 # Codes the agent itself raises (agent.py's AgentError literals); tests/test_codes.py checks both ways.

@@ -75,7 +75,7 @@ def test_push_policy_validation():
     p = push_policy(HOSTS, canary=None, parallel=None, max_failures=0)
     assert (p.canary, p.parallel, p.max_failures) == ("a", 5, 0)
     assert push_policy(HOSTS, canary="c", parallel=9, max_failures=2).to_json() == \
-        {"canary": "c", "parallel": 5, "max_failures": 2}
+        {"canary": "c", "parallel": 5, "max_failures": 2, "waves": False}
     with pytest.raises(BadInput, match=r"--canary z: not one of the selected hosts \(a, b, c, d, e\)"):
         push_policy(HOSTS, canary="z", parallel=None, max_failures=0)
     with pytest.raises(BadInput, match="--parallel 0: must be 1 or more"):
