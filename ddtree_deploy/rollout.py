@@ -596,8 +596,9 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
 
 def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None, parallel: int | None = None,
            on_event: Listener = _ignore) -> FleetReport:
-    """Per host: version, phase, series, per-file state, backups, lock. Reads only."""
+    """Per host: version, phase, series, per-file state, backups, lock, serving processes. Reads only."""
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
+    _serve_settings(hosts)  # a broken [serve] table stops here, before any connection
     try:
         paths, choose, forced = series_chooser(family)
     except BadInput as exc:

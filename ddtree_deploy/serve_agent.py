@@ -35,9 +35,11 @@ A serving process is one whose interpreter is ``python`` (its argv[0], as a supe
 systemd unit starts it, or the very file when ``python`` is no symlink), or whose command
 line, working folder or mapped files lie under the package root; child processes of one
 (SGLang's scheduler and detokenizer) are counted with it. The host programs of
-ddtree-deploy themselves are not servers. Each process's start time is compared with the
-newest change (ctime) of the deployed files: a server started before it runs the code the
-files held before, and must be restarted.
+ddtree-deploy themselves are not servers. Each process's start time (``/proc/<pid>/stat``
+against ``/proc/uptime``: 10 ms resolution) is compared with the newest change (ctime) of
+the deployed files: a server started before it runs the code the files held before, and
+must be restarted. After a restart, the server is healthy only when the health URL answers
+200 and the process listening on its port started after the restart began.
 """
 
 
@@ -219,7 +221,37 @@ def discover(request):
         tops.append(rec)
     return {"package_root": root, "python": python, "files_changed": changed,
             "files_changed_iso": None if changed is None else _iso(changed), "newest_file": which,
-            "processes": tops, "all_pids": sorted(found), "unreadable": unreadable}
+            "processes": tops, "all_pids": sorted(found), "unreadable": unreadable,
+            "starts": {str(pid): rec["started"] for pid, rec in found.items()}}
+
+
+def listening(port, pids):
+    """Which of ``pids`` listen on TCP ``port`` (this network namespace's /proc/net/tcp{,6},
+    matched to the processes' socket descriptors; another user's descriptors cannot be read)."""
+    inodes = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = _read(name, 16 << 20).decode("ascii", "replace").splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add("socket:[%s]" % f[9])
+    out = []
+    for pid in pids if inodes else ():
+        try:
+            fds = os.listdir("/proc/%d/fd" % pid)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink("/proc/%d/fd/%s" % (pid, fd)) in inodes:
+                    out.append(pid)
+                    break
+            except OSError:
+                continue
+    return out
 
 
 # --------------------------------------------------------------------- health
@@ -265,9 +297,20 @@ def _command(step, spec):
     return done
 
 
-def wait_healthy(request, began, emitter=None):
-    """Until the health URL answers 200 and no serving process older than the restart is
-    left (when processes are found at all), within ``ready_timeout_s``."""
+def _port(url):
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def wait_healthy(request, began, before_pids=()):
+    """Until the health URL answers 200 from a server started by this restart, within
+    ``ready_timeout_s``: the process listening on the URL's port must have started after
+    the restart began (a restart that restarted nothing leaves the old code answering).
+    Where no serving process can be seen listening (another user's, a container), every
+    serving process found before the restart must be gone instead."""
+    port = _port(request["health"]["url"])
     timeout_s = float(request.get("ready_timeout_s", 600))
     poll_s = float(request.get("poll_s", 2))
     started = time.monotonic()
@@ -277,7 +320,11 @@ def wait_healthy(request, began, emitter=None):
         polls += 1
         status = health_get(request["health"])
         found = discover(request)
-        old = [p["pid"] for p in found["processes"] if p["started"] < began - START_SLACK_S]
+        listeners = listening(port, found["all_pids"])
+        if listeners:
+            old = [pid for pid in listeners if found["starts"][str(pid)] < began - START_SLACK_S]
+        else:
+            old = [pid for pid in before_pids if pid in found["all_pids"]]
         if status == 200 and not old:
             return {"url": request["health"]["url"], "status": status, "polls": polls,
                     "seconds": round(time.monotonic() - started, 2), "processes": found["processes"]}
@@ -312,7 +359,7 @@ def restart(request, emitter=None):
         answer["began"] = time.time()
         answer["restart"] = _command("restart", request["restart"])
         step("health")
-        answer["health"] = wait_healthy(request, answer["began"], emitter)
+        answer["health"] = wait_healthy(request, answer["began"], answer["before"]["all_pids"])
         if request.get("proof"):
             step("proof")
             evidence = {}

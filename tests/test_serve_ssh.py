@@ -29,12 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.sandbox import free_port
-from ddtree_testkit import STANDIN_SERVER
-from ddtree_testkit.supervised import Supervised
-
 sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
+from serve_host import BUDGET, Served  # noqa: E402
 from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, cli, sshd  # noqa: E402,F401
 
 pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in server as a GPU host's "
@@ -42,51 +39,6 @@ pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the s
 pytestmark = pytest.mark.sshd
 
 CONSOLE = Path(sys.executable).parent / "ddtree-deploy"
-BUDGET = 8
-
-
-class Served:
-    """A sandbox host whose stand-in server runs under its own supervisord."""
-
-    def __init__(self, sshd, root: Path, name: str, *, unhealthy_with: str | None = None, ready_after: float = 0.0,
-                 serve: dict | None = None):
-        self.host = sshd.add_host(name, root / name, files=[SPEC, UTILS])
-        self.port = free_port()
-        argv = [str(self.host.python), str(STANDIN_SERVER), "--model-path", "/models/target",
-                "--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", str(BUDGET),
-                "--port", str(self.port), "--package-file", SPEC, "--ready-after", str(ready_after)]
-        if unhealthy_with:
-            argv += ["--unhealthy-with", unhealthy_with]
-        self.sup = Supervised(root / name / "supervisor", "sglang", argv)
-        self.inventory = self.host.inventory(smoke_levels=[])
-        table = {"restart": self.sup.restart_argv, "url": f"http://127.0.0.1:{self.port}",
-                 "ready_timeout_s": 20, "poll_s": 0.2, "budget": BUDGET, **(serve or {})}
-        with open(self.inventory, "a") as fh:
-            fh.write("\n[serve]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
-
-    @property
-    def name(self) -> str:
-        return self.host.name
-
-    def info(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=5) as r:
-            return json.loads(r.read())
-
-    def serving_sha(self) -> str | None:
-        return self.info()["stand_in_package"]["sha256"]
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health_generate", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def wait_healthy(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.healthy():
-            assert time.monotonic() < deadline, f"{self.name}: the stand-in never became healthy"
-            time.sleep(0.1)
 
 
 @pytest.fixture
@@ -180,3 +132,159 @@ def test_status_sees_old_code_then_push_restarts_it_healthy_on_the_new_files(ser
     again = cli("push", "--host", s.name)
     assert again.exit_code == 0 and "serving the current files" in again.stdout
     assert s.sup.pid() is not None and s.serving_sha() == patched
+
+
+# ---------------------------------------------------------------- a server the new files break
+
+
+def test_an_unhealthy_start_after_a_push_rolls_back_and_restarts_the_old_code(served):
+    s = served("srv2", unhealthy_with=ADDED, serve={"ready_timeout_s": 4})
+    pristine = {p: s.host.read(p) for p in (SPEC, UTILS, ADDED)}
+    old_pid = s.sup.pid()
+
+    r = cli("push", "--host", s.name, "--json")
+    assert r.exit_code == 1, r.output
+    h = jdoc(r, "push")["hosts"][0]
+    assert h["outcome"] == "failed, rolled back"
+    gate = h["serve"]
+    assert gate["restart"]["state"] == "unhealthy" and gate["restart"]["failed"] == "health"
+    assert "not healthy 4 s after the restart (last health status 503)" in gate["restart"]["detail"]
+    assert gate["rolled_back"]["changed"] is True and gate["down"] is False
+    assert gate["restart_after_rollback"]["state"] == "healthy" and gate["restart_after_rollback"]["proof"] is None
+    # The old files are back, byte for byte, and the server restarted on them is healthy.
+    assert {p: s.host.read(p) for p in pristine} == pristine
+    assert s.healthy() and s.serving_sha() == sha(pristine[SPEC]) and s.sup.pid() not in (old_pid, None)
+    journal = json.loads((s.host.state_dir / "journal.json").read_text())
+    assert journal["phase"] == "rolled-back" and journal["serve"]["state"] == "healthy"
+    entries = jdoc(cli("history", "--host", s.name, "--json"), "history")["entries"]
+    assert [(e["event"], e["outcome"]) for e in entries[:4]] == [
+        ("restart", "healthy"), ("rollback", "ok"), ("restart", "unhealthy"), ("push", "ok")]
+
+    # Without the text the same story: one line per step, ending with the old code healthy.
+    text = cli("push", "--host", s.name)
+    assert text.exit_code == 1
+    assert "server restarted: NOT healthy (health)" in text.stdout
+    assert "after the rollback: server restarted (health only): healthy" in text.stdout
+
+    # --no-rollback keeps the new files: the host stays `switched`, its server down, and says so.
+    kept = cli("push", "--host", s.name, "--no-rollback", "--json")
+    assert kept.exit_code == 1
+    h = jdoc(kept, "push")["hosts"][0]
+    assert h["outcome"] == "failed, NOT rolled back" and h["serve"]["kept_new_files"] is True
+    assert h["serve"]["down"] is True and not s.healthy()
+    st = jdoc(cli("status", "--host", s.name, "--json"), "status")["hosts"][0]
+    assert st["phase"] == "switched" and "NOT healthy" in st["explanation"]
+    assert f"ddtree-deploy push --host {s.name}" in st["explanation"]
+    assert st["serving"]["state"] == "current" and st["serving"]["health"]["status"] == 503
+    back = cli("rollback", "--host", s.name)
+    assert back.exit_code == 0, back.output
+    assert s.healthy() and {p: s.host.read(p) for p in pristine} == pristine
+
+
+# ---------------------------------------------------------------- a fleet rolls in waves
+
+
+class DownWatch:
+    """Polls every host's health from this side (every 20 ms) and keeps when each was down."""
+
+    def __init__(self, hosts: list[Served]):
+        self.hosts = hosts
+        self.samples: list[tuple[float, frozenset[str]]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            down = frozenset(h.name for h in self.hosts if not h.healthy())
+            self.samples.append((time.monotonic(), down))
+            time.sleep(0.02)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def most_down(self) -> int:
+        return max(len(d) for _t, d in self.samples)
+
+    def first_down(self, name: str) -> float:
+        return min(t for t, d in self.samples if name in d)
+
+    def last_down(self, name: str) -> float:
+        return max(t for t, d in self.samples if name in d)
+
+
+def test_a_fleet_of_four_rolls_in_waves_canary_first_never_more_than_parallel_down(served, sshd):
+    hosts = [served(f"wave{i}", ready_after=1.0) for i in range(4)]
+    names = [h.name for h in hosts]
+    with open(sshd.hosts_dir / "groups.toml", "w") as fh:
+        fh.write(f"[groups]\nfour = {json.dumps(names)}\n")
+    old = {h.name: h.sup.pid() for h in hosts}
+
+    with DownWatch(hosts) as watch:
+        r = cli("push", "--group", "four", "--parallel", "2", "--json")
+    assert r.exit_code == 0, r.output
+    doc = jdoc(r, "push")
+    assert doc["policy"] == {"canary": names[0], "parallel": 2, "max_failures": 0, "waves": True}
+    by = {h["host"]: h for h in doc["hosts"]}
+    assert {n: by[n]["outcome"] for n in names} == {n: "pushed" for n in names}
+    assert [by[n]["wave"] for n in names] == [1, 2, 2, 3]
+    for h in hosts:  # every server restarted and serving the patched files
+        assert h.sup.pid() != old[h.name] and h.serving_sha() == sha(h.host.read(SPEC))
+    # Each wave starts after the previous one ended (healthy), by the run's own clock ...
+    end = {n: by[n]["started_s"] + by[n]["elapsed_s"] for n in names}
+    assert by[names[1]]["started_s"] >= end[names[0]] and by[names[2]]["started_s"] >= end[names[0]]
+    assert by[names[3]]["started_s"] >= max(end[names[1]], end[names[2]])
+    # ... and as the servers' health showed from outside: the canary was down (restarting)
+    # and healthy again before any other went down, and never more than 2 at once.
+    assert all(any(n in d for _t, d in watch.samples) for n in names), "a restart was never seen"
+    assert watch.last_down(names[0]) < min(watch.first_down(n) for n in names[1:])
+    assert watch.most_down() <= 2
+    assert max(watch.last_down(names[1]), watch.last_down(names[2])) < watch.first_down(names[3])
+    assert "wave" in r.stderr and "start" in r.stderr  # the outcome table is the wave timeline
+
+    # `restart` rolls the same way, one at a time with --parallel 1.
+    with DownWatch(hosts) as watch:
+        rr = cli("restart", "--group", "four", "--parallel", "1", "--json")
+    assert rr.exit_code == 0, rr.output
+    assert [h["wave"] for h in jdoc(rr, "restart")["hosts"]] == [1, 2, 3, 4]
+    assert watch.most_down() <= 1
+
+
+# ---------------------------------------------------------------- Ctrl-C during the health wait
+
+
+def test_ctrl_c_during_the_health_wait_leaves_a_host_status_explains(served):
+    s = served("srv3", unhealthy_with=ADDED, serve={"ready_timeout_s": 120})
+    old_pid = s.sup.pid()
+    journal = s.host.state_dir / "journal.json"
+    proc = subprocess.Popen([str(CONSOLE), "push", "--host", s.name, "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while True:  # the restart has happened and the push waits for a health that never comes
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        state = json.loads(journal.read_text()).get("serve", {}).get("state") if journal.exists() else None
+        if state == "restarting" and s.sup.pid() not in (None, old_pid):
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)
+    interrupted = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert time.monotonic() - interrupted < 10  # not the 120 s health deadline
+    assert check_envelope(stdout, 130, "push")["error"]["code"] == "interrupted"
+
+    st = jdoc(cli("status", "--host", s.name, "--json"), "status")["hosts"][0]
+    assert st["phase"] == "switched" and st["lock"] is None
+    assert "interrupted (Ctrl-C) before its health was confirmed" in st["explanation"]
+    assert f"ddtree-deploy push --host {s.name}" in st["explanation"]
+    assert st["serving"]["state"] == "current" and st["serving"]["health"]["status"] == 503
+    entries = jdoc(cli("history", "--host", s.name, "--json"), "history")["entries"]
+    assert (entries[0]["event"], entries[0]["outcome"]) == ("restart", "interrupted")
+    # The way on: a rollback restores the files and restarts the server healthy on them.
+    assert cli("rollback", "--host", s.name).exit_code == 0
+    assert s.healthy()
