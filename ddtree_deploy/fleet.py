@@ -287,11 +287,10 @@ def _serving_cell(serving: dict) -> str:
     state = serving.get("state")
     if not state:
         return "-"
-    health = serving.get("health")
-    said = "" if health is None else f", health {health.get('status') or 'none'}"
-    n = len(serving.get("processes") or ())
-    return {"stale": f"STALE: restart ({n} proc)", "current": f"current ({n} proc)",
-            "none": "no server"}.get(state, state) + said
+    health = (serving.get("health") or {}).get("status", "") if serving.get("health") is not None else ""
+    # Short: the table must fit a terminal; `status --host H` has the sentence.
+    return {"stale": "STALE", "current": "current", "none": "none"}.get(state, "?") + (
+        f" {health or 'down'}" if health != "" else "")
 
 
 __all__ = ["FleetReport", "HostResult", "Kind", "Policy", "Schedule", "failed", "outcome_of_error", "push_policy",

@@ -531,7 +531,8 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
 
     def one(h: Host, progress: Progress) -> HostResult:
         def heartbeat(level: str, seconds: float) -> None:
-            on_event(Event(EventKind.HEARTBEAT, h.name, f"smoke {level}", seconds=seconds))
+            what = level if level.startswith("server ") else f"smoke {level}"  # serve_run's: "server health"
+            on_event(Event(EventKind.HEARTBEAT, h.name, what, seconds=seconds))
 
         after: AfterPush | None = None
         # The series is resolved and checked (a release wheel downloaded, if one is needed)
@@ -668,7 +669,7 @@ def _ensure_serving(h: Host, settings, connect: Connect, outcome: deploy.Outcome
 
     files = list(((outcome.plan.to_json() if outcome.plan else {}).get("files") or ()))
     why, restart = ensure_serving(h, settings, connect, [f["path"] for f in files], progress=progress,
-                                  heartbeat=lambda what, s: heartbeat(what, s))
+                                  heartbeat=heartbeat)
     result = _result(h.name, Kind.ALREADY, doc, outcome.summary, lines)
     if restart is None:
         return replace(result, doc={**doc, "serve": {"restart": None, "serving": why, "down": False}},

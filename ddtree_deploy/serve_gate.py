@@ -119,7 +119,7 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
     """Restart, health, proof, then mark ``deployed`` through ``held`` (the push's session,
     holding the lock); or roll back and restart on the old files. See the module doc."""
     run_id = held.run_id or outcome.run_id
-    files = [t for t in series.touched_paths()] if series is not None else []
+    files = list(series.touched_paths()) if series is not None else []
     family = family_smoke(series) if series is not None else FAMILY_SMOKE_DEFAULT
     request = serve_plan.restart_request(host.python, files, settings, proof=serve_plan.proof_spec(settings, family))
     progress("record: server restarting")
