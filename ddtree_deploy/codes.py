@@ -57,7 +57,6 @@ class Code:
     UNKNOWN_FAMILY = "unknown-family"
     # restarting the host's server (serve_run.py)
     SERVE_AGENT = "serve-agent"  # the serve program failed or answered garbage
-    UNHEALTHY = "unhealthy"  # the server was not healthy (or its DDTree proof failed) after a restart
 
 
 # Codes the agent itself raises (agent.py's AgentError literals); tests/test_codes.py checks both ways.

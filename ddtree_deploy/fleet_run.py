@@ -49,6 +49,7 @@ def run_fleet(command: str, hosts: Sequence[str], policy: Policy, work: Work,
               events: Events | None = None) -> FleetReport:
     """Run ``work`` on every host the schedule lets start; report every selected host."""
     events = events or _Silent()
+    cancel.clear()  # a Ctrl-C of an earlier run in this process (library use) is not this run's
     schedule = Schedule(hosts, policy)
     results: dict[str, HostResult] = {}
     begun: dict[str, float] = {}  # host -> seconds after t0 when it started

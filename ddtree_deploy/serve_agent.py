@@ -406,7 +406,11 @@ def main(argv=None):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     argv = sys.argv[1:] if argv is None else argv
-    raw = open(argv[0], "rb").read() if argv else sys.stdin.buffer.readline()
+    if argv:
+        with open(argv[0], "rb") as fh:
+            raw = fh.read()
+    else:
+        raw = sys.stdin.buffer.readline()
     try:
         request = json.loads(raw.decode("utf-8"))
         op = request["op"]
