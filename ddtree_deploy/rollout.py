@@ -547,8 +547,7 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
             if pushed.locked:
                 after = after_push(h, lambda: connect(h), outcome, chosen[h.name], levels=levels,
                                    auto_rollback=options.auto_rollback, log_dir=options.log_dir, progress=progress,
-                                   held=pushed, heartbeat=heartbeat, serve=serve,
-                                   smoke=smokes[h.name])
+                                   held=pushed, heartbeat=heartbeat, serve=serve, smoke=options.smoke)
         _warn_broken_lock(outcome, on_event)
         doc = outcome.to_json()
         lines = _summary_lines(outcome, show_plan=options.dry_run or outcome.changed)

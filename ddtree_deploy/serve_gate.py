@@ -122,7 +122,7 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
     files = list(series.touched_paths()) if series is not None else []
     family = family_smoke(series) if series is not None else FAMILY_SMOKE_DEFAULT
     request = serve_plan.restart_request(host.python, files, settings, proof=serve_plan.proof_spec(settings, family))
-    progress("record: server restarting")
+    progress("journal: serve restarting")
     held.record_serve({"state": serve_run.RESTARTING, "run_id": run_id, "restart_run": outcome.run_id,
                        "time": serve_run._now_iso()})
     restart = serve_run.run_restart(host, connect(host), request, progress=progress, heartbeat=heartbeat)

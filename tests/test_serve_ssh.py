@@ -113,10 +113,11 @@ def test_status_sees_old_code_then_push_restarts_it_healthy_on_the_new_files(ser
     assert "server restarted (health only): healthy" in rb.stdout
     assert sha(s.host.read(SPEC)) == pristine and s.serving_sha() == pristine and s.sup.pid() != new_pid
 
-    # push with [serve]: switch, restart, health, proof, then `deployed`; the output ends healthy.
+    # push with [serve]: switch, smoke, restart, health, proof, then `deployed`; the output ends healthy.
     before_push = s.sup.pid()
-    p = cli("push", "--host", s.name)
+    p = cli("push", "--host", s.name, "--level", "compile")
     assert p.exit_code == 0, p.output
+    assert "compile" in p.stdout and "smoke passed" in p.stdout
     last = p.stdout.strip().splitlines()[-1]
     assert last.endswith("server healthy on the new code: journal marked deployed"), p.stdout
     assert "DDTREE verify width 9 = budget 8 + 1" in p.stdout
@@ -163,6 +164,7 @@ def test_an_unhealthy_start_after_a_push_rolls_back_and_restarts_the_old_code(se
     # Without the text the same story: one line per step, ending with the old code healthy.
     text = cli("push", "--host", s.name)
     assert text.exit_code == 1
+    assert "smoke: not run (no smoke levels configured)" in text.stdout
     assert "server restarted: NOT healthy (health)" in text.stdout
     assert "after the rollback: server restarted (health only): healthy" in text.stdout
 
@@ -261,7 +263,7 @@ def test_ctrl_c_during_the_health_wait_leaves_a_host_status_explains(served):
     s = served("srv3", unhealthy_with=ADDED, serve={"ready_timeout_s": 120})
     old_pid = s.sup.pid()
     journal = s.host.state_dir / "journal.json"
-    proc = subprocess.Popen([str(CONSOLE), "push", "--host", s.name, "--json"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([str(CONSOLE), "push", "--host", s.name, "--no-smoke", "--json"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while True:  # the restart has happened and the push waits for a health that never comes
@@ -277,6 +279,7 @@ def test_ctrl_c_during_the_health_wait_leaves_a_host_status_explains(served):
     assert proc.returncode == 130, stderr
     assert time.monotonic() - interrupted < 10  # not the 120 s health deadline
     assert check_envelope(stdout, 130, "push")["error"]["code"] == "interrupted"
+    assert "server health" in stderr  # the step it was in
 
     st = jdoc(cli("status", "--host", s.name, "--json"), "status")["hosts"][0]
     assert st["phase"] == "switched" and st["lock"] is None
