@@ -588,7 +588,7 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
         result = _result(h.name, kind, outcome.to_json(), outcome.summary,
                          _summary_lines(outcome, show_plan=dry_run or outcome.changed))
         if serves[h.name] is not None and outcome.changed and not dry_run:
-            return _restarted(result, _after_rollback(h, serves[h.name], connect, progress, on_event))
+            return _after_rollback(h, serves[h.name], connect, result, progress, on_event)
         return result
 
     return _fleet("rollback", hosts, policy, one, on_event)
@@ -625,6 +625,7 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
 
 
 # ---------------------------------------------------------------- serving ([serve]: issue 25)
+# The work is serve_gate's; here only what needs this module (events, the fleet runner).
 
 
 def _serve_settings(hosts: Sequence[Host]) -> dict:
@@ -640,41 +641,24 @@ def _serving_check(host: Host):
     return serving_check(host)
 
 
-def _restart_lines(host: str, restart) -> list[str]:
-    return [f"{host}: {restart.line()}"]
+def _beats(h: Host, on_event: Listener) -> Callable[[str, float], None]:
+    return lambda what, s: on_event(Event(EventKind.HEARTBEAT, h.name, what, seconds=s))
 
 
-def _restarted(result: HostResult, restart) -> HostResult:
-    """A host's result after its server was restarted: not ok (and down) unless healthy."""
-    doc = {**result.doc, "serve": {"restart": restart.to_json(), "down": not restart.ok}}
-    lines = result.lines + tuple(_restart_lines(result.host, restart))
-    if restart.ok:
-        return replace(result, doc=doc, lines=lines)
-    return replace(result, kind=Kind.UNHEALTHY, doc={**doc, "ok": False}, lines=lines, exit_code=1, down=True,
-                   message=f"{result.message}; {restart.line()}" if result.message else restart.line())
+def _after_rollback(h: Host, settings, connect: Connect, result: HostResult, progress: Progress,
+                    on_event: Listener) -> HostResult:
+    from ddtree_deploy import serve_gate
 
-
-def _after_rollback(h: Host, settings, connect: Connect, progress: Progress, on_event: Listener):
-    from ddtree_deploy.serve_gate import after_rollback
-
-    return after_rollback(h, settings, connect, progress=progress,
-                          heartbeat=lambda what, s: on_event(Event(EventKind.HEARTBEAT, h.name, what, seconds=s)))
+    restart = serve_gate.after_rollback(h, settings, connect, progress=progress, heartbeat=_beats(h, on_event))
+    return serve_gate.restarted_result(result, restart)
 
 
 def _ensure_serving(h: Host, settings, connect: Connect, outcome: deploy.Outcome, doc: dict, lines: list[str],
                     heartbeat, progress: Progress) -> HostResult:
-    """A push with nothing to switch on a deployed host: the server must run these files."""
-    from ddtree_deploy.serve_gate import ensure_serving
+    from ddtree_deploy import serve_gate
 
-    files = list(((outcome.plan.to_json() if outcome.plan else {}).get("files") or ()))
-    why, restart = ensure_serving(h, settings, connect, [f["path"] for f in files], progress=progress,
-                                  heartbeat=heartbeat)
-    result = _result(h.name, Kind.ALREADY, doc, outcome.summary, lines)
-    if restart is None:
-        return replace(result, doc={**doc, "serve": {"restart": None, "serving": why, "down": False}},
-                       lines=tuple(lines) + (f"{h.name}: server: {why}",))
-    result = replace(result, lines=tuple(lines) + (f"{h.name}: server: {why}",))
-    return _restarted(result, restart)
+    return serve_gate.ensure_result(_result(h.name, Kind.ALREADY, doc, outcome.summary, lines), h, settings, connect,
+                                    outcome, progress=progress, heartbeat=heartbeat)
 
 
 def restart_policy_for(hosts: Sequence[Host], *, canary: str | None, parallel: int | None,
@@ -690,27 +674,16 @@ def restart(hosts: Sequence[Host], connect: Connect, *, canary: str | None = Non
     """``ddtree-deploy restart``: each host's server through its ``[serve]`` table, under the
     deploy lock, then its health (and the DDTree proof where the journal says DDTree is in
     place), recorded in the journal and the history. Fleets roll in waves (canary first)."""
-    serves = _serve_settings(hosts)
-    missing = [h for h in hosts if serves[h.name] is None]
-    if missing:
-        h = missing[0]
-        raise BadInput(f"{h.source or h.name}: serve: no [serve] table: nothing says how this host's server "
-                       "restarts", hint='add [serve] with restart = ["...", ...] and url = "http://127.0.0.1:PORT" '
-                       "(README: Serving)")
+    from ddtree_deploy import serve_gate
+
+    serves = serve_gate.require_serve(hosts)
     policy = restart_policy_for(hosts, canary=canary, parallel=parallel, max_failures=max_failures)
 
     def one(h: Host, progress: Progress) -> HostResult:
-        from ddtree_deploy.serve_run import restart_locked
-
-        restarted, held = restart_locked(h, connect, serves[h.name], break_lock=break_lock, progress=progress,
-                                         heartbeat=lambda what, s: on_event(Event(EventKind.HEARTBEAT, h.name, what,
-                                                                                  seconds=s)))
+        result, held = serve_gate.restart_result(h, serves[h.name], connect, break_lock=break_lock,
+                                                 progress=progress, heartbeat=_beats(h, on_event))
         _warn_broken_lock(held, on_event)
-        doc = {"host": h.name, "command": "restart", "run_id": held.run_id, "ok": restarted.ok,
-               "phase": held.phase, "restart": restarted.to_json()}
-        kind = Kind.RESTARTED if restarted.ok else Kind.UNHEALTHY
-        return replace(_result(h.name, kind, doc, "" if restarted.ok else restarted.line(),
-                               _restart_lines(h.name, restarted)), down=not restarted.ok)
+        return result
 
     return _fleet("restart", hosts, policy, one, on_event)
 

@@ -18,13 +18,13 @@ Calls go down: rollout -> serve_gate -> deploy, serve_run -> transport.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ddtree_deploy import deploy, next_step, serve_plan, serve_run
 from ddtree_deploy.codes import Phase
-from ddtree_deploy.errors import DeployError
-from ddtree_deploy.fleet import Kind
+from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
+from ddtree_deploy.fleet import HostResult, Kind
 from ddtree_deploy.serve_settings import ServeSettings, parse_serve
 from ddtree_deploy.smoke_settings import FAMILY_SMOKE_DEFAULT, family_smoke
 
@@ -186,6 +186,59 @@ def ensure_serving(host, settings: ServeSettings, connect: Callable[[Any], Any],
     return why, restart
 
 
+# ---------------------------------------------------------------- a host's result (fleet.HostResult)
+
+
+def require_serve(hosts) -> dict:
+    """``restart``: every host's ``[serve]``; a host without one is bad input (before any connection)."""
+    serves = {h.name: settings_of(h) for h in hosts}
+    for h in hosts:
+        if serves[h.name] is None:
+            raise BadInput(f"{h.source or h.name}: serve: no [serve] table: nothing says how this host's server "
+                           "restarts", hint='add [serve] with restart = ["...", ...] and url = '
+                           '"http://127.0.0.1:PORT" (README: Serving)')
+    return serves
+
+
+def _line(host: str, restart: serve_run.Restart) -> str:
+    return f"{host}: {restart.line()}"
+
+
+def restarted_result(result: HostResult, restart: serve_run.Restart) -> HostResult:
+    """A host's result after its server was restarted (a rollback's, or a push with nothing to
+    switch): as it was when healthy, else ``server NOT healthy`` (and down)."""
+    doc = {**result.doc, "serve": {"restart": restart.to_json(), "down": not restart.ok}}
+    lines = result.lines + (_line(result.host, restart),)
+    if restart.ok:
+        return replace(result, doc=doc, lines=lines)
+    return replace(result, kind=Kind.UNHEALTHY, doc={**doc, "ok": False}, lines=lines, exit_code=EXIT_FAILED,
+                   down=True, message=f"{result.message}; {restart.line()}" if result.message else restart.line())
+
+
+def ensure_result(result: HostResult, host, settings: ServeSettings, connect: Callable[[Any], Any],
+                  outcome: deploy.Outcome, *, progress: Progress = _quiet,
+                  heartbeat: Heartbeat | None = None) -> HostResult:
+    """A push with nothing to switch on a deployed host (``result``): the server must run these files."""
+    files = [f["path"] for f in ((outcome.plan.to_json() if outcome.plan else {}).get("files") or ())]
+    why, restart = ensure_serving(host, settings, connect, files, progress=progress, heartbeat=heartbeat)
+    result = replace(result, lines=result.lines + (f"{host.name}: server: {why}",))
+    if restart is None:
+        return replace(result, doc={**result.doc, "serve": {"restart": None, "serving": why, "down": False}})
+    return restarted_result(result, restart)
+
+
+def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any], *, break_lock: bool = False,
+                   progress: Progress = _quiet, heartbeat: Heartbeat | None = None) -> tuple[HostResult, deploy.Outcome]:
+    """``restart`` on one host: (its result, the lock session's outcome: a broken lock, a history warning)."""
+    restart, held = serve_run.restart_locked(host, connect, settings, break_lock=break_lock, progress=progress,
+                                             heartbeat=heartbeat)
+    doc = {"host": host.name, "command": "restart", "run_id": held.run_id, "ok": restart.ok, "phase": held.phase,
+           "restart": restart.to_json()}
+    kind = Kind.RESTARTED if restart.ok else Kind.UNHEALTHY
+    return HostResult(host.name, kind, doc, "" if restart.ok else restart.line(), 0 if restart.ok else EXIT_FAILED,
+                      (_line(host.name, restart),), down=not restart.ok), held
+
+
 def serving_check(host):
     """``status``: a callable for ``deploy.status`` that looks at the serving processes over
     the status connection; a failure to look is said in the document, never fatal."""
@@ -203,4 +256,5 @@ def serving_check(host):
     return look
 
 
-__all__ = ["ServeGate", "after_rollback", "ensure_serving", "gate_push", "serving_check", "settings_of"]
+__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "require_serve",
+           "restart_result", "restarted_result", "serving_check", "settings_of"]

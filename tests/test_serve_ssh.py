@@ -92,6 +92,14 @@ def test_status_sees_old_code_then_push_restarts_it_healthy_on_the_new_files(ser
     assert serving["state"] == "stale" and [p["pid"] for p in serving["processes"]] == [old_pid]
     assert serving["processes"][0]["before_files"] is True and serving["health"]["status"] == 200
 
+    # push with [serve] on these deployed files: nothing to switch, but the server is older than
+    # them: it is restarted (the new code serving is the end of a push).
+    p = cli("push", "--host", s.name)
+    assert p.exit_code == 0, p.output
+    assert "already deployed" in p.stdout and "server: serving code older than the files" in p.stdout
+    assert "server restarted: healthy" in p.stdout and s.serving_sha() == patched
+    old_pid = s.sup.pid()
+
     # `restart`: the lock, the supervisor's restart, health, the DDTree proof; recorded.
     r = cli("restart", "--host", s.name, "--json")
     assert r.exit_code == 0, r.output
