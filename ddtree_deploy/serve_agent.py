@@ -45,7 +45,6 @@ must be restarted. After a restart, the server is healthy only when the health U
 
 import json
 import os
-import signal
 import sys
 import time
 
@@ -403,14 +402,7 @@ def main(argv=None):
     A dropped connection must not stop a restart half-way: hangups and broken pipes are
     ignored, every wait has its deadline, and the answer is dropped when nobody reads it.
     """
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    argv = sys.argv[1:] if argv is None else argv
-    if argv:
-        with open(argv[0], "rb") as fh:
-            raw = fh.read()
-    else:
-        raw = sys.stdin.buffer.readline()
+    raw = sa.read_request(argv)
     try:
         request = json.loads(raw.decode("utf-8"))
         op = request["op"]

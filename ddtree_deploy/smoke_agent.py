@@ -844,6 +844,19 @@ def _read_log(path):
         return None
 
 
+def read_request(argv=None):
+    """Hangups and broken pipes ignored (a dropped connection never stops the work half-way),
+    then the request: the file named by the only argument, else one line of stdin. Shared
+    with the serve program."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv:
+        with open(argv[0], "rb") as fh:
+            return fh.read()
+    return sys.stdin.buffer.readline()
+
+
 def main(argv=None):
     """Read one request line (stdin, or the file named by the only argument); stream the answer.
 
@@ -852,14 +865,7 @@ def main(argv=None):
     """
     # A dropped connection must not orphan a server: ignore hangups and broken pipes,
     # finish the level (every wait has a deadline) and stop the process group.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    argv = sys.argv[1:] if argv is None else argv
-    if argv:
-        with open(argv[0], "rb") as fh:
-            raw = fh.read()
-    else:
-        raw = sys.stdin.buffer.readline()
+    raw = read_request(argv)
     try:
         request = json.loads(raw.decode("utf-8"))
         unknown = [n for n in request["levels"] if n not in LEVELS]

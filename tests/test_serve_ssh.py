@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from ddtree_deploy.cli.app import app, handles_errors
-from ddtree_deploy.cli.deploy_cmd import GROUP_HELP, HOST_HELP, PARALLEL_HELP, _connect, _render
+from ddtree_deploy.cli.deploy_cmd import GROUP_HELP, HOST_HELP, _connect, _render
 
 
 @app.command("restart")
