@@ -17,9 +17,10 @@ Host-side state (``state_dir``, default ``~/.ddtree-deploy``)::
     lock/owner.json       who holds the deploy lock (taken by one atomic rename)
     journal.json          what is deployed and the phase (written by temp + rename):
                           staged, switching, switched (smoke not passed yet), deployed,
-                          rolled-back
+                          rolled-back; ``serve``: the newest restart of the host's server
     history.jsonl         the audit history: one JSON line appended per push, rollback,
-                          mark, lock break and lock release (never rewritten; see record)
+                          mark, server restart, lock break and lock release (never
+                          rewritten; see record)
     history.1.jsonl       the previous history.jsonl, once that passed HISTORY_MAX_BYTES
     backups/<id>/         original files by index + manifest.json (written last)
     staging/<run_id>/     uploaded files, verified, before the switch
@@ -738,6 +739,34 @@ class Agent(object):
                               smoke=request.get("smoke"))
         if warning:
             reply["history_warning"] = warning
+        return reply
+
+    # -- a restart of the host's server (issue 25: serve_run.py runs it; this records it)
+
+    def op_served(self, request):
+        """Record a restart of the host's serving server: the journal keeps the newest record
+        under ``serve`` (its phase unchanged: a restart switches no file), and a finished
+        restart (``history``) appends a ``restart`` line to the history.
+
+        Under the deploy lock, like every journal write. ``serve``: {state (restarting,
+        healthy, unhealthy, interrupted), run_id (the switch whose files it serves), ...}.
+        """
+        if not self.locked:
+            raise AgentError("protocol", "served needs the deploy lock")
+        serve = request.get("serve")
+        if not isinstance(serve, dict):
+            raise AgentError("protocol", "served needs a serve record")
+        journal = read_json(self._p("journal.json"))
+        if journal:
+            journal["serve"] = serve
+            write_json_atomic(self._p("journal.json"), journal)
+        reply = {"journal": journal}
+        if request.get("history"):
+            warning = self.record("restart", outcome=serve.get("state"), phase=(journal or {}).get("phase"),
+                                  series=(journal or {}).get("series"), series_id=(journal or {}).get("series_id"),
+                                  serve=serve)
+            if warning:
+                reply["history_warning"] = warning
         return reply
 
     # -- the audit history (append-only; see HISTORY_MAX_BYTES for the bound)

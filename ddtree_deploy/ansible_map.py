@@ -31,6 +31,7 @@ Variables read (``get(name)`` returns the templated value or None):
     ddtree_state_dir, ddtree_keep_backups, ddtree_sudo, ddtree_op_timeout -> host.*
     ddtree_known_hosts, ddtree_ssh_config, ddtree_connect_timeout, ddtree_jump -> ssh.* (win over args)
     ddtree_smoke (a mapping: the [smoke] table) or ddtree_smoke_levels (a list) -> [smoke]
+    ddtree_serve (a mapping: the [serve] table: restart argv, url, ...) -> [serve]
 """
 
 import re
@@ -154,6 +155,11 @@ def host_tables(name, get):
         if isinstance(levels, str):
             levels = [x for x in re.split(r"[,\s]+", levels) if x]
         tables.setdefault("smoke", {})["levels"] = list(levels)
+    serve = get("ddtree_serve")
+    if serve is not None:
+        if not isinstance(serve, dict):
+            raise MappingError("%s: ddtree_serve must be a mapping (the [serve] table: restart, url, ...)" % name)
+        tables["serve"] = dict(serve)
     return transport, tables
 
 
@@ -163,7 +169,7 @@ def host_toml(name, get):
     lines = ["# Written by ddtree-deploy from Ansible host variables (ansible_map.py).", ""]
     if transport == "local":
         lines += ['transport = "local"', ""]
-    for table in ("ssh", "host", "smoke"):
+    for table in ("ssh", "host", "smoke", "serve"):
         if table in tables:
             _emit(lines, table, tables[table])
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -55,6 +55,8 @@ class Code:
     NOT_DEPLOYED = "not-deployed"
     SMOKE_AGENT = "smoke-agent"
     UNKNOWN_FAMILY = "unknown-family"
+    # restarting the host's server (serve_run.py)
+    SERVE_AGENT = "serve-agent"  # the serve program failed or answered garbage
 
 
 # Codes the agent itself raises (agent.py's AgentError literals); tests/test_codes.py checks both ways.

@@ -240,6 +240,17 @@ class PushSession:
         self.marked = self.outcome.phase = phase
         return journal
 
+    def record_serve(self, serve: dict, *, history: bool = False) -> str | None:
+        """Record a restart of the host's server in its journal (``serve``; the phase stays)
+        and, with ``history``, in its history, under the lock this session holds (one round
+        trip). Returns the agent's history warning, if any."""
+        if not self.locked or self._sess is None:
+            raise DeployError(f"{self.host.name}: record the restart: the deploy lock was already released",
+                              code=Code.PROTOCOL)
+        reply = expect_ok(self._sess.one({"op": "served", "serve": serve, "history": history}), self.host.name,
+                          "record the restart")
+        return reply.get("history_warning")
+
     def unlock(self) -> None:
         if self.locked and self._sess is not None:
             self.locked = False
@@ -382,6 +393,33 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
         return PushSession(out, sess, host, stack)
     stack.close()
     return PushSession(out, None, host, ExitStack())
+
+
+def hold(host: Host, transport: Transport, command: str, *, break_lock: bool = False,
+         progress: Progress = _quiet) -> PushSession:
+    """Take the host's deploy lock for a step that switches no file (a server restart):
+    one round trip (init, lock, facts). The returned session holds the lock (its ``facts``
+    were read under it; ``record_serve``, ``unlock``); leaving it releases the lock."""
+    out = Outcome(host.name, command, new_run_id())
+    stack = ExitStack()
+    try:
+        progress("lock")
+        stack.enter_context(transport)
+        sess = stack.enter_context(_session(transport, host, write=True))
+        facts, lock = _open_locked(sess, host, out.run_id, command, [], break_lock, False)
+    except DeployError as exc:
+        stack.close()
+        exc.host_unchanged = True  # read by fleet.outcome_of_error: nothing was restarted
+        raise
+    except BaseException:
+        stack.close()
+        raise
+    out.broke_lock = (lock or {}).get("broke")
+    out.sglang_version = facts.get("sglang_version")
+    out.phase = (facts.get("journal") or {}).get("phase")
+    session = PushSession(out, sess, host, stack)
+    session.facts = facts
+    return session
 
 
 def begin_push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
@@ -624,14 +662,22 @@ def _choose_backup(host: Host, backups: list[dict], to: str | None) -> dict:
 
 
 def status(host: Host, transport: Transport, paths: list[str] = (),
-           expected: Callable[[dict], Desired | None] | None = None) -> dict:
-    """The host's state as one JSON-able document (read-only: takes no lock)."""
+           expected: Callable[[dict], Desired | None] | None = None,
+           serving: Callable[[Transport, dict], dict] | None = None) -> dict:
+    """The host's state as one JSON-able document (read-only: takes no lock).
+
+    ``serving(transport, facts)``, when given, looks at the host's serving processes over
+    the same connection (``serve_gate.serving_check``); its document is the ``serving`` key."""
     with transport, _session(transport, host, write=False) as sess:
         init, facts = sess.call(_init(host), {"op": "facts", "paths": list(paths)})
         expect_ok(init, host.name, "agent start")
         expect_ok(facts, host.name, "discover")
         round_trips = sess.round_trips
-    return describe(host.name, facts, expected(facts) if expected else None, round_trips)
+        running = serving(transport, facts) if serving is not None else None
+    doc = describe(host.name, facts, expected(facts) if expected else None, round_trips)
+    if running is not None:
+        doc["serving"] = running
+    return doc
 
 
 def describe(name: str, facts: dict, desired: Desired | None, round_trips: int = 0) -> dict:
@@ -683,15 +729,22 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
     op, phase, run = journal.get("op"), journal.get("phase"), journal.get("run_id")
     bad = counts.get(FileState.DRIFTED.value, 0) + counts.get(FileState.MISSING.value, 0) + counts.get("unsafe", 0)
     suffix = f"; {bad} file(s) changed outside ddtree-deploy" if bad else ""
+    serve = journal.get("serve") if isinstance(journal.get("serve"), dict) else {}
+    if serve.get("run_id") != run:
+        serve = {}  # a restart for files switched since: it says nothing about these
+    restarted = _restart_clause(serve)
     if phase == Phase.DEPLOYED:
-        return f"deployed {journal.get('series')} by run {run} ({tally}){suffix}"
+        return f"deployed {journal.get('series')} by run {run} ({tally}){restarted}{suffix}"
+    if phase == Phase.SWITCHED and serve:
+        return (f"files patched by run {run} ({tally}); its smoke passed and the server was restarted"
+                f"{restarted}, so the host is not marked deployed: {next_step.push_or_rollback(host)}{suffix}")
     if phase == Phase.SWITCHED:
         failed = (journal.get("smoke") or {}).get("failed")
         why = f" (it failed at {failed})" if failed else ""
         return (f"files patched by run {run} ({tally}); the smoke has not passed{why}: "
                 f"{next_step.smoke_or_rollback(host)}{suffix}")
     if phase == Phase.ROLLED_BACK:
-        return f"rolled back to backup {journal.get('backup_id')} by run {run} ({tally}){suffix}"
+        return f"rolled back to backup {journal.get('backup_id')} by run {run} ({tally}){restarted}{suffix}"
     if phase == Phase.STAGED:
         return (f"{op} run {run} stopped after staging, before any file changed ({tally}); "
                 f"rerun `{op}` to complete it{suffix}")
@@ -700,6 +753,21 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
                 f"rerun `{op}` to complete it" + (" or `rollback` to restore the backup" if op == "push" else "")
                 + suffix)
     return f"journal phase {phase!r} ({tally}){suffix}"
+
+
+def _restart_clause(serve: dict) -> str:
+    """The journal's newest server restart, as a clause of ``explain`` ("" when none)."""
+    state, when = serve.get("state"), serve.get("time")
+    if not state:
+        return ""
+    if state == "healthy":
+        return f"; server restarted {when}, healthy"
+    if state == "restarting":
+        return (f"; a server restart began {when} and its end was never recorded (interrupted, or the "
+                "connection lost): whether the server is healthy is unknown")
+    if state == "interrupted":
+        return f"; the server restart of {when} was interrupted (Ctrl-C) before its health was confirmed"
+    return f"; the server restart of {when} left it NOT healthy ({serve.get('failed')}: {serve.get('detail')})"
 
 
 def pull(host: Host, transport: Transport, paths: list[str]) -> tuple[dict, dict[str, bytes | None]]:
@@ -734,5 +802,5 @@ def patched_paths(facts: dict, files: dict[str, bytes | None]) -> list[str]:
     return out
 
 
-__all__ = ["AgentFailed", "Outcome", "PushSession", "begin_push", "describe", "patched_paths", "explain", "mark", "pull", "push", "rollback",
+__all__ = ["AgentFailed", "Outcome", "PushSession", "begin_push", "describe", "hold", "patched_paths", "explain", "mark", "pull", "push", "rollback",
            "status", "TEST_HOOKS_ENV"]

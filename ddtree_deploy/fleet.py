@@ -47,6 +47,8 @@ class Kind(str, Enum):
     FAILED_UNKNOWN = "failed, state unknown"  # the error came from a step that may have changed files
     SKIPPED = "skipped"
     UNREACHABLE = "unreachable"
+    RESTARTED = "restarted, healthy"  # restart: the server came back healthy (and proven, where asked)
+    UNHEALTHY = "server NOT healthy"  # restart / rollback / push with nothing to switch: the restart failed
 
     @property
     def ok(self) -> bool:
@@ -54,7 +56,7 @@ class Kind(str, Enum):
 
 
 _OK = {Kind.PUSHED, Kind.ALREADY, Kind.ROLLED_BACK, Kind.ALREADY_ROLLED_BACK, Kind.READ, Kind.PLANNED,
-       Kind.SMOKE_PASSED}
+       Kind.SMOKE_PASSED, Kind.RESTARTED}
 
 
 
@@ -63,19 +65,26 @@ class Policy:
     canary: str | None  # None: no canary (rollback, status)
     parallel: int
     max_failures: int | None  # None: never stop starting hosts
+    # Waves (hosts that restart their server): after the canary, ``parallel`` hosts start
+    # together and the next wave waits until all of them ended; a host whose server was
+    # left down keeps its place, so never more than ``parallel`` servers are down at once.
+    waves: bool = False
 
     def to_json(self) -> dict:
-        return {"canary": self.canary, "parallel": self.parallel, "max_failures": self.max_failures}
+        return {"canary": self.canary, "parallel": self.parallel, "max_failures": self.max_failures,
+                "waves": self.waves}
 
 
-def push_policy(hosts: Sequence[str], *, canary: str | None, parallel: int | None, max_failures: int) -> Policy:
+def push_policy(hosts: Sequence[str], *, canary: str | None, parallel: int | None, max_failures: int,
+                waves: bool = False) -> Policy:
     """Validate the push options against the selection (bad input: nothing is started)."""
     if canary is not None and canary not in hosts:
         raise BadInput(f"--canary {canary}: not one of the selected hosts ({', '.join(hosts)})",
                        hint="name a host also given by --host or --group")
     if max_failures < 0:
         raise BadInput(f"--max-failures {max_failures}: must be 0 or more")
-    return Policy(canary=canary or hosts[0], parallel=_parallel(hosts, parallel), max_failures=max_failures)
+    return Policy(canary=canary or hosts[0], parallel=_parallel(hosts, parallel), max_failures=max_failures,
+                  waves=waves)
 
 
 def spread_policy(hosts: Sequence[str], *, parallel: int | None) -> Policy:
@@ -124,6 +133,8 @@ class Schedule:
     running: set[str] = field(default_factory=set, init=False)
     results: dict[str, Kind] = field(default_factory=dict, init=False)
     stop_reason: str | None = field(default=None, init=False)
+    down: set[str] = field(default_factory=set, init=False)  # ended with their server not healthy
+    wave_of: dict[str, int] = field(default_factory=dict, init=False)  # host -> its wave (1: the first batch)
 
     def __post_init__(self) -> None:
         canary = self.policy.canary
@@ -140,17 +151,27 @@ class Schedule:
         canary = self.policy.canary
         if canary is not None and canary not in self.results:
             batch = [canary] if canary not in self.running else []
+        elif self.policy.waves and self.running:
+            batch = []  # a wave starts only once the previous one has ended
         else:
-            room = self.policy.parallel - len(self.running)
+            room = self.policy.parallel - len(self.running) - len(self.down)
             batch = self.pending[:max(0, room)]
+            if not batch and self.pending and not self.running:
+                self.stop_reason = (f"{len(self.down)} host(s) left with their server down: starting another "
+                                    f"would take more than --parallel {self.policy.parallel} down")
+        if batch:
+            wave = max(self.wave_of.values(), default=0) + 1
+            self.wave_of.update((h, wave) for h in batch)
         for h in batch:
             self.pending.remove(h)
             self.running.add(h)
         return batch
 
-    def record(self, host: str, kind: Kind) -> None:
+    def record(self, host: str, kind: Kind, *, down: bool = False) -> None:
         self.running.discard(host)
         self.results[host] = kind
+        if down:
+            self.down.add(host)
         if self.stop_reason is not None:
             return
         if host == self.policy.canary and not kind.ok:
@@ -197,10 +218,14 @@ class HostResult:
     # The exception that ended the host's work, where one did: the one-host CLI re-raises it
     # (its one-line message, hint and exit code); evidence, not part of the JSON.
     error: BaseException | None = field(default=None, compare=False, repr=False)
+    down: bool = False  # its server was left not healthy (a restart failed): it counts against --parallel
+    wave: int | None = None  # the batch it started in (1: the first, the canary's); None: not started
+    started: float | None = None  # seconds after the fleet's start when it started
 
     def to_json(self) -> dict:
         return {**self.doc, "host": self.host, "ok": self.kind.ok, "outcome": self.kind.value,
-                "elapsed_s": None if self.elapsed is None else round(self.elapsed, 3)}
+                "elapsed_s": None if self.elapsed is None else round(self.elapsed, 3),
+                "wave": self.wave, "started_s": None if self.started is None else round(self.started, 3)}
 
 
 def failed(host: str, exc: DeployError) -> HostResult:
@@ -250,9 +275,22 @@ def status_row(doc: dict) -> dict:
         lock_text = f"held by {lock.get('holder')} (run {lock.get('run_id')})" + (" stale" if lock.get("stale") else "")
     else:
         lock_text = "free"
+    serving = doc.get("serving") or {}
     return {"version": doc.get("sglang_version") or "?", "phase": doc.get("phase") or "?",
             "series": (f"{series.get('name')} {(series.get('id') or '')[:12]}" if series else "-"),
-            "drift": f"{len(bad)} file(s)" if bad else "none", "lock": lock_text}
+            "drift": f"{len(bad)} file(s)" if bad else "none", "lock": lock_text,
+            "serving": _serving_cell(serving)}
+
+
+def _serving_cell(serving: dict) -> str:
+    """status' table: the serving processes in a few words (``serve_plan.serving``'s state)."""
+    state = serving.get("state")
+    if not state:
+        return "-"
+    health = (serving.get("health") or {}).get("status", "") if serving.get("health") is not None else ""
+    # Short: the table must fit a terminal; `status --host H` has the sentence.
+    return {"stale": "STALE", "current": "current", "none": "none"}.get(state, "?") + (
+        f" {health or 'down'}" if health != "" else "")
 
 
 __all__ = ["FleetReport", "HostResult", "Kind", "Policy", "Schedule", "failed", "outcome_of_error", "push_policy",

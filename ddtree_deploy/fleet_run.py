@@ -15,6 +15,7 @@ from dataclasses import replace
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable, Protocol, Sequence
 
+from ddtree_deploy import cancel
 from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy, Schedule, failed, skipped
@@ -48,25 +49,33 @@ def run_fleet(command: str, hosts: Sequence[str], policy: Policy, work: Work,
               events: Events | None = None) -> FleetReport:
     """Run ``work`` on every host the schedule lets start; report every selected host."""
     events = events or _Silent()
+    cancel.clear()  # a Ctrl-C of an earlier run in this process (library use) is not this run's
     schedule = Schedule(hosts, policy)
     results: dict[str, HostResult] = {}
+    begun: dict[str, float] = {}  # host -> seconds after t0 when it started
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=policy.parallel, thread_name_prefix="fleet") as pool:
         futures: dict[Future, str] = {}
         while True:
             for host in schedule.ready():
                 events.started(host)
+                begun[host] = time.monotonic() - t0
                 futures[pool.submit(_guarded, work, host, events)] = host
             if schedule.done:
                 break
             if not futures:  # a schedule that neither finishes nor starts anything is a bug here
                 raise RuntimeError(f"fleet schedule stalled: pending {schedule.pending}")
-            finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+            try:
+                finished, _ = wait(futures, return_when=FIRST_COMPLETED)
+            except KeyboardInterrupt:
+                cancel.request()  # worker threads' long waits (cancel.py) give up, then the pool closes
+                raise
             for future in finished:
                 host = futures.pop(future)
-                result = future.result()  # _guarded never raises
+                result = replace(future.result(), wave=schedule.wave_of.get(host),  # _guarded never raises
+                                 started=begun.get(host))
                 results[host] = result
-                schedule.record(host, result.kind)
+                schedule.record(host, result.kind, down=result.down)
                 events.finished(result)
     for host in schedule.skipped():
         results[host] = skipped(host, f"not started: {schedule.stop_reason}")

@@ -55,6 +55,7 @@ class Host:
     keep_backups: int = DEFAULT_KEEP_BACKUPS
     sudo: bool = False
     smoke: dict[str, Any] = field(default_factory=dict)  # read by the smoke command
+    serve: dict[str, Any] = field(default_factory=dict)  # [serve]: how its server restarts (serve_settings)
     # Seconds one agent round trip may take; None: 120 s for push/rollback, 30 s for reads.
     op_timeout: float | None = None
     source: str | None = None  # the inventory file, for messages
@@ -192,9 +193,10 @@ def parse_host(text: str, *, name: str, source: str) -> Host:
     # Its keys are smoke_settings' to check, when a command uses them (push --no-smoke does
     # not); the table keeps this file's lines for that message.
     smoke = doc.located("smoke")
-    doc.unknown("", {"transport", "host", "ssh", "smoke"})
+    serve = doc.located("serve")  # checked by serve_settings, before any command that restarts connects
+    doc.unknown("", {"transport", "host", "ssh", "smoke", "serve"})
     return Host(name=name, python=python, ssh=ssh, state_dir=state_dir, keep_backups=keep,
-                sudo=sudo, smoke=smoke, source=source, op_timeout=op_timeout)
+                sudo=sudo, smoke=smoke, source=source, op_timeout=op_timeout, serve=serve)
 
 
 def state_dir_problem(state_dir: str) -> str | None:

@@ -33,6 +33,16 @@ def status(host: str | None = None) -> str:
     return command("status", "--host", host) if host else command("status")
 
 
+def restart(host: str) -> str:
+    """Restart the host's serving SGLang through its [serve] table, gated on health."""
+    return command("restart", "--host", host)
+
+
+def push_or_rollback(host: str) -> str:
+    """A host whose server restart after a push was not confirmed: complete it, or go back."""
+    return f"run {push(host)} (it restarts and checks the server again) or {rollback(host)}"
+
+
 def smoke_or_rollback(host: str) -> str:
     """A host left `switched` (smoke not run or not passed): the two ways on."""
     return f"run {smoke(host)} or {rollback(host)}"
@@ -69,6 +79,8 @@ __all__ = [
     "command",
     "lock_release",
     "push",
+    "push_or_rollback",
+    "restart",
     "rollback",
     "series_refresh",
     "smoke",

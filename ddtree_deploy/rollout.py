@@ -152,10 +152,12 @@ class AfterPush:
     marked: bool = False  # passed, and the journal moved switched -> deployed
     mark_error: str | None = None  # passed, but moving the journal to deployed failed
     phase: str | None = None  # the journal phase this left, when known
+    serve: Any = None  # serve_gate.ServeGate: the server restart that followed a passed smoke ([serve])
 
     @property
     def ok(self) -> bool:
-        return self.error is None and self.mark_error is None and (self.report is None or self.report.ok)
+        return (self.error is None and self.mark_error is None and (self.report is None or self.report.ok)
+                and (self.serve is None or self.serve.ok))
 
     @property
     def smoked(self) -> bool:
@@ -177,18 +179,23 @@ class AfterPush:
         }
         if self.phase is not None:
             doc["phase"] = self.phase
+        if self.serve is not None:
+            doc["serve"] = self.serve.to_json()
         return doc
 
     def _next(self) -> str:
         return f"the host stays `switched`: {next_step.smoke_or_rollback(self.host)}"
 
     def lines(self) -> list[str]:
+        served = self.serve.lines() if self.serve is not None else []
         if self.report is None:
             if self.error is not None:
                 return [f"smoke: could not run ({self.error}); {self._next()}"]
-            return [f"smoke: not run ({self.skipped})"]
+            return [f"smoke: not run ({self.skipped})"] + served
         out = ["smoke:"] + ["  " + line for line in self.report.lines()]
         if self.report.ok:
+            if served:
+                return out + ["smoke passed"] + served
             if self.mark_error is not None:
                 return out + [f"smoke passed, but marking the host deployed FAILED ({self.mark_error}); "
                               f"{self._next()}"]
@@ -208,7 +215,8 @@ class AfterPush:
 def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome, series, *,
                levels: Sequence[str] | None = None, auto_rollback: bool = True, log_dir=None,
                progress: Progress = _quiet, held: deploy.PushSession | None = None,
-               heartbeat: Callable[[str, float], None] | None = None) -> AfterPush:
+               heartbeat: Callable[[str, float], None] | None = None, serve=None,
+               smoke: bool = True) -> AfterPush:
     """Run the host's smoke levels after a push switched files; roll back if one fails.
 
     ``outcome`` is ``deploy.push``'s; nothing runs when it changed nothing (a dry run,
@@ -226,6 +234,10 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
     A host whose earlier smoke failed at a level (recorded in its journal, kept by
     ``--no-rollback``: ``outcome.smoke_failed``) runs that level again, whatever
     ``levels`` says: it is never marked deployed on a smoke that skipped it.
+
+    ``serve`` (the host's ``serve_settings.ServeSettings``, with ``held``): once the smoke
+    passed (or none runs: ``smoke`` False is ``--no-smoke``), the server is restarted and
+    must be healthy and serve DDTree before the mark (``serve_gate.gate_push``).
     """
 
     def mark(phase: str, smoke_doc: dict | None = None) -> None:
@@ -238,6 +250,21 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
     pending = outcome.smoke_pending
     if not outcome.changed and pending is None:
         return AfterPush(None, skipped="nothing was switched", host=host.name)
+
+    def gated(report, skipped=None) -> AfterPush:  # [serve]: restart, health, proof, then the mark
+        from ddtree_deploy import serve_gate
+
+        gate = serve_gate.gate_push(host, serve, held, lambda _h: make_transport(), outcome, series,
+                                    auto_rollback=auto_rollback, progress=progress, heartbeat=heartbeat)
+        phase = (Phase.DEPLOYED if gate.marked else Phase.ROLLED_BACK if gate.rollback is not None
+                 else Phase.SWITCHED)
+        return AfterPush(report, skipped=skipped, host=host.name, marked=gate.marked, phase=phase, serve=gate)
+
+    serving = serve is not None and held is not None and pending is not None
+    if serving and not smoke:
+        if outcome.smoke_failed:  # a level failed on these files: --no-smoke never marks them
+            return AfterPush(None, skipped="--no-smoke", host=host.name, phase=Phase.SWITCHED)
+        return gated(None, "--no-smoke")
     settings = smoke_settings.parse_settings(host.smoke, source=host.source)
     touched, flags = smoke_plan.series_inputs(series)
     wanted = smoke_plan.choose_levels(settings, levels, source=host.source)
@@ -254,6 +281,8 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         return AfterPush(None, host=host.name, phase=Phase.SWITCHED,
                          error=f"its earlier smoke failed at {redo}, which cannot run here: {exc.message}")
     if not plan.levels:
+        if serving:
+            return gated(None, "no smoke levels configured")
         return AfterPush(None, skipped="no smoke levels configured", host=host.name)
     beat = deploy.test_hooks().get("smoke_heartbeat_s")
     if beat:  # TEST HOOK: the host program's keep-alive interval (20 s by default), to see one quickly
@@ -266,6 +295,8 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
     if report.ok:
         if pending is None:
             return AfterPush(report, host=host.name)
+        if serving:
+            return gated(report)
         try:
             mark(Phase.DEPLOYED)
         except DeployError as exc:
@@ -310,6 +341,9 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
     if doc["phase"] != Phase.SWITCHED:
         return report
     run_id = doc["series"]["run_id"]
+    if report.ok and host.serve:  # [serve]: only a push marks it, once the server restarted healthy
+        return replace(report, note=f"phase stays switched (run {run_id}): the server has not been restarted "
+                                    f"healthy on these files; run {next_step.push(host.name)}")
     if report.ok:
         deploy.mark(host, make_transport(), run_id, Phase.DEPLOYED, progress=progress)
         return replace(report, note=f"phase switched -> deployed (run {run_id}): the smoke passed")
@@ -360,6 +394,8 @@ def push_kind(outcome: deploy.Outcome, after: AfterPush | None, *, dry_run: bool
     smoked = after is not None and after.smoked
     phase = after.phase if after is not None and after.phase is not None else outcome.phase
     ok = outcome.ok and (after is None or after.ok)
+    if after is not None and after.serve is not None:
+        return after.serve.kind()
     if not outcome.changed and not smoked:
         if dry_run and outcome.plan is not None and outcome.plan.changes:
             return Kind.PLANNED
@@ -378,6 +414,8 @@ def push_kind(outcome: deploy.Outcome, after: AfterPush | None, *, dry_run: bool
 
 def push_detail(outcome: deploy.Outcome, after: AfterPush | None, kind: Kind) -> str:
     """One line for the outcome table: the summary, or why a pushed host did not stay deployed."""
+    if after is not None and after.serve is not None:
+        return f"{outcome.summary}; {after.serve.detail()}"
     if kind is Kind.SWITCHED:
         why = (f"the smoke could not run: {after.error}" if after is not None and after.error
                else f"the smoke passed but marking it deployed failed: {after.mark_error}"
@@ -461,7 +499,10 @@ def _fleet(command: str, hosts: Sequence[Host], policy: Policy, one: Callable[[H
 
 def push_policy_for(hosts: Sequence[Host], options: PushOptions) -> Policy:
     names = [h.name for h in hosts]
-    policy = push_policy(names, canary=options.canary, parallel=options.parallel, max_failures=options.max_failures)
+    # Hosts that restart their server roll in waves (each waits for its hosts' health).
+    waves = any(h.serve for h in hosts)
+    policy = push_policy(names, canary=options.canary, parallel=options.parallel, max_failures=options.max_failures,
+                         waves=waves)
     if options.dry_run:  # it changes nothing: every host's plan is shown, none waits for a canary
         return spread_policy(names, parallel=options.parallel)
     return policy
@@ -481,32 +522,38 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     # after the switch: every table is checked here, for a dry run too (same errors).
     smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels, source=h.source))
               and not options.dry_run for h in hosts}
+    # Per host: its [serve] table (checked here, a dry run too): the push ends with the
+    # server restarted on the new files, healthy, before the host is marked deployed.
+    serves = _serve_settings(hosts)
     paths, choose, forced = series_chooser(options.family)
     chosen: dict = {}
     check = CheckOnce()
 
     def one(h: Host, progress: Progress) -> HostResult:
         def heartbeat(level: str, seconds: float) -> None:
-            on_event(Event(EventKind.HEARTBEAT, h.name, f"smoke {level}", seconds=seconds))
+            what = level if level.startswith("server ") else f"smoke {level}"  # serve_run's: "server health"
+            on_event(Event(EventKind.HEARTBEAT, h.name, what, seconds=seconds))
 
         after: AfterPush | None = None
         # The series is resolved and checked (a release wheel downloaded, if one is needed)
         # before the host's lock is taken; a switch that awaits its smoke comes back with
         # the lock still held, so the smoke, the mark or the rollback follow here in order.
+        serve = serves[h.name] if not options.dry_run else None
         with deploy.begin_push(h, connect(h), paths, _desire(h, choose, forced, check, chosen),
-                               dry_run=options.dry_run, break_lock=options.break_lock, smoke=smokes[h.name],
-                               diff=options.diff, progress=progress) as pushed:
+                               dry_run=options.dry_run, break_lock=options.break_lock,
+                               smoke=smokes[h.name] or serve is not None, diff=options.diff,
+                               progress=progress) as pushed:
             outcome = pushed.outcome
             if pushed.locked:
                 after = after_push(h, lambda: connect(h), outcome, chosen[h.name], levels=levels,
                                    auto_rollback=options.auto_rollback, log_dir=options.log_dir, progress=progress,
-                                   held=pushed, heartbeat=heartbeat)
+                                   held=pushed, heartbeat=heartbeat, serve=serve, smoke=options.smoke)
         _warn_broken_lock(outcome, on_event)
         doc = outcome.to_json()
         lines = _summary_lines(outcome, show_plan=options.dry_run or outcome.changed)
         if outcome.diff:  # --diff: after the plan, before the smoke, as it happened
             lines += outcome.diff.splitlines()
-        if not smokes[h.name]:
+        if not smokes[h.name] and (serve is None or after is None):
             if outcome.changed and not options.dry_run:
                 skipped = "--no-smoke" if not options.smoke else "no smoke levels configured"
                 doc["smoke_skipped"] = skipped
@@ -515,33 +562,43 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
             doc.update(after.to_json(), ok=after.ok)
             lines += [f"{h.name}: {line}" if not line.startswith(" ") else line for line in after.lines()]
         kind = push_kind(outcome, after, dry_run=options.dry_run)
-        return _result(h.name, kind, doc, push_detail(outcome, after, kind), lines)
+        if serve is not None and after is None and kind is Kind.ALREADY:
+            return _ensure_serving(h, serve, connect, outcome, doc, lines, heartbeat, progress)
+        result = _result(h.name, kind, doc, push_detail(outcome, after, kind), lines)
+        return replace(result, down=bool(after is not None and after.serve is not None and after.serve.down))
 
     return _fleet("push", hosts, policy, one, on_event)
 
 
 def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, dry_run: bool = False,
              break_lock: bool = False, parallel: int | None = None, on_event: Listener = _ignore) -> FleetReport:
-    """Restore each host's newest backup (or ``to``, one host only) through the verified switch."""
+    """Restore each host's newest backup (or ``to``, one host only) through the verified switch.
+    A host with a ``[serve]`` table whose files were switched back restarts its server on
+    them and waits for its health (``serve_gate.after_rollback``)."""
     if to is not None and len(hosts) > 1:  # backup ids are per host: one id cannot name a backup on each
         raise BadInput(f"--to {to}: a backup id belongs to one host; give it with a single --host",
                        hint="without --to, each host restores its own newest backup")
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
+    serves = _serve_settings(hosts)
 
     def one(h: Host, progress: Progress) -> HostResult:
         outcome = deploy.rollback(h, connect(h), to=to, dry_run=dry_run, break_lock=break_lock, progress=progress)
         _warn_broken_lock(outcome, on_event)
         kind = rollback_kind(outcome, dry_run=dry_run)
-        return _result(h.name, kind, outcome.to_json(), outcome.summary,
-                       _summary_lines(outcome, show_plan=dry_run or outcome.changed))
+        result = _result(h.name, kind, outcome.to_json(), outcome.summary,
+                         _summary_lines(outcome, show_plan=dry_run or outcome.changed))
+        if serves[h.name] is not None and outcome.changed and not dry_run:
+            return _after_rollback(h, serves[h.name], connect, result, progress, on_event)
+        return result
 
     return _fleet("rollback", hosts, policy, one, on_event)
 
 
 def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None, parallel: int | None = None,
            on_event: Listener = _ignore) -> FleetReport:
-    """Per host: version, phase, series, per-file state, backups, lock. Reads only."""
+    """Per host: version, phase, series, per-file state, backups, lock, serving processes. Reads only."""
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
+    _serve_settings(hosts)  # a broken [serve] table stops here, before any connection
     try:
         paths, choose, forced = series_chooser(family)
     except BadInput as exc:
@@ -561,10 +618,74 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
             except DeployError:
                 return None  # status still reports what the journal knows
 
-        doc = deploy.status(h, connect(h), paths, expected)
+        doc = deploy.status(h, connect(h), paths, expected, serving=_serving_check(h))
         return _result(h.name, Kind.READ, doc, "", [])
 
     return _fleet("status", hosts, policy, one, on_event)
+
+
+# ---------------------------------------------------------------- serving ([serve]: issue 25)
+# The work is serve_gate's; here only what needs this module (events, the fleet runner).
+
+
+def _serve_settings(hosts: Sequence[Host]) -> dict:
+    """Every host's ``[serve]`` (None: none), checked before any connection."""
+    from ddtree_deploy.serve_gate import settings_of
+
+    return {h.name: settings_of(h) for h in hosts}
+
+
+def _serving_check(host: Host):
+    from ddtree_deploy.serve_gate import serving_check
+
+    return serving_check(host)
+
+
+def _beats(h: Host, on_event: Listener) -> Callable[[str, float], None]:
+    return lambda what, s: on_event(Event(EventKind.HEARTBEAT, h.name, what, seconds=s))
+
+
+def _after_rollback(h: Host, settings, connect: Connect, result: HostResult, progress: Progress,
+                    on_event: Listener) -> HostResult:
+    from ddtree_deploy import serve_gate
+
+    restart = serve_gate.after_rollback(h, settings, connect, progress=progress, heartbeat=_beats(h, on_event))
+    return serve_gate.restarted_result(result, restart)
+
+
+def _ensure_serving(h: Host, settings, connect: Connect, outcome: deploy.Outcome, doc: dict, lines: list[str],
+                    heartbeat, progress: Progress) -> HostResult:
+    from ddtree_deploy import serve_gate
+
+    return serve_gate.ensure_result(_result(h.name, Kind.ALREADY, doc, outcome.summary, lines), h, settings, connect,
+                                    outcome, progress=progress, heartbeat=heartbeat)
+
+
+def restart_policy_for(hosts: Sequence[Host], *, canary: str | None, parallel: int | None,
+                       max_failures: int) -> Policy:
+    """Restarts roll in waves: the canary alone, then ``parallel`` hosts at a time, each wave
+    waiting for its hosts to be healthy; never more than ``parallel`` servers down."""
+    return push_policy([h.name for h in hosts], canary=canary, parallel=parallel, max_failures=max_failures,
+                       waves=True)
+
+
+def restart(hosts: Sequence[Host], connect: Connect, *, canary: str | None = None, parallel: int | None = None,
+            max_failures: int = 0, break_lock: bool = False, on_event: Listener = _ignore) -> FleetReport:
+    """``ddtree-deploy restart``: each host's server through its ``[serve]`` table, under the
+    deploy lock, then its health (and the DDTree proof where the journal says DDTree is in
+    place), recorded in the journal and the history. Fleets roll in waves (canary first)."""
+    from ddtree_deploy import serve_gate
+
+    serves = serve_gate.require_serve(hosts)
+    policy = restart_policy_for(hosts, canary=canary, parallel=parallel, max_failures=max_failures)
+
+    def one(h: Host, progress: Progress) -> HostResult:
+        result, held = serve_gate.restart_result(h, serves[h.name], connect, break_lock=break_lock,
+                                                 progress=progress, heartbeat=_beats(h, on_event))
+        _warn_broken_lock(held, on_event)
+        return result
+
+    return _fleet("restart", hosts, policy, one, on_event)
 
 
 def smoke_hosts(hosts: Sequence[Host], connect: Connect, *, levels: Sequence[str] | None = None,
@@ -601,5 +722,5 @@ def smoke_one(host: Host, connect: Connect, *, levels: Sequence[str] | None = No
 
 
 __all__ = ["AfterPush", "Event", "EventKind", "Listener", "PushOptions", "after_push", "push", "push_detail", "push_policy_for",
-           "push_kind", "rollback", "rollback_kind", "select_hosts", "series_chooser", "smoke_host", "smoke_hosts", "smoke_one",
-           "status"]
+           "push_kind", "restart", "restart_policy_for", "rollback", "rollback_kind", "select_hosts", "series_chooser",
+           "smoke_host", "smoke_hosts", "smoke_one", "status"]

@@ -612,8 +612,18 @@ def _serve_and_probe(proc, spec, base, evidence):
     started = time.monotonic()
     evidence["ready_by"] = wait_ready(proc, spec)
     evidence["ready_s"] = round(time.monotonic() - started, 2)
+    prove_served(spec, base, evidence)
 
+
+def prove_served(spec, base, evidence):
+    """A ready server at ``base`` serves DDTree: a ``/generate`` probe with non-empty text
+    (unless ``spec["probe"]`` is None), the tree prompts (``spec["tree"]["prompts"]``), then
+    ``/server_info``: the algorithm, and the tree report judged (``judge_tree_report``).
+    Shared by the launch level (its own server) and the serve program (the host's serving
+    server, after a restart). Raises LevelFailed; fills ``evidence``."""
     probe = spec.get("probe", {})
+    if probe is None:  # the serve program's "width" proof: no request sent to the server
+        return _server_info_proof(spec, base, evidence)
     body = {"text": probe.get("text", "The capital of France is"),
             "sampling_params": {"max_new_tokens": int(probe.get("max_new_tokens", 32)), "temperature": 0.0}}
     status, reply = _http("POST", base + "/generate", body, timeout=float(spec.get("probe_timeout_s", 120)))
@@ -630,7 +640,11 @@ def _serve_and_probe(proc, spec, base, evidence):
     tree = spec.get("tree")
     if tree and tree.get("prompts"):
         _tree_requests(tree, base, float(spec.get("probe_timeout_s", 120)), evidence)
+    _server_info_proof(spec, base, evidence)
 
+
+def _server_info_proof(spec, base, evidence):
+    tree = spec.get("tree")
     info, endpoint = None, None
     for endpoint in ("/server_info", "/get_server_info"):
         status, info = _http("GET", base + endpoint, timeout=30)
@@ -704,7 +718,9 @@ def judge_tree_report(tree, info, endpoint, sent):
     if not all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
         raise LevelFailed(f"{where}: ddtree_offchain_accepts is {counts!r}, not a count",
                           {"internal_states": states})
-    if sum(counts) < 1:
+    # Off-chain accepts are asked for only where prompts were sent to make some (the serve
+    # program's "width" proof sends none: a server just restarted has verified nothing yet).
+    if tree.get("prompts") and sum(counts) < 1:
         raise LevelFailed(f"{where}: ddtree_offchain_accepts is {sum(counts)} after the probe and "
                           f"{sent.get('prompts', 0)} more prompts ({sent.get('completion_tokens', 0)} tokens): no "
                           "verify step accepted a path off the first-ranked chain, so no tree verify was "
@@ -828,6 +844,19 @@ def _read_log(path):
         return None
 
 
+def read_request(argv=None):
+    """Hangups and broken pipes ignored (a dropped connection never stops the work half-way),
+    then the request: the file named by the only argument, else one line of stdin. Shared
+    with the serve program."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv:
+        with open(argv[0], "rb") as fh:
+            return fh.read()
+    return sys.stdin.buffer.readline()
+
+
 def main(argv=None):
     """Read one request line (stdin, or the file named by the only argument); stream the answer.
 
@@ -836,14 +865,7 @@ def main(argv=None):
     """
     # A dropped connection must not orphan a server: ignore hangups and broken pipes,
     # finish the level (every wait has a deadline) and stop the process group.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    argv = sys.argv[1:] if argv is None else argv
-    if argv:
-        with open(argv[0], "rb") as fh:
-            raw = fh.read()
-    else:
-        raw = sys.stdin.buffer.readline()
+    raw = read_request(argv)
     try:
         request = json.loads(raw.decode("utf-8"))
         unknown = [n for n in request["levels"] if n not in LEVELS]

@@ -38,11 +38,21 @@ and misbehaves on request (``--mode``) so the tests can exercise every failure p
 ``--child`` also starts a worker child in the same process group (as SGLang starts its
 scheduler and detokenizer processes), so the tests can check that stopping the group
 leaves no process behind.
+
+What it serves is read from the installed package, as a real server runs the code it
+imported at start: ``--package-file REL`` reads ``REL`` (``sglang/srt/...``) under the
+``sglang`` package of the interpreter running it (found without importing it) once, at
+start, and ``/server_info`` reports ``stand_in_package: {"file", "sha256", "root"}``
+(``sha256`` null when the file is absent), so a test sees which files a restarted server
+picked up. ``--unhealthy-with REL`` never becomes ready (``/health_generate`` 503, no
+ready line) when ``REL`` exists in that package at start: a change that breaks the server.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -63,6 +73,8 @@ def parse(argv):
     p.add_argument("--accept-length", type=float, default=3.5)
     p.add_argument("--child", action="store_true")
     p.add_argument("--pid-file")
+    p.add_argument("--package-file")
+    p.add_argument("--unhealthy-with")
     p.add_argument("--model-path", required=True)
     p.add_argument("--speculative-algorithm")
     p.add_argument("--speculative-draft-model-path")
@@ -72,6 +84,19 @@ def parse(argv):
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     return p.parse_known_args(argv)
+
+
+def package_file(rel):
+    """(sha256 or None, package root) of ``rel`` under this interpreter's sglang package."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None, None
+    root = os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
+    try:
+        with open(os.path.join(root, rel), "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest(), root
+    except OSError:
+        return None, root
 
 
 def main(argv):
@@ -98,6 +123,14 @@ def main(argv):
             with open(args.pid_file, "a") as fh:
                 fh.write(f"{child.pid}\n")
 
+    served = None
+    if args.package_file:
+        sha, root = package_file(args.package_file)
+        served = {"file": args.package_file, "sha256": sha, "root": root}
+        log(f"package file {args.package_file}: {sha or 'absent'} (root {root})")
+    broken = bool(args.unhealthy_with and package_file(args.unhealthy_with)[0])
+    if broken:
+        log(f"RuntimeError: {args.unhealthy_with} breaks this server: it will never be ready")
     state = {"ready": False, "offchain": 0}
     lock = threading.Lock()
     algorithm = "DFLASH" if args.mode == "wrong-algo" else args.speculative_algorithm
@@ -113,6 +146,8 @@ def main(argv):
         "unparsed_args": unknown,
         "stand_in": True,
     }
+    if served is not None:
+        server_args["stand_in_package"] = served
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt, *a):
@@ -166,7 +201,7 @@ def main(argv):
     httpd = ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     log(f"listening on {args.host}:{args.port}")
-    if args.mode != "never-ready":
+    if args.mode != "never-ready" and not broken:
         time.sleep(args.ready_after)
         state["ready"] = True
         log(READY_LINE)

@@ -66,6 +66,14 @@ def test_mapping_values():
         host_toml("x", {"ddtree_python": "/p", "ansible_ssh_common_args": "-o ProxyCommand='nc %h %p'"}.get)
     with pytest.raises(MappingError, match="ddtree_python is not set"):
         host_toml("x", {}.get)
+    from ddtree_deploy.serve_settings import parse_serve
+
+    serve = {"restart": ["sudo", "-n", "systemctl", "restart", "sglang"], "url": "http://127.0.0.1:30000",
+             "ready_timeout_s": 300, "proof": "width"}
+    host = parse_host(host_toml("s", {"ddtree_python": "/p", "ddtree_serve": serve}.get), name="s", source="s")
+    assert parse_serve(host.serve, source="s").restart == ("sudo", "-n", "systemctl", "restart", "sglang")
+    with pytest.raises(MappingError, match="ddtree_serve must be a mapping"):
+        host_toml("x", {"ddtree_python": "/p", "ddtree_serve": "systemctl restart sglang"}.get)
 
 
 def oracle(pristine: dict[str, bytes | None], tmp: Path, family: Path) -> dict[str, bytes]:
@@ -241,6 +249,48 @@ def test_playbook_push_check_diff_rollback_drift(fleet):
 
 
 
+RESTART = """
+- hosts: served
+  gather_facts: false
+  tasks:
+    - name: restart
+      ddtree.deploy.restart: {}
+      register: restarted
+    - ansible.builtin.debug:
+        msg: "RESTART {{ restarted.msg }}"
+"""
+
+
+def test_playbook_restart_module(fleet, tmp_path):
+    """ddtree.deploy.restart against a host whose stand-in server runs under supervisord
+    (tests/serve_host.py): changed and healthy; check mode reports changed and restarts nothing."""
+    pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in server")
+    import yaml
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from serve_host import Served
+
+    sshd = fleet["hosts"]["h1"].server
+    s = Served(sshd, tmp_path, "served")
+    with s.sup:
+        s.wait_healthy()
+        inventory = tmp_path / "served.yml"
+        inventory.write_text(yaml.safe_dump({"all": {"children": {"served": {"hosts": {"served": {
+            "ansible_host": "127.0.0.1", "ansible_port": sshd.port, "ansible_user": sshd.user,
+            "ansible_ssh_private_key_file": str(sshd.identity), "ddtree_python": str(s.host.python),
+            "ddtree_state_dir": str(s.host.state_dir),
+            "ansible_ssh_common_args": f"-F {sshd.ssh_config} -o UserKnownHostsFile={sshd.known_hosts}",
+            "ddtree_serve": {"restart": s.sup.restart_argv, "url": f"http://127.0.0.1:{s.port}",
+                             "ready_timeout_s": 20, "poll_s": 0.2}}}}}}}))
+        run = dict(fleet, inventory=inventory)
+        pid = s.sup.pid()
+        rc, out, recap = playbook(run, "restart-check", RESTART, "--check")
+        assert rc == 0 and recap["served"]["changed"] == 1 and s.sup.pid() == pid, out
+        rc, out, recap = playbook(run, "restart", RESTART)
+        assert rc == 0 and recap["served"]["changed"] == 1 and recap["served"]["failed"] == 0, out
+        assert "RESTART healthy" in out and s.sup.pid() not in (pid, None) and s.healthy(), out
+
+
 def test_inventory_import_through_ansible_loader(fleet, tmp_path):
     """`ddtree-deploy inventory from-ansible` reads an INI and a YAML inventory (groups, host
     vars, group_vars) with ansible-core's loader; the hosts written work with the CLI."""
@@ -302,7 +352,8 @@ def test_module_docs_match_the_action_specs(fleet):
     import yaml
 
     r = subprocess.run([str(BIN / "ansible-doc"), "--json", "ddtree.deploy.push", "ddtree.deploy.status",
-                        "ddtree.deploy.rollback"], env=fleet["env"], capture_output=True, text=True)
+                        "ddtree.deploy.rollback", "ddtree.deploy.restart"], env=fleet["env"], capture_output=True,
+                       text=True)
     assert r.returncode == 0 and "ERROR" not in r.stderr, r.stderr
     rendered = json.loads(r.stdout)
     sys.path.insert(0, str(fleet["tmp"] / "collections"))  # the installed collection, as Ansible imports it

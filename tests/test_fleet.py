@@ -75,7 +75,7 @@ def test_push_policy_validation():
     p = push_policy(HOSTS, canary=None, parallel=None, max_failures=0)
     assert (p.canary, p.parallel, p.max_failures) == ("a", 5, 0)
     assert push_policy(HOSTS, canary="c", parallel=9, max_failures=2).to_json() == \
-        {"canary": "c", "parallel": 5, "max_failures": 2}
+        {"canary": "c", "parallel": 5, "max_failures": 2, "waves": False}
     with pytest.raises(BadInput, match=r"--canary z: not one of the selected hosts \(a, b, c, d, e\)"):
         push_policy(HOSTS, canary="z", parallel=None, max_failures=0)
     with pytest.raises(BadInput, match="--parallel 0: must be 1 or more"):
@@ -111,6 +111,34 @@ def test_canary_alone_first_then_the_others_in_waves():
     assert s.ready() == ["e"] and not s.done
     s.record("e", Kind.PUSHED)
     assert s.done and s.skipped() == [] and s.stop_reason is None
+
+
+def test_restart_waves_start_only_when_the_previous_wave_ended():
+    """[serve] hosts: the canary, then `parallel` together; the next wave waits for the whole one."""
+    s = Schedule(HOSTS, push_policy(HOSTS, canary="c", parallel=2, max_failures=0, waves=True))
+    assert s.ready() == ["c"]
+    s.record("c", Kind.PUSHED)
+    assert s.ready() == ["a", "b"]
+    s.record("b", Kind.RESTARTED)
+    assert s.ready() == []  # a sliding window would start d here; a wave waits for a too
+    s.record("a", Kind.PUSHED)
+    assert s.ready() == ["d", "e"]
+    s.record("d", Kind.PUSHED), s.record("e", Kind.PUSHED)
+    assert s.done and s.wave_of == {"c": 1, "a": 2, "b": 2, "d": 3, "e": 3}
+
+
+def test_a_host_left_down_keeps_its_place_so_never_more_than_parallel_are_down():
+    s = Schedule(HOSTS, push_policy(HOSTS, canary=None, parallel=2, max_failures=3, waves=True))
+    assert s.ready() == ["a"]
+    s.record("a", Kind.PUSHED)
+    assert s.ready() == ["b", "c"]
+    s.record("b", Kind.UNHEALTHY, down=True)  # its server stayed down: one place left
+    s.record("c", Kind.PUSHED)
+    assert s.ready() == ["d"]
+    s.record("d", Kind.FAILED_NOT_ROLLED_BACK, down=True)
+    assert s.ready() == [] and s.done and s.skipped() == ["e"]
+    assert s.stop_reason == "2 host(s) left with their server down: starting another would take more than " \
+        "--parallel 2 down"
 
 
 @pytest.mark.parametrize("kind", [Kind.FAILED_ROLLED_BACK, Kind.UNREACHABLE, Kind.FAILED_UNCHANGED])

@@ -77,6 +77,19 @@ class Ctx:
         return self.request.getfixturevalue("host").name
 
     @cached_property
+    def served(self) -> str:
+        """A host whose stand-in server runs under supervisord, with a [serve] table (tests/serve_host.py)."""
+        pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in server")
+        from serve_host import Served
+
+        self.host  # the module's sshd, and the environment the host commands read
+        s = Served(self.request.getfixturevalue("sshd"), self.tmp, "served")
+        s.sup.start()
+        self.request.addfinalizer(s.sup.stop)
+        s.wait_healthy()
+        return s.name
+
+    @cached_property
     def family(self) -> Path:
         """The matrix test family as the patches folder (a copy: port writes beside it)."""
         self.request.getfixturevalue("wheels")
@@ -108,7 +121,9 @@ class Ctx:
         path.write_text(f'[ssh]\nhost = "127.0.0.1"\nport = {port}\nconnect_timeout = 5\n\n'
                         f'[host]\npython = "/usr/bin/python3"\nstate_dir = "{self.tmp / "down-state"}"\n\n'
                         # tune checks its launch settings before it connects
-                        '[smoke.launch]\nmodel = "/models/m"\ndraft_model = "/models/d"\nport = 30000\n')
+                        '[smoke.launch]\nmodel = "/models/m"\ndraft_model = "/models/d"\nport = 30000\n\n'
+                        # restart checks its [serve] table before it connects
+                        '[serve]\nrestart = ["true"]\nurl = "http://127.0.0.1:30000"\n')
         return str(path)
 
     def ok(self, *args: str) -> None:
@@ -180,6 +195,11 @@ CASES: dict[str, dict] = {
         "fail": (lambda c: ["status", "--host", c.down], 1, "connect"),
         "bad": (lambda c: ["status", "--host", c.host, "--parallel", "0"], 2, "bad-input"),
     },
+    "restart": {
+        "ok": (lambda c: ["restart", "--host", c.served], 0, None),
+        "fail": (lambda c: ["restart", "--host", c.down], 1, "connect"),
+        "bad": (lambda c: ["restart", "--host", c.host], 2, "bad-input"),  # no [serve] table
+    },
     "smoke": {
         "ok": (_push_then("smoke", "--host", "{host}", "--level", "compile"), 0, None),
         "fail": (lambda c: ["smoke", "--host", c.down, "--level", "compile"], 1, "connect"),
@@ -243,8 +263,8 @@ CASES: dict[str, dict] = {
     },
 }
 #: Commands that work on hosts: each needs a host-failure case (exit 1).
-HOST_COMMANDS = {"snapshot pull", "push", "rollback", "status", "smoke", "history", "lock status", "lock release",
-                 "tune"}
+HOST_COMMANDS = {"snapshot pull", "push", "rollback", "status", "restart", "smoke", "history", "lock status",
+                 "lock release", "tune"}
 
 
 def _params():
@@ -283,7 +303,7 @@ def test_envelope(command, kind, request, tmp_path, monkeypatch):
     if command in HOST_COMMANDS:
         names = [h["host"] for h in doc["hosts"]]
         if kind == "ok":
-            assert names == [c.host] and doc["hosts"][0]["ok"] is True
+            assert names == [c.served if command == "restart" else c.host] and doc["hosts"][0]["ok"] is True
         elif kind == "fail":
             assert names == [c.down] or names == ["down"], names
             assert doc["hosts"][0]["ok"] is False and doc["hosts"][0]["error"]["code"] == error_code

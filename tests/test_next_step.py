@@ -32,6 +32,8 @@ TEXTS = {
     "lock release": next_step.lock_release("gpu1"),
     "lock release --force": next_step.lock_release("gpu1", force=True),
     "smoke or rollback": next_step.smoke_or_rollback("gpu1"),
+    "restart": next_step.restart("gpu1"),
+    "push or rollback": next_step.push_or_rollback("gpu1"),
 }
 
 
@@ -47,7 +49,7 @@ def test_each_next_step_is_a_backticked_command_the_cli_parses(name):
 
 # The host programs run alone, without this package (the image build copies plan.py's
 # imports, not these): they keep their own texts.
-HOST_PROGRAMS = {"agent.py", "smoke_agent.py", "tune_agent.py", "image_apply.py"}
+HOST_PROGRAMS = {"agent.py", "smoke_agent.py", "tune_agent.py", "image_apply.py", "serve_agent.py"}
 # A command line inside a string literal: the program name then one of its commands
 # ("ddtree-deploy push"), not the tool's name in prose ("written by ddtree-deploy from").
 COMMAND_IN_TEXT = re.compile(r"ddtree-deploy (%s)\b" % "|".join(typer.main.get_command(app).commands))

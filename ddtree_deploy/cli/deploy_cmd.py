@@ -125,6 +125,13 @@ def _print_status(doc: dict) -> None:
         say(f"  {f['state']:<9} {f['path']}  {(f['sha256'] or 'absent')[:12]}{detail}")
     for b in doc["backups"]:
         say(f"  backup {b['id']}  {b['created']}  {b.get('series') or ''}")
+    serving = doc.get("serving")
+    if serving:
+        from ddtree_deploy.serve_plan import process_line
+
+        say(f"  serving: {serving['explanation']}")
+        for p in serving.get("processes") or ():
+            say(f"    {process_line(p)}")
     lock = doc["lock"]
     if lock:
         stale = " (stale: its process is gone)" if lock.get("stale") else ""

@@ -169,12 +169,17 @@ def print_outcomes(report: FleetReport) -> None:
     from rich.table import Table
 
     table = Table(title=f"{report.command}: {len(report.results)} host(s), {report.seconds:.1f} s", title_justify="left")
-    for col in ("host", "outcome", "detail", "time"):
+    waves = report.policy.waves  # restarts: the wave timeline (which batch, when it started and ended)
+    for col in ("host", "outcome", "detail") + (("wave", "start", "end") if waves else ("time",)):
         table.add_column(col, overflow="fold")
     for r in report.results:
         colour = "yellow" if r.kind is Kind.SKIPPED else _STYLE[r.kind.ok]
-        table.add_row(safe(r.host), f"[{colour}]{r.kind.value}[/]", _esc(r.message),
-                      "" if r.elapsed is None else f"{r.elapsed:.1f} s")
+        if waves:
+            end = "" if r.started is None or r.elapsed is None else f"{r.started + r.elapsed:.1f} s"
+            timing = ("" if r.wave is None else str(r.wave), "" if r.started is None else f"{r.started:.1f} s", end)
+        else:
+            timing = ("" if r.elapsed is None else f"{r.elapsed:.1f} s",)
+        table.add_row(safe(r.host), f"[{colour}]{r.kind.value}[/]", _esc(r.message), *timing)
     err.print(table)
     if report.stop_reason:
         err.print(f"[yellow]stopped starting hosts: {_esc(report.stop_reason)}[/]", highlight=False, soft_wrap=True)
@@ -193,16 +198,16 @@ def print_status_table(report: FleetReport) -> None:
     from ddtree_deploy.fleet import status_row
 
     table = Table(box=None)
-    cols = ("host", "sglang", "phase", "series", "drift", "lock")
+    cols = ("host", "sglang", "phase", "series", "drift", "lock", "serving")
     for col in cols:
         table.add_column(col, overflow="fold")
     for r in report.results:
         if r.kind.ok:
             row = status_row(r.doc)
             table.add_row(*(safe(c) for c in (r.host, row["version"], row["phase"], row["series"], row["drift"],
-                                               row["lock"])))
+                                               row["lock"], row["serving"])))
         else:  # why it failed was printed on stderr as it happened
-            table.add_row(safe(r.host), "-", r.kind.value, "-", "-", "-")
+            table.add_row(safe(r.host), "-", r.kind.value, "-", "-", "-", "-")
     out.print(table)
 
 

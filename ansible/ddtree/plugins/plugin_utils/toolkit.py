@@ -30,7 +30,7 @@ HOST_VARS = (
     "ansible_ssh_private_key_file", "ansible_private_key_file", "ansible_ssh_common_args",
     "ansible_ssh_extra_args", "ansible_connection", "ddtree_python", "ddtree_state_dir", "ddtree_keep_backups",
     "ddtree_sudo", "ddtree_op_timeout", "ddtree_known_hosts", "ddtree_ssh_config", "ddtree_connect_timeout",
-    "ddtree_jump", "ddtree_smoke", "ddtree_smoke_levels",
+    "ddtree_jump", "ddtree_smoke", "ddtree_smoke_levels", "ddtree_serve",
 )
 DIFF_MAX_BYTES = 1 << 20  # larger files are summarised by hash in diff mode
 
@@ -76,9 +76,11 @@ def run_json(argv, timeout):
 
 
 def run_command(action, command, task_vars, args):
-    """One ddtree.deploy task: push | status | rollback. Returns the Ansible result dict."""
+    """One ddtree.deploy task: push | status | rollback | restart. Returns the Ansible result dict."""
     result = {"changed": False}
     check_mode = bool(action._task.check_mode)
+    if command == "restart" and check_mode:  # a restart has no dry run: say what it would do
+        return dict(result, changed=True, msg="check mode: would restart the host's server ([serve] restart)")
     diff_mode = bool(action._task.diff)
     name, values = host_vars(action, task_vars)
     workdir = tempfile.mkdtemp(prefix="ddtree-ansible-")
@@ -110,6 +112,15 @@ def run_command(action, command, task_vars, args):
         if command == "status":
             result["msg"] = "%s: %s" % (host.get("phase"), host.get("explanation"))
             return result
+        if command == "restart":
+            # changed: the server was restarted (the command ran), healthy or not.
+            restarted = host.get("restart") or {}
+            result["changed"] = bool((restarted.get("restart") or {}).get("rc") == 0)
+            result["msg"] = restarted.get("detail") or host.get("outcome")
+            if host.get("ok") is False or rc != 0:
+                result.update(failed=True, msg="server %s after the restart (%s): %s"
+                              % (restarted.get("state"), restarted.get("failed"), restarted.get("detail")))
+            return result
         plan = host.get("plan") or {}
         changes = [f for f in plan.get("files") or () if f.get("action") != "keep"]
         # changed: files were switched (or, in check mode, would be).
@@ -128,7 +139,14 @@ def run_command(action, command, task_vars, args):
 
 
 def _failure(host, rc):
-    """One line for a push whose switch happened but whose smoke failed (or could not run)."""
+    """One line for a push whose switch happened but whose smoke failed (or could not run), or
+    whose server was not healthy after its restart ([serve])."""
+    serve = (host.get("serve") or {}).get("restart")
+    if serve and not serve.get("ok"):
+        line = "server %s after the restart (%s): %s" % (serve.get("state"), serve.get("failed"), serve.get("detail"))
+        if (host.get("serve") or {}).get("rolled_back"):
+            line += "; rolled back automatically"
+        return line
     if host.get("smoke_error"):
         return "smoke could not run: %s" % host["smoke_error"]
     levels = (host.get("smoke") or {}).get("levels") or ()
@@ -153,8 +171,8 @@ def _options(command, args, check_mode):
     if command in ("push", "rollback"):
         if check_mode:
             out.append("--dry-run")
-        if args.get("break_lock"):
-            out.append("--break-lock")
+    if command in ("push", "rollback", "restart") and args.get("break_lock"):
+        out.append("--break-lock")
     if args.get("trust_new_host"):
         out.append("--trust-new-host")
     if command == "push":
@@ -243,6 +261,7 @@ SPECS = {
                  break_lock={"type": "bool", "default": False}),
     "rollback": dict(_COMMON, to={"type": "str"}, break_lock={"type": "bool", "default": False}),
     "status": dict(_COMMON, family={"type": "str"}),
+    "restart": dict(_COMMON, break_lock={"type": "bool", "default": False}),
 }
 
 

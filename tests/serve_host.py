@@ -1,0 +1,67 @@
+"""A sandbox host whose server runs under a real supervisor: the serving tests' host
+(tests/test_serve_ssh.py, tests/test_json_envelope.py).
+
+The host is ddtree_deploy.sandbox's (a real sshd on loopback, SGLang 0.5.12.post1's real
+files, the small real series of tests/sshd_host.py); its server is the named STAND-IN for
+SGLang's HTTP server (ddtree_testkit/standin_server.py), started and restarted by
+supervisord (ddtree_testkit/supervised.py), and its inventory's [serve] table restarts it
+with the supervisor's own `supervisorctl restart` argv.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+from ddtree_deploy.sandbox import free_port
+from ddtree_testkit import STANDIN_SERVER
+from ddtree_testkit.supervised import Supervised
+from sshd_host import SPEC, UTILS
+
+BUDGET = 8
+
+
+class Served:
+    """A sandbox host whose stand-in server runs under its own supervisord."""
+
+    def __init__(self, sshd, root: Path, name: str, *, unhealthy_with: str | None = None, ready_after: float = 0.0,
+                 serve: dict | None = None):
+        self.host = sshd.add_host(name, root / name, files=[SPEC, UTILS])
+        self.port = free_port()
+        argv = [str(self.host.python), str(STANDIN_SERVER), "--model-path", "/models/target",
+                "--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", str(BUDGET),
+                "--port", str(self.port), "--package-file", SPEC, "--ready-after", str(ready_after)]
+        if unhealthy_with:
+            argv += ["--unhealthy-with", unhealthy_with]
+        self.sup = Supervised(root / name / "supervisor", "sglang", argv)
+        self.inventory = self.host.inventory(smoke_levels=[])
+        table = {"restart": self.sup.restart_argv, "url": f"http://127.0.0.1:{self.port}",
+                 "ready_timeout_s": 20, "poll_s": 0.2, "budget": BUDGET, **(serve or {})}
+        with open(self.inventory, "a") as fh:
+            fh.write("\n[serve]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def info(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=5) as r:
+            return json.loads(r.read())
+
+    def serving_sha(self) -> str | None:
+        return self.info()["stand_in_package"]["sha256"]
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health_generate", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait_healthy(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            assert time.monotonic() < deadline, f"{self.name}: the stand-in never became healthy"
+            time.sleep(0.1)
