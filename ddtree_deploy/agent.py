@@ -809,13 +809,9 @@ class Agent(object):
         for raw in reversed(lines):
             if not raw.strip():
                 continue
-            try:
-                doc = json.loads(raw.decode("utf-8"))
-            except ValueError:
-                unreadable += 1  # a line torn by a full disk or a crash: counted, skipped
-                continue
-            if not isinstance(doc, dict):
-                unreadable += 1
+            doc = parse_history_line(raw)
+            if doc is None:
+                unreadable += 1  # torn by a full disk or a crash, or not an entry we wrote: counted, skipped
                 continue
             total += 1
             if len(entries) < limit:
@@ -1114,6 +1110,61 @@ class Agent(object):
             shutil.rmtree(self._p("backups", bid), ignore_errors=True)
             pruned.append(bid)
         return pruned
+
+
+# What each field of a history entry holds (``record`` writes these); an entry whose field
+# holds another type was not written by this agent (edited by hand, another tool), and its
+# reader would trip over it: skipped and counted. Unknown fields are kept (newer agents).
+HISTORY_TYPES = {
+    "time": (str,), "event": (str,), "holder": (str,), "from": (str,), "run_id": (str,), "command": (str,),
+    "host": (str,), "outcome": (str,), "phase": (str,), "series": (str,), "series_id": (str,),
+    "sglang_version": (str,), "backup_id": (str,), "marked_run": (str,), "error": (str,), "files": (dict,),
+    "previous": (dict,), "smoke": (dict,),
+}
+# Entries nest a few levels (files -> path -> from/to); deeper is not ours, and a reader that
+# recurses (json.dumps with indent, a renderer) must never meet 100,000 levels.
+HISTORY_MAX_DEPTH = 16
+
+
+def parse_history_line(raw):
+    """One history line -> its entry (a dict), or None when it is not one: not UTF-8 JSON
+    (torn by a crash), nested so deep that json.loads itself gives up (RecursionError on
+    100,000 '['), or not an entry this agent could have written (``history_entry_ok``)."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return doc if history_entry_ok(doc) else None
+
+
+def history_entry_ok(doc):
+    """True when ``doc`` could be an entry ``record`` wrote: a dict whose known fields hold
+    their types (HISTORY_TYPES) and that nests at most HISTORY_MAX_DEPTH levels."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("event"), str):
+        return False
+    for key, kinds in HISTORY_TYPES.items():
+        value = doc.get(key)
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            return False
+    return nesting_within(doc, HISTORY_MAX_DEPTH)
+
+
+def nesting_within(doc, limit):
+    """Whether the parsed JSON value ``doc`` nests at most ``limit`` containers deep (walked
+    with a stack, never recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in children)
+    return True
 
 
 def short(sha):

@@ -753,7 +753,7 @@ class ProgramSession:
         self.received += 1
         try:
             return json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past what json.loads can recurse
             raise DeployError(f"{self.label}: {self.program.name} answered garbage: {line[:200]!r}",
                               code=self.program.code) from None
 
