@@ -1698,6 +1698,9 @@ def main():
     # treat a closed stdout as "stop talking" (see serve.answer), never as "stop working".
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # Ctrl-C at a terminal reaches a local agent too (same process group): the controller
+    # decides, and lets go of the link; the agent finishes the request it has, then sees EOF.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     serve(sys.stdin.buffer, sys.stdout.buffer)
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ddtree_deploy import next_step
+from ddtree_deploy import inflight, next_step
 from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.fsutil import NotARegularFile, check_regular, read_regular
@@ -530,14 +530,25 @@ class SSHTransport(Transport):
         client.set_missing_host_key_policy(Policy())
 
     def open(self) -> None:
-        import paramiko
-
         if self.conn is not None:
             return
+        inflight.check(self.label)
         conn = self._connection()
         # paramiko logs a failed handshake (a port that is not SSH) with a traceback on
         # stderr when nothing handles its logger; the one-line error below says it all.
         logging.getLogger("paramiko").addHandler(_QUIET)
+        with inflight.waiting(self.label, lambda: f"interrupted while connecting to {self.target.host}: nothing "
+                              "was sent to the host, it is unchanged",
+                              lambda: [self._close_quietly(h) for h in _hops(conn)]):
+            self._open_hops(conn)
+        self.conn = conn
+        self.connections += 1
+        # Keepalives: a host that vanished (cable, reboot) fails the read instead of hanging it.
+        conn.transport.set_keepalive(KEEPALIVE_S)
+
+    def _open_hops(self, conn) -> None:
+        import paramiko
+
         for hop in _hops(conn):  # the jump hops first, in order: a failure names the hop
             try:
                 hop.open()
@@ -549,10 +560,6 @@ class SSHTransport(Transport):
                 for opened in _hops(conn):
                     self._close_quietly(opened)
                 raise connect_error(self.label, self.host, hop, exc, jump=getattr(hop, "jump_hop", None)) from None
-        self.conn = conn
-        self.connections += 1
-        # Keepalives: a host that vanished (cable, reboot) fails the read instead of hanging it.
-        conn.transport.set_keepalive(KEEPALIVE_S)
 
     def _changed_key(self, conn, exc) -> HostKeyRefused:
         name = exc.hostname
@@ -701,27 +708,43 @@ class ProgramSession:
         self.proc: Process | None = None
         self.received = 0  # lines read so far: none means the program may never have started
         self.uploaded = False  # the program's source was handed to the link whole
+        self.waiting_for: str | None = None  # what the current read waits for (messages)
+        self._wait: int | None = None  # its registration with inflight (Ctrl-C's line, link dropped)
 
     def __enter__(self):
+        inflight.check(self.label)
         self.proc = self.transport.start(program_argv(self.host, sudo=self.sudo))
+        self._wait = inflight.enter(self.label, self.interrupted_state, self.detach)
         try:
             source = self.program.source()
             self.write(b"%d\n" % len(source) + source, f"while uploading {self.program.name}")
             self.uploaded = True
-        except BaseException:
-            self.__exit__()
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, None)
             raise
         return self
 
     def __exit__(self, *exc):
+        if self._wait is not None:
+            # Ctrl-C in this thread: its line is noted and the link dropped (detach), so the
+            # close below never waits on a silent host for the exit status.
+            inflight.leave(self._wait, interrupted=len(exc) > 1 and isinstance(exc[1], KeyboardInterrupt))
+            self._wait = None
         if self.proc is not None:
             self.proc.close()
             self.proc = None
+
+    def interrupted_state(self) -> str:
+        """Ctrl-C's line for this session: what it waited for, what that leaves, what to run."""
+        during = f"waiting for {self.waiting_for}" if self.waiting_for else "between two requests"
+        return (f"interrupted {during}: {self.lost_state()}; {next_step.status(self.host.name)} shows where the "
+                "host stands")
 
     def write(self, data: bytes, during: str) -> None:
         """Write raw bytes; a lost connection says what was being sent (``during``)."""
         if self.proc is None:
             raise DeployError(f"{self.label}: {self.program.name} is not running", code="connection-lost")
+        inflight.check(self.label)  # after Ctrl-C a woken worker sends nothing more
         try:
             self.proc.write(data)
         except DeployError as exc:
@@ -741,6 +764,7 @@ class ProgramSession:
         if self.proc is None:
             raise DeployError(f"{self.label}: {self.program.name} is not running", code="connection-lost")
         during = during or what
+        self.waiting_for = during
         try:
             line = self.proc.readline(deadline, what)
         except DeployError as exc:
@@ -750,6 +774,7 @@ class ProgramSession:
             raise
         if not line.endswith(b"\n"):
             raise self._stopped(during)
+        self.waiting_for = None
         self.received += 1
         try:
             return json.loads(line)
@@ -758,8 +783,8 @@ class ProgramSession:
                               code=self.program.code) from None
 
     def _stopped(self, during: str) -> DeployError:
-        code, tail = self.proc.close()
-        self.proc = None
+        proc, self.proc = self.proc, None
+        code, tail = proc.close() if proc is not None else (None, "")  # None: dropped by a Ctrl-C meanwhile
         detail = tail.strip().splitlines()[-1] if tail.strip() else "no output"
         if code in (None, -1) and not tail.strip():
             # No exit status at all: the program did not stop, the link did (paramiko's -1
@@ -849,6 +874,10 @@ class AgentSession(ProgramSession):
 
     def one(self, request: dict) -> dict:
         return self.call(request)[0]
+
+    def interrupted_state(self) -> str:
+        self.waiting_for = "+".join(self.unanswered) or None
+        return super().interrupted_state()
 
     def lost_state(self) -> str:
         """A lost link during the ops in flight: what the agent (which ignores the hangup,

@@ -348,3 +348,36 @@ def test_connection_cut_while_the_push_holds_the_lock_during_its_smoke(world):
     assert results[1].ok and results[1].marked
     assert deploy.status(direct, SSHTransport(direct))["phase"] == "deployed"
     run(w, "rollback")
+
+
+def test_a_cut_before_the_apply_says_what_happened_and_that_the_host_is_unchanged(world, capsys):
+    """#22: a cut during the upload said `the agent stopped during apply (exit -1; no output)`, a
+    cut while the host program started `cannot start the agent:` with an empty reason, a cut
+    during the handshake `authentication failed`. Walk cuts over the start of a push (key
+    exchange, authentication, program start, agent upload, the first round trip): each error
+    names what was under way and says the host is unchanged, and it is."""
+    w = world
+    proxy = w["proxy"]
+    before = files(w)
+    journal = w["h"].state_dir / "journal.json"
+    journal_before = journal.read_bytes() if journal.exists() else None
+    phases: dict[str, int] = {}
+    wrong = ("authentication failed", "cannot start the agent:", "exit -1", "stopped during")
+    unchanged = ("nothing was sent to the host", "nothing on the host changed", "no file on the host was changed")
+    for cut in range(250, 10250, 250):
+        proxy.arm(cut)
+        with pytest.raises(DeployError) as caught:
+            run(w, "push", w["proxied"])
+        message = caught.value.message
+        assert proxy.cut and not any(bad in message for bad in wrong), (cut, message)
+        assert any(ok in message for ok in unchanged), (cut, message)
+        for phase in ("during the SSH handshake", "during the authentication", "while starting the host program",
+                      "while uploading the agent", "waiting for init", "while sending"):
+            if phase in message:
+                phases[phase] = phases.get(phase, 0) + 1
+        wait_unlocked(w)
+        assert files(w) == before and (journal.read_bytes() if journal.exists() else None) == journal_before
+    proxy.arm(None)
+    with capsys.disabled():
+        print(f"\ncuts before the apply: {sorted(phases.items())}")
+    assert {"during the SSH handshake", "during the authentication", "while uploading the agent"} <= set(phases)
