@@ -341,8 +341,9 @@ class _Fencing(object):
                        "the host changed since (its journal: run %s, phase %s)"
                        % ((now or {}).get("run_id"), (now or {}).get("phase")))
                 if switched:
+                    see = "`status` once that run ends" if holder else "`status`"
                     state = ("it had switched %d of %d file(s) and wrote nothing after that; %s: see %s"
-                             % (len(switched), self.switch_total or len(done), who, "`status` once that run ends" if holder else "`status`"))
+                             % (len(switched), self.switch_total or len(done), who, see))
                 else:
                     state = "no file was switched by it; %s" % who
         message = "run %s lost the deploy lock before %s (%s); it stopped: %s" % (

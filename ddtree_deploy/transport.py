@@ -569,8 +569,9 @@ class SSHTransport(Transport):
         return HostKeyRefused(
             f"{self.label}: HOST KEY CHANGED for {name}: got {fingerprint(exc.key)}, "
             f"known_hosts has {fingerprint(exc.expected_key)}; refusing to connect",
-            hint=f"if the change is expected: ssh-keygen -f {shlex.quote(str(Path(self.target.known_hosts).expanduser()))} "
-            f"-R {shlex.quote(name)}, then rerun with --trust-new-host",
+            hint=f"if the change is expected: ssh-keygen -f "
+            f"{shlex.quote(str(Path(self.target.known_hosts).expanduser()))} -R {shlex.quote(name)}, then rerun "
+            "with --trust-new-host",
         )
 
     @staticmethod

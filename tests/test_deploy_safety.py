@@ -561,7 +561,7 @@ def test_a_family_named_by_the_host_is_only_looked_up_among_known_families(sshd,
 def test_a_cut_during_the_upload_is_one_connection_error_line(sshd, tmp_path, env, monkeypatch, series):
     """The CLI, cut by a TCP proxy at offsets across the agent's upload and the requests:
     exit 1, one `error:` line naming the host, never a traceback (EOFError or other)."""
-    from test_faults import CutProxy
+    from link_faults import CutProxy
 
     h, _host = new_host(sshd, tmp_path)
     proxy = CutProxy(sshd.port)

@@ -3,7 +3,7 @@ second, one JSON envelope, and a line per host saying what it waited for, what t
 the host and what to run next.
 
 Real parts: the console script in its own process, a real sshd on loopback with real SGLang
-files (tests/sshd_host.py), and a TCP proxy of ours between them that relays faithfully until
+files (tests/sshd_host.py), and a TCP proxy of ours between them (tests/link_faults.py) that relays faithfully until
 the client has sent a given number of bytes, then stops forwarding the host's answers (the
 "blackholed" link: nothing is closed, nothing arrives). Before the fix the fleet loop joined
 its worker, which waited for the 120 s op_timeout, and the session's close waited 60 s more
@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -26,75 +25,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
+from link_faults import StallProxy  # noqa: E402
 from sshd_host import DEPLOY_SERIES, SPEC, UTILS, oracle, sshd  # noqa: E402,F401  (shared fixtures)
 
 pytestmark = pytest.mark.sshd
 CONSOLE = Path(sys.executable).parent / "ddtree-deploy"
 #: The bound the issue sets, from the signal to the process's exit.
 WITHIN_S = 1.0
-
-
-class StallProxy:
-    """Relay 127.0.0.1:<port> <-> sshd; once ``stall_after`` bytes went client -> host, drop
-    every byte the host sends back (the link stays open: a blackhole, not a cut). The client's
-    close still closes the host's side (so the agent sees EOF, as with a real dead link that
-    comes back)."""
-
-    def __init__(self, target_port: int):
-        self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.stall_after: int | None = None
-        self.sent = 0  # client -> host bytes
-        self.stalled = threading.Event()
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def arm(self, stall_after: int | None) -> None:
-        with self._lock:
-            self.stall_after, self.sent = stall_after, 0
-            self.stalled.clear()
-
-    def close(self) -> None:
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target_port))
-            pair = (client, server)
-            threading.Thread(target=self._pump, args=(client, server, pair, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, pair, False), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, pair, upstream: bool) -> None:
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            with self._lock:
-                if upstream:
-                    self.sent += len(data)
-                    if self.stall_after is not None and self.sent >= self.stall_after:
-                        self.stalled.set()
-                drop = not upstream and self.stalled.is_set()
-            if drop:
-                continue
-            try:
-                dst.sendall(data)
-            except OSError:
-                break
-        for s in pair:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
 
 
 @pytest.fixture(scope="module")

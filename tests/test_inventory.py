@@ -88,7 +88,8 @@ def test_builtin_local_host(tmp_path):
         ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '/a/../b'\n", r"host.state_dir: .*'\.\.'"),
         ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '~/$(id)'\n", r"host.state_dir: .*shell syntax"),
         ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '~x/s'\n", r"host.state_dir"),
-        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nop_timeout = 0\n", r"host.op_timeout: must be a number of seconds above 0"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nop_timeout = 0\n",
+         r"host.op_timeout: must be a number of seconds above 0"),
     ],
 )
 def test_broken_inventory_names_file_and_key(text, message):

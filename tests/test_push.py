@@ -89,7 +89,8 @@ def test_plan_rollback_refuses_foreign_edits():
                                "(not patched) (1 patched, 1 pristine): an import of SGLang may fail; rerun "
                                "`ddtree-deploy push --host h` to complete the series or `ddtree-deploy rollback "
                                "--host h` to restore the backup", True),
-    ("switched", "push", "ac", "MIXED: the journal says switched (push run r1) but 2 of its file(s) are pristine", True),
+    ("switched", "push", "ac", "MIXED: the journal says switched (push run r1) but 2 of its file(s) are "
+                               "pristine", True),
     ("switching", "push", "bc", "push run r1 was interrupted while switching files (1 patched, 1 pristine); each "
                                 "file is wholly old or new; rerun `push` to complete it or `rollback` to restore the "
                                 "backup", False),
@@ -110,6 +111,9 @@ def test_status_explains_every_phase(phase, op, have, expect, mixed):
     doc = describe("h", facts, None)
     assert doc["phase"] == phase and expect in doc["explanation"], doc["explanation"]
     assert doc["mixed"] is mixed
+    from ddtree_deploy.fleet import status_row
+
+    assert status_row(doc)["phase"] == (f"MIXED ({phase})" if mixed else phase)  # the fleet table
     states = {"a": "pristine", "b": "patched", "c": "pristine", "d": "patched"}
     assert [(f["path"], f["state"]) for f in doc["files"]] == [("x", states[have[0]]), ("y", states[have[1]])]
     never = describe("h", {"files": {"x": {"sha256": "a"}}}, _desired(x=("a", "b")))
