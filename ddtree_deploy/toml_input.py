@@ -7,7 +7,8 @@ knows how to read the next complaint:
 
 ``line N`` is tomllib's for a syntax error, else the line of the key (or of its table's
 header) found in the text; it is left out where the key is not written in the file (a
-required key that is missing from an absent table). Pure: the caller reads the file.
+required key that is missing from an absent table). Parsing is pure; ``read_text`` reads a
+file for it, bounded (a regular UTF-8 file under MAX_TOML_BYTES, else one BadInput line).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-#: The largest TOML input read (a host file, groups.toml, a family.toml): far above any real one.
+#: The largest TOML input ``read_text`` reads (a host file, groups.toml): far above any real one.
 MAX_TOML_BYTES = 1 << 20
 #: The longest a number of seconds may be (a day): beyond it a deadline means "never"
 #: and, at inf, overflows the clocks it is added to.
@@ -56,12 +57,6 @@ class TomlFile:
             at = f"line {m.group(1)}: " if m else ""
             what = message[:m.start()] if m else message
             raise BadInput(f"{source}: {at}not valid TOML: {what}; fix the syntax (see https://toml.io)") from None
-
-    @classmethod
-    def read(cls, path: str | os.PathLike, *, source: str | None = None, what: str = "TOML file") -> "TomlFile":
-        """Read (``read_text``) and parse ``path``."""
-        source = source or str(path)
-        return cls(read_text(path, source=source, what=what), source=source)
 
     @classmethod
     def of(cls, data: dict[str, Any], *, source: str, text: str = "") -> "TomlFile":

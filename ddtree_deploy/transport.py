@@ -359,19 +359,16 @@ def connection_lost(label: str, exc: BaseException, step: str | None = None, *,
     starting the host program"), why in words (an EOFError from paramiko says nothing by
     itself: the peer or the network closed it), and, when the caller knows it, what that
     leaves on the host (``state``)."""
-    why = lost_why(exc)
+    if isinstance(exc, EOFError) or not str(exc):
+        why = "the connection was closed"
+    elif isinstance(exc, OSError) and exc.strerror:
+        why = exc.strerror
+    else:
+        why = str(exc)
     during = f" {step}" if step else ""
     tail = f"; {state}" if state else ""
     return DeployError(f"{label}: connection lost{during} ({why}){tail}", code="connection-lost",
                        hint=f"run {next_step.status()} to see where the host stands, then rerun")
-
-
-def lost_why(exc: BaseException) -> str:
-    if isinstance(exc, EOFError) or not str(exc):
-        return "the connection was closed"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc)
 
 
 def load_host_keys(keys, data: bytes) -> None:
