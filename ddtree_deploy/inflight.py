@@ -12,7 +12,7 @@ in worker threads) registers here while it lasts (``waiting``). When the user in
 * each dropped wait leaves one line (``notes``): the host, what it was waiting for, the
   state that leaves on the host and what to run next. The CLI prints them with exit 130.
 
-Pure bookkeeping, stdlib only: the transport registers, the CLI reads.
+Pure bookkeeping (stdlib and next_step): the transport registers, the CLI reads.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+from ddtree_deploy import next_step
 from ddtree_deploy.errors import DeployError
 
 #: The envelope's error code and the exit code of an interrupted run (docs/json.md).
@@ -93,7 +94,8 @@ def _stop(wait: _Wait | None) -> None:
     try:
         line = f"{wait.host}: {wait.state()}"
     except Exception as exc:  # noqa: BLE001 - the note must never hide the interrupt itself
-        line = f"{wait.host}: interrupted ({type(exc).__name__} while describing the wait); run `ddtree-deploy status`"
+        line = (f"{wait.host}: interrupted ({type(exc).__name__} while describing the wait); run "
+                f"{next_step.status(wait.host)}")
     try:
         wait.drop()
     except Exception:  # noqa: BLE001 - a link that is already gone
@@ -114,7 +116,7 @@ def interrupt(running: Iterable[str] = ()) -> None:
     for host in sorted(set(running) - {w.host for w in waits}):
         with _lock:
             _notes.append(f"{host}: interrupted between two steps (nothing was in flight on the link); "
-                          f"`ddtree-deploy status --host {host}` shows where the host stands")
+                          f"{next_step.status(host)} shows where the host stands")
 
 
 def check(host: str) -> None:
