@@ -29,6 +29,7 @@ Keep this file compatible with Python 3.8 and free of third-party imports.
 """
 
 import base64
+import contextlib
 import errno
 import hashlib
 import json
@@ -237,10 +238,206 @@ def holder_is_dead(owner):
     return start is None or start != owner.get("pid_start")
 
 
+# ---------------------------------------------------------------- the lock as a fencing token
+
+
+GUARD = "lock.guard"  # flock'd around every lock change and every fenced write (see _Fencing)
+GUARD_WAIT_S = 30.0  # a guard held longer is a stopped or hung agent: refuse, never wait for ever
+LOST_LOCK = "lost-lock"
+
+
+class _Fencing(object):
+    """The deploy lock's run id as a fencing token.
+
+    ``lock release --force`` (or ``--break-lock``) can take the lock from a run that is still
+    alive (stopped, slow, on a hung link). Such a run must never write again: before its apply
+    and before every rename, journal write, backup prune and sweep it checks that ``lock/``
+    still names its run id (``owns_lock``), and it checks and writes under ``lock.guard``, an
+    flock that every lock change (take, release, break) also holds. So a release never falls
+    between a holder's check and its write, and a new holder's read of the files comes after
+    the old holder's last write. A run that lost the lock stops; it switches back what it
+    switched only when nobody has written since (the lock still free, the journal and the
+    switched files still its own): otherwise the new holder planned from the files as they
+    are, and undoing them would mix the host under that run.
+    """
+
+    locked = False
+    lock_owner = None
+    last_journal = None  # the journal this run last wrote (None: none yet in this apply)
+    switch_total = 0  # how many files this apply switches (for messages)
+    _guard_depth = 0
+
+    @contextlib.contextmanager
+    def guarded(self):
+        """Hold ``<state_dir>/lock.guard`` (re-entrant within this agent)."""
+        if self._guard_depth:
+            self._guard_depth += 1
+            try:
+                yield
+            finally:
+                self._guard_depth -= 1
+            return
+        fd = open_guard(self._p(GUARD))
+        self._guard_depth = 1
+        try:
+            yield
+        finally:
+            self._guard_depth = 0
+            os.close(fd)  # closing the descriptor drops the flock
+
+    def owns_lock(self):
+        if not self.locked or not self.lock_owner:
+            return False
+        held = read_json(self._p("lock", "owner.json"))
+        return (isinstance(held, dict) and held.get("run_id") == self.lock_owner["run_id"]
+                and held.get("pid") == self.lock_owner.get("pid"))
+
+    @contextlib.contextmanager
+    def fenced(self, step):
+        """One write step, under the guard, only while this run still holds the lock; else
+        AgentError(lost-lock) whose message is the ``step`` that did not happen."""
+        with self.guarded():
+            if not self.owns_lock():
+                raise AgentError("lost-lock", step)
+            yield
+
+    def after_lost_lock(self, exc, previous, done):
+        """The lost-lock error of an apply that stopped before ``exc.message`` (its step),
+        after switching what ``done`` says: switched back when nobody wrote since."""
+        switched = [e for e in done if e[3]]
+        unchanged = True
+        with self.guarded():
+            holder = self.read_lock()
+            now = read_json(self._p("journal.json"))
+            ours = self.last_journal if self.last_journal is not None else previous
+            untouched = holder is None and now == ours and all(switched_is_ours(e) for e in switched)
+            if not switched and self.last_journal is None:
+                state = "nothing on the host was changed by it"
+            elif untouched:
+                failed = switch_back(done)
+                if failed:
+                    unchanged = False
+                    state = ("it had switched %d file(s); switching them back failed (%s): the host is MIXED and "
+                             "the journal says `switching`: rerun push or rollback to complete"
+                             % (len(switched), "; ".join(failed)))
+                else:
+                    try:
+                        if previous is None:
+                            remove_quietly(self._p("journal.json"))
+                        else:
+                            write_json_atomic(self._p("journal.json"), previous)
+                        journal_note = "the journal restored"
+                    except OSError as err:
+                        journal_note = "the journal not restored (%s; status explains it)" % describe_os_error(
+                            err, "journal")
+                    state = ("the %d file(s) it had switched were switched back, %s: the host is as before "
+                             "this run" % (len(switched), journal_note))
+            else:
+                unchanged = not switched
+                for e in done:  # our own temporaries only (named by our pid); the files stay as they are
+                    if e[2] and not e[3]:
+                        remove_quietly(e[2])
+                who = ("run %s (%s) holds it now and works from the files as they are"
+                       % (holder.get("run_id"), holder.get("holder")) if holder else
+                       "the host changed since (its journal: run %s, phase %s)"
+                       % ((now or {}).get("run_id"), (now or {}).get("phase")))
+                if switched:
+                    see = "`status` once that run ends" if holder else "`status`"
+                    state = ("it had switched %d of %d file(s) and wrote nothing after that; %s: see %s"
+                             % (len(switched), self.switch_total or len(done), who, see))
+                else:
+                    state = "no file was switched by it; %s" % who
+        message = "run %s lost the deploy lock before %s (%s); it stopped: %s" % (
+            (self.lock_owner or {}).get("run_id"), exc.message, self.lock_taker(), state)
+        return AgentError("lost-lock", message, unchanged=unchanged, switched=len(switched))
+
+    def lock_taker(self):
+        """Who took this run's lock, from the history (the release or break of our run id),
+        and who holds it now; in words."""
+        run = (self.lock_owner or {}).get("run_id")
+        taken = "it was removed"
+        for entry in self.history_tail():
+            prev = entry.get("previous")
+            if entry.get("event") in ("lock-release", "lock-break") and isinstance(prev, dict) \
+                    and prev.get("run_id") == run:
+                how = {"forced": "released by force", "broken": "broken"}.get(entry.get("outcome"), "released")
+                taken = "%s by %s at %s" % (how, entry.get("holder"), entry.get("time"))
+                break
+        holder = self.read_lock()
+        if holder:
+            return "%s; run %s (%s, %s) holds it since %s" % (taken, holder.get("run_id"), holder.get("holder"),
+                                                              holder.get("command"), holder.get("time"))
+        return "%s; it is free now" % taken
+
+    def history_tail(self, nbytes=1 << 18):
+        """The newest history entries (from the last ``nbytes`` of the file), newest first."""
+        try:
+            with open(self._p(HISTORY), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - nbytes))
+                lines = f.read().splitlines()
+        except OSError:
+            return []
+        entries = (parse_history_line(raw) for raw in reversed(lines))
+        return [e for e in entries if e is not None]
+
+    def sweep_dead_runs(self):
+        """Under the lock just taken: every package folder the state names (the journal's files,
+        each backup's) is swept of our temporaries, with the state folder's own leftovers."""
+        journal = read_json(self._p("journal.json"))
+        paths = set()
+        if isinstance(journal, dict) and isinstance(journal.get("files"), dict):
+            paths.update(journal["files"])
+        for manifest in self.list_backups():
+            if isinstance(manifest.get("files"), dict):
+                paths.update(manifest["files"])
+        folders = set()
+        for rel in paths:
+            try:
+                folders.add(os.path.dirname(self.target(rel)))
+            except AgentError:
+                continue  # a path that is not ours to touch (a symlink): never swept
+        self.sweep_leftovers(folders)
+
+
+def open_guard(path):
+    """``path`` opened and flock'd exclusively, waiting at most GUARD_WAIT_S."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX host: no guard (and no concurrent agents there)
+        return fd
+    deadline = time.monotonic() + GUARD_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                os.close(fd)
+                raise
+        if time.monotonic() > deadline:
+            os.close(fd)
+            raise AgentError("locked", "%s stayed held for %g s by another agent (stopped or hung mid-step): "
+                             "nothing was changed; find that process (`fuser %s`) and let it finish or stop it"
+                             % (path, GUARD_WAIT_S, path), holder=None, stale=False)
+        time.sleep(0.01)
+
+
+def switched_is_ours(entry):
+    """Whether the file of a switched ``done`` entry is still the version this run put there
+    (its inode; a removed file still absent)."""
+    path, ino = entry[1], entry[4] if len(entry) > 4 else None
+    try:
+        return ino is not None and os.lstat(path).st_ino == ino
+    except OSError:
+        return ino is None
+
+
 # ---------------------------------------------------------------- the agent
 
 
-class Agent(object):
+class Agent(_Fencing):
     def __init__(self, state_dir=None, hooks=None):
         self.state_dir = None
         self.root = None
@@ -387,18 +584,52 @@ class Agent(object):
         }
         # Build the lock complete with its owner file, then rename it into place: a
         # directory rename onto an existing non-empty lock fails, so exactly one wins,
-        # and nobody ever sees a lock without its owner.
-        tmp = self._p("lock%s%s" % (TMP_TAG, request["run_id"]))
+        # and nobody ever sees a lock without its owner. All of it under the lock's guard
+        # (see _Fencing): a forced release or another taker never interleaves with it.
+        with self.guarded():
+            broke = self._take_lock(lock, owner, request)
+            self.locked = True
+            self.lock_owner = owner
+            tuning = self._live_tune_lock()
+            if tuning:
+                # A tune's servers run the files a push or rollback would switch (the tune itself
+                # checks the deploy lock before each launch): refuse, and hold nothing.
+                self._remove_lock(lock)
+                self.locked = False
+                self.lock_owner = None
+                raise AgentError("locked", "a tune is running on this host (tune lock held); wait for it or stop it",
+                                 holder=tuning, stale=False)
+            # What killed runs left (temp files, staging, half-made locks and backups), in the
+            # state folder and in every package folder the state names: swept by every run.
+            self.sweep_dead_runs()
+        warning = None
+        if broke is not None:
+            warning = self.record("lock-break", outcome="broken" if not broke.get("stale") else "stale-taken",
+                                  previous=broke)
+        reply = {"owner": owner, "broke": broke}
+        if warning:
+            reply["history_warning"] = warning
+        return reply
+
+    def _take_lock(self, lock, owner, request):
+        """The atomic take (under the guard): the lock broken first when stale or asked to;
+        the broken lock's owner returned (None: it was free)."""
+        tmp = self._p("lock%s%s" % (TMP_TAG, owner["run_id"]))
         shutil.rmtree(tmp, ignore_errors=True)
-        os.mkdir(tmp, 0o700)
-        write_private(os.path.join(tmp, "owner.json"), json.dumps(owner).encode())
+        try:
+            os.mkdir(tmp, 0o700)
+            write_private(os.path.join(tmp, "owner.json"), json.dumps(owner).encode())
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a full disk leaves no empty lock.<tmp>/ behind
+            raise
         broke = None
         for _attempt in range(2):
             try:
                 os.rename(tmp, lock)
-                break
+                return broke
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):
+                    shutil.rmtree(tmp, ignore_errors=True)
                     raise
             held = read_json(os.path.join(lock, "owner.json")) or {}
             stale = holder_is_dead(held)
@@ -408,28 +639,8 @@ class Agent(object):
                 continue
             shutil.rmtree(tmp, ignore_errors=True)
             raise AgentError("locked", "deploy lock held", holder=held, stale=stale)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise AgentError("locked", "deploy lock taken concurrently", holder=None, stale=False)
-        self.locked = True
-        self.lock_owner = owner
-        tuning = self._live_tune_lock()
-        warning = None
-        if tuning:
-            # A tune's servers run the files a push or rollback would switch (the tune itself
-            # checks the deploy lock before each launch): refuse, and hold nothing.
-            self._remove_lock(lock)
-            self.locked = False
-            self.lock_owner = None
-            raise AgentError("locked", "a tune is running on this host (tune lock held); wait for it or stop it",
-                             holder=tuning, stale=False)
-        if broke is not None:
-            warning = self.record("lock-break", outcome="broken" if not broke.get("stale") else "stale-taken",
-                                  previous=broke)
-        reply = {"owner": owner, "broke": broke}
-        if warning:
-            reply["history_warning"] = warning
-        return reply
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise AgentError("locked", "deploy lock taken concurrently", holder=None, stale=False)
 
     def _live_tune_lock(self):
         """The tune lock's owner while its process provably runs on this host, else None."""
@@ -460,11 +671,16 @@ class Agent(object):
     def release(self):
         if not self.locked:
             return False
-        lock = self._p("lock")
-        held = read_json(os.path.join(lock, "owner.json")) or {}
-        if held.get("run_id") == self.lock_owner["run_id"]:
-            self._remove_lock(lock)
-        self.locked = False
+        try:
+            with self.guarded():
+                if self.owns_lock():  # never somebody else's: ours may have been released by force
+                    self._remove_lock(self._p("lock"))
+        except (OSError, AgentError):
+            # No guard (a stopped agent holds it): leave the lock; once this process is gone it
+            # is provably stale, and the next run takes it over.
+            pass
+        finally:
+            self.locked = False
         return True
 
     def op_facts(self, request):
@@ -588,8 +804,16 @@ class Agent(object):
         run_id = request["run_id"]
         files = request["files"]
         targets = [(f, self.target(f["path"])) for f in files]
-        # Leftovers of dead runs first (we hold the lock): they may hold the space we need.
-        self.sweep_leftovers([p for _f, p in targets])
+        self.last_journal, self.switch_total = None, len(targets)
+        previous = read_json(self._p("journal.json"))
+        self.hook("stop_before_apply")
+        try:
+            # Leftovers of dead runs first (we hold the lock): they may hold the space we need.
+            self.sweep_leftovers(set(os.path.dirname(p) for _f, p in targets))  # fenced: checks the lock
+        except AgentError as exc:
+            if exc.code == LOST_LOCK:
+                raise self.after_lost_lock(AgentError("lost-lock", "its apply"), previous, [])
+            raise
         for f, path in targets:
             current = self.stat_file(f["path"])
             have = current["sha256"] if current else None
@@ -601,11 +825,11 @@ class Agent(object):
                     path=f["path"],
                 )
         self.preflight(targets, request)
-        previous = read_json(self._p("journal.json"))
         journal = dict(request["journal"])
         journal.update(version=JOURNAL_VERSION, run_id=run_id, op=request["kind"])
         staging = self._p("staging", run_id)
         step = "back up"
+        done = []
         try:
             backup_id = request.get("backup_id")
             if request.get("make_backup"):
@@ -625,7 +849,8 @@ class Agent(object):
                 self.journal(journal, request["final_phase"])
             except OSError as exc:
                 # The files are switched but the journal cannot say so: switch them back.
-                failed = switch_back(done)
+                with self.fenced("switching back after the journal write failed"):
+                    failed = switch_back(done)
                 if failed:
                     raise AgentError("switch-mixed", "writing the journal failed (%s) and switching back also "
                                      "failed (%s): the host is MIXED and the journal says `switching`: rerun "
@@ -637,28 +862,44 @@ class Agent(object):
                     remove_quietly(entry[2])
         except (OSError, AgentError) as exc:
             shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, AgentError) and exc.code == LOST_LOCK:
+                raise self.after_lost_lock(exc, previous, getattr(exc, "done", None) or done)
             if isinstance(exc, AgentError) and exc.code == "switch-mixed":
                 raise  # the journal stays `switching`: the rerun completes the switch
-            self.restore_journal(previous)
+            try:
+                self.restore_journal(previous)
+            except AgentError as lost:
+                if lost.code != LOST_LOCK:
+                    raise
+                raise self.after_lost_lock(lost, previous, [])
             if isinstance(exc, AgentError):
                 what, path = exc.message, exc.extra.get("path")
             else:
                 what, path = describe_os_error(exc, step), exc.filename
             raise AgentError("failed-unchanged", "%s failed, host unchanged: %s" % (step, what), path=path)
         shutil.rmtree(staging, ignore_errors=True)
-        pruned = self.prune_backups(int(request.get("keep_backups", 5)), keep=(backup_id,))
+        try:
+            pruned = self.prune_backups(int(request.get("keep_backups", 5)), keep=(backup_id,))
+        except AgentError as exc:
+            if exc.code != LOST_LOCK:
+                raise
+            pruned = []  # the switch is done and journaled; only the pruning is left to the next run
         return {"backup_id": backup_id, "switched": switched, "purged": purged,
                 "pruned": pruned, "verified": len(targets)}
 
     def restore_journal(self, previous):
-        """Put the journal back as it was before this op (the host is as it was)."""
-        try:
-            if previous is None:
-                remove_quietly(self._p("journal.json"))
-            else:
-                write_json_atomic(self._p("journal.json"), previous)
-        except OSError:
-            pass  # it said `staged` at most, which status explains as "before any file changed"
+        """Put the journal back as it was before this op (the host is as it was): only if this
+        op wrote it, and only while this run holds the lock (else AgentError lost-lock)."""
+        if self.last_journal is None:
+            return
+        with self.fenced("restoring the journal"):
+            try:
+                if previous is None:
+                    remove_quietly(self._p("journal.json"))
+                else:
+                    write_json_atomic(self._p("journal.json"), previous)
+            except OSError:
+                pass  # it said `staged` at most, which status explains as "before any file changed"
 
     def switch_all(self, targets, staged):
         """Switch every file; on any failure switch the switched ones back (same op).
@@ -666,18 +907,36 @@ class Agent(object):
         Returns (paths, purged bytecode, entries): the entries keep each file's previous
         version (a hard link) for a switch back until the caller has written the journal.
         """
-        done = []  # [file, path, previous-version link or None, switched?]
+        done = []  # [file, path, previous-version link or None, switched?, inode switched in]
         purged = []
         try:
             for (f, path), src in zip(targets, staged):
-                entry = [f, path, None, False]
+                entry = [f, path, None, False, None]
                 done.append(entry)
+                with self.fenced("switching %s" % f["path"]):
+                    pass  # checked first too: a run that lost the lock reads and copies nothing more
                 entry[2] = keep_previous(path, links=not self.hooks.get("no_hard_links"))
-                self.switch_one(f, path, src)
-                entry[3] = True
-                purged.extend(purge_bytecode(path))
+                tmp = self.prepare_switch(f, path, src)
+                try:
+                    with self.fenced("switching %s" % f["path"]):  # the rename, only while we hold the lock
+                        if tmp is None:
+                            if os.path.lexists(path):
+                                os.unlink(path)
+                        else:
+                            os.replace(tmp, path)
+                            entry[4] = os.lstat(path).st_ino
+                        entry[3] = True
+                        purged.extend(purge_bytecode(path))
+                except BaseException:
+                    if tmp is not None:
+                        remove_quietly(tmp)
+                    raise
                 if self.hooks.get("exit_after_renames") == len(done):
                     os._exit(75)  # TEST HOOK: simulate the agent killed mid-switch
+                if self.hooks.get("stop_after_renames") == len(done):
+                    # TEST HOOK: the agent stopped (SIGSTOP) mid-switch, outside the guard, until
+                    # the test continues it (SIGCONT), e.g. after a forced lock release.
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 if self.hooks.get("immutable_after_renames") == len(done):
                     # TEST HOOK (injected fault): the folder turns immutable (chattr +i) after
                     # this rename, so the next switch and the switch back both really fail.
@@ -695,6 +954,9 @@ class Agent(object):
                 raise AgentError("verify", "after the switch these files differ from the plan: %s"
                                  % ", ".join(mismatched))
         except (OSError, AgentError) as exc:
+            if isinstance(exc, AgentError) and exc.code == LOST_LOCK:
+                exc.done = done  # never switched back here: the caller decides (after_lost_lock)
+                raise
             # os.write's ENOSPC names no file: name the one being switched.
             current = done[-1][0]["path"] if done else "switch"
             # Our own temp files (the kept previous version, a staged copy) mean nothing to the
@@ -702,7 +964,13 @@ class Agent(object):
             if isinstance(exc, OSError) and (exc.filename is None or TMP_TAG in os.path.basename(str(exc.filename))):
                 exc.filename = current
             what = exc.message if isinstance(exc, AgentError) else describe_os_error(exc, current)
-            failed = switch_back(done)
+            try:
+                with self.fenced("switching back after: %s" % what):
+                    failed = switch_back(done)
+            except AgentError as lost:
+                if lost.code == LOST_LOCK:
+                    lost.done = done
+                raise
             if failed:
                 raise AgentError("switch-mixed", "switch failed: %s; switching back also failed (%s): the host "
                                  "is MIXED and the journal says `switching`: rerun push or rollback to complete"
@@ -732,7 +1000,14 @@ class Agent(object):
                              journal=journal)
         if request.get("smoke") is not None:
             journal["smoke"] = request["smoke"]
-        self.journal(journal, request["phase"])
+        try:
+            self.journal(journal, request["phase"])
+        except AgentError as exc:
+            if exc.code != LOST_LOCK:
+                raise
+            raise AgentError("lost-lock", "run %s lost the deploy lock before marking the journal %s (%s); nothing "
+                             "was written" % ((self.lock_owner or {}).get("run_id"), request["phase"],
+                                              self.lock_taker()), unchanged=True)
         reply = {"journal": journal}
         warning = self.record("mark", outcome="ok", phase=request["phase"], marked_run=journal.get("run_id"),
                               series=journal.get("series"), series_id=journal.get("series_id"),
@@ -756,10 +1031,11 @@ class Agent(object):
         serve = request.get("serve")
         if not isinstance(serve, dict):
             raise AgentError("protocol", "served needs a serve record")
-        journal = read_json(self._p("journal.json"))
-        if journal:
-            journal["serve"] = serve
-            write_json_atomic(self._p("journal.json"), journal)
+        with self.fenced("recording the server restart (%s)" % serve.get("state")):
+            journal = read_json(self._p("journal.json"))
+            if journal:
+                journal["serve"] = serve
+                write_json_atomic(self._p("journal.json"), journal)
         reply = {"journal": journal}
         if request.get("history"):
             warning = self.record("restart", outcome=serve.get("state"), phase=(journal or {}).get("phase"),
@@ -838,13 +1114,9 @@ class Agent(object):
         for raw in reversed(lines):
             if not raw.strip():
                 continue
-            try:
-                doc = json.loads(raw.decode("utf-8"))
-            except ValueError:
-                unreadable += 1  # a line torn by a full disk or a crash: counted, skipped
-                continue
-            if not isinstance(doc, dict):
-                unreadable += 1
+            doc = parse_history_line(raw)
+            if doc is None:
+                unreadable += 1  # torn by a full disk or a crash, or not an entry we wrote: counted, skipped
                 continue
             total += 1
             if len(entries) < limit:
@@ -870,16 +1142,21 @@ class Agent(object):
     def op_lock_release(self, request):
         """Remove the deploy lock: only a provably stale one unless ``force``; recorded."""
         self.need_state_dir()
-        held = self.read_lock() if os.path.isdir(self.state_dir) else None
-        if held is None:
+        if not os.path.isdir(self.state_dir):
             return {"released": False, "lock": None}
-        if self.locked and held.get("run_id") == (self.lock_owner or {}).get("run_id"):
-            raise AgentError("protocol", "lock_release is for somebody else's lock; this session holds it")
-        if not held["stale"] and not request.get("force"):
-            raise AgentError("locked", "the deploy lock's process may still run (not provably stale); "
-                             "release it with --force only when you know that run is gone",
-                             holder=held, stale=False)
-        self._remove_lock(self._p("lock"))
+        # Under the guard: the holder is never between its ownership check and its write when
+        # its lock goes (it sees the release at its next write, and stops: see _Fencing).
+        with self.guarded():
+            held = self.read_lock()
+            if held is None:
+                return {"released": False, "lock": None}
+            if self.locked and held.get("run_id") == (self.lock_owner or {}).get("run_id"):
+                raise AgentError("protocol", "lock_release is for somebody else's lock; this session holds it")
+            if not held["stale"] and not request.get("force"):
+                raise AgentError("locked", "the deploy lock's process may still run (not provably stale); "
+                                 "release it with --force only when you know that run is gone",
+                                 holder=held, stale=False)
+            self._remove_lock(self._p("lock"))
         reply = {"released": True, "lock": held}
         warning = self.record("lock-release", holder=request.get("holder"), run_id=held.get("run_id"),
                               command="lock release", outcome="forced" if not held["stale"] else "stale-released",
@@ -973,6 +1250,9 @@ class Agent(object):
     def hook(self, name):
         if not self.hooks.get(name):
             return
+        if name.startswith("stop_"):
+            os.kill(os.getpid(), signal.SIGSTOP)  # TEST HOOK: stopped until the test continues it
+            return
         if name == "fill_after_staging":
             # TEST HOOK: another process fills the package's file system after the
             # preflight passed (a real ENOSPC the preflight could not foresee).
@@ -983,20 +1263,34 @@ class Agent(object):
     def journal(self, journal, phase):
         journal["phase"] = phase
         journal["updated"] = now_iso()
-        write_json_atomic(self._p("journal.json"), journal)
+        with self.fenced("the journal write (phase %s)" % phase):
+            write_json_atomic(self._p("journal.json"), journal)
+            self.last_journal = json.loads(json.dumps(journal))
 
-    def sweep_leftovers(self, paths):
-        """Remove temporaries a killed run left (ours only: they carry TMP_TAG), and old staging."""
-        for d in set(os.path.dirname(p) for p in paths):
-            if not os.path.isdir(d):
+    def sweep_leftovers(self, folders):
+        """Remove what killed runs left (ours only: the names carry TMP_TAG): hidden temp copies
+        and previous-version links in the package ``folders``; in the state folder staging/,
+        journal temp files, half-made backups and half-made or half-removed locks (every lock
+        change holds the guard, and so does this: any such folder seen now is a dead run's).
+        Fenced: only the run holding the lock sweeps."""
+        with self.fenced("sweeping what dead runs left"):
+            self._sweep(folders)
+
+    def _sweep(self, folders):
+        for d in folders:
+            if not os.path.isdir(d) or os.path.islink(d):
                 continue
             for name in os.listdir(d):
                 if name.startswith(".") and TMP_TAG in name:
-                    os.unlink(os.path.join(d, name))
+                    remove_quietly(os.path.join(d, name))
         shutil.rmtree(self._p("staging"), ignore_errors=True)
         for name in os.listdir(self.state_dir):
-            if TMP_TAG in name and name.startswith("journal.json"):
-                os.unlink(self._p(name))
+            if TMP_TAG not in name:
+                continue
+            if name.startswith("journal.json"):
+                remove_quietly(self._p(name))
+            elif name.startswith("lock" + TMP_TAG) and not os.path.islink(self._p(name)):
+                shutil.rmtree(self._p(name), ignore_errors=True)
         backups = self._p("backups")
         if os.path.isdir(backups):
             for name in os.listdir(backups):
@@ -1057,7 +1351,8 @@ class Agent(object):
         write_private(os.path.join(tmp, "manifest.json"),
                       (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
         fsync_dir(tmp)
-        os.rename(tmp, os.path.join(base, backup_id))
+        with self.fenced("adding backup %s" % backup_id):
+            os.rename(tmp, os.path.join(base, backup_id))
         fsync_dir(base)
         return backup_id
 
@@ -1100,12 +1395,11 @@ class Agent(object):
             staged.append(dest)
         return staged
 
-    def switch_one(self, f, path, src):
-        """Replace one file atomically: temp file beside it, owner/group/mode copied, rename."""
+    def prepare_switch(self, f, path, src):
+        """The temp file that replaces ``path`` by one rename (the caller's, fenced): beside it,
+        owner/group/mode copied. None: the file is to be removed."""
         if src is None:
-            if os.path.lexists(path):
-                os.unlink(path)
-            return
+            return None
         d, name = os.path.split(path)
         tmp = os.path.join(d, ".%s%s%d" % (name, TMP_TAG, os.getpid()))
         if os.path.lexists(tmp):
@@ -1127,12 +1421,16 @@ class Agent(object):
                     raise AgentError("permission", "%s: cannot keep owner %d:%d (%s); use sudo in the inventory"
                                      % (f["path"], uid, gid, exc.strerror), path=f["path"])
             os.chmod(tmp, mode)
-            os.replace(tmp, path)
         except BaseException:
             remove_quietly(tmp)
             raise
+        return tmp
 
     def prune_backups(self, keep_n, keep=()):
+        with self.fenced("pruning old backups"):
+            return self._prune_backups(keep_n, keep)
+
+    def _prune_backups(self, keep_n, keep):
         journal = read_json(self._p("journal.json")) or {}
         protected = set(k for k in keep if k) | set([journal.get("backup_id")])
         backups = [b["id"] for b in self.list_backups()]
@@ -1143,6 +1441,61 @@ class Agent(object):
             shutil.rmtree(self._p("backups", bid), ignore_errors=True)
             pruned.append(bid)
         return pruned
+
+
+# What each field of a history entry holds (``record`` writes these); an entry whose field
+# holds another type was not written by this agent (edited by hand, another tool), and its
+# reader would trip over it: skipped and counted. Unknown fields are kept (newer agents).
+HISTORY_TYPES = {
+    "time": (str,), "event": (str,), "holder": (str,), "from": (str,), "run_id": (str,), "command": (str,),
+    "host": (str,), "outcome": (str,), "phase": (str,), "series": (str,), "series_id": (str,),
+    "sglang_version": (str,), "backup_id": (str,), "marked_run": (str,), "error": (str,), "files": (dict,),
+    "previous": (dict,), "smoke": (dict,),
+}
+# Entries nest a few levels (files -> path -> from/to); deeper is not ours, and a reader that
+# recurses (json.dumps with indent, a renderer) must never meet 100,000 levels.
+HISTORY_MAX_DEPTH = 16
+
+
+def parse_history_line(raw):
+    """One history line -> its entry (a dict), or None when it is not one: not UTF-8 JSON
+    (torn by a crash), nested so deep that json.loads itself gives up (RecursionError on
+    100,000 '['), or not an entry this agent could have written (``history_entry_ok``)."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return doc if history_entry_ok(doc) else None
+
+
+def history_entry_ok(doc):
+    """True when ``doc`` could be an entry ``record`` wrote: a dict whose known fields hold
+    their types (HISTORY_TYPES) and that nests at most HISTORY_MAX_DEPTH levels."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("event"), str):
+        return False
+    for key, kinds in HISTORY_TYPES.items():
+        value = doc.get(key)
+        if value is not None and (not isinstance(value, kinds) or isinstance(value, bool)):
+            return False
+    return nesting_within(doc, HISTORY_MAX_DEPTH)
+
+
+def nesting_within(doc, limit):
+    """Whether the parsed JSON value ``doc`` nests at most ``limit`` containers deep (walked
+    with a stack, never recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in children)
+    return True
 
 
 def short(sha):
@@ -1205,7 +1558,7 @@ def switch_back(done):
     """Undo a partial switch: each switched file back to its previous version (or removed,
     when it was created). Returns what could not be undone (empty: the host is as before)."""
     failed = []
-    for f, path, prev, switched in reversed(done):
+    for f, path, prev, switched in (e[:4] for e in reversed(done)):
         try:
             if switched:
                 if prev is not None:
@@ -1281,7 +1634,7 @@ def foreign_content(folder):
         return only(full, lambda n: False, sub)
 
     def top_file(name):
-        return name in ("journal.json", HISTORY, HISTORY_OLD) or name.startswith("journal.json" + TMP_TAG)
+        return name in ("journal.json", HISTORY, HISTORY_OLD, GUARD) or name.startswith("journal.json" + TMP_TAG)
 
     why = only(folder, top_file, top)
     if why is not None:
@@ -1376,6 +1729,9 @@ def main():
     # treat a closed stdout as "stop talking" (see serve.answer), never as "stop working".
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # Ctrl-C at a terminal reaches a local agent too (same process group): the controller
+    # decides, and lets go of the link; the agent finishes the request it has, then sees EOF.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     serve(sys.stdin.buffer, sys.stdout.buffer)
 
 

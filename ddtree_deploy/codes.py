@@ -50,6 +50,7 @@ class Code:
     SWITCH_MIXED = "switch-mixed"  # ... and switching back failed too: the host is mixed
     FAILED_UNCHANGED = "failed-unchanged"
     CHANGED = "changed"  # a mark found the journal at another run / phase
+    LOST_LOCK = "lost-lock"  # the run's deploy lock was released (by force) or broken under it: it stopped
     OS_ERROR = "os-error"  # an unexpected OSError in the agent
     # smoke (smoke_run.py, rollout.py)
     NOT_DEPLOYED = "not-deployed"
@@ -63,7 +64,7 @@ class Code:
 AGENT_CODES = frozenset({
     Code.NO_SGLANG, Code.BAD_STATE_DIR, Code.BAD_PATH, Code.UNSAFE_FILE, Code.PREFLIGHT, Code.PERMISSION,
     Code.NO_SPACE, Code.BACKUP, Code.VERIFY, Code.SWITCH, Code.SWITCH_MIXED, Code.FAILED_UNCHANGED,
-    Code.CHANGED, Code.LOCKED, Code.PROTOCOL, Code.OS_ERROR,
+    Code.CHANGED, Code.LOCKED, Code.PROTOCOL, Code.OS_ERROR, Code.LOST_LOCK,
 })
 
 # Codes that can only be raised before the apply request is sent: the host is provably

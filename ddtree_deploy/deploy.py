@@ -382,7 +382,7 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
         out.round_trips, out.connections = sess.round_trips, transport.connections
     except DeployError as exc:
         stack.close()
-        if not sending:
+        if not sending or (exc.code == Code.LOST_LOCK and (getattr(exc, "reply", None) or {}).get("unchanged")):
             exc.host_unchanged = True  # read by fleet.outcome_of_error
         raise
     except BaseException:
@@ -707,6 +707,9 @@ def describe(name: str, facts: dict, desired: Desired | None, round_trips: int =
         "sglang_version": facts.get("sglang_version"),
         "package_root": facts.get("package_root"),
         "phase": (journal or {}).get("phase", Phase.NEVER_DEPLOYED),
+        # The files disagree with the journal's phase (see disagreement): the host is MIXED
+        # whatever the journal says, and the explanation starts with that.
+        "mixed": disagreement(journal, files) is not None,
         "explanation": explain(journal, files, name),
         "series": ({"name": journal.get("series"), "id": journal.get("series_id"), "run_id": journal.get("run_id"),
                     "updated": journal.get("updated"), "backup_id": journal.get("backup_id")} if journal else None),
@@ -727,6 +730,11 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
     if not journal:
         return f"never deployed by ddtree-deploy ({tally})"
     op, phase, run = journal.get("op"), journal.get("phase"), journal.get("run_id")
+    mixed = disagreement(journal, files)
+    if mixed is not None:
+        return (f"MIXED: the journal says {phase} ({op} run {run}) but {mixed} ({tally}): an import of SGLang may "
+                f"fail; rerun {next_step.push(host)} to complete the series or {next_step.rollback(host)} to "
+                "restore the backup")
     bad = counts.get(FileState.DRIFTED.value, 0) + counts.get(FileState.MISSING.value, 0) + counts.get("unsafe", 0)
     suffix = f"; {bad} file(s) changed outside ddtree-deploy" if bad else ""
     serve = journal.get("serve") if isinstance(journal.get("serve"), dict) else {}
@@ -768,6 +776,25 @@ def _restart_clause(serve: dict) -> str:
     if state == "interrupted":
         return f"; the server restart of {when} was interrupted (Ctrl-C) before its health was confirmed"
     return f"; the server restart of {when} left it NOT healthy ({serve.get('failed')}: {serve.get('detail')})"
+
+
+def disagreement(journal: dict | None, files: list[dict]) -> str | None:
+    """Pure: how the files contradict the journal's phase, in words, or None when they agree.
+
+    ``deployed`` and ``switched`` mean every file is patched, ``rolled-back`` every file
+    pristine, ``staged`` nothing switched yet (all on one side). Only ``switching`` may be
+    mixed: a switch under way or interrupted, which its explanation says. Drifted, missing
+    and unsafe files are told apart by the explanation (changed outside ddtree-deploy)."""
+    phase = (journal or {}).get("phase")
+    pristine = sum(1 for f in files if f["state"] == FileState.PRISTINE.value)
+    patched = sum(1 for f in files if f["state"] == FileState.PATCHED.value)
+    if phase in (Phase.DEPLOYED, Phase.SWITCHED) and pristine:
+        return f"{pristine} of its file(s) {'is' if pristine == 1 else 'are'} pristine (not patched)"
+    if phase == Phase.ROLLED_BACK and patched:
+        return f"{patched} of its file(s) {'is' if patched == 1 else 'are'} still patched"
+    if phase == Phase.STAGED and pristine and patched:
+        return f"{patched} file(s) are patched and {pristine} pristine, though no file should have changed yet"
+    return None
 
 
 def pull(host: Host, transport: Transport, paths: list[str]) -> tuple[dict, dict[str, bytes | None]]:

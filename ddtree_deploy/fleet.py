@@ -276,7 +276,10 @@ def status_row(doc: dict) -> dict:
     else:
         lock_text = "free"
     serving = doc.get("serving") or {}
-    return {"version": doc.get("sglang_version") or "?", "phase": doc.get("phase") or "?",
+    phase = doc.get("phase") or "?"
+    if doc.get("mixed"):  # the files contradict the journal: never shown as deployed
+        phase = f"MIXED ({phase})"
+    return {"version": doc.get("sglang_version") or "?", "phase": phase,
             "series": (f"{series.get('name')} {(series.get('id') or '')[:12]}" if series else "-"),
             "drift": f"{len(bad)} file(s)" if bad else "none", "lock": lock_text,
             "serving": _serving_cell(serving)}

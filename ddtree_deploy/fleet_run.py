@@ -9,19 +9,20 @@ started push finishes (and rolls itself back when its smoke fails).
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from dataclasses import replace
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable, Protocol, Sequence
 
-from ddtree_deploy import cancel
+from ddtree_deploy import inflight
 from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy, Schedule, failed, skipped
 
 Progress = Callable[[str], None]
 Work = Callable[[str, Progress], HostResult]
+POLL_S = 0.1  # the loop's wait between checks: how late a Ctrl-C may be seen at most
 
 
 class Events(Protocol):
@@ -47,36 +48,43 @@ class _Silent:
 
 def run_fleet(command: str, hosts: Sequence[str], policy: Policy, work: Work,
               events: Events | None = None) -> FleetReport:
-    """Run ``work`` on every host the schedule lets start; report every selected host."""
+    """Run ``work`` on every host the schedule lets start; report every selected host.
+
+    Each host's work runs in a daemon thread, and this loop waits in short polls: Ctrl-C
+    (or SIGTERM) reaches it at once, and it returns without joining a worker blocked on a
+    silent host (``inflight.interrupt`` drops their links and forbids any new request;
+    each host program finishes what it has on its own)."""
     events = events or _Silent()
-    cancel.clear()  # a Ctrl-C of an earlier run in this process (library use) is not this run's
     schedule = Schedule(hosts, policy)
     results: dict[str, HostResult] = {}
     begun: dict[str, float] = {}  # host -> seconds after t0 when it started
+    finished: queue.Queue = queue.Queue()
+    running: set[str] = set()
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=policy.parallel, thread_name_prefix="fleet") as pool:
-        futures: dict[Future, str] = {}
+    try:
         while True:
             for host in schedule.ready():
                 events.started(host)
                 begun[host] = time.monotonic() - t0
-                futures[pool.submit(_guarded, work, host, events)] = host
+                running.add(host)
+                threading.Thread(target=lambda h=host: finished.put((h, _guarded(work, h, events))),
+                                 name=f"fleet-{host}", daemon=True).start()
             if schedule.done:
                 break
-            if not futures:  # a schedule that neither finishes nor starts anything is a bug here
+            if not running:  # a schedule that neither finishes nor starts anything is a bug here
                 raise RuntimeError(f"fleet schedule stalled: pending {schedule.pending}")
             try:
-                finished, _ = wait(futures, return_when=FIRST_COMPLETED)
-            except KeyboardInterrupt:
-                cancel.request()  # worker threads' long waits (cancel.py) give up, then the pool closes
-                raise
-            for future in finished:
-                host = futures.pop(future)
-                result = replace(future.result(), wave=schedule.wave_of.get(host),  # _guarded never raises
-                                 started=begun.get(host))
-                results[host] = result
-                schedule.record(host, result.kind, down=result.down)
-                events.finished(result)
+                host, result = finished.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            running.discard(host)
+            result = replace(result, wave=schedule.wave_of.get(host), started=begun.get(host))
+            results[host] = result
+            schedule.record(host, result.kind, down=result.down)
+            events.finished(result)
+    except KeyboardInterrupt:
+        inflight.interrupt(running)  # also cancels the worker threads' long waits (serve_run)
+        raise
     for host in schedule.skipped():
         results[host] = skipped(host, f"not started: {schedule.stop_reason}")
         events.finished(results[host])

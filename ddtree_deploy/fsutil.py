@@ -1,10 +1,78 @@
-"""Local file writes that never leave a half-written file behind."""
+"""Local file reads and writes: reads bounded (a regular file, a size cap), writes that never
+leave a half-written file behind."""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+
+class NotARegularFile(OSError):
+    """A path that names something other than a bounded regular file: a folder, a device
+    (``/dev/zero`` would be read for ever), a FIFO, or a file over the size cap. Its text
+    says which, in words for a one-line message."""
+
+
+def check_regular(path: str | os.PathLike, limit: int) -> None:
+    """``read_regular``'s checks without reading: ``NotARegularFile`` (or the OSError of the
+    open) unless ``path`` is a regular file of at most ``limit`` bytes."""
+    fd = _open_checked(path, limit)
+    os.close(fd)
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``limit`` bytes.
+
+    Opened without blocking (a FIFO never hangs the open), checked on the open descriptor
+    (no swap between the check and the read), and never more than ``limit`` + 1 bytes read
+    (a file that grows while read is refused too). ``NotARegularFile`` says why it is not
+    one; any other ``OSError`` (ENOENT, EACCES) is the caller's to word.
+    """
+    fd = _open_checked(path, limit)
+    try:
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise NotARegularFile(f"{path} grew past the {_size(limit)} limit while it was read")
+        return data
+    finally:
+        os.close(fd)
+
+
+def _open_checked(path: str | os.PathLike, limit: int) -> int:
+    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise NotARegularFile(f"{path} is a folder, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARegularFile(f"{path} is not a regular file ({_kind(st.st_mode)})")
+        if st.st_size > limit:
+            raise NotARegularFile(f"{path} is {st.st_size} bytes, over the {_size(limit)} limit")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n} bytes"
 
 
 def atomic_write(path: Path, data: bytes) -> None:

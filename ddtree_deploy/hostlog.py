@@ -9,6 +9,7 @@ text the CLI prints (escaped there: every field comes from the host).
 
 from __future__ import annotations
 
+from ddtree_deploy.agent import history_entry_ok
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.transport import AgentSession, Transport, expect_ok
 
@@ -26,8 +27,17 @@ def _call(host: Host, transport: Transport, request: dict, what: str) -> dict:
 def history(host: Host, transport: Transport, limit: int) -> dict:
     """The newest ``limit`` entries of the host's history, newest first."""
     reply = _call(host, transport, {"op": "history", "limit": limit}, "read the history")
-    return {"host": host.name, "entries": reply["entries"], "total": reply["total"],
-            "unreadable": reply["unreadable"]}
+    # Checked here too (the host may run an older agent, or answer anything): an entry of
+    # unexpected types is skipped and counted, the same rule as the agent's reader.
+    raw = reply.get("entries") if isinstance(reply.get("entries"), list) else []
+    entries = [e for e in raw if history_entry_ok(e)]
+    skipped = len(raw) - len(entries)
+    return {"host": host.name, "entries": entries, "total": _count(reply.get("total")) - skipped,
+            "unreadable": _count(reply.get("unreadable")) + skipped}
+
+
+def _count(value) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def lock_status(host: Host, transport: Transport) -> dict:

@@ -16,12 +16,17 @@ from typing import Any
 
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.locations import repo_dir
-from ddtree_deploy.toml_input import TomlFile
+from ddtree_deploy.toml_input import TomlFile, read_text
 
 DEFAULT_STATE_DIR = "~/.ddtree-deploy"
 DEFAULT_KEEP_BACKUPS = 5
 DEFAULT_CONNECT_TIMEOUT = 10.0
 LOCAL = "local"
+# Size caps of the local files an inventory names (read by the transport through
+# fsutil.read_regular): far above any real one, far below what fills memory.
+MAX_KNOWN_HOSTS_BYTES = 16 << 20
+MAX_SSH_CONFIG_BYTES = 1 << 20
+MAX_IDENTITY_BYTES = 1 << 20
 
 # A host name or ssh-config alias: letters, digits, dots, dashes, underscores, or an
 # IPv6 literal. Anything else (spaces, quotes, ;, $) is refused here, so even a
@@ -82,10 +87,7 @@ def load_groups(directory: Path | None = None) -> dict[str, tuple[str, ...]]:
     path = (directory or hosts_dir()) / GROUPS_FILE
     if not path.exists():
         return {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read ({exc.strerror})") from None
+    text = read_text(path, what="host groups file")
     doc = TomlFile(text, source=str(path))
     return parse_groups(doc.data, source=str(path), text=text)
 
@@ -136,11 +138,7 @@ def load_host(name_or_path: str, *, directory: Path | None = None) -> Host:
             if name_or_path == LOCAL:
                 return Host(name=LOCAL, python=sys.executable, ssh=None, source=None)
             raise BadInput(f"{path}: no such inventory file", hint="create it from hosts/ct200.toml")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read inventory ({exc.strerror})") from None
-    return parse_host(text, name=path.stem, source=str(path))
+    return parse_host(read_text(path, what="inventory"), name=path.stem, source=str(path))
 
 
 def parse_host(text: str, *, name: str, source: str) -> Host:
@@ -180,11 +178,14 @@ def parse_host(text: str, *, name: str, source: str) -> Host:
             host=host,
             user=user,
             port=doc.integer("ssh.port", default=None, lo=1, hi=65535),
-            identity_file=doc.string("ssh.identity_file"),
+            identity_file=doc.file("ssh.identity_file", default=None, limit=MAX_IDENTITY_BYTES,
+                                   example="~/.ssh/id_ed25519"),
             jump=jump,
-            known_hosts=doc.string("ssh.known_hosts", default="~/.ssh/known_hosts"),
-            ssh_config=doc.string("ssh.ssh_config", default="~/.ssh/config"),
-            connect_timeout=doc.seconds("ssh.connect_timeout", default=DEFAULT_CONNECT_TIMEOUT),
+            known_hosts=doc.file("ssh.known_hosts", default="~/.ssh/known_hosts", limit=MAX_KNOWN_HOSTS_BYTES,
+                                 example="~/.ssh/known_hosts"),
+            ssh_config=doc.file("ssh.ssh_config", default="~/.ssh/config", limit=MAX_SSH_CONFIG_BYTES,
+                                example="~/.ssh/config"),
+            connect_timeout=doc.seconds("ssh.connect_timeout", default=DEFAULT_CONNECT_TIMEOUT, hi=3600.0),
         )
         doc.unknown("ssh", {f.name for f in SSHTarget.__dataclass_fields__.values()} | {"jump"})
     elif "ssh" in data:
@@ -197,6 +198,23 @@ def parse_host(text: str, *, name: str, source: str) -> Host:
     doc.unknown("", {"transport", "host", "ssh", "smoke", "serve"})
     return Host(name=name, python=python, ssh=ssh, state_dir=state_dir, keep_backups=keep,
                 sudo=sudo, smoke=smoke, source=source, op_timeout=op_timeout, serve=serve)
+
+
+def key_error(host: Host, key: str, what: str, todo: str) -> BadInput:
+    """A problem with ``key`` of ``host``'s inventory found after it was parsed (at connect
+    time: a named file gone or swapped, a name that does not resolve), in the one format
+    ``<file>: line N: <key>: <what is wrong>; <what to do>``: the file is read again (bounded)
+    to find the key's line; without a readable file the line is left out."""
+    source = host.source or "the inventory"
+    doc = None
+    if host.source:
+        try:
+            doc = TomlFile(read_text(host.source), source=source)
+        except BadInput:
+            doc = None
+    if doc is None:
+        return BadInput(f"{source}: {key}: {what}; {todo}")
+    return doc.bad(key, what, todo)
 
 
 def state_dir_problem(state_dir: str) -> str | None:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ddtree_deploy import cancel, deploy, next_step, serve_plan
+from ddtree_deploy import deploy, inflight, next_step, serve_plan
 from ddtree_deploy.codes import Code, Phase
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.serve_settings import ServeSettings
@@ -31,7 +31,7 @@ Heartbeat = Callable[[str, float], None]
 SERVE_PROGRAM = HostProgram("serve_agent.py", "the serve program", Code.SERVE_AGENT,
                             ahead=(("ddtree_smoke_agent", "smoke_agent.py"),))
 CHECK_S = 60.0  # a discovery (and one health GET), at most
-SLICE_S = 0.5  # reads wait this long at most between looks at cancel.requested()
+SLICE_S = 0.5  # reads wait this long at most between looks at inflight.cancelled
 
 # Restart states, as the journal and the history record them.
 RESTARTING = "restarting"
@@ -131,7 +131,7 @@ def run_restart(host, transport, request: dict, *, progress: Progress = _quiet,
                 heartbeat: Heartbeat | None = None) -> Restart:
     """Ship the serve program, run ``request`` (``serve_plan.restart_request``), read its
     answer. Never raises for the server's sake: a failed step, a lost link, a missed
-    deadline or Ctrl-C (``cancel.requested``) are a ``Restart`` that says which. On Ctrl-C
+    deadline or Ctrl-C (``inflight.cancelled``) are a ``Restart`` that says which. On Ctrl-C
     or a missed deadline the program is left to finish its own waits (it changes nothing
     more: the restart command has run or is running)."""
     proof = None
@@ -151,7 +151,7 @@ def run_restart(host, transport, request: dict, *, progress: Progress = _quiet,
             last = time.monotonic()
             while True:
                 now = time.monotonic()
-                if cancel.requested():
+                if inflight.cancelled.is_set():
                     session.detach()
                     return ended(False, "interrupted", f"during {step or 'the start'}, "
                                  f"{now - t0:.0f} s after the restart request; the host's state: "

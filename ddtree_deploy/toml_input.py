@@ -7,22 +7,31 @@ knows how to read the next complaint:
 
 ``line N`` is tomllib's for a syntax error, else the line of the key (or of its table's
 header) found in the text; it is left out where the key is not written in the file (a
-required key that is missing from an absent table). Pure: the caller reads the file.
+required key that is missing from an absent table). Parsing is pure; ``read_text`` reads a
+file for it, bounded (a regular UTF-8 file under MAX_TOML_BYTES, else one BadInput line).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import sys
 from typing import Any, Iterable
 
 from ddtree_deploy.errors import BadInput
+from ddtree_deploy.fsutil import NotARegularFile, check_regular, read_regular
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+#: The largest TOML input ``read_text`` reads (a host file, groups.toml): far above any real one.
+MAX_TOML_BYTES = 1 << 20
+#: The longest a number of seconds may be (a day): beyond it a deadline means "never"
+#: and, at inf, overflows the clocks it is added to.
+MAX_SECONDS = 86400.0
 _AT_LINE = re.compile(r"\s*\(at line (\d+), column \d+\)$")
 _HEADER = re.compile(r"^\s*\[\[?\s*([A-Za-z0-9_.\- \"']+?)\s*\]\]?\s*(?:#.*)?$")
 
@@ -39,6 +48,9 @@ class TomlFile:
         self.lines = text.splitlines()
         try:
             self.data: dict[str, Any] = tomllib.loads(text)
+        except RecursionError:  # tomllib recurses per nesting level: 100,000 '[' exhaust the stack
+            raise BadInput(f"{source}: a value is nested too deeply to read; fix the file (see https://toml.io)") \
+                from None
         except tomllib.TOMLDecodeError as exc:
             message = str(exc)
             m = _AT_LINE.search(message)
@@ -151,24 +163,46 @@ class TomlFile:
                            f"write a number without quotes, e.g. {key.rsplit('.', 1)[-1]} = {lo}")
         return value
 
-    def seconds(self, key: str, *, default: float | None) -> float | None:
+    def seconds(self, key: str, *, default: float | None, hi: float = MAX_SECONDS) -> float | None:
+        """A finite number of seconds, above 0 and at most ``hi`` (TOML's inf and nan are refused:
+        a deadline of inf overflows the clock it is added to, one of nan never passes)."""
         value = self.get(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise self.bad(key, f"must be a positive number of seconds, not {value!r}",
+        if not _finite(value) or not 0 < value <= hi:
+            raise self.bad(key, f"must be a number of seconds above 0 and at most {hi:g}, not {value!r}",
                            f"write a number without quotes, e.g. {key.rsplit('.', 1)[-1]} = 30")
         return float(value)
 
-    def number(self, key: str, *, default: float | None, zero: bool = False) -> float | None:
-        """A positive number (``zero``: or 0), e.g. GiB of free memory."""
+    def number(self, key: str, *, default: float | None, zero: bool = False, hi: float = 1e9) -> float | None:
+        """A finite positive number (``zero``: or 0) of at most ``hi``, e.g. GiB of free memory."""
         value = self.get(key)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero):
-            raise self.bad(key, f"must be a {'non-negative' if zero else 'positive'} number, not {value!r}",
+        if not _finite(value) or value < 0 or (value == 0 and not zero) or value > hi:
+            raise self.bad(key, f"must be a {'non-negative' if zero else 'positive'} number of at most {hi:g}, "
+                           f"not {value!r}",
                            f"write a number without quotes, e.g. {key.rsplit('.', 1)[-1]} = {0 if zero else 1}")
         return float(value)
+
+    def file(self, key: str, *, default: str | None, limit: int, example: str = "~/.ssh/...") -> str | None:
+        """A local file's path (``~`` allowed), as written. When the file is there it must be a
+        regular file of at most ``limit`` bytes (``/dev/zero``, a folder: refused now, before any
+        connection); an absent one is the caller's to judge when it reads it
+        (``fsutil.read_regular``, the same check)."""
+        value = self.string(key, default=default, example=example)
+        if value is None:
+            return None
+        try:
+            check_regular(os.path.expanduser(value), limit)
+        except NotARegularFile as exc:
+            raise self.bad(key, str(exc), "name a regular file") from None
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self.bad(key, f"{value}: cannot read ({exc.strerror or exc})", "fix the path or its permissions") \
+                from None
+        return value
 
     def strings(self, key: str, *, default: Iterable[str] = (), nonempty: bool = False,
                 example: str = '["a", "b"]') -> list[str]:
@@ -202,6 +236,36 @@ class TomlFile:
                            "fix its spelling or remove it")
 
 
+def read_text(path: str | os.PathLike, *, source: str | None = None, what: str = "TOML file") -> str:
+    """A TOML input's text: a regular UTF-8 file of at most MAX_TOML_BYTES, or one BadInput
+    line (``/dev/zero``, a folder, a Latin-1 file: never a traceback, never read for ever)."""
+    source = source or str(path)
+    try:
+        data = read_regular(path, MAX_TOML_BYTES)
+    except NotARegularFile as exc:
+        raise BadInput(f"{source}: cannot read the {what}: {exc}; give a TOML file") from None
+    except OSError as exc:
+        raise BadInput(f"{source}: cannot read the {what} ({exc.strerror or exc})") from None
+    return decode_utf8(data, source)
+
+
+def decode_utf8(data: bytes, source: str) -> str:
+    """``data`` as text, or one BadInput line naming the line and column of the first byte
+    that is not UTF-8 (a file saved as Latin-1 or UTF-16)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise BadInput(f"{source}: line {line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at column {column}); "
+                       "save the file as UTF-8") from None
+
+
+def _finite(value: Any) -> bool:
+    """An int or a finite float (TOML has inf and nan; a bool is not a number here)."""
+    return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
+
+
 class Table(dict):
     """A table read from a TomlFile, that remembers the file and its own key (``located``)."""
 
@@ -213,4 +277,4 @@ class Table(dict):
         return (dict, (dict(self),))
 
 
-__all__ = ["Table", "TomlFile"]
+__all__ = ["MAX_SECONDS", "MAX_TOML_BYTES", "Table", "TomlFile", "decode_utf8", "read_text"]

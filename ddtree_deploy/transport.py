@@ -30,9 +30,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from ddtree_deploy import next_step
+from ddtree_deploy import inflight, next_step
+from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.inventory import Host, SSHTarget
+from ddtree_deploy.fsutil import NotARegularFile, check_regular, read_regular
+from ddtree_deploy.inventory import (MAX_IDENTITY_BYTES, MAX_KNOWN_HOSTS_BYTES, MAX_SSH_CONFIG_BYTES, Host, SSHTarget,
+                                     key_error)
 
 # Read the agent (source + a JSON-line loop) from stdin and run it. Short, fixed, and
 # free of any inventory value: the interpreter path is the only thing that varies, and
@@ -90,6 +93,8 @@ class HostProgram:
     ahead: tuple[tuple[str, str], ...] = ()
     stopped_code: str | None = None
     stopped_hint: str | None = None
+    #: What a lost link leaves on the host once the program runs (ProgramSession.lost_state).
+    lost_state: str = "the host program ends on its own and stops what it started"
 
     def source(self) -> bytes:
         pkg = resources.files("ddtree_deploy")
@@ -348,18 +353,42 @@ class _SSHProcess(Process):
         return bytes(kept).decode(errors="replace")
 
 
-def connection_lost(label: str, exc: BaseException, step: str | None = None) -> DeployError:
-    """One line for a connection that died: what was under way, and why in words (an
-    EOFError from paramiko says nothing by itself: the peer or the network closed it)."""
+def connection_lost(label: str, exc: BaseException, step: str | None = None, *,
+                    state: str | None = None) -> DeployError:
+    """One line for a connection that died: what was under way (``step``, e.g. "while
+    starting the host program"), why in words (an EOFError from paramiko says nothing by
+    itself: the peer or the network closed it), and, when the caller knows it, what that
+    leaves on the host (``state``)."""
     if isinstance(exc, EOFError) or not str(exc):
         why = "the connection was closed"
     elif isinstance(exc, OSError) and exc.strerror:
         why = exc.strerror
     else:
         why = str(exc)
-    during = f" during {step}" if step else ""
-    return DeployError(f"{label}: connection lost{during} ({why})", code="connection-lost",
+    during = f" {step}" if step else ""
+    tail = f"; {state}" if state else ""
+    return DeployError(f"{label}: connection lost{during} ({why}){tail}", code="connection-lost",
                        hint=f"run {next_step.status()} to see where the host stands, then rerun")
+
+
+def load_host_keys(keys, data: bytes) -> None:
+    """known_hosts' lines into paramiko's ``HostKeys`` (what ``HostKeys.load`` does, from bytes
+    we read bounded: it opens the path itself, reads without a bound and decodes with the
+    locale's codec). A line paramiko cannot parse is skipped, as ssh and paramiko do."""
+    from paramiko.hostkeys import HostKeyEntry
+
+    for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            entry = HostKeyEntry.from_line(line, lineno)
+        except Exception:  # noqa: BLE001 - paramiko's SSHException, or a decoder's error on garbage
+            continue
+        if entry is None or entry.key is None:
+            continue
+        for name in entry.hostnames:
+            keys.add(name, entry.key.get_name(), entry.key)
 
 
 class HostKeyRefused(DeployError):
@@ -391,48 +420,91 @@ class SSHTransport(Transport):
         self.label = host.name
         self.connections = 0
 
+    def _named_file(self, key: str, value: str | None, limit: int, *, required: bool = False) -> bytes | None:
+        """A local file the inventory names (``key``), read bounded (``fsutil.read_regular``: a
+        regular file, at most ``limit`` bytes), or one inventory line saying what is wrong
+        with it. None: not set, or absent where that is allowed."""
+        if not value:
+            return None
+        try:
+            return read_regular(Path(value).expanduser(), limit)
+        except FileNotFoundError:
+            if required:
+                raise key_error(self.host, key, f"{value}: no such file", "fix the path") from None
+            return None
+        except NotARegularFile as exc:
+            raise key_error(self.host, key, str(exc), "name a regular file") from None
+        except OSError as exc:
+            raise key_error(self.host, key, f"{value}: cannot read ({exc.strerror or exc})",
+                            "fix the path or its permissions") from None
+
     def _connection(self):
         import paramiko
         from fabric import Config, Connection
 
         t = self.target
         ssh_config = paramiko.SSHConfig()
-        if t.ssh_config:
-            path = Path(t.ssh_config).expanduser()
-            if path.exists():
-                try:
-                    ssh_config = paramiko.SSHConfig.from_path(str(path))
-                except Exception as exc:
-                    raise BadInput(f"{path}: cannot parse ssh config ({exc})") from None
+        data = self._named_file("ssh.ssh_config", t.ssh_config, MAX_SSH_CONFIG_BYTES)
+        if data is not None:
+            try:
+                ssh_config = paramiko.SSHConfig.from_text(data.decode("utf-8"))
+            except UnicodeDecodeError:
+                raise key_error(self.host, "ssh.ssh_config", f"{t.ssh_config} is not UTF-8 text",
+                                "save it as UTF-8") from None
+            except Exception as exc:
+                raise key_error(self.host, "ssh.ssh_config", f"{t.ssh_config}: cannot parse ssh config ({exc})",
+                                "fix that file") from None
         config = Config(ssh_config=ssh_config)
         connect_kwargs = {}
         if t.identity_file:
+            self._named_file("ssh.identity_file", t.identity_file, MAX_IDENTITY_BYTES, required=True)
             connect_kwargs["key_filename"] = [str(Path(t.identity_file).expanduser())]
             connect_kwargs["look_for_keys"] = False
+        # float: fabric leaves the connect without any timeout when this is 0 (int(0.5) was).
+        timeout = float(t.connect_timeout)
         if t.jump:
             # Build the ProxyJump chain ourselves so every hop gets the same strict policy.
             gateway = None
             for hop in t.jump.split(","):
                 gateway = Connection(hop.strip(), config=config.clone(), gateway=gateway or False,
-                                     connect_timeout=int(t.connect_timeout),
-                                     connect_kwargs=dict(connect_kwargs))
+                                     connect_timeout=timeout, connect_kwargs=dict(connect_kwargs))
+                gateway.jump_hop = hop.strip()  # as written in ssh.jump, for messages
         else:
             gateway = None
         conn = Connection(t.host, user=t.user, port=t.port, config=config,
                           gateway=gateway if gateway is not None else None,
-                          connect_timeout=int(t.connect_timeout), connect_kwargs=connect_kwargs)
+                          connect_timeout=timeout, connect_kwargs=connect_kwargs)
         hop = conn
         while hop is not None and not isinstance(hop, str):
             self._strict(hop.client)
+            self._identity_files(hop)
             hop = hop.gateway or None
         return conn
+
+    def _identity_files(self, conn) -> None:
+        """The key files paramiko will read for ``conn`` (the inventory's, then the ssh config's
+        IdentityFile lines): each bounded too, before paramiko reads it (a key file of
+        /dev/zero would be read until memory runs out)."""
+        for name in conn.connect_kwargs.get("key_filename") or ():
+            if self.target.identity_file and name == str(Path(self.target.identity_file).expanduser()):
+                continue  # read above, named by its key
+            try:
+                check_regular(Path(name).expanduser(), MAX_IDENTITY_BYTES)
+            except FileNotFoundError:
+                continue  # as ssh does: an IdentityFile that is not there is skipped
+            except OSError as exc:
+                why = str(exc) if isinstance(exc, NotARegularFile) else f"{name}: cannot read ({exc.strerror})"
+                raise BadInput(f"{self.target.ssh_config or 'ssh config'}: IdentityFile {name}: {why}; "
+                               "name a regular key file there") from None
 
     def _strict(self, client) -> None:
         import paramiko
 
-        known = Path(self.target.known_hosts).expanduser()
-        if known.exists():
-            client.load_host_keys(str(known))
+        t = self.target
+        known = Path(t.known_hosts).expanduser()
+        data = self._named_file("ssh.known_hosts", t.known_hosts, MAX_KNOWN_HOSTS_BYTES)
+        if data is not None:
+            load_host_keys(client.get_host_keys(), data)
         transport = self
 
         class Policy(paramiko.MissingHostKeyPolicy):
@@ -455,36 +527,56 @@ class SSHTransport(Transport):
         client.set_missing_host_key_policy(Policy())
 
     def open(self) -> None:
-        import paramiko
-
         if self.conn is not None:
             return
+        inflight.check(self.label)
         conn = self._connection()
-        t = self.target
         # paramiko logs a failed handshake (a port that is not SSH) with a traceback on
         # stderr when nothing handles its logger; the one-line error below says it all.
         logging.getLogger("paramiko").addHandler(_QUIET)
-        try:
-            conn.open()
-        except HostKeyRefused:
-            raise
-        except paramiko.BadHostKeyException as exc:
-            name = exc.hostname
-            if name == conn.host and conn.port != 22:
-                # known_hosts keys a non-default port as [host]:port, and so must ssh-keygen -R.
-                name = f"[{name}]:{conn.port}"
-            raise HostKeyRefused(
-                f"{self.label}: HOST KEY CHANGED for {name}: got {fingerprint(exc.key)}, "
-                f"known_hosts has {fingerprint(exc.expected_key)}; refusing to connect",
-                hint=f"if the change is expected: ssh-keygen -f {shlex.quote(str(Path(t.known_hosts).expanduser()))} "
-                f"-R {shlex.quote(name)}, then rerun with --trust-new-host",
-            ) from None
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise connect_error(self.label, self.host, conn, exc) from None
+        with inflight.waiting(self.label, lambda: f"interrupted while connecting to {self.target.host}: nothing "
+                              "was sent to the host, it is unchanged",
+                              lambda: [self._close_quietly(h) for h in _hops(conn)]):
+            self._open_hops(conn)
         self.conn = conn
         self.connections += 1
         # Keepalives: a host that vanished (cable, reboot) fails the read instead of hanging it.
         conn.transport.set_keepalive(KEEPALIVE_S)
+
+    def _open_hops(self, conn) -> None:
+        import paramiko
+
+        for hop in _hops(conn):  # the jump hops first, in order: a failure names the hop
+            try:
+                hop.open()
+            except HostKeyRefused:
+                raise
+            except paramiko.BadHostKeyException as exc:
+                raise self._changed_key(hop, exc) from None
+            except (OSError, paramiko.SSHException, EOFError) as exc:
+                for opened in _hops(conn):
+                    self._close_quietly(opened)
+                raise connect_error(self.label, self.host, hop, exc, jump=getattr(hop, "jump_hop", None)) from None
+
+    def _changed_key(self, conn, exc) -> HostKeyRefused:
+        name = exc.hostname
+        if name == conn.host and conn.port != 22:
+            # known_hosts keys a non-default port as [host]:port, and so must ssh-keygen -R.
+            name = f"[{name}]:{conn.port}"
+        return HostKeyRefused(
+            f"{self.label}: HOST KEY CHANGED for {name}: got {fingerprint(exc.key)}, "
+            f"known_hosts has {fingerprint(exc.expected_key)}; refusing to connect",
+            hint=f"if the change is expected: ssh-keygen -f "
+            f"{shlex.quote(str(Path(self.target.known_hosts).expanduser()))} -R {shlex.quote(name)}, then rerun "
+            "with --trust-new-host",
+        )
+
+    @staticmethod
+    def _close_quietly(conn) -> None:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - a half-open connection fails its own goodbye
+            pass
 
     def start(self, argv: list[str]) -> Process:
         self.open()
@@ -492,57 +584,94 @@ class SSHTransport(Transport):
             chan = self.conn.transport.open_session(timeout=self.target.connect_timeout)
             chan.settimeout(self.io_timeout)
             chan.exec_command(remote_command(argv))
-        except Exception as exc:
-            raise DeployError(f"{self.label}: cannot start the agent: {exc}", code="connection-lost") from None
+        except Exception as exc:  # noqa: BLE001 - paramiko's EOFError / SSHException / socket errors
+            raise connection_lost(self.label, exc, "while starting the host program",
+                                  state="nothing was sent to the host: it is unchanged") from None
         return _SSHProcess(chan, self.label, self.io_timeout)
 
     def close(self) -> None:
         if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:
-                pass  # a cut connection fails its own goodbye (EOFError): it is closed either way
-            finally:
-                self.conn = None
+            conn, self.conn = self.conn, None
+            for hop in reversed(_hops(conn)):  # the target first, then each jump hop
+                self._close_quietly(hop)  # a cut connection fails its own goodbye (EOFError)
 
 
-def connect_error(label: str, host: Host, conn, exc: BaseException) -> DeployError:
+def connect_error(label: str, host: Host, conn, exc: BaseException, jump: str | None = None) -> DeployError:
     """Why a connection could not be made, in one line, with a hint saying what to check or
-    run (pure: tested with the exceptions a real sshd, resolver and socket give)."""
+    run (pure: tested with the exceptions a real sshd, resolver and socket give). ``jump``:
+    ``conn`` is that hop of ssh.jump (as written), not the target: the line names the hop."""
     import paramiko
 
     t = host.ssh
     where = f"{conn.user}@{conn.host}:{conn.port}"
+    what = f"jump host {jump} ({where})" if jump else where
+    key = "ssh.jump" if jump else "ssh.host"
     inv = host.source or "the inventory"
     verbose = f"`ssh -v -p {conn.port} {shlex.quote(conn.user)}@{shlex.quote(conn.host)} true` shows each step"
+    unchanged = "nothing was sent to the host"
     if isinstance(exc, paramiko.AuthenticationException):
-        return DeployError(f"{label}: authentication failed for {where} ({exc})", code="auth",
+        transport = getattr(conn.client, "get_transport", lambda: None)()
+        if transport is not None and not transport.is_active():
+            # paramiko words a link that died during the authentication as "Authentication
+            # failed." too: a refused key leaves the connection open (the server waits for
+            # another try); a closed one was cut, or closed by the host.
+            return DeployError(f"{label}: the connection to {what} was closed during the authentication "
+                               f"(by the network or the host); {unchanged}", code=Code.CONNECTION_LOST,
+                               hint=f"check the link and rerun; if it persists, the host may refuse this key "
+                               f"after too many tries: check ssh.user and ssh.identity_file in {inv}; {verbose}")
+        return DeployError(f"{label}: authentication failed for {what} ({exc})", code="auth",
                            hint=f"check ssh.user and ssh.identity_file in {inv} (the key must be in the "
                            f"user's authorized_keys on the host); {verbose}")
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return DeployError(f"{label}: timed out connecting to {where} after {t.connect_timeout:g} s", code="connect",
+        return DeployError(f"{label}: timed out connecting to {what} after {t.connect_timeout:g} s", code="connect",
                            hint=f"is the host up and its port {conn.port} reachable from here (firewall, VPN)? "
                            f"Raise ssh.connect_timeout in {inv} for a slow link; {verbose}")
     if isinstance(exc, socket.gaierror):
-        return DeployError(f"{label}: cannot resolve the host name {conn.host!r} ({exc.strerror or exc})",
-                           code="connect",
-                           hint=f"check ssh.host in {inv} (a name, an address, or a Host alias of the ssh "
-                           f"config); `getent hosts {shlex.quote(conn.host)}` shows what this machine resolves")
+        name = conn.host
+        lookup = f"`getent hosts {shlex.quote(name)}` shows what this machine resolves"
+        if exc.errno in _NO_SUCH_NAME:
+            # The resolver says the name does not exist: the inventory (or the ssh config it
+            # uses) is wrong, not the network.
+            written = jump if jump else t.host
+            via = f" (HostName {name!r} in the ssh config)" if not jump and name != t.host else ""
+            return key_error(host, key, f"{'hop ' if jump else ''}{written!r}{via} does not resolve "
+                             f"({exc.strerror or exc})", f"fix the name ({lookup})")
+        return DeployError(f"{label}: cannot resolve the host name {name!r}{' of jump host ' + jump if jump else ''} "
+                           f"({exc.strerror or exc})", code="connect",
+                           hint=f"check {key} in {inv} (a name, an address, or a Host alias of the ssh "
+                           f"config) and this machine's resolver; {lookup}")
     errors = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError: one per address tried
     codes = {getattr(e, "errno", None) for e in errors.values()} if isinstance(errors, dict) and errors else \
         {getattr(exc, "errno", None)}
     if codes == {errno.ECONNREFUSED}:
-        return DeployError(f"{label}: connection refused by {conn.host} port {conn.port} (nothing listens there)",
-                           code="connect",
-                           hint=f"check ssh.port in {inv} and that sshd runs on the host; {verbose}")
+        return DeployError(f"{label}: connection refused by {'jump host ' + jump + ' ' if jump else ''}{conn.host} "
+                           f"port {conn.port} (nothing listens there)", code="connect",
+                           hint=f"check {'ssh.jump' if jump else 'ssh.port'} in {inv} and that sshd runs on the "
+                           f"host; {verbose}")
     if codes & {errno.EHOSTUNREACH, errno.ENETUNREACH}:
-        return DeployError(f"{label}: no route to {conn.host} ({where})", code="connect",
+        return DeployError(f"{label}: no route to {conn.host} ({what})", code="connect",
                            hint=f"check ssh.host / ssh.jump in {inv} and this machine's network (VPN?); {verbose}")
     if isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
-        return DeployError(f"{label}: {where} does not answer as an SSH server ({exc})", code="connect",
-                           hint=f"check ssh.port in {inv}: something else listens there; {verbose}")
-    why = "the connection was closed" if isinstance(exc, EOFError) or not str(exc) else str(exc)
-    return DeployError(f"{label}: cannot connect to {where}: {why}", code="connect", hint=verbose)
+        return DeployError(f"{label}: {what} does not answer as an SSH server ({exc})", code="connect",
+                           hint=f"check {'ssh.jump' if jump else 'ssh.port'} in {inv}: something else listens "
+                           f"there; {verbose}")
+    if isinstance(exc, EOFError) or not str(exc):
+        return DeployError(f"{label}: the connection to {what} was closed during the SSH handshake (by the "
+                           f"network or the host); {unchanged}", code="connect", hint=f"rerun; {verbose}")
+    return DeployError(f"{label}: cannot connect to {what}: {exc}; {unchanged}", code="connect", hint=verbose)
+
+
+# getaddrinfo's "this name does not exist" (not "try again": EAI_AGAIN is a resolver outage).
+_NO_SUCH_NAME = frozenset(getattr(socket, n) for n in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, n))
+
+
+def _hops(conn) -> list:
+    """``conn``'s jump hops, the first written first, then ``conn`` itself."""
+    chain = []
+    while conn is not None and not isinstance(conn, str):
+        chain.append(conn)
+        conn = conn.gateway or None
+    return chain[::-1]
 
 
 def transport_for(host: Host, *, trust_new_host: bool = False) -> Transport:
@@ -576,31 +705,50 @@ class ProgramSession:
         self.label = label or host.name
         self.proc: Process | None = None
         self.received = 0  # lines read so far: none means the program may never have started
+        self.uploaded = False  # the program's source was handed to the link whole
+        self.waiting_for: str | None = None  # what the current read waits for (messages)
+        self._wait: int | None = None  # its registration with inflight (Ctrl-C's line, link dropped)
 
     def __enter__(self):
+        inflight.check(self.label)
         self.proc = self.transport.start(program_argv(self.host, sudo=self.sudo))
+        self._wait = inflight.enter(self.label, self.interrupted_state, self.detach)
         try:
             source = self.program.source()
             self.write(b"%d\n" % len(source) + source, f"while uploading {self.program.name}")
-        except BaseException:
-            self.__exit__()
+            self.uploaded = True
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, None)
             raise
         return self
 
     def __exit__(self, *exc):
+        if self._wait is not None:
+            # Ctrl-C in this thread: its line is noted and the link dropped (detach), so the
+            # close below never waits on a silent host for the exit status.
+            inflight.leave(self._wait, interrupted=len(exc) > 1 and isinstance(exc[1], KeyboardInterrupt))
+            self._wait = None
         if self.proc is not None:
             self.proc.close()
             self.proc = None
+
+    def interrupted_state(self) -> str:
+        """Ctrl-C's line for this session: what it waited for, what that leaves, what to run."""
+        during = f"waiting for {self.waiting_for}" if self.waiting_for else "between two requests"
+        return (f"interrupted {during}: {self.lost_state()}; {next_step.status(self.host.name)} shows where the "
+                "host stands")
 
     def write(self, data: bytes, during: str) -> None:
         """Write raw bytes; a lost connection says what was being sent (``during``)."""
         if self.proc is None:
             raise DeployError(f"{self.label}: {self.program.name} is not running", code="connection-lost")
+        inflight.check(self.label)  # after Ctrl-C a woken worker sends nothing more
         try:
             self.proc.write(data)
         except DeployError as exc:
             if exc.code == "connection-lost":
                 exc.message = exc.message.replace("connection lost", f"connection lost {during}", 1)
+                exc.message += f"; {self.lost_state()}"
             raise
 
     def send(self, *docs: dict, during: str = "while sending a request") -> None:
@@ -614,25 +762,35 @@ class ProgramSession:
         if self.proc is None:
             raise DeployError(f"{self.label}: {self.program.name} is not running", code="connection-lost")
         during = during or what
+        self.waiting_for = during
         try:
             line = self.proc.readline(deadline, what)
         except DeployError as exc:
             if exc.code == "connection-lost" and not isinstance(exc, ReplyError):
                 exc.message = exc.message.replace("connection lost", f"connection lost waiting for {during}", 1)
+                exc.message += f"; {self.lost_state()}"
             raise
         if not line.endswith(b"\n"):
             raise self._stopped(during)
+        self.waiting_for = None
         self.received += 1
         try:
             return json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past what json.loads can recurse
             raise DeployError(f"{self.label}: {self.program.name} answered garbage: {line[:200]!r}",
                               code=self.program.code) from None
 
     def _stopped(self, during: str) -> DeployError:
-        code, tail = self.proc.close()
-        self.proc = None
+        proc, self.proc = self.proc, None
+        code, tail = proc.close() if proc is not None else (None, "")  # None: dropped by a Ctrl-C meanwhile
         detail = tail.strip().splitlines()[-1] if tail.strip() else "no output"
+        if code in (None, -1) and not tail.strip():
+            # No exit status at all: the program did not stop, the link did (paramiko's -1
+            # is "the channel closed without one").
+            return DeployError(f"{self.label}: connection lost waiting for {during} (the link closed without an "
+                               f"exit status from the host); {self.lost_state()}",
+                               code=Code.CONNECTION_LOST, hint=f"run {next_step.status(self.host.name)} to see "
+                               "where the host stands, then rerun")
         if self.received == 0 and code in (126, 127):
             # The shell could not run the interpreter: nothing ran on the host.
             return DeployError(
@@ -640,8 +798,15 @@ class ProgramSession:
                 code="agent",
                 hint=f"set host.python in {self.host.source or 'the inventory'} to an interpreter "
                 "on the host that has sglang installed (`command -v python3` there shows one)")
-        return DeployError(f"{self.label}: {self.program.name} stopped during {during} (exit {code}; {detail})",
+        return DeployError(f"{self.label}: {self.program.name} stopped during {during} (exit {code}; {detail}); "
+                           f"{self.lost_state()}",
                            code=self.program.stopped_code or self.program.code, hint=self.program.stopped_hint)
+
+    def lost_state(self) -> str:
+        """What a link lost (or a program stopped) now leaves on the host, in words."""
+        if not self.uploaded:
+            return f"{self.program.name} never started: nothing on the host changed"
+        return self.program.lost_state
 
     def abort(self) -> None:
         """Stop waiting now: kill a local program, close an SSH channel."""
@@ -668,6 +833,8 @@ class AgentSession(ProgramSession):
     def __init__(self, transport: Transport, host: Host, op_timeout: float | None = None):
         super().__init__(transport, host, AGENT, sudo=host.sudo, label=transport.label)
         self.round_trips = 0
+        self.unanswered: list[str] = []  # the ops sent whose replies have not been read yet
+        self.holds_lock = False  # a lock reply said ok, no unlock reply since
         # Seconds each round trip may take (None: the host's inventory op_timeout, else
         # DEFAULT_OP_TIMEOUT). A silent host fails the call, naming host and step.
         self.op_timeout = op_timeout
@@ -679,6 +846,7 @@ class AgentSession(ProgramSession):
         limit = timeout or self.op_timeout or self.host.op_timeout or DEFAULT_OP_TIMEOUT
         deadline = time.monotonic() + limit
         ops = "+".join(str(r.get("op")) for r in requests)
+        self.unanswered = [str(r.get("op")) for r in requests]
         self.send(*requests, during=f"while sending {ops}")
         self.round_trips += 1
         replies = []
@@ -686,6 +854,9 @@ class AgentSession(ProgramSession):
             op = request.get("op")
             try:
                 replies.append(self.read(deadline, f"the reply to {op}", during=op))
+                self.unanswered.pop(0)
+                if op in ("lock", "unlock"):
+                    self.holds_lock = op == "lock" and bool(replies[-1].get("ok"))
             except TimeoutError:
                 self.abort()
                 raise DeployError(
@@ -702,12 +873,33 @@ class AgentSession(ProgramSession):
     def one(self, request: dict) -> dict:
         return self.call(request)[0]
 
+    def interrupted_state(self) -> str:
+        self.waiting_for = "+".join(self.unanswered) or None
+        return super().interrupted_state()
+
+    def lost_state(self) -> str:
+        """A lost link during the ops in flight: what the agent (which ignores the hangup,
+        finishes the request it has and releases its lock at EOF) leaves on the host."""
+        if not self.uploaded:
+            return super().lost_state()
+        writing = [op for op in self.unanswered if op in WRITE_OPS]
+        if writing:
+            return (f"the host agent goes on alone: if it got the whole {writing[0]} request it completes it "
+                    f"(the journal says how far), else nothing changed; {next_step.status(self.host.name)} "
+                    "shows which")
+        held = " (a deploy lock it took is released when the agent sees the link close)" \
+            if self.holds_lock or "lock" in self.unanswered else ""
+        return f"no file on the host was changed{held}"
+
 
 class AgentRefusedInput(AgentFailed):
     """The agent refused the inventory's input (e.g. a state_dir that is not ours): exit 2."""
 
     exit_code = BadInput.exit_code
 
+
+#: Agent ops that change the host (a link lost while one is in flight leaves it unknown).
+WRITE_OPS = frozenset({"apply", "mark", "lock_release"})
 
 #: Agent codes that mean "the inventory is wrong", not "the host failed".
 BAD_INPUT_CODES = frozenset({"bad-state-dir"})

@@ -209,6 +209,10 @@ class Step:
     started: float
 
 
+#: How long a Ctrl-C waits for the tune program's word that the server stopped, at most.
+INTERRUPT_WAIT_S = 0.2
+
+
 class Session:
     """One host-program session: begin (locks), run per configuration, end.
 
@@ -324,8 +328,11 @@ class Session:
         return DeployError(f"{name}: tune: {step.what} did not finish within {limit:g} s", code=Code.TIMEOUT,
                            hint=fix + after)
 
-    def interrupt(self, grace_s: float) -> dict | None:
-        """Ctrl-C: ask the host program to stop the server, wait for it (bounded), close."""
+    def interrupt(self, grace_s: float = INTERRUPT_WAIT_S) -> dict | None:
+        """Ctrl-C: ask the host program to stop the server, wait for its word at most ``grace_s``
+        (the user gets the prompt back within a second), close. The program stops the server and
+        releases the tune lock whether or not its word came (it takes the end of its input as
+        an abort too)."""
         if self.proc is None:
             return None
         try:
@@ -346,7 +353,7 @@ class Session:
                 except DeployError:
                     pass
             if self.program is not None:
-                self.program.__exit__()
+                self.program.__exit__(*exc)  # Ctrl-C: the link is dropped, never waited on
                 self.program = None
         finally:
             self.transport.__exit__(*exc)
@@ -461,10 +468,10 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
                 answer = sess.run(request)
             except KeyboardInterrupt:
                 progress("interrupted: stopping the server on the host")
-                done = sess.interrupt(launch.term_grace_s + 20)
+                done = sess.interrupt()
                 if done is None or done.get("event") != "result":
-                    progress("the host program did not confirm the stop; it stops the server when it sees "
-                             "the connection close")
+                    progress("the host program stops the server and releases the tune lock on its own (it "
+                             "sees the link close)")
                 raise
             record = _record(step, answer)
             append_record(results, record)

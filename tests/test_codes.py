@@ -30,6 +30,7 @@ def _agent_codes() -> set[str]:
 
 def test_agent_codes_are_the_constants():
     assert _agent_codes() == set(codes.AGENT_CODES)
+    assert agent.LOST_LOCK == Code.LOST_LOCK  # the name the agent compares codes with
 
 
 def test_agent_phases_are_the_constants():

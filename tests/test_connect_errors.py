@@ -103,12 +103,77 @@ def test_auth_failure(sshd, tmp_path):
     assert f"ssh -v -p {sshd.port} {sshd.user}@127.0.0.1 true" in err.hint
 
 
-def test_a_name_that_cannot_resolve(sshd):
-    err = _connect(_host(sshd, host="gpu-box.invalid"))
-    assert str(err).startswith("box: cannot resolve the host name 'gpu-box.invalid' (")
-    assert err.code == "connect"
-    assert err.hint.startswith(f"check ssh.host in {SOURCE}")
-    assert "getent hosts gpu-box.invalid" in err.hint
+def _inventory(sshd, tmp_path, **ssh) -> Host:
+    """A real inventory file (the messages below name its lines), loaded as the CLI does."""
+    from ddtree_deploy.inventory import load_host
+
+    keys = dict(host="127.0.0.1", user=sshd.user, port=sshd.port, identity_file=str(sshd.identity),
+                known_hosts=str(sshd.known_hosts), ssh_config=str(sshd.ssh_config), connect_timeout=5)
+    keys.update(ssh)
+    path = tmp_path / "box.toml"
+    path.write_text("[ssh]\n" + "".join(f"{k} = {v!r}\n" if isinstance(v, str) else f"{k} = {v}\n"
+                                        for k, v in keys.items()) + f"\n[host]\npython = {sys.executable!r}\n")
+    return load_host(str(path))
+
+
+def _line_of(host: Host, key: str) -> int:
+    return next(n for n, line in enumerate(Path(host.source).read_text().splitlines(), 1)
+                if line.startswith(key + " ="))
+
+
+def test_a_name_that_cannot_resolve(sshd, tmp_path):
+    """The resolver says the name does not exist: the inventory is wrong (exit 2, its line)."""
+    host = _inventory(sshd, tmp_path, host="gpu-box.invalid")
+    err = _connect(host)
+    assert str(err).startswith(f"{host.source}: line {_line_of(host, 'host')}: ssh.host: 'gpu-box.invalid' does "
+                               "not resolve (")
+    assert err.code == "bad-input" and err.exit_code == 2
+    assert str(err).endswith("; fix the name (`getent hosts gpu-box.invalid` shows what this machine resolves)")
+
+
+def test_a_jump_hop_that_cannot_resolve_names_the_hop(sshd, tmp_path):
+    """Before: the target's name was reported, though the target was never reached."""
+    host = _inventory(sshd, tmp_path, jump="ops@127.0.0.1:1,bastion-7.invalid")
+    err = _connect(host)
+    # The first hop refuses (port 1): named as the hop, with ssh.jump to check.
+    assert str(err) == "box: connection refused by jump host ops@127.0.0.1:1 127.0.0.1 port 1 (nothing listens there)"
+    assert err.hint.startswith(f"check ssh.jump in {host.source}")
+    host = _inventory(sshd, tmp_path, jump="bastion-7.invalid")
+    err = _connect(host)
+    assert str(err).startswith(f"{host.source}: line {_line_of(host, 'jump')}: ssh.jump: hop 'bastion-7.invalid' "
+                               "does not resolve (")
+    assert "127.0.0.1" not in str(err) and err.exit_code == 2
+
+
+def test_named_files_are_read_bounded_at_connect_time(sshd, tmp_path):
+    """A file that passed the parse but changed before the connect (here: known_hosts turned
+    into a FIFO, identity_file removed) is the same one line, never a hang or a traceback."""
+    import os
+
+    known = tmp_path / "known_hosts"
+    known.write_text(sshd.known_hosts.read_text())
+    host = _inventory(sshd, tmp_path, known_hosts=str(known))
+    known.unlink()
+    os.mkfifo(known)  # a FIFO nobody writes: an unbounded open() would block for ever
+    err = _connect(host)
+    assert str(err) == (f"{host.source}: line {_line_of(host, 'known_hosts')}: ssh.known_hosts: {known} is not a "
+                        "regular file (a FIFO); name a regular file")
+    key = tmp_path / "id"
+    key.write_bytes(sshd.identity.read_bytes())
+    host = _inventory(sshd, tmp_path, identity_file=str(key))
+    key.unlink()
+    err = _connect(host)
+    assert str(err) == f"{host.source}: line {_line_of(host, 'identity_file')}: ssh.identity_file: {key}: no such " \
+        "file; fix the path"
+
+
+def test_an_identity_file_from_the_ssh_config_is_bounded_too(sshd, tmp_path):
+    config = tmp_path / "config"
+    config.write_text("Host *\n  IdentityFile /dev/zero\n")
+    host = _inventory(sshd, tmp_path, ssh_config=str(config))
+    err = _connect(host)
+    assert str(err) == (f"{config}: IdentityFile /dev/zero: /dev/zero is not a regular file (a character device); "
+                        "name a regular key file there")
 
 
 def test_a_connect_that_times_out(sshd):

@@ -213,6 +213,50 @@ def test_stale_temp_files_of_a_dead_run_are_swept(sshd, tmp_path, env, series):
     assert not stale.exists() and not temp_files(h.site, h.state_dir)
 
 
+def test_a_run_killed_after_its_last_rename_leaves_nothing_after_the_rerun(sshd, tmp_path, env, series, monkeypatch):
+    """#22: the rerun that completes a killed run's journal switches nothing (no apply), so it
+    used to leave the killed run's previous-version hard links (each holding the other
+    version's blocks) and staging/<run>/. Every run sweeps under the lock it takes, in every
+    folder its state names."""
+    h, host = new_host(sshd, tmp_path)
+    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": len(TARGETS)}))
+    with pytest.raises(DeployError, match="agent stopped during apply"):
+        push(host, series)
+    monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+    left = temp_files(h.site)
+    assert left and all(".ddtree-tmp-prev-" in p.name for p in left), left
+    assert any((h.state_dir / "staging").iterdir())
+    done = push(host, series)  # completes the journal only: nothing to switch
+    assert not done.changed and done.phase == "deployed" and "journal completed" in done.summary
+    assert temp_files(h.site, h.state_dir) == [] and not (h.state_dir / "staging").exists()
+
+
+def test_a_lock_attempt_on_a_full_state_folder_leaves_no_half_made_lock(sshd, tmp_path, env, series):
+    """#22: each lock attempt on a full state file system left an empty lock.ddtree-tmp-<run>/."""
+    h, host = new_host(sshd, tmp_path)
+    push(host, series)
+    umount = mount_tmpfs(h.state_dir, "4m")
+    try:
+        filler = h.state_dir / "filler"
+        with open(filler, "wb") as fh:
+            try:
+                while True:
+                    fh.write(b"\0" * 65536)
+                    fh.flush()
+            except OSError:
+                pass  # ENOSPC: the state folder's file system is full
+        for _attempt in range(3):
+            with pytest.raises(DeployError) as e:
+                rollback(host)
+            assert "ENOSPC" in e.value.message or "No space left" in e.value.message, e.value.message
+        assert [p.name for p in h.state_dir.iterdir() if ".ddtree-tmp-" in p.name] == []
+        assert not (h.state_dir / "lock").exists()
+        filler.unlink()
+        assert rollback(host).changed
+    finally:
+        umount()
+
+
 def test_pycache_of_another_user_is_refused_for_an_unprivileged_agent(sshd, env, series):
     """The agent runs as `nobody` (setpriv); a root process compiled the package once, so
     its __pycache__ is root's: the preflight refuses, naming the folder; nothing changes."""
@@ -517,7 +561,7 @@ def test_a_family_named_by_the_host_is_only_looked_up_among_known_families(sshd,
 def test_a_cut_during_the_upload_is_one_connection_error_line(sshd, tmp_path, env, monkeypatch, series):
     """The CLI, cut by a TCP proxy at offsets across the agent's upload and the requests:
     exit 1, one `error:` line naming the host, never a traceback (EOFError or other)."""
-    from test_faults import CutProxy
+    from link_faults import CutProxy
 
     h, _host = new_host(sshd, tmp_path)
     proxy = CutProxy(sshd.port)

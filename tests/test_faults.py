@@ -1,7 +1,7 @@
 """Fault injection: cut the SSH connection at every step of push and rollback, and kill the agent.
 
-A small TCP proxy of our own sits between paramiko and the real sshd and cuts both
-sockets after N bytes. N walks across the whole conversation of a clean run (key
+A small TCP proxy of our own (tests/link_faults.py) sits between paramiko and the real sshd
+and cuts both sockets after N bytes. N walks across the whole conversation of a clean run (key
 exchange, auth, agent upload, discover, the apply request, the apply reply, unlock).
 The agent is also killed (its test hook ``DDTREE_DEPLOY_TEST_HOOKS``) after staging and
 after each rename. After every fault:
@@ -16,9 +16,7 @@ The number of faults injected and recovered is printed (run with -s) and asserte
 from __future__ import annotations
 
 import json
-import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from ddtree_deploy.transport import SSHTransport
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SSHServer  # noqa: E402
+from link_faults import CutProxy  # noqa: E402
 from sshd_host import ADDED, SPEC, UTILS  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY  # noqa: E402
 
@@ -40,69 +39,6 @@ pytestmark = pytest.mark.sshd
 
 TARGETS = [SPEC, UTILS, ADDED]
 CUTS_PER_COMMAND = 10
-
-
-class CutProxy:
-    """Relay 127.0.0.1:<port> <-> sshd, cutting both sockets once ``cut_after`` bytes went through."""
-
-    def __init__(self, target_port: int):
-        self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.cut_after: int | None = None
-        self.relayed = 0
-        self.cut = False
-        self._lock = threading.Lock()
-        self._stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def arm(self, cut_after: int | None) -> None:
-        with self._lock:
-            self.cut_after, self.relayed, self.cut = cut_after, 0, False
-
-    def close(self) -> None:
-        self._stop = True
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while not self._stop:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target_port))
-            pair = (client, server)
-            threading.Thread(target=self._pump, args=(client, server, pair), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, pair), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, pair) -> None:
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            with self._lock:
-                allowed = len(data)
-                if self.cut_after is not None:
-                    allowed = max(0, min(allowed, self.cut_after - self.relayed))
-                self.relayed += allowed
-                cut_now = allowed < len(data)
-            try:
-                if allowed:
-                    dst.sendall(data[:allowed])
-            except OSError:
-                break
-            if cut_now:
-                self.cut = True
-                break
-        for s in pair:  # a cut (or a normal close) ends both sides at once
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
 
 
 @pytest.fixture(scope="module")
@@ -348,3 +284,36 @@ def test_connection_cut_while_the_push_holds_the_lock_during_its_smoke(world):
     assert results[1].ok and results[1].marked
     assert deploy.status(direct, SSHTransport(direct))["phase"] == "deployed"
     run(w, "rollback")
+
+
+def test_a_cut_before_the_apply_says_what_happened_and_that_the_host_is_unchanged(world, capsys):
+    """#22: a cut during the upload said `the agent stopped during apply (exit -1; no output)`, a
+    cut while the host program started `cannot start the agent:` with an empty reason, a cut
+    during the handshake `authentication failed`. Walk cuts over the start of a push (key
+    exchange, authentication, program start, agent upload, the first round trip): each error
+    names what was under way and says the host is unchanged, and it is."""
+    w = world
+    proxy = w["proxy"]
+    before = files(w)
+    journal = w["h"].state_dir / "journal.json"
+    journal_before = journal.read_bytes() if journal.exists() else None
+    phases: dict[str, int] = {}
+    wrong = ("authentication failed", "cannot start the agent:", "exit -1", "stopped during")
+    unchanged = ("nothing was sent to the host", "nothing on the host changed", "no file on the host was changed")
+    for cut in range(250, 10250, 250):
+        proxy.arm(cut)
+        with pytest.raises(DeployError) as caught:
+            run(w, "push", w["proxied"])
+        message = caught.value.message
+        assert proxy.cut and not any(bad in message for bad in wrong), (cut, message)
+        assert any(ok in message for ok in unchanged), (cut, message)
+        for phase in ("during the SSH handshake", "during the authentication", "while starting the host program",
+                      "while uploading the agent", "waiting for init", "while sending"):
+            if phase in message:
+                phases[phase] = phases.get(phase, 0) + 1
+        wait_unlocked(w)
+        assert files(w) == before and (journal.read_bytes() if journal.exists() else None) == journal_before
+    proxy.arm(None)
+    with capsys.disabled():
+        print(f"\ncuts before the apply: {sorted(phases.items())}")
+    assert {"during the SSH handshake", "during the authentication", "while uploading the agent"} <= set(phases)

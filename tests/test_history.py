@@ -139,3 +139,61 @@ def test_a_refused_apply_is_recorded_with_its_code(tmp_path):
     assert entry["holder"] == "carol@ctl-1" and entry["from"] == "ctl-1" and entry["run_id"] == "r1"
     assert "x.py changed since it was read" in entry["error"]
     assert entry["files"] == {"x.py": {"from": "0" * 64, "to": "1" * 64}}
+
+
+# Lines that are valid JSON but not an entry the agent wrote (#22): each broke the reader.
+ODD_LINES = [
+    b'{"event": ["push"], "run_id": "x"}',  # event of another type: `what += ...` raised TypeError
+    b'{"event": "push", "files": 7}',  # len(7)
+    b'{"event": "push", "outcome": {"a": 1}, "phase": "deployed"}',
+    b'{"event": "push", "series": 3, "series_id": [1]}',
+    b'{"event": "push", "previous": "lock", "time": 12}',
+    b'{"event": "push", "holder": true}',
+    b"[" * 100_000,  # json.loads: RecursionError (killed the agent's history read)
+    b'{"event": "push", "x": ' + b"[" * 40 + b"]" * 40 + b"}",  # parses, but nests past any entry we write
+    b"\xff\xfe not utf-8",
+    b"42", b'"a string"', b"null",
+]
+
+
+def test_lines_of_unexpected_types_or_depth_are_skipped_and_counted(tmp_path):
+    """The agent's reader: whatever a line holds, it is an entry or it is skipped and counted."""
+    state = tmp_path / "state"
+    state.mkdir()
+    a = Agent(str(state))
+    a.root = str(tmp_path / "site")
+    a.record("push", run_id="r1", outcome="ok", files={"a.py": {"from": None, "to": "1" * 64}})
+    with open(state / "history.jsonl", "ab") as f:
+        f.write(b"\n".join(ODD_LINES) + b"\n")
+    a.record("rollback", run_id="r2", outcome="ok")
+    doc = a.handle({"op": "history", "limit": 10})
+    assert doc["ok"] is True, doc
+    assert [e["run_id"] for e in doc["entries"]] == ["r2", "r1"]
+    assert doc["total"] == 2 and doc["unreadable"] == len(ODD_LINES)
+
+
+def test_history_cli_skips_odd_lines_in_text_and_json(host, oracle):
+    """Over a real sshd: `history` (text and --json) prints the good entries and the count of
+    skipped lines; never an internal error. The controller checks the entries again (an older
+    agent on the host sends them unchecked)."""
+    ok("push", "--host", host.name)
+    with open(host.state_dir / "history.jsonl", "ab") as f:
+        f.write(b"\n".join(ODD_LINES) + b"\n")
+    text = cli("history", "--host", host.name)
+    assert text.exit_code == 0, text.output
+    assert "1 of 1 history entries" in text.stdout and f"({len(ODD_LINES)} unreadable line(s) skipped" in text.stdout
+    doc = history(host)
+    assert [e["event"] for e in doc["entries"]] == ["push"] and doc["unreadable"] == len(ODD_LINES)
+
+
+def test_the_controller_skips_entries_an_old_agent_sends_unchecked(monkeypatch):
+    """A STAND-IN at the transport seam: the reply an agent without the check gives (it sends
+    every dict line): the controller's reader skips and counts the same entries."""
+    from ddtree_deploy import hostlog
+    from ddtree_deploy.inventory import Host
+
+    reply = {"ok": True, "entries": [{"event": "push", "run_id": "r1"}, {"event": ["x"]}, {"event": "x", "files": 3}],
+             "total": 3, "unreadable": 1}
+    monkeypatch.setattr(hostlog, "_call", lambda *_a, **_k: reply)
+    doc = hostlog.history(Host(name="h", python="p", ssh=None), None, 10)
+    assert doc["entries"] == [{"event": "push", "run_id": "r1"}] and doc["total"] == 1 and doc["unreadable"] == 3

@@ -88,7 +88,8 @@ def test_builtin_local_host(tmp_path):
         ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '/a/../b'\n", r"host.state_dir: .*'\.\.'"),
         ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '~/$(id)'\n", r"host.state_dir: .*shell syntax"),
         ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nstate_dir = '~x/s'\n", r"host.state_dir"),
-        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nop_timeout = 0\n", r"host.op_timeout: must be a positive"),
+        ("[ssh]\nhost = 'a'\n[host]\npython = '/p'\nop_timeout = 0\n",
+         r"host.op_timeout: must be a number of seconds above 0"),
     ],
 )
 def test_broken_inventory_names_file_and_key(text, message):
@@ -135,3 +136,98 @@ def test_agent_command_is_quoted_argv():
     command = remote_command(argv)
     assert command == "sudo -n -- '/o p/it'\"'\"'s $(x);/python' -c " + shlex.quote(BOOTSTRAP)
     assert shlex.split(command) == argv
+
+
+# ---------------------------------------------------------------- values that reached internal errors (#22)
+
+SSH = "[ssh]\nhost = 'a'\n"
+HOST = "[host]\npython = '/p'\n"
+LINE = re.compile(r"(?P<file>[^:]+): line (?P<line>\d+): (?P<key>[a-z_.]+): (?P<what>.+?); (?P<todo>.+)")
+
+
+@pytest.mark.parametrize("key, table, value", [
+    ("ssh.connect_timeout", "ssh", "inf"), ("ssh.connect_timeout", "ssh", "nan"),
+    ("ssh.connect_timeout", "ssh", "-inf"), ("ssh.connect_timeout", "ssh", "1e300"),
+    ("ssh.connect_timeout", "ssh", "99999"),
+    ("host.op_timeout", "host", "inf"), ("host.op_timeout", "host", "nan"), ("host.op_timeout", "host", "1e300"),
+    ("host.keep_backups", "host", "inf"), ("ssh.port", "ssh", "nan"), ("ssh.port", "ssh", "1e3"),
+    ("host.keep_backups", "host", "99999999999999999999999999"),
+])
+def test_non_finite_and_out_of_range_numbers_are_one_line(key, table, value):
+    """TOML's inf and nan (and values past a sane bound) were an OverflowError, a `timestamp
+    out of range`, or (nan) no deadline at all: now the one line, naming the key's line."""
+    leaf = key.split(".")[1]
+    text = (SSH + (f"{leaf} = {value}\n" if table == "ssh" else "") + HOST
+            + (f"{leaf} = {value}\n" if table == "host" else ""))
+    with pytest.raises(BadInput) as info:
+        parse_host(text, name="h", source="hosts/h.toml")
+    m = LINE.fullmatch(info.value.message)
+    assert m and m["key"] == key, info.value.message
+    assert text.splitlines()[int(m["line"]) - 1].startswith(leaf)
+
+
+@pytest.mark.parametrize("level", ["smoke.timeout_s", "smoke.launch.ready_timeout_s", "smoke.launch.min_free_gib"])
+def test_smoke_numbers_refuse_inf_and_nan(level):
+    from ddtree_deploy.smoke_settings import parse_settings
+
+    table, leaf = level.rsplit(".", 1)
+    for value in ("inf", "nan"):
+        text = SSH + HOST + f"[{table}]\n" + ("model = 'm'\ndraft_model = 'd'\n" if "launch" in table else "") + \
+            f"{leaf} = {value}\n"
+        host = parse_host(text, name="h", source="hosts/h.toml")
+        with pytest.raises(BadInput) as info:
+            parse_settings(host.smoke, source=host.source)
+        m = LINE.fullmatch(info.value.message)
+        assert m and m["key"] == level, info.value.message
+
+
+@pytest.mark.parametrize("key", ["known_hosts", "ssh_config", "identity_file"])
+@pytest.mark.parametrize("path, what", [("/dev/zero", "is not a regular file (a character device)"),
+                                        ("/", "is a folder, not a file")])
+def test_files_the_inventory_names_are_bounded_regular_files(key, path, what):
+    """`known_hosts = "/dev/zero"` was read until the kernel killed the CLI; "/" was an
+    internal IsADirectoryError. Every file key goes through one checked reader."""
+    text = SSH + f"{key} = '{path}'\n" + HOST
+    with pytest.raises(BadInput) as info:
+        parse_host(text, name="h", source="hosts/h.toml")
+    m = LINE.fullmatch(info.value.message)
+    assert m and m["key"] == f"ssh.{key}" and m["line"] == "3" and what in m["what"], info.value.message
+
+
+def test_a_file_over_its_cap_is_refused(tmp_path):
+    from ddtree_deploy.inventory import MAX_SSH_CONFIG_BYTES
+
+    big = tmp_path / "config"
+    with open(big, "wb") as fh:
+        fh.truncate(MAX_SSH_CONFIG_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(BadInput, match=r"ssh\.ssh_config: .* over the 1 MiB limit; name a regular file"):
+        parse_host(SSH + f"ssh_config = '{big}'\n" + HOST, name="h", source="hosts/h.toml")
+
+
+def test_non_utf8_host_file_and_groups_file_are_one_line(tmp_path, monkeypatch):
+    (tmp_path / "latin.toml").write_bytes(SSH.encode() + b"# caf\xe9\n" + HOST.encode())
+    (tmp_path / "groups.toml").write_bytes(b"[groups]\n# \xff\xfe\nall = ['latin']\n")
+    with pytest.raises(BadInput) as info:
+        load_host("latin", directory=tmp_path)
+    assert info.value.message == (f"{tmp_path / 'latin.toml'}: line 3: not valid UTF-8 (byte 0xe9 at column 6); "
+                                  "save the file as UTF-8")
+    from ddtree_deploy.inventory import load_groups
+
+    with pytest.raises(BadInput, match=r"groups\.toml: line 2: not valid UTF-8 \(byte 0xff at column 3\)"):
+        load_groups(tmp_path)
+    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(tmp_path))
+    for args in (["status", "--host", "latin"], ["status", "--group", "all"], ["history", "--host", "latin"]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "not valid UTF-8" in r.stderr and "internal" not in r.stderr, r.output
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_host_file_that_is_a_device_or_deeply_nested(tmp_path):
+    link = tmp_path / "zero.toml"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(BadInput, match=r"zero\.toml: cannot read the inventory: .* character device"):
+        load_host(str(link))
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 100_000)
+    with pytest.raises(BadInput, match=r"deep\.toml: a value is nested too deeply"):
+        load_host(str(deep))

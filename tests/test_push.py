@@ -82,25 +82,42 @@ def test_plan_rollback_refuses_foreign_edits():
         plan_rollback("h", manifest, {"x": "edited", "y": "c"}, journal)
 
 
-@pytest.mark.parametrize("phase, op, expect", [
-    ("deployed", "push", "deployed fam by run r1 (1 patched, 1 pristine)"),
-    ("switching", "push", "push run r1 was interrupted while switching files (1 patched, 1 pristine); each file "
-                          "is wholly old or new; rerun `push` to complete it or `rollback` to restore the backup"),
-    ("switching", "rollback", "rerun `rollback` to complete it"),
-    ("staged", "push", "stopped after staging, before any file changed"),
-    ("rolled-back", "rollback", "rolled back to backup b1 by run r1"),
+@pytest.mark.parametrize("phase, op, have, expect, mixed", [
+    ("deployed", "push", "bd", "deployed fam by run r1 (2 patched)", False),
+    # The files contradict the journal: MIXED, never "deployed ... (1 patched, 1 pristine)" (#22).
+    ("deployed", "push", "bc", "MIXED: the journal says deployed (push run r1) but 1 of its file(s) is pristine "
+                               "(not patched) (1 patched, 1 pristine): an import of SGLang may fail; rerun "
+                               "`ddtree-deploy push --host h` to complete the series or `ddtree-deploy rollback "
+                               "--host h` to restore the backup", True),
+    ("switched", "push", "ac", "MIXED: the journal says switched (push run r1) but 2 of its file(s) are "
+                               "pristine", True),
+    ("switching", "push", "bc", "push run r1 was interrupted while switching files (1 patched, 1 pristine); each "
+                                "file is wholly old or new; rerun `push` to complete it or `rollback` to restore the "
+                                "backup", False),
+    ("switching", "rollback", "bc", "rerun `rollback` to complete it", False),
+    ("staged", "push", "ac", "stopped after staging, before any file changed", False),
+    ("staged", "push", "bc", "MIXED: the journal says staged (push run r1) but 1 file(s) are patched and 1 pristine, "
+                             "though no file should have changed yet", True),
+    ("rolled-back", "rollback", "ac", "rolled back to backup b1 by run r1", False),
+    ("rolled-back", "rollback", "bc", "MIXED: the journal says rolled-back (rollback run r1) but 1 of its file(s) "
+                                      "is still patched", True),
 ])
-def test_status_explains_every_phase(phase, op, expect):
+def test_status_explains_every_phase(phase, op, have, expect, mixed):
     from ddtree_deploy.deploy import describe
 
-    facts = {"sglang_version": "0.5.12.post1", "files": {"x": {"sha256": "b"}, "y": {"sha256": "c"}},
+    facts = {"sglang_version": "0.5.12.post1", "files": {"x": {"sha256": have[0]}, "y": {"sha256": have[1]}},
              "journal": {"op": op, "phase": phase, "run_id": "r1", "series": "fam", "backup_id": "b1",
                          "files": {"x": {"pristine": "a", "patched": "b"}, "y": {"pristine": "c", "patched": "d"}}}}
     doc = describe("h", facts, None)
-    assert doc["phase"] == phase and expect in doc["explanation"]
-    assert [(f["path"], f["state"]) for f in doc["files"]] == [("x", "patched"), ("y", "pristine")]
+    assert doc["phase"] == phase and expect in doc["explanation"], doc["explanation"]
+    assert doc["mixed"] is mixed
+    from ddtree_deploy.fleet import status_row
+
+    assert status_row(doc)["phase"] == (f"MIXED ({phase})" if mixed else phase)  # the fleet table
+    states = {"a": "pristine", "b": "patched", "c": "pristine", "d": "patched"}
+    assert [(f["path"], f["state"]) for f in doc["files"]] == [("x", states[have[0]]), ("y", states[have[1]])]
     never = describe("h", {"files": {"x": {"sha256": "a"}}}, _desired(x=("a", "b")))
-    assert never["phase"] == "never-deployed" and never["files"][0]["state"] == "pristine"
+    assert never["phase"] == "never-deployed" and never["files"][0]["state"] == "pristine" and not never["mixed"]
 
 
 def files_of(h: TestHost) -> dict[str, bytes | None]:

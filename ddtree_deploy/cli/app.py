@@ -118,10 +118,11 @@ def handles_errors(fn: Callable) -> Callable:
             raise typer.Exit(exc.exit_code)
         except typer.Exit:  # typer's own exit is a RuntimeError subclass: let it through
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            error = interrupted_error(exc)
             if run is not None:
-                run.error = envelope.error_doc("interrupted", "interrupted (Ctrl-C)")
-            err.print("[bold red]interrupted[/]")
+                run.error = error
+            say_error(err, error["message"], error["hint"])
             raise typer.Exit(envelope.EXIT_INTERRUPTED)
         except Exception as exc:
             if os.environ.get(envelope.DEBUG_ENV):
@@ -133,6 +134,18 @@ def handles_errors(fn: Callable) -> Callable:
             raise typer.Exit(EXIT_FAILED)
 
     return wrapper
+
+
+def interrupted_error(exc: BaseException) -> dict:
+    """Ctrl-C or SIGTERM as the envelope's error: one line per host that was waiting (what it
+    waited for, what that leaves on the host, what to run next: ``inflight``)."""
+    from ddtree_deploy import inflight
+
+    how = "SIGTERM" if isinstance(exc, inflight.Terminated) else "Ctrl-C"
+    notes = inflight.notes()
+    message = f"interrupted ({how})" + (": " + "; ".join(notes) if notes else "")
+    hint = None if notes else "nothing was waiting on a host; rerun the command"
+    return envelope.error_doc(inflight.CODE, message, hint)
 
 
 def _escape(text: str) -> str:

@@ -115,7 +115,8 @@ def _print_status(doc: dict) -> None:
         out.print(safe(line), highlight=False)
 
     say(f"{doc['host']}: sglang {doc['sglang_version']} at {doc['package_root']}")
-    say(f"  phase: {doc['phase']}: {doc['explanation']}")
+    phase = f"MIXED (journal: {doc['phase']})" if doc.get("mixed") else doc["phase"]
+    say(f"  phase: {phase}: {doc['explanation']}")
     if doc["series"]:
         s = doc["series"]
         say(f"  series: {s['name']} ({str(s['id'] or '')[:12]}), run {s['run_id']}, {s['updated']}, "

@@ -201,6 +201,13 @@ class EnvelopeGroup(TyperGroup):
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
+        from ddtree_deploy import inflight
+
+        inflight.reset()
+        with inflight.terminate_as_interrupt():  # SIGTERM ends a run as Ctrl-C does (exit 130)
+            return self._main(argv, prog_name, complete_var, standalone_mode, extra)
+
+    def _main(self, argv: list[str], prog_name, complete_var, standalone_mode: bool, extra: dict) -> Any:
         if not json_requested(argv) or any(k.endswith("_COMPLETE") for k in os.environ):
             return super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=standalone_mode, **extra)

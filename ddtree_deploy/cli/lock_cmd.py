@@ -70,7 +70,7 @@ def release(
     try:
         doc = hostlog.lock_release(h, transport, force)
     except AgentFailed as exc:
-        if exc.code == "locked":
+        if exc.code == "locked" and exc.reply.get("holder"):  # (no holder: the lock's guard was held too long)
             exc.message = hostlog.lock_line(h.name, exc.reply.get("holder")) + "; not released"
             exc.hint = f"wait for that run, or {next_step.lock_release(h.name, force=True)} once you know it is gone"
         raise
