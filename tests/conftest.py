@@ -15,6 +15,7 @@ once the cache holds the wheel and PyPI's listing, they run offline.
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import zipfile
 from pathlib import Path
@@ -26,6 +27,15 @@ from ddtree_deploy.errors import DeployError
 
 BASELINE_RELEASE = "0.5.12.post1"
 DATA = Path(__file__).resolve().parent / "data"
+
+
+# A suite started in the background by a non-interactive shell (`make test &`, a CI runner)
+# inherits SIGINT ignored, and so would every CLI process the tests start: the Ctrl-C tests
+# (test_interrupt, test_json_envelope, test_serve_ssh) would then see no interrupt at all.
+# A handled signal is reset to the default in an exec'd child, so handling it here gives
+# each child the SIGINT a terminal's Ctrl-C delivers.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
