@@ -34,6 +34,8 @@ app = typer.Typer(
     # The root click group owns each run: with --json it prints the one envelope (also on
     # usage errors and crashes) once the exit code is known.
     cls=envelope.EnvelopeGroup,
+    # -h as well as --help (the help option itself is made in cli/help_text.py).
+    context_settings={"help_option_names": ["--help", "-h"]},
 )
 
 
