@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
-from ddtree_deploy.errors import EXIT_FAILED, BadInput
+from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
 
 # The checker (check -> patch_parse, patch_apply, series, snapshot) is imported when `check` runs, not at
 # every CLI start (`--help`, `status`): see _check.
@@ -131,12 +131,15 @@ def _render_failures(entry: EntryCheck, series: Series) -> None:
 
 
 def _write(directory: Path, report: CheckReport) -> None:
-    if directory.exists() and not directory.is_dir():
-        raise BadInput(f"--write {directory}: exists and is not a folder")
+    # The folder was proven writable before the check (fsutil.require_writable_folder); a write that
+    # fails now (a full disk) is a failed step, said in one line.
     for p in report.patched.values():
         dest = directory / p.path
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(p.patched)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(p.patched)
+        except OSError as exc:
+            raise DeployError(f"--write {directory}: writing {p.path} failed ({exc.strerror or exc})") from None
     from ddtree_deploy.series import show
 
     err.print(f"[dim]wrote {len(report.patched)} patched files under {show(directory)}[/]")
@@ -167,8 +170,10 @@ def check(
 @handles_errors
 def _check(*, snapshot: str | None, release: str | None, family: str | None, fuzz: int,
            json_output: bool, write: Path | None, allow_partly_applied: bool = False) -> bool:
-    if write is not None and write.exists() and not write.is_dir():
-        raise BadInput(f"--write {write}: exists and is not a folder")
+    if write is not None:
+        from ddtree_deploy.fsutil import require_writable_folder
+
+        require_writable_folder(write, "--write")  # bad input before any work: exit 2, one line
     from ddtree_deploy.check import check_series
     from ddtree_deploy.series import check_no_symlink_escape
 

@@ -101,7 +101,11 @@ def _matrix(*, from_version: str, to_version: str, family: Optional[str], strict
             json_output: bool) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ddtree_deploy.fsutil import require_writable_file
     from ddtree_deploy.matrix_run import run_matrix
+
+    if markdown is not None:  # before the run: a bad path is bad input, not a crash after it
+        require_writable_file(markdown, "--markdown")
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:

@@ -82,6 +82,10 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
     target = family_folder(new_name)
     tree_dir = tree or repo_dir("build") / f"port-{target.name}"
     from ddtree_deploy import port as porting
+    from ddtree_deploy.fsutil import require_writable_folder
+
+    require_writable_folder(tree_dir, "--tree")  # both before any work: bad input, nothing written
+    require_writable_folder(target.parent, "--into", given=target)
 
     outcome = porting.port_family(source, to_version, into=target, tree_dir=tree_dir, fuzz=fuzz,
                                   existing=families())
@@ -149,8 +153,12 @@ def refresh_command(
     json_output: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
 ) -> None:
     from ddtree_deploy import port as porting
+    from ddtree_deploy.fsutil import require_writable_folder
 
-    outcome = porting.refresh_family(family_folder(family), from_dir, version=release, resolved=resolved)
+    folder = family_folder(family)
+    if folder.is_dir():  # (a missing family is refresh_family's to word)
+        require_writable_folder(folder, "--family")
+    outcome = porting.refresh_family(folder, from_dir, version=release, resolved=resolved)
     if json_output:
         emit_json({
             "sglang": outcome.version,
