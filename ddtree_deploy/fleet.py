@@ -6,7 +6,9 @@ A fleet command (push, rollback or status on several hosts) runs in this order:
   smoke-tested alone. Only if it ends deployed do the others start, ``parallel`` at a
   time. Once more than ``max_failures`` hosts have failed, no new host is started (the
   running ones finish, and a smoke failure among them is still rolled back by its own
-  push); the hosts never started are reported as skipped.
+  push); the hosts never started are reported as skipped. A failure once every host has
+  started stops nothing: the report's ``stop_reason`` is set only when a host was left
+  unstarted.
 - **rollback**, **status** and a push's **dry run**: every host, ``parallel`` at a
   time, no canary and no stop: rolling back is the way out of a bad push, one host's
   failure must never keep the others where they are, and a dry run changes nothing.
@@ -172,8 +174,8 @@ class Schedule:
         self.results[host] = kind
         if down:
             self.down.add(host)
-        if self.stop_reason is not None:
-            return
+        if self.stop_reason is not None or not self.pending:
+            return  # (nothing left to start: nothing is stopped, whatever failed)
         if host == self.policy.canary and not kind.ok:
             self.stop_reason = f"the canary {host} ended {kind.value}"
         elif self.policy.max_failures is not None and self.failures > self.policy.max_failures:

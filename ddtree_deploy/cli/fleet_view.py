@@ -181,9 +181,18 @@ def print_outcomes(report: FleetReport) -> None:
             timing = ("" if r.elapsed is None else f"{r.elapsed:.1f} s",)
         table.add_row(safe(r.host), f"[{colour}]{r.kind.value}[/]", _esc(r.message), *timing)
     err.print(table)
-    if report.stop_reason:
-        err.print(f"[yellow]stopped starting hosts: {_esc(report.stop_reason)}[/]", highlight=False, soft_wrap=True)
+    footer = stop_line(report)
+    if footer:
+        err.print(f"[yellow]{_esc(footer)}[/]", highlight=False)
     print_counts(report)
+
+
+def stop_line(report: FleetReport) -> str | None:
+    """Why some hosts were never started, and which: only when some were."""
+    unstarted = [r.host for r in report.results if r.kind is Kind.SKIPPED]
+    if not report.stop_reason or not unstarted:
+        return None
+    return f"stopped starting hosts: {report.stop_reason}; not started: {', '.join(unstarted)}"
 
 
 def print_counts(report: FleetReport) -> None:
