@@ -224,6 +224,16 @@ class HostResult:
     wave: int | None = None  # the batch it started in (1: the first, the canary's); None: not started
     started: float | None = None  # seconds after the fleet's start when it started
 
+    def shown_lines(self) -> tuple[str, ...]:
+        """``lines`` as printed: the first line is the host's outcome. A host that did not end
+        ok whose own lines start otherwise (a push whose smoke failed begins with its switch,
+        ``pushed ... switched``) is led by ``HOST: OUTCOME: why``."""
+        head = f"{self.host}: {self.kind.value}"
+        if self.kind.ok or (self.lines and self.lines[0].lower().startswith(head.lower())):
+            return self.lines
+        why = self.message[len(self.host) + 2:] if self.message.startswith(f"{self.host}: ") else self.message
+        return (head + (f": {why}" if why else ""), *self.lines)
+
     def to_json(self) -> dict:
         return {**self.doc, "host": self.host, "ok": self.kind.ok, "outcome": self.kind.value,
                 "elapsed_s": None if self.elapsed is None else round(self.elapsed, 3),

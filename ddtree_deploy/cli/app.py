@@ -70,6 +70,30 @@ err = Console(stderr=True, width=_log_width())
 out = Console(highlight=False, soft_wrap=True)
 
 
+def result_width() -> int | None:
+    """The columns a result line on stdout may take: the terminal's (or COLUMNS); None for a
+    pipe or a log, where each line stays whole (for grep)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        import shutil
+
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def say(text: str) -> None:
+    """Result lines on stdout, as plain text (host text inert: no markup, control characters
+    shown), each fitted to the terminal: broken between words, never mid-hash (cli/text.py)."""
+    from ddtree_deploy.cli.text import fit, plain
+
+    width = result_width()
+    for line in str(text).split("\n"):
+        for part in fit(plain(line), width):
+            out.print(part, markup=False, highlight=False, emoji=False)
+
+
 def emit_json(document: Any) -> None:
     """Hand the run's result document to the envelope (the ``--json`` contract, docs/json.md).
 
@@ -162,6 +186,8 @@ __all__ = [
     "out",
     "emit_json",
     "handles_errors",
+    "result_width",
+    "say",
     "say_error",
     "BadInput",
     "DeployError",

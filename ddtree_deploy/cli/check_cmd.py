@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.markup import escape
 
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
 from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
 
 # The checker (check -> patch_parse, patch_apply, series, snapshot) is imported when `check` runs, not at
@@ -195,8 +195,8 @@ def _check(*, snapshot: str | None, release: str | None, family: str | None, fuz
         emit_json({"snapshot": {"name": snap.name, "sglang_version": snap.manifest.sglang_version,
                                 "source": snap.manifest.source}, **report.to_json()})
     else:
-        out.print(f"check {verdict}: family {series.name} on {snap.name}: hunks {counts or 'none'}; "
-                  f"{len(report.compile_errors)} compile errors")
+        say(f"check {verdict}: family {series.name} on {snap.name}: hunks {counts or 'none'}; "
+            f"{len(report.compile_errors)} compile errors")
     return report.ok
 
 

@@ -12,8 +12,7 @@ from typing import Callable, List, Optional
 
 import typer
 
-from ddtree_deploy.cli.app import app, handles_errors, out
-from ddtree_deploy.cli.text import safe
+from ddtree_deploy.cli.app import app, handles_errors, say
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.transport import transport_for
 
@@ -110,10 +109,7 @@ def status(
 
 
 def _print_status(doc: dict) -> None:
-    # Every value here comes from the host (its journal, lock, paths): printed through `safe`.
-    def say(line: str) -> None:
-        out.print(safe(line), highlight=False)
-
+    # Every value here comes from the host (its journal, lock, paths): `say` prints it inert.
     say(f"{doc['host']}: sglang {doc['sglang_version']} at {doc['package_root']}")
     phase = f"MIXED (journal: {doc['phase']})" if doc.get("mixed") else doc["phase"]
     say(f"  phase: {phase}: {doc['explanation']}")

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Callable, List
 
-from ddtree_deploy.cli.app import emit_json, err, out
+from ddtree_deploy.cli.app import emit_json, err, out, say
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.fleet import FleetReport, HostResult, Kind
 from ddtree_deploy.rollout import Event, EventKind
@@ -19,7 +19,7 @@ _STYLE = {True: "green", False: "red"}
 
 def _warning(event: Event) -> None:
     who = f"{event.host}: " if event.host else ""
-    err.print("[yellow]" + safe(who + event.text) + "[/]", highlight=False, soft_wrap=True)
+    err.print("[yellow]" + safe(who + event.text) + "[/]", highlight=False)
 
 
 def _heartbeat(event: Event) -> None:
@@ -149,7 +149,7 @@ class FleetView:
         self._done_line(result.host, prev, failed=result.error is not None)
         colour = _STYLE[result.kind.ok] if result.kind is not Kind.SKIPPED else "yellow"
         tail = f": {_esc(result.message)}" if result.message and not result.kind.ok else ""
-        err.print(f"[bold {colour}]{safe(result.host)}: {result.kind.value}[/]{tail}", highlight=False, soft_wrap=True)
+        err.print(f"[bold {colour}]{safe(result.host)}: {result.kind.value}[/]{tail}", highlight=False)
 
     def _done_line(self, host: str, prev: tuple[str, float] | None, failed: bool = False) -> None:
         # Refresh first: a line printed during a live display redraws its last render below it.
@@ -244,7 +244,7 @@ def render(command: str, hosts: list, json_output: bool, call: Callable, *, cana
         if r.error is not None:
             raise r.error
         if not json_output:
-            for line in r.lines:
+            for line in r.shown_lines():
                 _say(line)
             if single is not None:
                 single(r)
@@ -255,7 +255,7 @@ def render(command: str, hosts: list, json_output: bool, call: Callable, *, cana
         report = call(view)
     if not json_output:  # results on stdout, in selection order, once every host is done
         for r in report.results:
-            for line in r.lines:
+            for line in r.shown_lines():
                 _say(line)
     if command == "status":  # its table (stdout) already says how each host ended
         if not json_output:
@@ -271,4 +271,4 @@ def render(command: str, hosts: list, json_output: bool, call: Callable, *, cana
 
 def _say(line: str) -> None:
     # Every result line quotes host text (series, backup ids, errors, smoke details): none is markup.
-    out.print(safe(line), highlight=False)
+    say(line)

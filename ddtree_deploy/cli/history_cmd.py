@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ddtree_deploy.cli.app import app, emit_json, handles_errors, out
-from ddtree_deploy.cli.text import safe
+from ddtree_deploy.cli.app import app, emit_json, handles_errors, say
 from ddtree_deploy.errors import BadInput
 
 
@@ -33,12 +32,11 @@ def history(
         emit_json(doc)
         return
     shown = len(doc["entries"])
-    out.print(safe(f"{h.name}: {shown} of {doc['total']} history entries, newest first"), highlight=False)
+    say(f"{h.name}: {shown} of {doc['total']} history entries, newest first")
     for e in doc["entries"]:
-        out.print("  " + safe(hostlog.entry_line(e)), highlight=False)
+        say("  " + hostlog.entry_line(e))
     if doc["unreadable"]:
-        out.print(safe(f"  ({doc['unreadable']} unreadable line(s) skipped: torn by a crash or a full disk)"),
-                  highlight=False)
+        say(f"  ({doc['unreadable']} unreadable line(s) skipped: torn by a crash or a full disk)")
 
 
 __all__ = ["history"]

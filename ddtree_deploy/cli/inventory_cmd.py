@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
 from ddtree_deploy.cli.text import safe
 
 inventory_app = typer.Typer(help="Import host inventories from other tools.", no_args_is_help=True)
@@ -47,7 +47,7 @@ def from_ansible(
     err.print(f"[dim]{safe(source)}: {len(imported.hosts)} host(s), {len(imported.groups)} group(s)[/]",
               highlight=False)
     for path in written:
-        out.print(safe(str(path)), highlight=False)
+        say(str(path))
 
 
 __all__ = ["from_ansible"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from ddtree_deploy import next_step
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
 from ddtree_deploy.cli.text import safe
 
 lock_app = typer.Typer(
@@ -43,11 +43,10 @@ def status(
     if json_output:
         emit_json(doc)
         return
-    out.print(safe(hostlog.lock_line(h.name, doc["lock"])), highlight=False)
+    say(hostlog.lock_line(h.name, doc["lock"]))
     tune = doc.get("tune_lock")
     if tune:
-        out.print(safe(f"{h.name}: a tune is running (run {tune.get('run_id', '?')}, pid {tune.get('pid', '?')})"),
-                  highlight=False)
+        say(f"{h.name}: a tune is running (run {tune.get('run_id', '?')}, pid {tune.get('pid', '?')})")
 
 
 @lock_app.command("release")
@@ -78,12 +77,11 @@ def release(
         emit_json(doc)
         return
     if not doc["released"]:
-        out.print(safe(f"{h.name}: lock free; nothing to release"), highlight=False)
+        say(f"{h.name}: lock free; nothing to release")
     else:
-        out.print(safe(f"{h.name}: released the lock of run {doc['lock'].get('run_id', '?')} by "
-                       f"{doc['lock'].get('holder', '?')}"), highlight=False)
+        say(f"{h.name}: released the lock of run {doc['lock'].get('run_id', '?')} by {doc['lock'].get('holder', '?')}")
     if doc.get("history_warning"):
-        err.print(f"[yellow]warning:[/] {safe(doc['history_warning'])}", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]warning:[/] {safe(doc['history_warning'])}", highlight=False)
 
 
 __all__ = ["lock_app"]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.markup import escape
 
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
 from ddtree_deploy.series import show
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def _render_matrix(matrix: Matrix) -> None:
         _render_table(family, header, body)
     for line in matrix.details():
         err.print(f"[red]does not apply:[/] {escape(line)}", highlight=False, soft_wrap=True)
-    err.print(f"{matrix.summary()}; time {matrix.timings.line()}", highlight=False, soft_wrap=True)
+    err.print(f"{matrix.summary()}; time {matrix.timings.line()}", highlight=False)
 
 
 def _render_table(family: str | None, header: list[str], body: list[list[str]]) -> None:
@@ -61,7 +61,7 @@ def _render_table(family: str | None, header: list[str], body: list[list[str]]) 
     err.print(table)
     for version, why in whys:
         if why:
-            err.print(f"  {escape(version)}: {escape(why)}", highlight=False, soft_wrap=True)
+            err.print(f"  {escape(version)}: {escape(why)}", highlight=False)
 
 
 # help= rather than a docstring: typer keeps a docstring's line breaks inside a paragraph,
@@ -131,5 +131,5 @@ def _matrix(*, from_version: str, to_version: str, family: Optional[str], strict
     if json_output:
         emit_json(matrix.to_json())
     else:
-        out.print(f"matrix: {matrix.summary()}; exit {matrix.exit_code}", highlight=False)
+        say(f"matrix: {matrix.summary()}; exit {matrix.exit_code}")
     return matrix.exit_code

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
 from ddtree_deploy import next_step
 from ddtree_deploy.errors import EXIT_FAILED, BadInput
 from ddtree_deploy.locations import repo_dir
@@ -113,7 +113,7 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
                   highlight=False, soft_wrap=True)
     if not json_output:
         verdict = "ok" if result.ok else f"{len(result.rejects)} hunk(s) rejected"
-        out.print(f"port {verdict}: family {outcome.family_dir.name} for SGLang {to_version}", highlight=False)
+        say(f"port {verdict}: family {outcome.family_dir.name} for SGLang {to_version}")
     return 0 if result.ok else EXIT_FAILED
 
 
@@ -180,8 +180,8 @@ def refresh_command(
     for rej in outcome.removed_rejects:
         err.print(f"  removed {escape(show(rej))}", highlight=False, soft_wrap=True)
     if not json_output:
-        out.print(f"refresh: family {family}: {len(outcome.changed)} patch file(s) rewritten from the tree "
-                  f"(SGLang {outcome.version})", highlight=False)
+        say(f"refresh: family {family}: {len(outcome.changed)} patch file(s) rewritten from the tree "
+            f"(SGLang {outcome.version})")
 
 
 __all__ = ["series_app", "port_command", "refresh_command"]

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from ddtree_deploy import next_step
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.series import show
 from ddtree_deploy.snapshot import Snapshot, snapshot_from_release
@@ -31,13 +31,13 @@ def report_snapshot(snap: Snapshot, *, json_output: bool) -> None:
         emit_json({"snapshot": m.name, "folder": str(snap.folder), "manifest": m.to_json()})
         return
     present = [f for f in m.files if not f.absent]
-    # The version and paths may come from a host (snapshot pull): printed through `safe`.
-    out.print(safe(f"snapshot {m.name}: sglang {m.sglang_version}, {len(present)} files, "
-                   f"{len(m.files) - len(present)} absent -> {show(snap.folder)}"), highlight=False)
+    # The version and paths may come from a host (snapshot pull): `say` prints them inert.
+    say(f"snapshot {m.name}: sglang {m.sglang_version}, {len(present)} files, "
+        f"{len(m.files) - len(present)} absent -> {show(snap.folder)}")
     width = max((len(f.path) for f in m.files), default=0)
     for f in m.files:
         detail = "absent (the series creates it)" if f.absent else f"{f.size:>8} B  sha256 {f.sha256[:16]}"
-        out.print(safe(f"  {f.path:<{width}}  {detail}"), highlight=False)
+        say(f"  {f.path:<{width}}  {detail}")
 
 
 @snapshot_app.command("release")

@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from ddtree_deploy import tune
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out, say
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.inventory import load_host
@@ -93,19 +93,18 @@ def tune_cmd(
     for line in tune.table_lines(opts, outcome.records):
         out.print(line, highlight=False, markup=False)
     for line in outcome.choice.lines(opts.itl_margin_pct):
-        out.print(line, highlight=False, markup=False)
+        say(line)
     pruned = tune.pruned(opts, outcome.records)
     if pruned:
-        out.print(f"pruned (not launched): {', '.join(pruned)}", highlight=False, markup=False)
-    out.print(f"results: {outcome.results_path}", highlight=False, markup=False)
-    out.print(f"plot: {outcome.plot_path}" if outcome.plot_path else outcome.plot_note or "no plot",
-              highlight=False, markup=False)
+        say(f"pruned (not launched): {', '.join(pruned)}")
+    say(f"results: {outcome.results_path}")
+    say(f"plot: {outcome.plot_path}" if outcome.plot_path else outcome.plot_note or "no plot")
     if outcome.stopped:
-        out.print(f"sweep stopped early: {outcome.stopped}", highlight=False, markup=False)
+        say(f"sweep stopped early: {outcome.stopped}")
     if outcome.apply is not None:
         a = outcome.apply
-        out.print(f"--apply: wrote budget {a['budget']} and topk {a['topk']} into {a['file']}" if a["written"]
-                  else f"--apply: nothing written ({a.get('why')})", highlight=False, markup=False)
+        say(f"--apply: wrote budget {a['budget']} and topk {a['topk']} into {a['file']}" if a["written"]
+            else f"--apply: nothing written ({a.get('why')})")
     if outcome.stopped:
         raise typer.Exit(1)
 
