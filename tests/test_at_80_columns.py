@@ -81,3 +81,70 @@ def test_a_fleet_gives_each_host_its_outcome_first(fleet):
     assert heads[0].startswith(f"{bad}: failed, rolled back: "), done.stdout
     assert heads[-1] == f"{good}: skipped: not started: the canary {bad} ended failed, rolled back", done.stdout
     assert f"not started: {good}" in " ".join(done.stderr.split())  # the footer names it
+
+
+# ---------------------------------------------------------------- tables and bars (item 5)
+
+
+def _plain_env(tmp_path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_DEPLOY_")}
+    env["DDTREE_DEPLOY_SNAPSHOT"] = str(tmp_path / "snapshot")
+    return env
+
+
+@pytest.mark.parametrize("release, family", [("0.5.12.post1", "sglang-0.5.12"), ("0.5.23", "sglang-0.5.20")])
+def test_the_check_table_never_folds_a_name_at_80_columns(release, family, tmp_path):
+    """The table does not fit 80 columns: its narrow form gives each entry and file whole."""
+    from ddtree_deploy.sandbox import release_wheel
+    from ddtree_deploy.series import load_family
+
+    release_wheel(release)
+    done = run80(_plain_env(tmp_path), "check", "--release", release)
+    assert done.returncode == 0, done.stderr
+    words = set(done.stderr.split())
+    series = load_family(Path(__file__).resolve().parent.parent / "patches" / family)
+    for entry in series.entries:
+        assert entry.name.split()[-1] in words, (entry.name, done.stderr)  # the patch's name, whole
+    for path in series.touched_paths():
+        assert path in words, (path, done.stderr)
+
+
+def test_matrix_is_readable_at_80_columns(tmp_path):
+    """The v2 family's matrix: releases as rows, entries numbered (their names listed whole
+    under the table), each cell a few characters, the legend; nothing wider than 80."""
+    from ddtree_deploy.sandbox import release_wheel
+
+    for version in ("0.5.20", "0.5.21", "0.5.22", "0.5.23"):
+        release_wheel(version)
+    done = run80(_plain_env(tmp_path), "matrix", "--from", "0.5.20", "--to", "0.5.23", "--offline", "--jobs", "1")
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in done.stderr.splitlines()
+            if re.match(r"^0\.5\.2[0-3] ", line)}
+    assert set(rows) == {"0.5.20", "0.5.21", "0.5.22", "0.5.23"}, done.stderr
+    assert rows["0.5.23"] == ["="] * 9 + ["ok", "ok"], rows  # nine entries exact, compiles, ok
+    assert rows["0.5.20"][0] == "+2", rows  # an offset, in its own few characters
+    assert "  1 0001-spec-fields-ddtree-flags.patch" in done.stderr.splitlines()
+    assert "= exact" in done.stderr and "matrix: 4 release(s): 4 ok; exit 0" in done.stdout
+
+
+def test_the_download_bar_keeps_its_numbers_at_80_columns(monkeypatch):
+    """A wheel download on an 80-column terminal: the name on its own line, the bar's row
+    with whole numbers (it used to shrink to `39… 23… 0:0…`)."""
+    import io
+
+    from rich.console import Console
+
+    from ddtree_deploy.cli import download_view
+
+    console = Console(width=80, force_terminal=True, record=True, file=io.StringIO())
+    monkeypatch.setattr(download_view, "err", console)
+    shown = download_view.Downloads(bar=True)
+    shown.update("sglang-0.5.23-py3-none-any.whl", 12_345_678, 0)
+    shown.update("sglang-0.5.23-py3-none-any.whl", 12_345_678, 5_000_000)
+    row = shown._progress.get_renderable()
+    shown.close()
+    console.print(row)
+    lines = [line for line in console.export_text().splitlines() if line.strip()]
+    assert lines[0] == "downloading sglang-0.5.23-py3-none-any.whl (11.8 MiB)", lines
+    assert len(lines[-1]) <= 80 and "…" not in lines[-1], lines
+    assert re.search(r"━+.* 5\.0/12\.3 MB +\S+ +\S+$", lines[-1]), lines

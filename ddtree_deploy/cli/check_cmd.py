@@ -72,8 +72,11 @@ def _hunks_cell(hunks: tuple[HunkResult, ...]) -> str:
 def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
     from rich.table import Table
 
-    table = Table(title=f"check: family {series.name} on snapshot {snap.name} "
-                        f"(sglang {snap.manifest.sglang_version}, fuzz {report.fuzz})")
+    from ddtree_deploy.cli.tables import show
+
+    title = (f"check: family {series.name} on snapshot {snap.name} "
+             f"(sglang {snap.manifest.sglang_version}, fuzz {report.fuzz})")
+    table = Table(title=escape(title))
     # fold, never truncate: a path cut to "sglang/srt/…" tells nobody anything.
     table.add_column("line", justify="right")
     table.add_column("entry", overflow="fold")
@@ -90,7 +93,18 @@ def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
                 _hunks_cell(f.hunks),
                 f"[{style}]{f.status}[/]" if style else f.status,
             )
-    err.print(table)
+
+    def narrow():  # a narrow terminal: per entry its line and name, then each file's result
+        yield escape(title)
+        for entry in report.entries:
+            yield f"{entry.line:>4}  {escape(entry.name)}"
+            for f in entry.files:
+                style = "yellow" if f.status == PARTLY and f.ok else _STYLE.get(f.status, "")
+                result = f"[{style}]{f.status}[/]" if style else f.status
+                hunks = _hunks_cell(f.hunks)
+                yield f"      {escape(f.path)}  {result}" + (f" ({escape(hunks)})" if hunks != "-" else "")
+
+    show(err, table, narrow)
     for entry in report.entries:
         _render_failures(entry, series)
     for c in report.compile_errors:

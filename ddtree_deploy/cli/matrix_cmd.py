@@ -10,7 +10,7 @@ from __future__ import annotations
 # matrix, matrix_run, rich.table and rich.progress are imported inside the command that uses them: every
 # CLI start (a push included) would otherwise pay for them.
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 from rich.markup import escape
@@ -29,36 +29,68 @@ _CELL_STYLE = {"exact": "green", "offset": "green", "already-applied": "cyan", "
 
 
 def _render_matrix(matrix: Matrix) -> None:
+    from ddtree_deploy.matrix import Matrix
+
     for family, header, body in matrix.tables():
-        _render_table(family, header, body)
+        rows = [r for r in matrix.rows if r.family == family]
+        _render_table(family, header, body, list(Matrix(tuple(rows)).columns()))
     for line in matrix.details():
         err.print(f"[red]does not apply:[/] {escape(line)}", highlight=False, soft_wrap=True)
     err.print(f"{matrix.summary()}; time {matrix.timings.line()}", highlight=False)
 
 
-def _render_table(family: str | None, header: list[str], body: list[list[str]]) -> None:
+#: A narrow terminal's matrix: each cell in a few characters (the legend under the table says them).
+_COMPACT = (("exact", "="), ("offset ", ""), ("fuzz ", "~"), ("already-applied", "up"), ("failed", "X"),
+            ("partly", "part"), ("skipped", "skip"), ("no family", ""))
+COMPACT_LEGEND = ("cells: = exact, +N/-N offset by N lines, ~N fuzz N, up already applied, X failed, "
+                  "part partly applied, skip skipped (an earlier entry failed)")
+
+
+def _compact(text: str) -> str:
+    for word, short in _COMPACT:
+        if text.startswith(word):
+            return short + text[len(word):].strip() if word.endswith(" ") else short
+    return text
+
+
+def _render_table(family: str | None, header: list[str], body: list[list[str]], entries: list[str]) -> None:
     from rich.table import Table
+
+    from ddtree_deploy.cli.tables import show
 
     # The "why" column is long prose: printed under the table, one line per release.
     # The family is the table's title, not a column.
     header, whys = [header[0], *header[2:-1]], [(row[0], row[-1]) for row in body]
     body = [[row[0], *row[2:-1]] for row in body]
     title = f"DDTree family {family} vs SGLang releases" if family else "SGLang releases no family judges"
-    table = Table(title=escape(title))
-    for name in header:
-        table.add_column(name, overflow="fold")
     verdict_at, cells_from, cells_to = len(header) - 1, 1, header.index("compile")
-    for row in body:
-        styled = []
-        for i, text in enumerate(row):
-            style = None
-            if i == verdict_at:
-                style = _VERDICT_STYLE.get(text)
-            elif cells_from <= i < cells_to:
-                style = _CELL_STYLE.get(text.split(" ", 1)[0] if not text.startswith("no family") else text)
-            styled.append(f"[{style}]{escape(text)}[/]" if style else escape(text))
-        table.add_row(*styled)
-    err.print(table)
+
+    def table_of(head: list[str], cell: Callable[[str], str], **style) -> Table:
+        table = Table(title=escape(title), **style)
+        for name in head:
+            table.add_column(name, overflow="fold")
+        for row in body:
+            styled = []
+            for i, text in enumerate(row):
+                colour = None
+                if i == verdict_at:
+                    colour = _VERDICT_STYLE.get(text)
+                elif cells_from <= i < cells_to:
+                    colour = _CELL_STYLE.get(text.split(" ", 1)[0] if not text.startswith("no family") else text)
+                    text = cell(text)
+                styled.append(f"[{colour}]{escape(text)}[/]" if colour else escape(text))
+            table.add_row(*styled)
+        return table
+
+    def narrow():  # entries numbered, cells in a few characters, no borders; the legend follows
+        numbered = [header[0], *(str(n) for n in range(1, cells_to)), *header[cells_to:]]
+        yield table_of(numbered, _compact, box=None, pad_edge=False, collapse_padding=True, padding=(0, 1),
+                       title_justify="left")
+        for n, entry in enumerate(entries, 1):
+            yield f"  [dim]{n}[/] {escape(entry)}"
+        yield f"  [dim]{escape(COMPACT_LEGEND)}[/]"
+
+    show(err, table_of(header, lambda text: text), narrow)
     for version, why in whys:
         if why:
             err.print(f"  {escape(version)}: {escape(why)}", highlight=False)
