@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Sequence
 
+from ddtree_deploy import next_step
 from ddtree_deploy.codes import BEFORE_CHANGE, UNREACHABLE, Code
 from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
 
@@ -121,7 +122,8 @@ def _members(group: str, group_members: dict[str, tuple[str, ...]]) -> tuple[str
     if group not in group_members:
         known = ", ".join(sorted(group_members)) or "none"
         raise BadInput(f"--group {group}: no such group (groups: {known})",
-                       hint="groups are defined in hosts/groups.toml")
+                       hint=f"groups are defined in the inventory folder's groups.toml: {next_step.hosts_list()} "
+                            "shows them")
     return group_members[group]
 
 

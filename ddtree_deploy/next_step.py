@@ -17,6 +17,11 @@ def command(*args: str) -> str:
     return "`" + " ".join((PROG, *args)) + "`"
 
 
+def _folder(folder) -> list[str]:
+    """``-i DIR`` when the command was given one, so the hint reads the same folder."""
+    return ["-i", str(folder)] if folder is not None else []
+
+
 def push(host: str) -> str:
     return command("push", "--host", host)
 
@@ -29,8 +34,8 @@ def smoke(host: str) -> str:
     return command("smoke", "--host", host)
 
 
-def status(host: str | None = None) -> str:
-    return command("status", "--host", host) if host else command("status")
+def status(host: str | None = None, folder=None) -> str:
+    return command("status", "--host", host, *_folder(folder)) if host else command("status")
 
 
 def restart(host: str) -> str:
@@ -68,6 +73,16 @@ def series_refresh(family: str, tree: str) -> str:
     return command("series", "refresh", "--family", family, "--from", tree, "--resolved")
 
 
+def hosts_list(folder=None) -> str:
+    """The hosts of the inventory folder (and where it is)."""
+    return command("hosts", "list", *_folder(folder))
+
+
+def hosts_init(name: str, folder=None) -> str:
+    """Write a commented host file for ``name`` where the toolkit reads hosts."""
+    return command("hosts", "init", name, *_folder(folder))
+
+
 def lock_release(host: str, *, force: bool = False) -> str:
     """``force``: for a lock whose process may still run (the user must know it is gone)."""
     return command("lock", "release", "--host", host, *(["--force"] if force else []))
@@ -77,6 +92,8 @@ __all__ = [
     "PROG",
     "check",
     "command",
+    "hosts_init",
+    "hosts_list",
     "lock_release",
     "push",
     "push_or_rollback",

@@ -26,7 +26,7 @@ from sshd_host import ADDED, SPEC, UTILS, cli, host, ok, oracle, sshd  # noqa: E
 
 
 def history(h: SandboxHost, *extra: str) -> dict:
-    return json.loads(ok("history", "--host", h.name, "--json", *extra).stdout)
+    return json.loads(ok("history", "--host", h.name, "--json", *extra).stdout)["hosts"][0]
 
 
 @pytest.mark.sshd

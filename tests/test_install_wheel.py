@@ -27,7 +27,7 @@ from ddtree_deploy.errors import DeployError
 REPO = Path(__file__).resolve().parent.parent
 RELEASE = "0.5.12.post1"
 # What the build needs from the checkout; copied so the build never writes into it.
-SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddtree_deploy", "patches", "payload")
+SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddtree_deploy", "patches", "payload", "hosts")
 DEMO_MODELS = ("tiny-llama", "tiny-dflash-draft")
 
 
@@ -94,6 +94,8 @@ def test_the_wheel_carries_families_payload_and_manifests(installed):
         assert f"ddtree_deploy/_data/snapshot/{m.parent.name}/MANIFEST.json" in names
     for model in DEMO_MODELS:
         assert f"ddtree_deploy/_data/models/{model}/config.json" in names
+    for example in (REPO / "hosts").glob("*.toml"):  # the example inventory
+        assert f"ddtree_deploy/_data/examples/hosts/{example.name}" in names
     assert "ddtree_deploy/demo.py" in names and "ddtree_deploy/sandbox/sshd.py" in names
     assert not any(n.startswith(("ddtree_testkit/", "tests/", "bench/")) for n in names), "test support is not shipped"
     assert not any("/files/" in n for n in names), "SGLang's own files are never shipped"
@@ -126,6 +128,25 @@ def test_installed_matrix_offline_sees_the_families(installed):
     # The per-family tables (stderr): both families came from the wheel.
     for family in ("sglang-0.5.12", "sglang-0.5.13"):
         assert f"DDTree family {family} vs SGLang releases" in r.stderr, r.stderr
+
+
+def test_installed_hosts_list_and_init_work_without_a_checkout(installed):
+    """An installed toolkit's inventory folder is the user's config folder: `hosts list` says
+    so and points to the example the wheel carries, `hosts init` writes the first host there."""
+    config_hosts = Path(installed["env"]["XDG_CONFIG_HOME"]) / "ddtree-deploy" / "hosts"
+    empty = _run(installed, "hosts", "list")
+    assert empty.returncode == 0, empty.stderr
+    assert f"inventory folder: {config_hosts} (your config folder): 0 host file(s)" in " ".join(empty.stdout.split())
+    example = re.search(r"an example: (\S+?)\)", " ".join(empty.stderr.split())).group(1)
+    assert "/ddtree_deploy/_data/examples/hosts" in example and Path(example, "ct200.toml").is_file()
+    assert not example.startswith(str(REPO))
+    made = _run(installed, "hosts", "init", "gpu1", "--python", "/usr/bin/python3")
+    assert made.returncode == 0 and made.stdout.strip() == str(config_hosts / "gpu1.toml"), made.stderr
+    listed = _run(installed, "hosts", "list")
+    assert listed.returncode == 0 and re.search(r"^  gpu1 +ssh gpu1 +python /usr/bin/python3", listed.stdout, re.M)
+    missing = _run(installed, "status", "--host", "nosuch")
+    assert missing.returncode == 2 and "`ddtree-deploy hosts init nosuch`" in missing.stderr
+    assert "hosts/ct200.toml" not in missing.stderr
 
 
 def test_installed_version_is_the_wheels(installed):

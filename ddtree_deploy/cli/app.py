@@ -111,6 +111,13 @@ def emit_json(document: Any) -> None:
                                      exit_code=0 if doc.get("ok", True) is not False else EXIT_FAILED))
 
 
+def emit_host(name: str, document: dict, *, ok: bool = True) -> None:
+    """A one-host command's result as the ``--json`` document: the host's entry in ``hosts``
+    (``host``, ``ok`` and the command's fields), the shape every host command gives, one host
+    or many (docs/json.md)."""
+    emit_json({"hosts": [{"host": name, "ok": ok, **{k: v for k, v in document.items() if k not in ("host", "ok")}}]})
+
+
 def say_error(console: Console, message: str, hint: str | None, *, internal: bool = False) -> None:
     """The one-line error (and its hint) on stderr; host text inert."""
     label = "internal error:" if internal else "error:"
@@ -124,16 +131,20 @@ def handles_errors(fn: Callable) -> Callable:
 
     DeployError: its message, hint and exit code. Ctrl-C: exit 130. Any other exception is a
     bug: one line (its type and text) and a hint, exit 1; ``DDTREE_DEPLOY_DEBUG=1`` re-raises
-    it for the traceback.
+    it for the traceback. A command with ``-i/--inventory DIR`` (its ``inventory`` argument)
+    reads its host files from DIR.
     """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from ddtree_deploy.inventory import inventory_folder
+
         run = envelope.current()
         if run is not None:
             run.note_command(kwargs)
         try:
-            return fn(*args, **kwargs)
+            with inventory_folder(kwargs.get("inventory")):  # -i DIR: the command's host files
+                return fn(*args, **kwargs)
         except DeployError as exc:
             if run is not None:
                 run.error = envelope.error_doc(exc.code, exc.message, exc.hint)
@@ -184,6 +195,7 @@ __all__ = [
     "app",
     "err",
     "out",
+    "emit_host",
     "emit_json",
     "handles_errors",
     "result_width",

@@ -8,16 +8,17 @@ stdout, and with several hosts (``--host`` repeated, ``--group``) an outcome tab
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, List, Optional
 
 import typer
 
 from ddtree_deploy.cli.app import app, handles_errors, say
+from ddtree_deploy.cli.options import GROUP_HELP, HOSTS_HELP, inventory_option
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.transport import transport_for
 
-HOST_HELP = "inventory name (hosts/<name>.toml), a .toml path, or 'local' (this machine); repeatable"
-GROUP_HELP = "host group from hosts/groups.toml (its members, in order); repeatable"
+HOST_HELP = HOSTS_HELP  # (serve_cmd imports it from here)
 PARALLEL_HELP = "with several hosts: how many are worked on at once (default: all)"
 FAMILY_HELP = "family folder or name under the patches folder (default: the one covering the host's SGLang)"
 
@@ -38,6 +39,7 @@ def _render(command: str, hosts: List[Host], json_output: bool, call: Callable, 
 def push(
     host: Optional[List[str]] = typer.Option(None, "--host", "-H", help=HOST_HELP),
     group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
+    inventory: Optional[Path] = inventory_option(),
     family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (files, hashes, changes); touch nothing"),
     diff: bool = typer.Option(False, "--diff", help="print the unified diff each host gets, per file, from its "
@@ -73,6 +75,7 @@ def push(
 def rollback(
     host: Optional[List[str]] = typer.Option(None, "--host", "-H", help=HOST_HELP),
     group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
+    inventory: Optional[Path] = inventory_option(),
     to: Optional[str] = typer.Option(None, "--to", help="backup id to restore (default: the newest)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan; touch nothing"),
     break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
@@ -94,6 +97,7 @@ def rollback(
 def status(
     host: Optional[List[str]] = typer.Option(None, "--host", "-H", help=HOST_HELP),
     group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
+    inventory: Optional[Path] = inventory_option(),
     family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP),

@@ -40,8 +40,7 @@ class Downloads:
             if not self.bar:
                 err.print(safe(f"downloading {name} ({size / MIB:.1f} MiB)"), highlight=False, soft_wrap=True)
                 return
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                       TransferSpeedColumn)
+            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
             if self.pause is not None:
                 self.pause()

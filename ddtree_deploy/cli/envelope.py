@@ -2,7 +2,7 @@
 
 Every ``ddtree-deploy ... --json`` run prints exactly one JSON object on stdout:
 
-    {"schema": "ddtree-deploy/1", "command": "lock status", "ok": true, "exit_code": 0,
+    {"schema": "ddtree-deploy/2", "command": "lock status", "ok": true, "exit_code": 0,
      "error": null, "hosts": [{"host": "ct200", "ok": true}], ...the command's own fields...}
 
 How: the run's document is not printed where a command produces it. ``emit_json`` (cli/app.py)
@@ -33,7 +33,7 @@ except ImportError:  # older typer runs on click itself
     from click import ClickException, Context, UsageError  # type: ignore[no-redef]
 from typer.exceptions import Abort
 
-SCHEMA = "ddtree-deploy/1"
+SCHEMA = "ddtree-deploy/2"
 #: The envelope's own keys, in print order; a command's fields follow them.
 ENVELOPE_KEYS = ("schema", "command", "ok", "exit_code", "error", "hosts")
 EXIT_INTERRUPTED = 130

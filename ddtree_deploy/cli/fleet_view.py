@@ -224,12 +224,12 @@ __all__ = ["FleetView", "HostView", "print_counts", "print_outcomes", "print_sta
 
 
 def render(command: str, hosts: list, json_output: bool, call: Callable, *, canary: str | None = None,
-           single: Callable[[HostResult], None] | None = None, one_doc: bool = False) -> None:
+           single: Callable[[HostResult], None] | None = None) -> None:
     """Run ``call(listener)`` (a rollout function) under the right view; print its results.
 
     One host: its lines (``single`` prints more, e.g. status' detail), its error re-raised
     as is (one line, its exit code), exit 1 when it did not end ok; with ``--json`` the
-    fleet's document (``one_doc``: the host's own document, as ``smoke`` always gave).
+    fleet's document, as for several.
     Several: the outcome table (status: its table and counts), every host's document with
     its outcome; exit non-zero unless every host is ok.
     """
@@ -239,8 +239,8 @@ def render(command: str, hosts: list, json_output: bool, call: Callable, *, cana
         with HostView(hosts[0].name, bars=not json_output) as view:
             report = call(view)
         r = report.results[0]
-        if json_output and not (one_doc and r.error is not None):  # the envelope adds the error, if raised
-            emit_json(r.doc if one_doc else report.to_json())
+        if json_output:  # the envelope adds the error, if raised
+            emit_json(report.to_json())
         if r.error is not None:
             raise r.error
         if not json_output:

@@ -15,7 +15,8 @@ from typing import Optional
 import typer
 
 from ddtree_deploy import tune
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out, say
+from ddtree_deploy.cli.app import app, emit_host, err, handles_errors, out, say
+from ddtree_deploy.cli.options import inventory_option
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.inventory import load_host
@@ -29,7 +30,9 @@ def _ints(text: str, option: str, what: str, hi: int) -> tuple[int, ...]:
 @app.command("tune")
 @handles_errors
 def tune_cmd(
-    host: str = typer.Option(..., "--host", "-H", help="inventory name (hosts/<name>.toml) or a .toml path"),
+    host: str = typer.Option(..., "--host", "-H", help="inventory name (NAME.toml in the inventory folder) or "
+                                                       "a .toml path"),
+    inventory: Optional[Path] = inventory_option(),
     budgets: str = typer.Option(",".join(map(str, tune.DEFAULT_BUDGETS)), "--budgets",
                                 help="DDTree budgets to try (tree nodes per request), comma-separated"),
     topk: str = typer.Option(",".join(map(str, tune.DEFAULT_TOPK)), "--topk",
@@ -86,7 +89,7 @@ def tune_cmd(
         err.print(f"--apply: {safe(outcome.apply['file'])}:", highlight=False)
         err.print(safe(outcome.apply["diff"]), highlight=False, markup=False)
     if json_output:
-        emit_json(outcome.to_json())
+        emit_host(h.name, outcome.to_json(), ok=not outcome.stopped)
         if outcome.stopped:
             raise typer.Exit(1)
         return
