@@ -243,8 +243,14 @@ class HostResult:
 
 
 def failed(host: str, exc: DeployError) -> HostResult:
-    return HostResult(host, outcome_of_error(exc), {"host": host, **exc.to_json()}, exc.message, exc.exit_code,
-                      hint=exc.hint, error=exc)
+    """A host whose work raised ``exc``; evidence the error carries (``diff``: a drifted
+    file against what the series expects, ``push --diff``) is its lines and ``diff``."""
+    doc = {"host": host, **exc.to_json()}
+    diff = getattr(exc, "diff", None)
+    if diff:
+        doc["diff"] = diff
+    return HostResult(host, outcome_of_error(exc), doc, exc.message, exc.exit_code, hint=exc.hint, error=exc,
+                      lines=tuple(diff.splitlines()) if diff else ())
 
 
 def skipped(host: str, reason: str) -> HostResult:

@@ -83,6 +83,13 @@ def hosts_init(name: str, folder=None) -> str:
     return command("hosts", "init", name, *_folder(folder))
 
 
+def python_that_imports_sglang() -> str:
+    """A host whose ``python`` finds no sglang (the built-in ``local`` is the toolkit's own)."""
+    return ("set [host] python in the host's file to the interpreter that imports sglang (the built-in host "
+            "'local' runs ddtree-deploy's own Python; for another on this machine: "
+            + command("hosts", "init", "NAME", "--local", "--python", "PATH") + ")")
+
+
 def lock_release(host: str, *, force: bool = False) -> str:
     """``force``: for a lock whose process may still run (the user must know it is gone)."""
     return command("lock", "release", "--host", host, *(["--force"] if force else []))
@@ -95,6 +102,7 @@ __all__ = [
     "hosts_init",
     "hosts_list",
     "lock_release",
+    "python_that_imports_sglang",
     "push",
     "push_or_rollback",
     "restart",

@@ -116,7 +116,7 @@ def test_matrix_is_readable_at_80_columns(tmp_path):
 
     for version in ("0.5.20", "0.5.21", "0.5.22", "0.5.23"):
         release_wheel(version)
-    done = run80(_plain_env(tmp_path), "matrix", "--from", "0.5.20", "--to", "0.5.23", "--offline", "--jobs", "1")
+    done = run80(_plain_env(tmp_path), "matrix", "--from", "0.5.20", "--to", "0.5.23", "--offline", "--parallel", "1")
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line.split()[1:] for line in done.stderr.splitlines()
             if re.match(r"^0\.5\.2[0-3] ", line)}
@@ -148,3 +148,68 @@ def test_the_download_bar_keeps_its_numbers_at_80_columns(monkeypatch):
     assert lines[0] == "downloading sglang-0.5.23-py3-none-any.whl (11.8 MiB)", lines
     assert len(lines[-1]) <= 80 and "…" not in lines[-1], lines
     assert re.search(r"━+.* 5\.0/12\.3 MB +\S+ +\S+$", lines[-1]), lines
+
+
+# ---------------------------------------------------------------- drift can be inspected (item 4)
+
+
+def _patch_applies(diff: str, expected: bytes, host: bytes, tmp: Path, path: str) -> None:
+    """GNU patch (the oracle) turns the expected file into the host's with the diff shown."""
+    target = tmp / "oracle" / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(expected)
+    done = subprocess.run(["patch", "-p1", "-s", "--no-backup-if-mismatch"], input=diff, text=True,
+                          cwd=tmp / "oracle", capture_output=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert target.read_bytes() == host
+
+
+def test_a_drifted_host_shows_its_bytes_against_what_the_series_expects(fleet, tmp_path):
+    """`push --dry-run --diff` on a drifted host no longer stops at the drift check with one
+    line: the diff from the expected (pristine) file to the host's follows, here and in
+    --json; `status --diff` shows the same. GNU patch applies each diff to the expected file
+    and gets the host's bytes."""
+    import json
+
+    env, hosts = fleet
+    h = hosts["good"]
+    pristine = h.read(SPEC)
+    edited = pristine.replace(b"\n", b"  # a local edit\n", 1)
+    h.file(SPEC).write_bytes(edited)
+    dry = run80(env, "push", "--host", h.name, "--dry-run", "--diff")
+    assert dry.returncode == 1 and "match neither" in dry.stderr and "(drifted)" in dry.stderr
+    assert f"{SPEC}: a/ what the series expects (pristine, " in " ".join(dry.stdout.split())
+    assert "+" in dry.stdout and "# a local edit" in dry.stdout
+    doc = json.loads(subprocess.run([str(EXE), "push", "--host", h.name, "--dry-run", "--diff", "--json"],
+                                    capture_output=True, text=True, env=env, timeout=120).stdout)
+    entry = doc["hosts"][0]
+    assert entry["error"]["code"] == "drift" and entry["outcome"] == "failed, host unchanged"
+    _patch_applies(entry["diff"], pristine, edited, tmp_path / "push", SPEC)
+    assert h.read(SPEC) == edited  # a dry run: nothing changed
+
+    status = run80(env, "status", "--host", h.name, "--diff")
+    assert status.returncode == 0, status.stderr
+    assert f"{h.name}: 1 drifted file(s) against what sglang-0.5.12 expects:" in status.stdout
+    assert "# a local edit" in status.stdout
+    doc = json.loads(subprocess.run([str(EXE), "status", "--host", h.name, "--diff", "--json"],
+                                    capture_output=True, text=True, env=env, timeout=120).stdout)
+    _patch_applies(doc["hosts"][0]["diff"], pristine, edited, tmp_path / "status", SPEC)
+    plain = json.loads(subprocess.run([str(EXE), "status", "--host", h.name, "--json"],
+                                      capture_output=True, text=True, env=env, timeout=120).stdout)
+    assert "diff" not in plain["hosts"][0]  # only when asked for
+
+
+def test_status_diff_of_a_deployed_host_is_against_the_patched_file(fleet, tmp_path):
+    import json
+
+    env, hosts = fleet
+    h = hosts["good"]
+    assert subprocess.run([str(EXE), "push", "--host", h.name], env=env, capture_output=True,
+                          timeout=120).returncode == 0
+    patched = h.read(UTILS)
+    h.file(UTILS).write_bytes(patched + b"# edited after the push\n")
+    doc = json.loads(subprocess.run([str(EXE), "status", "--host", h.name, "--diff", "--json"],
+                                    capture_output=True, text=True, env=env, timeout=120).stdout)
+    diff = doc["hosts"][0]["diff"]
+    assert f"{UTILS}: a/ what the series expects (patched by sglang-0.5.12), b/ the host's file" in diff
+    _patch_applies(diff, patched, patched + b"# edited after the push\n", tmp_path, UTILS)

@@ -195,3 +195,23 @@ def test_help_through_the_console_script_at_80_columns():
     assert done.returncode == 0 and "Usage:" in done.stdout and "{" not in done.stdout, done.stdout + done.stderr
     assert all(len(line) <= 80 for line in done.stdout.splitlines()), done.stdout
     assert "[smoke]" in " ".join(done.stdout.split()) and "<bool>" not in done.stdout
+
+
+def test_every_command_says_parallel_and_matrix_still_takes_jobs(columns_80):
+    """One spelling for "how many at once": --parallel / -j (issue 24, item 9). matrix's old
+    --jobs still works, hidden; the two disagreeing is bad input."""
+    import typer.main
+
+    def walk(node):
+        for sub in (getattr(node, "commands", None) or {}).values():
+            yield from walk(sub) if getattr(sub, "commands", None) else [sub]
+
+    for command in walk(typer.main.get_command(app)):
+        names = {o for p in command.params for o in p.opts if not getattr(p, "hidden", False)}
+        assert "--jobs" not in names, command.name
+        if "-j" in names:
+            assert any(p.opts[:2] == ["--parallel", "-j"] for p in command.params), command.name
+    text = _help("matrix", "--help")
+    assert "--parallel" in text and "--jobs" not in text
+    both = CliRunner().invoke(app, ["matrix", "--parallel", "2", "--jobs", "1", "--offline"])
+    assert both.exit_code == 2 and "--jobs is the old name of --parallel" in both.stderr

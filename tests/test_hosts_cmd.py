@@ -165,3 +165,17 @@ def test_hosts_list_at_80_columns_through_the_console_script(tmp_path):
     assert all(len(line) <= 80 for line in done.stdout.splitlines()), done.stdout
     assert [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  gpu")] == \
         ["gpu-node-0", "gpu-node-1", "gpu-node-2"]
+
+
+def test_host_local_is_the_toolkits_own_python_and_says_the_way_out(tmp_path, monkeypatch):
+    """README: `--host local` runs ddtree-deploy's own Python as the host's; where that Python
+    has no sglang (the project venv here: SGLang lives in the hosts' envs), one line says so
+    and the hint names a local host file with its own python."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # its state folder, ~/.ddtree-deploy, stays here
+    r = cli("status", "--host", "local")
+    # (It used to stop earlier, wrongly: the built-in host's empty serve table read as an empty [serve].)
+    assert r.exit_code == 1 and "serve" not in r.stderr, r.stderr
+    assert f"this interpreter ({sys.executable}) cannot find the sglang package" in r.stderr
+    hint = " ".join(r.stderr.split())
+    assert "the built-in host 'local' runs ddtree-deploy's own Python" in hint
+    assert "`ddtree-deploy hosts init NAME --local --python PATH`" in hint

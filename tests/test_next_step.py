@@ -39,6 +39,7 @@ TEXTS = {
     "hosts init": next_step.hosts_init("gpu1"),
     "hosts init -i": next_step.hosts_init("gpu1", "/srv/inventory"),
     "status -i": next_step.status("gpu1", "/srv/inventory"),
+    "local python": next_step.python_that_imports_sglang(),
 }
 
 

@@ -83,15 +83,14 @@ def result_width() -> int | None:
     return None
 
 
-def say(text: str) -> None:
-    """Result lines on stdout, as plain text (host text inert: no markup, control characters
-    shown), each fitted to the terminal: broken between words, never mid-hash (cli/text.py)."""
+def say(line: str) -> None:
+    """One result line on stdout, as plain text (host text inert: no markup; control
+    characters, a newline too, shown as ``\\x0a``: host text never starts a line of its own),
+    fitted to the terminal: broken between words, never mid-hash (cli/text.py)."""
     from ddtree_deploy.cli.text import fit, plain
 
-    width = result_width()
-    for line in str(text).split("\n"):
-        for part in fit(plain(line), width):
-            out.print(part, markup=False, highlight=False, emoji=False)
+    for part in fit(plain(line), result_width()):
+        out.print(part, markup=False, highlight=False, emoji=False)
 
 
 def emit_json(document: Any) -> None:

@@ -43,7 +43,8 @@ def push(
     family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (files, hashes, changes); touch nothing"),
     diff: bool = typer.Option(False, "--diff", help="print the unified diff each host gets, per file, from its "
-                              "current file (with --dry-run: would get)"),
+                              "current file (with --dry-run: would get); a drifted file: the host's bytes "
+                              "against what the series expects"),
     break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     no_smoke: bool = typer.Option(False, "--no-smoke", help="switch only: run no smoke level afterwards"),
@@ -99,6 +100,8 @@ def status(
     group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
     inventory: Optional[Path] = inventory_option(),
     family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
+    diff: bool = typer.Option(False, "--diff", help="each drifted file: the host's bytes against what the "
+                              "series expects there (unified diff)"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
@@ -109,7 +112,7 @@ def status(
     hosts = rollout.select_hosts(host or [], group or [])
     _render("status", hosts, json_output,
             lambda view: rollout.status(hosts, _connect(trust_new_host), family=family, parallel=parallel,
-                                        on_event=view))
+                                        diff=diff, on_event=view))
 
 
 def _print_status(doc: dict) -> None:

@@ -242,12 +242,15 @@ def render(command: str, hosts: list, json_output: bool, call: Callable, *, cana
         if json_output:  # the envelope adds the error, if raised
             emit_json(report.to_json())
         if r.error is not None:
+            if not json_output:
+                for line in r.lines:  # evidence the error carries (push --diff: the drifted files)
+                    _say(line)
             raise r.error
         if not json_output:
+            if single is not None:  # (status: its block, then its lines: the --diff of drifted files)
+                single(r)
             for line in r.shown_lines():
                 _say(line)
-            if single is not None:
-                single(r)
         if not r.kind.ok or r.doc.get("ok") is False:  # e.g. a failed smoke, or left `switched`: exit 1
             raise typer.Exit(r.exit_code or 1)
         return

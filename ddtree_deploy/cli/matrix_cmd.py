@@ -16,6 +16,7 @@ import typer
 from rich.markup import escape
 
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
+from ddtree_deploy.errors import BadInput
 from ddtree_deploy.series import show
 
 if TYPE_CHECKING:
@@ -110,14 +111,17 @@ def matrix_command(
     strict: bool = typer.Option(False, "--strict", help="Exit 1 also when a release is uncovered."),
     fuzz: int = typer.Option(0, "--fuzz", min=0, max=2, help="Context lines a hunk may ignore (0-2)."),
     offline: bool = typer.Option(False, "--offline", help="Use the cached release listing and wheels only."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="Parallel workers (default: CPU count)."),
+    parallel: Optional[int] = typer.Option(None, "--parallel", "-j", min=1,
+                                           help="Releases checked at once (default: CPU count)."),
+    # The old spelling (every other command says --parallel): still accepted, not shown.
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, hidden=True),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the report as markdown here."),
     import_smoke: bool = typer.Option(False, "--import", help="Also install each release that takes the series "
                                       "into a throwaway CPU virtualenv and run the import and cli smoke levels."),
     json_output: bool = typer.Option(False, "--json", help="Print the matrix as one JSON document."),
 ) -> None:
     _exit(_matrix(from_version=from_version, to_version=to_version, family=family, strict=strict, fuzz=fuzz,
-                  offline=offline, jobs=jobs, markdown=markdown, import_smoke=import_smoke,
+                  offline=offline, parallel=parallel, jobs=jobs, markdown=markdown, import_smoke=import_smoke,
                   json_output=json_output))
 
 
@@ -129,8 +133,8 @@ def _exit(code: int) -> None:
 
 @handles_errors
 def _matrix(*, from_version: str, to_version: str, family: Optional[str], strict: bool, fuzz: int,
-            offline: bool, jobs: Optional[int], markdown: Optional[Path], import_smoke: bool,
-            json_output: bool) -> int:
+            offline: bool, parallel: Optional[int], jobs: Optional[int], markdown: Optional[Path],
+            import_smoke: bool, json_output: bool) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ddtree_deploy.fsutil import require_writable_file
@@ -138,6 +142,9 @@ def _matrix(*, from_version: str, to_version: str, family: Optional[str], strict
 
     if markdown is not None:  # before the run: a bad path is bad input, not a crash after it
         require_writable_file(markdown, "--markdown")
+    if parallel is not None and jobs is not None and parallel != jobs:
+        raise BadInput(f"--parallel {parallel} and --jobs {jobs}: --jobs is the old name of --parallel; give one")
+    workers = parallel if parallel is not None else jobs
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:
@@ -152,7 +159,7 @@ def _matrix(*, from_version: str, to_version: str, family: Optional[str], strict
 
         matrix = run_matrix(
             from_version=from_version, to_version=to_version, family=family, strict=strict, fuzz=fuzz,
-            offline=offline, jobs=jobs, progress=progress, import_smoke=import_smoke,
+            offline=offline, jobs=workers, progress=progress, import_smoke=import_smoke,
             warn=lambda message: err.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True),
         )
     if markdown is not None:
