@@ -171,7 +171,8 @@ def print_outcomes(report: FleetReport) -> None:
     table = Table(title=f"{report.command}: {len(report.results)} host(s), {report.seconds:.1f} s", title_justify="left")
     waves = report.policy.waves  # restarts: the wave timeline (which batch, when it started and ended)
     for col in ("host", "outcome", "detail") + (("wave", "start", "end") if waves else ("time",)):
-        table.add_column(col, overflow="fold")
+        # Names and numbers whole; the detail (prose) wraps between words.
+        table.add_column(col, overflow="fold", no_wrap=col != "detail" and col != "outcome")
     for r in report.results:
         colour = "yellow" if r.kind is Kind.SKIPPED else _STYLE[r.kind.ok]
         if waves:
@@ -208,8 +209,8 @@ def print_status_table(report: FleetReport) -> None:
 
     table = Table(box=None)
     cols = ("host", "sglang", "phase", "series", "drift", "lock", "serving")
-    for col in cols:
-        table.add_column(col, overflow="fold")
+    for col in cols:  # the host's name whole; the others wrap between words
+        table.add_column(col, overflow="fold", no_wrap=col == "host")
     for r in report.results:
         if r.kind.ok:
             row = status_row(r.doc)
