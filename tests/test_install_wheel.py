@@ -10,6 +10,7 @@ so the project's editable ddtree_deploy is NOT importable there: only the wheel'
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -29,6 +30,7 @@ RELEASE = "0.5.12.post1"
 # What the build needs from the checkout; copied so the build never writes into it.
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddtree_deploy", "patches", "payload", "hosts")
 DEMO_MODELS = ("tiny-llama", "tiny-dflash-draft")
+DEMO_RELEASE, DEMO_FAMILY = "0.5.23", "sglang-0.5.20"  # today's newest covered release, the v2 family
 
 
 def _copy_sources(dest: Path) -> None:
@@ -69,6 +71,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     cache = root / "cache"
     cache.mkdir()
     (cache / "wheels").symlink_to(wheels)
+    listing = releases.cached_project()  # the demo's release choice works offline with it, as after a first run
+    if listing is not None:
+        (cache / "pypi").mkdir()
+        (cache / "pypi" / "sglang.json").write_text(json.dumps(listing))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_DEPLOY_")}
     env.update(DDTREE_DEPLOY_CACHE=str(cache), XDG_CONFIG_HOME=str(root / "config"), COLUMNS="200")
     cwd = root / "elsewhere"
@@ -157,11 +163,16 @@ def test_installed_version_is_the_wheels(installed):
 
 @pytest.mark.sshd
 def test_installed_demo_runs_the_whole_flow_from_a_temp_folder(installed):
-    """`python -m ddtree_deploy.demo` with only the wheel: sandbox host, loopback sshd, check,
-    push + the compile/import/cli smoke levels, status, rollback, status; nothing left behind."""
+    """`python -m ddtree_deploy.demo` with only the wheel: today's SGLang (0.5.23) and the v2
+    family, said with why; sandbox host, loopback sshd, check, push + the compile/import/cli
+    smoke levels, status, history, rollback, status; nothing left behind."""
     from ddtree_deploy.sandbox import require_openssh
 
     require_openssh()  # one line naming openssh-server when sshd is missing, not a LOCAL fallback
+    try:
+        releases.ensure_wheel(DEMO_RELEASE)
+    except DeployError as exc:
+        pytest.skip(f"the {DEMO_RELEASE} wheel is not cached and PyPI is unreachable: {exc.message}")
     tmp = installed["cwd"].parent / "demo-tmp"
     tmp.mkdir()
     env = {**installed["env"], "TMPDIR": str(tmp)}
@@ -169,11 +180,18 @@ def test_installed_demo_runs_the_whole_flow_from_a_temp_folder(installed):
                        capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
+    said = " ".join(out.split())
+    assert (f"SGLang {DEMO_RELEASE}: the newest release a DDTree family covers (" in said
+            and f"; family {DEMO_FAMILY}, because it covers " in said), said[:600]
     assert "transport: SSH to a real sshd on 127.0.0.1" in out, out[-4000:]
-    assert f"check ok: family sglang-0.5.12 on sglang-{RELEASE}" in out, out[-4000:]
+    assert f"check ok: family {DEMO_FAMILY} on sglang-{DEMO_RELEASE}" in out, out[-4000:]
     for level in ("compile", "import", "cli"):  # the smoke levels push ran (cli read the shipped models)
         assert re.search(rf"^ +{level} +passed ", out, re.M), (level, out[-4000:])
+    # The import level proved the v2 tree: DDTREE resolves to the family's worker.
+    assert "DDTREE -> DDTreeWorkerV2 (DDTREE_TREE_VERIFY = True)" in out, out[-4000:]
     assert "smoke passed: journal marked deployed" in out
+    history = out.split("$ ddtree-deploy history")[1].split("$ ddtree-deploy rollback")[0]
+    assert re.search(rf"push {DEMO_FAMILY} \(\w+\) +ok -> switched", history), history
     assert "phase: rolled-back" in out.split("$ ddtree-deploy status")[-1]  # back to pristine
     assert "demo: done in" in out and "the sandbox and its sshd are gone" in out
     assert list(tmp.iterdir()) == [], "the demo leaves nothing in its temp folder"

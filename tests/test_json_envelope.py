@@ -336,6 +336,40 @@ def test_envelope(command, kind, request, tmp_path, monkeypatch):
         assert doc["imported_hosts"] == ["node1"]
 
 
+#: The per-host fields of the one-host commands whose shape issue 24 (item 7) unified: each in
+#: the host's ``hosts`` entry, none at the top level.
+HOST_FIELDS = {"smoke": {"levels", "python", "outcome", "elapsed_s"},
+               "history": {"entries", "total", "unreadable"},
+               "lock status": {"lock", "tune_lock"}}
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize("command", sorted(HOST_FIELDS))
+def test_host_commands_through_the_console_script(command, request, tmp_path, monkeypatch):
+    """smoke, history and lock status as a user runs them (the installed entry point, after a
+    real push): one envelope valid against the schema, the host's fields in ``hosts[0]``, the
+    top level only the envelope (and, for smoke, the fleet's summary like push's)."""
+    c = Ctx(request, tmp_path, monkeypatch)
+    c.ok("push", "--host", c.host)
+    argv = {"smoke": ["smoke", "--host", c.host, "--level", "compile"], "history": ["history", "--host", c.host],
+            "lock status": ["lock", "status", "--host", c.host]}[command]
+    proc = subprocess.run([str(CONSOLE), *argv, "--json"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    doc = check_envelope(proc.stdout, 0, command)
+    assert [(h["host"], h["ok"]) for h in doc["hosts"]] == [(c.host, True)]
+    entry = doc["hosts"][0]
+    assert HOST_FIELDS[command] <= set(entry), sorted(entry)
+    top = set(doc) - set(ENVELOPE_KEYS)
+    assert top == ({"policy", "stopped", "counts", "seconds"} if command == "smoke" else set()), sorted(top)
+    if command == "smoke":
+        assert [(lv["level"], lv["ok"]) for lv in entry["levels"]] == [("compile", True)]
+    elif command == "history":
+        assert entry["total"] == 1 and entry["entries"][0]["event"] == "push", entry["entries"]
+    else:
+        assert entry["lock"] is None and entry["tune_lock"] is None
+
+
 @pytest.mark.parametrize("command", json_commands())
 def test_usage_error_is_one_envelope(command):
     """An unknown option fails in click's parser, before any command body: still one envelope,
