@@ -99,7 +99,9 @@ def _failure_note(fc: FileCheck) -> str:
     if bad is None:
         return f"{fc.path}: {fc.message or 'failed'}"
     note = f"{fc.path} hunk {bad.index} (patch line {bad.patch_line})"
-    if bad.nearest_line is not None:
+    if bad.ambiguous:
+        note += f", ambiguous: old lines at line {bad.nearest_line}, new lines at line {bad.new_side_line}"
+    elif bad.nearest_line is not None:
         note += f", nearest line {bad.nearest_line}"
     if bad.mismatches:
         m = bad.mismatches[0]

@@ -56,8 +56,9 @@ fix. Any other mix is matched byte for byte, as GNU patch and git apply do.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from itertools import groupby
-from operator import itemgetter
+from operator import eq, itemgetter
 from dataclasses import dataclass
 from enum import Enum
 
@@ -93,7 +94,12 @@ class HunkResult:
     fuzz: int = 0  # context lines ignored at each end (0..2)
     nearest_line: int | None = None  # failed: best-matching location
     mismatches: tuple[Mismatch, ...] = ()  # failed: the lines that differ there
-    reason: str = ""  # failed for a reason other than mismatching lines (file absent, exists...)
+    reason: str = ""  # failed for a reason other than mismatching lines (ambiguous, file absent...)
+    new_side_line: int | None = None  # failed as ambiguous: where the new side matches (nearest_line: the old)
+
+    @property
+    def ambiguous(self) -> bool:
+        return self.new_side_line is not None
 
     @property
     def ok(self) -> bool:
@@ -161,6 +167,8 @@ class _Lines:
 
 def _is_crlf_text(text: str) -> bool:
     """Every line that ends has CRLF, and at least one does."""
+    if "\r" not in text:  # one fast scan settles almost every file
+        return False
     n = text.count("\n")
     return n > 0 and text.count("\r\n") == n
 
@@ -178,6 +186,7 @@ class _Pattern:
     last_nl: bool  # False: the side's last line is marked "\\ No newline at end of file"
     prefix: int  # leading context lines
     suffix: int  # trailing context lines
+    changed: list[str]  # the side's own lines ('-' or '+'): fuzz never ignores them
 
     def has_nl(self, k: int) -> bool:
         return self.last_nl or k != len(self.bodies) - 1
@@ -185,38 +194,67 @@ class _Pattern:
 
 def _pattern(h: Hunk, strip_cr: bool, new_side: bool = False) -> _Pattern:
     """The old side of h (what applying it expects), or its new side (what it leaves)."""
-    skip = "-" if new_side else "+"
-    side = [t for tag, t in h.lines if tag != skip]
+    side = h.new_lines if new_side else h.old_lines
+    own = "+" if new_side else "-"
+    changed = [t for tag, t in h.lines if tag == own]
     if strip_cr:
         side = [t[:-1] if t.endswith("\r") else t for t in side]
+        changed = [t[:-1] if t.endswith("\r") else t for t in changed]
     no_eol = h.new_no_eol if new_side else h.old_no_eol
-    return _Pattern(side, not no_eol, h.prefix_context, h.suffix_context)
+    return _Pattern(side, not no_eol, h.prefix_context, h.suffix_context, changed)
 
 
 class _Index:
-    """Where each distinct line body of the input occurs, built once per file on first need.
+    """How often, and (on demand) where, each distinct line body of the input occurs.
 
-    A hunk not at its expected place is then looked for only where its rarest line occurs,
-    and the nearest match of a failed hunk is counted from those places, so the cost of a
-    hunk does not grow with the file (a failed hunk used to scan it several times).
+    The counts are one C pass (Counter). Positions are found per body when first asked
+    (list.index, also C); after a few bodies the whole map is built at once, so a file
+    with many hunks to search pays one pass, and one with few pays almost nothing.
     """
 
+    _LAZY = 8  # bodies located one by one before the whole map is built
+
     def __init__(self, bodies: list[str]):
+        self.bodies = bodies
+        self.counts = Counter(bodies)
+        self._where: dict[str, list[int]] = {}
+        self._full = False
+
+    def count(self, body: str) -> int:
+        return self.counts.get(body, 0)
+
+    def where(self, body: str) -> list[int]:
+        """0-based indices of ``body`` in the input, ascending."""
+        found = self._where.get(body)
+        if found is not None:
+            return found
+        count = self.counts.get(body, 0)
+        if not count or self._full:
+            return []
+        if len(self._where) >= self._LAZY:
+            self._build()
+            return self._where.get(body, [])
+        found, i, index = [], -1, self.bodies.index
+        for _ in range(count):
+            i = index(body, i + 1)
+            found.append(i)
+        self._where[body] = found
+        return found
+
+    def _build(self) -> None:
         where: dict[str, list[int]] = {}
-        for idx, body in enumerate(bodies):
+        for idx, body in enumerate(self.bodies):
             found = where.get(body)
             if found is None:
                 where[body] = [idx]
             else:
                 found.append(idx)
-        self.where = where  # body -> 0-based indices, ascending
-
-    def count(self, body: str) -> int:
-        found = self.where.get(body)
-        return len(found) if found else 0
+        self._where, self._full = where, True
 
 
 _TAG = itemgetter(0)
+# A failed hunk's nearest-match evidence looks at this many candidate places at most.
+NEAREST_CANDIDATES = 64
 
 
 class _Applier:
@@ -256,11 +294,11 @@ class _Applier:
         return (hi == n and self.src_open) == (sf == 0 and not pat.last_nl)
 
     def _locate(self, pat: _Pattern, first: int, fuzz: int, whole_file: bool = False,
-                only_at: bool = False, reach: int | None = None) -> int | None:
-        """The 1-based line where the hunk lands at this fuzz level, or None (GNU's locate_hunk).
+                evidence: bool = False) -> int | None:
+        """The 1-based line where the pattern lands at this fuzz level, or None (GNU's locate_hunk).
 
-        ``only_at``: try the expected line ``first`` alone (no search at other places);
-        ``reach``: only places at most that many lines from ``first``.
+        ``evidence``: the pattern is a hunk's new side, looked for as proof that the change
+        is there; a match that compares no line (fuzz ignored them all) proves nothing.
         """
         m, n = len(pat.bodies), len(self.src)
         if m == 0:  # nothing to match: a pure insertion lands where it says
@@ -285,37 +323,64 @@ class _Applier:
             start = n - m + 1
             ok = start >= min_where and self._matches(pat, start, pf, 0)
             return start if ok else None
-        if only_at:
-            ok = min_where <= first <= max_where and self._matches(pat, first, pf, sf)
-            return first if ok else None
-        if reach is not None:
-            min_where, max_where = max(min_where, first - reach), min(max_where, first + reach)
         if m - sf <= pf:  # fuzz left no line to compare: the nearest allowed line
-            if min_where > max_where:
+            if evidence or min_where > max_where:
                 return None
             return min(max(first, min_where), max_where)
+        # The expected line first: most hunks are there, and it needs no index.
+        if min_where <= first <= max_where and self._matches(pat, first, pf, sf):
+            return first
         # Candidates: the places where the rarest compared line occurs, visited outward
         # from ``first`` (on equal distance the later line first), as GNU patch visits lines.
         index = self.index
         k = min(range(pf, m - sf), key=lambda j: index.count(pat.bodies[j]))
-        for start in self._outward(index.where.get(pat.bodies[k], []), k, first, min_where, max_where):
+        for start in self._outward(index.where(pat.bodies[k]), k, first, min_where, max_where):
             if self._matches(pat, start, pf, sf):
                 return start
         return None
+
+    def _find(self, pat: _Pattern, first: int, levels: int, whole_file: bool = False,
+              evidence: bool = False) -> tuple[int, int] | None:
+        """(line, fuzz) of the pattern at the lowest fuzz level 0..levels where it matches.
+
+        A line of the side's own that the input lacks rules out every level at once (fuzz
+        ignores context lines only): the usual answer for the side that is not there.
+        """
+        if self._matches_at_first(pat, first):
+            return first, 0
+        if pat.changed:
+            counts = self.index.counts
+            for body in pat.changed:
+                if body not in counts:
+                    return None
+        for fuzz in range(levels + 1):
+            where = self._locate(pat, first, fuzz, whole_file, evidence)
+            if where is not None:
+                return where, fuzz
+        return None
+
+    def _matches_at_first(self, pat: _Pattern, first: int) -> bool:
+        """The hot path: the pattern exactly at its expected line, no anchor in play."""
+        m = len(pat.bodies)
+        if not m or pat.prefix != pat.suffix or self.fp.is_deletion:
+            return False  # anchors, pure insertions and deletions take the careful path
+        return self.copied < first and self._matches(pat, first, 0, 0)
 
     def _line_matches(self, pat: _Pattern, start: int, k: int) -> bool:
         idx = start - 1 + k
         return (0 <= idx < len(self.src.bodies) and self.src.bodies[idx] == pat.bodies[k]
                 and (self.src.eols[idx] != "") == pat.has_nl(k))
 
-    def _hits(self, pat: _Pattern, start: int, need: int = 0) -> int:
-        """Matching lines with the pattern at ``start``; -1 as soon as fewer than ``need`` can match."""
-        m, hits = len(pat.bodies), 0
-        for k in range(m):
-            if self._line_matches(pat, start, k):
-                hits += 1
-            elif m - (k + 1 - hits) < need:
-                return -1
+    def _hits(self, pat: _Pattern, start: int) -> int:
+        """Matching lines with the pattern's first line at 1-based ``start`` (counted in C)."""
+        bodies, lo = pat.bodies, start - 1
+        seg = self.src.bodies[lo:lo + len(bodies)]
+        hits = sum(map(eq, seg, bodies))
+        # Newlines: only the input's last line can lack one, and only the pattern's last
+        # line can be marked so; a body that matches there may still differ by its newline.
+        for k in {len(self.src.bodies) - 1 - lo, len(bodies) - 1}:
+            if 0 <= k < len(seg) and seg[k] == bodies[k] and (self.src.eols[lo + k] != "") != pat.has_nl(k):
+                hits -= 1
         return hits
 
     @staticmethod
@@ -346,10 +411,12 @@ class _Applier:
     def _nearest(self, pat: _Pattern, first: int) -> tuple[int, tuple[Mismatch, ...]]:
         """The location with the most matching lines (ties: nearest, then later) and its differences.
 
-        Exact, without counting every start: after the places of the t rarest pattern lines
-        are counted, any start not among them matches at most m - t lines, so the search stops
-        once the best start found matches more; within one line's places, visited nearest
-        first, it stops once the best start reaches that bound and the places get farther.
+        Bounded: the candidates are the places of the pattern's rarest lines, nearest the
+        expected line first, at most NEAREST_CANDIDATES of them, each counted in C. Below
+        that many it is exact (a start not among the places of the t rarest pattern lines
+        matches at most m - t lines, so the search stops once the best start found matches
+        more); past it, it is the best of the nearest candidates. A failed hunk's evidence
+        thus costs O(NEAREST_CANDIDATES * hunk lines), whatever lines repeat in the file.
         """
         n, m = len(self.src), len(pat.bodies)
         last = max(n - m + 1, 1)
@@ -358,19 +425,22 @@ class _Applier:
         seen = {start}
         index = self.index
         order = sorted(range(m), key=lambda j: index.count(pat.bodies[j]))
+        budget = NEAREST_CANDIDATES
         for t, k in enumerate(order, 1):
             bound = m - (t - 1)  # a start not seen yet matches at most this many lines
-            for s in self._outward(index.where.get(pat.bodies[k], []), k, first, 1, last):
+            for s in self._outward(index.where(pat.bodies[k]), k, first, 1, last):
                 if -best[0] >= bound and abs(s - first) > best[1]:
                     break
                 if s in seen:
                     continue
                 seen.add(s)
-                hits = self._hits(pat, s, -best[0])
-                key = (-hits, abs(s - first), -s)
-                if hits >= 0 and key < best:
+                key = (-self._hits(pat, s), abs(s - first), -s)
+                if key < best:
                     best = key
-            if -best[0] > m - t:
+                budget -= 1
+                if not budget:
+                    break
+            if not budget or -best[0] > m - t:
                 break
         start = -best[2]
         mismatches = []
@@ -440,47 +510,35 @@ class _Applier:
     # -- one hunk
 
     def place(self, index: int, h: Hunk) -> HunkResult:
+        """The verdict of hunk h: both sides are looked for wherever the search reaches.
+
+        Its old side alone found: applied there. Its new side alone found: already
+        applied. Both found: ambiguous, so failed with both places; a lookalike of either
+        side anywhere in reach would otherwise decide, and no check after the fact can tell
+        a lookalike from the real place (reversing the hunk finds the lookalike too).
+        """
         fwd = _pattern(h, self.strip_cr)
-        rev: _Pattern | None = None  # the new side, made only when needed (the hot path skips it)
-        # A deletion has nothing to recognise, nor has a hunk whose new side is empty.
-        can_reverse = h.new_len > 0 and not self.fp.is_deletion
         first = (h.old_start if h.old_len else h.old_start + 1) + self.in_offset
         whole = self.fp.is_deletion
         levels = min(self.fuzz, max(fwd.prefix, fwd.suffix))
-        for fuzz in range(levels + 1):
-            # Never apply a change twice: first the expected place alone, both ways. The
-            # new side there means the change is in the file, whatever matches elsewhere.
-            # Where both sides match there (repeated lines), the longer side wins: it
-            # accounts for more of the file (equal lengths cannot both match), so with the
-            # old side there the new side matters only when it is longer.
-            where = self._locate(fwd, first, fuzz, whole, only_at=True)
-            if can_reverse and (where is None or h.new_len > h.old_len):
-                rev = rev or _pattern(h, self.strip_cr, new_side=True)
-                done = self._locate(rev, first, fuzz, only_at=True)
-                if done is not None:
-                    return self._already(index, h, rev, first, done, fuzz)
-            if where is None:
-                # Then outward from there, both ways: the nearer wins, on equal distance the
-                # new side (the safe side). Drift from other upstream changes moves a hunk a
-                # few lines; its new side found nearer than its old side means the change is
-                # there, and applying the old side's match farther away would make it twice
-                # (GNU patch searches forward everywhere first; the differential test names it).
-                # A new side marked "no newline" that lands mid-file gets its newline back
-                # when the next line is written (_copy_till, _write_added), as GNU patch does.
-                where = self._locate(fwd, first, fuzz, whole)
-                if can_reverse:
-                    rev = rev or _pattern(h, self.strip_cr, new_side=True)
-                    reach = None if where is None else abs(where - first)
-                    done = self._locate(rev, first, fuzz, reach=reach)
-                    if done is not None and (reach is None or abs(done - first) <= reach):
-                        return self._already(index, h, rev, first, done, fuzz)
-            if where is not None:
-                line = where + self.out_offset
-                self.in_offset = where - (first - self.in_offset)
-                self._apply(h, where)
-                status = (HunkStatus.FUZZ if fuzz else
-                          HunkStatus.OFFSET if self.in_offset else HunkStatus.EXACT)
-                return HunkResult(index, h.header, h.patch_line, status, line, self.in_offset, fuzz)
+        old = self._find(fwd, first, levels, whole)
+        new = rev = None
+        # A deletion has nothing to recognise, nor has a hunk whose new side is empty.
+        if h.new_len > 0 and not whole:
+            rev = _pattern(h, self.strip_cr, new_side=True)
+            new = self._find(rev, first, levels, evidence=True)
+        if old is not None and new is not None:
+            return self._ambiguous(index, h, old, new)
+        if new is not None:
+            return self._already(index, h, rev, first, *new)
+        if old is not None:
+            where, fuzz = old
+            line = where + self.out_offset
+            self.in_offset = where - (first - self.in_offset)
+            self._apply(h, where)
+            status = (HunkStatus.FUZZ if fuzz else
+                      HunkStatus.OFFSET if self.in_offset else HunkStatus.EXACT)
+            return HunkResult(index, h.header, h.patch_line, status, line, self.in_offset, fuzz)
         nearest, mismatches = self._nearest(fwd, first)
         reason = ""
         if whole and len(fwd.bodies) != len(self.src):
@@ -488,6 +546,21 @@ class _Applier:
                       f"but it has {len(self.src)}")
         return HunkResult(index, h.header, h.patch_line, HunkStatus.FAILED, None, 0, 0,
                           nearest, mismatches, reason)
+
+    def _ambiguous(self, index: int, h: Hunk, old: tuple[int, int], new: tuple[int, int]) -> HunkResult:
+        """Hunk h's old side and new side both match: failed, both places as evidence."""
+        (old_at, old_fuzz), (new_at, new_fuzz) = old, new
+        old_line, new_line = old_at + self.out_offset, new_at + self.out_offset
+
+        def fuzzed(f: int) -> str:
+            return f" (fuzz {f})" if f else ""
+
+        reason = (f"ambiguous: its old lines match at line {old_line}{fuzzed(old_fuzz)} and its new "
+                  f"lines at line {new_line}{fuzzed(new_fuzz)}, so the change may be there already or "
+                  "not; read both places, then drop the hunk if the change is in, or make the patch "
+                  "with more context (git diff -U5) so that it matches one place only")
+        return HunkResult(index, h.header, h.patch_line, HunkStatus.FAILED, None, 0, 0,
+                          old_line, (), reason, new_side_line=new_line)
 
     def _already(self, index: int, h: Hunk, pat: _Pattern, first: int, where: int, fuzz: int) -> HunkResult:
         """Record hunk h as already applied with its new side at input line ``where``."""

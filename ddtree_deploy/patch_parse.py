@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ddtree_deploy.errors import BadInput
 
@@ -39,15 +40,18 @@ class Hunk:
     old_no_eol: bool = False  # the old side's last line has no newline
     new_no_eol: bool = False  # the new side's last line has no newline
 
-    @property
+    # Computed once per hunk (the applier asks for each several times; cached_property
+    # writes the instance __dict__, which a frozen dataclass allows). Callers must not
+    # mutate the lists.
+    @cached_property
     def old_lines(self) -> list[str]:
         return [t for tag, t in self.lines if tag != "+"]
 
-    @property
+    @cached_property
     def new_lines(self) -> list[str]:
         return [t for tag, t in self.lines if tag != "-"]
 
-    @property
+    @cached_property
     def prefix_context(self) -> int:
         n = 0
         for tag, _ in self.lines:
@@ -56,7 +60,7 @@ class Hunk:
             n += 1
         return n
 
-    @property
+    @cached_property
     def suffix_context(self) -> int:
         n = 0
         for tag, _ in reversed(self.lines):

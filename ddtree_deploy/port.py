@@ -488,7 +488,8 @@ def _port_patch(entry: PatchEntry, current, state: dict, version: str, fuzz: int
                 continue
             anchor = h.nearest_line or _stated_line(h.header)
             tree_line = to_new(anchor)
-            reason = f"no match; nearest at line {h.nearest_line}" if h.nearest_line else "no match"
+            reason = (h.reason if h.ambiguous else
+                      f"no match; nearest at line {h.nearest_line}" if h.nearest_line else "no match")
             rejects.append(Reject(entry.name, fp.path, h, hunk_text, tree_line, reason))
             verbatim.append((anchor, hunk_text, tree_line - anchor))
         state[fp.path] = new

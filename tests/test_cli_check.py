@@ -151,6 +151,43 @@ def test_failure_evidence_is_never_wrapped_on_a_narrow_console(snap, env, monkey
     assert failed and "spec_info.py" in failed[0]  # the hunk line is whole too
 
 
+LOOKALIKE = "sglang/srt/speculative/lookalike.py"
+
+
+def _lookalike_family(env: Path) -> Path:
+    """Issue 21's minimal case as a family: 0001 creates a module that holds a lookalike of
+    0002's new side ("C = 0" among a b d e) five lines above 0002's real place."""
+    words = "t1 t2 t3 t4 t5 a b C d e x1 x2 x3 x4 a b c d e z".split()
+    body = "".join(f"+{w} = 0\n" for w in words)
+    fam = env / "patches" / "lookalike"
+    fam.mkdir()
+    (fam / "family.toml").write_text('sglang = ">=9"\n')
+    (fam / "series").write_text("0001-module.patch\n0002-change.patch\n")
+    (fam / "0001-module.patch").write_text(
+        f"--- /dev/null\n+++ b/{LOOKALIKE}\n@@ -0,0 +1,{len(words)} @@\n{body}")
+    (fam / "0002-change.patch").write_text(
+        f"--- a/{LOOKALIKE}\n+++ b/{LOOKALIKE}\n@@ -10,5 +10,5 @@\n a = 0\n b = 0\n-c = 0\n+C = 0\n d = 0\n e = 0\n")
+    return fam
+
+
+def test_a_lookalike_of_a_hunks_new_side_fails_the_check_naming_both_places(env):
+    """Issue 21: `check ok ... 1 already-applied` with the change missing; now exit 1, both places."""
+    _lookalike_family(env)
+    out = env / "out"
+    r = _run("check", "--release", VERSION, "--family", "lookalike", "--json", "--write", str(out))
+    assert r.exit_code == 1, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    (hunk,) = doc["entries"][1]["files"][0]["hunks"]
+    assert (hunk["status"], hunk["nearest_line"], hunk["new_side_line"]) == ("failed", 15, 6)
+    assert doc["hunks"]["already-applied"] == 0 and doc["ok"] is False
+    flat = " ".join(r.stderr.split())
+    assert ("0002-change.patch:3 hunk 1 @@ -10,5 +10,5 @@ failed on sglang/srt/speculative/lookalike.py: "
+            "ambiguous: its old lines match at line 15 and its new lines at line 6") in flat, flat
+    assert not (out / LOOKALIKE).exists()  # a file the series failed on is never written
+    r = _run("check", "--release", VERSION, "--family", "lookalike")
+    assert r.exit_code == 1 and r.stdout.startswith("check FAILED"), r.stdout
+
+
 SPEC = "sglang/srt/speculative/spec_info.py"
 HUNK1_DONE = ("    DFLASH = auto()\n"
               "    # Test series only: a stand-in algorithm name exercising the check flow.\n"

@@ -116,10 +116,14 @@ def _render_failures(entry: EntryCheck, series: Series) -> None:
             continue
         if f.ok:
             continue
-        if f.message and not f.hunks:
+        if f.message and all(h.ok for h in f.hunks):  # a file-level failure: no hunk tells it
             err.print(f"[red]{escape(entry.name)}[/]: {escape(f.path)}: {escape(f.message)}", highlight=False, soft_wrap=True)
         for h in f.hunks:
             if h.ok:
+                continue
+            if h.ambiguous:  # both places are in the reason; no "nearest" to add
+                err.print(f"[red]{escape(patch_file)}:{h.patch_line}[/] hunk {h.index} {escape(h.header)} "
+                          f"failed on {escape(f.path)}: {escape(h.reason)}", highlight=False, soft_wrap=True)
                 continue
             near = f" nearest match at line {h.nearest_line}" if h.nearest_line else ""
             why = f" ({escape(h.reason)})" if h.reason else ""
