@@ -23,28 +23,33 @@ lines can be checked against ``patch`` itself; see tests/test_patch_differential
 * Lines match byte for byte, including whether the line has a newline: a hunk
   line followed by "\\ No newline at end of file" matches only a last line that
   lacks one, and a line with a newline never matches such a last line.
-* Never a change twice. At each fuzz level 0..fuzz, every hunk is first tried at
-  its expected place (stated line plus the offset so far) both ways: the new side
-  there means already-applied, whatever matches elsewhere; where both sides match
-  there (repeated lines) the longer side wins. Then outward from that place both
-  ways: the nearer match wins, on equal distance the new side. GNU patch instead
-  searches forward everywhere first and checks "previously applied" on the first
-  hunk only; the differential test names where the two differ and checks that the
-  new side really is where the engine says. The reverse match uses the same fuzz
-  as the forward one (GNU patch does), so fuzz never re-adds a line that is there.
-  A file with some hunks already applied and others applied now is
-  ``FileResult.partly_applied``; the check layer refuses it unless asked.
+* Never a change twice, never one skipped. Every hunk's old side and its new side are
+  looked for wherever the search reaches (below the lines earlier hunks froze, the
+  anchors above, fuzz levels 0 up to the fuzz in use; each side at its lowest level,
+  nearest first). Old side alone: applied there. New side alone: already-applied.
+  Both: failed as ambiguous, with both places (``nearest_line``, ``new_side_line``):
+  a lookalike of either side would otherwise decide (issue 21: a copy of a hunk's new
+  side nearer than its real place made it "already applied" and left the real place
+  unpatched), and no check after the fact can tell a lookalike from the real place.
+  A new side matched on no line at all (fuzz ignored them all) is no evidence. GNU
+  patch applies the forward match and checks "previously applied" on the first hunk
+  only; the differential test checks the rule by brute force on every case and names
+  where the tools differ. A file with some hunks already applied and others applied
+  now is ``FileResult.partly_applied``; the check layer refuses it unless asked.
 * Fuzz f ignores up to f context lines at each end of the hunk (never changed
   lines), limited by the hunk's context; lines kept from the file are the file's,
   so fuzzed context is never rewritten.
 * Where a line is written after a last line that had no newline, that line gets
   its newline first (GNU patch 2.7.6 can join the two into one line).
 
-Cost: the input's lines are indexed once (line -> positions); a hunk not at its
-expected place is looked for only where its rarest line occurs, and a failed hunk's
-nearest location is counted from those places with a bound that stops early, so
-placement stays near-linear in the file and the patch. Inputs past MAX_PATCH_CHARS,
-MAX_HUNKS, MAX_HUNK_LINES or MAX_LINE_CHARS are refused (BadInput) before any work.
+Cost: a hunk is first compared at its expected line (a C slice compare, no index). A side
+with a changed line the input lacks is ruled out at once (a substring search of the text
+for the first few questions of a file, then the file's lines counted once); otherwise it
+is looked for only where its rarest line occurs. A failed hunk's nearest location is
+counted in C at the places of its rarest lines, nearest first, at most NEAREST_CANDIDATES
+of them, so its evidence costs O(NEAREST_CANDIDATES * hunk lines) whatever lines repeat.
+Inputs past the parser's limits (MAX_PATCH_BYTES, MAX_HUNKS, MAX_HUNK_LINES,
+MAX_LINE_BYTES) are refused (BadInput) before any work.
 
 Line endings: a file whose every line ends in CRLF keeps CRLF (new lines get
 CRLF) whether the patch is LF or CRLF. A patch whose body lines all end in CRLF,
@@ -57,8 +62,8 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from itertools import groupby
-from operator import eq, itemgetter
+from itertools import repeat
+from operator import eq
 from dataclasses import dataclass
 from enum import Enum
 
@@ -195,8 +200,7 @@ class _Pattern:
 def _pattern(h: Hunk, strip_cr: bool, new_side: bool = False) -> _Pattern:
     """The old side of h (what applying it expects), or its new side (what it leaves)."""
     side = h.new_lines if new_side else h.old_lines
-    own = "+" if new_side else "-"
-    changed = [t for tag, t in h.lines if tag == own]
+    changed = h.added_lines if new_side else h.removed_lines
     if strip_cr:
         side = [t[:-1] if t.endswith("\r") else t for t in side]
         changed = [t[:-1] if t.endswith("\r") else t for t in changed]
@@ -252,7 +256,6 @@ class _Index:
         self._where, self._full = where, True
 
 
-_TAG = itemgetter(0)
 # A failed hunk's nearest-match evidence looks at this many candidate places at most.
 NEAREST_CANDIDATES = 64
 
@@ -260,9 +263,14 @@ NEAREST_CANDIDATES = 64
 class _Applier:
     """GNU patch's placement over one input text: in_offset, out_offset, last_frozen_line."""
 
-    def __init__(self, fp: FilePatch, src: _Lines, strip_cr: bool, eol: str, fuzz: int):
+    _PROBES = 4  # lines looked for in the text itself before the file's lines are counted
+
+    def __init__(self, fp: FilePatch, src: _Lines, strip_cr: bool, eol: str, fuzz: int, text: str = ""):
         self.fp, self.src, self.strip_cr, self.eol, self.fuzz = fp, src, strip_cr, eol, fuzz
+        self.text = text  # the input as given (for _has_line)
         self._index: _Index | None = None
+        self._probes = 0
+        self._haystack: str | None = None
         self.src_open = bool(src.eols) and src.eols[-1] == ""  # the last line lacks a newline
         self.in_offset = 0  # input line minus the line the patch states, after the last placed hunk
         self.out_offset = 0  # lines added minus removed by the hunks applied so far
@@ -272,6 +280,19 @@ class _Applier:
         self.out = _Lines([], [])
 
     # -- matching
+
+    def _has_line(self, body: str) -> bool:
+        """Whether some input line has this body (True may be a line without its newline).
+
+        A file with few hunks asks a few times: a C substring search of the text is cheaper
+        than counting every line; after _PROBES questions the lines are counted once.
+        """
+        if self._index is not None or self._probes >= self._PROBES:
+            return body in self.index.counts
+        self._probes += 1
+        if self._haystack is None:
+            self._haystack = "\n" + self.text + self.eol
+        return "\n" + body + self.eol in self._haystack
 
     @property
     def index(self) -> _Index:
@@ -288,17 +309,18 @@ class _Applier:
         lo, hi = start - 1 + pf, start - 1 + m - sf
         if lo < 0 or hi > n:
             return False
-        if self.src.bodies[lo:hi] != pat.bodies[pf:m - sf]:
+        if self.src.bodies[lo:hi] != (pat.bodies[pf:m - sf] if pf or sf else pat.bodies):
             return False
         # Newlines: only the file's last line and the pattern's last line can lack one.
         return (hi == n and self.src_open) == (sf == 0 and not pat.last_nl)
 
     def _locate(self, pat: _Pattern, first: int, fuzz: int, whole_file: bool = False,
-                evidence: bool = False) -> int | None:
+                evidence: bool = False, known: tuple[_Pattern, int] | None = None) -> int | None:
         """The 1-based line where the pattern lands at this fuzz level, or None (GNU's locate_hunk).
 
         ``evidence``: the pattern is a hunk's new side, looked for as proof that the change
         is there; a match that compares no line (fuzz ignored them all) proves nothing.
+        ``known``: the other side and the line where it matched, whose lines are where it says.
         """
         m, n = len(pat.bodies), len(self.src)
         if m == 0:  # nothing to match: a pure insertion lands where it says
@@ -333,14 +355,27 @@ class _Applier:
         # Candidates: the places where the rarest compared line occurs, visited outward
         # from ``first`` (on equal distance the later line first), as GNU patch visits lines.
         index = self.index
-        k = min(range(pf, m - sf), key=lambda j: index.count(pat.bodies[j]))
-        for start in self._outward(index.where(pat.bodies[k]), k, first, min_where, max_where):
+        counts = list(map(index.counts.get, pat.bodies[pf:m - sf], repeat(0)))
+        rarest = min(counts)
+        k = pf + counts.index(rarest)
+        places = None
+        if rarest == 1 and known is not None:
+            # A line found once in the file and in the other side's match: its place is
+            # known without looking (the usual case for a new side's rarest context line).
+            other, at = known
+            if pat.bodies[k] in other.bodies:
+                idx = at - 1 + other.bodies.index(pat.bodies[k])
+                if 0 <= idx < len(self.src.bodies) and self.src.bodies[idx] == pat.bodies[k]:
+                    places = [idx]
+        if places is None:
+            places = index.where(pat.bodies[k])
+        for start in self._outward(places, k, first, min_where, max_where):
             if self._matches(pat, start, pf, sf):
                 return start
         return None
 
     def _find(self, pat: _Pattern, first: int, levels: int, whole_file: bool = False,
-              evidence: bool = False) -> tuple[int, int] | None:
+              evidence: bool = False, known: tuple[_Pattern, int] | None = None) -> tuple[int, int] | None:
         """(line, fuzz) of the pattern at the lowest fuzz level 0..levels where it matches.
 
         A line of the side's own that the input lacks rules out every level at once (fuzz
@@ -348,13 +383,11 @@ class _Applier:
         """
         if self._matches_at_first(pat, first):
             return first, 0
-        if pat.changed:
-            counts = self.index.counts
-            for body in pat.changed:
-                if body not in counts:
-                    return None
+        for body in pat.changed:
+            if not self._has_line(body):
+                return None
         for fuzz in range(levels + 1):
-            where = self._locate(pat, first, fuzz, whole_file, evidence)
+            where = self._locate(pat, first, fuzz, whole_file, evidence, known)
             if where is not None:
                 return where, fuzz
         return None
@@ -471,24 +504,22 @@ class _Applier:
     def _apply(self, h: Hunk, where: int) -> None:
         """Write hunk h at 1-based input line ``where`` (GNU's apply_hunk, for unified hunks)."""
         pos = where - 1  # 0-based input index of the hunk's next old-side line
+        runs = h.runs  # runs of one tag: few per hunk
         # The new side's last line: if it is an added one marked "no newline", it gets none.
-        last_new = len(h.lines) - 1
-        while last_new >= 0 and h.lines[last_new][0] == "-":
-            last_new -= 1
-        ends_open = h.new_no_eol and last_new >= 0 and h.lines[last_new][0] == "+"
-        k = 0  # index in h.lines after the current run
-        for tag, run in groupby(h.lines, key=_TAG):  # runs of one tag: few per hunk
+        last_plus = None
+        if h.new_no_eol:
+            last_plus = max((r for r, (tag, _, _) in enumerate(runs) if tag != "-"), default=None)
+            if last_plus is not None and runs[last_plus][0] != "+":
+                last_plus = None
+        for r, (tag, count, added) in enumerate(runs):
             if tag == "+":
-                added = [t for _, t in run]
-                k += len(added)
-                self._write_added(added, pos, no_eol=ends_open and k == last_new + 1)
-                continue
-            count = sum(1 for _ in run)
-            k += count
-            if tag == "-":
+                self._write_added(list(added), pos, no_eol=r == last_plus)
+            elif tag == "-":
                 self._copy_till(pos)
                 self.copied += count
-            pos += count
+                pos += count
+            else:
+                pos += count
         self.out_offset += h.new_len - h.old_len
 
     def _write_added(self, added: list[str], after: int, *, no_eol: bool = False) -> None:
@@ -526,7 +557,8 @@ class _Applier:
         # A deletion has nothing to recognise, nor has a hunk whose new side is empty.
         if h.new_len > 0 and not whole:
             rev = _pattern(h, self.strip_cr, new_side=True)
-            new = self._find(rev, first, levels, evidence=True)
+            new = self._find(rev, first, levels, evidence=True,
+                             known=(fwd, old[0]) if old is not None else None)
         if old is not None and new is not None:
             return self._ambiguous(index, h, old, new)
         if new is not None:
@@ -619,7 +651,7 @@ def apply_file_patch(fp: FilePatch, original: str | None, *, fuzz: int = 0) -> F
     if fp.is_new and len(src):
         return _new_file_exists(fp, src, strip_cr, original)
 
-    ap = _Applier(fp, src, strip_cr, "\r\n" if file_crlf else "\n", fuzz)
+    ap = _Applier(fp, src, strip_cr, "\r\n" if file_crlf else "\n", fuzz, original)
     results = tuple(ap.place(k, h) for k, h in enumerate(fp.hunks, 1))
     if not all(r.ok for r in results):
         return FileResult(fp, results, None)

@@ -56,9 +56,26 @@ def _split(text: str, crlf: bool) -> tuple[list[str], list[str]]:
     return bodies, eols
 
 
+def _join(bodies: list[str], eols: list[str]) -> str:
+    if not eols:
+        return ""
+    eol = eols[0]  # usually one terminator throughout, the last line maybe without: one join
+    if eols.count(eol) + (eols[-1] == "" != eol) == len(eols):
+        return eol.join(bodies) + eols[-1]
+    return "".join(map(str.__add__, bodies, eols))
+
+
 def _all_crlf(text: str) -> bool:
+    """The engine's rule: every line that ends has CRLF, and one does."""
+    if "\r" not in text:
+        return False
     n = text.count("\n")
     return n > 0 and text.count("\r\n") == n
+
+
+def _stripped(texts) -> list[str]:
+    """Hunk texts as a CRLF file's line bodies (the engine compares them without their CR)."""
+    return [t[:-1] if t.endswith("\r") else t for t in texts]
 
 
 def _compared(h: Hunk, fuzz: int) -> tuple[int, int]:
@@ -85,33 +102,32 @@ def verify_round_trip(fp: FilePatch, original: str | None, result: FileResult) -
         start = r.line - 1
         if start < pos:
             return RoundTripError(k, h.header, h.patch_line, r.line, "it starts inside the hunk above")
-        new = [t[:-1] if crlf and t.endswith("\r") else t for t in h.new_lines]
+        new = _stripped(h.new_lines) if crlf else h.new_lines
         pf, sf = _compared(h, r.fuzz)
         if out_b[start + pf:start + len(new) - sf] != new[pf:len(new) - sf]:
             return RoundTripError(k, h.header, h.patch_line, r.line, f"its new lines are not at line {r.line}")
         back_b.extend(out_b[pos:start])
         back_e.extend(out_e[pos:start])
         first = len(back_b)
-        last_old = max((j for j, (tag, _) in enumerate(h.lines) if tag != "+"), default=-1)
         at = start
-        for j, (tag, text) in enumerate(h.lines):
-            if tag == " ":  # the file's own line (fuzz may have kept one that differs)
-                if at < len(out_b):  # (a fuzzed trailing context line may lie past the end)
-                    back_b.append(out_b[at])
-                    back_e.append(out_e[at])
-                at += 1
-            elif tag == "+":
-                at += 1
-            else:
-                back_b.append(text[:-1] if crlf and text.endswith("\r") else text)
-                back_e.append("" if j == last_old and h.old_no_eol else eol)
+        for tag, count, texts in h.runs:
+            if tag == " ":  # the file's own lines (fuzz may have kept some that differ)
+                back_b.extend(out_b[at:at + count])  # (a fuzzed trailing one may lie past the end)
+                back_e.extend(out_e[at:at + count])
+            elif tag == "-":
+                back_b.extend(_stripped(texts) if crlf else texts)
+                back_e.extend([eol] * count)
+            if tag != "-":
+                at += count
+        if h.old_no_eol and next(tag for tag, _, _ in reversed(h.runs) if tag != "+") == "-":
+            back_e[-1] = ""  # the old side's last line, removed, had no newline
         pos = min(at, len(out_b))
         regions.append((first, len(back_b), h, k, r.line))
     back_b.extend(out_b[pos:])
     back_e.extend(out_e[pos:])
-    orig_b, orig_e = _split(base, crlf)
-    if back_b == orig_b and back_e == orig_e:
+    if _join(back_b, back_e) == base:  # the usual answer: one join and one compare, in C
         return None
+    orig_b, orig_e = _split(base, crlf)
     n = len(orig_b)
     if (back_b == orig_b and orig_e and back_e[:-1] == orig_e[:-1] and orig_e[-1] == ""
             and any(end == n for _, end, _, _, _ in regions)):

@@ -289,9 +289,9 @@ def _symlinked_entry(env: Path) -> None:
 
 
 def _long_line(env: Path) -> None:
-    from ddtree_deploy.patch_parse import MAX_LINE_CHARS
+    from ddtree_deploy.patch_parse import MAX_LINE_BYTES
 
-    _edit(_family(env) / P1, "+    DDTREE_TEST = auto()\n", "+    DDTREE_TEST = auto()  # " + "x" * MAX_LINE_CHARS + "\n")
+    _edit(_family(env) / P1, "+    DDTREE_TEST = auto()\n", "+    DDTREE_TEST = auto()  # " + "x" * MAX_LINE_BYTES + "\n")
 
 
 def _many_hunks(env: Path) -> None:
@@ -304,7 +304,7 @@ def _many_hunks(env: Path) -> None:
 
 BAD = {
     "symlinked-entry": ([], _symlinked_entry, f"series:3: entry '{P2}' is a symlink to"),
-    "long-line": ([], _long_line, f"{P1}:9: line of 65,56"),
+    "long-line": ([], _long_line, f"{P1}:9: a line of 65,56"),
     "too-many-hunks": ([], _many_hunks, f"{P2}:30003: more than 10000 hunks in one patch"),
     "neither": ([], None, "give exactly one of --snapshot NAME or --release VERSION"),
     "both": (["--release", VERSION], None, "give exactly one"),

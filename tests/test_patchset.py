@@ -520,9 +520,26 @@ def test_two_sections_after_a_dash_dash_hunk():
 def test_limit_patch_size(monkeypatch):
     from ddtree_deploy import patch_parse
 
-    monkeypatch.setattr(patch_parse, "MAX_PATCH_CHARS", 100)
-    with pytest.raises(BadInput, match=r"^p.diff:1: the patch is .* over the limit of 100"):
+    monkeypatch.setattr(patch_parse, "MAX_PATCH_BYTES", 100)
+    with pytest.raises(BadInput, match=r"^p.diff:1: the patch is .* bytes, over the limit of 100 bytes"):
         parse_patch(TWO_HUNKS + "\n" * 100, name="p.diff")
+
+
+def test_limit_patch_size_counts_bytes_not_characters():
+    """Issue 21 item 4: 4 MiB is bytes. 1.5 M two-byte characters (3 MB) pass; 2.2 M (4.4 MB)
+    are refused though they are fewer than 4 Mi characters."""
+    from ddtree_deploy.patch_parse import MAX_PATCH_BYTES
+
+    def patch(chars: int) -> str:
+        line = "é" * 1000
+        body = f"+{line}\n" * (chars // 1000)
+        return f"--- /dev/null\n+++ b/f\n@@ -0,0 +1,{chars // 1000} @@\n" + body
+
+    assert len(parse_patch(patch(1_500_000), name="p.diff")[0].hunks[0].texts) == 1500
+    text = patch(2_200_000)
+    assert len(text) < MAX_PATCH_BYTES < len(text.encode())
+    with pytest.raises(BadInput, match=r"^p.diff:1: the patch is 4,40\d,\d{3} bytes, over the limit of 4,194,304 bytes"):
+        parse_patch(text, name="p.diff")
 
 
 def test_limit_hunk_count():
@@ -542,11 +559,27 @@ def test_limit_hunk_lines():
 
 
 def test_limit_line_length():
-    from ddtree_deploy.patch_parse import MAX_LINE_CHARS
+    from ddtree_deploy.patch_parse import MAX_LINE_BYTES
 
-    text = "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+" + "b" * MAX_LINE_CHARS + "\n"
-    with pytest.raises(BadInput, match=r"^p.diff:5: line of .* characters, over the limit"):
+    text = "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+" + "b" * (MAX_LINE_BYTES + 1) + "\n"
+    with pytest.raises(BadInput, match=r"^p.diff:5: a line of 65,537 bytes, over the limit of 65,536 bytes"):
         parse_patch(text, name="p.diff")
+
+
+def test_limit_line_length_counts_the_source_lines_content_in_bytes():
+    """Issue 21 item 4: the limit is on the source line (not its tag and newline), in bytes."""
+    from ddtree_deploy.patch_parse import MAX_LINE_BYTES
+
+    def one_line(content: str, eol: str = "\n") -> str:
+        return f"--- a/f{eol}+++ b/f{eol}@@ -1 +1 @@{eol}-a{eol}+{content}{eol}"
+
+    for content, eol in (("b" * 65_535, "\n"), ("b" * MAX_LINE_BYTES, "\n"), ("b" * MAX_LINE_BYTES, "\r\n")):
+        (fp,) = parse_patch(one_line(content, eol), name="p.diff")  # was refused as 65,537 and more
+        assert fp.hunks[0].texts[1].removesuffix("\r") == content
+    two_bytes = "é" * (MAX_LINE_BYTES // 2 + 1)  # 32,769 characters, 65,538 bytes
+    with pytest.raises(BadInput, match=r"^p.diff:5: a line of 65,538 bytes, over the limit"):
+        parse_patch(one_line(two_bytes), name="p.diff")
+    assert parse_patch(one_line("é" * (MAX_LINE_BYTES // 2)), name="p.diff")  # 65,536 bytes
 
 
 def test_failed_reports_nearest_location_and_differing_lines():
