@@ -161,6 +161,14 @@ MAX_PATCH_BYTES = 4 * 1024 * 1024  # the patch file's size in bytes (UTF-8)
 MAX_HUNKS = 10_000  # per patch file
 MAX_HUNK_LINES = 100_000  # old plus new lines of one hunk (a whole new 8,000-line module: 8,000)
 MAX_LINE_BYTES = 64 * 1024  # a line's content in bytes: what follows its tag, before its line end
+# Git file modes other than a regular file's 100644: what each is, and what to do instead.
+_MODES = {"120000": "a symlink", "160000": "a submodule (gitlink)", "100755": "an executable file"}
+_MODE_FIX = {
+    "120000": "ship the linked file's content as a regular file (an 'add' entry) instead of the link",
+    "160000": "patch the submodule's own files instead",
+    "100755": "make it a regular file (git update-index --chmod=-x) and regenerate the patch; "
+              "a host that needs it executable must chmod it itself",
+}
 _NO_EOL_PREFIX = "\\ "  # "\ No newline at end of file" (the text is localised by some tools)
 _HINT_REGEN = "regenerate the patch (git diff) rather than editing hunks by hand"
 
@@ -274,9 +282,13 @@ class _Scanner:
                 raise self.bad(i, f"{what} are not supported ({meta!r}); "
                                   "express the change as hunks on the file (or a new file and a deletion)")
             elif cur is not None and not cur.hunks and meta.startswith("new file mode "):
+                self._check_mode(i, meta, meta.split()[-1], "the new file")
                 cur.new_file = True
             elif cur is not None and not cur.hunks and meta.startswith("deleted file mode "):
+                self._check_mode(i, meta, meta.split()[-1], "the deleted file")
                 cur.deleted_file = True
+            elif cur is not None and not cur.hunks and meta.startswith("index ") and len(meta.split()) == 3:
+                self._check_mode(i, meta, meta.split()[-1], "the file", executable_ok=True)
             elif raw.startswith("--- "):
                 if not self._is_file_header(i):
                     raise self.bad(i, "'--- ' file header is not followed by a '+++ ' header; "
@@ -311,6 +323,16 @@ class _Scanner:
             raise BadInput(f"{self.name}:1: empty patch: no file section ('--- a/...' and "
                            "'+++ b/...' headers) found; make the patch with git diff or git format-patch")
         return self.sections
+
+    def _check_mode(self, i: int, meta: str, mode: str, what: str, executable_ok: bool = False) -> None:
+        """Only regular files: a symlink, a submodule or an executable mode the engine would
+        silently turn into a plain 0644 file is refused (an existing executable file whose
+        content changes, ``index ... 100755``, keeps its mode on the host: a deploy keeps modes)."""
+        if mode == "100644" or (executable_ok and mode == "100755"):
+            return
+        kind = _MODES.get(mode, f"file mode {mode}")
+        raise self.bad(i, f"{what} is {kind} ({meta!r}), which the engine cannot deploy: it writes "
+                          f"regular files (mode 100644) only; {_MODE_FIX.get(mode, _MODE_FIX['100755'])}")
 
     def _open(self, section: _Section) -> _Section:
         self.sections.append(section)

@@ -302,7 +302,20 @@ def _many_hunks(env: Path) -> None:
     (_family(env) / P2).write_text(f"--- a/{path}\n+++ b/{path}\n" + hunks)
 
 
+def _new_file_with_mode(mode: str, body: str):
+    """P2 replaced by git's patch creating sglang/srt/x.py with ``mode`` (as git diff writes it)."""
+    def mutate(env: Path) -> None:
+        (_family(env) / P2).write_text(
+            f"diff --git a/sglang/srt/x.py b/sglang/srt/x.py\nnew file mode {mode}\nindex 0000000..f0a330b\n"
+            f"--- /dev/null\n+++ b/sglang/srt/x.py\n@@ -0,0 +1 @@\n+{body}\n\\ No newline at end of file\n")
+    return mutate
+
+
 BAD = {
+    "symlink-new-file": ([], _new_file_with_mode("120000", "spec_info.py"),
+                         f"{P2}:2: the new file is a symlink ('new file mode 120000')"),
+    "executable-new-file": ([], _new_file_with_mode("100755", "print(1)"),
+                            f"{P2}:2: the new file is an executable file ('new file mode 100755')"),
     "symlinked-entry": ([], _symlinked_entry, f"series:3: entry '{P2}' is a symlink to"),
     "long-line": ([], _long_line, f"{P1}:9: a line of 65,56"),
     "too-many-hunks": ([], _many_hunks, f"{P2}:30003: more than 10000 hunks in one patch"),

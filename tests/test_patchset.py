@@ -198,6 +198,68 @@ def test_bad_mode_change():
         "p.patch:2: file mode changes are not supported")
 
 
+def _git_diff(tmp: Path, change) -> str:
+    """``git diff`` of a real repository before and after ``change(root)`` (git writes the modes)."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp), "GIT_CEILING_DIRECTORIES": str(tmp),
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    root = tmp / "repo"
+    (root / "sglang").mkdir(parents=True)
+    (root / "sglang" / "spec_info.py").write_text("x = 1\n")
+    (root / "sglang" / "run.py").write_text("#!/bin/sh\necho hi\n")
+    (root / "sglang" / "run.py").chmod(0o755)
+    (root / "sglang" / "link.py").symlink_to("spec_info.py")
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run(["git", *cmd], cwd=root, env=env, check=True)
+    change(root / "sglang")
+    subprocess.run(["git", "add", "-A"], cwd=root, env=env, check=True)
+    return subprocess.run(["git", "diff", "--cached"], cwd=root, env=env, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def _new_link(d: Path) -> None:
+    (d / "new_link.py").symlink_to("spec_info.py")
+
+
+def _new_executable(d: Path) -> None:
+    (d / "tool.py").write_text("print(1)\n")
+    (d / "tool.py").chmod(0o755)
+
+
+def _relink(d: Path) -> None:
+    (d / "link.py").unlink()
+    (d / "link.py").symlink_to("other.py")
+
+
+def _drop_link(d: Path) -> None:
+    (d / "link.py").unlink()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git (it writes the modes)")
+@pytest.mark.parametrize("change,line,says", [
+    (_new_link, 2, "the new file is a symlink ('new file mode 120000')"),
+    (_new_executable, 2, "the new file is an executable file ('new file mode 100755')"),
+    (_relink, 2, "the file is a symlink ('index "),
+    (_drop_link, 2, "the deleted file is a symlink ('deleted file mode 120000')"),
+])
+def test_file_modes_other_than_a_regular_files_are_refused(tmp_path, change, line, says):
+    """Issue 21 item 3: a symlink used to become a regular file holding the link's target, and
+    mode 100755 was dropped; each is one line now, naming the mode and what to do."""
+    msg = bad(_git_diff(tmp_path, change))
+    assert msg.startswith(f"p.patch:{line}: {says}"), msg
+    assert "regular files (mode 100644) only" in msg
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git (it writes the modes)")
+def test_an_executable_files_content_change_is_fine(tmp_path):
+    """index ... 100755: the file stays executable on the host (a deploy keeps a file's mode)."""
+    text = _git_diff(tmp_path, lambda d: (d / "run.py").write_text("#!/bin/sh\necho bye\n"))
+    assert "index " in text and " 100755\n" in text
+    (fp,) = parse_patch(text, name="p.patch")
+    res = apply_file_patch(fp, "#!/bin/sh\necho hi\n")
+    assert res.ok and res.text == "#!/bin/sh\necho bye\n"
+
+
 def test_bad_rename_by_headers():
     msg = bad("--- a/x.py\n+++ b/y.py\n@@ -1 +1 @@\n-a\n+b\n")
     assert msg.startswith("p.patch:1: the section renames x.py to y.py")
