@@ -137,6 +137,9 @@ def strip_path(path: str, strip: int = 1) -> str:
     """
     if path.startswith("/"):
         return path
+    if "//" in path:
+        raise BadInput(f"path {path!r} has an empty component (a doubled '/'); write it with single "
+                       "slashes (a/sglang/...), or make the patch again with plain git diff")
     parts = [p for p in path.split("/") if p]
     if len(parts) <= strip:
         raise BadInput(
@@ -169,6 +172,8 @@ _MODE_FIX = {
     "100755": "make it a regular file (git update-index --chmod=-x) and regenerate the patch; "
               "a host that needs it executable must chmod it itself",
 }
+_WORD_MARKS = re.compile(r"\[-.*?-\]|\{\+.*?\+\}")  # git diff --word-diff's [-removed-] {+added+}
+_COLOUR = "\x1b["  # a terminal colour code (git diff --color)
 _NO_EOL_PREFIX = "\\ "  # "\ No newline at end of file" (the text is localised by some tools)
 _HINT_REGEN = "regenerate the patch (git diff) rather than editing hunks by hand"
 
@@ -334,6 +339,18 @@ class _Scanner:
         raise self.bad(i, f"{what} is {kind} ({meta!r}), which the engine cannot deploy: it writes "
                           f"regular files (mode 100644) only; {_MODE_FIX.get(mode, _MODE_FIX['100755'])}")
 
+    def _word_diff(self, h: _ScannedHunk) -> None:
+        """A hunk body made of words, not lines: git diff --word-diff output, said as such."""
+        body = self.lines[h.header_index + 1:h.header_index + 1 + h.old_len + h.new_len]
+        for raw in body:
+            if raw.startswith(("@@ ", "diff --git ")):
+                break
+            if raw == "~" or (raw[:1] not in (" ", "-", "+") and _WORD_MARKS.search(raw)):
+                raise BadInput(f"{self.name}:{h.header_index + 1}: hunk {h.header} is word-diff output "
+                               "(git diff --word-diff): its body marks words ([-removed-], {+added+}, or "
+                               "'~' line breaks), not whole ' ', '-' and '+' lines; make the patch with "
+                               "plain git diff (without --word-diff)")
+
     def _open(self, section: _Section) -> _Section:
         self.sections.append(section)
         return section
@@ -343,13 +360,19 @@ class _Scanner:
         if rest.startswith('"'):
             raise self.bad(i, "quoted (escaped) path in the diff header; "
                               "paths with special characters are not supported")
-        # "a/x b/x": when both halves are the same path the split is unambiguous.
-        half = (len(rest) - 1) // 2
-        if len(rest) % 2 == 1 and rest[half] == " " and rest[:half][2:] == rest[half + 1:][2:]:
-            return rest[:half], rest[half + 1:]
+        # "a/x b/x", or with other one-component prefixes ("orig/x new/x", git diff
+        # --src-prefix/--dst-prefix): the space where both halves name the same path once
+        # their first component is stripped splits the line unambiguously.
+        for k, char in enumerate(rest):
+            if char == " ":
+                left, right = rest[:k], rest[k + 1:]
+                if "/" in left and left.split("/", 1)[1] == right.partition("/")[2]:
+                    return left, right
         parts = rest.split(" b/", 1)
         if len(parts) != 2:
-            raise self.bad(i, f"cannot read the two paths of {meta!r}; " + _HINT_REGEN)
+            raise self.bad(i, f"cannot read the two paths of {meta!r}: they differ once their first "
+                              "component (a/, b/) is stripped; renames are not supported, and paths "
+                              "with spaces need git's default a/ and b/ prefixes; " + _HINT_REGEN)
         return parts[0], "b/" + parts[1]
 
     def _hunk(self, cur: _Section, i: int) -> int:
@@ -454,6 +477,7 @@ class _Scanner:
 
     def _wrong_counts(self, h: _ScannedHunk) -> None:
         """Count the hunk's real body (up to the first line that is not one) and say which count is off."""
+        self._word_diff(h)
         old = new = 0
         j = h.header_index + 1
         while j < len(self.lines):
@@ -499,6 +523,11 @@ def parse_patch(text: str, *, name: str) -> list[FilePatch]:
         raise BadInput(f"{name}:1: the patch is {size:,} bytes, over the limit of {MAX_PATCH_BYTES:,} "
                        "bytes (4 MiB); split it into several patches (a limit against hostile input: a "
                        "whole-file diff of SGLang's largest module is under 1 MiB)")
+    if text.startswith(_COLOUR) or "\n" + _COLOUR in text:
+        at = next(k for k, line in enumerate(_split_lines(text)) if line.startswith(_COLOUR))
+        raise BadInput(f"{name}:{at + 1}: the patch holds terminal colour codes (ESC[...m), as git diff "
+                       "--color writes them for a terminal; make it with git diff --no-color (or git "
+                       "format-patch), or strip the codes")
     lines = _split_lines(text)
     # A line's content is what follows its one-character tag, without its line end: a
     # 65,536-byte source line is within the limit, whatever tag and newline surround it.

@@ -132,8 +132,24 @@ def check_header_path(raw: str, *, where: str) -> None:
     hint = "patch paths must look like a/sglang/... and b/sglang/..."
     if raw.startswith("/"):
         raise BadInput(f"{where}: absolute path {raw!r} in a patch header", hint=hint)
-    if ".." in raw.replace("\\", "/").split("/"):
+    parts = raw.replace("\\", "/").split("/")
+    if ".." in parts:
         raise BadInput(f"{where}: path {raw!r} contains '..'", hint=hint)
+    if "" in parts:
+        raise BadInput(f"{where}: path {raw!r} has an empty component (a doubled '/')",
+                       hint="write it with single slashes, like a/sglang/srt/server_args.py, or make the "
+                            "patch again with plain git diff")
+    # Like patch -p1, the engine strips exactly one leading component (git's a/ and b/).
+    if parts[0] == PACKAGE:
+        raise BadInput(f"{where}: path {raw!r} has no prefix before {PACKAGE}/ (git diff --no-prefix?); "
+                       "the engine strips one leading component, as patch -p1 does",
+                       hint="make the patch with git's a/ and b/ prefixes: git diff without --no-prefix")
+    if parts[1:2] != [PACKAGE] and PACKAGE in parts[2:-1]:
+        prefix = "/".join(parts[:parts.index(PACKAGE, 2)]) + "/"
+        raise BadInput(f"{where}: path {raw!r} has a prefix of several components ({prefix!r}, a custom "
+                       "git diff --src-prefix/--dst-prefix?); the engine strips one leading component, "
+                       "as patch -p1 does",
+                       hint="make the patch with git's a/ and b/ prefixes (or any one-component prefixes)")
     stripped = raw.split("/", 1)[1] if "/" in raw else raw
     check_package_path(stripped, where=where)
 

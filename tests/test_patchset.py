@@ -198,7 +198,7 @@ def test_bad_mode_change():
         "p.patch:2: file mode changes are not supported")
 
 
-def _git_diff(tmp: Path, change) -> str:
+def _git_diff(tmp: Path, change, *args: str) -> str:
     """``git diff`` of a real repository before and after ``change(root)`` (git writes the modes)."""
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp), "GIT_CEILING_DIRECTORIES": str(tmp),
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -213,7 +213,7 @@ def _git_diff(tmp: Path, change) -> str:
         subprocess.run(["git", *cmd], cwd=root, env=env, check=True)
     change(root / "sglang")
     subprocess.run(["git", "add", "-A"], cwd=root, env=env, check=True)
-    return subprocess.run(["git", "diff", "--cached"], cwd=root, env=env, check=True,
+    return subprocess.run(["git", "diff", "--cached", *args], cwd=root, env=env, check=True,
                           capture_output=True, text=True).stdout
 
 
@@ -258,6 +258,39 @@ def test_an_executable_files_content_change_is_fine(tmp_path):
     (fp,) = parse_patch(text, name="p.patch")
     res = apply_file_patch(fp, "#!/bin/sh\necho hi\n")
     assert res.ok and res.text == "#!/bin/sh\necho bye\n"
+
+
+def _edit_spec(d: Path) -> None:
+    (d / "spec_info.py").write_text("x = 1\ny = 2\n")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+@pytest.mark.parametrize("args,line,says", [
+    (["--color=always"], 1, "the patch holds terminal colour codes (ESC[...m), as git diff --color writes "
+                            "them for a terminal; make it with git diff --no-color"),
+    (["--word-diff"], 5, "hunk @@ -1 +1,2 @@ is word-diff output (git diff --word-diff)"),
+    (["--word-diff=porcelain"], 5, "hunk @@ -1 +1,2 @@ is word-diff output (git diff --word-diff)"),
+    (["--word-diff=color"], 1, "the patch holds terminal colour codes"),
+])
+def test_output_of_git_diff_options_is_named(tmp_path, args, line, says):
+    """Issue 21 item 5: colour output used to be "empty patch", word-diff a line-count message."""
+    msg = bad(_git_diff(tmp_path, _edit_spec, *args))
+    assert msg.startswith(f"p.patch:{line}: {says}"), msg
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_one_component_custom_prefixes_read_like_a_and_b(tmp_path):
+    """git diff --src-prefix=orig/ --dst-prefix=new/: one component each, stripped as patch -p1 does."""
+    text = _git_diff(tmp_path, _edit_spec, "--src-prefix=orig/", "--dst-prefix=new/")
+    assert text.startswith("diff --git orig/sglang/spec_info.py new/sglang/spec_info.py\n")
+    (fp,) = parse_patch(text, name="p.patch")
+    assert fp.path == "sglang/spec_info.py"
+    assert apply_file_patch(fp, "x = 1\n").text == "x = 1\ny = 2\n"
+
+
+def test_a_doubled_slash_in_a_path_is_named():
+    msg = bad("--- a//sglang/f.py\n+++ b//sglang/f.py\n@@ -1 +1 @@\n-a\n+b\n")
+    assert "path 'a//sglang/f.py' has an empty component (a doubled '/')" in msg, msg
 
 
 def test_bad_rename_by_headers():
