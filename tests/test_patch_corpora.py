@@ -124,7 +124,7 @@ def test_release_diffs_and_their_single_hunks_both_ways(wheels, tmp_path):
             assert verify_round_trip(fp, text, res) is None, (old_v, new_v, path, side)
             _count(stats, f"diff on the {side}", res.hunks)
             stats[f"diff on the {side}: files"] += 1
-            ambiguous += [(new_v, path, h.index) for h in res.hunks if h.ambiguous]
+            ambiguous += [(side, new_v, path, h.index) for h in res.hunks if h.ambiguous]
             for h in fp.hunks:
                 one = FilePatch(fp.patch_name, fp.header_line, fp.source_path, fp.target_path, (h,))
                 single = apply_file_patch(one, text)
@@ -141,5 +141,5 @@ def test_release_diffs_and_their_single_hunks_both_ways(wheels, tmp_path):
     assert (stats["diff on the older: files"], stats["diff on the older: hunks"]) == (257, 4412), dict(stats)
     assert (stats["diff on the older: exact"], stats["diff on the older: ambiguous"]) == (4409, 3), dict(stats)
     assert (stats["diff on the newer: already-applied"], stats["diff on the newer: ambiguous"]) == (4399, 13)
-    assert [(v, p, k) for v, p, k in ambiguous if p.endswith("eagle_utils.py")] == [
-        ("0.5.16", "sglang/srt/speculative/eagle_utils.py", k) for k in (4, 5, 6)]
+    assert [(s, v, p, k) for s, v, p, k in ambiguous if p.endswith("eagle_utils.py")] == [
+        ("newer", "0.5.16", "sglang/srt/speculative/eagle_utils.py", k) for k in (4, 5, 6)]
