@@ -4,7 +4,13 @@ Each case: a random original file drawn from a tiny alphabet (so that repeated l
 ambiguous matches are common), random edits, the unified diff between the two (written the
 way `diff -u` writes it, "\\ No newline at end of file" included), then a random drift of the
 file the patch is applied to: lines inserted or deleted above a hunk, an edited context
-line, the patch already applied (wholly or some hunks), the patch reversed.
+line, the patch already applied (wholly or some hunks), the patch reversed, a lookalike of
+one hunk's new side in the unpatched file or of its old side in the patched one (issue 21).
+
+On every case the placement rule is checked by brute force (a hunk found already applied
+has its old side nowhere in reach, a hunk applied has its new side nowhere in reach, at
+every fuzz level up to the case's: never skipped, never twice) and every written result is
+proven by reversing it (patch_verify, what check does).
 
 Every case runs through the engine (fuzz 0), through `patch -p1 -F0 -N` (a --dry-run, then
 for real) and through `git apply --check` then `git apply`; a second run of half as many
