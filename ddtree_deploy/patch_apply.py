@@ -409,6 +409,8 @@ class _Applier:
         bodies, lo = pat.bodies, start - 1
         seg = self.src.bodies[lo:lo + len(bodies)]
         hits = sum(map(eq, seg, bodies))
+        if pat.last_nl and not self.src_open:
+            return hits  # every line on both sides ends: bodies alone decide
         # Newlines: only the input's last line can lack one, and only the pattern's last
         # line can be marked so; a body that matches there may still differ by its newline.
         for k in {len(self.src.bodies) - 1 - lo, len(bodies) - 1}:
