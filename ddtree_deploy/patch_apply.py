@@ -6,6 +6,7 @@ already-applied, failed) with the evidence an engineer needs to fix a failure.
 CONTRACT (other modules code against these names; keep them stable):
 
     apply_file_patch(fp, original, *, fuzz=0) -> FileResult   # fp from patch_parse.parse_patch
+    split_lines(text, crlf) / join_lines(bodies, eols) / is_crlf_text(text)   # how a text is read
 
 How a hunk is placed (GNU patch 2.7's rules, so that its verdicts and reported
 lines can be checked against ``patch`` itself; see tests/test_patch_differential.py):
@@ -145,32 +146,45 @@ class _Lines:
 
     @classmethod
     def from_text(cls, text: str, crlf: bool) -> _Lines:
-        parts = text.split("\n")
-        bodies, eols = parts[:-1], ["\n"] * (len(parts) - 1)
-        if parts[-1]:
-            bodies.append(parts[-1])
-            eols.append("")
-        if crlf:
-            for k, b in enumerate(bodies):
-                if eols[k] and b.endswith("\r"):
-                    bodies[k], eols[k] = b[:-1], "\r\n"
-        return cls(bodies, eols)
+        return cls(*split_lines(text, crlf))
 
     def text(self) -> str:
-        bodies, eols = self.bodies, self.eols
-        if not eols:
-            return ""
-        # Usually one terminator throughout, the last line maybe without: one join.
-        eol = eols[0]
-        if eols.count(eol) + (eols[-1] == "" != eol) == len(eols):
-            return eol.join(bodies) + eols[-1]
-        return "".join(map(str.__add__, bodies, eols))
+        return join_lines(self.bodies, self.eols)
 
     def __len__(self) -> int:
         return len(self.bodies)
 
 
-def _is_crlf_text(text: str) -> bool:
+def split_lines(text: str, crlf: bool) -> tuple[list[str], list[str]]:
+    """How the engine reads a text: (line bodies, their terminators: "\\n", "\\r\\n" or "").
+
+    Split on "\\n" only; with ``crlf`` (the file's every line ends in CRLF, is_crlf_text) the
+    CR is the terminator's, not the body's. patch_verify reads texts the same way.
+    """
+    parts = text.split("\n")
+    bodies, eols = parts[:-1], ["\n"] * (len(parts) - 1)
+    if parts[-1]:
+        bodies.append(parts[-1])
+        eols.append("")
+    if crlf:
+        for k, b in enumerate(bodies):
+            if eols[k] and b.endswith("\r"):
+                bodies[k], eols[k] = b[:-1], "\r\n"
+    return bodies, eols
+
+
+def join_lines(bodies: list[str], eols: list[str]) -> str:
+    """The text of split_lines' output."""
+    if not eols:
+        return ""
+    # Usually one terminator throughout, the last line maybe without: one join.
+    eol = eols[0]
+    if eols.count(eol) + (eols[-1] == "" != eol) == len(eols):
+        return eol.join(bodies) + eols[-1]
+    return "".join(map(str.__add__, bodies, eols))
+
+
+def is_crlf_text(text: str) -> bool:
     """Every line that ends has CRLF, and at least one does."""
     if "\r" not in text:  # one fast scan settles almost every file
         return False
@@ -643,7 +657,7 @@ def apply_file_patch(fp: FilePatch, original: str | None, *, fuzz: int = 0) -> F
         what = "creates it empty" if fp.is_new else "deletes it as an empty file"
         return _failed_all(fp, f"{fp.path} is not empty; the patch {what}")
 
-    file_crlf = _is_crlf_text(original)
+    file_crlf = is_crlf_text(original)
     if fp.crlf and "\n" in original and "\r\n" not in original:
         raise BadInput(f"{where}: CRLF patch against LF file {fp.path}: the patch's lines end in CRLF "
                        "but the file's end in LF; convert the patch to LF (dos2unix) or regenerate it")

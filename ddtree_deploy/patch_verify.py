@@ -7,9 +7,10 @@ new lines are there (less the context lines that fuzz ignored) and puts its old 
 (a fuzzed context line stays the file's, as the engine keeps it). The text rebuilt so must be
 the original byte for byte; anything else is a ``RoundTripError`` naming the hunk.
 
-It shares nothing with patch_apply's placement or writer but the parsed hunks, so a writer
-that puts a line in the wrong place, drops or doubles one, or rewrites a line outside the
-hunks is caught here, not reproduced. It cannot tell a lookalike from the real place (the
+It shares nothing with patch_apply's placement or writer but the parsed hunks and the way a
+text is read into lines (split_lines, join_lines, is_crlf_text), so a writer that puts a
+line in the wrong place, drops or doubles one, or rewrites a line outside the hunks is
+caught here, not reproduced. It cannot tell a lookalike from the real place (the
 lookalike reverses just as well): that is decided at placement (patch_apply, the ambiguity
 rule). Already-applied hunks changed nothing and are not reversed.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddtree_deploy.patch_apply import FileResult, HunkStatus
+from ddtree_deploy.patch_apply import FileResult, HunkStatus, is_crlf_text, join_lines, split_lines
 from ddtree_deploy.patch_parse import FilePatch, Hunk
 
 _APPLIED = (HunkStatus.EXACT, HunkStatus.OFFSET, HunkStatus.FUZZ)
@@ -42,37 +43,6 @@ class RoundTripError:
                 f"{self.line} does not give the original back: {self.problem}")
 
 
-def _split(text: str, crlf: bool) -> tuple[list[str], list[str]]:
-    """(bodies, terminators) as the engine reads a text: "\\n" lines, CRLF ones when ``crlf``."""
-    parts = text.split("\n")
-    bodies, eols = parts[:-1], ["\n"] * (len(parts) - 1)
-    if parts[-1]:
-        bodies.append(parts[-1])
-        eols.append("")
-    if crlf:
-        for k, body in enumerate(bodies):
-            if eols[k] and body.endswith("\r"):
-                bodies[k], eols[k] = body[:-1], "\r\n"
-    return bodies, eols
-
-
-def _join(bodies: list[str], eols: list[str]) -> str:
-    if not eols:
-        return ""
-    eol = eols[0]  # usually one terminator throughout, the last line maybe without: one join
-    if eols.count(eol) + (eols[-1] == "" != eol) == len(eols):
-        return eol.join(bodies) + eols[-1]
-    return "".join(map(str.__add__, bodies, eols))
-
-
-def _all_crlf(text: str) -> bool:
-    """The engine's rule: every line that ends has CRLF, and one does."""
-    if "\r" not in text:
-        return False
-    n = text.count("\n")
-    return n > 0 and text.count("\r\n") == n
-
-
 def _stripped(texts) -> list[str]:
     """Hunk texts as a CRLF file's line bodies (the engine compares them without their CR)."""
     return [t[:-1] if t.endswith("\r") else t for t in texts]
@@ -89,9 +59,9 @@ def verify_round_trip(fp: FilePatch, original: str | None, result: FileResult) -
     if not result.ok or result.text is None:
         return None  # nothing was written
     base = original or ""
-    crlf = _all_crlf(base)
+    crlf = is_crlf_text(base)
     eol = "\r\n" if crlf else "\n"
-    out_b, out_e = _split(result.text, crlf)
+    out_b, out_e = split_lines(result.text, crlf)
     back_b: list[str] = []
     back_e: list[str] = []
     pos = 0  # the next line of the result not yet copied back
@@ -125,9 +95,9 @@ def verify_round_trip(fp: FilePatch, original: str | None, result: FileResult) -
         regions.append((first, len(back_b), h, k, r.line))
     back_b.extend(out_b[pos:])
     back_e.extend(out_e[pos:])
-    if _join(back_b, back_e) == base:  # the usual answer: one join and one compare, in C
+    if join_lines(back_b, back_e) == base:  # the usual answer: one join and one compare, in C
         return None
-    orig_b, orig_e = _split(base, crlf)
+    orig_b, orig_e = split_lines(base, crlf)
     n = len(orig_b)
     if (back_b == orig_b and orig_e and back_e[:-1] == orig_e[:-1] and orig_e[-1] == ""
             and any(end == n for _, end, _, _, _ in regions)):
