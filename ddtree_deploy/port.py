@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 import unidiff
 from packaging.version import InvalidVersion, Version
 
-from ddtree_deploy import patch_apply, patch_parse, releases
+from ddtree_deploy import next_step, patch_apply, patch_parse, releases
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.fsutil import atomic_write
 from ddtree_deploy.locations import inside_install
@@ -809,8 +809,8 @@ def refresh_family(family: Path | str, tree_dir: Path, *, version: str | None = 
     if inside_install(series.info.folder):
         raise BadInput(f"family {series.name} is part of the installed toolkit ({show(series.info.folder)}), "
                        "which ddtree-deploy never writes",
-                       hint=f"port it to make your own copy (ddtree-deploy port --family {series.name} --to "
-                            "<release>), or copy its folder elsewhere and name the copy with --family")
+                       hint=f"port it to make your own copy: {next_step.port(series.name)}, or copy its "
+                            "folder elsewhere and name the copy with --family")
     version = version or tree_version(tree_dir)
     if version is None:
         raise BadInput(f"{show(tree_dir)}: no {TREE_MANIFEST} naming the SGLang release",

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Union
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ddtree_deploy import patch_parse
+from ddtree_deploy import next_step, patch_parse
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.locations import TOOLKIT, USER, family_roots, new_family_root, repo_dir, user_patches_dir
 from ddtree_deploy.toml_input import TomlFile
@@ -513,8 +513,8 @@ def require_finished(series: Series, command: str) -> None:
     if info.unfinished:
         raise BadInput(f"family {info.label} still has hunks port could not place ({', '.join(info.rejects)}); "
                        f"{command} refuses an unfinished port",
-                       hint=f"apply the rejected hunks in its working tree, then: ddtree-deploy series refresh "
-                            f"--family {info.name} --from <tree> --resolved")
+                       hint=f"apply the rejected hunks in its working tree, then run "
+                            f"{next_step.series_refresh(info.name, 'TREE')}")
 
 
 def pick_family(version: str, infos: Iterable[FamilyInfo]) -> FamilyInfo:
