@@ -160,9 +160,13 @@ def test_installed_port_writes_the_users_family_outside_site_packages(installed)
     r = _run(installed, "check", "--release", "0.5.14")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "no finished family covers SGLang 0.5.14: sglang-0.5.14 (yours" in " ".join(r.stderr.split())
-    # a refresh of a family the toolkit ships is refused: it would write into site-packages
+    # a refresh of a family the toolkit ships is refused: it would write into site-packages;
+    # so is a port into it, named as a folder
     r = _run(installed, "series", "refresh", "--family", "sglang-0.5.13", "--from", str(installed["cwd"]))
     assert r.returncode == 2 and "part of the installed toolkit" in r.stderr, r.stderr
+    inside = site / "ddtree_deploy" / "_data" / "patches" / "sglang-0.5.15"
+    r = _run(installed, "port", "--to", "0.5.15", "--family", "sglang-0.5.13", "--into", str(inside))
+    assert r.returncode == 2 and "is inside the installed toolkit" in r.stderr, r.stderr
     assert _hashes(site) == before, "the installed toolkit was written"
 
 
