@@ -87,11 +87,12 @@ class _Relay:
 
 def series_chooser(family: str | None):
     """(paths to discover, facts -> Series, forced): the family is chosen by the host's version unless forced."""
-    from ddtree_deploy.series import choose_series, load_family
+    from ddtree_deploy.series import choose_series, load_family, require_finished
     from ddtree_deploy.snapshot import all_touched_paths
 
     if family:
         series = load_family(family)
+        require_finished(series, "push")  # a range never picks an unfinished port; a name may not deploy one
         return list(series.touched_paths()), (lambda facts: series), True
     paths = list(all_touched_paths())
 
@@ -356,7 +357,6 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
 
 def _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, progress, heartbeat):
     """Read the host's journal, load the series it names, run the levels: (status, series, report)."""
-    from ddtree_deploy.locations import repo_dir
     from ddtree_deploy.series import known_family, load_family, no_such_family
 
     progress("read the host's journal")
@@ -367,10 +367,11 @@ def _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, 
                           hint=f"push first: {next_step.push(host.name)}")
     # The name comes from the host: only ever a key among the known families, never a path.
     name = doc["series"]["name"]
-    folder = known_family(name, Path(patches_dir or repo_dir("patches")))
+    # (the toolkit's families and the user's own, unless the caller names a folder)
+    folder = known_family(name, Path(patches_dir) if patches_dir else None)
     if folder is None:
         raise DeployError(f"{host.name}: the host's journal names a series that is not here: "
-                          f"{no_such_family(str(name), Path(patches_dir or repo_dir('patches')))}",
+                          f"{no_such_family(str(name), Path(patches_dir) if patches_dir else None)}",
                           code=Code.UNKNOWN_FAMILY, hint="smoke it from a checkout that has that family under patches/")
     series = load_family(folder)
     touched, flags = smoke_plan.series_inputs(series)

@@ -30,7 +30,7 @@ _CELL_STYLE = {"exact": "green", "offset": "green", "already-applied": "cyan", "
 
 def _render_matrix(matrix: Matrix) -> None:
     for family, header, body in matrix.tables():
-        _render_table(family, header, body)
+        _render_table(matrix.label(family), header, body)
     for line in matrix.details():
         err.print(f"[red]does not apply:[/] {escape(line)}", highlight=False, soft_wrap=True)
     err.print(f"{matrix.summary()}; time {matrix.timings.line()}", highlight=False, soft_wrap=True)
