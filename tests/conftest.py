@@ -10,6 +10,12 @@
 
 Tests that need the network only to fill the wheel cache take ``release_wheel``;
 once the cache holds the wheel and PyPI's listing, they run offline.
+
+The suite runs in parallel workers (``make test``: pytest-xdist) as well as alone
+(``pytest tests/test_x.py``). Each worker has its own temp folders (tmp_path_factory),
+sshd ports (free_port) and session fixtures; what a whole run shares is one folder of
+sandbox environments (ddtree_deploy/sandbox/hostenv.py SHARE_ENV): each SGLang host venv
+is built once per run, under a file lock, and copied (or, read_only, handed out as is).
 """
 
 from __future__ import annotations
@@ -40,6 +46,46 @@ def _snapshots_outside_the_repo(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DDTREE_DEPLOY_SNAPSHOT", str(copy))
         yield copy
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The `sshd` marker follows what a test uses: every test that takes a fixture named
+    # sshd (tests/sshd_host.py's or a module's own, directly or through host, tuned_host,
+    # ...) is marked, so the pure tests beside them in a module are not.
+    for item in items:
+        if "sshd" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("sshd"):
+            item.add_marker(pytest.mark.sshd)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Parallel workers take whole modules in collection order (`make test`: --dist
+        # loadfile --no-loadscope-reorder): the long ones first (those that run a release in a
+        # venv, then those with an sshd), so that no long module starts last and runs alone.
+        def weight(item: pytest.Item) -> int:
+            return 0 if item.get_closest_marker("sglang_env") else 1 if item.get_closest_marker("sshd") else 2
+
+        modules: dict[str, int] = {}
+        for item in items:
+            path = item.nodeid.split("::", 1)[0]
+            modules[path] = min(modules.get(path, 2), weight(item))
+        items.sort(key=lambda item: modules[item.nodeid.split("::", 1)[0]])  # stable: file order kept
+
+
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of this whole pytest run: its basetemp, or under xdist the folder that
+    holds every worker's basetemp (``pytest-N/popen-gwK``)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sandbox_envs_built_once_per_run(tmp_path_factory: pytest.TempPathFactory):
+    """Every sandbox environment (a release venv, a host's bare venv) is built once per run
+    and shared by all tests and workers (a folder of the caller's own choosing wins)."""
+    from ddtree_deploy.sandbox.hostenv import SHARE_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        if not os.environ.get(SHARE_ENV):
+            mp.setenv(SHARE_ENV, str(run_folder(tmp_path_factory) / "sandbox-envs"))
+        yield Path(os.environ[SHARE_ENV])
 
 
 @pytest.fixture(scope="session")
