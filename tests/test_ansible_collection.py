@@ -28,7 +28,6 @@ from ddtree_deploy.sandbox import SSHServer  # noqa: E402
 
 from ddtree_deploy.series import AddEntry, PatchEntry, load_family  # noqa: E402
 
-pytestmark = pytest.mark.sshd
 BIN = Path(sys.executable).parent
 FAMILY = REPO / "patches" / "sglang-0.5.12"
 HOSTS = ("h1", "h2", "h3")
@@ -176,6 +175,7 @@ def files(fleet, name: str) -> dict[str, bytes | None]:
     return {p: fleet["hosts"][name].read(p) for p in fleet["paths"]}
 
 
+@pytest.mark.sshd  # the fleet fixture's sshd
 def test_playbook_push_check_diff_rollback_drift(fleet):
     pristine, patched = fleet["pristine"], fleet["patched"]
 
@@ -241,6 +241,7 @@ def test_playbook_push_check_diff_rollback_drift(fleet):
 
 
 
+@pytest.mark.sshd  # the fleet fixture's sshd
 def test_inventory_import_through_ansible_loader(fleet, tmp_path):
     """`ddtree-deploy inventory from-ansible` reads an INI and a YAML inventory (groups, host
     vars, group_vars) with ansible-core's loader; the hosts written work with the CLI."""
@@ -296,6 +297,7 @@ all:
     assert not (tmp_path / "h2").exists()
 
 
+@pytest.mark.sshd  # the fleet fixture's sshd
 def test_module_docs_match_the_action_specs(fleet):
     """ansible-doc renders every module from the installed collection, and each module's
     documented options are exactly what its action plugin accepts (names, types, defaults)."""
