@@ -20,8 +20,11 @@ is built once per run, under a file lock, and copied (or, read_only, handed out 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
 import stat
+import sys
 import zipfile
 from pathlib import Path
 
@@ -32,6 +35,35 @@ from ddtree_deploy.errors import DeployError
 
 BASELINE_RELEASE = "0.5.12.post1"
 DATA = Path(__file__).resolve().parent / "data"
+
+# The runner's terminal is no input to any test: an xdist worker starts with COLUMNS=80 and
+# LINES=24 where a plain run has neither, and the CLI's consoles (ddtree_deploy/cli/app.py)
+# take their width when first imported. Tests that want a width set it themselves.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
+# Process-wide callables some library replaces on import (ansible-core: sys.intern, where
+# torch._dynamo, imported later by transformers in the same process, then refuses to load;
+# socket.getaddrinfo; dataclasses._is_type). With several tests per worker process in any
+# order, one test's import must not change the next one's process: see _no_process_patches.
+_PROCESS_WIDE = {(sys, "intern"): sys.intern, (socket, "getaddrinfo"): socket.getaddrinfo,
+                 (dataclasses, "_is_type"): getattr(dataclasses, "_is_type", None)}
+
+
+@pytest.fixture(autouse=True)
+def _no_process_patches(request: pytest.FixtureRequest):
+    """A test that leaves sys.intern (or the others above) replaced fails, naming it, and the
+    original is put back: run such code (ansible-core) in a subprocess, e.g. the console
+    script, as tests/test_json_envelope.py does for `inventory from-ansible`."""
+    yield
+    changed = []
+    for (owner, name), original in _PROCESS_WIDE.items():
+        if getattr(owner, name, None) is not original:
+            setattr(owner, name, original)
+            changed.append(f"{owner.__name__}.{name}")
+    if changed:
+        pytest.fail(f"{request.node.nodeid} replaced {', '.join(changed)} for the whole pytest process "
+                    "(ansible-core's import does); run that code in a subprocess", pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)
