@@ -779,8 +779,10 @@ class Agent(_Fencing):
         for f in request.get("files") or ():
             if isinstance(f, dict) and "path" in f:
                 files[f["path"]] = {"from": f.get("expect"), "to": f.get("want")}
-        return self.record(request.get("kind") or "apply", outcome=outcome, phase=phase,
-                           series=journal.get("series"), series_id=journal.get("series_id"),
+        # The apply's own run id: a push's automatic rollback runs under the push's lock (and
+        # run id) but journals a run of its own, which its history line names.
+        return self.record(request.get("kind") or "apply", run_id=request.get("run_id"), outcome=outcome,
+                           phase=phase, series=journal.get("series"), series_id=journal.get("series_id"),
                            sglang_version=journal.get("sglang_version"), files=files, **extra)
 
     def apply(self, request):
@@ -1246,6 +1248,18 @@ class Agent(_Fencing):
             if st.f_files and st.f_favail < inodes + 16:
                 raise AgentError("no-space", "no free inodes on the file system of %s (%d free, %d needed)"
                                  % (folder, st.f_favail, inodes + 16))
+
+    def stop_before_request(self, request):
+        """TEST HOOK (``stop_before_each_request``: a file name): before handling each request,
+        append "<pid> <op>" to that file and stop (SIGSTOP) until the test continues this agent,
+        so every point between two requests of a run can be held open (e.g. to show that
+        another controller is refused the lock at each of them)."""
+        log = self.hooks.get("stop_before_each_request")
+        if not log:
+            return
+        with open(log, "a") as f:
+            f.write("%d %s\n" % (os.getpid(), request.get("op")))
+        os.kill(os.getpid(), signal.SIGSTOP)
 
     def hook(self, name):
         if not self.hooks.get(name):
@@ -1719,6 +1733,7 @@ def serve(stdin, stdout, hooks=None):
                 break
             if request.get("hooks"):
                 agent.hooks.update(request["hooks"])
+            agent.stop_before_request(request)
             answer(agent.handle(request))
     finally:
         agent.release()

@@ -5,10 +5,11 @@ end of a deploy, not the files on disk.
   ``restarting``, restart the server (``serve_run``), wait for its health, prove DDTree
   through ``/server_info`` (the launch smoke's proof, on the real server), record the
   result; only then mark the journal ``deployed``. A server that is not healthy in time
-  (or fails the proof) is rolled back: the files (``deploy.rollback``, the verified
-  switch), then a restart on them, health only. ``--no-rollback`` keeps the files, the
-  host ``switched``.
-- ``after_rollback``: a ``rollback`` that switched files restarts the server the same way.
+  (or fails the proof) is rolled back: the files (``PushSession.rollback``: ``rollback``'s
+  verified switch), then a restart on them, health only, all under the push's lock.
+  ``--no-rollback`` keeps the files, the host ``switched``.
+- ``after_rollback``: a ``rollback`` that switched files restarts the server the same way,
+  under the rollback's lock.
 - ``ensure_serving``: a push with nothing to switch still ends with the deployed files
   serving: a server older than them (or not healthy) is restarted.
 - ``serving_check``: what ``status`` shows of the serving processes.
@@ -51,7 +52,7 @@ class ServeGate:
     rollback: deploy.Outcome | None = None  # the files rolled back after a failed restart
     rollback_error: str | None = None
     again: serve_run.Restart | None = None  # the restart on the rolled-back files
-    again_error: str | None = None  # that restart could not even start (e.g. the lock)
+    again_error: str | None = None  # that restart could not run (the connection lost), or its end not be recorded
     kept: bool = False  # --no-rollback: the new files stay, the host `switched`
     interrupted: bool = False
 
@@ -86,6 +87,8 @@ class ServeGate:
                 back += f"; restarted on the old files: {'healthy' if self.again.ok else 'NOT healthy'}"
                 if not self.again.ok:
                     back += f" ({self.again.failed}: {self.again.detail})"
+                if self.again_error:  # it ran, but its end is not in the journal
+                    back += f"; {self.again_error}"
             elif self.again_error:
                 back += f"; the restart on the old files could not run: {self.again_error}"
             return f"{why}; {back}"
@@ -117,21 +120,16 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
               outcome: deploy.Outcome, series, *, auto_rollback: bool = True, progress: Progress = _quiet,
               heartbeat: Heartbeat | None = None) -> ServeGate:
     """Restart, health, proof, then mark ``deployed`` through ``held`` (the push's session,
-    holding the lock); or roll back and restart on the old files. See the module doc."""
-    run_id = held.run_id or outcome.run_id
+    holding the lock); or roll back and restart on the old files, under that same lock
+    (released when the session is left): no other run acts on the host in between. See the
+    module doc."""
     files = list(series.touched_paths()) if series is not None else []
     family = family_smoke(series) if series is not None else FAMILY_SMOKE_DEFAULT
-    request = serve_plan.restart_request(host.python, files, settings, proof=serve_plan.proof_spec(settings, family))
-    progress("journal: serve restarting")
-    held.record_serve({"state": serve_run.RESTARTING, "run_id": run_id, "restart_run": outcome.run_id,
-                       "time": serve_run._now_iso()})
-    restart = serve_run.run_restart(host, connect(host), request, progress=progress, heartbeat=heartbeat)
-    try:
-        warning = held.record_serve(restart.record(run_id, outcome.run_id), history=True)
-        outcome.history_warning = outcome.history_warning or warning
-    except DeployError as exc:
-        if restart.ok:
-            return ServeGate(restart, mark_error=f"recording the restart failed: {exc.message}")
+    restart, unrecorded = serve_run.restart_held(host, connect, settings, held, held.run_id or outcome.run_id, files,
+                                                 proof=serve_plan.proof_spec(settings, family), progress=progress,
+                                                 heartbeat=heartbeat)
+    if unrecorded is not None and restart.ok:
+        return ServeGate(restart, mark_error=f"recording the restart failed: {unrecorded.message}")
     if restart.ok:
         try:
             held.mark(Phase.DEPLOYED)
@@ -144,26 +142,30 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
         return ServeGate(restart, kept=True)
     progress(f"server not healthy: rolling back to backup {outcome.backup_id}")
     try:
-        held.unlock()
-        undone = deploy.rollback(host, connect(host), to=outcome.backup_id, progress=progress)
+        undone = held.rollback(outcome.backup_id, progress=progress)
     except DeployError as exc:
         return ServeGate(restart, rollback_error=exc.message)
     progress("restart on the old files")
     try:
-        again, _held = serve_run.restart_locked(host, connect, settings, prove=False, progress=progress,
-                                                heartbeat=heartbeat)
+        again, unrecorded = serve_run.restart_held(host, connect, settings, held, undone.run_id, files, proof=None,
+                                                   progress=progress, heartbeat=heartbeat)
     except DeployError as exc:
         return ServeGate(restart, rollback=undone, again_error=exc.message)
-    return ServeGate(restart, rollback=undone, again=again)
+    return ServeGate(restart, rollback=undone, again=again,
+                     again_error=None if unrecorded is None else f"recording the restart failed: {unrecorded.message}")
 
 
-def after_rollback(host, settings: ServeSettings, connect: Callable[[Any], Any], *, progress: Progress = _quiet,
-                   heartbeat: Heartbeat | None = None) -> serve_run.Restart:
-    """``rollback`` switched files back: restart the server on them (health only: the files
-    are SGLang's own again)."""
+def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any], *,
+                   progress: Progress = _quiet, heartbeat: Heartbeat | None = None) -> serve_run.Restart:
+    """``rollback`` switched files back and still holds the lock (``held``,
+    ``deploy.begin_rollback``): restart the server on them under it (health only: the files
+    are SGLang's own again). A restart whose end could not be recorded raises that error."""
     progress("restart the server")
-    restart, _held = serve_run.restart_locked(host, connect, settings, prove=False, progress=progress,
-                                              heartbeat=heartbeat)
+    journal_files = [s.path for s in held.outcome.plan.steps] if held.outcome.plan else []
+    restart, unrecorded = serve_run.restart_held(host, connect, settings, held, held.outcome.run_id, journal_files,
+                                                 proof=None, progress=progress, heartbeat=heartbeat)
+    if unrecorded is not None:
+        raise unrecorded
     return restart
 
 

@@ -29,7 +29,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
-from serve_host import BUDGET, Served  # noqa: E402
+from serve_host import BUDGET, Served, served  # noqa: E402,F401  (the served fixture)
 from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, cli, sshd  # noqa: E402,F401
 
 pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in server as a GPU host's "
@@ -37,25 +37,6 @@ pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the s
 pytestmark = pytest.mark.sshd
 
 CONSOLE = Path(sys.executable).parent / "ddtree-deploy"
-
-
-@pytest.fixture
-def served(sshd, tmp_path, monkeypatch):
-    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(DEPLOY_SERIES / "patches"))
-    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
-    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
-    made: list[Served] = []
-
-    def make(name: str, **kw) -> Served:
-        s = Served(sshd, tmp_path, name, **kw)
-        s.sup.start()
-        made.append(s)
-        s.wait_healthy()
-        return s
-
-    yield make
-    for s in made:
-        s.sup.stop()
 
 
 def sha(data: bytes) -> str:
