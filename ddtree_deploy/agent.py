@@ -132,17 +132,21 @@ def remove_quietly(path):
 
 
 def write_json_atomic(path, document):
-    """Replace ``path`` with ``document``: a reader sees the old or the new JSON, never half."""
+    """Replace ``path`` with ``document``: a reader sees the old or the new JSON, never half.
+    An OSError names ``path`` (not the temporary copy)."""
     tmp = "%s%s%d" % (path, TMP_TAG, os.getpid())
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    write_private(tmp, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
     try:
-        os.replace(tmp, path)
-    except BaseException:
-        remove_quietly(tmp)
-        raise
-    fsync_dir(os.path.dirname(path))
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        write_private(tmp, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+        fsync_dir(os.path.dirname(path))
+    except OSError as exc:
+        raise located(exc, path)
 
 
 def read_json(path):
@@ -197,10 +201,21 @@ def errno_name(exc):
     return errno.errorcode.get(exc.errno or 0, str(exc.errno))
 
 
-def describe_os_error(exc, what):
-    """``<file>: <strerror> (errno ENOSPC)``, for a failure the user must act on."""
-    where = exc.filename or what
-    return "%s: %s (errno %s)" % (where, exc.strerror or exc, errno_name(exc))
+def describe_os_error(exc, where=None):
+    """``<file>: <strerror> (errno ENOSPC)``, for a failure the user must act on; ``where`` (a
+    path) names the file when the error does not. Never a step's name: the message that
+    embeds this one names the step (else it would say it twice: ``lock: lock: ...``)."""
+    where = exc.filename or where
+    what = "%s (errno %s)" % (exc.strerror or exc, errno_name(exc))
+    return "%s: %s" % (where, what) if where else what
+
+
+def located(exc, path):
+    """``exc`` (an OSError) naming ``path``, the file the user knows, when it names no file or
+    only our temporary copy of it (TMP_TAG); returned for ``raise``."""
+    if exc.filename is None or TMP_TAG in os.path.basename(str(exc.filename)):
+        exc.filename = path
+    return exc
 
 
 # ---------------------------------------------------------------- process identity (lock)
@@ -329,7 +344,7 @@ class _Fencing(object):
                         journal_note = "the journal restored"
                     except OSError as err:
                         journal_note = "the journal not restored (%s; status explains it)" % describe_os_error(
-                            err, "journal")
+                            err)
                     state = ("the %d file(s) it had switched were switched back, %s: the host is as before "
                              "this run" % (len(switched), journal_note))
             else:
@@ -547,7 +562,9 @@ class Agent(_Fencing):
             out.update(exc.extra)
             return out
         except OSError as exc:
-            out = {"ok": False, "code": "os-error", "message": "%s: %s" % (exc.filename or op, exc.strerror)}
+            # The controller names the step (``<host>: <step>: <this>``): the file and the
+            # reason only.
+            out = {"ok": False, "code": "os-error", "message": describe_os_error(exc)}
             if getattr(exc, "history_warning", None):
                 out["history_warning"] = exc.history_warning
             return out
@@ -587,7 +604,10 @@ class Agent(_Fencing):
         # and nobody ever sees a lock without its owner. All of it under the lock's guard
         # (see _Fencing): a forced release or another taker never interleaves with it.
         with self.guarded():
-            broke = self._take_lock(lock, owner, request)
+            try:
+                broke = self._take_lock(lock, owner, request)
+            except OSError as exc:  # e.g. ENOSPC writing the owner file: name the lock, not our temporary
+                raise located(exc, lock)
             self.locked = True
             self.lock_owner = owner
             tuning = self._live_tune_lock()
@@ -764,7 +784,7 @@ class Agent(_Fencing):
                     exc.extra["history_warning"] = warning
             raise
         except OSError as exc:
-            warning = self.record_apply(request, "os-error", None, error=describe_os_error(exc, "apply"))
+            warning = self.record_apply(request, "os-error", None, error=describe_os_error(exc))
             if warning:
                 exc.history_warning = warning
             raise
@@ -856,8 +876,7 @@ class Agent(_Fencing):
                 if failed:
                     raise AgentError("switch-mixed", "writing the journal failed (%s) and switching back also "
                                      "failed (%s): the host is MIXED and the journal says `switching`: rerun "
-                                     "push or rollback to complete" % (describe_os_error(exc, "journal"),
-                                                                       "; ".join(failed)))
+                                     "push or rollback to complete" % (describe_os_error(exc), "; ".join(failed)))
                 raise
             for entry in done:
                 if entry[2]:
@@ -877,7 +896,7 @@ class Agent(_Fencing):
             if isinstance(exc, AgentError):
                 what, path = exc.message, exc.extra.get("path")
             else:
-                what, path = describe_os_error(exc, step), exc.filename
+                what, path = describe_os_error(exc), exc.filename
             raise AgentError("failed-unchanged", "%s failed, host unchanged: %s" % (step, what), path=path)
         shutil.rmtree(staging, ignore_errors=True)
         try:
@@ -960,11 +979,11 @@ class Agent(_Fencing):
                 exc.done = done  # never switched back here: the caller decides (after_lost_lock)
                 raise
             # os.write's ENOSPC names no file: name the one being switched.
-            current = done[-1][0]["path"] if done else "switch"
+            current = done[-1][0]["path"] if done else None
             # Our own temp files (the kept previous version, a staged copy) mean nothing to the
             # user: name the package file being switched instead.
-            if isinstance(exc, OSError) and (exc.filename is None or TMP_TAG in os.path.basename(str(exc.filename))):
-                exc.filename = current
+            if isinstance(exc, OSError):
+                located(exc, current)
             what = exc.message if isinstance(exc, AgentError) else describe_os_error(exc, current)
             try:
                 with self.fenced("switching back after: %s" % what):
@@ -1092,8 +1111,8 @@ class Agent(_Fencing):
             finally:
                 os.close(fd)
         except Exception as exc:  # noqa: BLE001 -- never fail the op over its record
-            what = describe_os_error(exc, "history") if isinstance(exc, OSError) else str(exc)
-            return "the audit history was not written (%s): %s" % (HISTORY, what)
+            what = describe_os_error(exc, self._p(HISTORY)) if isinstance(exc, OSError) else str(exc)
+            return "the audit history was not written: %s" % what
         return None
 
     def need_state_dir(self):

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from ddtree_deploy import deploy, next_step, smoke_plan, smoke_report, smoke_run, smoke_settings
 from ddtree_deploy.codes import Code, Phase
-from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.errors import BadInput, DeployError, clause
 from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy, push_policy, spread_policy
 from ddtree_deploy.fleet_run import CheckOnce, run_fleet
 from ddtree_deploy.inventory import Host
@@ -292,7 +292,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         report = smoke_run.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress,
                                    heartbeat=heartbeat)
     except DeployError as exc:
-        return AfterPush(None, host=host.name, error=exc.message, phase=Phase.SWITCHED if pending else None)
+        return AfterPush(None, host=host.name, error=clause(exc, host.name), phase=Phase.SWITCHED if pending else None)
     if report.ok:
         if pending is None:
             return AfterPush(report, host=host.name)
@@ -301,7 +301,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         try:
             mark(Phase.DEPLOYED)
         except DeployError as exc:
-            return AfterPush(report, host=host.name, mark_error=exc.message)
+            return AfterPush(report, host=host.name, mark_error=clause(exc, host.name))
         return AfterPush(report, host=host.name, marked=True, phase=Phase.DEPLOYED)
     if not auto_rollback:
         note = None
@@ -309,7 +309,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
             try:  # the journal keeps which level failed; the phase stays `switched`
                 mark(Phase.SWITCHED, {"failed": report.failed.level, "detail": report.failed.detail[:500]})
             except DeployError as exc:
-                note = exc.message
+                note = clause(exc, host.name)
         return AfterPush(report, kept=True, host=host.name, mark_error=note,
                          phase=Phase.SWITCHED if pending else None)
     progress(f"smoke failed at {report.failed.level}: rolling back to backup {outcome.backup_id}")
@@ -319,7 +319,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         else:
             undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress)
     except DeployError as exc:
-        return AfterPush(report, rollback_error=exc.message, host=host.name)
+        return AfterPush(report, rollback_error=clause(exc, host.name), host=host.name)
     return AfterPush(report, rollback=undone, host=host.name, phase=Phase.ROLLED_BACK)
 
 
@@ -463,7 +463,8 @@ def _warn_broken_lock(outcome: deploy.Outcome, listener: Listener) -> None:
         listener(Event(EventKind.WARNING, outcome.host, f"broke the lock of run {outcome.broke_lock.get('run_id')} "
                                                        f"({outcome.broke_lock.get('holder')})"))
     if outcome.history_warning:
-        listener(Event(EventKind.WARNING, outcome.host, f"history not written: {outcome.history_warning}"))
+        # The agent's warning says it ("the audit history was not written: ...").
+        listener(Event(EventKind.WARNING, outcome.host, outcome.history_warning))
 
 
 # ---------------------------------------------------------------- the commands

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ddtree_deploy import deploy, next_step, serve_plan, serve_run
 from ddtree_deploy.codes import Phase
-from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
+from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError, clause
 from ddtree_deploy.fleet import HostResult, Kind
 from ddtree_deploy.serve_settings import ServeSettings, parse_serve
 from ddtree_deploy.smoke_settings import FAMILY_SMOKE_DEFAULT, family_smoke
@@ -79,7 +79,7 @@ class ServeGate:
         if self.ok:
             return r.detail
         if r.ok:
-            return f"server healthy on the new files, but marking the host deployed failed: {self.mark_error}"
+            return f"server healthy on the new files, but the host is not marked deployed: {self.mark_error}"
         why = f"server {r.state} after the restart ({r.failed}): {r.detail}"
         if self.rollback is not None:
             back = f"rolled back: {self.rollback.summary}"
@@ -129,12 +129,12 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
                                                  proof=serve_plan.proof_spec(settings, family), progress=progress,
                                                  heartbeat=heartbeat)
     if unrecorded is not None and restart.ok:
-        return ServeGate(restart, mark_error=f"recording the restart failed: {unrecorded.message}")
+        return ServeGate(restart, mark_error=clause(unrecorded, host.name))
     if restart.ok:
         try:
             held.mark(Phase.DEPLOYED)
         except DeployError as exc:
-            return ServeGate(restart, mark_error=exc.message)
+            return ServeGate(restart, mark_error=clause(exc, host.name))
         return ServeGate(restart, marked=True)
     if restart.failed == "interrupted":
         return ServeGate(restart, interrupted=True)
@@ -144,15 +144,15 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
     try:
         undone = held.rollback(outcome.backup_id, progress=progress)
     except DeployError as exc:
-        return ServeGate(restart, rollback_error=exc.message)
+        return ServeGate(restart, rollback_error=clause(exc, host.name))
     progress("restart on the old files")
     try:
         again, unrecorded = serve_run.restart_held(host, connect, settings, held, undone.run_id, files, proof=None,
                                                    progress=progress, heartbeat=heartbeat)
     except DeployError as exc:
-        return ServeGate(restart, rollback=undone, again_error=exc.message)
+        return ServeGate(restart, rollback=undone, again_error=clause(exc, host.name))
     return ServeGate(restart, rollback=undone, again=again,
-                     again_error=None if unrecorded is None else f"recording the restart failed: {unrecorded.message}")
+                     again_error=None if unrecorded is None else clause(unrecorded, host.name))
 
 
 def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any], *,
@@ -251,7 +251,7 @@ def serving_check(host):
         try:
             answer = serve_run.check(host, transport, serve_plan.check_request(host.python, files, settings))
         except DeployError as exc:
-            return {"state": "unknown", "explanation": f"could not look at the serving processes: {exc.message}",
+            return {"state": "unknown", "explanation": f"could not look at the serving processes: {clause(exc, host.name)}",
                     "processes": [], "files_changed": None, "newest_file": None, "health": None, "unreadable": 0}
         return serve_plan.serving(answer, host.name, serve=settings is not None)
 
