@@ -29,6 +29,7 @@ Keep this file compatible with Python 3.8 and free of third-party imports.
 """
 
 import base64
+import calendar
 import contextlib
 import errno
 import hashlib
@@ -90,6 +91,14 @@ def sha256_bytes(data):
 
 def now_iso():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def iso_seconds(text):
+    """A ``now_iso`` time -> seconds since the epoch (None: not one)."""
+    try:
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
+    except (TypeError, ValueError):
+        return None
 
 
 def fsync_dir(path):
@@ -280,6 +289,9 @@ class _Fencing(object):
     lock_owner = None
     last_journal = None  # the journal this run last wrote (None: none yet in this apply)
     switch_total = 0  # how many files this apply switches (for messages)
+    # When this apply's renames began (time.time(); None: none began), for its history line:
+    # which bytes a server that started since loaded is told by it (op_switches).
+    switch_began = None
     _guard_depth = 0
 
     @contextlib.contextmanager
@@ -775,6 +787,7 @@ class Agent(_Fencing):
 
     def op_apply(self, request):
         """``apply`` (below), recorded in the history whatever its outcome."""
+        self.switch_began = None
         try:
             reply = self.apply(request)
         except AgentError as exc:
@@ -799,11 +812,16 @@ class Agent(_Fencing):
         for f in request.get("files") or ():
             if isinstance(f, dict) and "path" in f:
                 files[f["path"]] = {"from": f.get("expect"), "to": f.get("want")}
+        # When its renames began and when they (and any switch back, and the journal) were
+        # over: now, as this line is written after them (null: no rename began).
+        began = self.switch_began
+        ended = None if began is None else time.time()
         # The apply's own run id: a push's automatic rollback runs under the push's lock (and
         # run id) but journals a run of its own, which its history line names.
         return self.record(request.get("kind") or "apply", run_id=request.get("run_id"), outcome=outcome,
                            phase=phase, series=journal.get("series"), series_id=journal.get("series_id"),
-                           sglang_version=journal.get("sglang_version"), files=files, **extra)
+                           sglang_version=journal.get("sglang_version"), files=files, switch_began=began,
+                           switch_ended=ended, **extra)
 
     def apply(self, request):
         """Back up (push), stage and verify, switch by rename, purge bytecode, journal.
@@ -865,6 +883,7 @@ class Agent(_Fencing):
             self.journal(journal, "switching")
             self.hook("fill_after_staging")
             step = "switch"
+            self.switch_began = time.time()
             switched, purged, done = self.switch_all(targets, staged)
             step = "journal"
             try:
@@ -1120,30 +1139,98 @@ class Agent(_Fencing):
             raise AgentError("protocol", "init must run first")
         self.check_state_dir(create=False)
 
-    def op_history(self, request):
-        """Read-only: the newest ``limit`` history entries, newest first."""
-        self.need_state_dir()
-        limit = int(request.get("limit") or 20)
-        lines, unreadable = [], 0
+    def read_history(self):
+        """Every history entry, oldest first: [(file name, entry)], and how many lines were
+        skipped (torn by a full disk or a crash, or not an entry we wrote)."""
+        entries, unreadable = [], 0
         for name in (HISTORY_OLD, HISTORY):
             path = self._p(name)
             if os.path.islink(path) or not os.path.isfile(path):
                 continue
             with open(path, "rb") as f:
-                lines.extend(f.read().splitlines())
-        entries, total = [], 0
-        for raw in reversed(lines):
-            if not raw.strip():
-                continue
-            doc = parse_history_line(raw)
-            if doc is None:
-                unreadable += 1  # torn by a full disk or a crash, or not an entry we wrote: counted, skipped
-                continue
-            total += 1
-            if len(entries) < limit:
-                entries.append(doc)
-        return {"entries": entries, "total": total, "unreadable": unreadable,
+                for raw in f.read().splitlines():
+                    if not raw.strip():
+                        continue
+                    doc = parse_history_line(raw)
+                    if doc is None:
+                        unreadable += 1
+                    else:
+                        entries.append((name, doc))
+        return entries, unreadable
+
+    def op_history(self, request):
+        """Read-only: the newest ``limit`` history entries, newest first."""
+        self.need_state_dir()
+        limit = int(request.get("limit") or 20)
+        entries, unreadable = self.read_history()
+        return {"entries": [doc for _name, doc in reversed(entries[-limit:])] if limit > 0 else [],
+                "total": len(entries), "unreadable": unreadable,
                 "files": [n for n in (HISTORY, HISTORY_OLD) if os.path.isfile(self._p(n))]}
+
+    def op_switches(self, request):
+        """Read-only: what tells whether a server that started at ``since`` (seconds, this
+        host's clock) runs the bytes the files hold now (serve_plan.loaded_now decides):
+
+        ``current``: each of ``paths`` and of the files those switches name: sha256 and ctime
+        now (null: absent); ``switches``: every push or rollback line whose renames may have
+        ended at or after ``since``, oldest first (time, run, outcome, per-file from/to, the
+        renames' ``began``/``ended``: null on an older agent's line); ``before``: each file's
+        sha256 after the newest switch that ended before ``since``; ``complete_since``: from
+        when the retained history holds every switch (null: unknown)."""
+        self.need_state_dir()
+        if self.root is None:
+            self.root = find_sglang()[0]
+        since = float(request["since"])
+        entries, unreadable = self.read_history()
+        switches, before = [], {}
+        for _name, e in entries:
+            if e.get("event") not in ("push", "rollback") or not isinstance(e.get("files"), dict):
+                continue
+            began, ended = e.get("switch_began"), e.get("switch_ended")
+            if "switch_began" in e and began is None:
+                continue  # no rename began: no file changed
+            end = ended if "switch_began" in e else (iso_seconds(e.get("time")) or since) + 1
+            if end is not None and end < since:
+                for path, f in e["files"].items():
+                    if not isinstance(f, dict):
+                        continue
+                    if e.get("outcome") in ("ok", "failed-unchanged"):
+                        before[path] = f.get("to") if e.get("outcome") == "ok" else f.get("from")
+                    else:
+                        before.pop(path, None)  # a switch that failed part-way: unknown since
+                continue
+            switches.append({"time": e.get("time"), "event": e.get("event"), "run_id": e.get("run_id"),
+                             "outcome": e.get("outcome"), "began": began, "ended": ended, "files": e["files"]})
+        current = {}
+        for rel in sorted(set(request.get("paths") or ()) | set(p for w in switches for p in w["files"])):
+            try:
+                path = self.target(rel)
+                st = os.stat(path)
+                current[rel] = {"sha256": sha256_file(path), "ctime": st.st_ctime}
+            except AgentError:
+                continue  # not a file of ours to read (a symlink, a bad path): the record cannot vouch for it
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    raise
+                current[rel] = None
+        return {"current": current, "switches": switches, "before": before,
+                "complete_since": self.history_complete_since(entries), "unreadable": unreadable}
+
+    def history_complete_since(self, entries):
+        """From when (seconds) the retained history holds every switch made from this state
+        folder: after a rotation, the second after history.1.jsonl's first line (older lines
+        were dropped); without one, from the start (0) when this agent made the folder
+        (nothing was switched from it before its first line); in a folder adopted from before
+        the marker, from its first line. None: nothing tells."""
+        rotated = [doc for name, doc in entries if name == HISTORY_OLD]
+        if rotated or os.path.isfile(self._p(HISTORY_OLD)):
+            first = iso_seconds(rotated[0].get("time")) if rotated else None
+            return None if first is None else first + 1
+        marker = read_json(self._p(STATE_MARKER))
+        if isinstance(marker, dict) and marker.get("adopted") is False:
+            return 0.0
+        first = iso_seconds(entries[0][1].get("time")) if entries else None
+        return None if first is None else first + 1
 
     def read_lock(self):
         """The deploy lock's owner (with ``stale``: its process provably gone), or None."""
@@ -1483,7 +1570,7 @@ HISTORY_TYPES = {
     "time": (str,), "event": (str,), "holder": (str,), "from": (str,), "run_id": (str,), "command": (str,),
     "host": (str,), "outcome": (str,), "phase": (str,), "series": (str,), "series_id": (str,),
     "sglang_version": (str,), "backup_id": (str,), "marked_run": (str,), "error": (str,), "files": (dict,),
-    "previous": (dict,), "smoke": (dict,),
+    "previous": (dict,), "smoke": (dict,), "switch_began": (int, float), "switch_ended": (int, float),
 }
 # Entries nest a few levels (files -> path -> from/to); deeper is not ours, and a reader that
 # recurses (json.dumps with indent, a renderer) must never meet 100,000 levels.

@@ -12,6 +12,7 @@ Each command is one agent session over one connection (see transport.AgentSessio
     rollback:  [init, lock, facts]  -> plan           -> [apply, unlock]     2 round trips
       + [serve]: ... -> [apply] -> [served] restart [served] -> [unlock]     5
     status:    [init, facts]                                                 1 round trip
+      + a server that started before the last switch: ... -> [switches]      2
     pull:      [init, facts+content]                                         1 round trip
 
 The caller gives a ``desire`` function that turns the host's facts (SGLang version)
@@ -727,17 +728,20 @@ def _choose_backup(host: Host, backups: list[dict], to: str | None) -> dict:
 
 def status(host: Host, transport: Transport, paths: list[str] = (),
            expected: Callable[[dict], Desired | None] | None = None,
-           serving: Callable[[Transport, dict], dict] | None = None) -> dict:
+           serving: Callable[[Transport, dict, Callable[[dict], dict]], dict] | None = None) -> dict:
     """The host's state as one JSON-able document (read-only: takes no lock).
 
-    ``serving(transport, facts)``, when given, looks at the host's serving processes over
-    the same connection (``serve_gate.serving_check``); its document is the ``serving`` key."""
+    ``serving(transport, facts, ask)``, when given, looks at the host's serving processes over
+    the same connection (``serve_gate.serving_check``); ``ask`` sends it one more read-only
+    request over this agent session (the history's switches, when a process started before
+    the last change). Its document is the ``serving`` key."""
     with transport, _session(transport, host, write=False) as sess:
         init, facts = sess.call(_init(host), {"op": "facts", "paths": list(paths)})
         expect_ok(init, host.name, "agent start")
         expect_ok(facts, host.name, "discover")
+        running = (serving(transport, facts, lambda request: expect_ok(sess.one(request), host.name, request["op"]))
+                   if serving is not None else None)
         round_trips = sess.round_trips
-        running = serving(transport, facts) if serving is not None else None
     doc = describe(host.name, facts, expected(facts) if expected else None, round_trips)
     if running is not None:
         doc["serving"] = running
@@ -861,6 +865,14 @@ def disagreement(journal: dict | None, files: list[dict]) -> str | None:
     return None
 
 
+def ask(host: Host, transport: Transport, request: dict) -> dict:
+    """One read-only agent request over an open ``transport``: [init, request], one round trip."""
+    with _session(transport, host, write=False) as sess:
+        init, reply = sess.call(_init(host), request)
+    expect_ok(init, host.name, "agent start")
+    return expect_ok(reply, host.name, request["op"])
+
+
 def pull(host: Host, transport: Transport, paths: list[str]) -> tuple[dict, dict[str, bytes | None]]:
     """The host's SGLang version/root facts and the bytes of ``paths`` (None: absent)."""
     with transport, _session(transport, host, write=False) as sess:
@@ -893,5 +905,5 @@ def patched_paths(facts: dict, files: dict[str, bytes | None]) -> list[str]:
     return out
 
 
-__all__ = ["AgentFailed", "Outcome", "PushSession", "begin_push", "begin_rollback", "describe", "hold", "patched_paths", "explain", "mark", "pull", "push", "rollback",
+__all__ = ["AgentFailed", "Outcome", "PushSession", "ask", "begin_push", "begin_rollback", "describe", "hold", "patched_paths", "explain", "mark", "pull", "push", "rollback",
            "status", "TEST_HOOKS_ENV"]

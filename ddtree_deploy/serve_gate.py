@@ -12,7 +12,8 @@ end of a deploy, not the files on disk.
   under the rollback's lock.
 - ``ensure_serving``: a push with nothing to switch still ends with the deployed files
   serving: a server older than them (or not healthy) is restarted.
-- ``serving_check``: what ``status`` shows of the serving processes.
+- ``serving_check`` / ``look``: what ``status`` shows of the serving processes (judged by
+  content where the host's history can tell: ``serve_plan.loaded_now``).
 
 Calls go down: rollout -> serve_gate -> deploy, serve_run -> transport.
 """
@@ -171,14 +172,12 @@ def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, conn
 
 def ensure_serving(host, settings: ServeSettings, connect: Callable[[Any], Any], files, *,
                    progress: Progress = _quiet, heartbeat: Heartbeat | None = None) -> tuple[str, serve_run.Restart | None]:
-    """A push that switched nothing: restart the server if it is older than the deployed
-    files (or not healthy). -> (what was found, the restart or None)."""
+    """A push that switched nothing: restart the server if it runs other bytes than the
+    deployed files (or is not healthy). -> (what was found, the restart or None)."""
     progress("check the serving processes")
     transport = connect(host)
     with transport:
-        found = serve_plan.serving(serve_run.check(host, transport, serve_plan.check_request(host.python, files,
-                                                                                              settings)),
-                                   host.name, serve=True)
+        found = look(host, transport, files, settings, lambda request: deploy.ask(host, transport, request))
     healthy = (found.get("health") or {}).get("status") == 200
     if found["state"] == serve_plan.CURRENT and healthy:
         return found["explanation"], None
@@ -186,6 +185,22 @@ def ensure_serving(host, settings: ServeSettings, connect: Callable[[Any], Any],
     restart, _held = serve_run.restart_locked(host, connect, settings, prove=True, progress=progress,
                                               heartbeat=heartbeat)
     return why, restart
+
+
+def look(host, transport, files, settings: ServeSettings | None, ask: Callable[[dict], dict]) -> dict:
+    """The serving processes (``serve_plan.serving``) over an open ``transport``: the serve
+    program's discovery and, when a process started before the last change of ``files``, the
+    host's record of the switches since (``ask``: one read-only agent request), so that a
+    server the files were switched back to is not called stale."""
+    answer = serve_run.check(host, transport, serve_plan.check_request(host.python, files, settings))
+    since = serve_plan.record_since(answer)
+    record = None
+    if since is not None:
+        try:
+            record = ask(serve_plan.switches_request(since, files))
+        except DeployError as exc:  # said in the sentence; the times decide
+            record = {"error": clause(exc, host.name)}
+    return serve_plan.serving(answer, host.name, serve=settings is not None, record=record)
 
 
 # ---------------------------------------------------------------- a host's result (fleet.HostResult)
@@ -243,20 +258,20 @@ def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any],
 
 def serving_check(host):
     """``status``: a callable for ``deploy.status`` that looks at the serving processes over
-    the status connection; a failure to look is said in the document, never fatal."""
+    the status connection (``look``); a failure to look is said in the document, never fatal."""
     settings = settings_of(host)
 
-    def look(transport, facts: dict) -> dict:
+    def check(transport, facts: dict, ask: Callable[[dict], dict]) -> dict:
         files = list(((facts.get("journal") or {}).get("files") or {}))
         try:
-            answer = serve_run.check(host, transport, serve_plan.check_request(host.python, files, settings))
+            return look(host, transport, files, settings, ask)
         except DeployError as exc:
-            return {"state": "unknown", "explanation": f"could not look at the serving processes: {clause(exc, host.name)}",
-                    "processes": [], "files_changed": None, "newest_file": None, "health": None, "unreadable": 0}
-        return serve_plan.serving(answer, host.name, serve=settings is not None)
+            return {"state": "unknown", "processes": [], "files_changed": None, "newest_file": None, "health": None,
+                    "explanation": f"could not look at the serving processes: {clause(exc, host.name)}",
+                    "unreadable": 0}
 
-    return look
+    return check
 
 
-__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "require_serve",
+__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "look", "require_serve",
            "restart_result", "restarted_result", "serving_check", "settings_of"]
