@@ -597,6 +597,8 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
             if held.locked:
                 result = _after_rollback(h, serve, held, connect, result, progress, on_event)
         _warn_broken_lock(outcome, on_event)
+        if outcome.round_trips != result.doc.get("round_trips"):  # the restart's, on the same session
+            result = replace(result, doc={**result.doc, "round_trips": outcome.round_trips})
         return result
 
     return _fleet("rollback", hosts, policy, one, on_event)

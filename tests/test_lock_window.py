@@ -146,4 +146,5 @@ def test_rollback_restarts_the_server_under_its_own_lock(served, tmp_path):
     assert code == 0 and h["outcome"] == "rolled back" and h["serve"]["restart"]["state"] == "healthy", h
     # init, lock (not yet held), then facts, apply, served x2, unlock: one agent session.
     assert probed == ["facts", "apply", "served", "served", "unlock"], probed
+    assert h["round_trips"] == 5 and h["connections"] == 1
     assert _owner(s.host.state_dir) is None and s.healthy()

@@ -30,7 +30,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
 from serve_host import BUDGET, Served, served  # noqa: E402,F401  (the served fixture)
-from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, cli, sshd  # noqa: E402,F401
+from sshd_host import ADDED, SPEC, UTILS, cli, sshd  # noqa: E402,F401
 
 pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in server as a GPU host's "
                     "supervisor would")
