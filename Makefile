@@ -22,9 +22,14 @@ install: $(VENV)/.installed
 system-deps:
 	@bash scripts/system-deps.sh
 
+# The suite in TEST_WORKERS parallel pytest-xdist workers (most of a test's time is waiting on
+# subprocesses, sshd and deadlines, so more workers than cores pays; see README "Tests"), whole
+# modules per worker (their module fixtures are built once), the long modules first (the order
+# tests/conftest.py gives), and the 30 slowest tests listed.
 # pytest exits 5 when it collects no test: that is a failure here, never a pass.
+TEST_WORKERS ?= 4
 test: system-deps install
-	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc
 
 demo: system-deps install
 	$(PY) -m ddtree_deploy.demo$(if $(RELEASE), --release $(RELEASE))

@@ -7,6 +7,10 @@ only when ``CheckReport.ok``.
 
 Texts are decoded as UTF-8 without newline translation, so bytes round-trip
 exactly (CRLF files stay CRLF; the engine sees what is on disk).
+
+Every file a patch entry writes is proven after the fact (``patch_verify``): reversing
+the hunks reported applied, at the lines and fuzz reported, must give back the file's
+bytes; a file that does not is FAILED naming the hunk, whatever the engine said.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ddtree_deploy import patch_apply
+from ddtree_deploy import patch_apply, patch_verify
 from ddtree_deploy.digests import sha256_or_none
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.patch_apply import HunkResult, HunkStatus
@@ -127,6 +131,7 @@ def _hunk_json(h: HunkResult) -> dict:
         "offset": h.offset,
         "fuzz": h.fuzz,
         "nearest_line": h.nearest_line,
+        "new_side_line": h.new_side_line,
         "reason": h.reason,
         "mismatches": [{"line": m.line, "expected": m.expected, "actual": m.actual} for m in h.mismatches],
     }
@@ -232,6 +237,14 @@ def _apply_patch_entry(entry: PatchEntry, work: _Work, fuzz: int, allow_partly: 
             results.append(FileCheck(path, FAILED, message=error, header_line=fp.header_line))
             continue
         res = patch_apply.apply_file_patch(fp, text, fuzz=fuzz)
+        unproven = patch_verify.verify_round_trip(fp, text, res)
+        if unproven is not None:
+            # The engine's own result does not reverse to the file: never let it through.
+            work.broken[path] = f"{entry.name} failed on this file"
+            results.append(FileCheck(path, FAILED, hunks=res.hunks, header_line=fp.header_line,
+                                     message=f"placement not proven: {unproven}; this is a bug in "
+                                             "ddtree-deploy's patch engine: report it with the patch and the file"))
+            continue
         if res.ok and res.partly_applied:
             results.append(FileCheck(path, PARTLY, hunks=res.hunks, header_line=fp.header_line,
                                      message=_partly_message(res.hunks, allow_partly),

@@ -114,7 +114,7 @@ def write_context(base: str, release: str, out: Path, *, family: str | None = No
     from ddtree_deploy.desired import desired_for
     from ddtree_deploy.inventory import Host, state_dir_problem
     from ddtree_deploy.plan import plan_push
-    from ddtree_deploy.series import AddEntry, PatchEntry, choose_series
+    from ddtree_deploy.series import AddEntry, PatchEntry, choose_series, require_finished
 
     if not base or any(c.isspace() for c in base):
         raise BadInput(f"--base {base!r}: an image reference without spaces, e.g. lmsysorg/sglang:v{release}")
@@ -131,6 +131,7 @@ def write_context(base: str, release: str, out: Path, *, family: str | None = No
                        "--force does not delete it; nothing was written", hint="choose a new folder")
     require_writable_folder(out, "--out")
     series = choose_series(release, family)
+    require_finished(series, "image")  # an image deploys the series: never an unfinished port
     facts = {"sglang_version": release, "files": {}, "package_root": f"<sglang {release} release>"}
     desired = desired_for(series, "image", facts, forced=bool(family))
     host = Host(name="image", python=python, ssh=None, state_dir=state_dir, keep_backups=1)

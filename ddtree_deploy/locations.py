@@ -8,9 +8,13 @@ Two layouts, the same names:
   release manifests come from the copy the build put under ``ddtree_deploy/_data/``
   (see setup.py); what the CLI writes goes to the user's folders instead of
   site-packages: snapshots and port trees under the cache, inventories under
-  ``$XDG_CONFIG_HOME/ddtree-deploy/hosts``.
+  ``$XDG_CONFIG_HOME/ddtree-deploy/hosts``, the user's own families (what ``port``
+  writes, what ``series refresh`` rewrites) under ``$XDG_DATA_HOME/ddtree-deploy/patches``.
+  The toolkit never writes into its own install (``inside_install``).
 
-``DDTREE_DEPLOY_<NAME>`` (PATCHES, PAYLOAD, SNAPSHOT, HOSTS, BUILD) beats both.
+``DDTREE_DEPLOY_<NAME>`` (PATCHES, PAYLOAD, SNAPSHOT, HOSTS, BUILD, USER_PATCHES) beats both.
+Families are read from the toolkit's patches/ and, where it is a folder of its own, the
+user's (``family_roots``); a family found in the user's is labelled as the user's.
 """
 
 from __future__ import annotations
@@ -86,6 +90,55 @@ def cache_dir() -> Path:
         return Path(override)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "ddtree-deploy"
+
+
+def data_dir() -> Path:
+    """The user's data folder: what the user makes with the toolkit and keeps (XDG_DATA_HOME)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "ddtree-deploy"
+
+
+def user_patches_dir() -> Path | None:
+    """The folder of the user's own families, when it is not patches/ itself.
+
+    DDTREE_DEPLOY_USER_PATCHES when set; else None in a checkout or with DDTREE_DEPLOY_PATCHES
+    (everything lives in that one patches/ folder, as it always has); else, for an installed
+    toolkit, ``data_dir()/patches``.
+    """
+    override = os.environ.get("DDTREE_DEPLOY_USER_PATCHES")
+    if override:
+        return Path(override)
+    if os.environ.get("DDTREE_DEPLOY_PATCHES") or in_checkout():
+        return None
+    return data_dir() / "patches"
+
+
+USER, TOOLKIT = "user", "toolkit"  # whose a family is
+
+
+def family_roots() -> list[tuple[Path, str]]:
+    """The folders families are read from, with whose they are: the toolkit's, then the user's."""
+    roots = [(repo_dir("patches"), TOOLKIT)]
+    user = user_patches_dir()
+    if user is not None:
+        roots.append((user, USER))
+    return roots
+
+
+def new_family_root() -> Path:
+    """Where a new family named by a bare name is written (port): the user's folder when there
+    is one, else patches/ (a checkout, or DDTREE_DEPLOY_PATCHES)."""
+    return user_patches_dir() or repo_dir("patches")
+
+
+def inside_install(path: Path) -> bool:
+    """Whether ``path`` lies in the installed toolkit (site-packages), which is never written.
+
+    A checkout is the engineer's own tree: writing its patches/ is the point of port there.
+    """
+    if in_checkout():
+        return False
+    return Path(path).resolve().is_relative_to(Path(__file__).resolve().parent)
 
 
 def config_dir() -> Path:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from packaging.version import Version
 
@@ -99,7 +99,9 @@ def _failure_note(fc: FileCheck) -> str:
     if bad is None:
         return f"{fc.path}: {fc.message or 'failed'}"
     note = f"{fc.path} hunk {bad.index} (patch line {bad.patch_line})"
-    if bad.nearest_line is not None:
+    if bad.ambiguous:
+        note += f", ambiguous: old lines at line {bad.nearest_line}, new lines at line {bad.new_side_line}"
+    elif bad.nearest_line is not None:
         note += f", nearest line {bad.nearest_line}"
     if bad.mismatches:
         m = bad.mismatches[0]
@@ -193,6 +195,7 @@ def assign(version: str, infos: Sequence[FamilyInfo], chosen: FamilyInfo | None 
     v = Version(version)
     if chosen is not None:
         return chosen, Coverage.IN_RANGE if chosen.covers(v) else Coverage.OUTSIDE
+    infos = [f for f in infos if not f.unfinished]  # an unfinished port is applied only when named
     covering = [f for f in infos if f.covers(v)]
     if covering:
         return pick_family(version, infos), Coverage.IN_RANGE
@@ -314,6 +317,11 @@ class Matrix:
     rows: tuple[ReleaseRow, ...]
     timings: Timings = field(default_factory=Timings)
     strict: bool = False
+    # family name -> (its label for listings, its origin): whose each family is (series.FamilyInfo)
+    families: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+    def label(self, family: str | None) -> str | None:
+        return self.families.get(family, (family, None))[0] if family else family
 
     def columns(self) -> tuple[str, ...]:
         """Every entry name, in order of first appearance across the rows."""
@@ -353,7 +361,8 @@ class Matrix:
             groups.setdefault(row.family, []).append(row)
         if None in groups:
             groups[None] = groups.pop(None)
-        return [(family, *Matrix(tuple(rows), self.timings, self.strict).table()) for family, rows in groups.items()]
+        return [(family, *Matrix(tuple(rows), self.timings, self.strict, self.families).table())
+                for family, rows in groups.items()]
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         """Header and rows of strings for a text table (the markdown report renders it)."""
@@ -389,7 +398,8 @@ class Matrix:
     def to_json(self) -> dict:
         return {
             "columns": list(self.columns()),
-            "rows": [r.to_json() for r in self.rows],
+            "rows": [{**r.to_json(), "family_origin": self.families.get(r.family, (None, None))[1]}
+                     for r in self.rows],
             "failed": [r.version for r in self.failures()],
             "uncovered": [r.version for r in self.uncovered()],
             "strict": self.strict,

@@ -233,6 +233,10 @@ def run_matrix(
         chosen = read_family_info(folder)
     if not infos and chosen is None:
         raise BadInput("no family under patches/", hint=NO_FAMILY_HINT)
+    for info in infos:
+        if info.unfinished and (chosen is None or chosen.folder != info.folder):
+            warn(f"family {info.label} is not chosen by its range until its rejected hunks are placed; "
+                 f"name it to check it anyway: --family {info.name}")
 
     listing = list_sglang_releases(offline=offline, warn=warn)
     selected = select_releases(listing, from_version, to_version)
@@ -303,7 +307,8 @@ def run_matrix(
         check_cpu=check_cpu,
         compile_cpu=compile_cpu if measure_compile else None,
     )
-    return Matrix(rows=rows, timings=timings, strict=strict)
+    known = [*infos, *([chosen] if chosen is not None else [])]
+    return Matrix(rows=rows, timings=timings, strict=strict, families={f.name: (f.label, f.origin) for f in known})
 
 
 __all__ = ["fetch_wheels", "list_sglang_releases", "run_matrix", "select_releases"]

@@ -68,6 +68,11 @@ def snapshot_release(version: str = "VERSION") -> str:
     return command("snapshot", "release", version)
 
 
+def port(family: str, version: str = "VERSION") -> str:
+    """A family of your own, made from ``family`` for a release."""
+    return command("port", "--family", family, "--to", version)
+
+
 def series_refresh(family: str, tree: str) -> str:
     """After `port` left rejects to fix by hand in ``tree``."""
     return command("series", "refresh", "--family", family, "--from", tree, "--resolved")
@@ -102,6 +107,7 @@ __all__ = [
     "hosts_init",
     "hosts_list",
     "lock_release",
+    "port",
     "python_that_imports_sglang",
     "push",
     "push_or_rollback",

@@ -6,6 +6,7 @@ already-applied, failed) with the evidence an engineer needs to fix a failure.
 CONTRACT (other modules code against these names; keep them stable):
 
     apply_file_patch(fp, original, *, fuzz=0) -> FileResult   # fp from patch_parse.parse_patch
+    split_lines(text, crlf) / join_lines(bodies, eols) / is_crlf_text(text)   # how a text is read
 
 How a hunk is placed (GNU patch 2.7's rules, so that its verdicts and reported
 lines can be checked against ``patch`` itself; see tests/test_patch_differential.py):
@@ -23,28 +24,33 @@ lines can be checked against ``patch`` itself; see tests/test_patch_differential
 * Lines match byte for byte, including whether the line has a newline: a hunk
   line followed by "\\ No newline at end of file" matches only a last line that
   lacks one, and a line with a newline never matches such a last line.
-* Never a change twice. At each fuzz level 0..fuzz, every hunk is first tried at
-  its expected place (stated line plus the offset so far) both ways: the new side
-  there means already-applied, whatever matches elsewhere; where both sides match
-  there (repeated lines) the longer side wins. Then outward from that place both
-  ways: the nearer match wins, on equal distance the new side. GNU patch instead
-  searches forward everywhere first and checks "previously applied" on the first
-  hunk only; the differential test names where the two differ and checks that the
-  new side really is where the engine says. The reverse match uses the same fuzz
-  as the forward one (GNU patch does), so fuzz never re-adds a line that is there.
-  A file with some hunks already applied and others applied now is
-  ``FileResult.partly_applied``; the check layer refuses it unless asked.
+* Never a change twice, never one skipped. Every hunk's old side and its new side are
+  looked for wherever the search reaches (below the lines earlier hunks froze, the
+  anchors above, fuzz levels 0 up to the fuzz in use; each side at its lowest level,
+  nearest first). Old side alone: applied there. New side alone: already-applied.
+  Both: failed as ambiguous, with both places (``nearest_line``, ``new_side_line``):
+  a lookalike of either side would otherwise decide (issue 21: a copy of a hunk's new
+  side nearer than its real place made it "already applied" and left the real place
+  unpatched), and no check after the fact can tell a lookalike from the real place.
+  A new side matched on no line at all (fuzz ignored them all) is no evidence. GNU
+  patch applies the forward match and checks "previously applied" on the first hunk
+  only; the differential test checks the rule by brute force on every case and names
+  where the tools differ. A file with some hunks already applied and others applied
+  now is ``FileResult.partly_applied``; the check layer refuses it unless asked.
 * Fuzz f ignores up to f context lines at each end of the hunk (never changed
   lines), limited by the hunk's context; lines kept from the file are the file's,
   so fuzzed context is never rewritten.
 * Where a line is written after a last line that had no newline, that line gets
   its newline first (GNU patch 2.7.6 can join the two into one line).
 
-Cost: the input's lines are indexed once (line -> positions); a hunk not at its
-expected place is looked for only where its rarest line occurs, and a failed hunk's
-nearest location is counted from those places with a bound that stops early, so
-placement stays near-linear in the file and the patch. Inputs past MAX_PATCH_CHARS,
-MAX_HUNKS, MAX_HUNK_LINES or MAX_LINE_CHARS are refused (BadInput) before any work.
+Cost: a hunk is first compared at its expected line (a C slice compare, no index). A side
+with a changed line the input lacks is ruled out at once (a substring search of the text
+for the first few questions of a file, then the file's lines counted once); otherwise it
+is looked for only where its rarest line occurs. A failed hunk's nearest location is
+counted in C at the places of its rarest lines, nearest first, at most NEAREST_CANDIDATES
+of them, so its evidence costs O(NEAREST_CANDIDATES * hunk lines) whatever lines repeat.
+Inputs past the parser's limits (MAX_PATCH_BYTES, MAX_HUNKS, MAX_HUNK_LINES,
+MAX_LINE_BYTES) are refused (BadInput) before any work.
 
 Line endings: a file whose every line ends in CRLF keeps CRLF (new lines get
 CRLF) whether the patch is LF or CRLF. A patch whose body lines all end in CRLF,
@@ -56,8 +62,9 @@ fix. Any other mix is matched byte for byte, as GNU patch and git apply do.
 from __future__ import annotations
 
 import bisect
-from itertools import groupby
-from operator import itemgetter
+from collections import Counter
+from itertools import repeat
+from operator import eq
 from dataclasses import dataclass
 from enum import Enum
 
@@ -93,7 +100,12 @@ class HunkResult:
     fuzz: int = 0  # context lines ignored at each end (0..2)
     nearest_line: int | None = None  # failed: best-matching location
     mismatches: tuple[Mismatch, ...] = ()  # failed: the lines that differ there
-    reason: str = ""  # failed for a reason other than mismatching lines (file absent, exists...)
+    reason: str = ""  # failed for a reason other than mismatching lines (ambiguous, file absent...)
+    new_side_line: int | None = None  # failed as ambiguous: where the new side matches (nearest_line: the old)
+
+    @property
+    def ambiguous(self) -> bool:
+        return self.new_side_line is not None
 
     @property
     def ok(self) -> bool:
@@ -134,33 +146,48 @@ class _Lines:
 
     @classmethod
     def from_text(cls, text: str, crlf: bool) -> _Lines:
-        parts = text.split("\n")
-        bodies, eols = parts[:-1], ["\n"] * (len(parts) - 1)
-        if parts[-1]:
-            bodies.append(parts[-1])
-            eols.append("")
-        if crlf:
-            for k, b in enumerate(bodies):
-                if eols[k] and b.endswith("\r"):
-                    bodies[k], eols[k] = b[:-1], "\r\n"
-        return cls(bodies, eols)
+        return cls(*split_lines(text, crlf))
 
     def text(self) -> str:
-        bodies, eols = self.bodies, self.eols
-        if not eols:
-            return ""
-        # Usually one terminator throughout, the last line maybe without: one join.
-        eol = eols[0]
-        if eols.count(eol) + (eols[-1] == "" != eol) == len(eols):
-            return eol.join(bodies) + eols[-1]
-        return "".join(map(str.__add__, bodies, eols))
+        return join_lines(self.bodies, self.eols)
 
     def __len__(self) -> int:
         return len(self.bodies)
 
 
-def _is_crlf_text(text: str) -> bool:
+def split_lines(text: str, crlf: bool) -> tuple[list[str], list[str]]:
+    """How the engine reads a text: (line bodies, their terminators: "\\n", "\\r\\n" or "").
+
+    Split on "\\n" only; with ``crlf`` (the file's every line ends in CRLF, is_crlf_text) the
+    CR is the terminator's, not the body's. patch_verify reads texts the same way.
+    """
+    parts = text.split("\n")
+    bodies, eols = parts[:-1], ["\n"] * (len(parts) - 1)
+    if parts[-1]:
+        bodies.append(parts[-1])
+        eols.append("")
+    if crlf:
+        for k, b in enumerate(bodies):
+            if eols[k] and b.endswith("\r"):
+                bodies[k], eols[k] = b[:-1], "\r\n"
+    return bodies, eols
+
+
+def join_lines(bodies: list[str], eols: list[str]) -> str:
+    """The text of split_lines' output."""
+    if not eols:
+        return ""
+    # Usually one terminator throughout, the last line maybe without: one join.
+    eol = eols[0]
+    if eols.count(eol) + (eols[-1] == "" != eol) == len(eols):
+        return eol.join(bodies) + eols[-1]
+    return "".join(map(str.__add__, bodies, eols))
+
+
+def is_crlf_text(text: str) -> bool:
     """Every line that ends has CRLF, and at least one does."""
+    if "\r" not in text:  # one fast scan settles almost every file
+        return False
     n = text.count("\n")
     return n > 0 and text.count("\r\n") == n
 
@@ -178,6 +205,7 @@ class _Pattern:
     last_nl: bool  # False: the side's last line is marked "\\ No newline at end of file"
     prefix: int  # leading context lines
     suffix: int  # trailing context lines
+    changed: list[str]  # the side's own lines ('-' or '+'): fuzz never ignores them
 
     def has_nl(self, k: int) -> bool:
         return self.last_nl or k != len(self.bodies) - 1
@@ -185,46 +213,78 @@ class _Pattern:
 
 def _pattern(h: Hunk, strip_cr: bool, new_side: bool = False) -> _Pattern:
     """The old side of h (what applying it expects), or its new side (what it leaves)."""
-    skip = "-" if new_side else "+"
-    side = [t for tag, t in h.lines if tag != skip]
+    side = h.new_lines if new_side else h.old_lines
+    changed = h.added_lines if new_side else h.removed_lines
     if strip_cr:
         side = [t[:-1] if t.endswith("\r") else t for t in side]
+        changed = [t[:-1] if t.endswith("\r") else t for t in changed]
     no_eol = h.new_no_eol if new_side else h.old_no_eol
-    return _Pattern(side, not no_eol, h.prefix_context, h.suffix_context)
+    return _Pattern(side, not no_eol, h.prefix_context, h.suffix_context, changed)
 
 
 class _Index:
-    """Where each distinct line body of the input occurs, built once per file on first need.
+    """How often, and (on demand) where, each distinct line body of the input occurs.
 
-    A hunk not at its expected place is then looked for only where its rarest line occurs,
-    and the nearest match of a failed hunk is counted from those places, so the cost of a
-    hunk does not grow with the file (a failed hunk used to scan it several times).
+    The counts are one C pass (Counter). Positions are found per body when first asked
+    (list.index, also C); after a few bodies the whole map is built at once, so a file
+    with many hunks to search pays one pass, and one with few pays almost nothing.
     """
 
+    _LAZY = 8  # bodies located one by one before the whole map is built
+
     def __init__(self, bodies: list[str]):
+        self.bodies = bodies
+        self.counts = Counter(bodies)
+        self._where: dict[str, list[int]] = {}
+        self._full = False
+
+    def count(self, body: str) -> int:
+        return self.counts.get(body, 0)
+
+    def where(self, body: str) -> list[int]:
+        """0-based indices of ``body`` in the input, ascending."""
+        found = self._where.get(body)
+        if found is not None:
+            return found
+        count = self.counts.get(body, 0)
+        if not count or self._full:
+            return []
+        if len(self._where) >= self._LAZY:
+            self._build()
+            return self._where.get(body, [])
+        found, i, index = [], -1, self.bodies.index
+        for _ in range(count):
+            i = index(body, i + 1)
+            found.append(i)
+        self._where[body] = found
+        return found
+
+    def _build(self) -> None:
         where: dict[str, list[int]] = {}
-        for idx, body in enumerate(bodies):
+        for idx, body in enumerate(self.bodies):
             found = where.get(body)
             if found is None:
                 where[body] = [idx]
             else:
                 found.append(idx)
-        self.where = where  # body -> 0-based indices, ascending
-
-    def count(self, body: str) -> int:
-        found = self.where.get(body)
-        return len(found) if found else 0
+        self._where, self._full = where, True
 
 
-_TAG = itemgetter(0)
+# A failed hunk's nearest-match evidence looks at this many candidate places at most.
+NEAREST_CANDIDATES = 64
 
 
 class _Applier:
     """GNU patch's placement over one input text: in_offset, out_offset, last_frozen_line."""
 
-    def __init__(self, fp: FilePatch, src: _Lines, strip_cr: bool, eol: str, fuzz: int):
+    _PROBES = 4  # lines looked for in the text itself before the file's lines are counted
+
+    def __init__(self, fp: FilePatch, src: _Lines, strip_cr: bool, eol: str, fuzz: int, text: str = ""):
         self.fp, self.src, self.strip_cr, self.eol, self.fuzz = fp, src, strip_cr, eol, fuzz
+        self.text = text  # the input as given (for _has_line)
         self._index: _Index | None = None
+        self._probes = 0
+        self._haystack: str | None = None
         self.src_open = bool(src.eols) and src.eols[-1] == ""  # the last line lacks a newline
         self.in_offset = 0  # input line minus the line the patch states, after the last placed hunk
         self.out_offset = 0  # lines added minus removed by the hunks applied so far
@@ -234,6 +294,19 @@ class _Applier:
         self.out = _Lines([], [])
 
     # -- matching
+
+    def _has_line(self, body: str) -> bool:
+        """Whether some input line has this body (True may be a line without its newline).
+
+        A file with few hunks asks a few times: a C substring search of the text is cheaper
+        than counting every line; after _PROBES questions the lines are counted once.
+        """
+        if self._index is not None or self._probes >= self._PROBES:
+            return body in self.index.counts
+        self._probes += 1
+        if self._haystack is None:
+            self._haystack = "\n" + self.text + self.eol
+        return "\n" + body + self.eol in self._haystack
 
     @property
     def index(self) -> _Index:
@@ -250,17 +323,18 @@ class _Applier:
         lo, hi = start - 1 + pf, start - 1 + m - sf
         if lo < 0 or hi > n:
             return False
-        if self.src.bodies[lo:hi] != pat.bodies[pf:m - sf]:
+        if self.src.bodies[lo:hi] != (pat.bodies[pf:m - sf] if pf or sf else pat.bodies):
             return False
         # Newlines: only the file's last line and the pattern's last line can lack one.
         return (hi == n and self.src_open) == (sf == 0 and not pat.last_nl)
 
     def _locate(self, pat: _Pattern, first: int, fuzz: int, whole_file: bool = False,
-                only_at: bool = False, reach: int | None = None) -> int | None:
-        """The 1-based line where the hunk lands at this fuzz level, or None (GNU's locate_hunk).
+                evidence: bool = False, known: tuple[_Pattern, int] | None = None) -> int | None:
+        """The 1-based line where the pattern lands at this fuzz level, or None (GNU's locate_hunk).
 
-        ``only_at``: try the expected line ``first`` alone (no search at other places);
-        ``reach``: only places at most that many lines from ``first``.
+        ``evidence``: the pattern is a hunk's new side, looked for as proof that the change
+        is there; a match that compares no line (fuzz ignored them all) proves nothing.
+        ``known``: the other side and the line where it matched, whose lines are where it says.
         """
         m, n = len(pat.bodies), len(self.src)
         if m == 0:  # nothing to match: a pure insertion lands where it says
@@ -285,37 +359,77 @@ class _Applier:
             start = n - m + 1
             ok = start >= min_where and self._matches(pat, start, pf, 0)
             return start if ok else None
-        if only_at:
-            ok = min_where <= first <= max_where and self._matches(pat, first, pf, sf)
-            return first if ok else None
-        if reach is not None:
-            min_where, max_where = max(min_where, first - reach), min(max_where, first + reach)
         if m - sf <= pf:  # fuzz left no line to compare: the nearest allowed line
-            if min_where > max_where:
+            if evidence or min_where > max_where:
                 return None
             return min(max(first, min_where), max_where)
+        # The expected line first: most hunks are there, and it needs no index.
+        if min_where <= first <= max_where and self._matches(pat, first, pf, sf):
+            return first
         # Candidates: the places where the rarest compared line occurs, visited outward
         # from ``first`` (on equal distance the later line first), as GNU patch visits lines.
         index = self.index
-        k = min(range(pf, m - sf), key=lambda j: index.count(pat.bodies[j]))
-        for start in self._outward(index.where.get(pat.bodies[k], []), k, first, min_where, max_where):
+        counts = list(map(index.counts.get, pat.bodies[pf:m - sf], repeat(0)))
+        rarest = min(counts)
+        k = pf + counts.index(rarest)
+        places = None
+        if rarest == 1 and known is not None:
+            # A line found once in the file and in the other side's match: its place is
+            # known without looking (the usual case for a new side's rarest context line).
+            other, at = known
+            if pat.bodies[k] in other.bodies:
+                idx = at - 1 + other.bodies.index(pat.bodies[k])
+                if 0 <= idx < len(self.src.bodies) and self.src.bodies[idx] == pat.bodies[k]:
+                    places = [idx]
+        if places is None:
+            places = index.where(pat.bodies[k])
+        for start in self._outward(places, k, first, min_where, max_where):
             if self._matches(pat, start, pf, sf):
                 return start
         return None
+
+    def _find(self, pat: _Pattern, first: int, levels: int, whole_file: bool = False,
+              evidence: bool = False, known: tuple[_Pattern, int] | None = None) -> tuple[int, int] | None:
+        """(line, fuzz) of the pattern at the lowest fuzz level 0..levels where it matches.
+
+        A line of the side's own that the input lacks rules out every level at once (fuzz
+        ignores context lines only): the usual answer for the side that is not there.
+        """
+        if self._matches_at_first(pat, first):
+            return first, 0
+        for body in pat.changed:
+            if not self._has_line(body):
+                return None
+        for fuzz in range(levels + 1):
+            where = self._locate(pat, first, fuzz, whole_file, evidence, known)
+            if where is not None:
+                return where, fuzz
+        return None
+
+    def _matches_at_first(self, pat: _Pattern, first: int) -> bool:
+        """The hot path: the pattern exactly at its expected line, no anchor in play."""
+        m = len(pat.bodies)
+        if not m or pat.prefix != pat.suffix or self.fp.is_deletion:
+            return False  # anchors, pure insertions and deletions take the careful path
+        return self.copied < first and self._matches(pat, first, 0, 0)
 
     def _line_matches(self, pat: _Pattern, start: int, k: int) -> bool:
         idx = start - 1 + k
         return (0 <= idx < len(self.src.bodies) and self.src.bodies[idx] == pat.bodies[k]
                 and (self.src.eols[idx] != "") == pat.has_nl(k))
 
-    def _hits(self, pat: _Pattern, start: int, need: int = 0) -> int:
-        """Matching lines with the pattern at ``start``; -1 as soon as fewer than ``need`` can match."""
-        m, hits = len(pat.bodies), 0
-        for k in range(m):
-            if self._line_matches(pat, start, k):
-                hits += 1
-            elif m - (k + 1 - hits) < need:
-                return -1
+    def _hits(self, pat: _Pattern, start: int) -> int:
+        """Matching lines with the pattern's first line at 1-based ``start`` (counted in C)."""
+        bodies, lo = pat.bodies, start - 1
+        seg = self.src.bodies[lo:lo + len(bodies)]
+        hits = sum(map(eq, seg, bodies))
+        if pat.last_nl and not self.src_open:
+            return hits  # every line on both sides ends: bodies alone decide
+        # Newlines: only the input's last line can lack one, and only the pattern's last
+        # line can be marked so; a body that matches there may still differ by its newline.
+        for k in {len(self.src.bodies) - 1 - lo, len(bodies) - 1}:
+            if 0 <= k < len(seg) and seg[k] == bodies[k] and (self.src.eols[lo + k] != "") != pat.has_nl(k):
+                hits -= 1
         return hits
 
     @staticmethod
@@ -346,10 +460,12 @@ class _Applier:
     def _nearest(self, pat: _Pattern, first: int) -> tuple[int, tuple[Mismatch, ...]]:
         """The location with the most matching lines (ties: nearest, then later) and its differences.
 
-        Exact, without counting every start: after the places of the t rarest pattern lines
-        are counted, any start not among them matches at most m - t lines, so the search stops
-        once the best start found matches more; within one line's places, visited nearest
-        first, it stops once the best start reaches that bound and the places get farther.
+        Bounded: the candidates are the places of the pattern's rarest lines, nearest the
+        expected line first, at most NEAREST_CANDIDATES of them, each counted in C. Below
+        that many it is exact (a start not among the places of the t rarest pattern lines
+        matches at most m - t lines, so the search stops once the best start found matches
+        more); past it, it is the best of the nearest candidates. A failed hunk's evidence
+        thus costs O(NEAREST_CANDIDATES * hunk lines), whatever lines repeat in the file.
         """
         n, m = len(self.src), len(pat.bodies)
         last = max(n - m + 1, 1)
@@ -358,19 +474,22 @@ class _Applier:
         seen = {start}
         index = self.index
         order = sorted(range(m), key=lambda j: index.count(pat.bodies[j]))
+        budget = NEAREST_CANDIDATES
         for t, k in enumerate(order, 1):
             bound = m - (t - 1)  # a start not seen yet matches at most this many lines
-            for s in self._outward(index.where.get(pat.bodies[k], []), k, first, 1, last):
+            for s in self._outward(index.where(pat.bodies[k]), k, first, 1, last):
                 if -best[0] >= bound and abs(s - first) > best[1]:
                     break
                 if s in seen:
                     continue
                 seen.add(s)
-                hits = self._hits(pat, s, -best[0])
-                key = (-hits, abs(s - first), -s)
-                if hits >= 0 and key < best:
+                key = (-self._hits(pat, s), abs(s - first), -s)
+                if key < best:
                     best = key
-            if -best[0] > m - t:
+                budget -= 1
+                if not budget:
+                    break
+            if not budget or -best[0] > m - t:
                 break
         start = -best[2]
         mismatches = []
@@ -401,24 +520,22 @@ class _Applier:
     def _apply(self, h: Hunk, where: int) -> None:
         """Write hunk h at 1-based input line ``where`` (GNU's apply_hunk, for unified hunks)."""
         pos = where - 1  # 0-based input index of the hunk's next old-side line
+        runs = h.runs  # runs of one tag: few per hunk
         # The new side's last line: if it is an added one marked "no newline", it gets none.
-        last_new = len(h.lines) - 1
-        while last_new >= 0 and h.lines[last_new][0] == "-":
-            last_new -= 1
-        ends_open = h.new_no_eol and last_new >= 0 and h.lines[last_new][0] == "+"
-        k = 0  # index in h.lines after the current run
-        for tag, run in groupby(h.lines, key=_TAG):  # runs of one tag: few per hunk
+        last_plus = None
+        if h.new_no_eol:
+            last_plus = max((r for r, (tag, _, _) in enumerate(runs) if tag != "-"), default=None)
+            if last_plus is not None and runs[last_plus][0] != "+":
+                last_plus = None
+        for r, (tag, count, added) in enumerate(runs):
             if tag == "+":
-                added = [t for _, t in run]
-                k += len(added)
-                self._write_added(added, pos, no_eol=ends_open and k == last_new + 1)
-                continue
-            count = sum(1 for _ in run)
-            k += count
-            if tag == "-":
+                self._write_added(list(added), pos, no_eol=r == last_plus)
+            elif tag == "-":
                 self._copy_till(pos)
                 self.copied += count
-            pos += count
+                pos += count
+            else:
+                pos += count
         self.out_offset += h.new_len - h.old_len
 
     def _write_added(self, added: list[str], after: int, *, no_eol: bool = False) -> None:
@@ -440,47 +557,36 @@ class _Applier:
     # -- one hunk
 
     def place(self, index: int, h: Hunk) -> HunkResult:
+        """The verdict of hunk h: both sides are looked for wherever the search reaches.
+
+        Its old side alone found: applied there. Its new side alone found: already
+        applied. Both found: ambiguous, so failed with both places; a lookalike of either
+        side anywhere in reach would otherwise decide, and no check after the fact can tell
+        a lookalike from the real place (reversing the hunk finds the lookalike too).
+        """
         fwd = _pattern(h, self.strip_cr)
-        rev: _Pattern | None = None  # the new side, made only when needed (the hot path skips it)
-        # A deletion has nothing to recognise, nor has a hunk whose new side is empty.
-        can_reverse = h.new_len > 0 and not self.fp.is_deletion
         first = (h.old_start if h.old_len else h.old_start + 1) + self.in_offset
         whole = self.fp.is_deletion
         levels = min(self.fuzz, max(fwd.prefix, fwd.suffix))
-        for fuzz in range(levels + 1):
-            # Never apply a change twice: first the expected place alone, both ways. The
-            # new side there means the change is in the file, whatever matches elsewhere.
-            # Where both sides match there (repeated lines), the longer side wins: it
-            # accounts for more of the file (equal lengths cannot both match), so with the
-            # old side there the new side matters only when it is longer.
-            where = self._locate(fwd, first, fuzz, whole, only_at=True)
-            if can_reverse and (where is None or h.new_len > h.old_len):
-                rev = rev or _pattern(h, self.strip_cr, new_side=True)
-                done = self._locate(rev, first, fuzz, only_at=True)
-                if done is not None:
-                    return self._already(index, h, rev, first, done, fuzz)
-            if where is None:
-                # Then outward from there, both ways: the nearer wins, on equal distance the
-                # new side (the safe side). Drift from other upstream changes moves a hunk a
-                # few lines; its new side found nearer than its old side means the change is
-                # there, and applying the old side's match farther away would make it twice
-                # (GNU patch searches forward everywhere first; the differential test names it).
-                # A new side marked "no newline" that lands mid-file gets its newline back
-                # when the next line is written (_copy_till, _write_added), as GNU patch does.
-                where = self._locate(fwd, first, fuzz, whole)
-                if can_reverse:
-                    rev = rev or _pattern(h, self.strip_cr, new_side=True)
-                    reach = None if where is None else abs(where - first)
-                    done = self._locate(rev, first, fuzz, reach=reach)
-                    if done is not None and (reach is None or abs(done - first) <= reach):
-                        return self._already(index, h, rev, first, done, fuzz)
-            if where is not None:
-                line = where + self.out_offset
-                self.in_offset = where - (first - self.in_offset)
-                self._apply(h, where)
-                status = (HunkStatus.FUZZ if fuzz else
-                          HunkStatus.OFFSET if self.in_offset else HunkStatus.EXACT)
-                return HunkResult(index, h.header, h.patch_line, status, line, self.in_offset, fuzz)
+        old = self._find(fwd, first, levels, whole)
+        new = rev = None
+        # A deletion has nothing to recognise, nor has a hunk whose new side is empty.
+        if h.new_len > 0 and not whole:
+            rev = _pattern(h, self.strip_cr, new_side=True)
+            new = self._find(rev, first, levels, evidence=True,
+                             known=(fwd, old[0]) if old is not None else None)
+        if old is not None and new is not None:
+            return self._ambiguous(index, h, old, new)
+        if new is not None:
+            return self._already(index, h, rev, first, *new)
+        if old is not None:
+            where, fuzz = old
+            line = where + self.out_offset
+            self.in_offset = where - (first - self.in_offset)
+            self._apply(h, where)
+            status = (HunkStatus.FUZZ if fuzz else
+                      HunkStatus.OFFSET if self.in_offset else HunkStatus.EXACT)
+            return HunkResult(index, h.header, h.patch_line, status, line, self.in_offset, fuzz)
         nearest, mismatches = self._nearest(fwd, first)
         reason = ""
         if whole and len(fwd.bodies) != len(self.src):
@@ -488,6 +594,21 @@ class _Applier:
                       f"but it has {len(self.src)}")
         return HunkResult(index, h.header, h.patch_line, HunkStatus.FAILED, None, 0, 0,
                           nearest, mismatches, reason)
+
+    def _ambiguous(self, index: int, h: Hunk, old: tuple[int, int], new: tuple[int, int]) -> HunkResult:
+        """Hunk h's old side and new side both match: failed, both places as evidence."""
+        (old_at, old_fuzz), (new_at, new_fuzz) = old, new
+        old_line, new_line = old_at + self.out_offset, new_at + self.out_offset
+
+        def fuzzed(f: int) -> str:
+            return f" (fuzz {f})" if f else ""
+
+        reason = (f"ambiguous: its old lines match at line {old_line}{fuzzed(old_fuzz)} and its new "
+                  f"lines at line {new_line}{fuzzed(new_fuzz)}, so the change may be there already or "
+                  "not; read both places, then drop the hunk if the change is in, or make the patch "
+                  "with more context (git diff -U5) so that it matches one place only")
+        return HunkResult(index, h.header, h.patch_line, HunkStatus.FAILED, None, 0, 0,
+                          old_line, (), reason, new_side_line=new_line)
 
     def _already(self, index: int, h: Hunk, pat: _Pattern, first: int, where: int, fuzz: int) -> HunkResult:
         """Record hunk h as already applied with its new side at input line ``where``."""
@@ -536,7 +657,7 @@ def apply_file_patch(fp: FilePatch, original: str | None, *, fuzz: int = 0) -> F
         what = "creates it empty" if fp.is_new else "deletes it as an empty file"
         return _failed_all(fp, f"{fp.path} is not empty; the patch {what}")
 
-    file_crlf = _is_crlf_text(original)
+    file_crlf = is_crlf_text(original)
     if fp.crlf and "\n" in original and "\r\n" not in original:
         raise BadInput(f"{where}: CRLF patch against LF file {fp.path}: the patch's lines end in CRLF "
                        "but the file's end in LF; convert the patch to LF (dos2unix) or regenerate it")
@@ -546,7 +667,7 @@ def apply_file_patch(fp: FilePatch, original: str | None, *, fuzz: int = 0) -> F
     if fp.is_new and len(src):
         return _new_file_exists(fp, src, strip_cr, original)
 
-    ap = _Applier(fp, src, strip_cr, "\r\n" if file_crlf else "\n", fuzz)
+    ap = _Applier(fp, src, strip_cr, "\r\n" if file_crlf else "\n", fuzz, original)
     results = tuple(ap.place(k, h) for k, h in enumerate(fp.hunks, 1))
     if not all(r.ok for r in results):
         return FileResult(fp, results, None)

@@ -13,7 +13,7 @@ Path *safety* (absolute, "..", symlinks) is checked by the series layer, not her
 but parse_patch keeps the raw header line numbers so the series layer can name them.
 
 Every hunk body is read by its counts (so a content line that looks like a header stays
-content). Inputs past MAX_PATCH_CHARS, MAX_HUNKS, MAX_HUNK_LINES or MAX_LINE_CHARS are
+content). Inputs past MAX_PATCH_BYTES, MAX_HUNKS, MAX_HUNK_LINES or MAX_LINE_BYTES are
 refused (BadInput) before any work.
 """
 
@@ -21,13 +21,39 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter
 
 from ddtree_deploy.errors import BadInput
 
 
+_RUN = re.compile(r" +|-+|\++")  # a run of one tag
+
+
+class _Once:
+    """A value computed on first access and kept in the instance (functools.cached_property
+    without its lock, which Python 3.11 takes on every first access)."""
+
+    def __init__(self, fn):
+        self.fn, self.name = fn, fn.__name__
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
 @dataclass(frozen=True)
 class Hunk:
-    """One parsed hunk, in the form the applier needs (the FilePatch.hunks items)."""
+    """One parsed hunk, in the form the applier needs (the FilePatch.hunks items).
+
+    The body is kept as two parallel sequences, built in C by the parser: ``tags`` (one
+    character per line: " ", "-" or "+") and ``texts`` (each line's text, without its
+    tag and "\\n"); ``lines`` pairs them up for readers. The sides and runs the applier
+    needs are made once, when the hunk is (from its runs of one tag: a few per hunk);
+    callers must not mutate them.
+    """
 
     old_start: int
     old_len: int
@@ -35,43 +61,41 @@ class Hunk:
     new_len: int
     header: str  # "@@ -a,b +c,d @@" as written, without the section heading
     patch_line: int  # 1-based line of the header in the patch file
-    lines: tuple[tuple[str, str], ...]  # (tag, text): tag is " ", "-" or "+"; text has no "\n"
+    tags: str  # one character per body line: " ", "-" or "+"
+    texts: tuple[str, ...]  # each body line's text: no tag, no "\n"
     old_no_eol: bool = False  # the old side's last line has no newline
     new_no_eol: bool = False  # the new side's last line has no newline
 
-    @property
-    def old_lines(self) -> list[str]:
-        return [t for tag, t in self.lines if tag != "+"]
+    # Made by __post_init__, in C (not fields: equality and hashing are the fields').
+    old_lines: list[str] = field(init=False, repr=False, compare=False)  # ' ' and '-' lines
+    new_lines: list[str] = field(init=False, repr=False, compare=False)  # ' ' and '+' lines
+    removed_lines: list[str] = field(init=False, repr=False, compare=False)
+    added_lines: list[str] = field(init=False, repr=False, compare=False)
+    prefix_context: int = field(init=False, repr=False, compare=False)
+    suffix_context: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def new_lines(self) -> list[str]:
-        return [t for tag, t in self.lines if tag != "-"]
+    def __post_init__(self) -> None:
+        tags, texts = self.tags, self.texts
+        put = object.__setattr__  # (frozen)
+        for name, mask in _SIDE_MASKS:
+            # The mask's bytes are 1 for the lines a side keeps: compress reads them in C.
+            put(self, name, list(compress(texts, tags.translate(mask).encode("latin-1"))))
+        put(self, "prefix_context", len(tags) - len(tags.lstrip(" ")))
+        put(self, "suffix_context", len(tags) - len(tags.rstrip(" ")))
 
-    @property
-    def prefix_context(self) -> int:
-        n = 0
-        for tag, _ in self.lines:
-            if tag != " ":
-                break
-            n += 1
-        return n
+    @_Once
+    def runs(self) -> tuple[tuple[str, int, tuple[str, ...]], ...]:
+        """The body as runs of one tag (a few per hunk): (tag, line count, the run's texts)."""
+        return tuple((self.tags[a], b - a, self.texts[a:b]) for a, b in map(re.Match.span, _RUN.finditer(self.tags)))
 
-    @property
-    def suffix_context(self) -> int:
-        n = 0
-        for tag, _ in reversed(self.lines):
-            if tag != " ":
-                break
-            n += 1
-        return n
+    @_Once
+    def lines(self) -> tuple[tuple[str, str], ...]:
+        """(tag, text) per body line."""
+        return tuple(zip(self.tags, self.texts))
 
-    def reversed(self) -> Hunk:
-        swap = {" ": " ", "-": "+", "+": "-"}
-        return Hunk(
-            self.new_start, self.new_len, self.old_start, self.old_len, self.header,
-            self.patch_line, tuple((swap[tag], t) for tag, t in self.lines),
-            self.new_no_eol, self.old_no_eol,
-        )
+
+_SIDE_MASKS = tuple((name, str.maketrans({" ": keep[0], "-": keep[1], "+": keep[2]})) for name, keep in (
+    ("old_lines", "\1\1\0"), ("new_lines", "\1\0\1"), ("removed_lines", "\0\1\0"), ("added_lines", "\0\0\1")))
 
 
 @dataclass(frozen=True)
@@ -113,6 +137,9 @@ def strip_path(path: str, strip: int = 1) -> str:
     """
     if path.startswith("/"):
         return path
+    if "//" in path:
+        raise BadInput(f"path {path!r} has an empty component (a doubled '/'); write it with single "
+                       "slashes (a/sglang/...), or make the patch again with plain git diff")
     parts = [p for p in path.split("/") if p]
     if len(parts) <= strip:
         raise BadInput(
@@ -133,26 +160,67 @@ _GIT_REFUSED = {
 # Limits against hostile or broken input (BadInput, exit 2, before any work): far above
 # any real SGLang diff (largest module 375 KB, longest line ~1,500 characters, a whole-file
 # diff between releases a few hundred hunks), low enough that every check stays fast.
-MAX_PATCH_CHARS = 4 * 1024 * 1024
+MAX_PATCH_BYTES = 4 * 1024 * 1024  # the patch file's size in bytes (UTF-8)
 MAX_HUNKS = 10_000  # per patch file
 MAX_HUNK_LINES = 100_000  # old plus new lines of one hunk (a whole new 8,000-line module: 8,000)
-MAX_LINE_CHARS = 64 * 1024
+MAX_LINE_BYTES = 64 * 1024  # a line's content in bytes: what follows its tag, before its line end
+# Git file modes other than a regular file's 100644: what each is, and what to do instead.
+_MODES = {"120000": "a symlink", "160000": "a submodule (gitlink)", "100755": "an executable file"}
+_MODE_FIX = {
+    "120000": "ship the linked file's content as a regular file (an 'add' entry) instead of the link",
+    "160000": "patch the submodule's own files instead",
+    "100755": "make it a regular file (git update-index --chmod=-x) and regenerate the patch; "
+              "a host that needs it executable must chmod it itself",
+}
+_WORD_MARKS = re.compile(r"\[-.*?-\]|\{\+.*?\+\}")  # git diff --word-diff's [-removed-] {+added+}
+_COLOUR = "\x1b["  # a terminal colour code (git diff --color)
 _NO_EOL_PREFIX = "\\ "  # "\ No newline at end of file" (the text is localised by some tools)
 _HINT_REGEN = "regenerate the patch (git diff) rather than editing hunks by hand"
 
 
 def _split_lines(text: str) -> list[str]:
-    """Split on "\\n" only: str.splitlines also splits on \\r, \\f, \\x1c..., which are content."""
-    parts = text.split("\n")
-    lines = [p + "\n" for p in parts[:-1]]
-    if parts[-1]:
-        lines.append(parts[-1])
+    """The patch's lines without their "\\n" (one C split; a CRLF line keeps its "\\r").
+
+    Split on "\\n" only: str.splitlines also splits on \\r, \\f, \\x1c..., which are content.
+    """
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the text ends with a newline: no line after it
     return lines
 
 
 def _meta(raw: str) -> str:
-    """A header line without its terminator (a CRLF patch has CRLF headers too)."""
-    return raw.rstrip("\n").removesuffix("\r")
+    """A header line without its "\\r" (a CRLF patch has CRLF headers too)."""
+    return raw.removesuffix("\r")
+
+
+_FIRST = itemgetter(0)  # a line's tag (IndexError on an empty line: the careful path reads it)
+_REST = itemgetter(slice(1, None))  # a line's text after its tag
+
+
+def _body_length(tags: str, old_len: int, new_len: int) -> int | None:
+    """The number of body lines whose tags meet the header's counts exactly, or None.
+
+    ``tags`` holds the first character of each line after the header. A body of L lines with
+    c context lines has L = old_len + new_len - c; starting from the fewest lines possible,
+    L = old_len + new_len - (context lines among the first L) settles in a few steps (each
+    a C count). The counts are then checked exactly, every tag being one of the three.
+    """
+    total = old_len + new_len
+    length = max(old_len, new_len)
+    for _ in range(8):
+        nxt = total - tags.count(" ", 0, length)
+        if nxt == length:
+            break
+        length = nxt
+    else:
+        return None
+    if length > len(tags):
+        return None
+    context, minus, plus = tags.count(" ", 0, length), tags.count("-", 0, length), tags.count("+", 0, length)
+    if context + minus != old_len or context + plus != new_len or context + minus + plus != length:
+        return None
+    return length
 
 
 @dataclass
@@ -219,9 +287,13 @@ class _Scanner:
                 raise self.bad(i, f"{what} are not supported ({meta!r}); "
                                   "express the change as hunks on the file (or a new file and a deletion)")
             elif cur is not None and not cur.hunks and meta.startswith("new file mode "):
+                self._check_mode(i, meta, meta.split()[-1], "the new file")
                 cur.new_file = True
             elif cur is not None and not cur.hunks and meta.startswith("deleted file mode "):
+                self._check_mode(i, meta, meta.split()[-1], "the deleted file")
                 cur.deleted_file = True
+            elif cur is not None and not cur.hunks and meta.startswith("index ") and len(meta.split()) == 3:
+                self._check_mode(i, meta, meta.split()[-1], "the file", executable_ok=True)
             elif raw.startswith("--- "):
                 if not self._is_file_header(i):
                     raise self.bad(i, "'--- ' file header is not followed by a '+++ ' header; "
@@ -246,7 +318,7 @@ class _Scanner:
                                + _HINT_REGEN)
             elif after_hunk and cur is not None and raw[:1] in (" ", "+", "-") and meta not in ("--", "-- "):
                 self._wrong_counts(cur.hunks[-1])  # the hunk goes on past its counts
-            elif raw in ("\n", "\r\n"):
+            elif raw in ("", "\r"):
                 pass  # blank lines between or after hunks are harmless (GNU patch and unidiff skip them too)
             elif cur is not None and cur.hunks:
                 cur = None  # free text after a section's hunks ends the section (as for GNU patch)
@@ -257,6 +329,28 @@ class _Scanner:
                            "'+++ b/...' headers) found; make the patch with git diff or git format-patch")
         return self.sections
 
+    def _check_mode(self, i: int, meta: str, mode: str, what: str, executable_ok: bool = False) -> None:
+        """Only regular files: a symlink, a submodule or an executable mode the engine would
+        silently turn into a plain 0644 file is refused (an existing executable file whose
+        content changes, ``index ... 100755``, keeps its mode on the host: a deploy keeps modes)."""
+        if mode == "100644" or (executable_ok and mode == "100755"):
+            return
+        kind = _MODES.get(mode, f"file mode {mode}")
+        raise self.bad(i, f"{what} is {kind} ({meta!r}), which the engine cannot deploy: it writes "
+                          f"regular files (mode 100644) only; {_MODE_FIX.get(mode, _MODE_FIX['100755'])}")
+
+    def _word_diff(self, h: _ScannedHunk) -> None:
+        """A hunk body made of words, not lines: git diff --word-diff output, said as such."""
+        body = self.lines[h.header_index + 1:h.header_index + 1 + h.old_len + h.new_len]
+        for raw in body:
+            if raw.startswith(("@@ ", "diff --git ")):
+                break
+            if raw == "~" or (raw[:1] not in (" ", "-", "+") and _WORD_MARKS.search(raw)):
+                raise BadInput(f"{self.name}:{h.header_index + 1}: hunk {h.header} is word-diff output "
+                               "(git diff --word-diff): its body marks words ([-removed-], {+added+}, or "
+                               "'~' line breaks), not whole ' ', '-' and '+' lines; make the patch with "
+                               "plain git diff (without --word-diff)")
+
     def _open(self, section: _Section) -> _Section:
         self.sections.append(section)
         return section
@@ -266,13 +360,19 @@ class _Scanner:
         if rest.startswith('"'):
             raise self.bad(i, "quoted (escaped) path in the diff header; "
                               "paths with special characters are not supported")
-        # "a/x b/x": when both halves are the same path the split is unambiguous.
-        half = (len(rest) - 1) // 2
-        if len(rest) % 2 == 1 and rest[half] == " " and rest[:half][2:] == rest[half + 1:][2:]:
-            return rest[:half], rest[half + 1:]
+        # "a/x b/x", or with other one-component prefixes ("orig/x new/x", git diff
+        # --src-prefix/--dst-prefix): the space where both halves name the same path once
+        # their first component is stripped splits the line unambiguously.
+        for k, char in enumerate(rest):
+            if char == " ":
+                left, right = rest[:k], rest[k + 1:]
+                if "/" in left and left.split("/", 1)[1] == right.partition("/")[2]:
+                    return left, right
         parts = rest.split(" b/", 1)
         if len(parts) != 2:
-            raise self.bad(i, f"cannot read the two paths of {meta!r}; " + _HINT_REGEN)
+            raise self.bad(i, f"cannot read the two paths of {meta!r}: they differ once their first "
+                              "component (a/, b/) is stripped; renames are not supported, and paths "
+                              "with spaces need git's default a/ and b/ prefixes; " + _HINT_REGEN)
         return parts[0], "b/" + parts[1]
 
     def _hunk(self, cur: _Section, i: int) -> int:
@@ -295,31 +395,26 @@ class _Scanner:
         if old_len + new_len > MAX_HUNK_LINES:
             raise self.bad(i, f"hunk {header} has {old_len + new_len:,} lines, over the limit of "
                               f"{MAX_HUNK_LINES:,}; ship such a file whole with an 'add' entry")
-        # Fast path (the parser's hot loop): plain ' ', '-', '+' lines that meet the counts.
-        # Anything else (blank lines, "no newline" markers, wrong counts) is read again by
-        # the careful loop, which names the problem.
-        j, n = i + 1, len(lines)
-        old_left, new_left = old_len, new_len
-        while (old_left > 0 or new_left > 0) and j < n:
-            tag = lines[j][0]
-            if tag == " ":
-                old_left -= 1
-                new_left -= 1
-            elif tag == "-":
-                old_left -= 1
-            elif tag == "+":
-                new_left -= 1
-            else:
-                break
-            j += 1
-        if old_left == 0 and new_left == 0 and not (j < n and lines[j].startswith(_NO_EOL_PREFIX)):
-            seg = lines[i + 1:j]
-            body = [(r[0], r[1:-1]) if r[-1] == "\n" else (r[0], r[1:]) for r in seg]
+        # Fast path (the parser's hot loop, all in C): plain ' ', '-', '+' lines that meet
+        # the counts. Anything else (blank lines, "no newline" markers, wrong counts) is read
+        # again by the careful loop, which names the problem.
+        n = len(lines)
+        seg = lines[i + 1:min(i + 1 + old_len + new_len, n)]
+        try:
+            tags = "".join(map(_FIRST, seg))
+        except IndexError:  # an empty line: a blank context line whose space was stripped
+            length = None
+        else:
+            length = _body_length(tags, old_len, new_len)
+        j = i + 1 + (length or 0)
+        if length is not None and not (j < n and lines[j].startswith(_NO_EOL_PREFIX)):
+            tags, texts = tags[:length], tuple(map(_REST, seg[:length]))
             closed: set[str] = set()
         else:
             body, j, closed = self._body(h, i)
+            tags, texts = "".join(tag for tag, _ in body), tuple(text for _, text in body)
         h.body_end = j
-        h.hunk = Hunk(old_start, old_len, new_start, new_len, header, i + 1, tuple(body),
+        h.hunk = Hunk(old_start, old_len, new_start, new_len, header, i + 1, tags, texts,
                       "old" in closed, "new" in closed)
         if cur.hunks:
             prev = cur.hunks[-1]
@@ -353,8 +448,8 @@ class _Scanner:
                                   f"{old_len - old_left} of {old_len} old and {new_len - new_left} of "
                                   f"{new_len} new lines; the patch file was cut short, fetch or make it again")
             raw = lines[j]
-            tag = raw[0]
-            if raw == "\n" or raw == "\r\n":  # a blank context line whose space an editor stripped
+            tag = raw[:1]
+            if raw == "" or raw == "\r":  # a blank context line whose space an editor stripped
                 tag = " "
                 raw = " " + raw
             elif raw.startswith(_NO_EOL_PREFIX):
@@ -375,13 +470,14 @@ class _Scanner:
                 new_left -= 1
             if old_left < 0 or new_left < 0:
                 self._wrong_counts(h)
-            body.append((tag, raw[1:-1] if raw[-1] == "\n" else raw[1:]))
+            body.append((tag, raw[1:]))
             last_tag = tag
             j += 1
         return body, j, closed
 
     def _wrong_counts(self, h: _ScannedHunk) -> None:
         """Count the hunk's real body (up to the first line that is not one) and say which count is off."""
+        self._word_diff(h)
         old = new = 0
         j = h.header_index + 1
         while j < len(self.lines):
@@ -389,7 +485,7 @@ class _Scanner:
             if raw.startswith(_NO_EOL_PREFIX):
                 j += 1
                 continue
-            tag = " " if raw in ("\n", "\r\n") else raw[:1]
+            tag = " " if raw in ("", "\r") else raw[:1]
             if tag not in (" ", "-", "+") or self._looks_like_header(j):
                 break
             old += tag in (" ", "-")
@@ -405,6 +501,14 @@ class _Scanner:
                        f"(body ends at line {j}); " + _HINT_REGEN)
 
 
+def _utf8_size(text: str, limit: int) -> int:
+    """The UTF-8 size of ``text`` in bytes; only its length (a lower bound) when even 4 bytes
+    a character would stay within ``limit``, so a usual patch is never encoded to count."""
+    if 4 * len(text) <= limit:
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def _header_path(raw: str, prefix: str) -> str:
     """The path of a '--- '/'+++ ' line, without a tab-separated timestamp."""
     return _meta(raw)[len(prefix):].split("\t", 1)[0]
@@ -414,16 +518,28 @@ def parse_patch(text: str, *, name: str) -> list[FilePatch]:
     """Parse a unified diff into file sections; any defect raises BadInput naming ``name:line``."""
     if not text.strip():
         raise BadInput(f"{name}:1: empty patch (no text); make it with git diff or git format-patch")
-    if len(text) > MAX_PATCH_CHARS:
-        raise BadInput(f"{name}:1: the patch is {len(text):,} characters, over the limit of "
-                       f"{MAX_PATCH_CHARS:,}; split it into several patches (a limit against hostile "
-                       "input: a whole-file diff of SGLang's largest module is under 1 MiB)")
+    size = _utf8_size(text, MAX_PATCH_BYTES)
+    if size > MAX_PATCH_BYTES:
+        raise BadInput(f"{name}:1: the patch is {size:,} bytes, over the limit of {MAX_PATCH_BYTES:,} "
+                       "bytes (4 MiB); split it into several patches (a limit against hostile input: a "
+                       "whole-file diff of SGLang's largest module is under 1 MiB)")
+    if text.startswith(_COLOUR) or "\n" + _COLOUR in text:
+        at = next(k for k, line in enumerate(_split_lines(text)) if line.startswith(_COLOUR))
+        raise BadInput(f"{name}:{at + 1}: the patch holds terminal colour codes (ESC[...m), as git diff "
+                       "--color writes them for a terminal; make it with git diff --no-color (or git "
+                       "format-patch), or strip the codes")
     lines = _split_lines(text)
-    if max(map(len, lines)) > MAX_LINE_CHARS:
-        at = next(k for k, ln in enumerate(lines) if len(ln) > MAX_LINE_CHARS)
-        raise BadInput(f"{name}:{at + 1}: line of {len(lines[at]):,} characters, over the limit of "
-                       f"{MAX_LINE_CHARS:,}; ship such a file whole with an 'add' entry (SGLang's "
-                       "longest source line is under 2,000 characters)")
+    # A line's content is what follows its one-character tag, without its line end: a
+    # 65,536-byte source line is within the limit, whatever tag and newline surround it.
+    # Characters first (one C pass): only a line of more than a quarter of the limit in
+    # characters can be over it in bytes.
+    if max(map(len, lines)) > MAX_LINE_BYTES // 4:
+        for at, line in enumerate(lines):
+            content = line[1:].removesuffix("\r")
+            if len(content) > MAX_LINE_BYTES // 4 and (size := _utf8_size(content, MAX_LINE_BYTES)) > MAX_LINE_BYTES:
+                raise BadInput(f"{name}:{at + 1}: a line of {size:,} bytes, over the limit of "
+                               f"{MAX_LINE_BYTES:,} bytes (64 KiB) per line; ship such a file whole with "
+                               "an 'add' entry (SGLang's longest source line is under 2,000 characters)")
     sections = _Scanner(lines, name).scan()
     return [_section_to_file_patch(s, lines, name) for s in sections]
 
@@ -497,8 +613,9 @@ def _is_crlf(hunks: list[Hunk]) -> bool:
     """True when every body line that has a line terminator ends in CR (a CRLF patch)."""
     seen = False
     for h in hunks:
-        for k, (tag, text) in enumerate(h.lines):
-            if _ends_without_newline(h, k):
+        open_lines = _lines_without_newline(h)
+        for k, (_, text) in enumerate(h.lines):
+            if k in open_lines:
                 continue
             if not text.endswith("\r"):
                 return False
@@ -506,10 +623,12 @@ def _is_crlf(hunks: list[Hunk]) -> bool:
     return seen
 
 
-def _ends_without_newline(h: Hunk, k: int) -> bool:
-    """Whether body line k of h is a side's last line marked '\\ No newline'."""
-    tag = h.lines[k][0]
-    later = [t for t, _ in h.lines[k + 1:]]
-    old_last = tag in (" ", "-") and not any(t in (" ", "-") for t in later)
-    new_last = tag in (" ", "+") and not any(t in (" ", "+") for t in later)
-    return (old_last and h.old_no_eol) or (new_last and h.new_no_eol)
+def _lines_without_newline(h: Hunk) -> set[int]:
+    """The body lines of h that are a side's last line marked '\\ No newline' (one pass)."""
+    out = set()
+    for no_eol, other in ((h.old_no_eol, "+"), (h.new_no_eol, "-")):
+        if no_eol:
+            last = max((k for k, (tag, _) in enumerate(h.lines) if tag != other), default=None)
+            if last is not None:
+                out.add(last)
+    return out

@@ -33,9 +33,10 @@ from typing import Mapping, Sequence
 import unidiff
 from packaging.version import InvalidVersion, Version
 
-from ddtree_deploy import patch_apply, patch_parse, releases
+from ddtree_deploy import next_step, patch_apply, patch_parse, releases
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.fsutil import atomic_write
+from ddtree_deploy.locations import inside_install
 from ddtree_deploy.patch_apply import HunkResult, HunkStatus
 from ddtree_deploy.patch_parse import FilePatch
 from ddtree_deploy.series import (
@@ -488,7 +489,8 @@ def _port_patch(entry: PatchEntry, current, state: dict, version: str, fuzz: int
                 continue
             anchor = h.nearest_line or _stated_line(h.header)
             tree_line = to_new(anchor)
-            reason = f"no match; nearest at line {h.nearest_line}" if h.nearest_line else "no match"
+            reason = (h.reason if h.ambiguous else
+                      f"no match; nearest at line {h.nearest_line}" if h.nearest_line else "no match")
             rejects.append(Reject(entry.name, fp.path, h, hunk_text, tree_line, reason))
             verbatim.append((anchor, hunk_text, tree_line - anchor))
         state[fp.path] = new
@@ -693,6 +695,8 @@ def port_family(series: Series, version: str, *, into: Path, tree_dir: Path, fuz
         Version(version)
     except InvalidVersion:
         raise BadInput(f"--to {version!r} is not a valid PEP 440 version", hint="e.g. 0.5.13") from None
+    refuse_install_write(into, "--into")
+    refuse_install_write(tree_dir, "--tree")
     if into.exists():
         raise BadInput(f"{show(into)} already exists", hint="choose another name with --into, or remove that folder")
     _check_tree_dir(tree_dir)
@@ -730,6 +734,14 @@ def port_family(series: Series, version: str, *, into: Path, tree_dir: Path, fuz
         raise
     write_tree(tree_dir, result.tree, {"family": into.name, "sglang": version, "from_family": series.name})
     return PortOutcome(result, into, tree_dir, tuple(rej_files))
+
+
+def refuse_install_write(path: Path, option: str) -> None:
+    """The installed toolkit (site-packages) is never written: not a family, not a tree."""
+    if inside_install(path):
+        raise BadInput(f"{show(path)} is inside the installed toolkit, which ddtree-deploy never writes",
+                       hint=f"name a folder of your own with {option} (by default a new family goes to "
+                            "$XDG_DATA_HOME/ddtree-deploy/patches/)")
 
 
 def _check_tree_dir(tree_dir: Path) -> None:
@@ -794,6 +806,11 @@ def refresh_family(family: Path | str, tree_dir: Path, *, version: str | None = 
                    resolved: bool = False) -> RefreshOutcome:
     """Rewrite a family's patch files from an edited working tree (see ``refresh_series``)."""
     series = load_family(family)
+    if inside_install(series.info.folder):
+        raise BadInput(f"family {series.name} is part of the installed toolkit ({show(series.info.folder)}), "
+                       "which ddtree-deploy never writes",
+                       hint=f"port it to make your own copy: {next_step.port(series.name)}, or copy its "
+                            "folder elsewhere and name the copy with --family")
     version = version or tree_version(tree_dir)
     if version is None:
         raise BadInput(f"{show(tree_dir)}: no {TREE_MANIFEST} naming the SGLang release",

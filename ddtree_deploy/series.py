@@ -22,9 +22,9 @@ from typing import Any, Iterable, Union
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ddtree_deploy import patch_parse
+from ddtree_deploy import next_step, patch_parse
 from ddtree_deploy.errors import BadInput
-from ddtree_deploy.locations import repo_dir
+from ddtree_deploy.locations import TOOLKIT, USER, family_roots, new_family_root, repo_dir, user_patches_dir
 from ddtree_deploy.toml_input import TomlFile
 
 #: Every path the series may touch starts with this component: the package root
@@ -132,8 +132,24 @@ def check_header_path(raw: str, *, where: str) -> None:
     hint = "patch paths must look like a/sglang/... and b/sglang/..."
     if raw.startswith("/"):
         raise BadInput(f"{where}: absolute path {raw!r} in a patch header", hint=hint)
-    if ".." in raw.replace("\\", "/").split("/"):
+    parts = raw.replace("\\", "/").split("/")
+    if ".." in parts:
         raise BadInput(f"{where}: path {raw!r} contains '..'", hint=hint)
+    if "" in parts:
+        raise BadInput(f"{where}: path {raw!r} has an empty component (a doubled '/')",
+                       hint="write it with single slashes, like a/sglang/srt/server_args.py, or make the "
+                            "patch again with plain git diff")
+    # Like patch -p1, the engine strips exactly one leading component (git's a/ and b/).
+    if parts[0] == PACKAGE:
+        raise BadInput(f"{where}: path {raw!r} has no prefix before {PACKAGE}/ (git diff --no-prefix?); "
+                       "the engine strips one leading component, as patch -p1 does",
+                       hint="make the patch with git's a/ and b/ prefixes: git diff without --no-prefix")
+    if parts[1:2] != [PACKAGE] and PACKAGE in parts[2:-1]:
+        prefix = "/".join(parts[:parts.index(PACKAGE, 2)]) + "/"
+        raise BadInput(f"{where}: path {raw!r} has a prefix of several components ({prefix!r}, a custom "
+                       "git diff --src-prefix/--dst-prefix?); the engine strips one leading component, "
+                       "as patch -p1 does",
+                       hint="make the patch with git's a/ and b/ prefixes (or any one-component prefixes)")
     stripped = raw.split("/", 1)[1] if "/" in raw else raw
     check_package_path(stripped, where=where)
 
@@ -144,13 +160,39 @@ def check_header_path(raw: str, *, where: str) -> None:
 
 @dataclass(frozen=True)
 class FamilyInfo:
-    """What ``family.toml`` says: enough to pick a family without parsing its patches."""
+    """What ``family.toml`` says: enough to pick a family without parsing its patches.
+
+    Also whose it is (``origin``: the toolkit's, or the user's own, found in the user's
+    folder: see locations.family_roots) and whether it is an unfinished port (``rejects``:
+    the .rej files port left in it). An unfinished family is never chosen by version range.
+    """
 
     name: str
     folder: Path
     specifier: SpecifierSet
     description: str
     smoke: Any = None  # smoke_settings.FamilySmoke: how this family's tree shows to the smoke ([smoke])
+    origin: str = TOOLKIT  # locations.TOOLKIT or locations.USER
+    rejects: tuple[str, ...] = ()  # names of the .rej files in the folder
+
+    @property
+    def users(self) -> bool:
+        return self.origin == USER
+
+    @property
+    def unfinished(self) -> bool:
+        return bool(self.rejects)
+
+    @property
+    def label(self) -> str:
+        """The name as every listing shows it: whose it is and whether it is finished."""
+        notes = []
+        if self.users:
+            notes.append(f"yours, in {show(self.folder.parent)}")
+        if self.unfinished:
+            n = len(self.rejects)
+            notes.append(f"an unfinished port: {n} .rej file{'s' if n > 1 else ''}")
+        return f"{self.name} ({'; '.join(notes)})" if notes else self.name
 
     def covers(self, version: str | Version) -> bool:
         v = version if isinstance(version, Version) else Version(str(version))
@@ -269,7 +311,16 @@ def read_family_info(folder: Path) -> FamilyInfo:
     from ddtree_deploy.smoke_settings import parse_family_smoke
 
     smoke = parse_family_smoke(doc)  # its TomlFile: a wrong key names its line
-    return FamilyInfo(name=folder.name, folder=folder, specifier=spec, description=description, smoke=smoke)
+    return FamilyInfo(name=folder.name, folder=folder, specifier=spec, description=description, smoke=smoke,
+                      origin=origin_of(folder), rejects=tuple(sorted(p.name for p in folder.glob("*.rej"))))
+
+
+def origin_of(folder: Path) -> str:
+    """USER for a family in the user's own folder (locations.user_patches_dir), else TOOLKIT."""
+    user = user_patches_dir()
+    if user is not None and folder.resolve().is_relative_to(user.resolve()):
+        return USER
+    return TOOLKIT
 
 
 def _read_series_lines(path: Path) -> list[tuple[int, str]]:
@@ -356,8 +407,11 @@ def load_family(folder: Path | str, *, payload_dir: Path | None = None) -> Serie
     if not folder.is_dir():
         raise BadInput(no_such_family(show(folder)), hint=NO_SUCH_FAMILY_HINT)
     if payload_dir is None:
-        payload_dir = (repo_dir(PAYLOAD) if os.environ.get("DDTREE_DEPLOY_PAYLOAD")
-                       else folder.resolve().parent.parent / PAYLOAD)
+        # Sources are repository-relative: the payload/ beside the family's patches/, or (a
+        # user's family, made by port, has none beside it) the toolkit's own.
+        beside = folder.resolve().parent.parent / PAYLOAD
+        payload_dir = (repo_dir(PAYLOAD) if os.environ.get("DDTREE_DEPLOY_PAYLOAD") or not beside.is_dir()
+                       else beside)
     info = read_family_info(folder)
     series_file = folder / SERIES_FILE
     entries: list[Entry] = []
@@ -385,11 +439,14 @@ def load_family(folder: Path | str, *, payload_dir: Path | None = None) -> Serie
 
 
 def families(patches_dir: Path | None = None) -> list[FamilyInfo]:
-    """Every family under ``patches/`` (folders holding a family.toml), by name."""
-    root = patches_dir if patches_dir is not None else repo_dir("patches")
-    if not root.is_dir():
-        return []
-    return [read_family_info(d) for d in sorted(root.iterdir()) if (d / FAMILY_FILE).is_file()]
+    """Every family (folders holding a family.toml): under ``patches_dir``, or else the toolkit's
+    then the user's own (locations.family_roots), each by name."""
+    roots = [patches_dir] if patches_dir is not None else [root for root, _ in family_roots()]
+    found = []
+    for root in roots:
+        if root.is_dir():
+            found += [read_family_info(d) for d in sorted(root.iterdir()) if (d / FAMILY_FILE).is_file()]
+    return found
 
 
 # ---------------------------------------------------------------- naming and choosing a family
@@ -401,12 +458,19 @@ NO_FAMILY_HINT = "a family is a folder with family.toml and series"
 
 def family_folder(name: Path | str, patches_dir: Path | None = None) -> Path:
     """The folder ``--family`` names: a bare name (one path component that is not a folder
-    here) is ``patches/<name>``; anything else is the path as given. It may not exist yet
-    (``port --into`` names a new one)."""
+    here) is the family of that name under ``patches_dir``, or else in the toolkit's or the
+    user's folder; anything else is the path as given. It may not exist yet (``port --into``
+    names a new one: it goes to locations.new_family_root)."""
     folder = Path(name)
-    if not folder.is_dir() and len(folder.parts) == 1:
-        folder = (patches_dir if patches_dir is not None else repo_dir("patches")) / folder
-    return folder
+    if folder.is_dir() or len(folder.parts) != 1:
+        return folder
+    if patches_dir is not None:
+        return patches_dir / folder
+    found = [root / folder for root, _ in family_roots() if (root / folder / FAMILY_FILE).is_file()]
+    if len(found) > 1:
+        raise BadInput(f"family {str(name)!r} is both the toolkit's ({show(found[0])}) and yours ({show(found[1])})",
+                       hint="name it by its folder, or rename yours")
+    return found[0] if found else new_family_root() / folder
 
 
 NO_SUCH_FAMILY_HINT = "name a family under patches/ or give a family folder (family.toml + series)"
@@ -414,7 +478,7 @@ NO_SUCH_FAMILY_HINT = "name a family under patches/ or give a family folder (fam
 
 def no_such_family(name: str, patches_dir: Path | None = None) -> str:
     """The one text for a family name or folder that is not a family (hint: NO_SUCH_FAMILY_HINT)."""
-    known = ", ".join(f.name for f in families(patches_dir)) or "(none)"
+    known = ", ".join(f.label for f in families(patches_dir)) or "(none)"
     return f"no such family {name!r} (families here: {known})"
 
 
@@ -436,22 +500,40 @@ def known_family(name: object, patches_dir: Path | None = None) -> Path | None:
 
 def choose_series(version: str, family: Path | str | None = None) -> Series:
     """The series for SGLang ``version``: the ``--family`` given (name or folder; whether it covers
-    ``version`` is the caller's call), else the one family whose range contains it."""
+    ``version``, or is finished, is the caller's call), else the one finished family whose range
+    contains it."""
     if family:
         return load_family(family)
     return load_family(pick_family(version, families()).folder)
 
 
+def require_finished(series: Series, command: str) -> None:
+    """An unfinished port (a family with .rej files) is never deployed, even named with --family."""
+    info = series.info
+    if info.unfinished:
+        raise BadInput(f"family {info.label} still has hunks port could not place ({', '.join(info.rejects)}); "
+                       f"{command} refuses an unfinished port",
+                       hint=f"apply the rejected hunks in its working tree, then run "
+                            f"{next_step.series_refresh(info.name, 'TREE')}")
+
+
 def pick_family(version: str, infos: Iterable[FamilyInfo]) -> FamilyInfo:
-    """The one family whose range contains ``version``."""
+    """The one finished family whose range contains ``version`` (an unfinished port, one with
+    .rej files, is never chosen by its range: only by name, with --family)."""
     try:
         v = Version(version)
     except InvalidVersion:
         raise BadInput(f"SGLang version {version!r} is not a valid PEP 440 version") from None
     infos = list(infos)
-    matches = [f for f in infos if f.covers(v)]
-    listing = ", ".join(f"{f.name} ({f.specifier})" for f in infos) or "(none)"
+    matches = [f for f in infos if f.covers(v) and not f.unfinished]
+    listing = ", ".join(f"{f.label} ({f.specifier})" for f in infos) or "(none)"
     if not matches:
+        unfinished = [f for f in infos if f.covers(v)]
+        if unfinished:
+            raise BadInput(f"no finished family covers SGLang {version}: {', '.join(f.label for f in unfinished)} "
+                           "is not chosen by its range until its rejected hunks are placed",
+                           hint=f"finish it (apply the .rej hunks in its working tree, then series refresh "
+                                f"--resolved), or name it: --family {unfinished[0].name}")
         raise BadInput(f"no family covers SGLang {version}; families: {listing}",
                        hint="add a family for this release, or force one with --family")
     if len(matches) > 1:
@@ -497,7 +579,9 @@ __all__ = [
     "known_family",
     "NO_SUCH_FAMILY_HINT",
     "no_such_family",
+    "origin_of",
     "require_families",
+    "require_finished",
     "load_family",
     "pick_family",
     "read_family_info",

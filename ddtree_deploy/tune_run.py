@@ -77,7 +77,6 @@ def check_host(host, *, apply: bool) -> smoke_settings.LaunchSettings:
 def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress = _quiet) -> Target:
     """Ask the host what is deployed: DDTree must be, by a family known here."""
     from ddtree_deploy import deploy
-    from ddtree_deploy.locations import repo_dir
     from ddtree_deploy.series import known_family, load_family, no_such_family
 
     launch = smoke_settings.parse_settings(host.smoke, source=host.source).launch
@@ -87,10 +86,11 @@ def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress =
         raise BadInput(f"{host.name}: no DDTree deployed (phase {doc['phase']}): tune measures a deployed "
                        f"series; push it first: {next_step.push(host.name)}")
     name = doc["series"]["name"]
-    folder = known_family(name, Path(patches_dir or repo_dir("patches")))
+    # (the toolkit's families and the user's own, unless the caller names a folder)
+    folder = known_family(name, Path(patches_dir) if patches_dir else None)
     if folder is None:
         raise BadInput(f"{host.name}: the host's journal names a series that is not here: "
-                       f"{no_such_family(str(name), Path(patches_dir or repo_dir('patches')))}",
+                       f"{no_such_family(str(name), Path(patches_dir) if patches_dir else None)}",
                        hint="tune from a checkout that has that family under patches/")
     family = smoke_settings.family_smoke(load_family(folder))
     lock = doc.get("lock")

@@ -10,13 +10,22 @@
 
 Tests that need the network only to fill the wheel cache take ``release_wheel``;
 once the cache holds the wheel and PyPI's listing, they run offline.
+
+The suite runs in parallel workers (``make test``: pytest-xdist) as well as alone
+(``pytest tests/test_x.py``). Each worker has its own temp folders (tmp_path_factory),
+sshd ports (free_port) and session fixtures; what a whole run shares is one folder of
+sandbox environments (ddtree_deploy/sandbox/hostenv.py SHARE_ENV): each SGLang host venv
+is built once per run, under a file lock, and copied (or, read_only, handed out as is).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
+import socket
 import stat
+import sys
 import zipfile
 from pathlib import Path
 
@@ -27,6 +36,35 @@ from ddtree_deploy.errors import DeployError
 
 BASELINE_RELEASE = "0.5.12.post1"
 DATA = Path(__file__).resolve().parent / "data"
+
+# The runner's terminal is no input to any test: an xdist worker starts with COLUMNS=80 and
+# LINES=24 where a plain run has neither, and the CLI's consoles (ddtree_deploy/cli/app.py)
+# take their width when first imported. Tests that want a width set it themselves.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
+# Process-wide callables some library replaces on import (ansible-core: sys.intern, where
+# torch._dynamo, imported later by transformers in the same process, then refuses to load;
+# socket.getaddrinfo; dataclasses._is_type). With several tests per worker process in any
+# order, one test's import must not change the next one's process: see _no_process_patches.
+_PROCESS_WIDE = {(sys, "intern"): sys.intern, (socket, "getaddrinfo"): socket.getaddrinfo,
+                 (dataclasses, "_is_type"): getattr(dataclasses, "_is_type", None)}
+
+
+@pytest.fixture(autouse=True)
+def _no_process_patches(request: pytest.FixtureRequest):
+    """A test that leaves sys.intern (or the others above) replaced fails, naming it, and the
+    original is put back: run such code (ansible-core) in a subprocess, e.g. the console
+    script, as tests/test_json_envelope.py does for `inventory from-ansible`."""
+    yield
+    changed = []
+    for (owner, name), original in _PROCESS_WIDE.items():
+        if getattr(owner, name, None) is not original:
+            setattr(owner, name, original)
+            changed.append(f"{owner.__name__}.{name}")
+    if changed:
+        pytest.fail(f"{request.node.nodeid} replaced {', '.join(changed)} for the whole pytest process "
+                    "(ansible-core's import does); run that code in a subprocess", pytrace=False)
 
 
 # A suite started in the background by a non-interactive shell (`make test &`, a CI runner)
@@ -50,6 +88,46 @@ def _snapshots_outside_the_repo(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DDTREE_DEPLOY_SNAPSHOT", str(copy))
         yield copy
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The `sshd` marker follows what a test uses: every test that takes a fixture named
+    # sshd (tests/sshd_host.py's or a module's own, directly or through host, tuned_host,
+    # ...) is marked, so the pure tests beside them in a module are not.
+    for item in items:
+        if "sshd" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("sshd"):
+            item.add_marker(pytest.mark.sshd)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Parallel workers take whole modules in collection order (`make test`: --dist
+        # loadfile --no-loadscope-reorder): the long ones first (those that run a release in a
+        # venv, then those with an sshd), so that no long module starts last and runs alone.
+        def weight(item: pytest.Item) -> int:
+            return 0 if item.get_closest_marker("sglang_env") else 1 if item.get_closest_marker("sshd") else 2
+
+        modules: dict[str, int] = {}
+        for item in items:
+            path = item.nodeid.split("::", 1)[0]
+            modules[path] = min(modules.get(path, 2), weight(item))
+        items.sort(key=lambda item: modules[item.nodeid.split("::", 1)[0]])  # stable: file order kept
+
+
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of this whole pytest run: its basetemp, or under xdist the folder that
+    holds every worker's basetemp (``pytest-N/popen-gwK``)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sandbox_envs_built_once_per_run(tmp_path_factory: pytest.TempPathFactory):
+    """Every sandbox environment (a release venv, a host's bare venv) is built once per run
+    and shared by all tests and workers (a folder of the caller's own choosing wins)."""
+    from ddtree_deploy.sandbox.hostenv import SHARE_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        if not os.environ.get(SHARE_ENV):
+            mp.setenv(SHARE_ENV, str(run_folder(tmp_path_factory) / "sandbox-envs"))
+        yield Path(os.environ[SHARE_ENV])
 
 
 @pytest.fixture(scope="session")

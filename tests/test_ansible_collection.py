@@ -28,7 +28,6 @@ from ddtree_deploy.sandbox import SSHServer  # noqa: E402
 
 from ddtree_deploy.series import AddEntry, PatchEntry, load_family  # noqa: E402
 
-pytestmark = pytest.mark.sshd
 BIN = Path(sys.executable).parent
 FAMILY = REPO / "patches" / "sglang-0.5.12"
 HOSTS = ("h1", "h2", "h3")
@@ -184,6 +183,7 @@ def files(fleet, name: str) -> dict[str, bytes | None]:
     return {p: fleet["hosts"][name].read(p) for p in fleet["paths"]}
 
 
+@pytest.mark.sshd  # the fleet fixture's sshd
 def test_playbook_push_check_diff_rollback_drift(fleet):
     pristine, patched = fleet["pristine"], fleet["patched"]
 
@@ -261,6 +261,7 @@ RESTART = """
 """
 
 
+@pytest.mark.sshd  # the fleet fixture's sshd
 def test_playbook_restart_module(fleet, tmp_path):
     """ddtree.deploy.restart against a host whose stand-in server runs under supervisord
     (tests/serve_host.py): changed and healthy; check mode reports changed and restarts nothing."""
@@ -291,6 +292,7 @@ def test_playbook_restart_module(fleet, tmp_path):
         assert "RESTART healthy" in out and s.sup.pid() not in (pid, None) and s.healthy(), out
 
 
+@pytest.mark.sshd  # the fleet fixture's sshd
 def test_inventory_import_through_ansible_loader(fleet, tmp_path):
     """`ddtree-deploy inventory from-ansible` reads an INI and a YAML inventory (groups, host
     vars, group_vars) with ansible-core's loader; the hosts written work with the CLI."""
@@ -346,6 +348,7 @@ all:
     assert not (tmp_path / "h2").exists()
 
 
+@pytest.mark.sshd  # the fleet fixture's sshd
 def test_module_docs_match_the_action_specs(fleet):
     """ansible-doc renders every module from the installed collection, and each module's
     documented options are exactly what its action plugin accepts (names, types, defaults)."""

@@ -191,3 +191,31 @@ def test_a_partly_applied_file_fails_unless_allowed(series, files):
     assert allowed.ok and allowed.entries[0].files[0].status == C.PARTLY
     # the rest applied: the same bytes as the series on the pristine file
     assert allowed.patched[SPEC].patched == C.check_series(series, files).patched[SPEC].patched
+
+
+def test_a_placement_that_does_not_reverse_fails_the_check_naming_the_hunk(series, files, monkeypatch):
+    """Issue 21: check proves every written file after the fact. A stand-in for an engine bug
+    (the engine's result with its first hunk reported one line off) must fail the file, whatever
+    the engine's verdict, and name the hunk; later entries on that file are skipped."""
+    import dataclasses
+
+    from ddtree_deploy import patch_apply
+
+    real = patch_apply.apply_file_patch
+
+    def one_line_off(fp, text, *, fuzz=0):
+        res = real(fp, text, fuzz=fuzz)
+        if fp.path != SPEC or not res.ok:
+            return res
+        first = dataclasses.replace(res.hunks[0], line=res.hunks[0].line + 1)
+        return dataclasses.replace(res, hunks=(first, *res.hunks[1:]))
+
+    monkeypatch.setattr(C.patch_apply, "apply_file_patch", one_line_off)
+    report = C.check_series(series, files)
+    assert not report.ok and SPEC not in report.patched
+    spec = report.entries[0].files[0]
+    assert spec.status == C.FAILED and all(h.ok for h in spec.hunks)  # the engine said ok
+    assert spec.message.startswith("placement not proven: reversing hunk 1 @@ ")
+    assert "does not give the original back: its new lines are not at line" in spec.message
+    monkeypatch.setattr(C.patch_apply, "apply_file_patch", real)
+    assert C.check_series(series, files).ok  # the real engine's result is proven

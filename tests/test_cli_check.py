@@ -151,6 +151,43 @@ def test_failure_evidence_is_never_wrapped_on_a_narrow_console(snap, env, monkey
     assert failed and "spec_info.py" in failed[0]  # the hunk line is whole too
 
 
+LOOKALIKE = "sglang/srt/speculative/lookalike.py"
+
+
+def _lookalike_family(env: Path) -> Path:
+    """Issue 21's minimal case as a family: 0001 creates a module that holds a lookalike of
+    0002's new side ("C = 0" among a b d e) five lines above 0002's real place."""
+    words = "t1 t2 t3 t4 t5 a b C d e x1 x2 x3 x4 a b c d e z".split()
+    body = "".join(f"+{w} = 0\n" for w in words)
+    fam = env / "patches" / "lookalike"
+    fam.mkdir()
+    (fam / "family.toml").write_text('sglang = ">=9"\n')
+    (fam / "series").write_text("0001-module.patch\n0002-change.patch\n")
+    (fam / "0001-module.patch").write_text(
+        f"--- /dev/null\n+++ b/{LOOKALIKE}\n@@ -0,0 +1,{len(words)} @@\n{body}")
+    (fam / "0002-change.patch").write_text(
+        f"--- a/{LOOKALIKE}\n+++ b/{LOOKALIKE}\n@@ -10,5 +10,5 @@\n a = 0\n b = 0\n-c = 0\n+C = 0\n d = 0\n e = 0\n")
+    return fam
+
+
+def test_a_lookalike_of_a_hunks_new_side_fails_the_check_naming_both_places(env):
+    """Issue 21: `check ok ... 1 already-applied` with the change missing; now exit 1, both places."""
+    _lookalike_family(env)
+    out = env / "out"
+    r = _run("check", "--release", VERSION, "--family", "lookalike", "--json", "--write", str(out))
+    assert r.exit_code == 1, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    (hunk,) = doc["entries"][1]["files"][0]["hunks"]
+    assert (hunk["status"], hunk["nearest_line"], hunk["new_side_line"]) == ("failed", 15, 6)
+    assert doc["hunks"]["already-applied"] == 0 and doc["ok"] is False
+    flat = " ".join(r.stderr.split())
+    assert ("0002-change.patch:3 hunk 1 @@ -10,5 +10,5 @@ failed on sglang/srt/speculative/lookalike.py: "
+            "ambiguous: its old lines match at line 15 and its new lines at line 6") in flat, flat
+    assert not (out / LOOKALIKE).exists()  # a file the series failed on is never written
+    r = _run("check", "--release", VERSION, "--family", "lookalike")
+    assert r.exit_code == 1 and r.stdout.startswith("check FAILED"), r.stdout
+
+
 SPEC = "sglang/srt/speculative/spec_info.py"
 HUNK1_DONE = ("    DFLASH = auto()\n"
               "    # Test series only: a stand-in algorithm name exercising the check flow.\n"
@@ -252,9 +289,9 @@ def _symlinked_entry(env: Path) -> None:
 
 
 def _long_line(env: Path) -> None:
-    from ddtree_deploy.patch_parse import MAX_LINE_CHARS
+    from ddtree_deploy.patch_parse import MAX_LINE_BYTES
 
-    _edit(_family(env) / P1, "+    DDTREE_TEST = auto()\n", "+    DDTREE_TEST = auto()  # " + "x" * MAX_LINE_CHARS + "\n")
+    _edit(_family(env) / P1, "+    DDTREE_TEST = auto()\n", "+    DDTREE_TEST = auto()  # " + "x" * MAX_LINE_BYTES + "\n")
 
 
 def _many_hunks(env: Path) -> None:
@@ -265,9 +302,22 @@ def _many_hunks(env: Path) -> None:
     (_family(env) / P2).write_text(f"--- a/{path}\n+++ b/{path}\n" + hunks)
 
 
+def _new_file_with_mode(mode: str, body: str):
+    """P2 replaced by git's patch creating sglang/srt/x.py with ``mode`` (as git diff writes it)."""
+    def mutate(env: Path) -> None:
+        (_family(env) / P2).write_text(
+            f"diff --git a/sglang/srt/x.py b/sglang/srt/x.py\nnew file mode {mode}\nindex 0000000..f0a330b\n"
+            f"--- /dev/null\n+++ b/sglang/srt/x.py\n@@ -0,0 +1 @@\n+{body}\n\\ No newline at end of file\n")
+    return mutate
+
+
 BAD = {
+    "symlink-new-file": ([], _new_file_with_mode("120000", "spec_info.py"),
+                         f"{P2}:2: the new file is a symlink ('new file mode 120000')"),
+    "executable-new-file": ([], _new_file_with_mode("100755", "print(1)"),
+                            f"{P2}:2: the new file is an executable file ('new file mode 100755')"),
     "symlinked-entry": ([], _symlinked_entry, f"series:3: entry '{P2}' is a symlink to"),
-    "long-line": ([], _long_line, f"{P1}:9: line of 65,56"),
+    "long-line": ([], _long_line, f"{P1}:9: a line of 65,56"),
     "too-many-hunks": ([], _many_hunks, f"{P2}:30003: more than 10000 hunks in one patch"),
     "neither": ([], None, "give exactly one of --snapshot NAME or --release VERSION"),
     "both": (["--release", VERSION], None, "give exactly one"),

@@ -93,7 +93,7 @@ def probe_results(request, tmp_path_factory) -> dict:
     name, release = request.param
     overlay = _apply_series(tmp_path_factory.mktemp("series"), REPO / "patches" / name, release)
     env = make_host_env(tmp_path_factory.mktemp("host") / "patched", overlay=overlay,
-                        version=release)
+                        version=release, read_only=True)
     standin = write_kernel_standin(tmp_path_factory.mktemp("standin"))
     run = run_python(
         env, [str(PROBE), *CASES], timeout=600, extra_env={"PYTHONPATH": str(standin)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,8 @@ from ddtree_deploy.sandbox import SSHServer  # noqa: E402
 from sshd_host import SPEC, UTILS  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY  # noqa: E402
 
-pytestmark = pytest.mark.sshd
-
+# The `sshd` marker: every test that takes the sshd fixture (tests/conftest.py); the bad-input
+# tests are refused before any connection.
 
 
 def payload(canary: Path) -> str:
@@ -44,12 +45,22 @@ def sshd(tmp_path_factory):
         yield server
 
 
-def test_hostile_paths_and_names_reach_no_shell(sshd, tmp_path, monkeypatch):
-    canaries = [tmp_path / f"canary{i}" for i in range(2)]
+@pytest.fixture
+def canary_dir():
+    """A short folder for the canaries: their paths are spelled (escaped) twice into one
+    folder name, which must stay under the 255-byte name limit however deep tmp_path is
+    (an xdist worker's is longer)."""
+    folder = Path(tempfile.mkdtemp(prefix="ddtree-hostile-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_hostile_paths_and_names_reach_no_shell(sshd, tmp_path, canary_dir, monkeypatch):
+    canaries = [canary_dir / f"canary{i}" for i in range(2)]
     env_dir = tmp_path / f"v e;n {payload(canaries[0])} {backticks(canaries[1])}"
     # Series paths may hold no backslash: this canary is relative, i.e. in the remote
     # session's working folder (the login user's home).
-    home_canaries = [Path.home() / f".ddtree-hostile-canary-{tmp_path.name}-{i}" for i in range(3)]
+    home_canaries = [Path.home() / f".ddtree-hostile-canary-{canary_dir.name}-{i}" for i in range(3)]
     # A state_dir may not hold $ or ` (refused as shell syntax nothing expands: see
     # test_deploy_safety); quotes, ';' and spaces are still literal characters of a path.
     state_dir = tmp_path / f"st'a\"te ; touch {home_canaries[2].name} ;"

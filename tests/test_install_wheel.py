@@ -2,8 +2,10 @@
 
 Builds the real wheel (setup.py's build hook), installs it into a fresh venv outside the
 checkout and runs the installed `ddtree-deploy` from a temporary folder: `check` and
-`matrix --offline` must find the families from the wheel, not from the checkout, and the
-demo (`python -m ddtree_deploy.demo`) must run its whole flow from the wheel alone.
+`matrix --offline` must find the families from the wheel, not from the checkout, `port`
+must write the user's new family to the XDG data folder and leave site-packages byte for
+byte as it was, and the demo (`python -m ddtree_deploy.demo`) must run its whole flow from
+the wheel alone.
 The fresh venv reuses the project venv's dependencies through a .pth line (a plain path,
 so the project's editable ddtree_deploy is NOT importable there: only the wheel's is).
 """
@@ -76,11 +78,12 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
         (cache / "pypi").mkdir()
         (cache / "pypi" / "sglang.json").write_text(json.dumps(listing))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_DEPLOY_")}
-    env.update(DDTREE_DEPLOY_CACHE=str(cache), XDG_CONFIG_HOME=str(root / "config"), COLUMNS="200")
+    env.update(DDTREE_DEPLOY_CACHE=str(cache), XDG_CONFIG_HOME=str(root / "config"),
+               XDG_DATA_HOME=str(root / "data"), COLUMNS="200")
     cwd = root / "elsewhere"
     cwd.mkdir()
     return {"wheel": wheel, "exe": venv / "bin" / "ddtree-deploy", "python": venv / "bin" / "python",
-            "env": env, "cwd": cwd, "cache": cache}
+            "env": env, "cwd": cwd, "cache": cache, "site": site, "data": root / "data"}
 
 
 def _run(installed: dict, *args: str) -> subprocess.CompletedProcess:
@@ -153,6 +156,45 @@ def test_installed_hosts_list_and_init_work_without_a_checkout(installed):
     missing = _run(installed, "status", "--host", "nosuch")
     assert missing.returncode == 2 and "`ddtree-deploy hosts init nosuch`" in missing.stderr
     assert "hosts/ct200.toml" not in missing.stderr
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` (links and all) -> its sha256: what 'byte-identical' means."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.network  # the 0.5.14 wheel, once
+def test_installed_port_writes_the_users_family_outside_site_packages(installed):
+    """Issue 21 item 6, as a user met it: after `pipx install`, `port --to 0.5.14` wrote a family
+    with .rej files into site-packages, and `check --release 0.5.14` then picked it. Now the
+    family goes to $XDG_DATA_HOME/ddtree-deploy/patches/, site-packages is byte-identical, and
+    the unfinished port is named, labelled as the user's, and never picked by its range."""
+    try:
+        releases.ensure_wheel("0.5.14")
+    except DeployError as exc:
+        pytest.skip(f"the 0.5.14 wheel is not cached and PyPI is unreachable: {exc.message}")
+    site = installed["site"]
+    before = _hashes(site)
+    assert any(name.startswith("ddtree_deploy/_data/patches/") for name in before)
+    r = _run(installed, "port", "--to", "0.5.14", "--family", "sglang-0.5.13")
+    assert r.returncode == 1, r.stdout + r.stderr  # some hunks do not land on 0.5.14
+    mine = installed["data"] / "ddtree-deploy" / "patches" / "sglang-0.5.14"
+    assert (mine / "family.toml").is_file() and list(mine.glob("*.rej")), r.stderr
+    assert r.stdout.startswith(f"port ") and f"family sglang-0.5.14 (yours, in {mine.parent};" in r.stdout, r.stdout
+    r = _run(installed, "check", "--release", "0.5.14")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "no finished family covers SGLang 0.5.14: sglang-0.5.14 (yours" in " ".join(r.stderr.split())
+    # a refresh of a family the toolkit ships is refused: it would write into site-packages;
+    # so is a port into it, named as a folder
+    r = _run(installed, "series", "refresh", "--family", "sglang-0.5.13", "--from", str(installed["cwd"]))
+    assert r.returncode == 2 and "part of the installed toolkit" in r.stderr, r.stderr
+    inside = site / "ddtree_deploy" / "_data" / "patches" / "sglang-0.5.15"
+    r = _run(installed, "port", "--to", "0.5.15", "--family", "sglang-0.5.13", "--into", str(inside))
+    assert r.returncode == 2 and "is inside the installed toolkit" in r.stderr, r.stderr
+    assert _hashes(site) == before, "the installed toolkit was written"
 
 
 def test_installed_version_is_the_wheels(installed):

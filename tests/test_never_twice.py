@@ -6,7 +6,8 @@ patch -N as the oracle. Each case is one the engine used to get wrong:
 - eagle_utils.py's 0.5.14 -> 0.5.16 change, checked against 0.5.16: every hunk is there
   already; the engine found 3 of the 18 again further down and wrote them a second time
   (sgl_build_tree_kernel_triton defined twice). GNU patch -N sees hunk 1 reversed and
-  skips the file.
+  skips the file. Since issue 21 those 3 hunks are ambiguous (old side below, new side at
+  its place): failed with both places, nothing written.
 - spec_info.py's 0.5.12.post1 -> 0.5.13 change, hunk 1 (it adds `import torch`), on
   0.5.16: made with 4 and 5 lines of context, the outermost context differs in 0.5.16, so
   only a reverse match WITH fuzz recognises it. GNU patch -F1/-F2 -N says "previously
@@ -14,8 +15,8 @@ patch -N as the oracle. Each case is one the engine used to get wrong:
 - the same hunk (3 lines of context) on 0.5.16 whose `from typing import` line a user
   edited: at fuzz 2 the old side's middle lines match three lines below the expected
   place, and both GNU patch and the old engine add a second `import torch` there. The
-  new side matches one line below it (0.5.16 has a line more above): the nearer wins
-  (rule engine-new-side-first of the differential test).
+  new side matches one line below it (0.5.16 has a line more above): both sides are in
+  reach, so the hunk is ambiguous and fails (rule engine-ambiguous of the differential test).
 """
 
 from __future__ import annotations
@@ -74,8 +75,14 @@ def test_eagle_utils_0_5_14_to_0_5_16_on_0_5_16_is_already_applied(tmp_path):
     (fp,) = parse_patch(patch, name="eagle.diff")
     assert len(fp.hunks) == 18
     res = apply_file_patch(fp, target)
-    assert [h.status for h in res.hunks] == [HunkStatus.ALREADY_APPLIED] * 18
-    assert res.text == target and res.text.count("def sgl_build_tree_kernel_triton") == 1
+    # Hunks 4-6 have their old side further down too: ambiguous, failed with both places.
+    ambiguous = {4: (256, 226), 5: (363, 281), 6: (403, 389)}
+    for h in res.hunks:
+        if h.index in ambiguous:
+            assert (h.status, (h.nearest_line, h.new_side_line)) == (HunkStatus.FAILED, ambiguous[h.index])
+        else:
+            assert h.status is HunkStatus.ALREADY_APPLIED, h
+    assert res.text is None  # nothing is written: not the 3 hunks a second time, not anything
     out, after = _gnu(tmp_path, EAGLE, target, patch, 0)
     assert "Reversed (or previously applied) patch detected" in out and after == target
     # and on 0.5.14 the same diff applies exactly, as GNU patch does it
@@ -108,22 +115,28 @@ def test_fuzz_never_adds_import_torch_a_second_time(tmp_path):
     (fp,) = parse_patch(patch, name="spec.diff")
     res = apply_file_patch(fp, target, fuzz=2)
     # 0.5.16 has one line more above (import warnings): the new side is one line lower than
-    # the patch says, with fuzz 2; the old side's fuzz-2 match is three lines lower.
-    assert (res.hunks[0].status, res.hunks[0].line, res.hunks[0].fuzz) == (HunkStatus.ALREADY_APPLIED, 5, 2)
-    assert res.text == target and res.text.count("import torch\n") == 1
+    # the patch says, with fuzz 2; the old side's fuzz-2 match is three lines lower. Both in
+    # reach: ambiguous, failed, nothing written.
+    (h,) = res.hunks
+    assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 7, 5)
+    assert "(fuzz 2)" in h.reason and res.text is None
     # GNU patch -F2 -N finds the forward match two lines lower first and adds it again:
-    # the divergence is deliberate (the differential test's rule engine-new-side-first).
+    # the divergence is deliberate (the differential test's rule engine-ambiguous).
     out, after = _gnu(tmp_path, SPEC, target, patch, 2)
     assert "with fuzz 2" in out and after.count("import torch\n") == 2
 
 
 def test_a_later_hunk_alone_is_judged_at_its_place(tmp_path):
-    """Every hunk of the eagle diff on 0.5.16, one at a time: each is already there, at its place."""
+    """Every hunk of the eagle diff on 0.5.16, one at a time: its new side is found at its place;
+    it is already applied unless its old side is in reach too (hunks 4-6: ambiguous)."""
     patch = _release_diff(tmp_path, EAGLE, "0.5.14", "0.5.16")
     target = pristine_files("0.5.16", [EAGLE])[EAGLE].decode()
     (fp,) = parse_patch(patch, name="eagle.diff")
     for h in fp.hunks:
         one = FilePatch(fp.patch_name, fp.header_line, fp.source_path, fp.target_path, (h,))
-        res = apply_file_patch(one, target)
-        assert res.hunks[0].status is HunkStatus.ALREADY_APPLIED, h.header
-        assert res.hunks[0].line == h.new_start, h.header  # where 0.5.16 has it
+        (r,) = apply_file_patch(one, target).hunks
+        if r.ambiguous:
+            assert r.new_side_line == h.new_start, h.header  # where 0.5.16 has it
+        else:
+            assert r.status is HunkStatus.ALREADY_APPLIED, h.header
+            assert r.line == h.new_start, h.header

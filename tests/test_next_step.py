@@ -29,6 +29,7 @@ TEXTS = {
     "snapshot pull": next_step.snapshot_pull("gpu1"),
     "snapshot release": next_step.snapshot_release("0.5.12.post1"),
     "series refresh": next_step.series_refresh("sglang-0.5.13", "build/port-sglang-0.5.13"),
+    "port": next_step.port("sglang-0.5.13", "0.5.14"),
     "lock release": next_step.lock_release("gpu1"),
     "lock release --force": next_step.lock_release("gpu1", force=True),
     "smoke or rollback": next_step.smoke_or_rollback("gpu1"),

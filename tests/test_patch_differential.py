@@ -4,7 +4,13 @@ Each case: a random original file drawn from a tiny alphabet (so that repeated l
 ambiguous matches are common), random edits, the unified diff between the two (written the
 way `diff -u` writes it, "\\ No newline at end of file" included), then a random drift of the
 file the patch is applied to: lines inserted or deleted above a hunk, an edited context
-line, the patch already applied (wholly or some hunks), the patch reversed.
+line, the patch already applied (wholly or some hunks), the patch reversed, a lookalike of
+one hunk's new side in the unpatched file or of its old side in the patched one (issue 21).
+
+On every case the placement rule is checked by brute force (a hunk found already applied
+has its old side nowhere in reach, a hunk applied has its new side nowhere in reach, at
+every fuzz level up to the case's: never skipped, never twice) and every written result is
+proven by reversing it (patch_verify, what check does).
 
 Every case runs through the engine (fuzz 0), through `patch -p1 -F0 -N` (a --dry-run, then
 for real) and through `git apply --check` then `git apply`; a second run of half as many
@@ -36,6 +42,7 @@ from hypothesis import strategies as st
 
 from ddtree_deploy.patch_apply import HunkStatus, apply_file_patch
 from ddtree_deploy.patch_parse import FilePatch, parse_patch
+from ddtree_deploy.patch_verify import verify_round_trip
 
 SEED = int(os.environ.get("DDTREE_DIFF_SEED", "20261129"))
 EXAMPLES = int(os.environ.get("DDTREE_DIFF_EXAMPLES", "600"))  # fuzz 0, against both tools
@@ -45,6 +52,9 @@ NEW_WORDS = ALPHABET + ["X", "Y"]
 # The file already holds the patch's whole result, at the places the patch states: with a
 # line far from every hunk edited, or an outermost context line edited (found with fuzz).
 ALREADY_DRIFTS = ("already-applied+edit-far", "already-applied+edge-context")
+# A lookalike of one hunk's new side in the unpatched file, or of its old side in the patched
+# file, away from every hunk's own lines (issue 21: the change was skipped for the first).
+LOOKALIKE_DRIFTS = ("lookalike-new-side", "lookalike-old-side")
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("patch") and shutil.which("git")), reason="needs GNU patch and git"
@@ -84,10 +94,12 @@ RULES = {
     "gnu-joins-last-line": "GNU patch 2.7.6, when a hunk (placed with fuzz) inserts lines after a "
     "last line that has no newline, writes them onto that line ('a' + 'b\\n' gives 'ab\\n'); "
     "the engine ends that line first: the texts differ by that one newline only",
-    "engine-new-side-first": "the engine looks at a hunk's expected place (stated line plus the "
-    "offset so far) both ways before it searches elsewhere: when the hunk's new side is there it is "
-    "already applied (never applied twice); GNU patch and git apply search forward everywhere first "
-    "and may apply it at another place. Checked: the new side really is at the engine's line",
+    "engine-ambiguous": "the engine looks for a hunk's old side and its new side wherever its search "
+    "reaches (fuzz levels 0 up to the fuzz in use); when both match, it cannot tell the real place from "
+    "a lookalike and fails the hunk with both places (never applied twice, never skipped); GNU patch and "
+    "git apply take the forward match. Checked: the old side really is at the engine's nearest_line and "
+    "the new side at its new_side_line, each at a fuzz level the case allows; the tools are compared "
+    "no further in that file (the engine's offset stays, GNU's moves)",
 }
 
 
@@ -149,12 +161,28 @@ def cases(draw) -> Case:
     n = draw(st.sampled_from([3, 3, 3, 2, 1]))
     drift = draw(st.sampled_from(["none", "insert-above", "delete-above", "edit-context", "edit-edge-context",
                                   "already-applied", "partly-applied", "reversed",
-                                  "insert-above+already-applied", *ALREADY_DRIFTS]))
+                                  "insert-above+already-applied", *ALREADY_DRIFTS, *LOOKALIKE_DRIFTS]))
     groups = _groups(a, b, n)
     if drift == "reversed":  # the patch was made the wrong way round: new -> old
         return Case(b, a, list(a), unified_diff(b, a, n), drift)
     patch = unified_diff(a, b, n)
     target = list(a)
+    if drift in LOOKALIKE_DRIFTS:
+        # Issue 21: a copy of one hunk's new side in the unpatched file, or of its old side in
+        # the patched one, somewhere no hunk's own lines are (above or below the real place).
+        g = draw(st.sampled_from(groups))
+        new_side = drift == "lookalike-new-side"
+        lo, hi = (3, 4) if new_side else (1, 2)  # the block: b[j1:j2] or a[i1:i2]
+        block = (b if new_side else a)[g[0][lo]:g[-1][hi]]
+        target = list(a) if new_side else list(b)
+        side = 1 if new_side else 3  # the hunks' spans in the target: a (i) or b (j)
+        taken = {i for other in groups for i in range(other[0][side], other[-1][side + 1] + 1)}
+        free = [i for i in range(len(target) + 1) if i not in taken and (i < len(target) or not target
+                                                                         or target[-1].endswith("\n"))]
+        if free and block:
+            pos = draw(st.sampled_from(free))
+            target[pos:pos] = [line if line.endswith("\n") else line + "\n" for line in block]
+        return Case(a, b, target, patch, drift)
     if drift in ("already-applied", "insert-above+already-applied", *ALREADY_DRIFTS):
         target = list(b)
     if drift == "already-applied+edit-far":  # a line no hunk sees (context included) edited
@@ -296,10 +324,9 @@ def git_rules(fp: FilePatch, case: Case, res, git_applies: bool) -> list[str]:
     rules = []
     if HunkStatus.ALREADY_APPLIED in statuses and not git_applies:
         rules.append("git-no-reverse")
-    if HunkStatus.ALREADY_APPLIED in statuses and git_applies:
-        k = statuses.index(HunkStatus.ALREADY_APPLIED)
-        if _new_side_at(fp, k, _images(fp, "".join(case.target))[k], res.hunks[k].line, 0):
-            rules.append("engine-new-side-first")
+    k = _first_ambiguous(res)
+    if k is not None and _ambiguity_holds(fp, k, _images(fp, "".join(case.target))[k], res.hunks[k], 0):
+        rules.append("engine-ambiguous")
     for h, r in zip(fp.hunks, res.hunks):
         if (h.old_start == 1 and h.prefix_context >= h.suffix_context and r.ok
                 and r.line != 1 and not git_applies):
@@ -343,17 +370,34 @@ def scratch():
         print(f"\ndifferential cases, fuzz {fuzz}:", dict(sorted(stats.items())))
 
 
-def _new_side_at(fp: FilePatch, k: int, image: list[str], line: int, fuzz: int) -> bool:
-    """Hunk k's new side (less what fuzz may ignore) starts at 1-based ``line`` of ``image``."""
+def _side_at(fp: FilePatch, k: int, image: list[str], line: int, fuzz: int, new_side: bool = True) -> bool:
+    """Hunk k's new (or old) side, less what fuzz may ignore, starts at 1-based ``line`` of ``image``."""
     h = fp.hunks[k]
-    new = [t + "\n" for tag, t in h.lines if tag != "-"]
-    if new and h.new_no_eol:
-        new[-1] = new[-1][:-1]
+    skip, no_eol = ("-", h.new_no_eol) if new_side else ("+", h.old_no_eol)
+    side = [t + "\n" for tag, t in h.lines if tag != skip]
+    if side and no_eol:
+        side[-1] = side[-1][:-1]
     context = max(h.prefix_context, h.suffix_context)
     pf = max(fuzz + h.prefix_context - context, 0)
     sf = max(fuzz + h.suffix_context - context, 0)
-    core = new[pf:len(new) - sf]
+    core = side[pf:len(side) - sf]
     return image[line - 1 + pf:line - 1 + pf + len(core)] == core
+
+
+def _new_side_at(fp: FilePatch, k: int, image: list[str], line: int, fuzz: int) -> bool:
+    return _side_at(fp, k, image, line, fuzz, new_side=True)
+
+
+def _first_ambiguous(res) -> int | None:
+    return next((k for k, h in enumerate(res.hunks) if h.ambiguous), None)
+
+
+def _ambiguity_holds(fp: FilePatch, k: int, image: list[str], r, fuzz: int) -> bool:
+    """The engine's two places for ambiguous hunk k: its old side at nearest_line and its new
+    side at new_side_line of ``image`` (the text before hunk k), each at some level 0..fuzz."""
+    levels = range(fuzz + 1)
+    return (any(_side_at(fp, k, image, r.nearest_line, f, new_side=False) for f in levels)
+            and any(_side_at(fp, k, image, r.new_side_line, f) for f in levels))
 
 
 def _writes_forward(res) -> bool:
@@ -372,26 +416,36 @@ def check_gnu(case: Case, res, tools: ToolRun, fuzz: int, stats: Counter, where:
         # write (or let the check pass with) a change GNU patch found already applied.
         assert tools.gnu_text == target, "GNU patch changed a skipped file" + where
         assert not _writes_forward(res), "engine writes a change GNU patch finds applied" + where
-        assert statuses[0] is HunkStatus.ALREADY_APPLIED, (
+        assert statuses[0] is HunkStatus.ALREADY_APPLIED or res.hunks[0].ambiguous, (
             f"GNU finds the patch reversed, engine's first hunk is {statuses[0].value}" + where)
+        if res.hunks[0].ambiguous:
+            assert _ambiguity_holds(fp, 0, target.splitlines(keepends=True), res.hunks[0], fuzz), (
+                "hunk 1: engine ambiguous, but a side is not where it says" + where)
+            stats["rule:engine-ambiguous"] += 1
         stats["rule:gnu-first-hunk-reverse"] += 1
         if all(s is HunkStatus.ALREADY_APPLIED for s in statuses):
             assert res.text == target, "already-applied result must be the input" + where
         return
     images = None
-    exact_until = next((k for k, s in enumerate(statuses) if s is HunkStatus.ALREADY_APPLIED),
-                       len(statuses))
+    # The tools are compared up to the first hunk the engine finds already applied or
+    # ambiguous: from there their offsets differ.
+    exact_until = next((k for k, h in enumerate(res.hunks)
+                        if h.status is HunkStatus.ALREADY_APPLIED or h.ambiguous), len(statuses))
     if exact_until < len(statuses):
-        # A hunk GNU patch applies (or, after the first, fails: it has no later reverse check)
-        # and the engine finds already applied: its new side must really be there.
         images = _images(fp, target)
         h = res.hunks[exact_until]
-        assert _new_side_at(fp, exact_until, images[exact_until], h.line, h.fuzz), (
-            f"hunk {exact_until + 1}: engine already-applied at line {h.line}, new side not there" + where)
         verdict = tools.gnu_hunks.get(exact_until + 1, ("skipped",))[0]
-        if verdict == "succeeded":
-            stats["rule:engine-new-side-first"] += 1
+        if h.ambiguous:
+            # Both sides within reach: the engine fails it, GNU patch applies or fails it.
+            assert _ambiguity_holds(fp, exact_until, images[exact_until], h, fuzz), (
+                f"hunk {exact_until + 1}: engine ambiguous, but a side is not where it says" + where)
+            stats["rule:engine-ambiguous"] += 1
         else:
+            # A hunk the engine finds already applied: its new side must really be there, and
+            # its old side is nowhere in reach, so GNU patch (no reverse check after the first
+            # hunk) fails it.
+            assert _new_side_at(fp, exact_until, images[exact_until], h.line, h.fuzz), (
+                f"hunk {exact_until + 1}: engine already-applied at line {h.line}, new side not there" + where)
             assert exact_until > 0 and verdict == "FAILED", (
                 f"hunk {exact_until + 1}: GNU {verdict}, engine already-applied" + where)
             stats["rule:gnu-no-later-reverse"] += 1
@@ -451,6 +505,53 @@ def check_git(fp: FilePatch, case: Case, res, tools: ToolRun, stats: Counter, wh
             stats[f"rule:{r}"] += 1
 
 
+def _frozen_end(h, r) -> int:
+    """Output lines at or above which no later hunk may start (GNU's last_frozen_line), after
+    hunk h landed as r: below its last changed line, or (already applied) its new side less its
+    trailing context."""
+    if r.status is HunkStatus.ALREADY_APPLIED:
+        return r.line - 1 + h.new_len - h.suffix_context
+    out, frozen = r.line - 1, 0
+    for tag, _ in h.lines:
+        if tag == "-":
+            frozen = out
+        else:
+            out += 1
+            if tag == "+":
+                frozen = out
+    return frozen
+
+
+def check_placement_rule(fp: FilePatch, res, target: str, fuzz: int, stats: Counter, where: str) -> None:
+    """The rule itself, by brute force: a hunk found already applied has its old side nowhere in
+    reach, and a hunk applied has its new side nowhere in reach (every start below the lines
+    earlier hunks froze, every fuzz level 0..fuzz). So no change is ever skipped for a lookalike
+    of its new side, nor made twice for a lookalike of its old side (issue 21). Hunks anchored to
+    the start or end of the file (leading and trailing context differ) have a one-place reach and
+    are left out; the check stops at the first failed hunk (the image after it is not the
+    engine's)."""
+    images = _images(fp, target)
+    lowest = 1
+    for k, (h, r) in enumerate(zip(fp.hunks, res.hunks)):
+        if r.status is HunkStatus.FAILED:
+            return
+        if h.prefix_context == h.suffix_context:
+            other_side = r.status is HunkStatus.ALREADY_APPLIED  # look for the old side; else the new
+            side_len = h.old_len if other_side else h.new_len
+            context = h.prefix_context
+            for f in range(min(fuzz, context) + 1):
+                if side_len - 2 * f <= 0 and not other_side:
+                    continue  # nothing compared: no evidence of the new side
+                for start in range(lowest, len(images[k]) + 2):
+                    if start - 1 + side_len - f > len(images[k]):
+                        break
+                    assert not _side_at(fp, k, images[k], start, f, new_side=not other_side), (
+                        f"hunk {k + 1}: engine {r.status.value}, but its "
+                        f"{'old' if other_side else 'new'} side matches at line {start} (fuzz {f})" + where)
+            stats["rule-checked:" + ("already" if other_side else "applied")] += 1
+        lowest = max(lowest, _frozen_end(h, r) + 1)
+
+
 def check_case(case: Case, workdir: Path, fuzz: int) -> None:
     where = f"\nfuzz={fuzz} " + case.dump()
     (fp,) = parse_patch(case.patch, name="p.diff")
@@ -459,26 +560,26 @@ def check_case(case: Case, workdir: Path, fuzz: int) -> None:
     stats = STATS[fuzz]
     stats["cases"] += 1
     stats[f"drift:{case.drift}"] += 1
+    check_placement_rule(fp, res, "".join(case.target), fuzz, stats, where)
+    # Placement proven after the fact (what check does on every file): never a false alarm.
+    assert verify_round_trip(fp, "".join(case.target), res) is None, (
+        str(verify_round_trip(fp, "".join(case.target), res)) + where)
+    stats["round-trip:" + ("proven" if res.ok and res.text is not None else "nothing written")] += 1
     # GNU patch against itself: the dry run says what the real run does.
     assert tools.gnu_dry_rc == tools.gnu_rc, "GNU dry run and real run disagree" + where
-    if case.drift in ("already-applied", "already-applied+edit-far"):
+    if case.drift in ("already-applied", "already-applied+edit-far", "lookalike-old-side"):
         # Never a change twice: the file holds the whole result where the patch says, so no
-        # hunk may be written (a mix is 'partly applied', which the check refuses). The one
-        # exception is ambiguous by construction and named: repeated lines make the hunk's
-        # old side match there too, and it is the longer side (a deletion in a run of equal
-        # lines), so it explains more of the file; GNU patch applies it as well.
-        if _writes_forward(res):
-            images = _images(fp, "".join(case.target))
-            for k, (h, r) in enumerate(zip(fp.hunks, res.hunks)):
-                if r.status is not HunkStatus.ALREADY_APPLIED:
-                    assert h.old_len > h.new_len and any(  # the new side inside the old side's span
-                        _new_side_at(fp, k, images[k], r.line + d, r.fuzz)
-                        for d in range(h.old_len - h.new_len + 1)), (
-                        f"engine writes hunk {k + 1}, a change the file already has" + where)
-            stats["never-twice:ambiguous-longer-old-side"] += 1
-        else:
-            stats["never-twice:" + ("all-already" if all(
-                h.status is HunkStatus.ALREADY_APPLIED for h in res.hunks) else "refused")] += 1
+        # hunk may be written (a mix is 'partly applied', which the check refuses). No
+        # exception: a hunk whose old side matches too (repeated lines, a lookalike) is ambiguous.
+        assert not _writes_forward(res), "engine writes a change the file already has" + where
+        stats["never-twice:" + ("all-already" if all(
+            h.status is HunkStatus.ALREADY_APPLIED for h in res.hunks) else "refused")] += 1
+    if case.drift == "lookalike-new-side":
+        # Never skipped: the file is unpatched where the patch says (hunk 1's old side is there,
+        # nothing frozen above it), so hunk 1 is never already applied, whatever lookalike of a
+        # new side lies nearer (issue 21's defect: already-applied at the lookalike).
+        assert res.hunks[0].status is not HunkStatus.ALREADY_APPLIED, "engine skips hunk 1 for a lookalike" + where
+        stats["never-skipped:" + ("ambiguous" if any(h.ambiguous for h in res.hunks) else "placed")] += 1
     check_gnu(case, res, tools, fuzz, stats, where, fp)
     if fuzz == 0:  # git apply has no fuzz (its -C reduces context differently)
         check_git(fp, case, res, tools, stats, where)
@@ -589,14 +690,17 @@ def test_real_series_on_every_cached_release(tmp_path: Path):
                 res = apply_file_patch(fp, texts[fp.path])
                 gnu_reversed, gnu_hunks = gnu[fp.path]
                 if gnu_reversed or res.hunks[0].status is HunkStatus.ALREADY_APPLIED:
-                    assert gnu_reversed and res.hunks[0].status is HunkStatus.ALREADY_APPLIED, where
+                    assert gnu_reversed and (res.hunks[0].status is HunkStatus.ALREADY_APPLIED
+                                             or res.hunks[0].ambiguous), where
                     broken.add(fp.path)
                     continue
                 for k, h in enumerate(res.hunks, 1):
                     verdict, line, offset = gnu_hunks[k]
-                    seen[f"hunk {h.status.value}"] += 1
+                    seen[f"hunk {'ambiguous' if h.ambiguous else h.status.value}"] += 1
                     if h.status is HunkStatus.ALREADY_APPLIED:  # rule gnu-no-later-reverse
                         assert verdict == "FAILED", where
+                        break
+                    if h.ambiguous:  # rule engine-ambiguous: compared no further in this file
                         break
                     assert (verdict == "succeeded") == h.ok, f"hunk {k}: {h}\n" + where
                     if h.ok:

@@ -198,6 +198,101 @@ def test_bad_mode_change():
         "p.patch:2: file mode changes are not supported")
 
 
+def _git_diff(tmp: Path, change, *args: str) -> str:
+    """``git diff`` of a real repository before and after ``change(root)`` (git writes the modes)."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp), "GIT_CEILING_DIRECTORIES": str(tmp),
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    root = tmp / "repo"
+    (root / "sglang").mkdir(parents=True)
+    (root / "sglang" / "spec_info.py").write_text("x = 1\n")
+    (root / "sglang" / "run.py").write_text("#!/bin/sh\necho hi\n")
+    (root / "sglang" / "run.py").chmod(0o755)
+    (root / "sglang" / "link.py").symlink_to("spec_info.py")
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run(["git", *cmd], cwd=root, env=env, check=True)
+    change(root / "sglang")
+    subprocess.run(["git", "add", "-A"], cwd=root, env=env, check=True)
+    return subprocess.run(["git", "diff", "--cached", *args], cwd=root, env=env, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def _new_link(d: Path) -> None:
+    (d / "new_link.py").symlink_to("spec_info.py")
+
+
+def _new_executable(d: Path) -> None:
+    (d / "tool.py").write_text("print(1)\n")
+    (d / "tool.py").chmod(0o755)
+
+
+def _relink(d: Path) -> None:
+    (d / "link.py").unlink()
+    (d / "link.py").symlink_to("other.py")
+
+
+def _drop_link(d: Path) -> None:
+    (d / "link.py").unlink()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git (it writes the modes)")
+@pytest.mark.parametrize("change,line,says", [
+    (_new_link, 2, "the new file is a symlink ('new file mode 120000')"),
+    (_new_executable, 2, "the new file is an executable file ('new file mode 100755')"),
+    (_relink, 2, "the file is a symlink ('index "),
+    (_drop_link, 2, "the deleted file is a symlink ('deleted file mode 120000')"),
+])
+def test_file_modes_other_than_a_regular_files_are_refused(tmp_path, change, line, says):
+    """Issue 21 item 3: a symlink used to become a regular file holding the link's target, and
+    mode 100755 was dropped; each is one line now, naming the mode and what to do."""
+    msg = bad(_git_diff(tmp_path, change))
+    assert msg.startswith(f"p.patch:{line}: {says}"), msg
+    assert "regular files (mode 100644) only" in msg
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git (it writes the modes)")
+def test_an_executable_files_content_change_is_fine(tmp_path):
+    """index ... 100755: the file stays executable on the host (a deploy keeps a file's mode)."""
+    text = _git_diff(tmp_path, lambda d: (d / "run.py").write_text("#!/bin/sh\necho bye\n"))
+    assert "index " in text and " 100755\n" in text
+    (fp,) = parse_patch(text, name="p.patch")
+    res = apply_file_patch(fp, "#!/bin/sh\necho hi\n")
+    assert res.ok and res.text == "#!/bin/sh\necho bye\n"
+
+
+def _edit_spec(d: Path) -> None:
+    (d / "spec_info.py").write_text("x = 1\ny = 2\n")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+@pytest.mark.parametrize("args,line,says", [
+    (["--color=always"], 1, "the patch holds terminal colour codes (ESC[...m), as git diff --color writes "
+                            "them for a terminal; make it with git diff --no-color"),
+    (["--word-diff"], 5, "hunk @@ -1 +1,2 @@ is word-diff output (git diff --word-diff)"),
+    (["--word-diff=porcelain"], 5, "hunk @@ -1 +1,2 @@ is word-diff output (git diff --word-diff)"),
+    (["--word-diff=color"], 1, "the patch holds terminal colour codes"),
+])
+def test_output_of_git_diff_options_is_named(tmp_path, args, line, says):
+    """Issue 21 item 5: colour output used to be "empty patch", word-diff a line-count message."""
+    msg = bad(_git_diff(tmp_path, _edit_spec, *args))
+    assert msg.startswith(f"p.patch:{line}: {says}"), msg
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_one_component_custom_prefixes_read_like_a_and_b(tmp_path):
+    """git diff --src-prefix=orig/ --dst-prefix=new/: one component each, stripped as patch -p1 does."""
+    text = _git_diff(tmp_path, _edit_spec, "--src-prefix=orig/", "--dst-prefix=new/")
+    assert text.startswith("diff --git orig/sglang/spec_info.py new/sglang/spec_info.py\n")
+    (fp,) = parse_patch(text, name="p.patch")
+    assert fp.path == "sglang/spec_info.py"
+    assert apply_file_patch(fp, "x = 1\n").text == "x = 1\ny = 2\n"
+
+
+def test_a_doubled_slash_in_a_path_is_named():
+    msg = bad("--- a//sglang/f.py\n+++ b//sglang/f.py\n@@ -1 +1 @@\n-a\n+b\n")
+    assert "path 'a//sglang/f.py' has an empty component (a doubled '/')" in msg, msg
+
+
 def test_bad_rename_by_headers():
     msg = bad("--- a/x.py\n+++ b/y.py\n@@ -1 +1 @@\n-a\n+b\n")
     assert msg.startswith("p.patch:1: the section renames x.py to y.py")
@@ -345,12 +440,19 @@ def test_already_applied():
     assert [h.line for h in res.hunks] == [2, 18]
 
 
-def test_already_applied_beats_a_fuzzy_forward_match():
-    # The reverse matches exactly at line 1, the forward hunk with fuzz 1 at line 6 ("q b c r"):
-    # exact already-applied must win over fuzz, or the change would be made a second time.
+def test_a_fuzzy_lookalike_of_the_old_side_makes_an_already_applied_hunk_ambiguous():
+    # The new side matches exactly at line 1; at fuzz 1 the old side also matches at line 6
+    # ("q b c r"). With fuzz 1 in use the search reaches both: the engine cannot tell whether
+    # line 6 is the real place (unpatched) or a lookalike, so it fails the hunk with both places
+    # rather than skip it (issue 21) or make the change a second time (issue 11).
     patch = "--- a/f\n+++ b/f\n@@ -1,4 +1,5 @@\n a\n b\n+X\n c\n d\n"
     text = "a\nb\nX\nc\nd\nq\nb\nc\nr\n"
-    res = apply_file_patch(one(patch), text, fuzz=1)
+    (h,) = (res := apply_file_patch(one(patch), text, fuzz=1)).hunks
+    assert (h.status, h.ambiguous, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, True, 6, 1)
+    assert "old lines match at line 6 (fuzz 1) and its new lines at line 1" in h.reason
+    assert res.text is None and not res.ok
+    # at fuzz 0 the old side is nowhere: already applied
+    res = apply_file_patch(one(patch), text)
     assert res.hunks[0].status is HunkStatus.ALREADY_APPLIED and res.text == text
     # without the already-applied copy, the same hunk does land with fuzz 1 ("q b c r")
     res = apply_file_patch(one(patch), "q\nb\nc\nr\n", fuzz=1)
@@ -380,10 +482,12 @@ MIN_PATCH = ("--- a/f\n+++ b/f\n@@ -1,4 +1,4 @@\n-head\n+HEAD\n a\n b\n c\n"
 
 
 def test_never_applies_a_change_twice_minimal_case():
+    # Hunk 2's new side is at line 9, its old side free at line 2: ambiguous, nothing written.
     res = apply_file_patch(one(MIN_PATCH), MIN_FILE)
-    assert [h.status for h in res.hunks] == [HunkStatus.ALREADY_APPLIED] * 2
-    assert [h.line for h in res.hunks] == [1, 9]
-    assert res.text == MIN_FILE and res.text.count("X\n") == 1
+    assert [h.status for h in res.hunks] == [HunkStatus.ALREADY_APPLIED, HunkStatus.FAILED]
+    assert res.hunks[0].line == 1
+    assert (res.hunks[1].nearest_line, res.hunks[1].new_side_line) == (2, 9)
+    assert res.text is None
 
 
 @pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch (the oracle)")
@@ -397,38 +501,85 @@ def test_never_applies_a_change_twice_minimal_case_gnu_oracle(tmp_path: Path):
     assert (tmp_path / "f").read_text() == MIN_FILE
 
 
-def test_new_side_at_the_expected_place_wins_over_a_forward_match_elsewhere():
-    # One hunk, its expected place holds the new side; the old side is free further up.
+# issue 21, the minimal case: the patch was made against a file holding a lookalike of the
+# hunk's new side ("a b C d e") above its real place ("a b c d e" at line 10). Applied to that
+# file with five lines inserted at the top, the lookalike (line 6) is nearer the expected line
+# (10) than the real place (15): the engine used to say already-applied and leave line 17 "c".
+LOOK_FILE = _words("a b C d e x1 x2 x3 x4 a b c d e z")
+LOOK_PATCH = "--- a/f.txt\n+++ b/f.txt\n@@ -10,5 +10,5 @@\n a\n b\n-c\n+C\n d\n e\n"
+
+
+def test_a_lookalike_of_the_new_side_is_ambiguous_never_already_applied():
+    target = _words("t1 t2 t3 t4 t5") + LOOK_FILE
+    res = apply_file_patch(one(LOOK_PATCH), target)
+    (h,) = res.hunks
+    assert (h.status, h.line, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, None, 15, 6)
+    assert h.reason.startswith("ambiguous: its old lines match at line 15 and its new lines at line 6")
+    assert res.text is None and not res.ok
+    # on the file it was made against too: the lookalike is in reach wherever the hunk lands
+    (h,) = apply_file_patch(one(LOOK_PATCH), LOOK_FILE).hunks
+    assert (h.nearest_line, h.new_side_line) == (10, 1)
+    # without the lookalike the hunk applies where GNU patch applies it; patched, it is there
+    clean = target.replace("C\n", "Q\n")
+    res = apply_file_patch(one(LOOK_PATCH), clean)
+    assert (res.hunks[0].status, res.hunks[0].line, res.hunks[0].offset) == (HunkStatus.OFFSET, 15, 5)
+    assert apply_file_patch(one(LOOK_PATCH), res.text).hunks[0].status is HunkStatus.ALREADY_APPLIED
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch (the oracle)")
+def test_a_lookalike_of_the_new_side_gnu_oracle(tmp_path: Path):
+    """GNU patch applies the minimal case at line 15 (offset 5): the real place is unpatched."""
+    (tmp_path / "f.txt").write_text(_words("t1 t2 t3 t4 t5") + LOOK_FILE)
+    (tmp_path / "p.diff").write_text(LOOK_PATCH)
+    run = subprocess.run(["patch", "-p1", "-N", "-F0", "-i", "p.diff"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=30)
+    assert "Hunk #1 succeeded at 15 (offset 5 lines)" in run.stdout, run.stdout
+
+
+def test_new_side_at_the_expected_place_and_old_side_elsewhere_is_ambiguous():
+    # One hunk, its expected place holds the new side; the old side is free further up. Which
+    # one is the real place is not in the text: failed with both places (issue 21).
     patch = "--- a/f\n+++ b/f\n@@ -7,4 +7,5 @@\n p\n q\n+X\n r\n s\n"
     text = _words("p q r s t u p q X r s v")
-    res = apply_file_patch(one(patch), text)
-    assert (res.hunks[0].status, res.hunks[0].line, res.text) == (HunkStatus.ALREADY_APPLIED, 7, text)
+    (h,) = apply_file_patch(one(patch), text).hunks
+    assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 1, 7)
+    # either side alone decides
+    assert apply_file_patch(one(patch), _words("t u t u t u p q X r s v")).hunks[0].status is HunkStatus.ALREADY_APPLIED
+    assert apply_file_patch(one(patch), _words("p q r s t u")).hunks[0].status is HunkStatus.OFFSET
 
 
-def test_fuzzy_reverse_match_at_the_same_fuzz_level():
-    # The change is in the file, but its outer context lines were edited: exact reverse fails.
-    # With fuzz 1 the old side's middle lines match at another place ("k m n z" below), and
-    # the reverse hunk matches with fuzz 1 where the patch says: fuzz must not add X again.
+def test_fuzzy_reverse_match():
+    # The change is in the file, but its outer context lines were edited: exact reverse fails;
+    # with fuzz 1 the reverse hunk matches where the patch says.
     patch = "--- a/f\n+++ b/f\n@@ -2,4 +2,5 @@\n k\n m\n+X\n n\n o\n"
-    text = _words("a EDITED m X n EDITED2 b k m n z")
-    for fuzz in (1, 2):
-        res = apply_file_patch(one(patch), text, fuzz=fuzz)
-        assert (res.hunks[0].status, res.hunks[0].line, res.hunks[0].fuzz) == (
-            HunkStatus.ALREADY_APPLIED, 2, 1)
-        assert res.text == text
+    text = _words("a EDITED m X n EDITED2 b")
+    res = apply_file_patch(one(patch), text, fuzz=1)
+    assert (res.hunks[0].status, res.hunks[0].line, res.hunks[0].fuzz) == (HunkStatus.ALREADY_APPLIED, 2, 1)
+    assert res.text == text
     assert apply_file_patch(one(patch), text).hunks[0].status is HunkStatus.FAILED  # fuzz 0
+    # At fuzz 2 the old side (an insertion with two lines of context) has no line left to
+    # compare, so it matches anywhere: with the new side found too, that is ambiguous.
+    (h,) = apply_file_patch(one(patch), text, fuzz=2).hunks
+    assert h.status is HunkStatus.FAILED and "at line 2 (fuzz 2)" in h.reason
+    # With the old side's middle lines below too ("k m n z"), fuzz 1 reaches both: fuzz must
+    # neither add X again nor call it applied.
+    (h,) = apply_file_patch(one(patch), text + _words("k m n z"), fuzz=1).hunks
+    assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 8, 2)
 
 
-def test_both_sides_match_at_the_place_the_longer_side_decides():
-    # Repeated lines: old side "a a a" and new side "a a a a" both match at line 2 of "a a a a":
-    # the new side explains more of the file, so the change is taken as there already.
+def test_both_sides_match_at_the_same_place_is_ambiguous():
+    # Repeated lines: old side "a a a" and new side "a a a a" both match in "a a a a": whether
+    # the line was added is not in the text (it used to be decided by the longer side).
     patch = "--- a/f\n+++ b/f\n@@ -2,3 +2,4 @@\n a\n a\n a\n+a\n"
-    res = apply_file_patch(one(patch), _words("a a a a"))
-    assert res.hunks[0].status is HunkStatus.ALREADY_APPLIED
-    # a deletion whose old side is longer: applied (GNU patch agrees)
+    (h,) = apply_file_patch(one(patch), _words("a a a a")).hunks
+    assert h.status is HunkStatus.FAILED and h.ambiguous
+    # a deletion of the first lines whose new side (one context line, anchored at the start)
+    # is there too: ambiguous as well (GNU patch applies it)
     patch = "--- a/f\n+++ b/f\n@@ -1,3 +1 @@\n-a\n-b\n a\n"
-    res = apply_file_patch(one(patch), _words("a b a a"))
-    assert res.hunks[0].status is HunkStatus.EXACT and res.text == _words("a a")
+    (h,) = apply_file_patch(one(patch), _words("a b a a")).hunks
+    assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 1, 1)
+    # (a file that starts with the old side always starts with this new side: never applied)
+    assert apply_file_patch(one(patch), _words("a c d")).hunks[0].status is HunkStatus.ALREADY_APPLIED
 
 
 # issue 11 item 11: inside a hunk, lines are read by its counts.
@@ -464,9 +615,26 @@ def test_two_sections_after_a_dash_dash_hunk():
 def test_limit_patch_size(monkeypatch):
     from ddtree_deploy import patch_parse
 
-    monkeypatch.setattr(patch_parse, "MAX_PATCH_CHARS", 100)
-    with pytest.raises(BadInput, match=r"^p.diff:1: the patch is .* over the limit of 100"):
+    monkeypatch.setattr(patch_parse, "MAX_PATCH_BYTES", 100)
+    with pytest.raises(BadInput, match=r"^p.diff:1: the patch is .* bytes, over the limit of 100 bytes"):
         parse_patch(TWO_HUNKS + "\n" * 100, name="p.diff")
+
+
+def test_limit_patch_size_counts_bytes_not_characters():
+    """Issue 21 item 4: 4 MiB is bytes. 1.5 M two-byte characters (3 MB) pass; 2.2 M (4.4 MB)
+    are refused though they are fewer than 4 Mi characters."""
+    from ddtree_deploy.patch_parse import MAX_PATCH_BYTES
+
+    def patch(chars: int) -> str:
+        line = "é" * 1000
+        body = f"+{line}\n" * (chars // 1000)
+        return f"--- /dev/null\n+++ b/f\n@@ -0,0 +1,{chars // 1000} @@\n" + body
+
+    assert len(parse_patch(patch(1_500_000), name="p.diff")[0].hunks[0].texts) == 1500
+    text = patch(2_200_000)
+    assert len(text) < MAX_PATCH_BYTES < len(text.encode())
+    with pytest.raises(BadInput, match=r"^p.diff:1: the patch is 4,40\d,\d{3} bytes, over the limit of 4,194,304 bytes"):
+        parse_patch(text, name="p.diff")
 
 
 def test_limit_hunk_count():
@@ -486,11 +654,27 @@ def test_limit_hunk_lines():
 
 
 def test_limit_line_length():
-    from ddtree_deploy.patch_parse import MAX_LINE_CHARS
+    from ddtree_deploy.patch_parse import MAX_LINE_BYTES
 
-    text = "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+" + "b" * MAX_LINE_CHARS + "\n"
-    with pytest.raises(BadInput, match=r"^p.diff:5: line of .* characters, over the limit"):
+    text = "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+" + "b" * (MAX_LINE_BYTES + 1) + "\n"
+    with pytest.raises(BadInput, match=r"^p.diff:5: a line of 65,537 bytes, over the limit of 65,536 bytes"):
         parse_patch(text, name="p.diff")
+
+
+def test_limit_line_length_counts_the_source_lines_content_in_bytes():
+    """Issue 21 item 4: the limit is on the source line (not its tag and newline), in bytes."""
+    from ddtree_deploy.patch_parse import MAX_LINE_BYTES
+
+    def one_line(content: str, eol: str = "\n") -> str:
+        return f"--- a/f{eol}+++ b/f{eol}@@ -1 +1 @@{eol}-a{eol}+{content}{eol}"
+
+    for content, eol in (("b" * 65_535, "\n"), ("b" * MAX_LINE_BYTES, "\n"), ("b" * MAX_LINE_BYTES, "\r\n")):
+        (fp,) = parse_patch(one_line(content, eol), name="p.diff")  # was refused as 65,537 and more
+        assert fp.hunks[0].texts[1].removesuffix("\r") == content
+    two_bytes = "é" * (MAX_LINE_BYTES // 2 + 1)  # 32,769 characters, 65,538 bytes
+    with pytest.raises(BadInput, match=r"^p.diff:5: a line of 65,538 bytes, over the limit"):
+        parse_patch(one_line(two_bytes), name="p.diff")
+    assert parse_patch(one_line("é" * (MAX_LINE_BYTES // 2)), name="p.diff")  # 65,536 bytes
 
 
 def test_failed_reports_nearest_location_and_differing_lines():
@@ -717,7 +901,7 @@ def test_nearest_match_equals_a_brute_force_count(file, pattern, first, no_eol):
     src = _Lines.from_text(text, crlf=False)
     fp = FilePatch("p", 1, "f", "f", ())
     ap = _Applier(fp, src, False, "\n", 0)
-    pat = _Pattern(list(pattern), True, 0, 0)
+    pat = _Pattern(list(pattern), True, 0, 0, [])
 
     def hits(s):
         return sum(1 for k, w in enumerate(pattern)

@@ -364,3 +364,80 @@ def test_port_writes_its_tree_where_the_readme_says_refresh_reads_it(patches, re
     written = tmp_path / tree
     assert (written / port.TREE_MANIFEST).is_file()
     assert next_step.series_refresh(family, str(written)) in " ".join(res.stderr.split())
+
+
+# --- the user's own families (issue 21 item 6) ------------------------------------------------
+
+
+def _fix_rejects_by_hand(tree: Path) -> None:
+    """What an engineer does in port's working tree for the test family on 0.5.13 (see above)."""
+    sa, worker = tree / SERVER_ARGS, tree / WORKER
+    anchor = '            help="DFLASH only. Block size (verify window length).'
+    sa.write_text(sa.read_text().replace(
+        anchor, "            # DDTREE keeps the same rule: one draft step, verified as a tree.\n" + anchor))
+    worker.write_text(worker.read_text().replace('"Invariant broken: DFLASH batch',
+                                                 '"Invariant broken: DFLASH/DDTREE batch', 1))
+
+
+@pytest.mark.network
+def test_a_port_is_the_users_family_and_an_unfinished_one_is_never_picked_by_range(
+        patches, release_wheel, wheel_0513, tmp_path, monkeypatch):
+    """port writes the new family to the user's own folder (never the toolkit's patches/), every
+    listing labels it as the user's, and while it has .rej files no version range picks it:
+    check names it and says how to finish it, --family checks it with a warning, push and the
+    matrix leave it out. Once refreshed (--resolved) it is picked by its range."""
+    import json
+
+    from ddtree_deploy import rollout
+    from ddtree_deploy.matrix_run import run_matrix
+
+    mine = tmp_path / "data" / "patches"
+    monkeypatch.setenv("DDTREE_DEPLOY_USER_PATCHES", str(mine))
+    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
+    toolkit = _digest(patches)
+    runner = CliRunner()
+    tree = tmp_path / "tree"
+    res = runner.invoke(app, ["port", "--to", "0.5.13", "--tree", str(tree), "--json"])
+    assert res.exit_code == 1, res.output  # hunks were rejected
+    doc = json.loads(res.stdout)
+    new = mine / "sglang-0.5.13"
+    assert (doc["family"], doc["family_dir"], doc["family_origin"]) == ("sglang-0.5.13", str(new), "user")
+    assert sorted(p.name for p in new.glob("*.rej")) == ["0002-server-args.patch.rej", "0003-worker.patch.rej"]
+    assert _digest(patches) == toolkit  # nothing written into the toolkit's families
+    label = f"sglang-0.5.13 (yours, in {mine}; an unfinished port: 2 .rej files)"
+    res = runner.invoke(app, ["port", "--to", "0.5.13", "--into", "again", "--tree", str(tmp_path / "t2")])
+    assert res.exit_code == 2 and "already covered by family sglang-0.5.13" in res.stderr
+
+    # By version range: never the unfinished port.
+    res = runner.invoke(app, ["check", "--release", "0.5.13"])
+    assert res.exit_code == 2, res.output
+    flat = " ".join(res.stderr.split())
+    assert f"no finished family covers SGLang 0.5.13: {label} is not chosen by its range" in flat, flat
+    assert "--family sglang-0.5.13" in flat
+    # By name: checked, with a warning and the label; its rejected hunks fail.
+    res = runner.invoke(app, ["check", "--release", "0.5.13", "--family", "sglang-0.5.13", "--json"])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)
+    assert (doc["family_origin"], len(doc["family_rejects"])) == ("user", 2)
+    assert "is an unfinished port" in " ".join(res.stderr.split())
+    res = runner.invoke(app, ["check", "--release", "0.5.13", "--family", "sglang-0.5.13"])
+    assert res.stdout.startswith(f"check FAILED: family {label} on sglang-0.5.13"), res.stdout
+    with pytest.raises(BadInput, match="push refuses an unfinished port"):
+        rollout.series_chooser("sglang-0.5.13")
+    warnings = []
+    m = run_matrix(from_version="0.5.13", to_version="0.5.13", offline=True, jobs=1, warn=warnings.append)
+    assert [r.family for r in m.rows] == ["sglang-0.5.12"]  # the newest finished family, as a probe
+    assert any(f"family {label} is not chosen by its range" in w for w in warnings), warnings
+    assert m.to_json()["rows"][0]["family_origin"] == "toolkit"
+
+    # Finished: the rejects placed by hand, refreshed; now its range picks it, labelled as yours.
+    _fix_rejects_by_hand(tree)
+    res = runner.invoke(app, ["series", "refresh", "--family", "sglang-0.5.13", "--from", str(tree), "--resolved"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["check", "--release", "0.5.13"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith(f"check ok: family sglang-0.5.13 (yours, in {mine}) on sglang-0.5.13"), res.stdout
+    m = run_matrix(from_version="0.5.13", to_version="0.5.13", offline=True, jobs=1)
+    assert m.to_json()["rows"][0]["family"] == "sglang-0.5.13"
+    assert m.to_json()["rows"][0]["family_origin"] == "user"
+    assert _digest(patches) == toolkit

@@ -31,7 +31,8 @@ from ddtree_deploy.sandbox import SandboxHost as TestHost  # noqa: E402
 from sshd_host import ADDED, SPEC, UTILS, cli, host, ok, oracle, sshd  # noqa: E402,F401  (shared fixtures)
 from sshd_host import DEPLOY_FAMILY as FAMILY, DEPLOY_SERIES as DATA  # noqa: E402
 
-pytestmark = pytest.mark.sshd
+# The `sshd` marker: every test that takes the sshd fixture (tests/conftest.py); the plan and
+# status-text tests below are pure.
 
 TARGETS = (SPEC, UTILS, ADDED)
 _names = itertools.count()

@@ -250,6 +250,37 @@ def test_unsafe_patch_header_paths(fam, old, new, message):
     assert f"{P1}:{line}:" in exc.value.message
 
 
+def _prefixes(patch: Path, src: str, dst: str) -> None:
+    """The patch's headers as git diff --src-prefix=SRC --dst-prefix=DST writes them."""
+    text = patch.read_text()
+    for old, new in ((f"a/{HEADER}", f"{src}{HEADER}"), (f"b/{HEADER}", f"{dst}{HEADER}")):
+        text = text.replace(old, new)
+    patch.write_text(text)
+
+
+@pytest.mark.parametrize("src, dst, message, hint", [
+    ("", "", f"path '{HEADER}' has no prefix before sglang/ (git diff --no-prefix?); the engine strips "
+             "one leading component, as patch -p1 does", "git diff without --no-prefix"),
+    ("a/x/", "b/x/", f"path 'a/x/{HEADER}' has a prefix of several components ('a/x/', a custom git diff "
+                     "--src-prefix/--dst-prefix?)", "git's a/ and b/ prefixes"),
+    ("a//", "b//", f"path 'a//{HEADER}' has an empty component (a doubled '/')", "single slashes"),
+])
+def test_patch_path_prefixes_are_named(fam, src, dst, message, hint):
+    """Issue 21 item 5: these used to read 'outside the sglang/ package' or 'absolute path'."""
+    _prefixes(fam / P1, src, dst)
+    with pytest.raises(BadInput) as exc:
+        S.load_family(fam)
+    assert f"{P1}:1: {message}" in exc.value.message, exc.value.message
+    assert hint in exc.value.hint
+
+
+def test_one_component_custom_prefixes_load(fam):
+    """git diff --src-prefix=orig/ --dst-prefix=new/ strips like a/ and b/ (patch -p1 does too)."""
+    _prefixes(fam / P1, "orig/", "new/")
+    series = S.load_family(fam)
+    assert series.entries[0].file_patches[0].path == HEADER
+
+
 def test_patch_outside_the_package(fam):
     patch = fam / P1
     _edit(patch, f"--- a/{HEADER}", "--- a/torch/spec_info.py")

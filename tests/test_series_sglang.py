@@ -77,14 +77,14 @@ def patched_env(family, series, tmp_path_factory):
     from ddtree_deploy.sandbox import make_host_env
 
     return make_host_env(tmp_path_factory.mktemp("host") / "patched", overlay=series[0],
-                         version=family[1])
+                         version=family[1], read_only=True)
 
 
 @pytest.fixture(scope="module")
 def pristine_env(family, tmp_path_factory):
     from ddtree_deploy.sandbox import make_host_env
 
-    return make_host_env(tmp_path_factory.mktemp("host") / "pristine", version=family[1])
+    return make_host_env(tmp_path_factory.mktemp("host") / "pristine", version=family[1], read_only=True)
 
 
 def _probe(env, what: str, *args: str, pythonpath: Path | None = None,

@@ -33,7 +33,7 @@ from ddtree_deploy.transport import transport_for
 # The sshd, the pushed host and the inventory helpers of the end-to-end tune test.
 from test_tune_ssh import alive, pids, sshd, tuned_host, wait_for, write_inventory  # noqa: F401
 
-pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
+# Markers per test: the last test (the deadline rule) is pure.
 
 OPTS = tune.TuneOptions(budgets=(16,), topk=(2,), concurrency=(2,), baselines=("none",), requests=4,
                         input_len=16, output_len=16, repeats=0)
@@ -48,6 +48,8 @@ def _lines(results: Path) -> list[dict]:
     return [json.loads(x) for x in results.read_text().splitlines()]
 
 
+@pytest.mark.sshd
+@pytest.mark.sglang_env
 def test_a_frozen_tune_program_is_noticed_after_the_silence_limit(tuned_host, tmp_path):
     h = tuned_host
     pid_file = tmp_path / "server.pids"
@@ -93,6 +95,8 @@ def test_a_frozen_tune_program_is_noticed_after_the_silence_limit(tuned_host, tm
     assert [d["kind"] for d in _lines(out / "results.jsonl")] == ["header"]  # nothing half-written
 
 
+@pytest.mark.sshd
+@pytest.mark.sglang_env
 def test_a_launch_past_its_deadline_keeps_what_finished_and_resume_continues(tuned_host, tmp_path):
     h = tuned_host
     pid_file = tmp_path / "server.pids"

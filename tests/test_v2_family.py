@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 FAMILY = REPO / "patches" / "sglang-0.5.20"
 RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 
-pytestmark = pytest.mark.sglang_env
+# `sglang_env` on the tests that run the release in a venv (matrix --import, the tree level);
+# the others read the wheels (check, GNU patch, matrix) or are pure.
 
 
 def test_family_range_is_the_releases_it_is_proven_on():
@@ -106,6 +107,7 @@ def test_matrix_says_ok_on_every_release_of_the_range(monkeypatch):
 # matrix --import and the tree level
 
 
+@pytest.mark.sglang_env
 def test_matrix_import_passes_the_tree_level_on_0_5_23(monkeypatch):
     from ddtree_deploy.matrix_run import run_matrix
 
@@ -136,10 +138,29 @@ def _variant(tmp_path: Path, *, drop: tuple[str, ...] = (), worker_source: str |
     return load_family(patches / FAMILY.name, payload_dir=payload)
 
 
-def _tree_level(series, version: str, tmp_path: Path) -> tuple[str, str]:
+@pytest.fixture(scope="module")
+def unpatched_cannot():
+    """What the unpatched release cannot import in a CPU env, per (version, modules): the
+    same answer for every variant below (they differ in payload files the release lacks),
+    so its import probe (torch and SGLang imported whole) runs once per module."""
+    from ddtree_deploy import releases
+    from ddtree_deploy.matrix_import import unimportable
+
+    answers: dict[tuple, dict[str, str]] = {}
+
+    def cannot(version: str, python: Path, modules: list[str]) -> dict[str, str]:
+        key = (releases.ensure_wheel(version).name, tuple(sorted(modules)))
+        if key not in answers:
+            answers[key] = unimportable(python, modules, 300)
+        return answers[key]
+
+    return cannot
+
+
+def _tree_level(series, version: str, tmp_path: Path, unpatched_cannot) -> tuple[str, str]:
     from ddtree_deploy import releases
     from ddtree_deploy.check import check_series
-    from ddtree_deploy.matrix_import import make_env, tree_level, unimportable
+    from ddtree_deploy.matrix_import import make_env, tree_level
     from ddtree_deploy.smoke_plan import module_name
 
     wheel = releases.ensure_wheel(version)
@@ -149,7 +170,7 @@ def _tree_level(series, version: str, tmp_path: Path) -> tuple[str, str]:
     assert report.ok, report.to_json()
     python, site = make_env(tmp_path / "env", wheel)
     existing = [module_name(p) for p in wanted if found.get(p) is not None and module_name(p)]
-    cannot = unimportable(python, existing, 300)
+    cannot = unpatched_cannot(version, python, existing)  # probed before the series is written
     for p in report.patched.values():
         target = site.joinpath(*p.path.split("/"))
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -157,10 +178,11 @@ def _tree_level(series, version: str, tmp_path: Path) -> tuple[str, str]:
     return tree_level(python, tmp_path / "tree", cannot, 300)
 
 
-def test_tree_level_fails_a_series_without_the_worker(tmp_path):
+@pytest.mark.sglang_env
+def test_tree_level_fails_a_series_without_the_worker(tmp_path, unpatched_cannot):
     # A deliberately partial port: DDTREE registered (plugin, flags, hooks), no worker.
     series = _variant(tmp_path, drop=("ddtree_worker_v2.py", "ddtree_lineage.py"))
-    status, detail = _tree_level(series, "0.5.23", tmp_path)
+    status, detail = _tree_level(series, "0.5.23", tmp_path, unpatched_cannot)
     assert status == "failed", detail
     assert "does not import" in detail and "ddtree_worker_v2" in detail, detail
 
@@ -174,9 +196,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 '''
 
 
-def test_tree_level_fails_a_worker_that_does_not_tree_verify(tmp_path):
+@pytest.mark.sglang_env
+def test_tree_level_fails_a_worker_that_does_not_tree_verify(tmp_path, unpatched_cannot):
     series = _variant(tmp_path, worker_source=LINEAR_WORKER)
-    status, detail = _tree_level(series, "0.5.23", tmp_path)
+    status, detail = _tree_level(series, "0.5.23", tmp_path, unpatched_cannot)
     assert status == "failed", detail
     assert "does not tree-verify" in detail and "DDTREE_TREE_VERIFY" in detail, detail
 

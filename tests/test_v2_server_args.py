@@ -95,7 +95,7 @@ def patched_env(tmp_path_factory):
     from ddtree_deploy.sandbox import make_host_env
 
     return make_host_env(tmp_path_factory.mktemp("v2") / "patched", overlay=_family_overlay(RELEASE),
-                         version=RELEASE)
+                         version=RELEASE, read_only=True)
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def test_pristine_release_baseline(tmp_path):
     # block, topk 1) and DDTREE is unknown, so the cases above measure the family.
     from ddtree_deploy.sandbox import make_host_env
 
-    env = make_host_env(tmp_path / "pristine", version=RELEASE)
+    env = make_host_env(tmp_path / "pristine", version=RELEASE, read_only=True)
     got = _probe(env, "resolve", json.dumps({"dflash": {"speculative_algorithm": "DFLASH"}, "ddtree": {}}))
     dflash = got["dflash"]["fields"]
     assert dflash["speculative_num_draft_tokens"] == 16 and dflash["speculative_eagle_topk"] == 1

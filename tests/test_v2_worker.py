@@ -306,7 +306,7 @@ def probe_results(tmp_path_factory) -> dict:
     overlay = _family_overlay(tmp_path_factory.mktemp("series"))
     assert {f"sglang/srt/speculative/{name}.py" for name in PAYLOAD} <= set(overlay)
     env = make_host_env(tmp_path_factory.mktemp("host") / "v2", overlay=overlay,
-                        version=RELEASE)
+                        version=RELEASE, read_only=True)
     standin = ks.install_as_sgl_kernel(tmp_path_factory.mktemp("standin"))
     probe = _probe_module()
     run = run_python(

@@ -78,7 +78,7 @@ def test_kernels_step_runs_on_cpu_against_the_patched_release(tmp_path):
 
     (tmp_path / "series").mkdir()
     env = make_host_env(tmp_path / "host", overlay=_family_overlay(tmp_path / "series"),
-                        version=RELEASE)
+                        version=RELEASE, read_only=True)
     standin = ks.install_as_sgl_kernel(tmp_path / "standin")
     run = run_python(env, [str(HELPER), "kernels", "--device", "cpu"], timeout=600,
                      extra_env={"PYTHONPATH": standin, "SGLANG_USE_CPU_ENGINE": "1"})

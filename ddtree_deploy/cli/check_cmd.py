@@ -43,8 +43,12 @@ def _resolve(snapshot: str | None, release: str | None, family: str | None) -> t
     assert version is not None
     series = choose_series(version, family)
     if family and not series.info.covers(version):
-        err.print(f"[yellow]note:[/] family {series.name} ({series.specifier}) does not cover "
-                  f"SGLang {version}; checking it anyway because --family was given")
+        err.print(f"[yellow]note:[/] family {escape(series.info.label)} ({series.specifier}) does not cover "
+                  f"SGLang {version}; checking it anyway because --family was given", soft_wrap=True)
+    if series.info.unfinished:  # only ever here by name: a range never picks it
+        err.print(f"[yellow]warning:[/] family {escape(series.info.label)} is an unfinished port: its "
+                  "rejected hunks fail until they are placed (series refresh --resolved); checking it "
+                  "because --family was given (push refuses it)", soft_wrap=True)
     if snap is None:
         # "cached" is not claimed: a download, when one is needed, shows its own bar or line.
         err.print(f"[dim]snapshot sglang-{version}: from the release's verified wheel[/]")
@@ -74,7 +78,7 @@ def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
 
     from ddtree_deploy.cli.tables import show
 
-    title = (f"check: family {series.name} on snapshot {snap.name} "
+    title = (f"check: family {series.info.label} on snapshot {snap.name} "
              f"(sglang {snap.manifest.sglang_version}, fuzz {report.fuzz})")
     table = Table(title=escape(title))
     # fold, never truncate: a path cut to "sglang/srt/…" tells nobody anything.
@@ -130,10 +134,14 @@ def _render_failures(entry: EntryCheck, series: Series) -> None:
             continue
         if f.ok:
             continue
-        if f.message and not f.hunks:
+        if f.message and all(h.ok for h in f.hunks):  # a file-level failure: no hunk tells it
             err.print(f"[red]{escape(entry.name)}[/]: {escape(f.path)}: {escape(f.message)}", highlight=False, soft_wrap=True)
         for h in f.hunks:
             if h.ok:
+                continue
+            if h.ambiguous:  # both places are in the reason; no "nearest" to add
+                err.print(f"[red]{escape(patch_file)}:{h.patch_line}[/] hunk {h.index} {escape(h.header)} "
+                          f"failed on {escape(f.path)}: {escape(h.reason)}", highlight=False, soft_wrap=True)
                 continue
             near = f" nearest match at line {h.nearest_line}" if h.nearest_line else ""
             why = f" ({escape(h.reason)})" if h.reason else ""
@@ -207,9 +215,10 @@ def _check(*, snapshot: str | None, release: str | None, family: str | None, fuz
     verdict = "ok" if report.ok else "FAILED"
     if json_output:
         emit_json({"snapshot": {"name": snap.name, "sglang_version": snap.manifest.sglang_version,
-                                "source": snap.manifest.source}, **report.to_json()})
+                                "source": snap.manifest.source}, **report.to_json(),
+                   "family_origin": series.info.origin, "family_rejects": list(series.info.rejects)})
     else:
-        say(f"check {verdict}: family {series.name} on {snap.name}: hunks {counts or 'none'}; "
+        say(f"check {verdict}: family {series.info.label} on {snap.name}: hunks {counts or 'none'}; "
             f"{len(report.compile_errors)} compile errors")
     return report.ok
 

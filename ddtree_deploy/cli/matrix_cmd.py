@@ -34,7 +34,7 @@ def _render_matrix(matrix: Matrix) -> None:
 
     for family, header, body in matrix.tables():
         rows = [r for r in matrix.rows if r.family == family]
-        _render_table(family, header, body, list(Matrix(tuple(rows)).columns()))
+        _render_table(matrix.label(family), header, body, list(Matrix(tuple(rows)).columns()))
     for line in matrix.details():
         err.print(f"[red]does not apply:[/] {escape(line)}", highlight=False, soft_wrap=True)
     err.print(f"{matrix.summary()}; time {matrix.timings.line()}", highlight=False)

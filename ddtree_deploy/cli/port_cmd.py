@@ -17,7 +17,8 @@ from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
 from ddtree_deploy import next_step
 from ddtree_deploy.errors import EXIT_FAILED, BadInput
 from ddtree_deploy.locations import repo_dir
-from ddtree_deploy.series import families, family_folder, load_family, require_families, show
+from ddtree_deploy.series import (families, family_folder, load_family, origin_of, read_family_info,
+                                  require_families, show)
 
 series_app = typer.Typer(help="Work on a family's patch files.", no_args_is_help=True)
 app.add_typer(series_app, name="series")
@@ -35,7 +36,9 @@ def _newest_family() -> str:
 
     from ddtree_deploy.matrix import upper_bound
 
-    infos = require_families()
+    infos = [f for f in require_families() if not f.unfinished]  # never port on from a half-ported one
+    if not infos:
+        raise BadInput("every family is an unfinished port (it has .rej files)", hint="name one with --family")
     return max(infos, key=lambda f: (upper_bound(f) or (Version("0"), False))[0]).name
 
 
@@ -59,7 +62,8 @@ REFRESH_HELP = (
 def port_command(
     to_version: str = typer.Option(..., "--to", help="The SGLang release to port the family to."),
     family: Optional[str] = typer.Option(None, "--family", help="The family to port (default: the newest)."),
-    into: Optional[str] = typer.Option(None, "--into", help="The new family's name (default: sglang-X.Y.Z)."),
+    into: Optional[str] = typer.Option(None, "--into", help="The new family's name (default: sglang-X.Y.Z; "
+                                                            "written to your families folder), or a folder."),
     fuzz: int = typer.Option(0, "--fuzz", min=0, max=2, help="Also accept hunks that match with fuzz (0-2)."),
     tree: Optional[Path] = typer.Option(None, "--tree", help="Where to write the working tree "
                                                              "(default: build/port-<family>)."),
@@ -74,6 +78,9 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
     from packaging.version import InvalidVersion, Version
 
     source = load_family(family or _newest_family())
+    if source.info.unfinished:
+        err.print(f"[yellow]warning:[/] porting from {escape(source.info.label)}: its rejected hunks are "
+                  "carried as they are and will be rejected again", soft_wrap=True)
     try:
         release = Version(to_version).release
     except InvalidVersion:
@@ -100,6 +107,7 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
         status = "ok" if entry.ok else f"{len(entry.rejects)} rejected"
         note = "" if entry.text is not None or entry.kind == "add" else " (all already upstream: dropped)"
         err.print(f"  {escape(entry.entry)}: {len(landed)} hunk(s) landed, {status}{note}", highlight=False, soft_wrap=True)
+    info = read_family_info(outcome.family_dir)
     err.print(f"wrote family {escape(show(outcome.family_dir))} and working tree {escape(show(outcome.tree_dir))}", soft_wrap=True)
     if not result.ok:
         err.print("[bold]what to edit:[/]", soft_wrap=True)
@@ -113,7 +121,7 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
                   highlight=False, soft_wrap=True)
     if not json_output:
         verdict = "ok" if result.ok else f"{len(result.rejects)} hunk(s) rejected"
-        say(f"port {verdict}: family {outcome.family_dir.name} for SGLang {to_version}")
+        say(f"port {verdict}: family {info.label} for SGLang {to_version}")
     return 0 if result.ok else EXIT_FAILED
 
 
@@ -124,6 +132,7 @@ def _port_json(outcome: "porting.PortOutcome") -> dict:
         "sglang": result.version,
         "family": outcome.family_dir.name,
         "family_dir": str(outcome.family_dir),
+        "family_origin": origin_of(outcome.family_dir),
         "tree": str(outcome.tree_dir),
         "entries": [
             {

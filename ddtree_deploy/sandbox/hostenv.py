@@ -11,28 +11,45 @@ Used by the demo (``python -m ddtree_deploy.demo``), the benchmarks and the test
 
     release_wheel(version)                      -> Path of the cached wheel (downloads once)
     pristine_files(version, paths=None)         -> {package-relative path: bytes}
-    make_host_env(dest, *, overlay=None, version) -> HostEnv(python, site_packages)
+    make_host_env(dest, *, overlay=None, version, read_only=False)
+                                                -> HostEnv(python, site_packages)
     make_python_env(dest, files=None, version)  -> (python, site-packages): only some files,
                                                    no shared venv (for deploy tests: fast)
     write_kernel_standin(dest)                  -> folder to put on PYTHONPATH (see there)
     run_python(env, code_or_args, ...)          -> subprocess.CompletedProcess
+
+Built once, copied after (``SHARE_ENV``): when ``DDTREE_DEPLOY_SANDBOX_SHARE`` names a
+folder (the test suite sets it to one folder per pytest run, shared by its xdist workers),
+each distinct environment (same kind, release, files or overlay, interpreter) is built
+there once, under a file lock, and every later call copies it to ``dest`` (``cp -a``: a
+copy is the caller's to change, as a host's files are changed by a push).
+``make_host_env(..., read_only=True)`` hands out the shared build itself instead of a copy,
+for callers that only run the interpreter (probes, imports): nothing may write into it.
+Unset, every call builds its own, as the demo and the benchmarks do.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from ddtree_deploy.locations import cache_dir
 
 #: The release the DDTree series was made against (the seeds' host ran it).
 BASELINE_RELEASE = "0.5.12.post1"
+
+#: A folder where each distinct environment is built once and shared (see the module doc).
+SHARE_ENV = "DDTREE_DEPLOY_SANDBOX_SHARE"
 
 
 @dataclass(frozen=True)
@@ -163,13 +180,31 @@ def make_host_env(
     *,
     overlay: Mapping[str, bytes] | None = None,
     version: str = BASELINE_RELEASE,
+    read_only: bool = False,
 ) -> HostEnv:
     """Build a host environment in ``dest`` (a new or empty folder).
 
     ``overlay`` maps site-packages-relative paths (``sglang/srt/server_args.py``) to
     the bytes that replace (or add) that file after the release is installed.
+    ``read_only``: the caller never writes into the environment (it only runs its
+    interpreter); with a share folder it gets the shared build itself, not a copy, and
+    ``dest`` stays unused.
     """
-    dest = Path(dest)
+    overlay = dict(overlay or {})
+    key = {"release": release_wheel(version).name, "python": _base_python(),
+           "shared": str(_shared_site_packages()),
+           "overlay": {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(overlay.items())}}
+    built = _shared_build("host", key, lambda d: _build_host_env(d, overlay, version))
+    if built is None:
+        return _build_host_env(Path(dest), overlay, version)
+    site = _site_packages(built)
+    if read_only:
+        return HostEnv(python=built / "bin" / "python", site_packages=site)
+    _copy_tree(built, Path(dest))
+    return HostEnv(python=Path(dest) / "bin" / "python", site_packages=Path(dest) / site.relative_to(built))
+
+
+def _build_host_env(dest: Path, overlay: Mapping[str, bytes], version: str) -> HostEnv:
     subprocess.run(
         [_base_python(), "-m", "venv", "--without-pip", str(dest)], check=True
     )
@@ -182,7 +217,7 @@ def make_host_env(
     )
     with zipfile.ZipFile(release_wheel(version)) as zf:
         zf.extractall(site_packages)
-    for rel, data in (overlay or {}).items():
+    for rel, data in overlay.items():
         target = site_packages / rel
         if site_packages.resolve() not in target.resolve().parents:
             raise ValueError(f"overlay path escapes site-packages: {rel!r}")
@@ -204,8 +239,19 @@ def make_python_env(dest: Path, files: list[str] | None = None,
     and sglang/version.py); None extracts the whole package. Returns (python, site-packages).
     """
     dest = Path(dest)
+    key = {"release": release_wheel(version).name, "python": sys.executable,
+           "files": None if files is None else sorted(set(files))}
+    built = _shared_build("python", key, lambda d: _build_python_env(d, files, version))
+    if built is None:
+        _build_python_env(dest, files, version)
+    else:
+        _copy_tree(built, dest)
+    return dest / "bin" / "python", _site_packages(dest)
+
+
+def _build_python_env(dest: Path, files: list[str] | None, version: str) -> None:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest)], check=True)
-    (site,) = dest.glob("lib/python3*/site-packages")
+    site = _site_packages(dest)
     wanted = None
     if files is not None:
         wanted = set(files) | {"sglang/__init__.py", "sglang/version.py"}
@@ -217,7 +263,42 @@ def make_python_env(dest: Path, files: list[str] | None = None,
         for name in whl.namelist():
             if ".dist-info/" in name or (name.startswith("sglang/") and (wanted is None or name in wanted)):
                 whl.extract(name, site)
-    return dest / "bin" / "python", site
+
+
+def _site_packages(env: Path) -> Path:
+    (site,) = env.glob("lib/python3*/site-packages")
+    return site
+
+
+def _shared_build(kind: str, key: dict, build: Callable[[Path], object]) -> Path | None:
+    """The shared build of this environment (built now if no one has), or None without a
+    share folder. One builder at a time (flock); the build is renamed into place whole, so
+    a folder that exists under its final name is complete. A venv moves with its folder:
+    its interpreter finds its prefix from where it is started (pyvenv.cfg beside it)."""
+    share = os.environ.get(SHARE_ENV)
+    if not share:
+        return None
+    root = Path(share)
+    name = f"{kind}-{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]}"
+    ready = root / name
+    if ready.is_dir():
+        return ready
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if not ready.is_dir():
+            tmp = root / f".{name}.{os.getpid()}.building"
+            shutil.rmtree(tmp, ignore_errors=True)
+            build(tmp)
+            os.rename(tmp, ready)
+    return ready
+
+
+def _copy_tree(src: Path, dest: Path) -> None:
+    """``cp -a src/. dest/``: symlinks (the venv's interpreter) stay links, times and modes
+    kept; several times faster than shutil.copytree on a release's few thousand files."""
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-a", f"{src}/.", f"{dest}/"], check=True)
 
 
 def run_python(

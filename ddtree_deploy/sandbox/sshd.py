@@ -27,12 +27,45 @@ from pathlib import Path
 from ddtree_deploy.sandbox.hostenv import make_python_env
 
 SSHD = "/usr/sbin/sshd"
+#: Ports tried before giving up (a port is lost only when someone binds it in between).
+PORT_ATTEMPTS = 5
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _listener_pid_is(port: int, pid: int | None) -> bool:
+    """Whether the socket listening on 127.0.0.1:``port`` belongs to process ``pid`` (None:
+    whether any process listens there). Read from /proc: the listening socket's inode in
+    /proc/net/tcp, and the process's file descriptors that point at it."""
+    want = f"0100007F:{port:04X}"
+    inodes = set()
+    try:
+        with open("/proc/net/tcp") as table:
+            next(table)
+            for line in table:
+                fields = line.split()
+                if fields[1] == want and fields[3] == "0A":  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    except OSError:
+        return False
+    if pid is None or not inodes:
+        return bool(inodes)
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if os.readlink(f"{fd_dir}/{name}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def require_openssh() -> None:
@@ -144,12 +177,24 @@ class SSHServer:
         subprocess.run([*keygen, "-f", str(self.identity)], check=True)
         shutil.copy(f"{self.identity}.pub", self.dir / "authorized_keys")
         self.ssh_config.write_text("")  # never the user's own ~/.ssh/config
-        self.trust()
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+        # free_port() only names a port that was free a moment ago: another process (a
+        # parallel test worker's sshd or server) may bind it before our sshd does. Then
+        # ours exits, or the banner we see is the other one's: take a new port and retry.
+        for _attempt in range(PORT_ATTEMPTS):
+            if self._start_on(self.port):
+                return
+            self.port = free_port()
+        raise RuntimeError(f"sshd did not start: {PORT_ATTEMPTS} ports were taken before it could bind one")
+
+    def _start_on(self, port: int) -> bool:
+        """Start sshd on ``port``; False when the port was taken by someone else."""
+        self.known_hosts.write_text("")
+        self.trust()
         config = self.dir / "sshd_config"
         config.write_text(
             "\n".join([
-                f"Port {self.port}",
+                f"Port {port}",
                 "ListenAddress 127.0.0.1",
                 f"HostKey {self.host_key}",
                 f"PidFile {self.dir / 'sshd.pid'}",
@@ -172,15 +217,19 @@ class SSHServer:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 10
         while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    if s.recv(4).startswith(b"SSH-"):
-                        return
-            except OSError:
-                pass
+            if _listener_pid_is(port, self.proc.pid):
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                        if s.recv(4).startswith(b"SSH-"):
+                            return True
+                except OSError:
+                    pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"sshd did not start: {(self.dir / 'sshd.log').read_text()[-2000:]}")
+                log = (self.dir / "sshd.log").read_text(errors="replace")
+                if "Address already in use" in log or _listener_pid_is(port, None):
+                    return False
+                raise RuntimeError(f"sshd did not start: {log[-2000:]}")
             time.sleep(0.05)
 
     def host_key_line(self, port: int | None = None) -> str:
