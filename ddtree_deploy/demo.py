@@ -32,6 +32,7 @@ import argparse
 import importlib.util
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,7 +69,14 @@ class Choice:
 
 
 def say(text: str = "") -> None:
-    print(text, flush=True)
+    """A line of the demo's own, broken between words at the terminal's width (as the CLI's
+    result lines: a pipe without COLUMNS keeps lines whole)."""
+    width = shutil.get_terminal_size((0, 0)).columns
+    lines = text.split("\n")
+    if width > 20:
+        lines = [textwrap.fill(line, width, subsequent_indent="    ", break_long_words=False,
+                               break_on_hyphens=False) if line else line for line in lines]
+    print("\n".join(lines), flush=True)
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path) -> int:

@@ -112,3 +112,20 @@ def test_demo_models_are_the_checkouts_tiny_configs():
     """From a checkout the demo reads tests/data/models (the wheel's copy: test_install_wheel.py)."""
     for model in ("tiny-llama", "tiny-dflash-draft"):
         assert (demo.MODELS / model / "config.json").is_file()
+
+
+def test_make_demo_passes_release_through():
+    """README: `make demo RELEASE=0.5.12.post1` is the v1 demo; plain `make demo` chooses."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+
+    def demo_line(*args: str) -> str:
+        lines = subprocess.run(["make", "-n", "--no-print-directory", "-C", str(REPO), *args],
+                               capture_output=True, text=True, check=True, timeout=60).stdout.splitlines()
+        return next(line for line in lines if "ddtree_deploy.demo" in line)
+
+    assert demo_line("demo", "RELEASE=0.5.12.post1").endswith("-m ddtree_deploy.demo --release 0.5.12.post1")
+    assert demo_line("demo").endswith("-m ddtree_deploy.demo")

@@ -230,10 +230,10 @@ def test_installed_demo_runs_the_whole_flow_from_a_temp_folder(installed):
     for level in ("compile", "import", "cli"):  # the smoke levels push ran (cli read the shipped models)
         assert re.search(rf"^ +{level} +passed ", out, re.M), (level, out[-4000:])
     # The import level proved the v2 tree: DDTREE resolves to the family's worker.
-    assert "DDTREE -> DDTreeWorkerV2 (DDTREE_TREE_VERIFY = True)" in out, out[-4000:]
+    assert "DDTREE -> DDTreeWorkerV2 (DDTREE_TREE_VERIFY = True)" in said, out[-4000:]  # lines fitted to COLUMNS
     assert "smoke passed: journal marked deployed" in out
-    history = out.split("$ ddtree-deploy history")[1].split("$ ddtree-deploy rollback")[0]
-    assert re.search(rf"push {DEMO_FAMILY} \(\w+\) +ok -> switched", history), history
+    history = said.split("$ ddtree-deploy history")[1].split("$ ddtree-deploy rollback")[0]
+    assert re.search(rf"push {DEMO_FAMILY} \(\w+\) ok -> switched", history), history
     assert "phase: rolled-back" in out.split("$ ddtree-deploy status")[-1]  # back to pristine
     assert "demo: done in" in out and "the sandbox and its sshd are gone" in out
     assert list(tmp.iterdir()) == [], "the demo leaves nothing in its temp folder"
