@@ -32,7 +32,7 @@ test: system-deps install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc
 
 demo: system-deps install
-	$(PY) -m ddtree_deploy.demo
+	$(PY) -m ddtree_deploy.demo$(if $(RELEASE), --release $(RELEASE))
 
 bench: install
 	$(PY) -m bench

@@ -1,5 +1,5 @@
-"""Build hook: copy the toolkit's data (families, payload, release manifests, the demo's
-tiny model configs) into the wheel.
+"""Build hook: copy the toolkit's data (families, payload, release manifests, the example
+inventory, the demo's tiny model configs) into the wheel.
 
 The checkout keeps one copy of each at the top level (patches/, payload/,
 snapshot/*/MANIFEST.json), where the CLI reads them when run from a checkout.
@@ -32,6 +32,9 @@ def data_files() -> list[tuple[Path, str]]:
     # Release manifests only: SGLang's own files are re-extracted from the cached wheel.
     for f in sorted((ROOT / "snapshot").glob("*/MANIFEST.json")):
         out.append((f, f.relative_to(ROOT).as_posix()))
+    # The example inventory (`hosts list` points to it from an installed toolkit).
+    for f in sorted((ROOT / "hosts").glob("*.toml")):
+        out.append((f, f"examples/hosts/{f.name}"))
     # `python -m ddtree_deploy.demo`: the two tiny model configs (no weights) its cli level validates.
     for model in DEMO_MODELS:
         for f in sorted((ROOT / "tests" / "data" / "models" / model).glob("*.json")):

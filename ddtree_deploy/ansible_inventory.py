@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ddtree_deploy.ansible_map import MappingError, groups_toml, host_toml
 from ddtree_deploy.errors import BadInput
+from ddtree_deploy.fsutil import require_writable_folder
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,7 @@ def write_hosts(imported: Imported, out: Path, *, force: bool) -> list[Path]:
     files = {out / f"{n}.toml": text for n, text in imported.hosts.items()}
     if imported.groups_text:
         files[out / "groups.toml"] = imported.groups_text
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"--out {out}: exists and is not a folder")
+    require_writable_folder(out, "--out")
     existing = [p for p in files if p.exists()]
     if existing and not force:
         raise BadInput(f"--out {out}: {', '.join(p.name for p in existing)} already exist; nothing was written",

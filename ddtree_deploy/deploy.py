@@ -519,7 +519,14 @@ def _push(host: Host, transport: Transport, paths: list[str], desire: Callable[[
     def prepare(facts: dict, desired: Desired, progress: Progress) -> _Prepared:
         progress("drift check + plan")
         _unsafe(host, facts)
-        plan = plan_push(host.name, desired, _hashes(facts), facts["journal"])
+        try:
+            plan = plan_push(host.name, desired, _hashes(facts), facts["journal"])
+        except DeployError as exc:
+            if diff and exc.code == Code.DRIFT:  # --diff: what differs, not only which files (drift.py)
+                from ddtree_deploy.drift import push_drift_diff
+
+                exc.diff = push_drift_diff(desired, facts)
+            raise
         name = f"{desired.series} ({desired.series_id[:12]})"
         journal = dict(facts["journal"] or {})
         noop, noop_request, complete = f"already deployed: {name}; nothing changed", None, None
@@ -728,15 +735,17 @@ def _choose_backup(host: Host, backups: list[dict], to: str | None) -> dict:
 
 def status(host: Host, transport: Transport, paths: list[str] = (),
            expected: Callable[[dict], Desired | None] | None = None,
-           serving: Callable[[Transport, dict, Callable[[dict], dict]], dict] | None = None) -> dict:
+           serving: Callable[[Transport, dict, Callable[[dict], dict]], dict] | None = None,
+           content: bool = False) -> dict:
     """The host's state as one JSON-able document (read-only: takes no lock).
 
     ``serving(transport, facts, ask)``, when given, looks at the host's serving processes over
     the same connection (``serve_gate.serving_check``); ``ask`` sends it one more read-only
     request over this agent session (the history's switches, when a process started before
-    the last change). Its document is the ``serving`` key."""
+    the last change). Its document is the ``serving`` key. ``content`` (``status --diff``):
+    ``expected`` gets the files' bytes with the facts."""
     with transport, _session(transport, host, write=False) as sess:
-        init, facts = sess.call(_init(host), {"op": "facts", "paths": list(paths)})
+        init, facts = sess.call(_init(host), {"op": "facts", "paths": list(paths), "content": content})
         expect_ok(init, host.name, "agent start")
         expect_ok(facts, host.name, "discover")
         running = (serving(transport, facts, lambda request: expect_ok(sess.one(request), host.name, request["op"]))

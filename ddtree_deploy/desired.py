@@ -69,6 +69,6 @@ def desired_for(series: Series, host_name: str, facts: dict, *, fuzz: int = 0, f
     for path in paths:
         p = report.patched[path]
         targets.append(Target(path=path, pristine=None if p.original is None else sha256(p.original),
-                              patched=sha256(p.patched), data=p.patched))
+                              patched=sha256(p.patched), data=p.patched, original=p.original))
     return Desired(series=series.name, series_id=series_id(series), sglang_version=version, snapshot=source,
                    targets=tuple(targets))

@@ -6,7 +6,9 @@ A fleet command (push, rollback or status on several hosts) runs in this order:
   smoke-tested alone. Only if it ends deployed do the others start, ``parallel`` at a
   time. Once more than ``max_failures`` hosts have failed, no new host is started (the
   running ones finish, and a smoke failure among them is still rolled back by its own
-  push); the hosts never started are reported as skipped.
+  push); the hosts never started are reported as skipped. A failure once every host has
+  started stops nothing: the report's ``stop_reason`` is set only when a host was left
+  unstarted.
 - **rollback**, **status** and a push's **dry run**: every host, ``parallel`` at a
   time, no canary and no stop: rolling back is the way out of a bad push, one host's
   failure must never keep the others where they are, and a dry run changes nothing.
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Sequence
 
+from ddtree_deploy import next_step
 from ddtree_deploy.codes import BEFORE_CHANGE, UNREACHABLE, Code
 from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
 
@@ -119,7 +122,8 @@ def _members(group: str, group_members: dict[str, tuple[str, ...]]) -> tuple[str
     if group not in group_members:
         known = ", ".join(sorted(group_members)) or "none"
         raise BadInput(f"--group {group}: no such group (groups: {known})",
-                       hint="groups are defined in hosts/groups.toml")
+                       hint=f"groups are defined in the inventory folder's groups.toml: {next_step.hosts_list()} "
+                            "shows them")
     return group_members[group]
 
 
@@ -172,8 +176,8 @@ class Schedule:
         self.results[host] = kind
         if down:
             self.down.add(host)
-        if self.stop_reason is not None:
-            return
+        if self.stop_reason is not None or not self.pending:
+            return  # (nothing left to start: nothing is stopped, whatever failed)
         if host == self.policy.canary and not kind.ok:
             self.stop_reason = f"the canary {host} ended {kind.value}"
         elif self.policy.max_failures is not None and self.failures > self.policy.max_failures:
@@ -222,6 +226,16 @@ class HostResult:
     wave: int | None = None  # the batch it started in (1: the first, the canary's); None: not started
     started: float | None = None  # seconds after the fleet's start when it started
 
+    def shown_lines(self) -> tuple[str, ...]:
+        """``lines`` as printed: the first line is the host's outcome. A host that did not end
+        ok whose own lines start otherwise (a push whose smoke failed begins with its switch,
+        ``pushed ... switched``) is led by ``HOST: OUTCOME: why``."""
+        head = f"{self.host}: {self.kind.value}"
+        if self.kind.ok or (self.lines and self.lines[0].lower().startswith(head.lower())):
+            return self.lines
+        why = self.message[len(self.host) + 2:] if self.message.startswith(f"{self.host}: ") else self.message
+        return (head + (f": {why}" if why else ""), *self.lines)
+
     def to_json(self) -> dict:
         return {**self.doc, "host": self.host, "ok": self.kind.ok, "outcome": self.kind.value,
                 "elapsed_s": None if self.elapsed is None else round(self.elapsed, 3),
@@ -229,8 +243,14 @@ class HostResult:
 
 
 def failed(host: str, exc: DeployError) -> HostResult:
-    return HostResult(host, outcome_of_error(exc), {"host": host, **exc.to_json()}, exc.message, exc.exit_code,
-                      hint=exc.hint, error=exc)
+    """A host whose work raised ``exc``; evidence the error carries (``diff``: a drifted
+    file against what the series expects, ``push --diff``) is its lines and ``diff``."""
+    doc = {"host": host, **exc.to_json()}
+    diff = getattr(exc, "diff", None)
+    if diff:
+        doc["diff"] = diff
+    return HostResult(host, outcome_of_error(exc), doc, exc.message, exc.exit_code, hint=exc.hint, error=exc,
+                      lines=tuple(diff.splitlines()) if diff else ())
 
 
 def skipped(host: str, reason: str) -> HostResult:

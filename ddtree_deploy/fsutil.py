@@ -87,3 +87,61 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def require_writable_folder(path: Path, option: str, *, given: Path | None = None,
+                            todo: str | None = None) -> Path:
+    """``path`` is a folder this process can write into, or can make and then write into;
+    else ``BadInput`` naming ``option`` (``--write DIR``) and why: a file in the way, a folder
+    that cannot be made or written (permissions, a read-only or virtual file system).
+
+    A probe, for commands to call before their work: bad output folders are bad input
+    (exit 2), not a traceback after minutes of work. It leaves nothing: the folders it made
+    to try are removed again (the command makes them when it writes)."""
+    from ddtree_deploy.errors import BadInput
+
+    path = Path(path)
+    shown = f"{option} {given or path}"  # as the user wrote it (``require_writable_file``: the file)
+    todo = todo or f"give {option} a folder you can write"
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"{shown}: {path} exists and is not a folder", hint=todo)
+    made: list[Path] = []
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise BadInput(f"{shown}: {parent} is not a folder", hint=todo)
+            break
+        made.insert(0, parent)
+    problem, created = None, []
+    try:
+        for folder in made:
+            problem = f"cannot make {folder}"
+            folder.mkdir()
+            created.append(folder)
+        problem = f"cannot write in {path}"
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".ddtree-probe-")
+        os.close(fd)
+        os.unlink(probe)
+        problem = None
+    except OSError as exc:
+        problem = f"{problem} ({exc.strerror or type(exc).__name__})"
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            break  # something else wrote there meanwhile: leave it
+    if problem:
+        raise BadInput(f"{shown}: {problem}", hint=todo)
+    return path
+
+
+def require_writable_file(path: Path, option: str) -> Path:
+    """``path`` is a file this process can write (its folder as ``require_writable_folder``),
+    else ``BadInput``; a folder in its place is refused."""
+    from ddtree_deploy.errors import BadInput
+
+    path = Path(path)
+    if path.is_dir():
+        raise BadInput(f"{option} {path}: is a folder; give a file name", hint=f"e.g. {option} {path / 'report.md'}")
+    require_writable_folder(path.parent, option, given=path, todo=f"give {option} a file in a folder you can write")
+    return path

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ddtree_deploy import __version__
 from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.fsutil import require_writable_folder
 
 STAGE = "/tmp/ddtree-stage"
 DEFAULT_STATE_DIR = "/var/lib/ddtree-deploy"
@@ -128,6 +129,7 @@ def write_context(base: str, release: str, out: Path, *, family: str | None = No
         # --force replaces what this command wrote before, never an arbitrary folder.
         raise BadInput(f"--out {out}: not a build context written by `ddtree-deploy image` (no ddtree/series.json); "
                        "--force does not delete it; nothing was written", hint="choose a new folder")
+    require_writable_folder(out, "--out")
     series = choose_series(release, family)
     require_finished(series, "image")  # an image deploys the series: never an unfinished port
     facts = {"sglang_version": release, "files": {}, "package_root": f"<sglang {release} release>"}

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+from ddtree_deploy import next_step
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.locations import repo_dir
 from ddtree_deploy.toml_input import TomlFile, read_text
@@ -70,8 +72,34 @@ class Host:
         return self.ssh is None
 
 
+# The folder ``-i/--inventory DIR`` names for the running command (cli/app.handles_errors sets
+# it for the command's body): None, the default folder (``locations.repo_dir("hosts")``).
+_chosen_folder: Path | None = None
+
+
 def hosts_dir() -> Path:
-    return repo_dir("hosts")
+    """Where host files are read (and ``hosts init`` writes): ``-i DIR`` when given, else
+    ``DDTREE_DEPLOY_HOSTS``, a checkout's ``hosts/``, or ``~/.config/ddtree-deploy/hosts``."""
+    return _chosen_folder if _chosen_folder is not None else repo_dir("hosts")
+
+
+@contextmanager
+def inventory_folder(folder: Path | str | None) -> Iterator[None]:
+    """Read hosts from ``folder`` (``-i DIR``) in this block; None changes nothing."""
+    global _chosen_folder
+    if folder is None:
+        yield
+        return
+    before, _chosen_folder = _chosen_folder, Path(folder).expanduser()
+    try:
+        yield
+    finally:
+        _chosen_folder = before
+
+
+def chosen_folder() -> Path | None:
+    """The ``-i DIR`` of this command, if one was given (hints repeat it)."""
+    return _chosen_folder
 
 
 GROUPS_FILE = "groups.toml"
@@ -108,7 +136,8 @@ def parse_groups(data: dict, *, source: str, text: str = "") -> dict[str, tuple[
             raise doc.bad(key, "must be a non-empty list of host names", f'e.g. {name} = ["ct200"]')
         for m in members:
             if not isinstance(m, str) or not _HOST_FILE_NAME.match(m):
-                raise doc.bad(key, f"{m!r} is not a host name", "use the name of a file in hosts/ (without .toml)")
+                raise doc.bad(key, f"{m!r} is not a host name",
+                              f"use the name of a host file in {path_parent(source)} (without .toml)")
         if len(set(members)) != len(members):
             dup = next(m for m in members if members.count(m) > 1)
             raise doc.bad(key, f"{dup!r} is listed twice", "list each host once")
@@ -116,8 +145,16 @@ def parse_groups(data: dict, *, source: str, text: str = "") -> dict[str, tuple[
     return groups
 
 
+def host_file_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a host file's name (``NAME.toml``), or None."""
+    if not _HOST_FILE_NAME.match(name) or name in (".", ".."):
+        return "a host name uses letters, digits, '.', '-', '_' and starts with a letter, digit or '_'"
+    return None
+
+
 def load_host(name_or_path: str, *, directory: Path | None = None) -> Host:
     """``ct200`` -> hosts/ct200.toml; a path ending in .toml is read as is; ``local`` is built in."""
+    folder = directory or hosts_dir()
     if name_or_path.endswith(".toml"):
         path = Path(name_or_path)
         # The stem becomes the host's name: in messages, log folders, snapshot names.
@@ -128,16 +165,18 @@ def load_host(name_or_path: str, *, directory: Path | None = None) -> Host:
         if not _HOST_FILE_NAME.match(name_or_path):
             raise BadInput(
                 f"host name {name_or_path!r}: use letters, digits, '.', '-', '_' "
-                "(the name of a file in hosts/)"
-            )
+                f"(the name of a host file in {folder}, without .toml)",
+                hint=f"list them: {next_step.hosts_list(chosen_folder())}")
         if name_or_path == GROUPS_FILE[:-5]:
-            raise BadInput(f"host name {name_or_path!r}: reserved (hosts/{GROUPS_FILE} holds the host groups); "
+            raise BadInput(f"host name {name_or_path!r}: reserved ({folder / GROUPS_FILE} holds the host groups); "
                            "use --group NAME, or name the host's file otherwise")
-        path = (directory or hosts_dir()) / f"{name_or_path}.toml"
+        path = folder / f"{name_or_path}.toml"
         if not path.exists():
             if name_or_path == LOCAL:
                 return Host(name=LOCAL, python=sys.executable, ssh=None, source=None)
-            raise BadInput(f"{path}: no such inventory file", hint="create it from hosts/ct200.toml")
+            raise BadInput(f"{path}: no such inventory file",
+                           hint=f"write one: {next_step.hosts_init(name_or_path, chosen_folder())}, or see which "
+                                f"hosts there are: {next_step.hosts_list(chosen_folder())}")
     return parse_host(read_text(path, what="inventory"), name=path.stem, source=str(path))
 
 
@@ -198,6 +237,38 @@ def parse_host(text: str, *, name: str, source: str) -> Host:
     doc.unknown("", {"transport", "host", "ssh", "smoke", "serve"})
     return Host(name=name, python=python, ssh=ssh, state_dir=state_dir, keep_backups=keep,
                 sudo=sudo, smoke=smoke, source=source, op_timeout=op_timeout, serve=serve)
+
+
+def path_parent(source: str) -> str:
+    """The folder of an inventory file named in a message."""
+    return str(Path(source).parent)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One file of an inventory folder, as ``hosts list`` shows it: its Host, or why not."""
+
+    name: str
+    path: Path
+    host: Host | None
+    error: BadInput | None = None
+
+
+def list_inventory(directory: Path | None = None) -> list[Listed]:
+    """Every host file (``*.toml`` but ``groups.toml``) of the inventory folder, by name,
+    each parsed (a broken one keeps its error: the others are still listed)."""
+    folder = directory or hosts_dir()
+    if not folder.is_dir():
+        return []
+    listed = []
+    for path in sorted(folder.glob("*.toml")):
+        if path.name == GROUPS_FILE or not path.is_file():
+            continue
+        try:
+            listed.append(Listed(path.stem, path, load_host(str(path))))
+        except BadInput as exc:
+            listed.append(Listed(path.stem, path, None, exc))
+    return listed
 
 
 def key_error(host: Host, key: str, what: str, todo: str) -> BadInput:

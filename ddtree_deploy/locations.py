@@ -70,6 +70,19 @@ def _installed_snapshot_root() -> Path:
     return root
 
 
+def example_inventory() -> Path:
+    """The example inventory folder (a GPU host's file, groups.toml): the checkout's hosts/,
+    or the copy an installed toolkit carries (setup.py)."""
+    return REPO_ROOT / "hosts" if in_checkout() else PACKAGE_DATA / "examples" / "hosts"
+
+
+def hosts_origin() -> str:
+    """Why the default inventory folder is where it is (``hosts list`` says it)."""
+    if os.environ.get("DDTREE_DEPLOY_HOSTS"):
+        return "DDTREE_DEPLOY_HOSTS"
+    return "the checkout's hosts/" if in_checkout() else "your config folder"
+
+
 def cache_dir() -> Path:
     """The user's cache folder for downloads (wheels) and built environments."""
     override = os.environ.get("DDTREE_DEPLOY_CACHE")

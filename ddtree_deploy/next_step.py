@@ -17,6 +17,11 @@ def command(*args: str) -> str:
     return "`" + " ".join((PROG, *args)) + "`"
 
 
+def _folder(folder) -> list[str]:
+    """``-i DIR`` when the command was given one, so the hint reads the same folder."""
+    return ["-i", str(folder)] if folder is not None else []
+
+
 def push(host: str) -> str:
     return command("push", "--host", host)
 
@@ -29,8 +34,8 @@ def smoke(host: str) -> str:
     return command("smoke", "--host", host)
 
 
-def status(host: str | None = None) -> str:
-    return command("status", "--host", host) if host else command("status")
+def status(host: str | None = None, folder=None) -> str:
+    return command("status", "--host", host, *_folder(folder)) if host else command("status")
 
 
 def restart(host: str) -> str:
@@ -73,6 +78,23 @@ def series_refresh(family: str, tree: str) -> str:
     return command("series", "refresh", "--family", family, "--from", tree, "--resolved")
 
 
+def hosts_list(folder=None) -> str:
+    """The hosts of the inventory folder (and where it is)."""
+    return command("hosts", "list", *_folder(folder))
+
+
+def hosts_init(name: str, folder=None) -> str:
+    """Write a commented host file for ``name`` where the toolkit reads hosts."""
+    return command("hosts", "init", name, *_folder(folder))
+
+
+def python_that_imports_sglang() -> str:
+    """A host whose ``python`` finds no sglang (the built-in ``local`` is the toolkit's own)."""
+    return ("set [host] python in the host's file to the interpreter that imports sglang (the built-in host "
+            "'local' runs ddtree-deploy's own Python; for another on this machine: "
+            + command("hosts", "init", "NAME", "--local", "--python", "PATH") + ")")
+
+
 def lock_release(host: str, *, force: bool = False) -> str:
     """``force``: for a lock whose process may still run (the user must know it is gone)."""
     return command("lock", "release", "--host", host, *(["--force"] if force else []))
@@ -82,8 +104,11 @@ __all__ = [
     "PROG",
     "check",
     "command",
+    "hosts_init",
+    "hosts_list",
     "lock_release",
     "port",
+    "python_that_imports_sglang",
     "push",
     "push_or_rollback",
     "restart",

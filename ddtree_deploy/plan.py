@@ -32,6 +32,9 @@ class Target:
     patched: str
     data: bytes = field(repr=False)  # the patched bytes, uploaded on push
     mode: int = 0o644  # for a file the series adds
+    # The pristine bytes (None: the series adds the file): what ``--diff`` shows a drifted
+    # host file against (drift.py). Evidence only: never compared, never sent.
+    original: bytes | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -606,8 +606,9 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
 
 
 def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None, parallel: int | None = None,
-           on_event: Listener = _ignore) -> FleetReport:
-    """Per host: version, phase, series, per-file state, backups, lock, serving processes. Reads only."""
+           diff: bool = False, on_event: Listener = _ignore) -> FleetReport:
+    """Per host: version, phase, series, per-file state, backups, lock, serving processes. Reads only.
+    ``diff`` (``status --diff``): each drifted file against what the series expects (drift.py)."""
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
     _serve_settings(hosts)  # a broken [serve] table stops here, before any connection
     try:
@@ -623,16 +624,34 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
         desire = _desire(h, choose, forced, check) if choose else None
         progress("read state")
 
+        seen: dict = {}
+
         def expected(facts: dict):
             try:
-                return desire(facts) if desire else None
+                seen["desired"], seen["facts"] = (desire(facts) if desire else None), facts
             except DeployError:
                 return None  # status still reports what the journal knows
+            return seen["desired"]
 
-        doc = deploy.status(h, connect(h), paths, expected, serving=_serving_check(h))
-        return _result(h.name, Kind.READ, doc, "", [])
+        doc = deploy.status(h, connect(h), paths, expected, serving=_serving_check(h), content=diff)
+        return _result(h.name, Kind.READ, doc, "", _drift_lines(h.name, doc, seen) if diff else [])
 
     return _fleet("status", hosts, policy, one, on_event)
+
+
+def _drift_lines(host: str, doc: dict, seen: dict) -> list[str]:
+    """``status --diff``: the drifted files' diffs (also the document's ``diff``), or why none."""
+    from ddtree_deploy.drift import status_drift_diff
+
+    bad = [f for f in doc["files"] if f["state"] in ("drifted", "missing")]
+    if not bad:
+        return []
+    if seen.get("desired") is None:
+        return [f"{host}: {len(bad)} drifted file(s); no diff: the series for this host did not load"]
+    text = status_drift_diff(seen["desired"], seen["facts"], doc["files"])
+    doc["diff"] = text
+    return [f"{host}: {len(bad)} drifted file(s) against what {seen['desired'].series} expects:",
+            *text.splitlines()]
 
 
 # ---------------------------------------------------------------- serving ([serve]: issue 25)

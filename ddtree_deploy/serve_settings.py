@@ -63,7 +63,8 @@ def _doc(given: Any, *, source: str | None) -> TomlFile:
         return given
     if isinstance(given, Table) and given.doc is not None and given.key == "serve":
         return given.doc  # the host file it was read from: its lines
-    return TomlFile.of({} if given is None else {"serve": given}, source=source or "<inventory>")
+    # A table built in code (the built-in host `local`, whose Host has serve={}): empty is none.
+    return TomlFile.of({"serve": given} if given else {}, source=source or "<inventory>")
 
 
 def has_serve(table: Any) -> bool:

@@ -910,7 +910,10 @@ def expect_ok(reply: dict, label: str, what: str) -> dict:
     if reply.get("ok"):
         return reply
     cls = AgentRefusedInput if reply.get("code") in BAD_INPUT_CODES else AgentFailed
-    raise cls(prefixed(str(reply.get("message")), label, what), reply, code=reply.get("code") or "agent")
+    failure = cls(prefixed(str(reply.get("message")), label, what), reply, code=reply.get("code") or "agent")
+    if failure.code == Code.NO_SGLANG:  # the inventory's python is not the one that imports sglang
+        failure.hint = next_step.python_that_imports_sglang()
+    raise failure
 
 
 __all__ = [

@@ -19,6 +19,7 @@ from typing import Callable, Mapping, Sequence
 from ddtree_deploy import next_step, smoke_plan, smoke_settings, tune
 from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.fsutil import require_writable_folder
 from ddtree_deploy.transport import HostProgram, ProgramSession
 
 Progress = Callable[[str], None]
@@ -411,6 +412,7 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
     tune.check_options(opts, yes=yes)
     check_host(host, apply=apply)
     out_dir = Path(out_dir) if out_dir is not None else default_out(host.name)
+    require_writable_folder(out_dir, "--out")  # before any connection: a bad folder is bad input
     results = out_dir / "results.jsonl"
     if results.exists() and not resume:
         raise BadInput(f"{results}: a results file is already there: pass --resume to continue that sweep, "

@@ -35,7 +35,7 @@ def check_envelope(stdout: str, exit_code: int, command: str) -> dict:
     errors = sorted(validator().iter_errors(doc), key=lambda e: list(e.path))
     assert not errors, "; ".join(f"{list(e.path)}: {e.message}" for e in errors[:5])
     assert list(doc)[:6] == ENVELOPE_KEYS, list(doc)
-    assert doc["schema"] == "ddtree-deploy/1" and doc["command"] == command, (doc["command"], command)
+    assert doc["schema"] == "ddtree-deploy/2" and doc["command"] == command, (doc["command"], command)
     assert doc["exit_code"] == exit_code, (doc["exit_code"], exit_code, doc["error"])
     assert doc["ok"] is (exit_code == 0) and (doc["error"] is None) is (exit_code == 0), doc["error"]
     for h in doc["hosts"]:

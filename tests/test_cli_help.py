@@ -134,3 +134,84 @@ def test_a_lock_command_does_not_import_the_checker_smoke_or_tuner(tmp_path):
     for heavy in ("ddtree_deploy.check'", "ddtree_deploy.smoke_plan'", "ddtree_deploy.smoke_run'",
                   "ddtree_deploy.tune'", "ddtree_deploy.patch_parse'", "ddtree_deploy.patch_apply'"):
         assert heavy not in loaded, loaded
+
+
+# ---------------------------------------------------------------- every help screen (issue 24, item 6)
+
+
+def _all_commands() -> list[tuple[str, ...]]:
+    import typer.main
+
+    def walk(cmd, path):
+        yield path
+        for name, sub in sorted((getattr(cmd, "commands", None) or {}).items()):
+            yield from walk(sub, (*path, name))
+
+    return list(walk(typer.main.get_command(app), ()))
+
+
+@pytest.fixture
+def columns_80(monkeypatch):
+    """An 80-column terminal for typer's help console (its width is read once, at import,
+    from TERMINAL_WIDTH; else rich reads COLUMNS)."""
+    from typer import rich_utils
+
+    monkeypatch.setattr(rich_utils, "MAX_WIDTH", 80)
+
+
+def _help(*argv: str) -> str:
+    result = CliRunner().invoke(app, list(argv), env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.parametrize("command", _all_commands(), ids=lambda c: " ".join(c) or "top")
+def test_every_help_screen_fits_80_columns_takes_h_and_shows_no_bool(command, columns_80):
+    """`-h` is `--help`; a flag shows no `<bool>` type (it takes no value); every line fits
+    an 80-column terminal."""
+    text = _help(*command, "--help")
+    assert _help(*command, "-h") == text
+    assert "<bool>" not in text, text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "-h" in text and "--help" in text
+
+
+@pytest.mark.parametrize("command, table", [
+    (("push",), "[smoke]"),
+    (("tune",), "[smoke.launch]"),
+    (("restart",), "[serve]"),
+])
+def test_inventory_table_names_survive_in_help(command, table, columns_80):
+    """Help texts are plain text: rich markup used to read `[smoke]` as a style and drop it."""
+    text = " ".join(_help(*command, "--help").split())  # the words, however the panel wrapped them
+    assert table in text, text
+
+
+def test_help_through_the_console_script_at_80_columns():
+    """As a terminal gets it: `-h` with `--json` prints help and no JSON; [smoke] is there."""
+    env = {k: v for k, v in os.environ.items() if k != "TERMINAL_WIDTH"}
+    done = subprocess.run([str(EXE), "push", "-h", "--json"], capture_output=True, text=True,
+                          timeout=60, env={**env, "COLUMNS": "80"})
+    assert done.returncode == 0 and "Usage:" in done.stdout and "{" not in done.stdout, done.stdout + done.stderr
+    assert all(len(line) <= 80 for line in done.stdout.splitlines()), done.stdout
+    assert "[smoke]" in " ".join(done.stdout.split()) and "<bool>" not in done.stdout
+
+
+def test_every_command_says_parallel_and_matrix_still_takes_jobs(columns_80):
+    """One spelling for "how many at once": --parallel / -j (issue 24, item 9). matrix's old
+    --jobs still works, hidden; the two disagreeing is bad input."""
+    import typer.main
+
+    def walk(node):
+        for sub in (getattr(node, "commands", None) or {}).values():
+            yield from walk(sub) if getattr(sub, "commands", None) else [sub]
+
+    for command in walk(typer.main.get_command(app)):
+        names = {o for p in command.params for o in p.opts if not getattr(p, "hidden", False)}
+        assert "--jobs" not in names, command.name
+        if "-j" in names:
+            assert any(p.opts[:2] == ["--parallel", "-j"] for p in command.params), command.name
+    text = _help("matrix", "--help")
+    assert "--parallel" in text and "--jobs" not in text
+    both = CliRunner().invoke(app, ["matrix", "--parallel", "2", "--jobs", "1", "--offline"])
+    assert both.exit_code == 2 and "--jobs is the old name of --parallel" in both.stderr

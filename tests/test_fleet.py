@@ -4,6 +4,7 @@ end-to-end runs over real sshd hosts are in test_fleet_ssh.py)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -158,6 +159,55 @@ def test_max_failures_stops_new_starts_but_running_hosts_finish():
     assert s.ready() == [] and not s.done  # c is still running: it finishes
     s.record("c", Kind.PUSHED)
     assert s.done and s.skipped() == ["d", "e"] and "1 host(s) failed (--max-failures 0)" == s.stop_reason
+
+
+def test_a_failure_once_every_host_has_started_stops_nothing():
+    """Issue 24 (3): the canary pushed, then b and c together; b fails while c goes on and is
+    pushed. No host was left unstarted: nothing was stopped, and the footer says nothing so."""
+    hosts = ["a", "b", "c"]
+    s = Schedule(hosts, push_policy(hosts, canary=None, parallel=None, max_failures=0))
+    assert s.ready() == ["a"]
+    s.record("a", Kind.PUSHED)
+    assert s.ready() == ["b", "c"]
+    s.record("b", Kind.FAILED_ROLLED_BACK)
+    s.record("c", Kind.PUSHED)
+    assert s.done and s.skipped() == [] and s.stop_reason is None
+    # A canary failing alone (no other host selected) stops nothing either.
+    s = Schedule(["a"], push_policy(["a"], canary=None, parallel=None, max_failures=0))
+    s.ready(), s.record("a", Kind.FAILED_ROLLED_BACK)
+    assert s.done and s.stop_reason is None
+
+
+def test_the_fleet_footer_at_80_columns_says_what_happened():
+    """The outcome table's footer, as an 80-column terminal shows it: a stop names the hosts it
+    left unstarted; a failure once all had started prints no stop line."""
+    from rich.console import Console
+
+    from ddtree_deploy.cli import fleet_view
+    from ddtree_deploy.fleet import FleetReport, HostResult
+
+    def shown(results, stop):
+        console = Console(width=80, record=True, file=open(os.devnull, "w"))
+        report = FleetReport("push", push_policy(["a", "b", "c"], canary=None, parallel=None, max_failures=0),
+                             tuple(results), stop, 1.0)
+        old = fleet_view.err
+        fleet_view.err = console
+        try:
+            fleet_view.print_outcomes(report)
+        finally:
+            fleet_view.err = old
+        text = console.export_text()
+        assert all(len(line) <= 80 for line in text.splitlines()), text
+        return text
+
+    every = shown([HostResult("a", Kind.PUSHED, {}), HostResult("b", Kind.FAILED_ROLLED_BACK, {}, "smoke failed"),
+                   HostResult("c", Kind.PUSHED, {})], None)
+    assert "stopped" not in every and "not all ok: 2 pushed, 1 failed, rolled back" in every, every
+    stopped = shown([HostResult("a", Kind.FAILED_ROLLED_BACK, {}, "smoke failed"),
+                     HostResult("b", Kind.SKIPPED, {}, "not started"), HostResult("c", Kind.SKIPPED, {}, "x")],
+                    "the canary a ended failed, rolled back")
+    assert "stopped starting hosts: the canary a ended failed, rolled back; not started: b, c" in \
+        " ".join(stopped.split()), stopped
 
 
 def test_max_failures_tolerates_k():

@@ -378,7 +378,10 @@ def test_smoke_on_a_group_reports_each_host(fleet, oracle):
     for row in ("smoke passed", "smoke failed", "failed, host unchanged"):
         assert row in human.stderr
 
-    one = cli("smoke", "--host", "a", "--json")
-    assert one.exit_code == 0 and check_envelope(one.stdout, 0, "smoke")["levels"][0]["level"] == "compile"
+    one = cli("smoke", "--host", "a", "--json")  # one host: the same fleet document (docs/json.md)
+    single = check_envelope(one.stdout, 0, "smoke")
+    assert one.exit_code == 0 and single["hosts"][0]["levels"][0]["level"] == "compile"
+    assert set(single) - {"schema", "command", "ok", "exit_code", "error", "hosts"} == \
+        {"policy", "stopped", "counts", "seconds"}
     bad = cli("smoke", "--group", "gpu", "--level", "fly")
     assert bad.exit_code == 2 and "unknown smoke level 'fly'" in bad.stderr

@@ -12,6 +12,7 @@ so the project's editable ddtree_deploy is NOT importable there: only the wheel'
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -29,8 +30,9 @@ from ddtree_deploy.errors import DeployError
 REPO = Path(__file__).resolve().parent.parent
 RELEASE = "0.5.12.post1"
 # What the build needs from the checkout; copied so the build never writes into it.
-SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddtree_deploy", "patches", "payload")
+SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddtree_deploy", "patches", "payload", "hosts")
 DEMO_MODELS = ("tiny-llama", "tiny-dflash-draft")
+DEMO_RELEASE, DEMO_FAMILY = "0.5.23", "sglang-0.5.20"  # today's newest covered release, the v2 family
 
 
 def _copy_sources(dest: Path) -> None:
@@ -71,6 +73,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     cache = root / "cache"
     cache.mkdir()
     (cache / "wheels").symlink_to(wheels)
+    listing = releases.cached_project()  # the demo's release choice works offline with it, as after a first run
+    if listing is not None:
+        (cache / "pypi").mkdir()
+        (cache / "pypi" / "sglang.json").write_text(json.dumps(listing))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_DEPLOY_")}
     env.update(DDTREE_DEPLOY_CACHE=str(cache), XDG_CONFIG_HOME=str(root / "config"),
                XDG_DATA_HOME=str(root / "data"), COLUMNS="200")
@@ -97,6 +103,8 @@ def test_the_wheel_carries_families_payload_and_manifests(installed):
         assert f"ddtree_deploy/_data/snapshot/{m.parent.name}/MANIFEST.json" in names
     for model in DEMO_MODELS:
         assert f"ddtree_deploy/_data/models/{model}/config.json" in names
+    for example in (REPO / "hosts").glob("*.toml"):  # the example inventory
+        assert f"ddtree_deploy/_data/examples/hosts/{example.name}" in names
     assert "ddtree_deploy/demo.py" in names and "ddtree_deploy/sandbox/sshd.py" in names
     assert not any(n.startswith(("ddtree_testkit/", "tests/", "bench/")) for n in names), "test support is not shipped"
     assert not any("/files/" in n for n in names), "SGLang's own files are never shipped"
@@ -129,6 +137,25 @@ def test_installed_matrix_offline_sees_the_families(installed):
     # The per-family tables (stderr): both families came from the wheel.
     for family in ("sglang-0.5.12", "sglang-0.5.13"):
         assert f"DDTree family {family} vs SGLang releases" in r.stderr, r.stderr
+
+
+def test_installed_hosts_list_and_init_work_without_a_checkout(installed):
+    """An installed toolkit's inventory folder is the user's config folder: `hosts list` says
+    so and points to the example the wheel carries, `hosts init` writes the first host there."""
+    config_hosts = Path(installed["env"]["XDG_CONFIG_HOME"]) / "ddtree-deploy" / "hosts"
+    empty = _run(installed, "hosts", "list")
+    assert empty.returncode == 0, empty.stderr
+    assert f"inventory folder: {config_hosts} (your config folder): 0 host file(s)" in " ".join(empty.stdout.split())
+    example = re.search(r"an example: (\S+?)\)", " ".join(empty.stderr.split())).group(1)
+    assert "/ddtree_deploy/_data/examples/hosts" in example and Path(example, "ct200.toml").is_file()
+    assert not example.startswith(str(REPO))
+    made = _run(installed, "hosts", "init", "gpu1", "--python", "/usr/bin/python3")
+    assert made.returncode == 0 and made.stdout.strip() == str(config_hosts / "gpu1.toml"), made.stderr
+    listed = _run(installed, "hosts", "list")
+    assert listed.returncode == 0 and re.search(r"^  gpu1 +ssh gpu1 +python /usr/bin/python3", listed.stdout, re.M)
+    missing = _run(installed, "status", "--host", "nosuch")
+    assert missing.returncode == 2 and "`ddtree-deploy hosts init nosuch`" in missing.stderr
+    assert "hosts/ct200.toml" not in missing.stderr
 
 
 def _hashes(folder: Path) -> dict[str, str]:
@@ -178,11 +205,16 @@ def test_installed_version_is_the_wheels(installed):
 
 @pytest.mark.sshd
 def test_installed_demo_runs_the_whole_flow_from_a_temp_folder(installed):
-    """`python -m ddtree_deploy.demo` with only the wheel: sandbox host, loopback sshd, check,
-    push + the compile/import/cli smoke levels, status, rollback, status; nothing left behind."""
+    """`python -m ddtree_deploy.demo` with only the wheel: today's SGLang (0.5.23) and the v2
+    family, said with why; sandbox host, loopback sshd, check, push + the compile/import/cli
+    smoke levels, status, history, rollback, status; nothing left behind."""
     from ddtree_deploy.sandbox import require_openssh
 
     require_openssh()  # one line naming openssh-server when sshd is missing, not a LOCAL fallback
+    try:
+        releases.ensure_wheel(DEMO_RELEASE)
+    except DeployError as exc:
+        pytest.skip(f"the {DEMO_RELEASE} wheel is not cached and PyPI is unreachable: {exc.message}")
     tmp = installed["cwd"].parent / "demo-tmp"
     tmp.mkdir()
     env = {**installed["env"], "TMPDIR": str(tmp)}
@@ -190,11 +222,18 @@ def test_installed_demo_runs_the_whole_flow_from_a_temp_folder(installed):
                        capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
+    said = " ".join(out.split())
+    assert (f"SGLang {DEMO_RELEASE}: the newest release a DDTree family covers (" in said
+            and f"; family {DEMO_FAMILY}, because it covers " in said), said[:600]
     assert "transport: SSH to a real sshd on 127.0.0.1" in out, out[-4000:]
-    assert f"check ok: family sglang-0.5.12 on sglang-{RELEASE}" in out, out[-4000:]
+    assert f"check ok: family {DEMO_FAMILY} on sglang-{DEMO_RELEASE}" in out, out[-4000:]
     for level in ("compile", "import", "cli"):  # the smoke levels push ran (cli read the shipped models)
         assert re.search(rf"^ +{level} +passed ", out, re.M), (level, out[-4000:])
+    # The import level proved the v2 tree: DDTREE resolves to the family's worker.
+    assert "DDTREE -> DDTreeWorkerV2 (DDTREE_TREE_VERIFY = True)" in said, out[-4000:]  # lines fitted to COLUMNS
     assert "smoke passed: journal marked deployed" in out
+    history = said.split("$ ddtree-deploy history")[1].split("$ ddtree-deploy rollback")[0]
+    assert re.search(rf"push {DEMO_FAMILY} \(\w+\) ok -> switched", history), history
     assert "phase: rolled-back" in out.split("$ ddtree-deploy status")[-1]  # back to pristine
     assert "demo: done in" in out and "the sandbox and its sshd are gone" in out
     assert list(tmp.iterdir()) == [], "the demo leaves nothing in its temp folder"

@@ -33,7 +33,7 @@ from ddtree_deploy.cli import app
 from ddtree_deploy.errors import DeployError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from envelope_check import check_envelope  # noqa: E402
+from envelope_check import ENVELOPE_KEYS, check_envelope  # noqa: E402
 from sshd_host import host, sshd  # noqa: E402,F401  (shared fixtures: a real sshd, one host per test)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -251,6 +251,14 @@ CASES: dict[str, dict] = {
         "bad": (lambda c: ["inventory", "from-ansible", _ansible_ini(c, False), "--out", str(c.tmp / "h")],
                 2, "bad-input"),
     },
+    "hosts list": {
+        "ok": (lambda c: ["hosts", "list", "-i", _inventory(c, broken=False)], 0, None),
+        "bad": (lambda c: ["hosts", "list", "-i", _inventory(c, broken=True)], 2, "bad-input"),
+    },
+    "hosts init": {
+        "ok": (lambda c: ["hosts", "init", "gpu9", "--python", "/usr/bin/python3", "-i", str(c.tmp / "new")], 0, None),
+        "bad": (lambda c: ["hosts", "init", "not a name", "-i", str(c.tmp / "new")], 2, "bad-input"),
+    },
     "image": {
         "ok": (lambda c: (c.family, ["image", "--base", "img", "--release", "0.5.12.post1", "--family",
                                      "sglang-0.5.12", "--out", str(c.tmp / "ctx")])[1], 0, None),
@@ -265,6 +273,15 @@ CASES: dict[str, dict] = {
 #: Commands that work on hosts: each needs a host-failure case (exit 1).
 HOST_COMMANDS = {"snapshot pull", "push", "rollback", "status", "restart", "smoke", "history", "lock status",
                  "lock release", "tune"}
+
+
+def _inventory(c, *, broken: bool) -> str:
+    folder = c.tmp / "inv"
+    folder.mkdir(exist_ok=True)
+    (folder / "gpu1.toml").write_text('[ssh]\nhost = "127.0.0.1"\n[host]\npython = "/usr/bin/python3"\n')
+    if broken:
+        (folder / "gpu2.toml").write_text("[host\n")
+    return str(folder)
 
 
 def _params():
@@ -321,6 +338,9 @@ def test_envelope(command, kind, request, tmp_path, monkeypatch):
         names = [h["host"] for h in doc["hosts"]]
         if kind == "ok":
             assert names == [c.served if command == "restart" else c.host] and doc["hosts"][0]["ok"] is True
+            # One shape for every host command: the host's fields in its entry, none at the top.
+            assert set(doc) - set(ENVELOPE_KEYS) <= {"policy", "stopped", "counts", "seconds"}, sorted(doc)
+            assert set(doc["hosts"][0]) - {"host", "ok"}, doc["hosts"][0]
         elif kind == "fail":
             assert names == [c.down] or names == ["down"], names
             assert doc["hosts"][0]["ok"] is False and doc["hosts"][0]["error"]["code"] == error_code
@@ -331,6 +351,40 @@ def test_envelope(command, kind, request, tmp_path, monkeypatch):
         assert doc["hosts"] == []
     if command == "inventory from-ansible" and kind == "ok":  # renamed: "hosts" is the envelope's
         assert doc["imported_hosts"] == ["node1"]
+
+
+#: The per-host fields of the one-host commands whose shape issue 24 (item 7) unified: each in
+#: the host's ``hosts`` entry, none at the top level.
+HOST_FIELDS = {"smoke": {"levels", "python", "outcome", "elapsed_s"},
+               "history": {"entries", "total", "unreadable"},
+               "lock status": {"lock", "tune_lock"}}
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize("command", sorted(HOST_FIELDS))
+def test_host_commands_through_the_console_script(command, request, tmp_path, monkeypatch):
+    """smoke, history and lock status as a user runs them (the installed entry point, after a
+    real push): one envelope valid against the schema, the host's fields in ``hosts[0]``, the
+    top level only the envelope (and, for smoke, the fleet's summary like push's)."""
+    c = Ctx(request, tmp_path, monkeypatch)
+    c.ok("push", "--host", c.host)
+    argv = {"smoke": ["smoke", "--host", c.host, "--level", "compile"], "history": ["history", "--host", c.host],
+            "lock status": ["lock", "status", "--host", c.host]}[command]
+    proc = subprocess.run([str(CONSOLE), *argv, "--json"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    doc = check_envelope(proc.stdout, 0, command)
+    assert [(h["host"], h["ok"]) for h in doc["hosts"]] == [(c.host, True)]
+    entry = doc["hosts"][0]
+    assert HOST_FIELDS[command] <= set(entry), sorted(entry)
+    top = set(doc) - set(ENVELOPE_KEYS)
+    assert top == ({"policy", "stopped", "counts", "seconds"} if command == "smoke" else set()), sorted(top)
+    if command == "smoke":
+        assert [(lv["level"], lv["ok"]) for lv in entry["levels"]] == [("compile", True)]
+    elif command == "history":
+        assert entry["total"] == 1 and entry["entries"][0]["event"] == "push", entry["entries"]
+    else:
+        assert entry["lock"] is None and entry["tune_lock"] is None
 
 
 @pytest.mark.parametrize("command", json_commands())

@@ -62,14 +62,14 @@ def lock_as(h: TestHost, pid: int, pid_start, holder="alice@laptop", run_id="hun
 
 
 def released_entries(h: TestHost) -> list[dict]:
-    doc = json.loads(cli("history", "--host", h.name, "--json").stdout)
+    doc = json.loads(cli("history", "--host", h.name, "--json").stdout)["hosts"][0]
     return [e for e in doc["entries"] if e["event"] == "lock-release"]
 
 
 def test_a_free_lock(host):
     free = cli("lock", "status", "--host", host.name)
     assert free.exit_code == 0 and f"{host.name}: lock free" in free.stdout
-    doc = json.loads(cli("lock", "status", "--host", host.name, "--json").stdout)
+    doc = json.loads(cli("lock", "status", "--host", host.name, "--json").stdout)["hosts"][0]
     assert doc["lock"] is None and doc["host"] == host.name
     nothing = cli("lock", "release", "--host", host.name)
     assert nothing.exit_code == 0 and "nothing to release" in nothing.stdout
@@ -81,7 +81,7 @@ def test_a_live_lock_is_released_only_with_force(host, sleeper):
     assert shown.exit_code == 0
     assert (f"lock held by alice@laptop since 2026-11-01T10:00:00Z (run hung-run, push, pid {sleeper.pid}"
             in shown.stdout) and "live" in shown.stdout
-    doc = json.loads(cli("lock", "status", "--host", host.name, "--json").stdout)
+    doc = json.loads(cli("lock", "status", "--host", host.name, "--json").stdout)["hosts"][0]
     assert doc["lock"]["stale"] is False and doc["lock"]["run_id"] == "hung-run"
 
     refused = cli("lock", "release", "--host", host.name)
@@ -92,7 +92,7 @@ def test_a_live_lock_is_released_only_with_force(host, sleeper):
 
     forced = cli("lock", "release", "--host", host.name, "--force", "--json")
     assert forced.exit_code == 0, forced.output
-    assert json.loads(forced.stdout)["released"] is True and not (host.state_dir / "lock").exists()
+    assert json.loads(forced.stdout)["hosts"][0]["released"] is True and not (host.state_dir / "lock").exists()
     [entry] = released_entries(host)
     assert entry["outcome"] == "forced" and entry["previous"]["run_id"] == "hung-run"
     assert entry["holder"].endswith("@" + socket.gethostname()) and entry["from"] == socket.gethostname()

@@ -212,4 +212,5 @@ def test_no_history_line_reaches_an_internal_error(lines, tmp_path_factory, monk
         assert r.exit_code == 0, r.output
         assert "internal error" not in r.output and "Traceback" not in r.output
     doc = json.loads(CliRunner().invoke(app, ["history", "--host", "local", "--json", "--limit", "100"]).stdout)
+    doc = doc["hosts"][0]  # the host's history in its entry
     assert doc["total"] + doc["unreadable"] >= 1 and any(e.get("run_id") == "good" for e in doc["entries"])

@@ -35,6 +35,12 @@ TEXTS = {
     "smoke or rollback": next_step.smoke_or_rollback("gpu1"),
     "restart": next_step.restart("gpu1"),
     "push or rollback": next_step.push_or_rollback("gpu1"),
+    "hosts list": next_step.hosts_list(),
+    "hosts list -i": next_step.hosts_list("/srv/inventory"),
+    "hosts init": next_step.hosts_init("gpu1"),
+    "hosts init -i": next_step.hosts_init("gpu1", "/srv/inventory"),
+    "status -i": next_step.status("gpu1", "/srv/inventory"),
+    "local python": next_step.python_that_imports_sglang(),
 }
 
 

@@ -348,6 +348,24 @@ def test_an_entry_already_in_the_release_is_dropped_from_the_ported_series(relea
     assert "\n0002-server-args.patch\n" in text
 
 
+@pytest.mark.network
+def test_port_writes_its_tree_where_the_readme_says_refresh_reads_it(patches, release_wheel, wheel_0513, tmp_path):
+    """README's `series refresh --from build/port-<family>` is the folder `port` writes by
+    default (build/ is DDTREE_DEPLOY_BUILD here), and the hint port prints says the same."""
+    import re
+
+    from ddtree_deploy import next_step
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    family, tree = re.search(r"ddtree-deploy series refresh --family (\S+) --from (\S+)", readme).groups()
+    assert tree == f"build/port-{family}" and family == "sglang-0.5.13"
+    res = CliRunner().invoke(app, ["port", "--to", "0.5.13", "--family", "sglang-0.5.12"])
+    assert res.exit_code == 1, res.output  # rejects: the hint to refresh follows
+    written = tmp_path / tree
+    assert (written / port.TREE_MANIFEST).is_file()
+    assert next_step.series_refresh(family, str(written)) in " ".join(res.stderr.split())
+
+
 # --- the user's own families (issue 21 item 6) ------------------------------------------------
 
 

@@ -217,7 +217,7 @@ def test_drift_is_refused_until_snapshot_pull(host, oracle):
     as_json = cli("push", "--host", host.name, "--json")
     assert as_json.exit_code == 1 and json.loads(as_json.stdout)["error"]["code"] == "drift"
 
-    pulled = json.loads(ok("snapshot", "pull", "--host", host.name, "--json").stdout)
+    pulled = json.loads(ok("snapshot", "pull", "--host", host.name, "--json").stdout)["hosts"][0]
     assert pulled["manifest"]["sglang_version"] == "0.5.12.post1"
     assert pulled["manifest"]["source"]["kind"] == "host"
     ok("push", "--host", host.name)

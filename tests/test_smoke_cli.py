@@ -74,8 +74,8 @@ def test_smoke_after_a_real_push_json_and_text(local_host):
     assert outcome.changed
     code, stdout, _ = invoke("--host", str(inv), "--level", "compile", "--json")
     assert code == 0
-    doc = json.loads(stdout)
-    assert doc["ok"] is True and doc["host"] == "h1"
+    doc = json.loads(stdout)["hosts"][0]  # one host or several: its report in its hosts entry
+    assert doc["ok"] is True and doc["host"] == "h1" and doc["outcome"] == "smoke passed"
     assert [(l["level"], l["status"]) for l in doc["levels"]] == [("compile", "passed")]
     assert doc["levels"][0]["evidence"]["root"] == str(site)
 

@@ -154,6 +154,7 @@ def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, 
     seconds = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = check_envelope(proc.stdout, proc.returncode, "tune")  # docs/json-schema.json (test_json_envelope.py)
+    doc = doc["hosts"][0]  # the sweep of that host, in its entry
     runs = [(r["config"], r["stage"], r["status"]) for r in doc["runs"]]
     # The baseline, the coarse budgets (2 and 32: every other budget, both ends kept), then
     # the budget skipped next to the best (8). (The noise repeats are tested in test_tune.py:
@@ -234,7 +235,7 @@ def test_killed_controller_stops_the_server_and_resume_skips_finished_runs(tuned
 
     resumed = run_cli(tune_args(inventory, out, "--resume", "--json"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    doc = json.loads(resumed.stdout)
+    doc = json.loads(resumed.stdout)["hosts"][0]
     assert doc["resumed"] == 1 and "resume: 1 finished run(s)" in resumed.stderr
     assert [(r["config"], r["status"]) for r in doc["runs"]] == [("none", "ok"), ("ddtree-b16-k2", "failed")]
     crash = doc["runs"][1]["error"]
@@ -334,7 +335,8 @@ def test_a_busy_port_stops_the_sweep_instead_of_failing_every_launch(tuned_host,
         inventory, port = write_inventory(h, ["--pid-file", str(pid_file)], port=busy.getsockname()[1])
         proc = run_cli(tune_args(inventory, tmp_path / "out", "--json"))
     assert proc.returncode == 1, proc.stderr[-2000:]
-    doc = check_envelope(proc.stdout, proc.returncode, "tune")
+    doc = check_envelope(proc.stdout, proc.returncode, "tune")["hosts"][0]
+    assert doc["ok"] is False  # the sweep stopped: the host's entry says so, as the exit code
     assert [(r["config"], r["status"]) for r in doc["runs"]] == [("none", "failed")]
     assert f"port {port} on 127.0.0.1 is already in use" in doc["stopped"] and not pid_file.exists()
 

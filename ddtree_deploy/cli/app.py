@@ -34,6 +34,8 @@ app = typer.Typer(
     # The root click group owns each run: with --json it prints the one envelope (also on
     # usage errors and crashes) once the exit code is known.
     cls=envelope.EnvelopeGroup,
+    # -h as well as --help (the help option itself is made in cli/help_text.py).
+    context_settings={"help_option_names": ["--help", "-h"]},
 )
 
 
@@ -68,6 +70,29 @@ err = Console(stderr=True, width=_log_width())
 out = Console(highlight=False, soft_wrap=True)
 
 
+def result_width() -> int | None:
+    """The columns a result line on stdout may take: the terminal's (or COLUMNS); None for a
+    pipe or a log, where each line stays whole (for grep)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        import shutil
+
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def say(line: str) -> None:
+    """One result line on stdout, as plain text (host text inert: no markup; control
+    characters, a newline too, shown as ``\\x0a``: host text never starts a line of its own),
+    fitted to the terminal: broken between words, never mid-hash (cli/text.py)."""
+    from ddtree_deploy.cli.text import fit, plain
+
+    for part in fit(plain(line), result_width()):
+        out.print(part, markup=False, highlight=False, emoji=False)
+
+
 def emit_json(document: Any) -> None:
     """Hand the run's result document to the envelope (the ``--json`` contract, docs/json.md).
 
@@ -85,6 +110,13 @@ def emit_json(document: Any) -> None:
                                      exit_code=0 if doc.get("ok", True) is not False else EXIT_FAILED))
 
 
+def emit_host(name: str, document: dict, *, ok: bool = True) -> None:
+    """A one-host command's result as the ``--json`` document: the host's entry in ``hosts``
+    (``host``, ``ok`` and the command's fields), the shape every host command gives, one host
+    or many (docs/json.md)."""
+    emit_json({"hosts": [{"host": name, "ok": ok, **{k: v for k, v in document.items() if k not in ("host", "ok")}}]})
+
+
 def say_error(console: Console, message: str, hint: str | None, *, internal: bool = False) -> None:
     """The one-line error (and its hint) on stderr; host text inert."""
     label = "internal error:" if internal else "error:"
@@ -98,16 +130,20 @@ def handles_errors(fn: Callable) -> Callable:
 
     DeployError: its message, hint and exit code. Ctrl-C: exit 130. Any other exception is a
     bug: one line (its type and text) and a hint, exit 1; ``DDTREE_DEPLOY_DEBUG=1`` re-raises
-    it for the traceback.
+    it for the traceback. A command with ``-i/--inventory DIR`` (its ``inventory`` argument)
+    reads its host files from DIR.
     """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from ddtree_deploy.inventory import inventory_folder
+
         run = envelope.current()
         if run is not None:
             run.note_command(kwargs)
         try:
-            return fn(*args, **kwargs)
+            with inventory_folder(kwargs.get("inventory")):  # -i DIR: the command's host files
+                return fn(*args, **kwargs)
         except DeployError as exc:
             if run is not None:
                 run.error = envelope.error_doc(exc.code, exc.message, exc.hint)
@@ -158,8 +194,11 @@ __all__ = [
     "app",
     "err",
     "out",
+    "emit_host",
     "emit_json",
     "handles_errors",
+    "result_width",
+    "say",
     "say_error",
     "BadInput",
     "DeployError",

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.markup import escape
 
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
-from ddtree_deploy.errors import EXIT_FAILED, BadInput
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
+from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
 
 # The checker (check -> patch_parse, patch_apply, series, snapshot) is imported when `check` runs, not at
 # every CLI start (`--help`, `status`): see _check.
@@ -76,8 +76,11 @@ def _hunks_cell(hunks: tuple[HunkResult, ...]) -> str:
 def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
     from rich.table import Table
 
-    table = Table(title=f"check: family {escape(series.info.label)} on snapshot {snap.name} "
-                        f"(sglang {snap.manifest.sglang_version}, fuzz {report.fuzz})")
+    from ddtree_deploy.cli.tables import show
+
+    title = (f"check: family {series.info.label} on snapshot {snap.name} "
+             f"(sglang {snap.manifest.sglang_version}, fuzz {report.fuzz})")
+    table = Table(title=escape(title))
     # fold, never truncate: a path cut to "sglang/srt/…" tells nobody anything.
     table.add_column("line", justify="right")
     table.add_column("entry", overflow="fold")
@@ -94,7 +97,18 @@ def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
                 _hunks_cell(f.hunks),
                 f"[{style}]{f.status}[/]" if style else f.status,
             )
-    err.print(table)
+
+    def narrow():  # a narrow terminal: per entry its line and name, then each file's result
+        yield escape(title)
+        for entry in report.entries:
+            yield f"{entry.line:>4}  {escape(entry.name)}"
+            for f in entry.files:
+                style = "yellow" if f.status == PARTLY and f.ok else _STYLE.get(f.status, "")
+                result = f"[{style}]{f.status}[/]" if style else f.status
+                hunks = _hunks_cell(f.hunks)
+                yield f"      {escape(f.path)}  {result}" + (f" ({escape(hunks)})" if hunks != "-" else "")
+
+    show(err, table, narrow)
     for entry in report.entries:
         _render_failures(entry, series)
     for c in report.compile_errors:
@@ -139,12 +153,15 @@ def _render_failures(entry: EntryCheck, series: Series) -> None:
 
 
 def _write(directory: Path, report: CheckReport) -> None:
-    if directory.exists() and not directory.is_dir():
-        raise BadInput(f"--write {directory}: exists and is not a folder")
+    # The folder was proven writable before the check (fsutil.require_writable_folder); a write that
+    # fails now (a full disk) is a failed step, said in one line.
     for p in report.patched.values():
         dest = directory / p.path
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(p.patched)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(p.patched)
+        except OSError as exc:
+            raise DeployError(f"--write {directory}: writing {p.path} failed ({exc.strerror or exc})") from None
     from ddtree_deploy.series import show
 
     err.print(f"[dim]wrote {len(report.patched)} patched files under {show(directory)}[/]")
@@ -175,8 +192,10 @@ def check(
 @handles_errors
 def _check(*, snapshot: str | None, release: str | None, family: str | None, fuzz: int,
            json_output: bool, write: Path | None, allow_partly_applied: bool = False) -> bool:
-    if write is not None and write.exists() and not write.is_dir():
-        raise BadInput(f"--write {write}: exists and is not a folder")
+    if write is not None:
+        from ddtree_deploy.fsutil import require_writable_folder
+
+        require_writable_folder(write, "--write")  # bad input before any work: exit 2, one line
     from ddtree_deploy.check import check_series
     from ddtree_deploy.series import check_no_symlink_escape
 
@@ -199,8 +218,8 @@ def _check(*, snapshot: str | None, release: str | None, family: str | None, fuz
                                 "source": snap.manifest.source}, **report.to_json(),
                    "family_origin": series.info.origin, "family_rejects": list(series.info.rejects)})
     else:
-        out.print(f"check {verdict}: family {escape(series.info.label)} on {snap.name}: hunks {counts or 'none'}; "
-                  f"{len(report.compile_errors)} compile errors", highlight=False, soft_wrap=True)
+        say(f"check {verdict}: family {series.info.label} on {snap.name}: hunks {counts or 'none'}; "
+            f"{len(report.compile_errors)} compile errors")
     return report.ok
 
 

@@ -8,17 +8,17 @@ stdout, and with several hosts (``--host`` repeated, ``--group``) an outcome tab
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, List, Optional
 
 import typer
 
-from ddtree_deploy.cli.app import app, handles_errors, out
-from ddtree_deploy.cli.text import safe
+from ddtree_deploy.cli.app import app, handles_errors, say
+from ddtree_deploy.cli.options import GROUP_HELP, HOSTS_HELP, inventory_option
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.transport import transport_for
 
-HOST_HELP = "inventory name (hosts/<name>.toml), a .toml path, or 'local' (this machine); repeatable"
-GROUP_HELP = "host group from hosts/groups.toml (its members, in order); repeatable"
+HOST_HELP = HOSTS_HELP  # (serve_cmd imports it from here)
 PARALLEL_HELP = "with several hosts: how many are worked on at once (default: all)"
 FAMILY_HELP = "family folder or name under the patches folder (default: the one covering the host's SGLang)"
 
@@ -39,10 +39,12 @@ def _render(command: str, hosts: List[Host], json_output: bool, call: Callable, 
 def push(
     host: Optional[List[str]] = typer.Option(None, "--host", "-H", help=HOST_HELP),
     group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
+    inventory: Optional[Path] = inventory_option(),
     family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (files, hashes, changes); touch nothing"),
     diff: bool = typer.Option(False, "--diff", help="print the unified diff each host gets, per file, from its "
-                              "current file (with --dry-run: would get)"),
+                              "current file (with --dry-run: would get); a drifted file: the host's bytes "
+                              "against what the series expects"),
     break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     no_smoke: bool = typer.Option(False, "--no-smoke", help="switch only: run no smoke level afterwards"),
@@ -74,6 +76,7 @@ def push(
 def rollback(
     host: Optional[List[str]] = typer.Option(None, "--host", "-H", help=HOST_HELP),
     group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
+    inventory: Optional[Path] = inventory_option(),
     to: Optional[str] = typer.Option(None, "--to", help="backup id to restore (default: the newest)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan; touch nothing"),
     break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
@@ -95,7 +98,10 @@ def rollback(
 def status(
     host: Optional[List[str]] = typer.Option(None, "--host", "-H", help=HOST_HELP),
     group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
+    inventory: Optional[Path] = inventory_option(),
     family: Optional[str] = typer.Option(None, "--family", help=FAMILY_HELP),
+    diff: bool = typer.Option(False, "--diff", help="each drifted file: the host's bytes against what the "
+                              "series expects there (unified diff)"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
@@ -106,14 +112,11 @@ def status(
     hosts = rollout.select_hosts(host or [], group or [])
     _render("status", hosts, json_output,
             lambda view: rollout.status(hosts, _connect(trust_new_host), family=family, parallel=parallel,
-                                        on_event=view))
+                                        diff=diff, on_event=view))
 
 
 def _print_status(doc: dict) -> None:
-    # Every value here comes from the host (its journal, lock, paths): printed through `safe`.
-    def say(line: str) -> None:
-        out.print(safe(line), highlight=False)
-
+    # Every value here comes from the host (its journal, lock, paths): `say` prints it inert.
     say(f"{doc['host']}: sglang {doc['sglang_version']} at {doc['package_root']}")
     phase = f"MIXED (journal: {doc['phase']})" if doc.get("mixed") else doc["phase"]
     say(f"  phase: {phase}: {doc['explanation']}")

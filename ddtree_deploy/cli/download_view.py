@@ -40,13 +40,15 @@ class Downloads:
             if not self.bar:
                 err.print(safe(f"downloading {name} ({size / MIB:.1f} MiB)"), highlight=False, soft_wrap=True)
                 return
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                       TransferSpeedColumn)
+            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
             if self.pause is not None:
                 self.pause()
-            self._progress = Progress(TextColumn("[dim]downloading[/] {task.description}"), BarColumn(),
-                                      DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), console=err)
+            # The file's name on a line of its own, the bar's row for the numbers: squeezed into
+            # one 80-column row with the name, every column was cut ("39… 23… 0:0…").
+            err.print(f"[dim]downloading[/] {safe(name)} [dim]({size / MIB:.1f} MiB)[/]", highlight=False)
+            self._progress = Progress(BarColumn(bar_width=None), DownloadColumn(), TransferSpeedColumn(),
+                                      TimeRemainingColumn(), console=err, expand=True)
             self._task = self._progress.add_task(safe(name), total=size or None)
             self._progress.start()
         elif self._progress is not None:

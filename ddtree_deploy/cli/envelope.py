@@ -2,7 +2,7 @@
 
 Every ``ddtree-deploy ... --json`` run prints exactly one JSON object on stdout:
 
-    {"schema": "ddtree-deploy/1", "command": "lock status", "ok": true, "exit_code": 0,
+    {"schema": "ddtree-deploy/2", "command": "lock status", "ok": true, "exit_code": 0,
      "error": null, "hosts": [{"host": "ct200", "ok": true}], ...the command's own fields...}
 
 How: the run's document is not printed where a command produces it. ``emit_json`` (cli/app.py)
@@ -33,7 +33,7 @@ except ImportError:  # older typer runs on click itself
     from click import ClickException, Context, UsageError  # type: ignore[no-redef]
 from typer.exceptions import Abort
 
-SCHEMA = "ddtree-deploy/1"
+SCHEMA = "ddtree-deploy/2"
 #: The envelope's own keys, in print order; a command's fields follow them.
 ENVELOPE_KEYS = ("schema", "command", "ok", "exit_code", "error", "hosts")
 EXIT_INTERRUPTED = 130
@@ -166,11 +166,13 @@ def current() -> Run | None:
 
 
 def json_requested(argv: Sequence[str]) -> bool:
-    """``--json`` among the options (before a ``--``); ``--help`` wins: it prints help, no JSON."""
+    """``--json`` among the options (before a ``--``); ``--help`` (``-h``) wins: it prints help, no JSON."""
+    from ddtree_deploy.cli.help_text import HELP_NAMES
+
     args = list(argv)
     if "--" in args:
         args = args[:args.index("--")]
-    return "--json" in args and "--help" not in args
+    return "--json" in args and not any(name in args for name in HELP_NAMES)
 
 
 def command_words(root: Any, argv: Sequence[str]) -> str:
@@ -196,7 +198,26 @@ def _subcommands(node: Any) -> dict:
 
 
 class EnvelopeGroup(TyperGroup):
-    """The app's root group: with ``--json``, every run ends in exactly one envelope."""
+    """The app's root group: with ``--json``, every run ends in exactly one envelope.
+
+    Built (by typer, with every command below it) once per run; its help screens are made
+    plain text, with ``-h`` (cli/help_text.py)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from typer import core as typer_core
+
+        from ddtree_deploy.cli.help_text import tidy
+
+        super().__init__(*args, **kwargs)
+        tidy(self, markup=typer_core.HAS_RICH and self.rich_markup_mode == "rich")
+
+    def get_params(self, ctx: Context) -> list:
+        from ddtree_deploy.cli.help_text import blank_flag
+
+        params = super().get_params(ctx)
+        for param in params:  # typer adds its completion flags after the group is built
+            blank_flag(param)
+        return params
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:

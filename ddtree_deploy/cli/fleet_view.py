@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Callable, List
 
-from ddtree_deploy.cli.app import emit_json, err, out
+from ddtree_deploy.cli.app import emit_json, err, out, say
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.fleet import FleetReport, HostResult, Kind
 from ddtree_deploy.rollout import Event, EventKind
@@ -19,7 +19,7 @@ _STYLE = {True: "green", False: "red"}
 
 def _warning(event: Event) -> None:
     who = f"{event.host}: " if event.host else ""
-    err.print("[yellow]" + safe(who + event.text) + "[/]", highlight=False, soft_wrap=True)
+    err.print("[yellow]" + safe(who + event.text) + "[/]", highlight=False)
 
 
 def _heartbeat(event: Event) -> None:
@@ -149,7 +149,7 @@ class FleetView:
         self._done_line(result.host, prev, failed=result.error is not None)
         colour = _STYLE[result.kind.ok] if result.kind is not Kind.SKIPPED else "yellow"
         tail = f": {_esc(result.message)}" if result.message and not result.kind.ok else ""
-        err.print(f"[bold {colour}]{safe(result.host)}: {result.kind.value}[/]{tail}", highlight=False, soft_wrap=True)
+        err.print(f"[bold {colour}]{safe(result.host)}: {result.kind.value}[/]{tail}", highlight=False)
 
     def _done_line(self, host: str, prev: tuple[str, float] | None, failed: bool = False) -> None:
         # Refresh first: a line printed during a live display redraws its last render below it.
@@ -171,7 +171,8 @@ def print_outcomes(report: FleetReport) -> None:
     table = Table(title=f"{report.command}: {len(report.results)} host(s), {report.seconds:.1f} s", title_justify="left")
     waves = report.policy.waves  # restarts: the wave timeline (which batch, when it started and ended)
     for col in ("host", "outcome", "detail") + (("wave", "start", "end") if waves else ("time",)):
-        table.add_column(col, overflow="fold")
+        # Names and numbers whole; the detail (prose) wraps between words.
+        table.add_column(col, overflow="fold", no_wrap=col != "detail" and col != "outcome")
     for r in report.results:
         colour = "yellow" if r.kind is Kind.SKIPPED else _STYLE[r.kind.ok]
         if waves:
@@ -181,9 +182,18 @@ def print_outcomes(report: FleetReport) -> None:
             timing = ("" if r.elapsed is None else f"{r.elapsed:.1f} s",)
         table.add_row(safe(r.host), f"[{colour}]{r.kind.value}[/]", _esc(r.message), *timing)
     err.print(table)
-    if report.stop_reason:
-        err.print(f"[yellow]stopped starting hosts: {_esc(report.stop_reason)}[/]", highlight=False, soft_wrap=True)
+    footer = stop_line(report)
+    if footer:
+        err.print(f"[yellow]{_esc(footer)}[/]", highlight=False)
     print_counts(report)
+
+
+def stop_line(report: FleetReport) -> str | None:
+    """Why some hosts were never started, and which: only when some were."""
+    unstarted = [r.host for r in report.results if r.kind is Kind.SKIPPED]
+    if not report.stop_reason or not unstarted:
+        return None
+    return f"stopped starting hosts: {report.stop_reason}; not started: {', '.join(unstarted)}"
 
 
 def print_counts(report: FleetReport) -> None:
@@ -199,8 +209,8 @@ def print_status_table(report: FleetReport) -> None:
 
     table = Table(box=None)
     cols = ("host", "sglang", "phase", "series", "drift", "lock", "serving")
-    for col in cols:
-        table.add_column(col, overflow="fold")
+    for col in cols:  # the host's name whole; the others wrap between words
+        table.add_column(col, overflow="fold", no_wrap=col == "host")
     for r in report.results:
         if r.kind.ok:
             row = status_row(r.doc)
@@ -215,12 +225,12 @@ __all__ = ["FleetView", "HostView", "print_counts", "print_outcomes", "print_sta
 
 
 def render(command: str, hosts: list, json_output: bool, call: Callable, *, canary: str | None = None,
-           single: Callable[[HostResult], None] | None = None, one_doc: bool = False) -> None:
+           single: Callable[[HostResult], None] | None = None) -> None:
     """Run ``call(listener)`` (a rollout function) under the right view; print its results.
 
     One host: its lines (``single`` prints more, e.g. status' detail), its error re-raised
     as is (one line, its exit code), exit 1 when it did not end ok; with ``--json`` the
-    fleet's document (``one_doc``: the host's own document, as ``smoke`` always gave).
+    fleet's document, as for several.
     Several: the outcome table (status: its table and counts), every host's document with
     its outcome; exit non-zero unless every host is ok.
     """
@@ -230,15 +240,18 @@ def render(command: str, hosts: list, json_output: bool, call: Callable, *, cana
         with HostView(hosts[0].name, bars=not json_output) as view:
             report = call(view)
         r = report.results[0]
-        if json_output and not (one_doc and r.error is not None):  # the envelope adds the error, if raised
-            emit_json(r.doc if one_doc else report.to_json())
+        if json_output:  # the envelope adds the error, if raised
+            emit_json(report.to_json())
         if r.error is not None:
+            if not json_output:
+                for line in r.lines:  # evidence the error carries (push --diff: the drifted files)
+                    _say(line)
             raise r.error
         if not json_output:
-            for line in r.lines:
-                _say(line)
-            if single is not None:
+            if single is not None:  # (status: its block, then its lines: the --diff of drifted files)
                 single(r)
+            for line in r.shown_lines():
+                _say(line)
         if not r.kind.ok or r.doc.get("ok") is False:  # e.g. a failed smoke, or left `switched`: exit 1
             raise typer.Exit(r.exit_code or 1)
         return
@@ -246,7 +259,7 @@ def render(command: str, hosts: list, json_output: bool, call: Callable, *, cana
         report = call(view)
     if not json_output:  # results on stdout, in selection order, once every host is done
         for r in report.results:
-            for line in r.lines:
+            for line in r.shown_lines():
                 _say(line)
     if command == "status":  # its table (stdout) already says how each host ended
         if not json_output:
@@ -262,4 +275,4 @@ def render(command: str, hosts: list, json_output: bool, call: Callable, *, cana
 
 def _say(line: str) -> None:
     # Every result line quotes host text (series, backup ids, errors, smoke details): none is markup.
-    out.print(safe(line), highlight=False)
+    say(line)

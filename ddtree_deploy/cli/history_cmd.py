@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
 
-from ddtree_deploy.cli.app import app, emit_json, handles_errors, out
-from ddtree_deploy.cli.text import safe
+from ddtree_deploy.cli.app import app, emit_host, handles_errors, say
+from ddtree_deploy.cli.options import HOST_HELP, inventory_option
 from ddtree_deploy.errors import BadInput
 
 
 @app.command("history")
 @handles_errors
 def history(
-    host: str = typer.Option(..., "--host", "-H", help="inventory name, a .toml path, or 'local'"),
+    host: str = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    inventory: Optional[Path] = inventory_option(),
     limit: int = typer.Option(20, "--limit", "-n", help="print the newest N entries (1-10000)"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
@@ -30,15 +34,14 @@ def history(
     h = load_host(host)
     doc = hostlog.history(h, transport_for(h, trust_new_host=trust_new_host), limit)
     if json_output:
-        emit_json(doc)
+        emit_host(h.name, doc)
         return
     shown = len(doc["entries"])
-    out.print(safe(f"{h.name}: {shown} of {doc['total']} history entries, newest first"), highlight=False)
+    say(f"{h.name}: {shown} of {doc['total']} history entries, newest first")
     for e in doc["entries"]:
-        out.print("  " + safe(hostlog.entry_line(e)), highlight=False)
+        say("  " + hostlog.entry_line(e))
     if doc["unreadable"]:
-        out.print(safe(f"  ({doc['unreadable']} unreadable line(s) skipped: torn by a crash or a full disk)"),
-                  highlight=False)
+        say(f"  ({doc['unreadable']} unreadable line(s) skipped: torn by a crash or a full disk)")
 
 
 __all__ = ["history"]

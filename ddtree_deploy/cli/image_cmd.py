@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
 from ddtree_deploy.cli.text import safe
 
 
@@ -43,7 +43,7 @@ def image(
                    "series_id": ctx.series_id, "sglang_version": ctx.sglang_version, "labels": ctx.labels,
                    "files": list(ctx.files), "built": argv is not None, "build_command": argv, "tag": tag})
         return
-    out.print(safe(str(ctx.dockerfile)), highlight=False)
+    say(str(ctx.dockerfile))
     if argv is None:
         err.print(f"[dim]build it: docker build -t {safe(tag or 'IMAGE')} {safe(str(ctx.folder))}[/]",
                   highlight=False)

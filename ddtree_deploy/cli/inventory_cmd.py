@@ -13,7 +13,8 @@ from typing import Optional
 
 import typer
 
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
+from ddtree_deploy.cli.options import inventory_option
 from ddtree_deploy.cli.text import safe
 
 inventory_app = typer.Typer(help="Import host inventories from other tools.", no_args_is_help=True)
@@ -25,7 +26,8 @@ app.add_typer(inventory_app, name="inventory")
 def from_ansible(
     source: str = typer.Argument(..., help="Ansible inventory: INI or YAML file, or a folder (group_vars/, host_vars/)"),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="folder to write <host>.toml and groups.toml into "
-                                           "(default: the hosts folder)"),
+                                           "(default: the inventory folder, -i DIR if given)"),
+    inventory: Optional[Path] = inventory_option(),
     limit: Optional[str] = typer.Option(None, "--limit", help="an Ansible host pattern (e.g. 'gpu:!canary')"),
     force: bool = typer.Option(False, "--force", help="replace host files that already exist"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
@@ -47,7 +49,7 @@ def from_ansible(
     err.print(f"[dim]{safe(source)}: {len(imported.hosts)} host(s), {len(imported.groups)} group(s)[/]",
               highlight=False)
     for path in written:
-        out.print(safe(str(path)), highlight=False)
+        say(str(path))
 
 
 __all__ = ["from_ansible"]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
 
 from ddtree_deploy import next_step
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_host, err, handles_errors, say
+from ddtree_deploy.cli.options import HOST_HELP, inventory_option
 from ddtree_deploy.cli.text import safe
 
 lock_app = typer.Typer(
@@ -15,7 +19,6 @@ lock_app = typer.Typer(
 )
 app.add_typer(lock_app, name="lock")
 
-HOST_HELP = "inventory name, a .toml path, or 'local'"
 TRUST_HELP = "record an unknown host key in known_hosts"
 JSON_HELP = "print one JSON document on stdout"
 
@@ -32,6 +35,7 @@ def _host(name: str, trust_new_host: bool):
 @handles_errors
 def status(
     host: str = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    inventory: Optional[Path] = inventory_option(),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help=TRUST_HELP),
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
@@ -41,19 +45,19 @@ def status(
     h, transport = _host(host, trust_new_host)
     doc = hostlog.lock_status(h, transport)
     if json_output:
-        emit_json(doc)
+        emit_host(h.name, doc)
         return
-    out.print(safe(hostlog.lock_line(h.name, doc["lock"])), highlight=False)
+    say(hostlog.lock_line(h.name, doc["lock"]))
     tune = doc.get("tune_lock")
     if tune:
-        out.print(safe(f"{h.name}: a tune is running (run {tune.get('run_id', '?')}, pid {tune.get('pid', '?')})"),
-                  highlight=False)
+        say(f"{h.name}: a tune is running (run {tune.get('run_id', '?')}, pid {tune.get('pid', '?')})")
 
 
 @lock_app.command("release")
 @handles_errors
 def release(
     host: str = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    inventory: Optional[Path] = inventory_option(),
     force: bool = typer.Option(False, "--force",
                                help="release a lock whose process may still run (you know it is gone)"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help=TRUST_HELP),
@@ -75,15 +79,14 @@ def release(
             exc.hint = f"wait for that run, or {next_step.lock_release(h.name, force=True)} once you know it is gone"
         raise
     if json_output:
-        emit_json(doc)
+        emit_host(h.name, doc)
         return
     if not doc["released"]:
-        out.print(safe(f"{h.name}: lock free; nothing to release"), highlight=False)
+        say(f"{h.name}: lock free; nothing to release")
     else:
-        out.print(safe(f"{h.name}: released the lock of run {doc['lock'].get('run_id', '?')} by "
-                       f"{doc['lock'].get('holder', '?')}"), highlight=False)
+        say(f"{h.name}: released the lock of run {doc['lock'].get('run_id', '?')} by {doc['lock'].get('holder', '?')}")
     if doc.get("history_warning"):
-        err.print(f"[yellow]warning:[/] {safe(doc['history_warning'])}", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]warning:[/] {safe(doc['history_warning'])}", highlight=False)
 
 
 __all__ = ["lock_app"]

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
 from ddtree_deploy import next_step
 from ddtree_deploy.errors import EXIT_FAILED, BadInput
 from ddtree_deploy.locations import repo_dir
@@ -89,6 +89,10 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
     target = family_folder(new_name)
     tree_dir = tree or repo_dir("build") / f"port-{target.name}"
     from ddtree_deploy import port as porting
+    from ddtree_deploy.fsutil import require_writable_folder
+
+    require_writable_folder(tree_dir, "--tree")  # both before any work: bad input, nothing written
+    require_writable_folder(target.parent, "--into", given=target)
 
     outcome = porting.port_family(source, to_version, into=target, tree_dir=tree_dir, fuzz=fuzz,
                                   existing=families())
@@ -117,8 +121,7 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
                   highlight=False, soft_wrap=True)
     if not json_output:
         verdict = "ok" if result.ok else f"{len(result.rejects)} hunk(s) rejected"
-        out.print(f"port {verdict}: family {escape(info.label)} for SGLang {to_version}", highlight=False,
-                  soft_wrap=True)
+        say(f"port {verdict}: family {info.label} for SGLang {to_version}")
     return 0 if result.ok else EXIT_FAILED
 
 
@@ -159,8 +162,12 @@ def refresh_command(
     json_output: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
 ) -> None:
     from ddtree_deploy import port as porting
+    from ddtree_deploy.fsutil import require_writable_folder
 
-    outcome = porting.refresh_family(family_folder(family), from_dir, version=release, resolved=resolved)
+    folder = family_folder(family)
+    if folder.is_dir():  # (a missing family is refresh_family's to word)
+        require_writable_folder(folder, "--family")
+    outcome = porting.refresh_family(folder, from_dir, version=release, resolved=resolved)
     if json_output:
         emit_json({
             "sglang": outcome.version,
@@ -182,8 +189,8 @@ def refresh_command(
     for rej in outcome.removed_rejects:
         err.print(f"  removed {escape(show(rej))}", highlight=False, soft_wrap=True)
     if not json_output:
-        out.print(f"refresh: family {family}: {len(outcome.changed)} patch file(s) rewritten from the tree "
-                  f"(SGLang {outcome.version})", highlight=False)
+        say(f"refresh: family {family}: {len(outcome.changed)} patch file(s) rewritten from the tree "
+            f"(SGLang {outcome.version})")
 
 
 __all__ = ["series_app", "port_command", "refresh_command"]

@@ -6,12 +6,14 @@ the health wait and the DDTree proof, recorded on the host; fleets in waves), re
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from ddtree_deploy.cli.app import app, handles_errors
 from ddtree_deploy.cli.deploy_cmd import GROUP_HELP, HOST_HELP, _connect, _render
+from ddtree_deploy.cli.options import inventory_option
 
 
 @app.command("restart")
@@ -19,6 +21,7 @@ from ddtree_deploy.cli.deploy_cmd import GROUP_HELP, HOST_HELP, _connect, _rende
 def restart(
     host: Optional[List[str]] = typer.Option(None, "--host", "-H", help=HOST_HELP),
     group: Optional[List[str]] = typer.Option(None, "--group", "-g", help=GROUP_HELP),
+    inventory: Optional[Path] = inventory_option(),
     canary: Optional[str] = typer.Option(None, "--canary", help="with several hosts: the host restarted alone "
                                          "first, healthy before any other (default: the first selected)"),
     parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help="with several hosts: how many restart "

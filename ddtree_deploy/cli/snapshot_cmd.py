@@ -6,12 +6,14 @@ from a host (its own files, the pristine state push compares against).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from ddtree_deploy import next_step
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_host, emit_json, err, handles_errors, say
+from ddtree_deploy.cli.options import HOST_HELP, inventory_option
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.series import show
 from ddtree_deploy.snapshot import Snapshot, snapshot_from_release
@@ -24,20 +26,25 @@ snapshot_app = typer.Typer(
 app.add_typer(snapshot_app, name="snapshot")
 
 
-def report_snapshot(snap: Snapshot, *, json_output: bool) -> None:
-    """Print a snapshot: its manifest as JSON on stdout, or a short listing."""
+def report_snapshot(snap: Snapshot, *, json_output: bool, host: str | None = None) -> None:
+    """Print a snapshot: its manifest as JSON on stdout (``host``'s entry for a pulled one),
+    or a short listing."""
     m = snap.manifest
     if json_output:
-        emit_json({"snapshot": m.name, "folder": str(snap.folder), "manifest": m.to_json()})
+        doc = {"snapshot": m.name, "folder": str(snap.folder), "manifest": m.to_json()}
+        if host is not None:
+            emit_host(host, doc)
+        else:
+            emit_json(doc)
         return
     present = [f for f in m.files if not f.absent]
-    # The version and paths may come from a host (snapshot pull): printed through `safe`.
-    out.print(safe(f"snapshot {m.name}: sglang {m.sglang_version}, {len(present)} files, "
-                   f"{len(m.files) - len(present)} absent -> {show(snap.folder)}"), highlight=False)
+    # The version and paths may come from a host (snapshot pull): `say` prints them inert.
+    say(f"snapshot {m.name}: sglang {m.sglang_version}, {len(present)} files, "
+        f"{len(m.files) - len(present)} absent -> {show(snap.folder)}")
     width = max((len(f.path) for f in m.files), default=0)
     for f in m.files:
         detail = "absent (the series creates it)" if f.absent else f"{f.size:>8} B  sha256 {f.sha256[:16]}"
-        out.print(safe(f"  {f.path:<{width}}  {detail}"), highlight=False)
+        say(f"  {f.path:<{width}}  {detail}")
 
 
 @snapshot_app.command("release")
@@ -61,7 +68,8 @@ def release(
 @snapshot_app.command("pull")
 @handles_errors
 def pull(
-    host: str = typer.Option(..., "--host", "-H", help="inventory name, a .toml path, or 'local'"),
+    host: str = typer.Option(..., "--host", "-H", help=HOST_HELP),
+    inventory: Optional[Path] = inventory_option(),
     family: Optional[str] = typer.Option(None, "--family", help="family folder or name under the patches folder "
                                          "(default: the files of every family)"),
     name: Optional[str] = typer.Option(None, "--name", help="snapshot name (default: the host's name)"),
@@ -91,7 +99,7 @@ def pull(
     source = {"kind": "host", "host": h.name, "python": h.python}
     snap = snapshot_from_files(name or h.name, facts["sglang_version"], source, files,
                                package_root=facts.get("package_root"))
-    report_snapshot(snap, json_output=json_output)
+    report_snapshot(snap, json_output=json_output, host=h.name)
 
 
 __all__ = ["snapshot_app", "report_snapshot", "pull"]

@@ -33,4 +33,42 @@ def plain(value) -> str:
     return _visible(str(value))
 
 
-__all__ = ["plain", "safe"]
+def fit(line: str, width: int | None) -> list[str]:
+    """``line`` as lines of at most ``width`` columns, for a terminal that would otherwise cut
+    it anywhere (mid-hash, mid-word). Broken at a gap between words, preferably a column gap
+    (two spaces or more) when that keeps the line at least half full; the continuation lines
+    are indented 4 more than the line itself. A single word longer than a whole line (a long
+    path) is cut after its last ``/`` that fits, else at the width. ``None``: no width known
+    (a pipe, a log): the line whole."""
+    if width is None or len(line) <= width:
+        return [line]
+    width = max(width, 20)
+    indent = len(line) - len(line.lstrip(" "))
+    hang = " " * min(indent + 4, width // 2)
+    out: list[str] = []
+    rest, lead = line, ""
+    while len(lead) + len(rest) > width:
+        room = width - len(lead)
+        cut = _break_at(rest, room)
+        out.append((lead + rest[:cut]).rstrip())
+        rest, lead = rest[cut:].lstrip(" "), hang
+    out.append(lead + rest)
+    return out
+
+
+def _break_at(text: str, room: int) -> int:
+    """Where to end a line of ``text`` that has ``room`` columns (see ``fit``)."""
+    head = text[:room + 1]  # a gap just after the room is a clean break too
+    body = head.lstrip(" ")
+    start = len(head) - len(body)
+    column_gap = head.rfind("  ", start)
+    if column_gap > start and column_gap >= room // 2:
+        return column_gap
+    gap = head.rfind(" ", start)
+    if gap > start:
+        return gap
+    slash = text.rfind("/", start, room)
+    return slash + 1 if slash > start else room
+
+
+__all__ = ["fit", "plain", "safe"]

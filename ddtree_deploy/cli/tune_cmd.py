@@ -15,7 +15,8 @@ from typing import Optional
 import typer
 
 from ddtree_deploy import tune
-from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
+from ddtree_deploy.cli.app import app, emit_host, err, handles_errors, out, say
+from ddtree_deploy.cli.options import inventory_option
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.errors import BadInput
 from ddtree_deploy.inventory import load_host
@@ -29,7 +30,9 @@ def _ints(text: str, option: str, what: str, hi: int) -> tuple[int, ...]:
 @app.command("tune")
 @handles_errors
 def tune_cmd(
-    host: str = typer.Option(..., "--host", "-H", help="inventory name (hosts/<name>.toml) or a .toml path"),
+    host: str = typer.Option(..., "--host", "-H", help="inventory name (NAME.toml in the inventory folder) or "
+                                                       "a .toml path"),
+    inventory: Optional[Path] = inventory_option(),
     budgets: str = typer.Option(",".join(map(str, tune.DEFAULT_BUDGETS)), "--budgets",
                                 help="DDTree budgets to try (tree nodes per request), comma-separated"),
     topk: str = typer.Option(",".join(map(str, tune.DEFAULT_TOPK)), "--topk",
@@ -86,26 +89,25 @@ def tune_cmd(
         err.print(f"--apply: {safe(outcome.apply['file'])}:", highlight=False)
         err.print(safe(outcome.apply["diff"]), highlight=False, markup=False)
     if json_output:
-        emit_json(outcome.to_json())
+        emit_host(h.name, outcome.to_json(), ok=not outcome.stopped)
         if outcome.stopped:
             raise typer.Exit(1)
         return
     for line in tune.table_lines(opts, outcome.records):
         out.print(line, highlight=False, markup=False)
     for line in outcome.choice.lines(opts.itl_margin_pct):
-        out.print(line, highlight=False, markup=False)
+        say(line)
     pruned = tune.pruned(opts, outcome.records)
     if pruned:
-        out.print(f"pruned (not launched): {', '.join(pruned)}", highlight=False, markup=False)
-    out.print(f"results: {outcome.results_path}", highlight=False, markup=False)
-    out.print(f"plot: {outcome.plot_path}" if outcome.plot_path else outcome.plot_note or "no plot",
-              highlight=False, markup=False)
+        say(f"pruned (not launched): {', '.join(pruned)}")
+    say(f"results: {outcome.results_path}")
+    say(f"plot: {outcome.plot_path}" if outcome.plot_path else outcome.plot_note or "no plot")
     if outcome.stopped:
-        out.print(f"sweep stopped early: {outcome.stopped}", highlight=False, markup=False)
+        say(f"sweep stopped early: {outcome.stopped}")
     if outcome.apply is not None:
         a = outcome.apply
-        out.print(f"--apply: wrote budget {a['budget']} and topk {a['topk']} into {a['file']}" if a["written"]
-                  else f"--apply: nothing written ({a.get('why')})", highlight=False, markup=False)
+        say(f"--apply: wrote budget {a['budget']} and topk {a['topk']} into {a['file']}" if a["written"]
+            else f"--apply: nothing written ({a.get('why')})")
     if outcome.stopped:
         raise typer.Exit(1)
 
