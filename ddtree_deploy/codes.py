@@ -2,8 +2,9 @@
 
 The string values are an interface: they appear in ``--json`` output, the Ansible
 collection (ansible/ddtree/plugins/plugin_utils/toolkit.py) matches on them, and the
-host agent (``agent.py``, stdlib only, copied to hosts) writes the same literals;
-tests/test_codes.py asserts the agent's literals are these. They are plain ``str``
+host programs (ddtree_deploy/hostprog/) name them from here: this module ships to hosts
+with them (hostprog/bundle.py), so it stays stdlib-only and Python 3.8
+(tests/test_hostprog.py). They are plain ``str``
 constants, not an ``Enum``: an error code arriving from the agent is a plain string,
 and a str-mixin Enum hashes by member name (``"locked" in {Code.LOCKED}`` would be
 False) and formats differently across Python 3.10-3.12.
@@ -58,9 +59,17 @@ class Code:
     UNKNOWN_FAMILY = "unknown-family"
     # restarting the host's server (serve_run.py)
     SERVE_AGENT = "serve-agent"  # the serve program failed or answered garbage
+    # the host programs' own (hostprog/smoke.py's launch level, hostprog/tune.py): a host failure, not the series'
+    GPU = "gpu"  # no usable GPU (nvidia-smi missing or failing, none with the free memory asked for)
+    PORT = "port"  # the server's port is taken
+    START = "start"  # the server's program cannot be started
+    LEFT_RUNNING = "left-running"  # processes outlived TERM and KILL of the server's group
+    SERIES_CHANGED = "series-changed"  # the deployed series changed under a tune (or a push took the lock)
+    TUNE_LOCKED = "tune-locked"  # another tune holds the tune lock
+    BAD_DATASET = "bad-dataset"  # tune --dataset names no file on the host
 
 
-# Codes the agent itself raises (agent.py's AgentError literals); tests/test_codes.py checks both ways.
+# Codes the deploy agent itself raises (its AgentErrors, hostprog/); tests/test_codes.py checks both ways.
 AGENT_CODES = frozenset({
     Code.NO_SGLANG, Code.BAD_STATE_DIR, Code.BAD_PATH, Code.UNSAFE_FILE, Code.PREFLIGHT, Code.PERMISSION,
     Code.NO_SPACE, Code.BACKUP, Code.VERIFY, Code.SWITCH, Code.SWITCH_MIXED, Code.FAILED_UNCHANGED,
@@ -79,7 +88,7 @@ UNREACHABLE = frozenset({Code.CONNECT})
 
 
 class Phase:
-    """The host journal's ``phase`` (agent.PHASES), plus ``never-deployed`` for a host without one."""
+    """The host journal's ``phase`` (JOURNAL_PHASES), plus ``never-deployed`` for a host without one."""
 
     STAGED = "staged"
     SWITCHING = "switching"
@@ -89,7 +98,7 @@ class Phase:
     NEVER_DEPLOYED = "never-deployed"
 
 
-# In the agent's order (agent.PHASES).
+# In the journal's order (the agent's state.PHASES is this tuple).
 JOURNAL_PHASES = (Phase.STAGED, Phase.SWITCHING, Phase.SWITCHED, Phase.DEPLOYED, Phase.ROLLED_BACK)
 
 __all__ = ["AGENT_CODES", "BEFORE_CHANGE", "Code", "JOURNAL_PHASES", "Phase", "UNREACHABLE"]

@@ -1,8 +1,8 @@
 """sha256, the one content hash of the toolkit: file identity in plans, snapshots, manifests,
 release wheels and check reports. Pure (sha256_file reads the file it is given).
 
-The host programs (agent.py, smoke_agent.py, tune_agent.py) run on hosts as single stdlib
-files, so they keep their own few lines of hashlib; everything else hashes through here.
+The host programs (ddtree_deploy/hostprog/) run on hosts without this package, so their
+wire module keeps its own few lines of hashlib; everything else hashes through here.
 """
 
 from __future__ import annotations

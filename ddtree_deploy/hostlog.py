@@ -9,7 +9,7 @@ text the CLI prints (escaped there: every field comes from the host).
 
 from __future__ import annotations
 
-from ddtree_deploy.agent import history_entry_ok
+from ddtree_deploy.hostprog.history import history_entry_ok
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.transport import AgentSession, Transport, expect_ok
 

@@ -4,7 +4,7 @@ The context (``--out DIR``)::
 
     Dockerfile                  FROM the base image; COPY ddtree/; RUN apply.py; rm the staging
     ddtree/apply.py             the in-image client (ddtree_deploy/image_apply.py)
-    ddtree/agent.py             the toolkit's stdlib host agent, unchanged
+    ddtree/agent.py             the toolkit's stdlib host agent: the very source a push ships (hostprog.bundle)
     ddtree/lib/ddtree_deploy/   plan.py and the package modules it imports: the same drift check as push
     ddtree/apply-request.json   the agent request push would send (patched bytes, backup, journal)
     ddtree/series.json          series name, sha256, SGLang version, targets (pristine/patched sha256)
@@ -29,6 +29,7 @@ from pathlib import Path
 from ddtree_deploy import __version__
 from ddtree_deploy.errors import BadInput, DeployError
 from ddtree_deploy.fsutil import require_writable_folder
+from ddtree_deploy.hostprog import bundle
 
 STAGE = "/tmp/ddtree-stage"
 DEFAULT_STATE_DIR = "/var/lib/ddtree-deploy"
@@ -145,7 +146,7 @@ def write_context(base: str, release: str, out: Path, *, family: str | None = No
     (stage / "lib" / "ddtree_deploy").mkdir(parents=True)
     (stage / "series").mkdir()
     shutil.copyfile(_PKG / "image_apply.py", stage / "apply.py")
-    shutil.copyfile(_PKG / "agent.py", stage / "agent.py")
+    (stage / "agent.py").write_bytes(bundle.source("ddtree_deploy.hostprog.agent"))
     (stage / "lib" / "ddtree_deploy" / "__init__.py").write_text(
         '"""The pure modules of ddtree-deploy the in-image apply step needs (plan + its imports)."""\n')
     for name in _module_closure("plan"):

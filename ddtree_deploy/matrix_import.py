@@ -8,7 +8,7 @@ originals, and a ``.pth`` file appends this toolkit environment's site-packages
 (torch, transformers and SGLang's other Python dependencies, as ``make install``
 puts them there). The env's own site-packages comes first, so its ``sglang`` wins.
 
-The host-side smoke program (``smoke_agent``) then runs the ``import`` and ``cli``
+The host-side smoke program (``hostprog.smoke``) then runs the ``import`` and ``cli``
 levels with the env's interpreter, exactly as it would on a GPU host; the request
 comes from ``smoke_plan.plan_smoke``. A third level, ``tree``, is never silently linear:
 SGLang's own ``ServerArgs`` for ``--speculative-algorithm DDTREE`` (budget 32, on

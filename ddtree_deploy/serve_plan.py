@@ -4,7 +4,7 @@ what its answers mean. Pure.
 - ``check_request``: ``status``'s question: which SGLang server processes run from the
   package, did they start before the last switch, and (with ``[serve]``) the health.
 - ``restart_request``: drain (optional), the inventory's restart command, the health wait,
-  the DDTree proof (the launch smoke level's, ``smoke_agent.prove_served``, on the real
+  the DDTree proof (the launch smoke level's, ``hostprog.smoke.prove_served``, on the real
   server: ``proof = "tree"`` sends the probe and the tree prompts, ``"width"`` only reads
   ``/server_info``); none after a rollback (the files are pristine SGLang again).
 - ``serving``: a discovery answer read into one state and one sentence for ``status``;
@@ -12,7 +12,7 @@ what its answers mean. Pure.
   host's history can tell (``loaded_now``: the bytes it started with vs the bytes now), by
   the times only where it cannot (and the sentence says so).
 
-The host program is ``serve_agent.py``; running it is ``serve_run``'s.
+The host program is ``hostprog/serve.py``; running it is ``serve_run``'s.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ddtree_deploy.smoke_settings import DEFAULT_PROBE, FAMILY_SMOKE_DEFAULT, Fa
 
 PACKAGE = "sglang"
 HEALTH_GET_S = 10.0  # one health GET, at most
-HEARTBEAT_S = 20.0  # serve_agent.HEARTBEAT_S unless the request says
+HEARTBEAT_S = 20.0  # hostprog.wire.HEARTBEAT_S unless the request says
 
 
 def check_request(python: str, files: Sequence[str], settings: ServeSettings | None) -> dict:
@@ -38,7 +38,7 @@ def check_request(python: str, files: Sequence[str], settings: ServeSettings | N
 
 
 def proof_spec(settings: ServeSettings, family: FamilySmoke = FAMILY_SMOKE_DEFAULT) -> dict:
-    """The launch level's proof, for the serving server (``smoke_agent.prove_served``)."""
+    """The launch level's proof, for the serving server (``hostprog.smoke.prove_served``)."""
     tree = settings.proof == "tree"
     return {
         "probe": {"text": DEFAULT_PROBE, "max_new_tokens": 32} if tree else None,

@@ -29,8 +29,7 @@ Heartbeat = Callable[[str, float], None]
 
 # Never sudo: the serve program reads /proc and runs the inventory's own restart command,
 # which names sudo itself when the host needs it (e.g. ["sudo", "-n", "systemctl", ...]).
-SERVE_PROGRAM = HostProgram("serve_agent.py", "the serve program", Code.SERVE_AGENT,
-                            ahead=(("ddtree_smoke_agent", "smoke_agent.py"),))
+SERVE_PROGRAM = HostProgram("ddtree_deploy.hostprog.serve", "the serve program", Code.SERVE_AGENT)
 CHECK_S = 60.0  # a discovery (and one health GET), at most
 SLICE_S = 0.5  # reads wait this long at most between looks at inflight.cancelled
 

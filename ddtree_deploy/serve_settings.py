@@ -14,7 +14,7 @@ restarted, where its health shows, and what proves it runs DDTree. Pure: read th
     drain = ["/opt/lb/drain", "ct200"]      # optional argv run before the restart
     drain_wait_s = 30                       # seconds waited after the drain command
 
-What runs on the host is ``serve_plan``'s request to ``serve_agent.py``; the restart runs
+What runs on the host is ``serve_plan``'s request to ``hostprog/serve.py``; the restart runs
 as an argv list (``subprocess`` without a shell), every element as written here: nothing
 is split, joined or expanded.
 """

@@ -21,7 +21,7 @@ The levels, in the order they run (each proves what the next one needs):
 "Never silently linear": a partial port that routes DDTREE to the chain (DFlash's worker,
 a verify width equal to the draft block) fails the import, cli and launch levels.
 
-The settings are ``smoke_settings``'s, the host-side work is ``smoke_agent.py`` (stdlib
+The settings are ``smoke_settings``'s, the host-side work is ``hostprog/smoke.py`` (stdlib
 only), starting it on a host is ``smoke_run``'s and reading its answer ``smoke_report``'s.
 """
 
@@ -195,11 +195,11 @@ class SmokePlan:
 LEVEL_SLACK_S = 60.0
 COMPILE_S = 120.0  # the compile level has no deadline on the host: reading + compiling the files
 START_S = 60.0  # before the first level starts, and for the final answer after the last
-NVIDIA_SMI_S = 30.0  # smoke_agent.check_gpus
+NVIDIA_SMI_S = 30.0  # hostprog.smoke.check_gpus
 SERVER_INFO_S = 60.0  # /server_info, then /get_server_info: 30 s each
 HEALTH_POLL_S = 10.0  # the last readiness poll may start just before the deadline
 KILL_S = 15.0  # SIGKILL's wait (10 s) and the reap (5 s) after term_grace_s
-HEARTBEAT_S = 20.0  # smoke_agent.HEARTBEAT_S, unless the request sets heartbeat_s
+HEARTBEAT_S = 20.0  # hostprog.wire.HEARTBEAT_S, unless the request sets heartbeat_s
 SILENT_BEATS = 3  # this many heartbeats missed in a row: the link or the program is stuck
 MIN_SILENCE_S = 10.0  # never less: a loaded machine may delay a short test heartbeat a little
 

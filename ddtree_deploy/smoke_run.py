@@ -24,7 +24,7 @@ def _quiet(_step: str) -> None:
 
 
 # Never sudo: the smoke reads files and starts a server as the SSH user.
-SMOKE_PROGRAM = HostProgram("smoke_agent.py", "the smoke program", Code.SMOKE_AGENT)
+SMOKE_PROGRAM = HostProgram("ddtree_deploy.hostprog.smoke", "the smoke program", Code.SMOKE_AGENT)
 
 
 def smoke_agent_source() -> bytes:

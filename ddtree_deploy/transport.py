@@ -1,15 +1,15 @@
 """Transports: start one program on a host and talk to it over stdin/stdout.
 
 The whole toolkit needs exactly one remote primitive — start ``argv`` with pipes — because
-everything host-side is done by the agent (``ddtree_deploy.agent``) speaking JSON lines.
+everything host-side is done by the agent (``ddtree_deploy.hostprog.agent``) speaking JSON lines.
 ``SSHTransport`` (fabric + paramiko, one connection per host per command, strict
 known_hosts) and ``LocalTransport`` (subprocess, for running on the GPU box itself)
 implement it; only this module imports fabric/paramiko.
 
-``ProgramSession`` is the one way to start a host program: a single-file, stdlib-only
-Python program (the deploy agent, the smoke program, the tune program: a ``HostProgram``)
-shipped whole over the transport to the host's interpreter (``python -c BOOTSTRAP``), then
-JSON lines both ways. ``AgentSession`` is the deploy agent's: it counts round trips.
+``ProgramSession`` is the one way to start a host program: a stdlib-only Python program
+(the deploy agent, the smoke, serve and tune programs: a ``HostProgram``) shipped whole,
+with the modules it imports (``hostprog.bundle``), over the transport to the host's
+interpreter (``python -c BOOTSTRAP``), then JSON lines both ways. ``AgentSession`` is the deploy agent's: it counts round trips.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from ddtree_deploy import inflight, next_step
 from ddtree_deploy.codes import Code
 from ddtree_deploy.errors import BadInput, DeployError, prefixed
 from ddtree_deploy.fsutil import NotARegularFile, check_regular, read_regular
+from ddtree_deploy.hostprog import bundle
 from ddtree_deploy.inventory import (MAX_IDENTITY_BYTES, MAX_KNOWN_HOSTS_BYTES, MAX_SSH_CONFIG_BYTES, Host, SSHTarget,
                                      key_error)
 
@@ -79,38 +79,26 @@ def remote_command(argv: list[str]) -> str:
 
 @dataclass(frozen=True)
 class HostProgram:
-    """A single-file, stdlib-only Python program shipped whole to a host and run there.
+    """A stdlib-only Python program (``module``, in ddtree_deploy/hostprog/) shipped whole to
+    a host, with every module it imports (``hostprog.bundle``), and run there.
 
-    ``ahead``: (module name, package file) pairs loaded as modules before it, so a program
-    can reuse another one's helpers (the tune program imports the smoke program's) while
-    each stays one self-contained file. ``code`` is the error code of its failures;
-    ``stopped_code`` / ``stopped_hint`` those of a program that ended without answering.
+    ``code`` is the error code of its failures; ``stopped_code`` / ``stopped_hint`` those of
+    a program that ended without answering.
     """
 
-    file: str
+    module: str
     name: str
     code: str
-    ahead: tuple[tuple[str, str], ...] = ()
     stopped_code: str | None = None
     stopped_hint: str | None = None
     #: What a lost link leaves on the host once the program runs (ProgramSession.lost_state).
     lost_state: str = "the host program ends on its own and stops what it started"
 
     def source(self) -> bytes:
-        pkg = resources.files("ddtree_deploy")
-        main = pkg.joinpath(self.file).read_bytes()
-        if not self.ahead:
-            return main
-        prelude = ["import sys as _sys, types as _types"]
-        for module, file in self.ahead:
-            text = pkg.joinpath(file).read_text(encoding="utf-8")
-            prelude += [f"_m = _types.ModuleType({module!r})",
-                        f"exec(compile({text!r}, {file!r}, 'exec'), _m.__dict__)",
-                        f"_sys.modules[{module!r}] = _m"]
-        return ("\n".join(prelude) + "\n").encode("utf-8") + main
+        return bundle.source(self.module)
 
 
-AGENT = HostProgram("agent.py", "the agent", "agent", stopped_code="connection-lost",
+AGENT = HostProgram("ddtree_deploy.hostprog.agent", "the agent", "agent", stopped_code="connection-lost",
                     stopped_hint=f"run {next_step.status()} to see where the host stands, then rerun")
 
 

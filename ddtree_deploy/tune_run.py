@@ -3,7 +3,7 @@
 The decisions (grid, pruning, choice, table) are ``tune.py``'s; this module asks the
 host (``deploy.status``: is DDTree deployed, by which family), builds each launch's argv
 from the host's ``[smoke.launch]`` settings with the launch smoke's own template code
-(``smoke_plan.launch_argv``), ships ``tune_agent.py`` (with the smoke program's helpers) to
+(``smoke_plan.launch_argv``), ships ``hostprog/tune.py`` (with the smoke program's helpers) to
 the host, and streams each finished configuration into the local results file.
 """
 
@@ -172,17 +172,15 @@ def expected_algorithm(config: tune.Config) -> str | None:
 
 
 # The tune program reuses the smoke program's launch helpers (GPU check, port check, HTTP,
-# server start and readiness, process-group stop, heartbeats): shipped ahead of it as the
-# module ``ddtree_smoke_agent``, so both stay self-contained stdlib files.
-TUNE_PROGRAM = HostProgram("tune_agent.py", "the tune program", "tune-agent",
-                           ahead=(("ddtree_smoke_agent", "smoke_agent.py"),))
+# server start and readiness, process-group stop): shipped with it (hostprog.bundle).
+TUNE_PROGRAM = HostProgram("ddtree_deploy.hostprog.tune", "the tune program", "tune-agent")
 
 
 # How long the controller waits for the tune program, step by step, seen from this side of
 # the link: the smoke's rule (smoke_plan: the sum of the host's own deadlines inside a step,
 # plus its slack), applied to one `run` request's steps. Every step may end with the
 # server's stop (TERM, term_grace_s, then KILL): each includes it.
-BENCH_STOP_S = 5.0 + smoke_plan.KILL_S  # tune_agent._bench: stop_group(child, 5.0) of an overdue bench
+BENCH_STOP_S = 5.0 + smoke_plan.KILL_S  # hostprog.tune._bench: stop_group(child, 5.0) of an overdue bench
 
 
 def run_deadlines(request: Mapping) -> dict[str, float]:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.agent import TMP_TAG, boot_id, process_start
+from ddtree_deploy.hostprog.fileops import TMP_TAG
+from ddtree_deploy.hostprog.wire import boot_id, process_start
 from ddtree_deploy.deploy import _apply_push
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.digests import sha256

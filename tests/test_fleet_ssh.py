@@ -216,7 +216,7 @@ def test_a_failed_canary_leaves_every_other_host_byte_identical(fleet, oracle):
 def test_max_failures_and_a_held_lock(fleet, oracle):
     """--parallel 1: after the first failure (a live run's lock), no new host starts; with
     --max-failures 1 the locked host is reported and the others are pushed."""
-    from ddtree_deploy.agent import boot_id, process_start
+    from ddtree_deploy.hostprog.wire import boot_id, process_start
 
     pristine, patched = oracle
     for i, name in enumerate(["g1", "locked", "g2", "g3"]):

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import agent as agent_mod
-from ddtree_deploy.agent import Agent, boot_id, foreign_content
+from ddtree_deploy.hostprog import history as history_mod
+from ddtree_deploy.hostprog.agent import Agent
+from ddtree_deploy.hostprog.state import foreign_content
+from ddtree_deploy.hostprog.wire import boot_id, process_start
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SandboxHost  # noqa: E402
@@ -59,7 +61,7 @@ def test_push_rollback_and_a_broken_lock_are_recorded_newest_first(host, oracle)
         (host.state_dir / "lock").mkdir()
         (host.state_dir / "lock" / "owner.json").write_text(json.dumps({
             "run_id": "hung[/]", "holder": "eve\x1b[31m@[bold]x", "command": "push", "time": "2026-11-01T10:00:00Z",
-            "host": socket.gethostname(), "pid": sleeper.pid, "pid_start": agent_mod.process_start(sleeper.pid),
+            "host": socket.gethostname(), "pid": sleeper.pid, "pid_start": process_start(sleeper.pid),
             "boot_id": boot_id()}))
         ok("push", "--host", host.name, "--break-lock")
     finally:
@@ -92,7 +94,7 @@ def test_a_failed_append_never_fails_the_push(host, oracle):
 
 
 def test_rotation_keeps_the_newest_entries_and_the_folder_stays_ours(tmp_path, monkeypatch):
-    monkeypatch.setattr(agent_mod, "HISTORY_MAX_BYTES", 600)
+    monkeypatch.setattr(history_mod, "HISTORY_MAX_BYTES", 600)
     state = tmp_path / "state"
     state.mkdir()
     a = Agent(str(state))

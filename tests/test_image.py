@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from ddtree_deploy.cli import app
 from ddtree_deploy.series import load_family
+from ddtree_deploy.transport import agent_source
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import make_python_env  # noqa: E402
@@ -158,8 +159,8 @@ def test_dockerfile_structure_and_labels(context):
     assert labels["org.opencontainers.image.base.name"] == BASE
     for k, v in labels.items():
         assert f"{k}={json.dumps(v)}" in text
-    # The stage: the toolkit's agent unchanged, the series, the request.
-    assert (ctx / "ddtree" / "agent.py").read_bytes() == (REPO / "ddtree_deploy" / "agent.py").read_bytes()
+    # The stage: the toolkit's agent as a push ships it, the series, the request.
+    assert (ctx / "ddtree" / "agent.py").read_bytes() == agent_source()
     assert (ctx / "ddtree" / "series" / "series").read_bytes() == (FAMILY / "series").read_bytes()
     hadolint = shutil.which("hadolint") or (Path(sys.executable).parent / "hadolint")
     if Path(hadolint).exists():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy.agent import boot_id, process_start
+from ddtree_deploy.hostprog.wire import boot_id, process_start
 from ddtree_deploy.cli import app
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -183,7 +183,7 @@ def test_status_calls_a_host_whose_files_contradict_its_journal_mixed(host, orac
 
 
 def _agents(tmp_path):
-    from ddtree_deploy.agent import Agent
+    from ddtree_deploy.hostprog.agent import Agent
 
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
@@ -219,11 +219,11 @@ def test_a_guard_held_too_long_is_refused_not_waited_for(tmp_path, monkeypatch):
     """A stopped agent holding the guard never makes another wait for ever (GUARD_WAIT_S)."""
     import fcntl
 
-    from ddtree_deploy import agent as agent_mod
+    from ddtree_deploy.hostprog import lock as lock_mod
 
     a, b = _agents(tmp_path)
     assert a.handle({"op": "lock", "run_id": "ra"})["ok"]
-    monkeypatch.setattr(agent_mod, "GUARD_WAIT_S", 0.3)
+    monkeypatch.setattr(lock_mod, "GUARD_WAIT_S", 0.3)
     fd = os.open(tmp_path / "state" / "lock.guard", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # standing in for an agent stopped inside a fenced step
     try:

@@ -11,7 +11,8 @@ import errno
 
 import pytest
 
-from ddtree_deploy.agent import Agent, describe_os_error, located
+from ddtree_deploy.hostprog.agent import Agent
+from ddtree_deploy.hostprog.fileops import describe_os_error, located
 from ddtree_deploy.errors import DeployError, clause, prefixed
 from ddtree_deploy.transport import AgentFailed, expect_ok
 

@@ -188,7 +188,7 @@ def history_line(draw):
 @given(lines=st.lists(history_line(), max_size=8))
 def test_no_history_line_reaches_an_internal_error(lines, tmp_path_factory, monkeypatch):
     from ddtree_deploy import hostlog
-    from ddtree_deploy.agent import Agent
+    from ddtree_deploy.hostprog.agent import Agent
     from ddtree_deploy.cli import app
 
     tmp = tmp_path_factory.mktemp("history")

@@ -307,7 +307,7 @@ def test_lock_of_a_live_run_needs_break_lock(host, oracle):
     _pristine, patched = oracle
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        from ddtree_deploy.agent import boot_id, process_start
+        from ddtree_deploy.hostprog.wire import boot_id, process_start
         import socket
 
         lock = host.state_dir / "lock"

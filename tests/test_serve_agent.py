@@ -1,4 +1,4 @@
-"""The host-side serve program (serve_agent.py), run the way a host runs it: shipped over a
+"""The host-side serve program (hostprog/serve.py), run the way a host runs it: shipped over a
 LocalTransport to a sandbox interpreter whose site-packages holds SGLang 0.5.12.post1's real
 files (ddtree_deploy.sandbox.hostenv), the smoke program ahead of it (serve_run.SERVE_PROGRAM).
 
@@ -23,7 +23,7 @@ from ddtree_deploy import serve_plan, serve_run
 from ddtree_deploy.inventory import Host
 from ddtree_deploy.sandbox import free_port
 from ddtree_deploy.sandbox.hostenv import make_python_env
-from ddtree_deploy.serve_agent import match_reasons
+from ddtree_deploy.hostprog.serve import match_reasons
 from ddtree_deploy.serve_settings import parse_serve
 from ddtree_deploy.transport import AgentSession, LocalTransport
 from ddtree_testkit import STANDIN_SERVER

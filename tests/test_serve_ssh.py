@@ -134,7 +134,8 @@ def test_a_server_is_stale_when_its_bytes_differ_from_the_files_not_when_the_fil
     other bytes than those it started with: after a rollback they are the same again. Decided
     from the history's per-file from/to of the switches since it started; where the history
     cannot tell (rotated away), by the times, and `status` says so."""
-    from ddtree_deploy.agent import HISTORY_MAX_BYTES, Agent
+    from ddtree_deploy.hostprog.agent import Agent
+    from ddtree_deploy.hostprog.history import HISTORY_MAX_BYTES
 
     s = served("stale1")
     pid = s.sup.pid()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import smoke_agent
+from ddtree_deploy.hostprog import smoke as smoke_agent
 from ddtree_testkit import STANDIN_SERVER
 
 AGENT = Path(smoke_agent.__file__)

@@ -2,10 +2,9 @@
 and the restart of the serving server through the inventory's own command, gated on its
 health and on the DDTree proof.
 
-Stdlib only, run with the host's interpreter (``host.python``), shipped like the smoke
-program: ``serve_run.SERVE_PROGRAM`` sends the smoke program ahead of it as the module
-``ddtree_smoke_agent`` (its HTTP helper, its ``/server_info`` tree proof, its heartbeat
-emitter), so both stay single self-contained files. It never changes the installed files
+Stdlib only, run with the host's interpreter (``host.python``), shipped like every host
+program with the modules it imports (bundle.py): ``wire`` and the smoke program ``smoke``
+(its HTTP helper, its ``/server_info`` tree proof). It never changes the installed files
 and never builds a shell command: the restart and drain commands are argv lists from the
 inventory, run with ``subprocess`` as they are written.
 
@@ -22,7 +21,7 @@ Request (one JSON line)::
      "restart": {"argv": [...], "timeout_s": 300},
      "ready_timeout_s": 600, "poll_s": 2,
      "proof": {"probe": {...} | null, "probe_timeout_s": 300, "expect_algorithm": "DDTREE",
-               "tree": {...}} | null,         # the launch smoke level's proof (smoke_agent.prove_served)
+               "tree": {...}} | null,         # the launch smoke level's proof (smoke.prove_served)
      "heartbeat_s": 20}
 
 ``discover`` answers the processes; ``check`` (``status``) adds one health GET; ``restart``
@@ -43,17 +42,13 @@ must be restarted. After a restart, the server is healthy only when the health U
 """
 
 
-import json
 import os
 import sys
 import time
 
-try:
-    import ddtree_smoke_agent as sa  # shipped ahead of this program (serve_run.SERVE_PROGRAM)
-except ImportError:  # run from a checkout (tests, a GPU box with the repository)
-    from ddtree_deploy import smoke_agent as sa
+from ddtree_deploy.hostprog import smoke as sa
+from ddtree_deploy.hostprog import wire
 
-HEARTBEAT_S = 20.0
 # A process that started this little before the restart began is taken as started by it:
 # /proc start times have clock-tick resolution, and the two clocks are read a moment apart.
 START_SLACK_S = 0.25
@@ -396,23 +391,25 @@ def _healthy_line(answer):
 OPS = {"discover": discover, "check": check}
 
 
+def _check(request):
+    op = request["op"]
+    if op not in OPS and op != "restart":
+        raise KeyError("unknown op %r" % (op,))
+    str(request["python"])
+    return None
+
+
 def main(argv=None):
     """Read one request line (stdin, or the file named by the only argument); answer JSON lines.
 
     A dropped connection must not stop a restart half-way: hangups and broken pipes are
     ignored, every wait has its deadline, and the answer is dropped when nobody reads it.
     """
-    raw = sa.read_request(argv)
-    try:
-        request = json.loads(raw.decode("utf-8"))
-        op = request["op"]
-        if op not in OPS and op != "restart":
-            raise KeyError("unknown op %r" % (op,))
-        str(request["python"])
-    except (ValueError, KeyError, TypeError) as exc:
-        print(json.dumps({"event": "done", "ok": False, "error": "bad request: %s" % exc}))
+    request = wire.one_request(argv, _check)
+    if request is None:
         return 2
-    emitter = sa.Emitter(sys.stdout, float(request.get("heartbeat_s", HEARTBEAT_S)))
+    op = request["op"]
+    emitter = wire.Emitter(sys.stdout.buffer, float(request.get("heartbeat_s", wire.HEARTBEAT_S)))
     try:
         try:
             answer = restart(request, emitter) if op == "restart" else dict(OPS[op](request), ok=True)

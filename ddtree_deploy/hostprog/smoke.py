@@ -54,6 +54,9 @@ import sys
 import tempfile
 import time
 
+from ddtree_deploy.codes import Code
+from ddtree_deploy.hostprog import wire
+
 READY_LINE = "The server is fired up and ready to roll!"
 # Output kept in an answer: enough to see the error, small enough to ship back.
 TAIL_CHARS = 4000
@@ -130,12 +133,10 @@ def level_compile(spec):
 
 def package_root(name):
     """The folder holding the top-level package ``name`` (found without importing it)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
+    pkg = wire.find_package(name)
+    if pkg is None:
         raise LevelFailed(f"this interpreter ({sys.executable}) cannot find the {name} package")
-    return os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
+    return os.path.dirname(pkg)
 
 
 # ---------------------------------------------------------------------- import
@@ -425,22 +426,22 @@ def check_gpus(min_free_mib):
         raise LevelFailed(
             "nvidia-smi not found on the host: the launch level needs an NVIDIA GPU "
             "(run the compile/import/cli levels only, or fix the host's driver install)",
-            {"gpus": []}, code="gpu",
+            {"gpus": []}, code=Code.GPU,
         )
     query = [exe, "--query-gpu=index,name,memory.free,memory.total", "--format=csv,noheader,nounits"]
     rc, out = _run(query, 30)
     if rc != 0:
-        raise LevelFailed(f"nvidia-smi failed (exit {rc}): no usable GPU", {"output": _tail(out)}, code="gpu")
+        raise LevelFailed(f"nvidia-smi failed (exit {rc}): no usable GPU", {"output": _tail(out)}, code=Code.GPU)
     gpus = []
     for line in out.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 4 and parts[2].isdigit():
             gpus.append({"index": parts[0], "name": parts[1], "free_mib": int(parts[2]), "total_mib": int(parts[3])})
     if not gpus:
-        raise LevelFailed("nvidia-smi lists no GPU", {"output": _tail(out)}, code="gpu")
+        raise LevelFailed("nvidia-smi lists no GPU", {"output": _tail(out)}, code=Code.GPU)
     if max(g["free_mib"] for g in gpus) < min_free_mib:
         raise LevelFailed(
-            f"no GPU has {min_free_mib} MiB free (another server running?)", {"gpus": gpus}, code="gpu"
+            f"no GPU has {min_free_mib} MiB free (another server running?)", {"gpus": gpus}, code=Code.GPU
         )
     return gpus
 
@@ -548,7 +549,7 @@ def start_server(spec, evidence):
     if _port_open(host, port):
         # Something already answers there: probing it would test the wrong server.
         raise LevelFailed(f"port {port} on {host} is already in use: stop that server or set another "
-                          "[smoke.launch] port", evidence, code="port")
+                          "[smoke.launch] port", evidence, code=Code.PORT)
     os.makedirs(os.path.dirname(spec["log_path"]) or ".", mode=0o700, exist_ok=True)
     argv = [sys.executable if a == "{python}" else a for a in spec["argv"]]
     with open(spec["log_path"], "ab") as log:
@@ -558,7 +559,7 @@ def start_server(spec, evidence):
                 start_new_session=True, close_fds=True,
             )
         except OSError as exc:
-            raise LevelFailed(f"cannot start {argv[0]!r}: {exc.strerror}", evidence, code="start")
+            raise LevelFailed(f"cannot start {argv[0]!r}: {exc.strerror}", evidence, code=Code.START)
 
 
 def wait_ready(proc, spec, stop=None):
@@ -759,47 +760,7 @@ def _launch_detail(evidence):
 # ------------------------------------------------------------------------ main
 
 LEVELS = {"compile": level_compile, "import": level_import, "cli": level_cli, "launch": level_launch}
-HEARTBEAT_S = 20.0  # under any SSH read timeout, so a long readiness wait is not a dead link
 LOG_COPY_CHARS = 1 << 20  # the server log shipped back on a failed launch: its last MiB
-
-
-class Emitter:
-    """One JSON line per event on stdout; a heartbeat thread keeps a long level talking.
-
-    A closed stdout (the client went away) stops the talking, never the work: the
-    launch level must still stop the server it started.
-    """
-
-    def __init__(self, stream, interval_s=HEARTBEAT_S):
-        import threading
-
-        self.stream = stream
-        self.interval_s = interval_s
-        self.lock = threading.Lock()
-        self.current = None
-        self.started = time.monotonic()
-        self.done = threading.Event()
-        self.writable = True
-        threading.Thread(target=self._beat, daemon=True).start()
-
-    def emit(self, doc):
-        with self.lock:
-            if not self.writable:
-                return
-            try:
-                self.stream.write(json.dumps(doc, default=str) + "\n")
-                self.stream.flush()
-            except (OSError, ValueError):
-                self.writable = False
-
-    def _beat(self):
-        while not self.done.wait(self.interval_s):
-            if self.current:
-                self.emit({"event": "wait", "level": self.current,
-                           "seconds": round(time.monotonic() - self.started, 1)})
-
-    def close(self):
-        self.done.set()
 
 
 def run(request, emitter=None):
@@ -844,41 +805,26 @@ def _read_log(path):
         return None
 
 
-def read_request(argv=None):
-    """Hangups and broken pipes ignored (a dropped connection never stops the work half-way),
-    then the request: the file named by the only argument, else one line of stdin. Shared
-    with the serve program."""
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    argv = sys.argv[1:] if argv is None else argv
-    if argv:
-        with open(argv[0], "rb") as fh:
-            return fh.read()
-    return sys.stdin.buffer.readline()
+def _check(request):
+    unknown = [n for n in request["levels"] if n not in LEVELS]
+    return "unknown levels: %s" % unknown if unknown else None
 
 
 def main(argv=None):
     """Read one request line (stdin, or the file named by the only argument); stream the answer.
 
     Run as a file, or shipped like the deploy agent: ``python -c BOOTSTRAP`` reads this
-    source from stdin, then ``main()`` reads the request line that follows it.
+    program (bundle.py) from stdin, then ``main()`` reads the request line that follows it.
     """
-    # A dropped connection must not orphan a server: ignore hangups and broken pipes,
-    # finish the level (every wait has a deadline) and stop the process group.
-    raw = read_request(argv)
-    try:
-        request = json.loads(raw.decode("utf-8"))
-        unknown = [n for n in request["levels"] if n not in LEVELS]
-    except (ValueError, KeyError, TypeError) as exc:
-        print(json.dumps({"event": "done", "ok": False, "error": "bad request: %s" % exc}))
-        return 2
-    if unknown:
-        print(json.dumps({"event": "done", "ok": False, "error": "unknown levels: %s" % unknown}))
+    # A dropped connection must not orphan a server: hangups and broken pipes are ignored
+    # (wire.one_request), the level finishes (every wait has a deadline) and stops the group.
+    request = wire.one_request(argv, _check)
+    if request is None:
         return 2
     for spec in request.values():
         if isinstance(spec, dict) and spec.get("log_path"):
             spec["log_path"] = os.path.expanduser(spec["log_path"])
-    emitter = Emitter(sys.stdout, float(request.get("heartbeat_s", HEARTBEAT_S)))
+    emitter = wire.Emitter(sys.stdout.buffer, float(request.get("heartbeat_s", wire.HEARTBEAT_S)))
     try:
         emitter.emit(run(request, emitter))
     finally:

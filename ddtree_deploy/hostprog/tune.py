@@ -1,10 +1,10 @@
 """The host-side tune program: one server at a time, SGLang's bench_serving against it.
 
-Stdlib only, run with the host's interpreter, shipped over the same connection as the
-smoke program (``tune_run.TUNE_PROGRAM`` ships the smoke program ahead of it, as the
-module ``ddtree_smoke_agent``: the launch level's helpers -- server start with its GPU and
-port checks, readiness wait, HTTP, process-group stop, heartbeat emitter -- are reused
-from there, not copied).
+Stdlib only, run with the host's interpreter, shipped like every host program with the
+modules it imports (bundle.py): ``wire`` (JSON lines, the heartbeat emitter, process
+identity) and the smoke program ``smoke``, whose launch level's helpers -- server start
+with its GPU and port checks, readiness wait, HTTP, process-group stop -- are reused, not
+copied.
 
 Protocol: JSON lines on stdin, JSON lines on stdout.
 
@@ -37,10 +37,9 @@ import sys
 import threading
 import time
 
-try:
-    import ddtree_smoke_agent as sa  # shipped ahead of this program (tune_run.TUNE_PROGRAM)
-except ImportError:  # run from a checkout (tests, a GPU box with the repository)
-    from ddtree_deploy import smoke_agent as sa
+from ddtree_deploy.codes import Code
+from ddtree_deploy.hostprog import smoke as sa
+from ddtree_deploy.hostprog import wire
 
 OOM_MARKS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed")
 METRICS = {  # bench_serving's result keys -> ours
@@ -57,36 +56,9 @@ class Aborted(Exception):
 
 
 class RunFailed(Exception):
-    def __init__(self, message, code="failed", **extra):
+    def __init__(self, message, code=Code.FAILED, **extra):
         Exception.__init__(self, message)
         self.message, self.code, self.extra = message, code, extra
-
-
-def _process_start(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _holder_gone(owner):
-    """Only when provably dead: same machine, and that pid is gone or is another process."""
-    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
-        return False
-    pid = owner.get("pid")
-    if not isinstance(pid, int):
-        return False
-    start = _process_start(pid)
-    return start is None or start != owner.get("pid_start")
-
-
-def _read_json(path):
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
 
 
 class Tuner(object):
@@ -103,10 +75,8 @@ class Tuner(object):
     # -- input: a reader thread, so an abort (or a lost connection) is seen mid-run
 
     def read_input(self, stream):
-        for raw in iter(stream.readline, b""):
-            try:
-                doc = json.loads(raw.decode("utf-8"))
-            except ValueError:
+        for doc in wire.request_lines(stream):
+            if doc is wire.NOT_JSON:
                 continue
             if doc.get("op") == "abort":
                 self.abort.set()
@@ -121,23 +91,23 @@ class Tuner(object):
         self.series_id = req.get("series_id")
         deploy_lock = os.path.join(self.state_dir, "lock")
         if os.path.isdir(deploy_lock):
-            holder = _read_json(os.path.join(deploy_lock, "owner.json")) or {}
-            return {"event": "refused", "code": "locked",
+            holder = wire.read_json(os.path.join(deploy_lock, "owner.json")) or {}
+            return {"event": "refused", "code": Code.LOCKED,
                     "message": "a %s holds the host's deploy lock" % (holder.get("command") or "push/rollback"),
                     "holder": holder}
         path = req.get("dataset_path")
         if path and not os.path.isfile(os.path.expanduser(path)):
-            return {"event": "refused", "code": "bad-dataset",
+            return {"event": "refused", "code": Code.BAD_DATASET,
                     "message": "--dataset sharegpt-file: %s is not a file on the host" % path}
         problem = self._check_series()
         if problem:
-            return {"event": "refused", "code": "series-changed", "message": problem}
+            return {"event": "refused", "code": Code.SERIES_CHANGED, "message": problem}
         tune = os.path.join(self.state_dir, "tune")
         os.makedirs(tune, mode=0o700, exist_ok=True)
         self.lock_dir = os.path.join(tune, "lock")
         owner = {"run_id": req["run_id"], "holder": req.get("holder"), "command": "tune",
                  "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
-                 "pid": os.getpid(), "pid_start": _process_start(os.getpid())}
+                 "pid": os.getpid(), "pid_start": wire.process_start(os.getpid())}
         tmp = self.lock_dir + ".tmp-" + req["run_id"]
         shutil.rmtree(tmp, ignore_errors=True)
         os.mkdir(tmp, 0o700)
@@ -149,21 +119,21 @@ class Tuner(object):
                 os.rename(tmp, self.lock_dir)  # atomic: of two tunes exactly one wins
                 break
             except OSError:
-                held = _read_json(os.path.join(self.lock_dir, "owner.json")) or {}
-                if took_over is None and _holder_gone(held):
+                held = wire.read_json(os.path.join(self.lock_dir, "owner.json")) or {}
+                if took_over is None and wire.same_process(held) is False:  # provably gone
                     took_over = held
                     shutil.rmtree(self.lock_dir, ignore_errors=True)
                     continue
                 shutil.rmtree(tmp, ignore_errors=True)
                 self.lock_dir = None
-                return {"event": "refused", "code": "tune-locked", "message": "another tune holds the tune lock",
+                return {"event": "refused", "code": Code.TUNE_LOCKED, "message": "another tune holds the tune lock",
                         "holder": held}
         self.owner = owner
         return {"event": "ready", "lock": owner, "took_over": took_over, "python": sys.executable}
 
     def release(self):
         if self.lock_dir and self.owner:
-            held = _read_json(os.path.join(self.lock_dir, "owner.json")) or {}
+            held = wire.read_json(os.path.join(self.lock_dir, "owner.json")) or {}
             if held.get("run_id") == self.owner["run_id"]:
                 shutil.rmtree(self.lock_dir, ignore_errors=True)
         self.lock_dir = None
@@ -171,9 +141,9 @@ class Tuner(object):
     def _check_series(self):
         """None, or why the host is no longer what the sweep started measuring."""
         if os.path.isdir(os.path.join(self.state_dir, "lock")):
-            holder = _read_json(os.path.join(self.state_dir, "lock", "owner.json")) or {}
+            holder = wire.read_json(os.path.join(self.state_dir, "lock", "owner.json")) or {}
             return "a %s took the deploy lock" % (holder.get("command") or "push/rollback")
-        journal = _read_json(os.path.join(self.state_dir, "journal.json")) or {}
+        journal = wire.read_json(os.path.join(self.state_dir, "journal.json")) or {}
         if self.series_id and (journal.get("series_id") != self.series_id or journal.get("phase") != "deployed"):
             return ("the deployed series changed (journal: %s, phase %s)"
                     % (journal.get("series"), journal.get("phase")))
@@ -188,13 +158,13 @@ class Tuner(object):
         try:
             problem = self._check_series()
             if problem:
-                raise RunFailed(problem + ": the sweep stops here", code="series-changed")
+                raise RunFailed(problem + ": the sweep stops here", code=Code.SERIES_CHANGED)
             try:
                 proc = sa.start_server(dict(req, gpu_check=bool(req.get("gpu_check"))), {})
                 sa.wait_ready(proc, dict(req, poll_s=0.5), stop=self._stop_if_aborted)
             except sa.LevelFailed as exc:
                 extra = {"exit_code": exc.evidence["exit_code"]} if "exit_code" in exc.evidence else {}
-                raise RunFailed(exc.detail, code=exc.code or "failed", **extra)
+                raise RunFailed(exc.detail, code=exc.code or Code.FAILED, **extra)
             self.emit({"event": "phase", "key": req["key"], "what": "ready",
                        "seconds": round(time.monotonic() - started, 1)})
             measures = []
@@ -216,12 +186,12 @@ class Tuner(object):
         except RunFailed as exc:
             result.update(status="failed", error=exc.message, code=exc.code, **exc.extra)
         except Exception as exc:  # a bug here must still stop the server and answer
-            result.update(status="failed", error="%s: %s" % (type(exc).__name__, exc), code="agent")
+            result.update(status="failed", error="%s: %s" % (type(exc).__name__, exc), code=Code.AGENT)
         finally:
             if proc is not None:
                 result["stopped"] = sa.stop_group(proc, float(req.get("term_grace_s", 30)))
                 if result["stopped"]["left"]:
-                    result.update(status="failed", code="left-running",
+                    result.update(status="failed", code=Code.LEFT_RUNNING,
                                   error="processes %s outlived TERM and KILL" % result["stopped"]["left"])
             if result.get("status") == "failed":
                 result["log_tail"] = sa.log_tail(req["log_path"], 30)
@@ -304,7 +274,7 @@ def _looks_oom(lines):
 
 
 def main():
-    emitter = sa.Emitter(sys.stdout, sa.HEARTBEAT_S)
+    emitter = wire.Emitter(sys.stdout.buffer, wire.HEARTBEAT_S)
     tuner = Tuner(emitter)
     # Unlike a push, a tune has nothing to finish when its controller goes: a hangup, a
     # Ctrl-C (a local run shares the terminal) or a TERM stops the server and exits.
@@ -326,7 +296,7 @@ def main():
                     # The controller's silence limit follows this interval: a new emitter,
                     # so the first beat of a run is one interval away, not the default's.
                     emitter.close()
-                    emitter = sa.Emitter(sys.stdout, float(req["heartbeat_s"]))
+                    emitter = wire.Emitter(sys.stdout.buffer, float(req["heartbeat_s"]))
                     tuner.emitter, tuner.emit = emitter, emitter.emit
                 emitter.emit(tuner.begin(req))
             elif op == "run":
@@ -346,7 +316,10 @@ def main():
         tuner.release()
         emitter.emit({"event": "bye"})
         emitter.close()
-    return 0
+    # Exit here, not through the interpreter's shutdown: the reader thread may sit inside a
+    # read of stdin, and a shutdown with a daemon thread holding stdin's buffer lock aborts
+    # (SIGABRT, exit 134: a third of the runs after "end"). Every answer is flushed already.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,123 @@
+"""The deploy agent: a stdlib-only program that runs ON the host, with the host's interpreter.
+
+It is shipped once per command (the transport runs ``python -c BOOTSTRAP`` and sends this
+program with the modules it imports: bundle.py), then JSON requests on stdin, and answers
+one JSON line per request on stdout. One process serves the whole command, so a push is
+two round trips however many files it touches: (init, lock, facts) pipelined, then
+(apply, unlock).
+
+Why a program and not shell commands: the host-side steps (lock, back up, stage,
+switch, journal) must finish even when the connection drops half-way, and no value
+from a patch, an inventory or a path may reach a shell. Here every path travels as
+JSON and is used through os.* calls only.
+
+This module is the dispatch only; each job is a module of its own, one class each, that
+``Agent`` puts together: ``state`` (the state folder, its layout and the check that it is
+ours), ``lock`` (the deploy lock and its fencing), ``facts`` (read-only: SGLang, file
+digests, backups), ``apply`` (back up, stage, switch), ``journal`` and ``history``. The
+agent's error and careful file writes are ``fileops``; JSON lines, digests and the test
+hooks are ``wire``'s.
+"""
+
+import os
+import signal
+import socket
+import sys
+
+from ddtree_deploy.codes import Code
+from ddtree_deploy.hostprog import wire
+from ddtree_deploy.hostprog.apply import Apply
+from ddtree_deploy.hostprog.facts import Facts
+from ddtree_deploy.hostprog.fileops import AgentError, describe_os_error
+from ddtree_deploy.hostprog.history import History
+from ddtree_deploy.hostprog.journal import Journal
+from ddtree_deploy.hostprog.lock import Lock
+from ddtree_deploy.hostprog.state import StateFolder
+
+AGENT_PROTOCOL = 1
+
+# Each request's "op" -> the method that answers it (a job's).
+OPS = {
+    "init": "op_init",
+    "lock": "op_lock", "unlock": "op_unlock", "lock_status": "op_lock_status", "lock_release": "op_lock_release",
+    "facts": "op_facts",
+    "apply": "op_apply",
+    "mark": "op_mark", "served": "op_served",
+    "history": "op_history", "switches": "op_switches",
+}
+
+
+class Agent(StateFolder, Lock, Facts, Journal, History, Apply):
+    """One agent process: the state of the jobs it holds for its command (the state folder,
+    the package root, the lock it took, the journal it last wrote) and the op dispatch."""
+
+    def __init__(self, state_dir=None, hooks=None):
+        self.state_dir = None
+        self.root = None
+        self.locked = False
+        self.lock_owner = None
+        self.hooks = wire.Hooks(hooks)
+        if state_dir:
+            self._set_state_dir(state_dir)
+
+    def handle(self, request):
+        op = request.get("op")
+        fn = getattr(self, OPS.get(str(op), ""), None)
+        if fn is None:
+            return {"ok": False, "code": Code.PROTOCOL, "message": "unknown op %r" % (op,)}
+        try:
+            result = fn(request)
+        except AgentError as exc:
+            out = {"ok": False, "code": exc.code, "message": exc.message}
+            out.update(exc.extra)
+            return out
+        except OSError as exc:
+            # The controller names the step (``<host>: <step>: <this>``): the file and the
+            # reason only.
+            out = {"ok": False, "code": Code.OS_ERROR, "message": describe_os_error(exc)}
+            if getattr(exc, "history_warning", None):
+                out["history_warning"] = exc.history_warning
+            return out
+        result["ok"] = True
+        return result
+
+    def op_init(self, request):
+        self._set_state_dir(request.get("state_dir") or "~/.ddtree-deploy")
+        return {
+            "protocol": AGENT_PROTOCOL,
+            "python": "%d.%d.%d" % sys.version_info[:3],
+            "executable": sys.executable,
+            "state_dir": self.state_dir,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+
+
+def serve(stdin, stdout, hooks=None):
+    """Answer one JSON line per request line until EOF; always release the lock at the end."""
+    agent = Agent(hooks=hooks)
+    out = wire.Emitter(stdout)
+    try:
+        for request in wire.request_lines(stdin):
+            if request is wire.NOT_JSON:
+                out.emit({"ok": False, "code": Code.PROTOCOL, "message": "request is not JSON"})
+                break
+            if request.get("hooks"):
+                agent.hooks.update(request["hooks"])
+            agent.hooks.before_request(request)
+            out.emit(agent.handle(request))
+    finally:
+        agent.release()
+
+
+def main():
+    # A dropped SSH connection must not stop a switch half-way: ignore hangups, and treat
+    # a closed stdout as "stop talking" (wire.Emitter), never as "stop working". Ctrl-C at
+    # a terminal reaches a local agent too (same process group): the controller decides,
+    # and lets go of the link; the agent finishes the request it has, then sees EOF.
+    wire.keep_working(signal.SIGINT)
+    serve(sys.stdin.buffer, sys.stdout.buffer)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""The agent's read-only job: where SGLang is, what its files hold, what backups the state has.
+
+``facts`` answers the SGLang version and package root (found without importing sglang),
+the sha256 (and, asked, the bytes) of each named file and of every file the journal and
+the backups name, the journal, the backups and the deploy lock. ``target`` is the one way
+from a package-relative path to a file: nothing outside the package root, never through
+a symlink.
+"""
+
+import base64
+import errno
+import os
+import sys
+
+from ddtree_deploy.codes import Code
+from ddtree_deploy.hostprog import wire
+from ddtree_deploy.hostprog.fileops import TMP_TAG, AgentError
+
+
+class Facts(object):
+    """Needs ``state_dir``/``_p``/``check_state_dir`` (StateFolder) and ``read_lock`` (Lock)."""
+
+    def target(self, rel):
+        """The absolute path of a package-relative file, refusing anything outside the root."""
+        if self.root is None:
+            raise AgentError(Code.PROTOCOL, "facts must run before any file operation")
+        if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\0" in rel:
+            raise AgentError(Code.BAD_PATH, "not a package-relative path: %r" % (rel,))
+        parts = rel.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise AgentError(Code.BAD_PATH, "not a package-relative path: %r" % (rel,))
+        path = os.path.join(self.root, *parts)
+        # A symlinked directory could carry the write outside the package: refuse it.
+        real_parent = os.path.realpath(os.path.dirname(path))
+        real_root = os.path.realpath(self.root)
+        if real_parent != real_root and not real_parent.startswith(real_root + os.sep):
+            raise AgentError(Code.UNSAFE_FILE, "%s leaves the package root through a symlink" % rel)
+        if os.path.islink(path):
+            raise AgentError(Code.UNSAFE_FILE, "%s is a symlink (to %s); refusing to read or replace it"
+                             % (rel, os.readlink(path)))
+        return path
+
+    def op_facts(self, request):
+        """Read-only: SGLang version and root, sha256 (and optionally bytes) of files, state."""
+        self.root, version, how = find_sglang()
+        if self.state_dir:
+            self.check_state_dir(create=False)
+        paths = set(request.get("paths") or ())
+        journal = wire.read_json(self._p("journal.json")) if self.state_dir else None
+        backups = self.list_backups() if self.state_dir else []
+        if request.get("include_state_paths", True):
+            if journal:
+                paths.update(journal.get("files", {}))
+            for b in backups:
+                paths.update(b.get("files", {}))
+        files = {}
+        for rel in sorted(paths):
+            try:
+                files[rel] = self.stat_file(rel, bool(request.get("content")))
+            except AgentError as exc:
+                if exc.code != Code.UNSAFE_FILE:
+                    raise
+                # One symlinked target must not hide the others: report it, by name.
+                files[rel] = {"unsafe": exc.message}
+        lock_owner = self.read_lock() if self.state_dir else None
+        return {
+            "sglang_version": version,
+            "version_source": how,
+            "package_root": self.root,
+            "files": files,
+            "journal": journal,
+            "backups": backups,
+            "lock": lock_owner,
+        }
+
+    def stat_file(self, rel, content=False):
+        path = self.target(rel)
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None
+            raise
+        with open(path, "rb") as f:
+            data = f.read()
+        info = {
+            "sha256": wire.sha256_bytes(data),
+            "size": st.st_size,
+            "mode": st.st_mode & 0o7777,
+            "uid": st.st_uid,
+            "gid": st.st_gid,
+        }
+        if content:
+            info["data"] = base64.b64encode(data).decode("ascii")
+        return info
+
+    def list_backups(self):
+        out = []
+        base = self._p("backups")
+        if not os.path.isdir(base):
+            return out
+        for name in sorted(os.listdir(base)):
+            manifest = wire.read_json(os.path.join(base, name, "manifest.json"))
+            if manifest is not None and TMP_TAG not in name:
+                out.append(manifest)
+        return out
+
+
+def find_sglang():
+    """The folder holding the sglang package, and its version, without importing sglang.
+
+    Importing sglang would pull torch and CUDA; find_spec only locates it.
+    """
+    pkg = wire.find_package("sglang")
+    if pkg is None:
+        raise AgentError(Code.NO_SGLANG, "this interpreter (%s) cannot find the sglang package" % sys.executable)
+    root = os.path.dirname(pkg)
+    # Fast path: the one dist-info beside the package (importlib.metadata costs ~50 ms to import).
+    infos = [n for n in os.listdir(root) if n.lower().startswith("sglang-") and n.endswith(".dist-info")]
+    if len(infos) == 1:
+        try:
+            with open(os.path.join(root, infos[0], "METADATA"), encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("Version:"):
+                        return root, line.split(":", 1)[1].strip(), "metadata"
+                    if not line.strip():
+                        break  # end of the headers
+        except OSError:
+            pass
+    try:
+        from importlib import metadata
+
+        return root, metadata.version("sglang"), "metadata"
+    except Exception:
+        pass
+    version_file = os.path.join(pkg, "version.py")
+    try:
+        with open(version_file) as f:
+            for line in f:
+                if line.startswith("__version__"):
+                    return root, line.split("=", 1)[1].strip().strip("\"'"), "version.py"
+    except OSError:
+        pass
+    return root, None, None

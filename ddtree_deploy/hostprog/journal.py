@@ -1,0 +1,106 @@
+"""The journal: what is deployed on the host and how far its switch got.
+
+``journal.json`` (state.py's layout) is written by temp + rename, only under the deploy
+lock (``fenced``): ``staged``, ``switching``, then the apply's final phase (``switched``
+until the smoke passed, ``deployed``, ``rolled-back``). ``mark`` moves it on for the run the
+caller saw (compare-and-set); ``served`` records the newest restart of the host's server.
+"""
+
+import json
+
+from ddtree_deploy.hostprog import wire
+from ddtree_deploy.hostprog.fileops import AgentError, remove_quietly, write_json_atomic
+from ddtree_deploy.codes import Code
+
+
+class Journal(object):
+    """Needs ``fenced``/``locked``/``lock_owner``/``lock_taker`` (Lock), ``_p`` (StateFolder)
+    and ``record`` (History)."""
+
+    last_journal = None  # the journal this run last wrote (None: none yet in this apply)
+
+    def journal(self, journal, phase):
+        journal["phase"] = phase
+        journal["updated"] = wire.now_iso()
+        with self.fenced("the journal write (phase %s)" % phase):
+            write_json_atomic(self._p("journal.json"), journal)
+            self.last_journal = json.loads(json.dumps(journal))
+
+    def restore_journal(self, previous):
+        """Put the journal back as it was before this op (the host is as it was): only if this
+        op wrote it, and only while this run holds the lock (else AgentError lost-lock)."""
+        if self.last_journal is None:
+            return
+        with self.fenced("restoring the journal"):
+            try:
+                if previous is None:
+                    remove_quietly(self._p("journal.json"))
+                else:
+                    write_json_atomic(self._p("journal.json"), previous)
+            except OSError:
+                pass  # it said `staged` at most, which status explains as "before any file changed"
+
+    def op_mark(self, request):
+        """Move the journal from one phase to the next, compare-and-set on run id and phase.
+
+        ``switched`` -> ``deployed`` once the smoke passed (or ``switched`` -> ``switched``
+        to record a failed smoke level): only for the run the caller saw, so a stale
+        controller can never mark a deploy made by someone else since.
+        """
+        if not self.locked:
+            raise AgentError(Code.PROTOCOL, "mark needs the deploy lock")
+        journal = wire.read_json(self._p("journal.json"))
+        if journal and journal.get("run_id") == request["run_id"] and journal.get("phase") == request["phase"] \
+                and request.get("smoke") is None:
+            return {"journal": journal, "already": True}  # a rerun after a lost reply
+        if not journal or journal.get("run_id") != request["run_id"] or journal.get("phase") != request["expect"]:
+            j = journal or {}
+            raise AgentError(Code.CHANGED, "the journal is at phase %s of run %s, not %s of run %s"
+                             % (j.get("phase"), j.get("run_id"), request["expect"], request["run_id"]),
+                             journal=journal)
+        if request.get("smoke") is not None:
+            journal["smoke"] = request["smoke"]
+        try:
+            self.journal(journal, request["phase"])
+        except AgentError as exc:
+            if exc.code != Code.LOST_LOCK:
+                raise
+            raise AgentError(Code.LOST_LOCK, "run %s lost the deploy lock before marking the journal %s (%s); nothing "
+                             "was written" % ((self.lock_owner or {}).get("run_id"), request["phase"],
+                                              self.lock_taker()), unchanged=True)
+        reply = {"journal": journal}
+        warning = self.record("mark", outcome="ok", phase=request["phase"], marked_run=journal.get("run_id"),
+                              series=journal.get("series"), series_id=journal.get("series_id"),
+                              smoke=request.get("smoke"))
+        if warning:
+            reply["history_warning"] = warning
+        return reply
+
+    # -- a restart of the host's server (issue 25: serve_run.py runs it; this records it)
+
+    def op_served(self, request):
+        """Record a restart of the host's serving server: the journal keeps the newest record
+        under ``serve`` (its phase unchanged: a restart switches no file), and a finished
+        restart (``history``) appends a ``restart`` line to the history.
+
+        Under the deploy lock, like every journal write. ``serve``: {state (restarting,
+        healthy, unhealthy, interrupted), run_id (the switch whose files it serves), ...}.
+        """
+        if not self.locked:
+            raise AgentError(Code.PROTOCOL, "served needs the deploy lock")
+        serve = request.get("serve")
+        if not isinstance(serve, dict):
+            raise AgentError(Code.PROTOCOL, "served needs a serve record")
+        with self.fenced("recording the server restart (%s)" % serve.get("state")):
+            journal = wire.read_json(self._p("journal.json"))
+            if journal:
+                journal["serve"] = serve
+                write_json_atomic(self._p("journal.json"), journal)
+        reply = {"journal": journal}
+        if request.get("history"):
+            warning = self.record("restart", outcome=serve.get("state"), phase=(journal or {}).get("phase"),
+                                  series=(journal or {}).get("series"), series_id=(journal or {}).get("series_id"),
+                                  serve=serve)
+            if warning:
+                reply["history_warning"] = warning
+        return reply

@@ -1,0 +1,338 @@
+"""The deploy lock, and the lock's run id as a fencing token.
+
+``lock`` takes ``<state_dir>/lock`` by one atomic rename of a complete folder (a stale one,
+whose process is provably gone, is broken; so is any with ``break_lock``), refused while a
+tune holds the tune lock; then sweeps what dead runs left. ``unlock`` (and the end of the
+input) releases it, only while it is still this run's. ``lock_status`` and
+``lock_release`` (a stale lock, or any with ``force``) are the ``lock`` command's.
+"""
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import socket
+import time
+
+from ddtree_deploy.codes import Code
+from ddtree_deploy.hostprog import wire
+from ddtree_deploy.hostprog.facts import find_sglang
+from ddtree_deploy.hostprog.fileops import TMP_TAG, AgentError, located, remove_quietly, write_private
+from ddtree_deploy.hostprog.state import GUARD
+
+GUARD_WAIT_S = 30.0  # a guard held longer is a stopped or hung agent: refuse, never wait for ever
+
+
+def holder_is_dead(owner):
+    """True only when we can *prove* the lock's holder process is gone (same boot, pid gone)."""
+    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
+        return False
+    mine = wire.boot_id()
+    if mine is None or owner.get("boot_id") is None:
+        return False
+    if owner["boot_id"] != mine:
+        return True  # the host rebooted since: nothing from that boot is running
+    start = wire.process_start(int(owner.get("pid", 0)))
+    return start is None or start != owner.get("pid_start")
+
+
+class Lock(object):
+    """The deploy lock's run id as a fencing token.
+
+    ``lock release --force`` (or ``--break-lock``) can take the lock from a run that is still
+    alive (stopped, slow, on a hung link). Such a run must never write again: before its apply
+    and before every rename, journal write, backup prune and sweep it checks that ``lock/``
+    still names its run id (``owns_lock``), and it checks and writes under ``lock.guard``, an
+    flock that every lock change (take, release, break) also holds. So a release never falls
+    between a holder's check and its write, and a new holder's read of the files comes after
+    the old holder's last write. A run that lost the lock stops; it switches back what it
+    switched only when nobody has written since (the lock still free, the journal and the
+    switched files still its own): otherwise the new holder planned from the files as they
+    are, and undoing them would mix the host under that run (Apply.after_lost_lock).
+
+    Needs ``_p``/``check_state_dir``/``need_state_dir`` (StateFolder), ``target``/``list_backups``
+    (Facts) and ``record``/``history_tail`` (History).
+    """
+
+    locked = False
+    lock_owner = None
+    _guard_depth = 0
+
+    @contextlib.contextmanager
+    def guarded(self):
+        """Hold ``<state_dir>/lock.guard`` (re-entrant within this agent)."""
+        if self._guard_depth:
+            self._guard_depth += 1
+            try:
+                yield
+            finally:
+                self._guard_depth -= 1
+            return
+        fd = open_guard(self._p(GUARD))
+        self._guard_depth = 1
+        try:
+            yield
+        finally:
+            self._guard_depth = 0
+            os.close(fd)  # closing the descriptor drops the flock
+
+    def owns_lock(self):
+        if not self.locked or not self.lock_owner:
+            return False
+        held = wire.read_json(self._p("lock", "owner.json"))
+        return (isinstance(held, dict) and held.get("run_id") == self.lock_owner["run_id"]
+                and held.get("pid") == self.lock_owner.get("pid"))
+
+    @contextlib.contextmanager
+    def fenced(self, step):
+        """One write step, under the guard, only while this run still holds the lock; else
+        AgentError(lost-lock) whose message is the ``step`` that did not happen."""
+        with self.guarded():
+            if not self.owns_lock():
+                raise AgentError(Code.LOST_LOCK, step)
+            yield
+
+    def lock_taker(self):
+        """Who took this run's lock, from the history (the release or break of our run id),
+        and who holds it now; in words."""
+        run = (self.lock_owner or {}).get("run_id")
+        taken = "it was removed"
+        for entry in self.history_tail():
+            prev = entry.get("previous")
+            if entry.get("event") in ("lock-release", "lock-break") and isinstance(prev, dict) \
+                    and prev.get("run_id") == run:
+                how = {"forced": "released by force", "broken": "broken"}.get(entry.get("outcome"), "released")
+                taken = "%s by %s at %s" % (how, entry.get("holder"), entry.get("time"))
+                break
+        holder = self.read_lock()
+        if holder:
+            return "%s; run %s (%s, %s) holds it since %s" % (taken, holder.get("run_id"), holder.get("holder"),
+                                                              holder.get("command"), holder.get("time"))
+        return "%s; it is free now" % taken
+
+    def sweep_dead_runs(self):
+        """Under the lock just taken: every package folder the state names (the journal's files,
+        each backup's) is swept of our temporaries, with the state folder's own leftovers."""
+        journal = wire.read_json(self._p("journal.json"))
+        paths = set()
+        if isinstance(journal, dict) and isinstance(journal.get("files"), dict):
+            paths.update(journal["files"])
+        for manifest in self.list_backups():
+            if isinstance(manifest.get("files"), dict):
+                paths.update(manifest["files"])
+        folders = set()
+        for rel in paths:
+            try:
+                folders.add(os.path.dirname(self.target(rel)))
+            except AgentError:
+                continue  # a path that is not ours to touch (a symlink): never swept
+        self.sweep_leftovers(folders)
+
+    def op_lock(self, request):
+        if self.root is None:
+            self.root = find_sglang()[0]
+        self.check_state_dir(create=True)
+        lock = self._p("lock")
+        owner = {
+            "run_id": request["run_id"],
+            "holder": request.get("holder"),
+            "command": request.get("command"),
+            "time": wire.now_iso(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "pid_start": wire.process_start(os.getpid()),
+            "boot_id": wire.boot_id(),
+        }
+        # Build the lock complete with its owner file, then rename it into place: a
+        # directory rename onto an existing non-empty lock fails, so exactly one wins,
+        # and nobody ever sees a lock without its owner. All of it under the lock's guard
+        # (see Lock): a forced release or another taker never interleaves with it.
+        with self.guarded():
+            try:
+                broke = self._take_lock(lock, owner, request)
+            except OSError as exc:  # e.g. ENOSPC writing the owner file: name the lock, not our temporary
+                raise located(exc, lock)
+            self.locked = True
+            self.lock_owner = owner
+            tuning = self._live_tune_lock()
+            if tuning:
+                # A tune's servers run the files a push or rollback would switch (the tune itself
+                # checks the deploy lock before each launch): refuse, and hold nothing.
+                self._remove_lock(lock)
+                self.locked = False
+                self.lock_owner = None
+                raise AgentError(Code.LOCKED, "a tune is running on this host (tune lock held); wait for it or stop it",
+                                 holder=tuning, stale=False)
+            # What killed runs left (temp files, staging, half-made locks and backups), in the
+            # state folder and in every package folder the state names: swept by every run.
+            self.sweep_dead_runs()
+        warning = None
+        if broke is not None:
+            warning = self.record("lock-break", outcome="broken" if not broke.get("stale") else "stale-taken",
+                                  previous=broke)
+        reply = {"owner": owner, "broke": broke}
+        if warning:
+            reply["history_warning"] = warning
+        return reply
+
+    def _take_lock(self, lock, owner, request):
+        """The atomic take (under the guard): the lock broken first when stale or asked to;
+        the broken lock's owner returned (None: it was free)."""
+        tmp = self._p("lock%s%s" % (TMP_TAG, owner["run_id"]))
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            os.mkdir(tmp, 0o700)
+            write_private(os.path.join(tmp, "owner.json"), json.dumps(owner).encode())
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a full disk leaves no empty lock.<tmp>/ behind
+            raise
+        broke = None
+        for _attempt in range(2):
+            try:
+                os.rename(tmp, lock)
+                return broke
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
+            held = wire.read_json(os.path.join(lock, "owner.json")) or {}
+            stale = holder_is_dead(held)
+            if broke is None and (stale or request.get("break_lock")):
+                broke = dict(held, stale=stale)
+                self._remove_lock(lock)
+                continue
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise AgentError(Code.LOCKED, "deploy lock held", holder=held, stale=stale)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise AgentError(Code.LOCKED, "deploy lock taken concurrently", holder=None, stale=False)
+
+    def _live_tune_lock(self):
+        """The tune lock's owner while its process provably runs on this host, else None."""
+        held = wire.read_json(self._p("tune", "lock", "owner.json"))
+        return held if wire.same_process(held) is True else None
+
+    def _remove_lock(self, lock):
+        # Rename first so a concurrent taker never sees a half-deleted lock.
+        gone = "%s%sbroken-%d" % (lock, TMP_TAG, os.getpid())
+        try:
+            os.rename(lock, gone)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return
+            raise
+        shutil.rmtree(gone, ignore_errors=True)
+
+    def op_unlock(self, request):
+        released = self.release()
+        return {"released": released}
+
+    def release(self):
+        if not self.locked:
+            return False
+        try:
+            with self.guarded():
+                if self.owns_lock():  # never somebody else's: ours may have been released by force
+                    self._remove_lock(self._p("lock"))
+        except (OSError, AgentError):
+            # No guard (a stopped agent holds it): leave the lock; once this process is gone it
+            # is provably stale, and the next run takes it over.
+            pass
+        finally:
+            self.locked = False
+        return True
+
+    def read_lock(self):
+        """The deploy lock's owner (with ``stale``: its process provably gone), or None."""
+        if not os.path.isdir(self._p("lock")):
+            return None
+        owner = wire.read_json(self._p("lock", "owner.json")) or {}
+        owner["stale"] = holder_is_dead(owner)
+        return owner
+
+    def op_lock_status(self, request):
+        """Read-only: who holds the deploy lock (and the tune lock) and whether provably stale."""
+        self.need_state_dir()
+        exists = os.path.isdir(self.state_dir)
+        return {"lock": self.read_lock() if exists else None,
+                "tune_lock": self._live_tune_lock() if exists else None}
+
+    def op_lock_release(self, request):
+        """Remove the deploy lock: only a provably stale one unless ``force``; recorded."""
+        self.need_state_dir()
+        if not os.path.isdir(self.state_dir):
+            return {"released": False, "lock": None}
+        # Under the guard: the holder is never between its ownership check and its write when
+        # its lock goes (it sees the release at its next write, and stops: see Lock).
+        with self.guarded():
+            held = self.read_lock()
+            if held is None:
+                return {"released": False, "lock": None}
+            if self.locked and held.get("run_id") == (self.lock_owner or {}).get("run_id"):
+                raise AgentError(Code.PROTOCOL, "lock_release is for somebody else's lock; this session holds it")
+            if not held["stale"] and not request.get("force"):
+                raise AgentError(Code.LOCKED, "the deploy lock's process may still run (not provably stale); "
+                                 "release it with --force only when you know that run is gone",
+                                 holder=held, stale=False)
+            self._remove_lock(self._p("lock"))
+        reply = {"released": True, "lock": held}
+        warning = self.record("lock-release", holder=request.get("holder"), run_id=held.get("run_id"),
+                              command="lock release", outcome="forced" if not held["stale"] else "stale-released",
+                              previous=held)
+        if warning:
+            reply["history_warning"] = warning
+        return reply
+
+    def sweep_leftovers(self, folders):
+        """Remove what killed runs left (ours only: the names carry TMP_TAG): hidden temp copies
+        and previous-version links in the package ``folders``; in the state folder staging/,
+        journal temp files, half-made backups and half-made or half-removed locks (every lock
+        change holds the guard, and so does this: any such folder seen now is a dead run's).
+        Fenced: only the run holding the lock sweeps."""
+        with self.fenced("sweeping what dead runs left"):
+            self._sweep(folders)
+
+    def _sweep(self, folders):
+        for d in folders:
+            if not os.path.isdir(d) or os.path.islink(d):
+                continue
+            for name in os.listdir(d):
+                if name.startswith(".") and TMP_TAG in name:
+                    remove_quietly(os.path.join(d, name))
+        shutil.rmtree(self._p("staging"), ignore_errors=True)
+        for name in os.listdir(self.state_dir):
+            if TMP_TAG not in name:
+                continue
+            if name.startswith("journal.json"):
+                remove_quietly(self._p(name))
+            elif name.startswith("lock" + TMP_TAG) and not os.path.islink(self._p(name)):
+                shutil.rmtree(self._p(name), ignore_errors=True)
+        backups = self._p("backups")
+        if os.path.isdir(backups):
+            for name in os.listdir(backups):
+                if TMP_TAG in name:
+                    shutil.rmtree(os.path.join(backups, name), ignore_errors=True)
+
+
+def open_guard(path):
+    """``path`` opened and flock'd exclusively, waiting at most GUARD_WAIT_S."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX host: no guard (and no concurrent agents there)
+        return fd
+    deadline = time.monotonic() + GUARD_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                os.close(fd)
+                raise
+        if time.monotonic() > deadline:
+            os.close(fd)
+            raise AgentError(Code.LOCKED, "%s stayed held for %g s by another agent (stopped or hung mid-step): "
+                             "nothing was changed; find that process (`fuser %s`) and let it finish or stop it"
+                             % (path, GUARD_WAIT_S, path), holder=None, stale=False)
+        time.sleep(0.01)

@@ -1,0 +1,171 @@
+"""The agent's state folder on the host: its layout, and the check that it is ours.
+
+Host-side state (``state_dir``, default ``~/.ddtree-deploy``)::
+
+    .ddtree-deploy-state  marker written when the agent creates the folder: a folder
+                          without it is never written to (see check_state_dir)
+    lock/owner.json       who holds the deploy lock (taken by one atomic rename; lock.py)
+    lock.guard            flock'd around every lock change and every fenced write (lock.py)
+    journal.json          what is deployed and the phase (written by temp + rename):
+                          staged, switching, switched (smoke not passed yet), deployed,
+                          rolled-back; ``serve``: the newest restart of the host's server
+                          (journal.py)
+    history.jsonl         the audit history: one JSON line appended per push, rollback,
+                          mark, server restart, lock break and lock release (never
+                          rewritten; history.py)
+    history.1.jsonl       the previous history.jsonl, once that passed HISTORY_MAX_BYTES
+    backups/<id>/         original files by index + manifest.json (written last; apply.py)
+    staging/<run_id>/     uploaded files, verified, before the switch (apply.py)
+    smoke/, tune/         the smoke and tune programs' logs and the tune lock
+"""
+
+import errno
+import json
+import os
+import re
+
+from ddtree_deploy.codes import JOURNAL_PHASES, Code
+from ddtree_deploy.hostprog import wire
+from ddtree_deploy.hostprog.facts import find_sglang
+from ddtree_deploy.hostprog.fileops import TMP_TAG, AgentError, makedirs_private, write_private
+
+JOURNAL_VERSION = 1
+STATE_MARKER = ".ddtree-deploy-state"  # a state folder is ours only when it holds this file
+PHASES = JOURNAL_PHASES  # staged, switching, switched, deployed, rolled-back
+HISTORY = "history.jsonl"
+HISTORY_OLD = "history.1.jsonl"
+GUARD = "lock.guard"
+
+
+class StateFolder(object):
+    """The state folder's path (``state_dir``, ``_p``) and the check that it is ours."""
+
+    state_dir = None
+    state_raw = None
+    root = None  # the package root (Facts), which the state folder must stay out of
+
+    def _set_state_dir(self, state_dir):
+        # Kept as given: check_state_dir refuses a relative one rather than resolving it
+        # against whatever folder the SSH session starts in.
+        self.state_raw = state_dir
+        self.state_dir = os.path.normpath(os.path.expanduser(state_dir))
+
+    def check_state_dir(self, create):
+        """Refuse a state folder that is not ours, before anything is read from or written to it.
+
+        Ours: absolute after ``~`` expansion, no ``..`` and no shell syntax (nothing expands
+        it), neither inside nor above the package root, and either absent (``create``
+        makes it, with the marker), holding the marker, empty, or holding exactly the
+        layout this agent writes (a folder from before the marker existed: adopted, the
+        marker added when ``create``). Anything else might be somebody's data.
+        """
+        raw = self.state_raw
+        expanded = os.path.expanduser(raw)
+        problem = None
+        if "$" in raw or "`" in raw:
+            problem = "holds shell syntax ($ or `), which nothing expands: it would be created literally"
+        elif not os.path.isabs(expanded):
+            problem = "is not an absolute path after ~ expansion"
+        elif ".." in expanded.split("/"):
+            problem = "climbs with '..'"
+        if problem is None:
+            root = self.root or find_sglang()[0]
+            real = os.path.realpath(self.state_dir)
+            real_root = os.path.realpath(root)
+            if real == real_root or real.startswith(real_root + os.sep):
+                problem = "lies inside the package root %s" % real_root
+            elif real_root.startswith(real.rstrip(os.sep) + os.sep):
+                problem = "lies above the package root %s" % real_root
+        if problem is None and os.path.lexists(self.state_dir):
+            marker = self._p(STATE_MARKER)
+            if not os.path.isdir(self.state_dir):
+                problem = "exists and is not a folder"
+            elif os.path.lexists(marker):
+                if os.path.islink(marker) or not os.path.isfile(marker):
+                    problem = "has a %s that is not a plain file" % STATE_MARKER
+            else:
+                why = foreign_content(self.state_dir)
+                if why is not None:
+                    problem = ("exists without the %s marker and is not a ddtree-deploy state folder (%s)"
+                               % (STATE_MARKER, why))
+                elif create:
+                    self.write_marker(adopted=True)
+        elif problem is None and create:
+            makedirs_private(self.state_dir)
+            self.write_marker(adopted=False)
+        if problem is not None:
+            raise AgentError(Code.BAD_STATE_DIR, "state_dir %r %s; nothing was changed: set host.state_dir to "
+                             "an absolute path of a new or empty folder, e.g. ~/.ddtree-deploy" % (raw, problem))
+
+    def write_marker(self, adopted):
+        doc = {"tool": "ddtree-deploy", "created": wire.now_iso(), "adopted": adopted}
+        try:
+            write_private(self._p(STATE_MARKER), (json.dumps(doc) + "\n").encode())
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+
+    def _p(self, *parts):
+        return os.path.join(self.state_dir, *parts)
+
+    def need_state_dir(self):
+        if not self.state_dir:
+            raise AgentError(Code.PROTOCOL, "init must run first")
+        self.check_state_dir(create=False)
+
+
+_BACKUP_ID = re.compile(r"^[0-9]{8}T[0-9]{6}(\.[0-9]{6})?Z-[0-9A-Za-z_-]+(" + re.escape(TMP_TAG) + r")?$")
+_BLOB = re.compile(r"^[0-9]{4}$")
+
+
+def foreign_content(folder):
+    """None when ``folder`` holds nothing but what this agent writes in a state folder
+    (or nothing at all); else what in it is not ours. Symlinks are never ours."""
+    def only(path, files_ok, dirs_ok=None):
+        for name in os.listdir(path):
+            full = os.path.join(path, name)
+            if os.path.islink(full):
+                return "%s is a symlink" % os.path.relpath(full, folder)
+            if os.path.isdir(full):
+                why = dirs_ok(full, name) if dirs_ok else "unexpected folder"
+            elif os.path.isfile(full):
+                why = None if files_ok(name) else "unexpected file"
+            else:
+                why = "not a file or folder"
+            if why:
+                return "%s: %s" % (os.path.relpath(full, folder), why)
+        return None
+
+    def backups(full, name):
+        if not _BACKUP_ID.match(name):
+            return "not a backup id"
+        return only(full, lambda n: n == "manifest.json" or _BLOB.match(n))
+
+    def staging(full, _name):
+        return only(full, lambda n: bool(_BLOB.match(n)))
+
+    def smoke(full, _name):
+        return only(full, lambda n: True)
+
+    def top(full, name):
+        if name == "lock" or name.startswith("lock" + TMP_TAG):
+            return only(full, lambda n: n == "owner.json")
+        sub = {"backups": backups, "staging": staging, "smoke": smoke}.get(name)
+        if sub is None:
+            return "unexpected folder"
+        return only(full, lambda n: False, sub)
+
+    def top_file(name):
+        return name in ("journal.json", HISTORY, HISTORY_OLD, GUARD) or name.startswith("journal.json" + TMP_TAG)
+
+    why = only(folder, top_file, top)
+    if why is not None:
+        return why
+    journal_path = os.path.join(folder, "journal.json")
+    if os.path.lexists(journal_path):
+        if os.path.islink(journal_path) or not os.path.isfile(journal_path):
+            return "journal.json is not a plain file"
+        doc = wire.read_json(journal_path)
+        if not isinstance(doc, dict) or doc.get("version") != JOURNAL_VERSION or doc.get("phase") not in PHASES:
+            return "journal.json is not a ddtree-deploy journal"
+    return None
