@@ -26,7 +26,8 @@ import time
 import zipfile
 from pathlib import Path
 
-from ddtree_deploy import releases, smoke_agent
+from ddtree_deploy import smoke_agent
+from ddtree_deploy.release import releases
 from ddtree_testkit import STANDIN_SERVER
 
 AGENT = Path(smoke_agent.__file__)

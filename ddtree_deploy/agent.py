@@ -73,7 +73,7 @@ class AgentError(Exception):
 
 # ---------------------------------------------------------------- small file helpers
 
-# Its own sha256 helpers, not ddtree_deploy.digests: this file runs on the host as one
+# Its own sha256 helpers, not ddtree_deploy.base.digests: this file runs on the host as one
 # stdlib-only program (sent over SSH, no package installed there). Same digests (hex sha256).
 
 

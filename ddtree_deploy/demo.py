@@ -32,9 +32,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from ddtree_deploy import releases
-from ddtree_deploy.errors import DeployError
-from ddtree_deploy.locations import PACKAGE_DATA, REPO_ROOT, in_checkout
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.locations import PACKAGE_DATA, REPO_ROOT, in_checkout
+from ddtree_deploy.release import releases
 from ddtree_deploy.sandbox import SSHServer, make_host_env
 
 VERSION = "0.5.12.post1"  # the release the DDTree series is made against

@@ -8,8 +8,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ddtree_deploy import agent, codes
-from ddtree_deploy.codes import Code, Phase
+from ddtree_deploy import agent
+from ddtree_deploy.base import codes
+from ddtree_deploy.base.codes import Code, Phase
 
 AGENT_SRC = Path(agent.__file__).read_text()
 

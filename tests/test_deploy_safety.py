@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy import deploy
+from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.cli import app
-from ddtree_deploy.desired import desired_for
-from ddtree_deploy.errors import DeployError
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.series import load_family
-from ddtree_deploy.transport import AgentSession, SSHTransport
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.remote.transport import AgentSession, SSHTransport
+from ddtree_deploy.session import deploy
+from ddtree_deploy.session.desired import desired_for
+from ddtree_deploy.settings.inventory import load_host
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SSHServer, make_python_env  # noqa: E402
@@ -299,7 +299,7 @@ def test_pycache_of_another_user_is_refused_for_an_unprivileged_agent(sshd, env,
 
 
 def test_killed_after_the_last_rename_rerun_runs_the_smoke_then_deploys(sshd, tmp_path, env, series, monkeypatch):
-    from ddtree_deploy import rollout
+    from ddtree_deploy.fleets import rollout
 
     h, host = new_host(sshd, tmp_path)
     monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": 3}))
@@ -469,7 +469,7 @@ n = int(sys.argv[-1]) if sys.argv[-1].isdigit() else 0
 
 
 def test_replies_are_bounded_and_read_in_linear_time(sshd, tmp_path, env):
-    from ddtree_deploy.transport import ReplyError
+    from ddtree_deploy.remote.transport import ReplyError
 
     big = _program_host(sshd, tmp_path, "big", FLOOD + """
 out.write(b'{"ok": true, "pad": "' + b"a" * (32 << 20) + b'"}\\n'); out.flush(); b.read()
@@ -545,7 +545,7 @@ g['main']()
 
 def test_a_family_named_by_the_host_is_only_looked_up_among_known_families(sshd, tmp_path, env, series):
     """The journal names an absolute folder (with a family in it): the smoke must not load it."""
-    from ddtree_deploy import rollout
+    from ddtree_deploy.fleets import rollout
 
     h, host = new_host(sshd, tmp_path)
     push(host, series)

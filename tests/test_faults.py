@@ -22,12 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import deploy, rollout
-from ddtree_deploy.desired import desired_for
-from ddtree_deploy.errors import DeployError
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.series import load_family
-from ddtree_deploy.transport import SSHTransport
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.fleets import rollout
+from ddtree_deploy.remote.transport import SSHTransport
+from ddtree_deploy.session import deploy
+from ddtree_deploy.session.desired import desired_for
+from ddtree_deploy.settings.inventory import load_host
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SSHServer  # noqa: E402

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import releases
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.release import releases
 
 REPO = Path(__file__).resolve().parent.parent
 RELEASE = "0.5.12.post1"
@@ -103,7 +103,7 @@ def test_the_wheel_carries_families_payload_and_manifests(installed):
 
 
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
-    where = subprocess.run([str(installed["python"]), "-c", "import ddtree_deploy.locations as l; "
+    where = subprocess.run([str(installed["python"]), "-c", "import ddtree_deploy.base.locations as l; "
                             "print(l.__file__); print(l.in_checkout()); print(l.repo_dir('patches'))"],
                            cwd=installed["cwd"], env=installed["env"], capture_output=True, text=True, check=True)
     module, checkout, patches = where.stdout.split("\n")[:3]

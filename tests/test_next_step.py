@@ -15,7 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ddtree_deploy import next_step
+from ddtree_deploy.base import next_step
 from ddtree_deploy.cli import app
 
 TEXTS = {
@@ -104,9 +104,9 @@ def test_smoke_or_rollback_names_both_ways_on():
 def test_push_hint_for_a_series_that_does_not_apply_is_a_check_that_runs(monkeypatch, test_family_dir):
     """The push's "does not apply" hint used to be a bare `ddtree-deploy check`, which check
     itself refuses (exit 2: it needs --release or --snapshot); now it names both."""
-    from ddtree_deploy import desired
-    from ddtree_deploy.errors import DeployError
-    from ddtree_deploy.series import load_family
+    from ddtree_deploy.base.errors import DeployError
+    from ddtree_deploy.engine.series import load_family
+    from ddtree_deploy.session import desired
 
     series = load_family(test_family_dir)
     # Pristine files that are not SGLang's (every patched file empty): the series fails.

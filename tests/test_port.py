@@ -23,12 +23,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy import patch_apply, patch_parse, port, releases
-from ddtree_deploy.check import check_series
+from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.locations import REPO_ROOT
 from ddtree_deploy.cli import app
-from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.locations import REPO_ROOT
-from ddtree_deploy.series import load_family
+from ddtree_deploy.engine import patch_apply, patch_parse
+from ddtree_deploy.engine.check import check_series
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.release import port, releases
 
 DATA = Path(__file__).resolve().parent / "data"
 TEST_FAMILY = DATA / "matrix_family"
@@ -370,8 +371,8 @@ def test_a_port_is_the_users_family_and_an_unfinished_one_is_never_picked_by_ran
     matrix leave it out. Once refreshed (--resolved) it is picked by its range."""
     import json
 
-    from ddtree_deploy import rollout
-    from ddtree_deploy.matrix_run import run_matrix
+    from ddtree_deploy.fleets import rollout
+    from ddtree_deploy.release.matrix_run import run_matrix
 
     mine = tmp_path / "data" / "patches"
     monkeypatch.setenv("DDTREE_DEPLOY_USER_PATCHES", str(mine))

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy import deploy
 from ddtree_deploy.cli import app
+from ddtree_deploy.session import deploy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_smoke_ssh import FAMILY, STANDIN, make_host, sshd  # noqa: E402,F401  (sshd: the module's fixture)

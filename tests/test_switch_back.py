@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import deploy
+from ddtree_deploy.session import deploy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sshd_host import ADDED, SPEC, UTILS, chattr, cli, host, ok, oracle, sshd, temp_files  # noqa: E402,F401  (shared fixtures)

@@ -201,7 +201,7 @@ class EnvelopeGroup(TyperGroup):
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
-        from ddtree_deploy import inflight
+        from ddtree_deploy.remote import inflight
 
         inflight.reset()
         with inflight.terminate_as_interrupt():  # SIGTERM ends a run as Ctrl-C does (exit 130)

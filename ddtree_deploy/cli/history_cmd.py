@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
+from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.cli.app import app, emit_json, handles_errors, out
 from ddtree_deploy.cli.text import safe
-from ddtree_deploy.errors import BadInput
 
 
 @app.command("history")
@@ -21,9 +21,9 @@ def history(
 
     Read from <state_dir>/history.jsonl on the host (read-only; takes no lock).
     """
-    from ddtree_deploy import hostlog
-    from ddtree_deploy.inventory import load_host
-    from ddtree_deploy.transport import transport_for
+    from ddtree_deploy.remote.transport import transport_for
+    from ddtree_deploy.session import hostlog
+    from ddtree_deploy.settings.inventory import load_host
 
     if not 1 <= limit <= 10000:
         raise BadInput(f"--limit {limit}: give a number from 1 to 10000")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ddtree_deploy import next_step
+from ddtree_deploy.base import next_step
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.cli.text import safe
 
@@ -21,8 +21,8 @@ JSON_HELP = "print one JSON document on stdout"
 
 
 def _host(name: str, trust_new_host: bool):
-    from ddtree_deploy.inventory import load_host
-    from ddtree_deploy.transport import transport_for
+    from ddtree_deploy.remote.transport import transport_for
+    from ddtree_deploy.settings.inventory import load_host
 
     h = load_host(name)
     return h, transport_for(h, trust_new_host=trust_new_host)
@@ -36,7 +36,7 @@ def status(
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Who holds the deploy lock, since when, for which run and command, and whether provably stale."""
-    from ddtree_deploy import hostlog
+    from ddtree_deploy.session import hostlog
 
     h, transport = _host(host, trust_new_host)
     doc = hostlog.lock_status(h, transport)
@@ -63,8 +63,8 @@ def release(
 
     Exit 1 when the lock's process may still run and --force is not given.
     """
-    from ddtree_deploy import hostlog
-    from ddtree_deploy.transport import AgentFailed
+    from ddtree_deploy.remote.transport import AgentFailed
+    from ddtree_deploy.session import hostlog
 
     h, transport = _host(host, trust_new_host)
     try:

@@ -16,10 +16,10 @@ import typer
 from rich.markup import escape
 
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
-from ddtree_deploy.series import show
+from ddtree_deploy.engine.series import show
 
 if TYPE_CHECKING:
-    from ddtree_deploy.matrix import Matrix
+    from ddtree_deploy.release.matrix import Matrix
 
 _VERDICT_STYLE = {"ok": "green", "already upstream": "cyan", "failed": "bold red", "uncovered": "yellow",
                   "no family": "dim",
@@ -101,7 +101,7 @@ def _matrix(*, from_version: str, to_version: str, family: Optional[str], strict
             json_output: bool) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ddtree_deploy.matrix_run import run_matrix
+    from ddtree_deploy.release.matrix_run import run_matrix
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as bar:
