@@ -15,6 +15,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+import ddtree_deploy
 from ddtree_deploy.base import next_step
 from ddtree_deploy.cli import app
 
@@ -86,7 +87,7 @@ def test_no_command_text_is_written_outside_next_step():
     """Issue #14: every "run this next" text comes from next_step, so each is one the CLI
     parses (above). Before, rollout/deploy/transport/smoke_run/tune_run/lock/snapshot each
     spelled their own, some without backticks."""
-    package = Path(next_step.__file__).parent
+    package = Path(ddtree_deploy.__file__).parent
     found = []
     for path in sorted(package.rglob("*.py")):
         if path.name in HOST_PROGRAMS or path.name == "next_step.py":

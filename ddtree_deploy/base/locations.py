@@ -23,10 +23,12 @@ import os
 import shutil
 from pathlib import Path
 
+#: The installed package's folder (ddtree_deploy/; this module is in its base/ room).
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 #: The repository root when running from a checkout (the folder holding patches/, payload/).
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = PACKAGE_DIR.parent
 #: The data a built wheel carries (setup.py copies patches/, payload/, snapshot manifests).
-PACKAGE_DATA = Path(__file__).resolve().parent / "_data"
+PACKAGE_DATA = PACKAGE_DIR / "_data"
 
 # Read-only folders shipped in the wheel; the others are written by the CLI.
 _SHIPPED = ("patches", "payload")
@@ -125,7 +127,7 @@ def inside_install(path: Path) -> bool:
     """
     if in_checkout():
         return False
-    return Path(path).resolve().is_relative_to(Path(__file__).resolve().parent)
+    return Path(path).resolve().is_relative_to(PACKAGE_DIR)
 
 
 def config_dir() -> Path:

@@ -5,7 +5,7 @@ The context (``--out DIR``)::
     Dockerfile                  FROM the base image; COPY ddtree/; RUN apply.py; rm the staging
     ddtree/apply.py             the in-image client (ddtree_deploy/interop/image_apply.py)
     ddtree/agent.py             the toolkit's stdlib host agent, unchanged
-    ddtree/lib/ddtree_deploy/   plan.py and the package modules it imports: the same drift check as push
+    ddtree/lib/ddtree_deploy/   session/plan.py and the package modules it imports: the same drift check as push
     ddtree/apply-request.json   the agent request push would send (patched bytes, backup, journal)
     ddtree/series.json          series name, sha256, SGLang version, targets (pristine/patched sha256)
     ddtree/series/              the series itself (family.toml, series, patches, payload): provenance
@@ -28,13 +28,14 @@ from pathlib import Path
 
 from ddtree_deploy import __version__
 from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.locations import PACKAGE_DIR
 
 STAGE = "/tmp/ddtree-stage"
 DEFAULT_STATE_DIR = "/var/lib/ddtree-deploy"
 BUILDERS = ("docker", "podman", "buildah")  # tried in this order by --build
 #: Exit code of `image --build` when no container builder is installed (the context is written).
 EXIT_NO_BUILDER = 3
-_PKG = Path(__file__).resolve().parent
+_PKG = PACKAGE_DIR
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,18 @@ RUN "${{DDTREE_PYTHON}}" {STAGE}/apply.py --state-dir {state_dir} \\
 
 
 def _module_closure(start: str) -> list[str]:
-    """``start`` and every ddtree_deploy module it imports, transitively (sorted names): what the
-    in-image apply step must carry so that ``import ddtree_deploy.<start>`` works there."""
+    """``start`` (a module path under the package, e.g. ``session/plan``) and every ddtree_deploy
+    module it imports, transitively, with the rooms' ``__init__`` files on the way (sorted
+    paths without ``.py``): what the in-image apply step must carry so that
+    ``import ddtree_deploy.<room>.<module>`` works there."""
     import ast
+
+    def path_of(dotted: str) -> str | None:
+        rel = dotted.split(".")[1:]
+        for candidate in ("/".join(rel), "/".join([*rel, "__init__"])):
+            if candidate and (_PKG / f"{candidate}.py").is_file():
+                return candidate
+        return None
 
     seen: set[str] = set()
     todo = [start]
@@ -93,18 +103,19 @@ def _module_closure(start: str) -> list[str]:
         if name in seen:
             continue
         seen.add(name)
+        if "/" in name:  # a room's own __init__ comes with any module in it
+            todo.append(name.rsplit("/", 1)[0] + "/__init__")
         tree = ast.parse((_PKG / f"{name}.py").read_text())
         for node in ast.walk(tree):
             found = []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module == "ddtree_deploy":
-                    found = [a.name for a in node.names]
-                elif node.module.startswith("ddtree_deploy."):
-                    found = [node.module.split(".")[1]]
+                if node.module == "ddtree_deploy" or node.module.startswith("ddtree_deploy."):
+                    found = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
-                found = [a.name.split(".")[1] for a in node.names if a.name.startswith("ddtree_deploy.")]
-            todo.extend(n for n in found if (_PKG / f"{n}.py").is_file())
+                found = [a.name for a in node.names if a.name.startswith("ddtree_deploy.")]
+            todo.extend(p for p in map(path_of, found) if p is not None and p != "__init__")
     return sorted(seen)
+
 
 def write_context(base: str, release: str, out: Path, *, family: str | None = None,
                   state_dir: str = DEFAULT_STATE_DIR, python: str = "python3", force: bool = False) -> Context:
@@ -142,11 +153,12 @@ def write_context(base: str, release: str, out: Path, *, family: str | None = No
     stage = out / "ddtree"
     (stage / "lib" / "ddtree_deploy").mkdir(parents=True)
     (stage / "series").mkdir()
-    shutil.copyfile(_PKG / "image_apply.py", stage / "apply.py")
+    shutil.copyfile(Path(__file__).with_name("image_apply.py"), stage / "apply.py")
     shutil.copyfile(_PKG / "agent.py", stage / "agent.py")
     (stage / "lib" / "ddtree_deploy" / "__init__.py").write_text(
         '"""The pure modules of ddtree-deploy the in-image apply step needs (plan + its imports)."""\n')
-    for name in _module_closure("plan"):
+    for name in _module_closure("session/plan"):
+        (stage / "lib" / "ddtree_deploy" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(_PKG / f"{name}.py", stage / "lib" / "ddtree_deploy" / f"{name}.py")
     (stage / "apply-request.json").write_text(json.dumps(request, indent=1) + "\n")
     meta = {"series": desired.series, "series_id": desired.series_id, "sglang_version": release,

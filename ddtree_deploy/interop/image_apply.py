@@ -1,7 +1,7 @@
 """Applies the series INSIDE a container build (the ``RUN`` step of ``ddtree-deploy image``).
 
 Copied into the build context as ``ddtree/apply.py`` next to the toolkit's own host agent
-(``agent.py``), its pure plan module (``lib/ddtree_deploy/plan.py``, ``errors.py``) and the
+(``agent.py``), its pure plan module (``lib/ddtree_deploy/session/plan.py``, ``base/errors.py``) and the
 request ``push`` would send (``apply-request.json``: the series' patched bytes, computed on
 the controller against the pristine release, with the backup and journal entries). It is
 the client half of a push run on the image itself, no second applier:
