@@ -26,6 +26,7 @@ from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.base.locations import REPO_ROOT
 from ddtree_deploy.cli import app
 from ddtree_deploy.engine.check import ALREADY, APPLIED, FAILED, PARTLY, SKIPPED, EntryCheck, FileCheck
+from ddtree_deploy.engine import patch_write
 from ddtree_deploy.engine.patch_apply import HunkResult, HunkStatus, Mismatch
 from ddtree_deploy.engine.series import FamilyInfo, load_family
 from ddtree_deploy.release import releases
@@ -409,7 +410,7 @@ def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_i
     new = old.replace("from enum import", "import ddtree_no_such_module_for_this_test  # noqa\nfrom enum import", 1)
     assert new != old
     (bad / "0099-broken-import.patch").write_text(
-        f"--- a/{spec}\n+++ b/{spec}\n" + "".join(h for _, h in port.diff_hunks(old, new)))
+        f"--- a/{spec}\n+++ b/{spec}\n" + "".join(h for _, h in patch_write.diff_hunks(old, new)))
     with open(bad / "series", "a") as fh:
         fh.write("0099-broken-import.patch\n")
     monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(patches))

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.locations import REPO_ROOT
 from ddtree_deploy.cli import app
-from ddtree_deploy.engine import patch_apply, patch_parse
+from ddtree_deploy.engine import patch_apply, patch_parse, patch_write
 from ddtree_deploy.engine.check import check_series
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.release import port, releases
@@ -87,7 +87,7 @@ def test_real_release_diff_written_by_us_rebuilds_the_new_release_with_gnu_patch
     text = ""
     for path in paths:
         a, b = old[path].decode(), new[path].decode()
-        text += f"--- a/{path}\n+++ b/{path}\n" + "".join(h for _, h in port.diff_hunks(a, b))
+        text += f"--- a/{path}\n+++ b/{path}\n" + "".join(h for _, h in patch_write.diff_hunks(a, b))
     root = tmp_path / "tree"
     _write(root, old)
     subprocess.run(["git", "init", "-q", str(root)], check=True)
@@ -112,7 +112,7 @@ def test_real_release_diff_written_by_us_rebuilds_the_new_release_with_gnu_patch
     ],
 )
 def test_diff_hunks_edge_cases_agree_with_gnu_patch(old, new, tmp_path):
-    text = "--- a/sglang/f.py\n+++ b/sglang/f.py\n" + "".join(h for _, h in port.diff_hunks(old, new))
+    text = "--- a/sglang/f.py\n+++ b/sglang/f.py\n" + "".join(h for _, h in patch_write.diff_hunks(old, new))
     _write(tmp_path, {"sglang/f.py": old})
     res = _gnu_patch(tmp_path, text)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -123,7 +123,7 @@ def test_blob_id_is_gits(tmp_path):
     f = tmp_path / "x.py"
     f.write_text("print('ddtree')\n")
     git = subprocess.run(["git", "hash-object", str(f)], capture_output=True, text=True, check=True).stdout
-    assert port.blob_id(f.read_text()) == git[:7]
+    assert patch_write.blob_id(f.read_text()) == git[:7]
 
 
 def test_next_micro():

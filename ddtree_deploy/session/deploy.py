@@ -44,6 +44,7 @@ from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.digests import sha256
 from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.engine.patch_write import diff_hunks
 from ddtree_deploy.remote.transport import AgentFailed, AgentSession, Transport, expect_ok
 from ddtree_deploy.session.plan import Desired, FileState, Plan, classify, plan_push, plan_rollback
 from ddtree_deploy.settings.inventory import Host
@@ -604,8 +605,6 @@ def plan_diff(plan: Plan, desired: Desired, facts: dict) -> str:
     """Pure: the unified diff from each host file the plan changes (its bytes in ``facts``,
     read with ``content``) to the file the push writes; "" when nothing changes. Like
     ``ansible-playbook --check --diff``: what each host would get, per file."""
-    from ddtree_deploy.release.port import diff_hunks
-
     by_path = {t.path: t for t in desired.targets}
     out = []
     for step in plan.changes:
