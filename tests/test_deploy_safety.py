@@ -503,7 +503,9 @@ def test_status_reports_a_symlinked_target_instead_of_giving_up(sshd, tmp_path, 
     real.write_bytes(h.read(UTILS))
     h.file(UTILS).unlink()
     h.file(UTILS).symlink_to(real)
-    doc = deploy.status(host, SSHTransport(host), TARGETS, lambda f: desired_for(series, host.name, f))
+    with deploy.reading(host, SSHTransport(host), TARGETS) as read:
+        pass
+    doc = deploy.describe(host.name, read.facts, desired_for(series, host.name, read.facts))
     states = {f["path"]: f for f in doc["files"]}
     assert states[UTILS]["state"] == "unsafe" and "symlink" in states[UTILS]["detail"]
     assert states[SPEC]["state"] == "pristine"

@@ -94,7 +94,9 @@ def check_explained(w, patched: dict) -> dict:
     """Every file wholly pristine or wholly patched, and status says so, with a phase."""
     for path, data in files(w).items():
         assert data in (w["pristine"][path], patched[path]), f"{path} is neither pristine nor patched"
-    doc = deploy.status(w["direct"], SSHTransport(w["direct"]), TARGETS, desire(w))
+    with deploy.reading(w["direct"], SSHTransport(w["direct"]), TARGETS) as read:
+        pass
+    doc = deploy.describe(w["direct"].name, read.facts, desire(w)(read.facts))
     states = {f["path"]: f["state"] for f in doc["files"] if f["path"] in TARGETS}
     assert set(states) == set(TARGETS) and set(states.values()) <= {"pristine", "patched"}, states
     assert doc["explanation"]

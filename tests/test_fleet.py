@@ -346,7 +346,7 @@ def test_runner_parallel_limit_isolation_and_skips():
 
 def test_check_once_shares_the_check_between_hosts_of_one_version(tmp_path, monkeypatch):
     from ddtree_deploy.engine.series import load_family
-    from ddtree_deploy.fleets.fleet_run import CheckOnce
+    from ddtree_deploy.session.desired import CheckOnce
 
     monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path))
     family = Path(__file__).parent / "data" / "deploy_series" / "patches" / "sglang-0.5.12"

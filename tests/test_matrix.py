@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.base.locations import REPO_ROOT
 from ddtree_deploy.cli import app
-from ddtree_deploy.engine.check import ALREADY, APPLIED, FAILED, PARTLY, SKIPPED, EntryCheck, FileCheck
 from ddtree_deploy.engine import patch_write
+from ddtree_deploy.engine.check import ALREADY, APPLIED, FAILED, PARTLY, SKIPPED, EntryCheck, FileCheck
 from ddtree_deploy.engine.patch_apply import HunkResult, HunkStatus, Mismatch
 from ddtree_deploy.engine.series import FamilyInfo, load_family
 from ddtree_deploy.release import releases

@@ -371,8 +371,8 @@ def test_a_port_is_the_users_family_and_an_unfinished_one_is_never_picked_by_ran
     matrix leave it out. Once refreshed (--resolved) it is picked by its range."""
     import json
 
-    from ddtree_deploy.fleets import rollout
     from ddtree_deploy.release.matrix_run import run_matrix
+    from ddtree_deploy.session.desired import Want
 
     mine = tmp_path / "data" / "patches"
     monkeypatch.setenv("DDTREE_DEPLOY_USER_PATCHES", str(mine))
@@ -406,7 +406,7 @@ def test_a_port_is_the_users_family_and_an_unfinished_one_is_never_picked_by_ran
     res = runner.invoke(app, ["check", "--release", "0.5.13", "--family", "sglang-0.5.13"])
     assert res.stdout.startswith(f"check FAILED: family {label} on sglang-0.5.13"), res.stdout
     with pytest.raises(BadInput, match="push refuses an unfinished port"):
-        rollout.series_chooser("sglang-0.5.13")
+        Want("sglang-0.5.13")
     warnings = []
     m = run_matrix(from_version="0.5.13", to_version="0.5.13", offline=True, jobs=1, warn=warnings.append)
     assert [r.family for r in m.rows] == ["sglang-0.5.12"]  # the newest finished family, as a probe

@@ -17,10 +17,10 @@ from typing import Callable, Protocol, Sequence
 
 from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.progress import Progress
 from ddtree_deploy.fleets.fleet import FleetReport, HostResult, Kind, Policy, Schedule, failed, skipped
 from ddtree_deploy.remote import inflight
 
-Progress = Callable[[str], None]
 Work = Callable[[str, Progress], HostResult]
 POLL_S = 0.1  # the loop's wait between checks: how late a Ctrl-C may be seen at most
 
@@ -107,42 +107,4 @@ def _guarded(work: Work, host: str, events: Events) -> HostResult:
     return replace(result, elapsed=time.monotonic() - t0)
 
 
-class CheckOnce:
-    """The in-memory series check, once per fleet for hosts that share its inputs.
-
-    Every host of one SGLang version without a snapshot of its own (``snapshot pull``)
-    compares against the same release snapshot, so its ``Desired`` (the patched bytes
-    and hashes) is the same value: computed once, it is shared (it is immutable). A host
-    with its own snapshot folder is checked on its own. Calls are serialised: the first
-    check of a version fills the release snapshot cache (a folder swap, not safe against
-    a second writer), and the check is CPU-bound Python, which threads would not speed up.
-    Errors are not cached: each host raises its own (they name the host).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._done: dict[tuple, object] = {}
-
-    def __call__(self, host_name: str, series, facts: dict, forced: bool, compute: Callable[[], object]):
-        from ddtree_deploy.session.desired import series_id
-
-        with self._lock:
-            key = None if _own_snapshot(host_name) else (series_id(series), facts.get("sglang_version"), forced)
-            if key is not None and key in self._done:
-                return self._done[key]
-            result = compute()
-            if key is not None:
-                self._done[key] = result
-            return result
-
-
-def _own_snapshot(host_name: str) -> bool:
-    """Whether a snapshot named after the host may exist (then its check is its own)."""
-    from pathlib import Path
-
-    from ddtree_deploy.release.snapshot import snapshot_root
-
-    return Path(host_name).is_dir() or (snapshot_root() / host_name).exists()
-
-
-__all__ = ["CheckOnce", "Events", "run_fleet"]
+__all__ = ["Events", "run_fleet"]

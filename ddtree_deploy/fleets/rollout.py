@@ -18,20 +18,22 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import BadInput, DeployError, clause
+from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import FleetReport, HostResult, Kind, Policy, push_policy, spread_policy
-from ddtree_deploy.fleets.fleet_run import CheckOnce, run_fleet
+from ddtree_deploy.fleets.fleet_run import run_fleet
 from ddtree_deploy.session import deploy
+from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings import smoke_settings
 from ddtree_deploy.settings.inventory import Host
 from ddtree_deploy.smoke import smoke_plan, smoke_report, smoke_run
 
-Progress = Callable[[str], None]
 Connect = Callable[[Host], Any]  # Host -> a fresh Transport (each call: a new connection)
 
 
@@ -65,10 +67,6 @@ def _ignore(_event: Event) -> None:
     pass
 
 
-def _quiet(_step: str) -> None:
-    pass
-
-
 class _Relay:
     """fleet_run's Events protocol -> one Listener."""
 
@@ -83,45 +81,6 @@ class _Relay:
 
     def finished(self, result: HostResult) -> None:
         self.listener(Event(EventKind.FINISHED, result.host, result=result))
-
-
-# ---------------------------------------------------------------- the series a host gets
-
-
-def series_chooser(family: str | None):
-    """(paths to discover, facts -> Series, forced): the family is chosen by the host's version unless forced."""
-    from ddtree_deploy.engine.series import choose_series, load_family, require_finished
-    from ddtree_deploy.release.snapshot import all_touched_paths
-
-    if family:
-        series = load_family(family)
-        require_finished(series, "push")  # a range never picks an unfinished port; a name may not deploy one
-        return list(series.touched_paths()), (lambda facts: series), True
-    paths = list(all_touched_paths())
-
-    def choose(facts: dict):
-        version = facts.get("sglang_version")
-        if not version:
-            raise DeployError(f"cannot tell the SGLang version at {facts.get('package_root')}", code=Code.NO_VERSION)
-        return choose_series(version)
-
-    return paths, choose, False
-
-
-def _desire(host: Host, choose: Callable, forced: bool, check: CheckOnce, chosen: dict | None = None):
-    """facts -> Desired; records the series it chose in ``chosen`` (the smoke needs it).
-
-    ``check`` runs the check once for the hosts that share its inputs.
-    """
-    from ddtree_deploy.session.desired import desired_for
-
-    def desire(facts: dict):
-        series = choose(facts)
-        if chosen is not None:
-            chosen[host.name] = series
-        return check(host.name, series, facts, forced, lambda: desired_for(series, host.name, facts, forced=forced))
-
-    return desire
 
 
 def select_hosts(host: Sequence[str], group: Sequence[str]) -> list[Host]:
@@ -218,8 +177,8 @@ class AfterPush:
 
 def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome, series, *,
                levels: Sequence[str] | None = None, auto_rollback: bool = True, log_dir=None,
-               progress: Progress = _quiet, held: deploy.PushSession | None = None,
-               heartbeat: Callable[[str, float], None] | None = None, serve=None,
+               progress: Progress = quiet, held: deploy.PushSession | None = None,
+               heartbeat: Heartbeat | None = None, serve=None,
                smoke: bool = True) -> AfterPush:
     """Run the host's smoke levels after a push switched files; roll back if one fails.
 
@@ -328,8 +287,8 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
 
 
 def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str] | None = None,
-               patches_dir=None, log_dir=None, progress: Progress = _quiet,
-               heartbeat: Callable[[str, float], None] | None = None) -> smoke_report.SmokeReport:
+               patches_dir=None, log_dir=None, progress: Progress = quiet,
+               heartbeat: Heartbeat | None = None) -> smoke_report.SmokeReport:
     """``ddtree-deploy smoke``: the levels against what the host's journal says is deployed.
 
     A host in phase ``switched`` (files patched, smoke never passed) is smoke-tested the
@@ -532,9 +491,7 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     # Per host: its [serve] table (checked here, a dry run too): the push ends with the
     # server restarted on the new files, healthy, before the host is marked deployed.
     serves = _serve_settings(hosts)
-    paths, choose, forced = series_chooser(options.family)
-    chosen: dict = {}
-    check = CheckOnce()
+    want = Want(options.family)  # the family, the paths, the shared check: before any connection
 
     def one(h: Host, progress: Progress) -> HostResult:
         def heartbeat(level: str, seconds: float) -> None:
@@ -546,13 +503,13 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
         # before the host's lock is taken; a switch that awaits its smoke comes back with
         # the lock still held, so the smoke, the mark or the rollback follow here in order.
         serve = serves[h.name] if not options.dry_run else None
-        with deploy.begin_push(h, connect(h), paths, _desire(h, choose, forced, check, chosen),
+        with deploy.begin_push(h, connect(h), want.paths, partial(want.resolve, h.name),
                                dry_run=options.dry_run, break_lock=options.break_lock,
                                smoke=smokes[h.name] or serve is not None, diff=options.diff,
                                progress=progress) as pushed:
             outcome = pushed.outcome
             if pushed.locked:
-                after = after_push(h, lambda: connect(h), outcome, chosen[h.name], levels=levels,
+                after = after_push(h, lambda: connect(h), outcome, want.chosen[h.name], levels=levels,
                                    auto_rollback=options.auto_rollback, log_dir=options.log_dir, progress=progress,
                                    held=pushed, heartbeat=heartbeat, serve=serve, smoke=options.smoke)
         _warn_broken_lock(outcome, on_event)
@@ -614,25 +571,22 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
     _serve_settings(hosts)  # a broken [serve] table stops here, before any connection
     try:
-        paths, choose, forced = series_chooser(family)
+        want = Want(family)
     except BadInput as exc:
         # A broken series must not hide a host's state: report what the journal knows.
         on_event(Event(EventKind.WARNING, "", f"series not loaded ({exc.message}); per-file states come from "
                                               "the host's journal"))
-        paths, choose, forced = [], None, False
-    check = CheckOnce()
+        want = None
 
     def one(h: Host, progress: Progress) -> HostResult:
-        desire = _desire(h, choose, forced, check) if choose else None
+        from ddtree_deploy.fleets.serve_gate import serving_of
+
         progress("read state")
-
-        def expected(facts: dict):
-            try:
-                return desire(facts) if desire else None
-            except DeployError:
-                return None  # status still reports what the journal knows
-
-        doc = deploy.status(h, connect(h), paths, expected, serving=_serving_check(h))
+        with deploy.reading(h, connect(h), want.paths if want else []) as read:
+            serving = serving_of(h, read)  # over the same connection
+        doc = deploy.describe(h.name, read.facts, want.expected(h.name, read.facts) if want else None,
+                              read.round_trips)
+        doc["serving"] = serving
         return _result(h.name, Kind.READ, doc, "", [])
 
     return _fleet("status", hosts, policy, one, on_event)
@@ -649,13 +603,7 @@ def _serve_settings(hosts: Sequence[Host]) -> dict:
     return {h.name: settings_of(h) for h in hosts}
 
 
-def _serving_check(host: Host):
-    from ddtree_deploy.fleets.serve_gate import serving_check
-
-    return serving_check(host)
-
-
-def _beats(h: Host, on_event: Listener) -> Callable[[str, float], None]:
+def _beats(h: Host, on_event: Listener) -> Heartbeat:
     return lambda what, s: on_event(Event(EventKind.HEARTBEAT, h.name, what, seconds=s))
 
 
@@ -736,5 +684,5 @@ def smoke_one(host: Host, connect: Connect, *, levels: Sequence[str] | None = No
 
 
 __all__ = ["AfterPush", "Event", "EventKind", "Listener", "PushOptions", "after_push", "push", "push_detail", "push_policy_for",
-           "push_kind", "restart", "restart_policy_for", "rollback", "rollback_kind", "select_hosts", "series_chooser",
+           "push_kind", "restart", "restart_policy_for", "rollback", "rollback_kind", "select_hosts",
            "smoke_host", "smoke_hosts", "smoke_one", "status"]

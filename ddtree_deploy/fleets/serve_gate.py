@@ -26,18 +26,12 @@ from typing import Any, Callable
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Phase
 from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, DeployError, clause
+from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.serve import serve_plan, serve_run
 from ddtree_deploy.session import deploy
 from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
 from ddtree_deploy.settings.smoke_settings import FAMILY_SMOKE_DEFAULT, family_smoke
-
-Progress = Callable[[str], None]
-Heartbeat = Callable[[str, float], None]
-
-
-def _quiet(_step: str) -> None:
-    pass
 
 
 def settings_of(host) -> ServeSettings | None:
@@ -120,7 +114,7 @@ class ServeGate:
 
 
 def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any],
-              outcome: deploy.Outcome, series, *, auto_rollback: bool = True, progress: Progress = _quiet,
+              outcome: deploy.Outcome, series, *, auto_rollback: bool = True, progress: Progress = quiet,
               heartbeat: Heartbeat | None = None) -> ServeGate:
     """Restart, health, proof, then mark ``deployed`` through ``held`` (the push's session,
     holding the lock); or roll back and restart on the old files, under that same lock
@@ -159,7 +153,7 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
 
 
 def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any], *,
-                   progress: Progress = _quiet, heartbeat: Heartbeat | None = None) -> serve_run.Restart:
+                   progress: Progress = quiet, heartbeat: Heartbeat | None = None) -> serve_run.Restart:
     """``rollback`` switched files back and still holds the lock (``held``,
     ``deploy.begin_rollback``): restart the server on them under it (health only: the files
     are SGLang's own again). A restart whose end could not be recorded raises that error."""
@@ -173,7 +167,7 @@ def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, conn
 
 
 def ensure_serving(host, settings: ServeSettings, connect: Callable[[Any], Any], files, *,
-                   progress: Progress = _quiet, heartbeat: Heartbeat | None = None) -> tuple[str, serve_run.Restart | None]:
+                   progress: Progress = quiet, heartbeat: Heartbeat | None = None) -> tuple[str, serve_run.Restart | None]:
     """A push that switched nothing: restart the server if it runs other bytes than the
     deployed files (or is not healthy). -> (what was found, the restart or None)."""
     progress("check the serving processes")
@@ -235,7 +229,7 @@ def restarted_result(result: HostResult, restart: serve_run.Restart) -> HostResu
 
 
 def ensure_result(result: HostResult, host, settings: ServeSettings, connect: Callable[[Any], Any],
-                  outcome: deploy.Outcome, *, progress: Progress = _quiet,
+                  outcome: deploy.Outcome, *, progress: Progress = quiet,
                   heartbeat: Heartbeat | None = None) -> HostResult:
     """A push with nothing to switch on a deployed host (``result``): the server must run these files."""
     files = [f["path"] for f in ((outcome.plan.to_json() if outcome.plan else {}).get("files") or ())]
@@ -247,7 +241,7 @@ def ensure_result(result: HostResult, host, settings: ServeSettings, connect: Ca
 
 
 def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any], *, break_lock: bool = False,
-                   progress: Progress = _quiet, heartbeat: Heartbeat | None = None) -> tuple[HostResult, deploy.Outcome]:
+                   progress: Progress = quiet, heartbeat: Heartbeat | None = None) -> tuple[HostResult, deploy.Outcome]:
     """``restart`` on one host: (its result, the lock session's outcome: a broken lock, a history warning)."""
     restart, held = serve_run.restart_locked(host, connect, settings, break_lock=break_lock, progress=progress,
                                              heartbeat=heartbeat)
@@ -258,22 +252,17 @@ def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any],
                       (_line(host.name, restart),), down=not restart.ok), held
 
 
-def serving_check(host):
-    """``status``: a callable for ``deploy.status`` that looks at the serving processes over
-    the status connection (``look``); a failure to look is said in the document, never fatal."""
-    settings = settings_of(host)
-
-    def check(transport, facts: dict, ask: Callable[[dict], dict]) -> dict:
-        files = list(((facts.get("journal") or {}).get("files") or {}))
-        try:
-            return look(host, transport, files, settings, ask)
-        except DeployError as exc:
-            return {"state": "unknown", "processes": [], "files_changed": None, "newest_file": None, "health": None,
-                    "explanation": f"could not look at the serving processes: {clause(exc, host.name)}",
-                    "unreadable": 0}
-
-    return check
+def serving_of(host, read: deploy.Reading) -> dict:
+    """``status``: the serving processes over the status connection (``look``, asking the
+    history on ``read``'s session); a failure to look is said in the document, never fatal."""
+    files = list(((read.facts.get("journal") or {}).get("files") or {}))
+    try:
+        return look(host, read.transport, files, settings_of(host), read.ask)
+    except DeployError as exc:
+        return {"state": "unknown", "processes": [], "files_changed": None, "newest_file": None, "health": None,
+                "explanation": f"could not look at the serving processes: {clause(exc, host.name)}",
+                "unreadable": 0}
 
 
 __all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "look", "require_serve",
-           "restart_result", "restarted_result", "serving_check", "settings_of"]
+           "restart_result", "restarted_result", "serving_of", "settings_of"]

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.remote.transport import HostProgram, ProgramSession
 from ddtree_deploy.serve import serve_plan
@@ -27,8 +28,6 @@ from ddtree_deploy.session import deploy
 from ddtree_deploy.settings.serve_settings import ServeSettings
 from ddtree_deploy.smoke.smoke_plan import START_S
 
-Progress = Callable[[str], None]
-Heartbeat = Callable[[str, float], None]
 
 # Never sudo: the serve program reads /proc and runs the inventory's own restart command,
 # which names sudo itself when the host needs it (e.g. ["sudo", "-n", "systemctl", ...]).
@@ -43,10 +42,6 @@ HEALTHY = "healthy"
 UNHEALTHY = "unhealthy"
 INTERRUPTED = "interrupted"
 UNKNOWN = "unknown"  # the serve program could not answer (connection lost, it died): nobody knows
-
-
-def _quiet(_step: str) -> None:
-    pass
 
 
 def _now_iso() -> str:
@@ -131,7 +126,7 @@ def check(host, transport, request: dict) -> dict:
     return doc
 
 
-def run_restart(host, transport, request: dict, *, progress: Progress = _quiet,
+def run_restart(host, transport, request: dict, *, progress: Progress = quiet,
                 heartbeat: Heartbeat | None = None) -> Restart:
     """Ship the serve program, run ``request`` (``serve_plan.restart_request``), read its
     answer. Never raises for the server's sake: a failed step, a lost link, a missed
@@ -211,7 +206,7 @@ def proof_family(journal: dict | None, patches_dir=None):
 
 
 def restart_locked(host, connect: Callable[[Any], Any], settings: ServeSettings, *, prove: bool = True,
-                   break_lock: bool = False, progress: Progress = _quiet,
+                   break_lock: bool = False, progress: Progress = quiet,
                    heartbeat: Heartbeat | None = None) -> tuple[Restart, deploy.Outcome]:
     """Take the host's deploy lock, restart its server, wait for health (and, with ``prove``
     on a host whose journal says DDTree is in place, the DDTree proof), record it, unlock.
@@ -233,7 +228,7 @@ def restart_locked(host, connect: Callable[[Any], Any], settings: ServeSettings,
 
 
 def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, held: deploy.PushSession,
-                 run_id: str | None, files: list[str], *, proof: dict | None, progress: Progress = _quiet,
+                 run_id: str | None, files: list[str], *, proof: dict | None, progress: Progress = quiet,
                  heartbeat: Heartbeat | None = None) -> tuple[Restart, DeployError | None]:
     """Restart the server under the deploy lock ``held`` holds (``restart``'s own, a rollback's,
     or the push whose files it restarts on) and record it there: ``restarting`` first, then

@@ -36,14 +36,15 @@ import os
 import socket
 import time
 import uuid
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.digests import sha256
 from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.progress import Progress, quiet
 from ddtree_deploy.engine.patch_write import diff_hunks
 from ddtree_deploy.remote.transport import AgentFailed, AgentSession, Transport, expect_ok
 from ddtree_deploy.session.plan import Desired, FileState, Plan, classify, plan_push, plan_rollback
@@ -57,12 +58,6 @@ READ_OP_TIMEOUT = 30.0
 #: TEST HOOK: a JSON object of agent hooks (e.g. {"exit_after_renames": 1}) that make the
 #: agent kill itself at a step, to prove interrupted runs are explained and completed.
 TEST_HOOKS_ENV = "DDTREE_DEPLOY_TEST_HOOKS"
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_step: str) -> None:
-    pass
 
 
 def test_hooks() -> dict:
@@ -260,7 +255,7 @@ class PushSession:
                           "record the restart")
         return reply.get("history_warning")
 
-    def rollback(self, to: str | None, *, release: bool = False, progress: Progress = _quiet) -> Outcome:
+    def rollback(self, to: str | None, *, release: bool = False, progress: Progress = quiet) -> Outcome:
         """Roll the host back to backup ``to`` under the lock this session holds, so that no
         other run acts on the host between this run's switch and its undoing: the
         ``rollback`` command's plan and apply (``_rollback_plan``, ``_switch``: the same
@@ -447,7 +442,7 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
 
 
 def hold(host: Host, transport: Transport, command: str, *, break_lock: bool = False,
-         progress: Progress = _quiet) -> PushSession:
+         progress: Progress = quiet) -> PushSession:
     """Take the host's deploy lock for a step that switches no file (a server restart):
     one round trip (init, lock, facts). The returned session holds the lock (its ``facts``
     were read under it; ``record_serve``, ``unlock``); leaving it releases the lock."""
@@ -475,7 +470,7 @@ def hold(host: Host, transport: Transport, command: str, *, break_lock: bool = F
 
 def begin_push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
                dry_run: bool = False, break_lock: bool = False, smoke: bool = False, diff: bool = False,
-               progress: Progress = _quiet) -> PushSession:
+               progress: Progress = quiet) -> PushSession:
     """Deploy the series on ``host``: discover, resolve and check the series (no lock
     yet), then lock, re-read, drift check, back up, stage, switch.
 
@@ -500,7 +495,7 @@ def begin_push(host: Host, transport: Transport, paths: list[str], desire: Calla
 
 def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
          dry_run: bool = False, break_lock: bool = False, smoke: bool = False, diff: bool = False,
-         progress: Progress = _quiet) -> Outcome:
+         progress: Progress = quiet) -> Outcome:
     """``begin_push`` without holding the lock afterwards: the outcome only (with ``smoke``,
     the journal stays ``switched`` and ``smoke_pending`` names the run to smoke and mark)."""
     with _push(host, transport, paths, desire, dry_run=dry_run, break_lock=break_lock, smoke=smoke,
@@ -581,7 +576,7 @@ def _mark(run_id: str | None, phase: str, smoke: dict | None = None, expect: str
 
 
 def mark(host: Host, transport: Transport, run_id: str, phase: str = Phase.DEPLOYED, *, smoke: dict | None = None,
-         progress: Progress = _quiet) -> dict:
+         progress: Progress = quiet) -> dict:
     """After the smoke: move the journal of ``run_id`` from ``switched`` to ``phase`` (one round trip).
 
     Compare-and-set under the deploy lock: it fails (code ``changed``) when the journal no
@@ -646,14 +641,14 @@ def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan, final_pha
 
 
 def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
-             break_lock: bool = False, progress: Progress = _quiet) -> Outcome:
+             break_lock: bool = False, progress: Progress = quiet) -> Outcome:
     """Restore a backup (the newest, or ``to``) through the same staged, verified switch as push."""
     with begin_rollback(host, transport, to=to, dry_run=dry_run, break_lock=break_lock, progress=progress) as done:
         return done.outcome
 
 
 def begin_rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
-                   break_lock: bool = False, keep_lock: bool = False, progress: Progress = _quiet) -> PushSession:
+                   break_lock: bool = False, keep_lock: bool = False, progress: Progress = quiet) -> PushSession:
     """``rollback``, and with ``keep_lock`` a rollback that switched files returns its session
     still holding the lock (``locked``): the caller restarts the server on the restored
     files under it (``serve_run.restart_held``), then leaves the session (the unlock)."""
@@ -725,26 +720,42 @@ def _choose_backup(host: Host, backups: list[dict], to: str | None) -> dict:
 # ---------------------------------------------------------------- status and pull
 
 
-def status(host: Host, transport: Transport, paths: list[str] = (),
-           expected: Callable[[dict], Desired | None] | None = None,
-           serving: Callable[[Transport, dict, Callable[[dict], dict]], dict] | None = None) -> dict:
-    """The host's state as one JSON-able document (read-only: takes no lock).
+@dataclass
+class Reading:
+    """A read-only agent session's first answer (``facts``), and the way to ask more on it."""
 
-    ``serving(transport, facts, ask)``, when given, looks at the host's serving processes over
-    the same connection (``serve_gate.serving_check``); ``ask`` sends it one more read-only
-    request over this agent session (the history's switches, when a process started before
-    the last change). Its document is the ``serving`` key."""
+    facts: dict
+    transport: Transport
+    _sess: AgentSession
+    _host: Host
+
+    def ask(self, request: dict) -> dict:
+        """One more read-only request over this session (e.g. the history's switches)."""
+        return expect_ok(self._sess.one(request), self._host.name, request["op"])
+
+    @property
+    def round_trips(self) -> int:
+        return self._sess.round_trips
+
+
+@contextmanager
+def reading(host: Host, transport: Transport, paths: list[str] = ()) -> Iterator[Reading]:
+    """A read-only agent session (takes no lock): [init, facts] in one round trip; the caller
+    may ``ask`` more on it (the serving processes' record) before it closes."""
     with transport, _session(transport, host, write=False) as sess:
         init, facts = sess.call(_init(host), {"op": "facts", "paths": list(paths)})
         expect_ok(init, host.name, "agent start")
         expect_ok(facts, host.name, "discover")
-        running = (serving(transport, facts, lambda request: expect_ok(sess.one(request), host.name, request["op"]))
-                   if serving is not None else None)
-        round_trips = sess.round_trips
-    doc = describe(host.name, facts, expected(facts) if expected else None, round_trips)
-    if running is not None:
-        doc["serving"] = running
-    return doc
+        yield Reading(facts, transport, sess, host)
+
+
+def status(host: Host, transport: Transport, paths: list[str] = (), desired: Desired | None = None) -> dict:
+    """The host's state as one JSON-able document (read-only: takes no lock); ``desired``:
+    what the series wants there (``describe``). A caller that resolves the series from the
+    host's facts, or looks at its serving processes, reads with ``reading`` and ``describe``s."""
+    with reading(host, transport, paths) as read:
+        pass
+    return describe(host.name, read.facts, desired, read.round_trips)
 
 
 def describe(name: str, facts: dict, desired: Desired | None, round_trips: int = 0) -> dict:
@@ -905,4 +916,4 @@ def patched_paths(facts: dict, files: dict[str, bytes | None]) -> list[str]:
 
 
 __all__ = ["AgentFailed", "Outcome", "PushSession", "ask", "begin_push", "begin_rollback", "describe", "hold", "patched_paths", "explain", "mark", "pull", "push", "rollback",
-           "status", "TEST_HOOKS_ENV"]
+           "status", "Reading", "reading", "TEST_HOOKS_ENV"]

@@ -7,20 +7,14 @@ never calls ``deploy`` (what happens around a smoke is ``rollout``'s).
 from __future__ import annotations
 
 import time
-from typing import Callable
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.remote.transport import HostProgram, ProgramSession
 from ddtree_deploy.smoke.smoke_plan import START_S, SmokePlan, heartbeat_s, silence_limit
 from ddtree_deploy.smoke.smoke_report import SmokeReport, read_answer
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_step: str) -> None:
-    pass
 
 
 # Never sudo: the smoke reads files and starts a server as the SSH user.
@@ -31,8 +25,8 @@ def smoke_agent_source() -> bytes:
     return SMOKE_PROGRAM.source()
 
 
-def run_on_host(host, transport, plan: SmokePlan, *, log_dir=None, progress: Progress = _quiet,
-                heartbeat: Callable[[str, float], None] | None = None) -> SmokeReport:
+def run_on_host(host, transport, plan: SmokePlan, *, log_dir=None, progress: Progress = quiet,
+                heartbeat: Heartbeat | None = None) -> SmokeReport:
     """Ship the smoke program to ``host`` over ``transport``, run ``plan``, read its report.
 
     The program streams one JSON line per event (level start, heartbeat, level result)
