@@ -18,6 +18,7 @@ class Code:
     # generic (errors.py, the CLI)
     FAILED = "failed"
     BAD_INPUT = "bad-input"
+    USAGE = "usage"  # the command line itself is wrong (click's UsageError): the envelope's code
     INTERNAL = "internal"  # an unexpected exception, caught so that one host cannot abandon the others
     # reaching the host (transport.py)
     CONNECT = "connect"
@@ -58,6 +59,20 @@ class Code:
     UNKNOWN_FAMILY = "unknown-family"
     # restarting the host's server (serve_run.py)
     SERVE_AGENT = "serve-agent"  # the serve program failed or answered garbage
+    # tune (tune_run.py; the tune program's and, for its launch checks, the smoke program's codes)
+    BAD_DATASET = "bad-dataset"  # the --dataset-path the host was given is no usable file
+    SERIES_CHANGED = "series-changed"  # the deployed series changed under a resumed sweep
+    PORT = "port"  # the launch's port is taken
+    GPU = "gpu"  # the GPU check refused the launch
+    LEFT_RUNNING = "left-running"  # a launch's processes outlived TERM and KILL
+    # the release cache (releases.py, matrix_run.py)
+    NETWORK = "network"
+    DIGEST = "digest"  # a downloaded wheel's sha256 is not PyPI's
+    # image (image.py)
+    NO_BUILDER = "no-builder"
+    BUILD_FAILED = "build-failed"
+    # a run stopped by Ctrl-C or SIGTERM (inflight.py, the CLI's envelope)
+    INTERRUPTED = "interrupted"
 
 
 # Codes the agent itself raises (agent.py's AgentError literals); tests/test_codes.py checks both ways.

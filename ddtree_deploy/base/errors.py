@@ -7,6 +7,8 @@ the file / line / thing that is wrong, and an optional hint saying what to do.
 
 from __future__ import annotations
 
+from ddtree_deploy.base.codes import Code
+
 EXIT_OK = 0
 EXIT_FAILED = 1  # a check or a deploy step failed
 EXIT_BAD_INPUT = 2  # bad input or usage; nothing was changed anywhere
@@ -16,7 +18,7 @@ class DeployError(Exception):
     """A step failed (exit 1). ``code`` is a stable machine-readable slug."""
 
     exit_code = EXIT_FAILED
-    code = "failed"
+    code = Code.FAILED
 
     def __init__(self, message: str, *, hint: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -33,7 +35,7 @@ class BadInput(DeployError):
     """Bad input or usage (exit 2): a malformed patch, series, inventory, path..."""
 
     exit_code = EXIT_BAD_INPUT
-    code = "bad-input"
+    code = Code.BAD_INPUT
 
 
 # Messages are built from nested prefixes (``<host>: <step>: <the agent's reason>``). Each

@@ -33,6 +33,8 @@ except ImportError:  # older typer runs on click itself
     from click import ClickException, Context, UsageError  # type: ignore[no-redef]
 from typer.exceptions import Abort
 
+from ddtree_deploy.base.codes import Code
+
 SCHEMA = "ddtree-deploy/1"
 #: The envelope's own keys, in print order; a command's fields follow them.
 ENVELOPE_KEYS = ("schema", "command", "ok", "exit_code", "error", "hosts")
@@ -249,8 +251,8 @@ class EnvelopeGroup(TyperGroup):
                 rich_utils.rich_format_error(exc)
             else:
                 exc.show()
-            code = "usage" if isinstance(exc, UsageError) else "failed"
-            hint = f"see {_help_for(getattr(exc, 'ctx', None))}" if code == "usage" else None
+            code = Code.USAGE if isinstance(exc, UsageError) else Code.FAILED
+            hint = f"see {_help_for(getattr(exc, 'ctx', None))}" if code == Code.USAGE else None
             run.error = error_doc(code, exc.format_message(), hint)
             return exc.exit_code
         except Abort:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from ddtree_deploy.base import next_step
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, out
 from ddtree_deploy.cli.text import safe
 
@@ -70,7 +71,7 @@ def release(
     try:
         doc = hostlog.lock_release(h, transport, force)
     except AgentFailed as exc:
-        if exc.code == "locked" and exc.reply.get("holder"):  # (no holder: the lock's guard was held too long)
+        if exc.code == Code.LOCKED and exc.reply.get("holder"):  # (no holder: the lock's guard was held too long)
             exc.message = hostlog.lock_line(h.name, exc.reply.get("holder")) + "; not released"
             exc.hint = f"wait for that run, or {next_step.lock_release(h.name, force=True)} once you know it is gone"
         raise

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddtree_deploy import __version__
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.locations import PACKAGE_DIR
 
@@ -203,7 +204,7 @@ def build(ctx: Context, tag: str | None) -> list[str]:
     builder = find_builder()
     if builder is None:
         err = DeployError(f"no container builder found on PATH ({', '.join(BUILDERS)}); the build context is "
-                          f"written at {ctx.folder}", code="no-builder",
+                          f"written at {ctx.folder}", code=Code.NO_BUILDER,
                           hint=f"build it where one is: docker build -t {tag or 'IMAGE'} {ctx.folder}")
         err.exit_code = EXIT_NO_BUILDER
         raise err
@@ -211,7 +212,7 @@ def build(ctx: Context, tag: str | None) -> list[str]:
     proc = subprocess.run(argv)
     if proc.returncode != 0:
         raise DeployError(f"{builder[0]} build failed (exit {proc.returncode}); its output is above",
-                          code="build-failed",
+                          code=Code.BUILD_FAILED,
                           hint="a drifted or different sglang in the base image is named by the "
                           "'ddtree-deploy image: error:' line of the RUN step")
     return argv

@@ -22,7 +22,9 @@ from typing import Callable, Sequence
 
 from packaging.version import InvalidVersion, Version
 
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.progress import Counted
 from ddtree_deploy.engine.check import check_series, compile_check
 from ddtree_deploy.engine.series import (
     NO_FAMILY_HINT,
@@ -51,8 +53,6 @@ from ddtree_deploy.release.matrix import (
 from ddtree_deploy.release.matrix_import import smoke_releases
 from ddtree_deploy.release.release_facts import MARKERS, ReleaseFacts, describe, facts_from_names
 
-#: progress(phase, done, total): phase is "download" or "apply".
-Progress = Callable[[str, int, int], None]
 Warn = Callable[[str], None]
 
 
@@ -102,13 +102,13 @@ def list_sglang_releases(*, offline: bool, warn: Warn) -> list[releases.Release]
     try:
         return releases.list_releases(refresh=True)
     except DeployError as exc:
-        if exc.code != "network" or releases.cached_project() is None:
+        if exc.code != Code.NETWORK or releases.cached_project() is None:
             raise
         warn(f"{exc.message}; using the cached release listing")
         return releases.list_releases(refresh=False)
 
 
-def fetch_wheels(versions: Sequence[str], *, jobs: int, progress: Progress | None) -> dict[str, Path]:
+def fetch_wheels(versions: Sequence[str], *, jobs: int, progress: Counted | None) -> dict[str, Path]:
     """A verified cached wheel per version; downloads what is missing, several at a time."""
     out: dict[str, Path] = {}
     if progress:
@@ -224,7 +224,7 @@ def run_matrix(
     offline: bool = False,
     jobs: int | None = None,
     patches_dir: Path | None = None,
-    progress: Progress | None = None,
+    progress: Counted | None = None,
     warn: Warn = lambda message: None,
     measure_compile: bool = False,
     import_smoke: bool = False,

@@ -28,6 +28,7 @@ from urllib.parse import urljoin
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.digests import hasher, sha256_file, sha256_record
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.fsutil import atomic_write
@@ -127,7 +128,7 @@ def fetch_project(project: str = PROJECT, *, index: str | None = None) -> dict:
         raise DeployError(
             f"{url}: cannot reach the package index ({getattr(exc, 'reason', exc)})",
             hint="check the network; wheels already in the cache work offline",
-            code="network",
+            code=Code.NETWORK,
         ) from None
     try:
         doc = json.loads(body)
@@ -268,13 +269,13 @@ def download(file: ReleaseFile, dest_dir: Path | None = None, progress: Download
                 raise DeployError(
                     f"{file.url}: download failed ({getattr(exc, 'reason', exc)})",
                     hint="check the network and run again",
-                    code="network",
+                    code=Code.NETWORK,
                 ) from None
         if digest.hexdigest() != file.sha256:
             raise DeployError(
                 f"{file.filename}: sha256 {digest.hexdigest()} differs from the registry's {file.sha256}",
                 hint="the download is corrupt or was tampered with; nothing was cached",
-                code="digest",
+                code=Code.DIGEST,
             )
         os.replace(tmp, dest)
     except BaseException:

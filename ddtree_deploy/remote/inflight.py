@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 from ddtree_deploy.base import next_step
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.errors import DeployError
 
 #: The envelope's error code and the exit code of an interrupted run (docs/json.md).
-CODE = "interrupted"
+CODE = Code.INTERRUPTED
 
 
 class Interrupted(DeployError):

@@ -153,7 +153,7 @@ class LineReader:
             self.scanned = len(self.buf)
             if self.scanned > self.limit:
                 raise ReplyError(f"{self.label}: {what} is over {self.limit >> 20} MiB; refusing to read more "
-                                 "(a broken or hostile host program)", code="reply-too-large")
+                                 "(a broken or hostile host program)", code=Code.REPLY_TOO_LARGE)
             if self.eof:
                 line, self.buf = bytes(self.buf), bytearray()
                 self.scanned = 0
@@ -220,7 +220,7 @@ class _LocalProcess(Process):
         try:
             self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
         except OSError as exc:
-            raise DeployError(f"cannot start {argv[0]}: {exc.strerror}", code="agent",
+            raise DeployError(f"cannot start {argv[0]}: {exc.strerror}", code=Code.AGENT,
                               hint="set host.python in the inventory to an interpreter on this machine "
                               "that has sglang installed (`command -v python3` shows one)") from None
 
@@ -374,7 +374,7 @@ def connection_lost(label: str, exc: BaseException, step: str | None = None, *,
         why = str(exc)
     during = f" {step}" if step else ""
     tail = f"; {state}" if state else ""
-    return DeployError(f"{label}: connection lost{during} ({why}){tail}", code="connection-lost",
+    return DeployError(f"{label}: connection lost{during} ({why}){tail}", code=Code.CONNECTION_LOST,
                        hint=f"run {next_step.status()} to see where the host stands, then rerun")
 
 
@@ -399,7 +399,7 @@ def load_host_keys(keys, data: bytes) -> None:
 
 
 class HostKeyRefused(DeployError):
-    code = "host-key"
+    code = Code.HOST_KEY
 
 
 def fingerprint(key) -> str:
@@ -626,11 +626,11 @@ def connect_error(label: str, host: Host, conn, exc: BaseException, jump: str | 
                                f"(by the network or the host); {unchanged}", code=Code.CONNECTION_LOST,
                                hint=f"check the link and rerun; if it persists, the host may refuse this key "
                                f"after too many tries: check ssh.user and ssh.identity_file in {inv}; {verbose}")
-        return DeployError(f"{label}: authentication failed for {what} ({exc})", code="auth",
+        return DeployError(f"{label}: authentication failed for {what} ({exc})", code=Code.AUTH,
                            hint=f"check ssh.user and ssh.identity_file in {inv} (the key must be in the "
                            f"user's authorized_keys on the host); {verbose}")
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return DeployError(f"{label}: timed out connecting to {what} after {t.connect_timeout:g} s", code="connect",
+        return DeployError(f"{label}: timed out connecting to {what} after {t.connect_timeout:g} s", code=Code.CONNECT,
                            hint=f"is the host up and its port {conn.port} reachable from here (firewall, VPN)? "
                            f"Raise ssh.connect_timeout in {inv} for a slow link; {verbose}")
     if isinstance(exc, socket.gaierror):
@@ -644,7 +644,7 @@ def connect_error(label: str, host: Host, conn, exc: BaseException, jump: str | 
             return key_error(host, key, f"{'hop ' if jump else ''}{written!r}{via} does not resolve "
                              f"({exc.strerror or exc})", f"fix the name ({lookup})")
         return DeployError(f"{label}: cannot resolve the host name {name!r}{' of jump host ' + jump if jump else ''} "
-                           f"({exc.strerror or exc})", code="connect",
+                           f"({exc.strerror or exc})", code=Code.CONNECT,
                            hint=f"check {key} in {inv} (a name, an address, or a Host alias of the ssh "
                            f"config) and this machine's resolver; {lookup}")
     errors = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError: one per address tried
@@ -652,20 +652,20 @@ def connect_error(label: str, host: Host, conn, exc: BaseException, jump: str | 
         {getattr(exc, "errno", None)}
     if codes == {errno.ECONNREFUSED}:
         return DeployError(f"{label}: connection refused by {'jump host ' + jump + ' ' if jump else ''}{conn.host} "
-                           f"port {conn.port} (nothing listens there)", code="connect",
+                           f"port {conn.port} (nothing listens there)", code=Code.CONNECT,
                            hint=f"check {'ssh.jump' if jump else 'ssh.port'} in {inv} and that sshd runs on the "
                            f"host; {verbose}")
     if codes & {errno.EHOSTUNREACH, errno.ENETUNREACH}:
-        return DeployError(f"{label}: no route to {conn.host} ({what})", code="connect",
+        return DeployError(f"{label}: no route to {conn.host} ({what})", code=Code.CONNECT,
                            hint=f"check ssh.host / ssh.jump in {inv} and this machine's network (VPN?); {verbose}")
     if isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
-        return DeployError(f"{label}: {what} does not answer as an SSH server ({exc})", code="connect",
+        return DeployError(f"{label}: {what} does not answer as an SSH server ({exc})", code=Code.CONNECT,
                            hint=f"check {'ssh.jump' if jump else 'ssh.port'} in {inv}: something else listens "
                            f"there; {verbose}")
     if isinstance(exc, EOFError) or not str(exc):
         return DeployError(f"{label}: the connection to {what} was closed during the SSH handshake (by the "
-                           f"network or the host); {unchanged}", code="connect", hint=f"rerun; {verbose}")
-    return DeployError(f"{label}: cannot connect to {what}: {exc}; {unchanged}", code="connect", hint=verbose)
+                           f"network or the host); {unchanged}", code=Code.CONNECT, hint=f"rerun; {verbose}")
+    return DeployError(f"{label}: cannot connect to {what}: {exc}; {unchanged}", code=Code.CONNECT, hint=verbose)
 
 
 # getaddrinfo's "this name does not exist" (not "try again": EAI_AGAIN is a resolver outage).
@@ -849,7 +849,7 @@ class AgentSession(ProgramSession):
     def call(self, *requests: dict, timeout: float | None = None) -> list[dict]:
         """Send ``requests`` in one write, read one reply each, all within ``timeout`` seconds."""
         if self.proc is None:
-            raise DeployError(f"{self.transport.label}: the agent session is closed", code="connection-lost")
+            raise DeployError(f"{self.transport.label}: the agent session is closed", code=Code.CONNECTION_LOST)
         limit = timeout or self.op_timeout or self.host.op_timeout or DEFAULT_OP_TIMEOUT
         deadline = time.monotonic() + limit
         ops = "+".join(str(r.get("op")) for r in requests)
@@ -868,7 +868,7 @@ class AgentSession(ProgramSession):
                 self.abort()
                 raise DeployError(
                     f"{self.transport.label}: no answer from the host agent during {op} after {limit:g} s",
-                    code="timeout",
+                    code=Code.TIMEOUT,
                     hint=f"the host may be hung or overloaded; raise host.op_timeout in "
                     f"{self.host.source or 'the inventory'} if {op} is just slow there, then run "
                     f"{next_step.status(self.host.name)}") from None
@@ -909,7 +909,7 @@ class AgentRefusedInput(AgentFailed):
 WRITE_OPS = frozenset({"apply", "mark", "lock_release"})
 
 #: Agent codes that mean "the inventory is wrong", not "the host failed".
-BAD_INPUT_CODES = frozenset({"bad-state-dir"})
+BAD_INPUT_CODES = frozenset({Code.BAD_STATE_DIR})
 
 
 def expect_ok(reply: dict, label: str, what: str) -> dict:
@@ -917,7 +917,7 @@ def expect_ok(reply: dict, label: str, what: str) -> dict:
     if reply.get("ok"):
         return reply
     cls = AgentRefusedInput if reply.get("code") in BAD_INPUT_CODES else AgentFailed
-    raise cls(prefixed(str(reply.get("message")), label, what), reply, code=reply.get("code") or "agent")
+    raise cls(prefixed(str(reply.get("message")), label, what), reply, code=reply.get("code") or Code.AGENT)
 
 
 __all__ = [

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ddtree_deploy.base import next_step
-from ddtree_deploy.base.codes import Code
+from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.remote.transport import HostProgram, ProgramSession
 from ddtree_deploy.settings import smoke_settings
 from ddtree_deploy.smoke import smoke_plan
 from ddtree_deploy.tuning import tune
 
-Progress = Callable[[str], None]
 BENCH_MODULE = "sglang.bench_serving"
 # 0.5.12.post1's `--dataset-name random` samples ShareGPT text (and downloads it when no
 # --dataset-path is given); `random-ids` is random token ids, offline. The prompts depend
@@ -32,11 +32,7 @@ BENCH_MODULE = "sglang.bench_serving"
 OFFLINE_DATASET = "random-ids"
 # Failures of the host, not of the configuration: every later launch would fail the same
 # way (or measure something else), so the sweep stops (exit 1) and keeps what it has.
-STOPPERS = ("series-changed", "locked", "port", "gpu", "left-running")
-
-
-def _quiet(_line: str) -> None:
-    pass
+STOPPERS = (Code.SERIES_CHANGED, Code.LOCKED, Code.PORT, Code.GPU, Code.LEFT_RUNNING)
 
 
 def _num(x) -> str:
@@ -76,7 +72,7 @@ def check_host(host, *, apply: bool) -> smoke_settings.LaunchSettings:
     return launch
 
 
-def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress = _quiet) -> Target:
+def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress = quiet) -> Target:
     """Ask the host what is deployed: DDTree must be, by a family known here."""
     from ddtree_deploy.engine.series import known_family, load_family, no_such_family
     from ddtree_deploy.session import deploy
@@ -84,7 +80,7 @@ def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress =
     launch = smoke_settings.parse_settings(host.smoke, source=host.source).launch
     progress("read the host's journal")
     doc = deploy.status(host, make_transport())
-    if doc["phase"] != "deployed" or not doc["series"]:
+    if doc["phase"] != Phase.DEPLOYED or not doc["series"]:
         raise BadInput(f"{host.name}: no DDTree deployed (phase {doc['phase']}): tune measures a deployed "
                        f"series; push it first: {next_step.push(host.name)}")
     name = doc["series"]["name"]
@@ -99,7 +95,7 @@ def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress =
     if lock:
         raise DeployError(f"{host.name}: a {lock.get('command') or 'push/rollback'} holds the deploy lock "
                           f"(holder {lock.get('holder')}, since {lock.get('time')}, run {lock.get('run_id')}): "
-                          "tune waits for it to finish", code="locked",
+                          "tune waits for it to finish", code=Code.LOCKED,
                           hint=next_step.status(host.name))
     return Target(launch=launch, family=family, series=doc["series"], sglang_version=doc.get("sglang_version"))
 
@@ -226,8 +222,8 @@ class Session:
     the program is left to stop what it started (it takes the hangup as an abort).
     """
 
-    def __init__(self, host, transport, *, progress: Progress = _quiet,
-                 heartbeat: Callable[[str, float], None] | None = None,
+    def __init__(self, host, transport, *, progress: Progress = quiet,
+                 heartbeat: Heartbeat | None = None,
                  heartbeat_s: float = smoke_plan.HEARTBEAT_S, deadlines: Mapping[str, float] | None = None):
         self.host, self.transport, self.progress, self.heartbeat = host, transport, progress, heartbeat
         self.program: ProgramSession | None = None
@@ -403,7 +399,7 @@ def append_record(path: Path, record: tune.Record) -> None:
 
 def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | None = None,
               resume: bool = False, yes: bool = False, apply: bool = False, patches_dir=None,
-              progress: Progress = _quiet, heartbeat=None, heartbeat_s: float = smoke_plan.HEARTBEAT_S,
+              progress: Progress = quiet, heartbeat=None, heartbeat_s: float = smoke_plan.HEARTBEAT_S,
               deadlines: Mapping[str, float] | None = None) -> TuneOutcome:
     """Run (or resume) the sweep on ``host``; the results file grows as configurations end.
 
@@ -437,12 +433,12 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
                             "holder": deploy.holder_name(), "series_id": target.series.get("id"),
                             "dataset_path": opts.dataset_path if opts.dataset == "sharegpt-file" else None})
         if begun["event"] == "refused":
-            if begun.get("code") == "bad-dataset":
+            if begun.get("code") == Code.BAD_DATASET:
                 raise BadInput(f"{host.name}: {begun['message']}")
             holder = begun.get("holder") or {}
             raise DeployError(f"{host.name}: {begun['message']} (holder {holder.get('holder')}, since "
                               f"{holder.get('time')}, run {holder.get('run_id')}): tune refused, nothing launched",
-                              code=begun.get("code") or "locked", hint=next_step.status(host.name))
+                              code=begun.get("code") or Code.LOCKED, hint=next_step.status(host.name))
         # Only now, with the host's locks held, does anything get written here: a refusal
         # (bad dataset path, a lock) leaves no results file behind.
         out_dir.mkdir(parents=True, exist_ok=True)
