@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_deploy.base import hooks
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.fleets import rollout
@@ -175,10 +176,10 @@ def test_agent_killed_mid_switch_then_rerun_completes(world, monkeypatch, comman
     patched = files(w)
     if command == "push":
         run(w, "rollback")
-    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps(hook))
+    monkeypatch.setenv(hooks.TEST_HOOKS_ENV, json.dumps(hook))
     with pytest.raises(DeployError, match="agent stopped during apply"):
         run(w, command)
-    monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+    monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
     doc = check_explained(w, patched)
     if "exit_after_renames" in hook:
         assert doc["phase"] == "switching" and f"rerun `{command}`" in doc["explanation"]
@@ -197,10 +198,10 @@ def test_agent_killed_mid_switch_then_rerun_completes(world, monkeypatch, comman
 
 def test_rollback_after_an_interrupted_push(world, monkeypatch):
     w = world
-    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": 2}))
+    monkeypatch.setenv(hooks.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": 2}))
     with pytest.raises(DeployError):
         run(w, "push")
-    monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+    monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
     assert files(w) != w["pristine"]
     outcome = run(w, "rollback")
     assert outcome.changed and files(w) == w["pristine"]

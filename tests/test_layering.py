@@ -157,3 +157,16 @@ def test_an_import_that_climbs_is_found(module, source):
 ])
 def test_an_import_that_goes_down_or_across_passes(module, source):
     assert upward(module, source) == []
+
+
+def test_test_hooks_are_read_in_one_place():
+    """The one test hook point (base/hooks.py): no other module of the package reads the
+    variable or names a test hook's key; the host agent acts on the keys it is sent."""
+    readers = [m for m, path in MODULES.items()
+               if "DDTREE_DEPLOY_TEST_HOOKS" in path.read_text(encoding="utf-8")
+               or "TEST_HOOKS_ENV" in path.read_text(encoding="utf-8")]
+    assert readers == ["ddtree_deploy.base.hooks"]
+    keys = ("smoke_heartbeat_s", "exit_after_renames", "fill_after_staging", "stop_before_each_request")
+    naming = [m for m, path in MODULES.items() if m not in ("ddtree_deploy.base.hooks", "ddtree_deploy.agent")
+              and any(f'"{k}"' in path.read_text(encoding="utf-8") for k in keys)]
+    assert naming == []

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from ddtree_deploy.base import hooks
 from ddtree_deploy.cli import app
 from ddtree_deploy.session import deploy
 
@@ -37,7 +38,7 @@ def test_push_prints_the_launch_levels_heartbeat(sshd, tmp_path, monkeypatch):  
                    "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "{{draft_model}}",
                    "--speculative-ddtree-budget", "{{budget}}", "--port", "{{port}}", "{{extra_args}}"]
     """))
-    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"smoke_heartbeat_s": 0.5}))
+    monkeypatch.setenv(hooks.TEST_HOOKS_ENV, json.dumps({"smoke_heartbeat_s": 0.5}))
     r = CliRunner().invoke(app, ["push", "--host", str(tmp_path / "hosts" / "h-beat.toml"), "--family", str(FAMILY)])
     assert r.exit_code == 0, r.output
     assert "smoke passed: journal marked deployed" in r.stdout

@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ddtree_deploy.base import next_step
+from ddtree_deploy.base import hooks, next_step
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import BadInput, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
@@ -248,9 +248,9 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         if serving:
             return gated(None, "no smoke levels configured")
         return AfterPush(None, skipped="no smoke levels configured", host=host.name)
-    beat = deploy.test_hooks().get("smoke_heartbeat_s")
-    if beat:  # TEST HOOK: the host program's keep-alive interval (20 s by default), to see one quickly
-        plan = replace(plan, request={**plan.request, "heartbeat_s": float(beat)})
+    beat = hooks.smoke_heartbeat_s()
+    if beat:  # base/hooks.py: a test's keep-alive interval (20 s by default), to see one quickly
+        plan = replace(plan, request={**plan.request, "heartbeat_s": beat})
     try:
         report = smoke_run.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress,
                                    heartbeat=heartbeat)
