@@ -53,6 +53,7 @@ def test_code_values_are_unique_slugs():
 
 PACKAGE = Path(codes.__file__).resolve().parents[1]
 #: The stdlib-only host programs cannot import codes.py: they write the literals (checked above).
+#: (At the package's top level, or in its hostprog/ room once branch hostprog is merged.)
 HOST_PROGRAMS = {"agent.py", "smoke_agent.py", "serve_agent.py", "tune_agent.py", "image_apply.py"}
 #: Branch hostprog owns how transport ships the host programs (HostProgram, ProgramSession and the
 #: AGENT constant); their literals move into codes.py there. Drop this once that branch is merged.
@@ -133,7 +134,7 @@ def test_no_code_literal_outside_codes_py():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if path.name in HOST_PROGRAMS or rel == "base/codes.py" or rel.startswith("_data/"):
+        if path.name in HOST_PROGRAMS or rel == "base/codes.py" or rel.startswith(("_data/", "hostprog/")):
             continue
         skip = {name for file, name in NOT_YET if file == rel}
         found += [f"{rel}:{line}: {value!r}" for line, value in code_literals(path.read_text(encoding="utf-8"), skip)]
