@@ -72,14 +72,14 @@ def pull(
     # The host's modules load only for this sub-command (``snapshot release`` needs none).
     from ddtree_deploy.base.codes import Code
     from ddtree_deploy.base.errors import BadInput, DeployError
-    from ddtree_deploy.fleets.rollout import series_chooser
     from ddtree_deploy.release.snapshot import snapshot_from_files
     from ddtree_deploy.remote.transport import transport_for
     from ddtree_deploy.session import deploy
+    from ddtree_deploy.session.desired import Want
     from ddtree_deploy.settings.inventory import load_host
 
     h = load_host(host)
-    paths, _choose, _forced = series_chooser(family)
+    paths = Want(family).paths
     err.print(f"[dim]{safe(h.name)}:[/] reading {len(paths)} file(s)")
     facts, files = deploy.pull(h, transport_for(h, trust_new_host=trust_new_host), paths)
     patched = deploy.patched_paths(facts, files)

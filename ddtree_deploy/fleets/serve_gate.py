@@ -12,7 +12,7 @@ end of a deploy, not the files on disk.
   under the rollback's lock.
 - ``ensure_serving``: a push with nothing to switch still ends with the deployed files
   serving: a server older than them (or not healthy) is restarted.
-- ``serving_check`` / ``look``: what ``status`` shows of the serving processes (judged by
+- ``serving_of`` / ``look``: what ``status`` shows of the serving processes (judged by
   content where the host's history can tell: ``serve_plan.loaded_now``).
 
 Calls go down: rollout -> serve_gate -> deploy, serve_run -> transport.
