@@ -16,7 +16,9 @@ Each command is one agent session over one connection (see transport.AgentSessio
     pull:      [init, facts+content]                                         1 round trip
 
 The caller gives a ``desire`` function that turns the host's facts (SGLang version)
-into a ``Desired`` (family choice, release snapshot, series check, all on this side).
+into a ``Desired`` (family choice, release snapshot, series check, all on this side):
+the rollout passes ``desired.Want.resolve``, settled before the session opens, so the
+call goes to this room's ``desired``, never back up into the rollout.
 It runs on the first, unlocked read: a release wheel it downloads, or a check it runs,
 never holds the host's deploy lock. The locked read must then show the same install
 (version, package root), the plan is made from it, and the agent re-checks every hash
