@@ -4,7 +4,7 @@ inventory, the demo's tiny model configs) into the wheel.
 The checkout keeps one copy of each at the top level (patches/, payload/,
 snapshot/*/MANIFEST.json), where the CLI reads them when run from a checkout.
 A built wheel gets a copy under ddtree_deploy/_data/, found by
-ddtree_deploy.locations when the package is installed anywhere else. Copying at
+ddtree_deploy.base.locations when the package is installed anywhere else. Copying at
 build time (not symlinks into the package, which wheels do not keep) means the
 wheel holds plain files; MANIFEST.in puts the same files into the sdist.
 """

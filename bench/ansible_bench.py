@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.sandbox import SSHServer
-from ddtree_deploy.series import load_family
 
 REPO = Path(__file__).resolve().parent.parent
 

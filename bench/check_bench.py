@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ddtree_deploy import releases
-from ddtree_deploy.check import check_series
-from ddtree_deploy.errors import BadInput
-from ddtree_deploy.series import families, load_family, pick_family
-from ddtree_deploy.snapshot import snapshot_from_release
+from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.engine.check import check_series
+from ddtree_deploy.engine.series import families, load_family, pick_family
+from ddtree_deploy.release import releases
+from ddtree_deploy.release.snapshot import snapshot_from_release
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION = "0.5.12.post1"

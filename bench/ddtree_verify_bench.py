@@ -166,11 +166,11 @@ def _v2_main() -> None:
 
 def main() -> None:
     _v2_main()
-    from ddtree_deploy import releases
-    from ddtree_deploy.check import check_series
-    from ddtree_deploy.locations import cache_dir, repo_dir
+    from ddtree_deploy.base.locations import cache_dir, repo_dir
+    from ddtree_deploy.engine.check import check_series
+    from ddtree_deploy.engine.series import load_family
+    from ddtree_deploy.release import releases
     from ddtree_deploy.sandbox import make_host_env
-    from ddtree_deploy.series import load_family
 
     wheels = sorted((cache_dir() / "wheels").glob("sglang-0.5.12.post1-*.whl"))
     if not wheels:

@@ -30,12 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from ddtree_deploy import rollout
-from ddtree_deploy.desired import desired_for
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.fleets import rollout
+from ddtree_deploy.remote.transport import transport_for
 from ddtree_deploy.sandbox import SSHServer
-from ddtree_deploy.series import load_family
-from ddtree_deploy.transport import transport_for
+from ddtree_deploy.session.desired import desired_for
 
 REPO = Path(__file__).resolve().parent.parent
 # The tests' small real series (data, read from the checkout like patches/).

@@ -22,10 +22,10 @@ import statistics
 import time
 from pathlib import Path
 
-from ddtree_deploy import releases
-from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.matrix_run import run_matrix, select_releases
-from ddtree_deploy.series import load_family
+from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.release import releases
+from ddtree_deploy.release.matrix_run import run_matrix, select_releases
 
 REPO = Path(__file__).resolve().parent.parent
 FROM, TO = "0.5.11", "0.5.23"

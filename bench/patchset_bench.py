@@ -42,10 +42,10 @@ import zipfile
 from collections import Counter
 from pathlib import Path
 
-from ddtree_deploy.locations import REPO_ROOT, cache_dir
-from ddtree_deploy.patch_apply import apply_file_patch
-from ddtree_deploy.patch_parse import parse_patch
-from ddtree_deploy.patch_verify import verify_round_trip
+from ddtree_deploy.base.locations import REPO_ROOT, cache_dir
+from ddtree_deploy.engine.patch_apply import apply_file_patch
+from ddtree_deploy.engine.patch_parse import parse_patch
+from ddtree_deploy.engine.patch_verify import verify_round_trip
 
 RELEASE = "0.5.12.post1"
 FAMILY = REPO_ROOT / "patches" / "sglang-0.5.12"

@@ -35,14 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from ddtree_deploy import deploy
-from ddtree_deploy.desired import desired_for
-from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.locations import cache_dir
+from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.locations import cache_dir
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.remote.transport import SSHTransport
 from ddtree_deploy.sandbox import SSHServer
-from ddtree_deploy.series import load_family
-from ddtree_deploy.transport import SSHTransport
+from ddtree_deploy.session import deploy
+from ddtree_deploy.session.desired import desired_for
+from ddtree_deploy.settings.inventory import load_host
 
 REPO = Path(__file__).resolve().parent.parent
 

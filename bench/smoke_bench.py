@@ -26,8 +26,8 @@ import time
 import zipfile
 from pathlib import Path
 
-from ddtree_deploy import releases
 from ddtree_deploy.hostprog import smoke as smoke_agent
+from ddtree_deploy.release import releases
 from ddtree_testkit import STANDIN_SERVER
 
 AGENT = Path(smoke_agent.__file__)

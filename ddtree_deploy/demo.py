@@ -41,9 +41,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddtree_deploy import releases
-from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.locations import PACKAGE_DATA, REPO_ROOT, in_checkout
+from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.locations import PACKAGE_DATA, REPO_ROOT, in_checkout
+from ddtree_deploy.release import releases
 from ddtree_deploy.sandbox import SSHServer, make_host_env
 
 # Tiny model CONFIGS (no weights): enough for the cli level's validation.
@@ -94,8 +94,8 @@ def choose(listed, infos, requested: str | None = None) -> Choice:
     release in ``listed`` (PyPI's listing) that a family covers, counting only what a host
     would install (a wheel, not yanked, no pre-release: as ``matrix`` counts them); a newer
     release no family covers yet is named on screen, never deployed."""
-    from ddtree_deploy.matrix_run import select_releases
-    from ddtree_deploy.series import pick_family
+    from ddtree_deploy.engine.series import pick_family
+    from ddtree_deploy.release.matrix_run import select_releases
 
     infos = list(infos)
     if requested is not None:
@@ -125,8 +125,8 @@ def choose(listed, infos, requested: str | None = None) -> Choice:
 def choose_release(requested: str | None) -> Choice:
     """:func:`choose` over PyPI's listing (the cached one when PyPI does not answer, so the
     demo runs offline after its first run); no listing at all with ``--release``."""
-    from ddtree_deploy.matrix_run import list_sglang_releases
-    from ddtree_deploy.series import require_families
+    from ddtree_deploy.engine.series import require_families
+    from ddtree_deploy.release.matrix_run import list_sglang_releases
 
     listed = [] if requested is not None else list_sglang_releases(offline=False, warn=say)
     return choose(listed, require_families(), requested)
@@ -138,7 +138,7 @@ def smoke_table(choice: Choice) -> str:
     ``--device cuda``, which builds ServerArgs without a GPU)."""
     import json
 
-    from ddtree_deploy.smoke_settings import FAMILY_SMOKE_DEFAULT
+    from ddtree_deploy.settings.smoke_settings import FAMILY_SMOKE_DEFAULT
 
     family_smoke = choice.family.smoke or FAMILY_SMOKE_DEFAULT
     exclude = json.dumps(list(NO_CUDA.get(choice.family.name, ())))

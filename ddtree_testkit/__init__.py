@@ -18,7 +18,7 @@ ships.
 
 Payload modules are SGLang drop-ins (installed as sglang/srt/speculative/<name>.py on a
 host), so on this machine they are imported as top-level modules from the payload folder
-that ddtree_deploy.locations names (the checkout's payload/, or DDTREE_DEPLOY_PAYLOAD):
+that ddtree_deploy.base.locations names (the checkout's payload/, or DDTREE_DEPLOY_PAYLOAD):
 one place decides where that folder is, nothing hard-codes a path. A top-level
 ``ddtree_utils`` can never shadow a real ``sglang``.
 """
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from ddtree_deploy.locations import repo_dir
+from ddtree_deploy.base.locations import repo_dir
 
 # Scripts a sandbox host's Python runs by path (stdlib only: the host has no ddtree_testkit).
 STANDIN_SERVER = Path(__file__).resolve().with_name("standin_server.py")

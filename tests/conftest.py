@@ -2,7 +2,7 @@
 
     release_version   "0.5.12.post1", the baseline release the series is made against
     release_wheel     Path of its cached wheel, verified against PyPI's sha256
-                      (downloaded once through ddtree_deploy.releases; offline after)
+                      (downloaded once through ddtree_deploy.release.releases; offline after)
     release_tree      a read-only folder holding the release's package files
                       (the folder that contains sglang/, like site-packages)
     data_dir          tests/data
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import releases
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.release import releases
 
 BASELINE_RELEASE = "0.5.12.post1"
 DATA = Path(__file__).resolve().parent / "data"

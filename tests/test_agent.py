@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_deploy.base.digests import sha256
 from ddtree_deploy.hostprog.fileops import TMP_TAG
 from ddtree_deploy.hostprog.wire import boot_id, process_start
-from ddtree_deploy.deploy import _apply_push
-from ddtree_deploy.inventory import Host
-from ddtree_deploy.digests import sha256
-from ddtree_deploy.plan import Desired, Target, plan_push
-from ddtree_deploy.transport import AgentSession, LocalTransport, agent_argv, agent_source
+from ddtree_deploy.remote.transport import AgentSession, LocalTransport, agent_argv, agent_source
+from ddtree_deploy.session.deploy import _apply_push
+from ddtree_deploy.session.plan import Desired, Target, plan_push
+from ddtree_deploy.settings.inventory import Host
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import make_python_env  # noqa: E402
@@ -400,7 +400,7 @@ def test_a_running_tune_refuses_the_deploy_lock_and_a_dead_one_does_not(env):
 
 
 def test_the_client_names_a_running_tune_not_a_deploy_lock():
-    from ddtree_deploy.deploy import _locked_error
+    from ddtree_deploy.session.deploy import _locked_error
 
     host = Host(name="gpu1", python="/usr/bin/python3", ssh=None, state_dir="/tmp/s")
     err = _locked_error(host, {"ok": False, "code": "locked", "holder": {
@@ -417,9 +417,9 @@ def test_every_host_program_runs_shipped_whole_with_the_stdlib_alone(tmp_path):
     import sys
     import time
 
-    from ddtree_deploy.smoke_run import SMOKE_PROGRAM
-    from ddtree_deploy.transport import AGENT, ProgramSession
-    from ddtree_deploy.tune_run import TUNE_PROGRAM
+    from ddtree_deploy.remote.transport import AGENT, ProgramSession
+    from ddtree_deploy.smoke.smoke_run import SMOKE_PROGRAM
+    from ddtree_deploy.tuning.tune_run import TUNE_PROGRAM
 
     bare = tmp_path / "python"
     bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "$@"\n')

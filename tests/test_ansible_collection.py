@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SSHServer  # noqa: E402
 
-from ddtree_deploy.series import AddEntry, PatchEntry, load_family  # noqa: E402
+from ddtree_deploy.engine.series import AddEntry, PatchEntry, load_family  # noqa: E402
 
 BIN = Path(sys.executable).parent
 FAMILY = REPO / "patches" / "sglang-0.5.12"
@@ -40,14 +40,14 @@ def _ansible_or_skip():
 
 def test_mapping_has_one_source():
     """The collection carries a byte-identical copy of the toolkit's mapping (one source)."""
-    a = (REPO / "ddtree_deploy" / "ansible_map.py").read_bytes()
+    a = (REPO / "ddtree_deploy" / "interop" / "ansible_map.py").read_bytes()
     b = (REPO / "ansible" / "ddtree" / "plugins" / "plugin_utils" / "hostmap.py").read_bytes()
-    assert a == b, "cp ddtree_deploy/ansible_map.py ansible/ddtree/plugins/plugin_utils/hostmap.py"
+    assert a == b, "cp ddtree_deploy/interop/ansible_map.py ansible/ddtree/plugins/plugin_utils/hostmap.py"
 
 
 def test_mapping_values():
-    from ddtree_deploy.ansible_map import MappingError, host_toml
-    from ddtree_deploy.inventory import parse_host
+    from ddtree_deploy.interop.ansible_map import MappingError, host_toml
+    from ddtree_deploy.settings.inventory import parse_host
 
     v = {"ansible_host": "10.0.0.5", "ansible_user": "ops", "ansible_port": "2222",
          "ansible_ssh_private_key_file": "~/.ssh/k", "ddtree_python": "/opt/v/bin/python",
@@ -65,7 +65,7 @@ def test_mapping_values():
         host_toml("x", {"ddtree_python": "/p", "ansible_ssh_common_args": "-o ProxyCommand='nc %h %p'"}.get)
     with pytest.raises(MappingError, match="ddtree_python is not set"):
         host_toml("x", {}.get)
-    from ddtree_deploy.serve_settings import parse_serve
+    from ddtree_deploy.settings.serve_settings import parse_serve
 
     serve = {"restart": ["sudo", "-n", "systemctl", "restart", "sglang"], "url": "http://127.0.0.1:30000",
              "ready_timeout_s": 300, "proof": "width"}

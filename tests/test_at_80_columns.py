@@ -95,8 +95,8 @@ def _plain_env(tmp_path) -> dict:
 @pytest.mark.parametrize("release, family", [("0.5.12.post1", "sglang-0.5.12"), ("0.5.23", "sglang-0.5.20")])
 def test_the_check_table_never_folds_a_name_at_80_columns(release, family, tmp_path):
     """The table does not fit 80 columns: its narrow form gives each entry and file whole."""
+    from ddtree_deploy.engine.series import load_family
     from ddtree_deploy.sandbox import release_wheel
-    from ddtree_deploy.series import load_family
 
     release_wheel(release)
     done = run80(_plain_env(tmp_path), "check", "--release", release)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import check as C
-from ddtree_deploy.errors import BadInput
-from ddtree_deploy.patch_apply import HunkStatus
-from ddtree_deploy.series import PatchEntry, load_family
+from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.engine import check as C
+from ddtree_deploy.engine.patch_apply import HunkStatus
+from ddtree_deploy.engine.series import PatchEntry, load_family
 
 SPEC = "sglang/srt/speculative/spec_info.py"
 ARGS = "sglang/srt/server_args.py"
@@ -199,7 +199,7 @@ def test_a_placement_that_does_not_reverse_fails_the_check_naming_the_hunk(serie
     the engine's verdict, and name the hunk; later entries on that file are skipped."""
     import dataclasses
 
-    from ddtree_deploy import patch_apply
+    from ddtree_deploy.engine import patch_apply
 
     real = patch_apply.apply_file_patch
 

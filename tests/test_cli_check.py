@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy import snapshot as SN
 from ddtree_deploy.cli import app
-from ddtree_deploy.series import load_family
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.release import snapshot as SN
 
 VERSION = "0.5.12.post1"
 SNAP = f"sglang-{VERSION}"
@@ -289,13 +289,13 @@ def _symlinked_entry(env: Path) -> None:
 
 
 def _long_line(env: Path) -> None:
-    from ddtree_deploy.patch_parse import MAX_LINE_BYTES
+    from ddtree_deploy.engine.patch_parse import MAX_LINE_BYTES
 
     _edit(_family(env) / P1, "+    DDTREE_TEST = auto()\n", "+    DDTREE_TEST = auto()  # " + "x" * MAX_LINE_BYTES + "\n")
 
 
 def _many_hunks(env: Path) -> None:
-    from ddtree_deploy.patch_parse import MAX_HUNKS
+    from ddtree_deploy.engine.patch_parse import MAX_HUNKS
 
     hunks = "".join(f"@@ -{3 * k + 1} +{3 * k + 1} @@\n-a\n+b\n" for k in range(MAX_HUNKS + 1))
     path = "sglang/srt/speculative/spec_info.py"

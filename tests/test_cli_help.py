@@ -54,8 +54,8 @@ def test_port_and_series_refresh_live_in_their_own_module():
 
 def test_check_cmd_partly_matches_the_checker():
     # check_cmd keeps its own copy so `--help` need not import the checker.
-    from ddtree_deploy import check
     from ddtree_deploy.cli import check_cmd
+    from ddtree_deploy.engine import check
 
     assert check_cmd.PARTLY == check.PARTLY
 
@@ -131,8 +131,8 @@ def test_a_lock_command_does_not_import_the_checker_smoke_or_tuner(tmp_path):
                           env=dict(os.environ, COLUMNS="100"))
     loaded = done.stdout.strip().splitlines()[-1]
     assert "ddtree_deploy.cli.lock_cmd" in loaded
-    for heavy in ("ddtree_deploy.check'", "ddtree_deploy.smoke_plan'", "ddtree_deploy.smoke_run'",
-                  "ddtree_deploy.tune'", "ddtree_deploy.patch_parse'", "ddtree_deploy.patch_apply'"):
+    for heavy in ("ddtree_deploy.engine.check'", "ddtree_deploy.smoke.smoke_plan'", "ddtree_deploy.smoke.smoke_run'",
+                  "ddtree_deploy.tuning.tune'", "ddtree_deploy.engine.patch_parse'", "ddtree_deploy.engine.patch_apply'"):
         assert heavy not in loaded, loaded
 
 

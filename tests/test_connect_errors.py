@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.errors import DeployError
-from ddtree_deploy.inventory import Host, SSHTarget
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.remote.transport import AgentSession, SSHTransport
 from ddtree_deploy.sandbox import SSHServer
 from ddtree_deploy.sandbox.sshd import free_port
-from ddtree_deploy.smoke_plan import SmokePlan
-from ddtree_deploy.smoke_run import run_on_host
-from ddtree_deploy.transport import AgentSession, SSHTransport
+from ddtree_deploy.settings.inventory import Host, SSHTarget
+from ddtree_deploy.smoke.smoke_plan import SmokePlan
+from ddtree_deploy.smoke.smoke_run import run_on_host
 
 SOURCE = "hosts/box.toml"
 
@@ -105,7 +105,7 @@ def test_auth_failure(sshd, tmp_path):
 
 def _inventory(sshd, tmp_path, **ssh) -> Host:
     """A real inventory file (the messages below name its lines), loaded as the CLI does."""
-    from ddtree_deploy.inventory import load_host
+    from ddtree_deploy.settings.inventory import load_host
 
     keys = dict(host="127.0.0.1", user=sshd.user, port=sshd.port, identity_file=str(sshd.identity),
                 known_hosts=str(sshd.known_hosts), ssh_config=str(sshd.ssh_config), connect_timeout=5)
@@ -241,7 +241,7 @@ def test_no_such_interpreter_on_the_host(sshd, program):
 
 
 def test_no_such_interpreter_here_with_the_local_transport(tmp_path):
-    from ddtree_deploy.transport import LocalTransport
+    from ddtree_deploy.remote.transport import LocalTransport
 
     host = Host(name="here", python=str(tmp_path / "no-python3"), ssh=None, source=SOURCE)
     with pytest.raises(DeployError) as caught:

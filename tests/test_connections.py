@@ -18,8 +18,8 @@ import threading
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy import transport
 from ddtree_deploy.cli import app
+from ddtree_deploy.remote import transport
 from sshd_host import DEPLOY_SERIES, SPEC, UTILS, sshd  # noqa: F401  (shared fixtures)
 
 pytestmark = pytest.mark.sshd

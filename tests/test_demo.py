@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from ddtree_deploy import demo, releases
-from ddtree_deploy.errors import BadInput
-from ddtree_deploy.releases import Release, ReleaseFile
-from ddtree_deploy.series import families
+from ddtree_deploy import demo
+from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.engine.series import families
+from ddtree_deploy.release import releases
+from ddtree_deploy.release.releases import Release, ReleaseFile
 
 REPO = Path(__file__).resolve().parent.parent
 

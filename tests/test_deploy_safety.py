@@ -24,13 +24,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy import deploy
+from ddtree_deploy.base import hooks
+from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.cli import app
-from ddtree_deploy.desired import desired_for
-from ddtree_deploy.errors import DeployError
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.series import load_family
-from ddtree_deploy.transport import AgentSession, SSHTransport
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.remote.transport import AgentSession, SSHTransport
+from ddtree_deploy.session import deploy
+from ddtree_deploy.session.desired import desired_for
+from ddtree_deploy.settings.inventory import load_host
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SSHServer, make_python_env  # noqa: E402
@@ -57,7 +58,7 @@ def series():
 @pytest.fixture
 def env(monkeypatch, tmp_path):
     monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
-    monkeypatch.delenv(deploy.TEST_HOOKS_ENV, raising=False)
+    monkeypatch.delenv(hooks.TEST_HOOKS_ENV, raising=False)
 
 
 def new_host(sshd, tmp_path, name="h", **keys):
@@ -122,10 +123,10 @@ def test_enospc_during_the_switch_switches_back(sshd, tmp_path, env, series, mon
     umount = mount_tmpfs(folder, "8m")
     try:
         before = files(h)
-        monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"fill_after_staging": [str(folder), 16384]}))
+        monkeypatch.setenv(hooks.TEST_HOOKS_ENV, json.dumps({"fill_after_staging": [str(folder), 16384]}))
         with pytest.raises(DeployError) as e:
             push(host, series)
-        monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+        monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
         msg = e.value.message
         assert e.value.code == "failed-unchanged" and "host unchanged" in msg and "ENOSPC" in msg, msg
         assert "dflash_utils.py" in msg and "1 file(s) already switched were switched back" in msg, msg
@@ -146,10 +147,10 @@ def test_journal_write_failing_after_the_switch_switches_back(sshd, tmp_path, en
     umount = mount_tmpfs(h.state_dir, "8m")
     try:
         before = files(h)
-        monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"fill_after_staging": [str(h.state_dir), 0]}))
+        monkeypatch.setenv(hooks.TEST_HOOKS_ENV, json.dumps({"fill_after_staging": [str(h.state_dir), 0]}))
         with pytest.raises(DeployError) as e:
             push(host, series)
-        monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+        monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
         msg = e.value.message
         assert e.value.code == "failed-unchanged" and "journal failed, host unchanged" in msg and "ENOSPC" in msg, msg
         # The journal named, not our temporary copy of it (nor the step twice).
@@ -221,10 +222,10 @@ def test_a_run_killed_after_its_last_rename_leaves_nothing_after_the_rerun(sshd,
     version's blocks) and staging/<run>/. Every run sweeps under the lock it takes, in every
     folder its state names."""
     h, host = new_host(sshd, tmp_path)
-    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": len(TARGETS)}))
+    monkeypatch.setenv(hooks.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": len(TARGETS)}))
     with pytest.raises(DeployError, match="agent stopped during apply"):
         push(host, series)
-    monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+    monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
     left = temp_files(h.site)
     assert left and all(".ddtree-tmp-prev-" in p.name for p in left), left
     assert any((h.state_dir / "staging").iterdir())
@@ -299,13 +300,13 @@ def test_pycache_of_another_user_is_refused_for_an_unprivileged_agent(sshd, env,
 
 
 def test_killed_after_the_last_rename_rerun_runs_the_smoke_then_deploys(sshd, tmp_path, env, series, monkeypatch):
-    from ddtree_deploy import rollout
+    from ddtree_deploy.fleets import rollout
 
     h, host = new_host(sshd, tmp_path)
-    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": 3}))
+    monkeypatch.setenv(hooks.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": 3}))
     with pytest.raises(DeployError, match="agent stopped during apply"):
         push(host, series, smoke=True)
-    monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+    monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
     killed = journal(h)
     assert killed["phase"] == "switching"
     patched = files(h)
@@ -320,10 +321,10 @@ def test_killed_after_the_last_rename_rerun_runs_the_smoke_then_deploys(sshd, tm
     assert results and results[0].report is not None and results[0].ok and results[0].marked
     assert journal(h)["phase"] == "deployed" and journal(h)["run_id"] == killed["run_id"] and files(h) == patched
 
-    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": 3}))
+    monkeypatch.setenv(hooks.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": 3}))
     with pytest.raises(DeployError, match="agent stopped during apply"):
         rollback(host)
-    monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+    monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
     assert journal(h)["phase"] == "switching"
     again = rollback(host)
     assert journal(h)["phase"] == "rolled-back" and "completed" in again.summary, again.summary
@@ -469,7 +470,7 @@ n = int(sys.argv[-1]) if sys.argv[-1].isdigit() else 0
 
 
 def test_replies_are_bounded_and_read_in_linear_time(sshd, tmp_path, env):
-    from ddtree_deploy.transport import ReplyError
+    from ddtree_deploy.remote.transport import ReplyError
 
     big = _program_host(sshd, tmp_path, "big", FLOOD + """
 out.write(b'{"ok": true, "pad": "' + b"a" * (32 << 20) + b'"}\\n'); out.flush(); b.read()
@@ -503,7 +504,9 @@ def test_status_reports_a_symlinked_target_instead_of_giving_up(sshd, tmp_path, 
     real.write_bytes(h.read(UTILS))
     h.file(UTILS).unlink()
     h.file(UTILS).symlink_to(real)
-    doc = deploy.status(host, SSHTransport(host), TARGETS, lambda f: desired_for(series, host.name, f))
+    with deploy.reading(host, SSHTransport(host), TARGETS) as read:
+        pass
+    doc = deploy.describe(host.name, read.facts, desired_for(series, host.name, read.facts))
     states = {f["path"]: f for f in doc["files"]}
     assert states[UTILS]["state"] == "unsafe" and "symlink" in states[UTILS]["detail"]
     assert states[SPEC]["state"] == "pristine"
@@ -545,7 +548,7 @@ g['main']()
 
 def test_a_family_named_by_the_host_is_only_looked_up_among_known_families(sshd, tmp_path, env, series):
     """The journal names an absolute folder (with a family in it): the smoke must not load it."""
-    from ddtree_deploy import rollout
+    from ddtree_deploy.fleets import rollout
 
     h, host = new_host(sshd, tmp_path)
     push(host, series)

@@ -22,12 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import deploy, rollout
-from ddtree_deploy.desired import desired_for
-from ddtree_deploy.errors import DeployError
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.series import load_family
-from ddtree_deploy.transport import SSHTransport
+from ddtree_deploy.base import hooks
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.fleets import rollout
+from ddtree_deploy.remote.transport import SSHTransport
+from ddtree_deploy.session import deploy
+from ddtree_deploy.session.desired import desired_for
+from ddtree_deploy.settings.inventory import load_host
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SSHServer  # noqa: E402
@@ -93,7 +95,9 @@ def check_explained(w, patched: dict) -> dict:
     """Every file wholly pristine or wholly patched, and status says so, with a phase."""
     for path, data in files(w).items():
         assert data in (w["pristine"][path], patched[path]), f"{path} is neither pristine nor patched"
-    doc = deploy.status(w["direct"], SSHTransport(w["direct"]), TARGETS, desire(w))
+    with deploy.reading(w["direct"], SSHTransport(w["direct"]), TARGETS) as read:
+        pass
+    doc = deploy.describe(w["direct"].name, read.facts, desire(w)(read.facts))
     states = {f["path"]: f["state"] for f in doc["files"] if f["path"] in TARGETS}
     assert set(states) == set(TARGETS) and set(states.values()) <= {"pristine", "patched"}, states
     assert doc["explanation"]
@@ -172,10 +176,10 @@ def test_agent_killed_mid_switch_then_rerun_completes(world, monkeypatch, comman
     patched = files(w)
     if command == "push":
         run(w, "rollback")
-    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps(hook))
+    monkeypatch.setenv(hooks.TEST_HOOKS_ENV, json.dumps(hook))
     with pytest.raises(DeployError, match="agent stopped during apply"):
         run(w, command)
-    monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+    monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
     doc = check_explained(w, patched)
     if "exit_after_renames" in hook:
         assert doc["phase"] == "switching" and f"rerun `{command}`" in doc["explanation"]
@@ -194,10 +198,10 @@ def test_agent_killed_mid_switch_then_rerun_completes(world, monkeypatch, comman
 
 def test_rollback_after_an_interrupted_push(world, monkeypatch):
     w = world
-    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": 2}))
+    monkeypatch.setenv(hooks.TEST_HOOKS_ENV, json.dumps({"exit_after_renames": 2}))
     with pytest.raises(DeployError):
         run(w, "push")
-    monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+    monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
     assert files(w) != w["pristine"]
     outcome = run(w, "rollback")
     assert outcome.changed and files(w) == w["pristine"]

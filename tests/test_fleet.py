@@ -10,15 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.deploy import Outcome
-from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.fleet import (FleetReport, HostResult, Kind, Schedule, outcome_of_error, push_policy, select,
-                                 spread_policy)
-from ddtree_deploy.plan import FileState, FileStep, Plan
-from ddtree_deploy.rollout import AfterPush, push_detail, push_kind, rollback_kind
-from ddtree_deploy.smoke_report import LevelResult, SmokeReport
-from ddtree_deploy.fleet_run import run_fleet
-from ddtree_deploy.inventory import load_groups, load_host, parse_groups
+from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.fleets.fleet import (
+    FleetReport,
+    HostResult,
+    Kind,
+    Schedule,
+    outcome_of_error,
+    push_policy,
+    select,
+    spread_policy,
+)
+from ddtree_deploy.fleets.fleet_run import run_fleet
+from ddtree_deploy.fleets.rollout import AfterPush, push_detail, push_kind, rollback_kind
+from ddtree_deploy.session.deploy import Outcome
+from ddtree_deploy.session.plan import FileState, FileStep, Plan
+from ddtree_deploy.settings.inventory import load_groups, load_host, parse_groups
+from ddtree_deploy.smoke.smoke_report import LevelResult, SmokeReport
 
 HOSTS = ["a", "b", "c", "d", "e"]
 
@@ -184,7 +192,7 @@ def test_the_fleet_footer_at_80_columns_says_what_happened():
     from rich.console import Console
 
     from ddtree_deploy.cli import fleet_view
-    from ddtree_deploy.fleet import FleetReport, HostResult
+    from ddtree_deploy.fleets.fleet import FleetReport, HostResult
 
     def shown(results, stop):
         console = Console(width=80, record=True, file=open(os.devnull, "w"))
@@ -387,8 +395,8 @@ def test_runner_parallel_limit_isolation_and_skips():
 
 
 def test_check_once_shares_the_check_between_hosts_of_one_version(tmp_path, monkeypatch):
-    from ddtree_deploy.fleet_run import CheckOnce
-    from ddtree_deploy.series import load_family
+    from ddtree_deploy.engine.series import load_family
+    from ddtree_deploy.session.desired import CheckOnce
 
     monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path))
     family = Path(__file__).parent / "data" / "deploy_series" / "patches" / "sglang-0.5.12"

@@ -22,8 +22,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ddtree_deploy.cli import app
-from ddtree_deploy.fleet import Kind
-from ddtree_deploy.rollout import EventKind
+from ddtree_deploy.fleets.fleet import Kind
+from ddtree_deploy.fleets.rollout import EventKind
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SandboxHost as TestHost, SSHServer, free_port  # noqa: E402
@@ -259,8 +259,8 @@ def test_max_failures_and_a_held_lock(fleet, oracle):
 def test_two_fleet_pushes_over_overlapping_hosts_push_each_host_once(fleet, oracle, release_wheel):
     """Two CLI processes at once: A on h0..h3, B on h2..h5 (canaries h0 and h5). Each host is
     pushed by exactly one of them; the other finds it locked or already deployed."""
-    from ddtree_deploy.series import load_family
-    from ddtree_deploy.snapshot import fresh_release_snapshot
+    from ddtree_deploy.engine.series import load_family
+    from ddtree_deploy.release.snapshot import fresh_release_snapshot
 
     _pristine, patched = oracle
     names = [f"h{i}" for i in range(6)]
@@ -320,9 +320,9 @@ def test_rollout_push_without_the_cli_typed_outcomes_and_events(fleet, oracle):
     decided by rollout from typed values (the drift error keeps its exception and hint);
     events come per host STARTED, STEPs, FINISHED, and the canary finishes before the
     other host starts."""
-    from ddtree_deploy import rollout
-    from ddtree_deploy.codes import Code
-    from ddtree_deploy.transport import transport_for
+    from ddtree_deploy.base.codes import Code
+    from ddtree_deploy.fleets import rollout
+    from ddtree_deploy.remote.transport import transport_for
 
     pristine, patched = oracle
     fleet.add("canary", 0)

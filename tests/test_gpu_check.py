@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import releases
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.release import releases
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "gpu_check.py"

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddtree_deploy import releases
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.release import releases
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))

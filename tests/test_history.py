@@ -192,8 +192,8 @@ def test_history_cli_skips_odd_lines_in_text_and_json(host, oracle):
 def test_the_controller_skips_entries_an_old_agent_sends_unchecked(monkeypatch):
     """A STAND-IN at the transport seam: the reply an agent without the check gives (it sends
     every dict line): the controller's reader skips and counts the same entries."""
-    from ddtree_deploy import hostlog
-    from ddtree_deploy.inventory import Host
+    from ddtree_deploy.session import hostlog
+    from ddtree_deploy.settings.inventory import Host
 
     reply = {"ok": True, "entries": [{"event": "push", "run_id": "r1"}, {"event": ["x"]}, {"event": "x", "files": 3}],
              "total": 3, "unreadable": 1}

@@ -101,7 +101,7 @@ def test_the_check_catches_every_way_to_import_from_outside():
         "importlib.import_module('paramiko')\n"
     )
     assert outside_imports(text, {"ddtree_deploy.hostprog.wire"}, "m") == [
-        "m:4: requests", "m:6: yaml", "m:8: ddtree_deploy.deploy", "m:9: a relative import", "m:11: paramiko"]
+        "m:4: requests", "m:6: yaml", "m:8: ddtree_deploy.session.deploy", "m:9: a relative import", "m:11: paramiko"]
 
 
 def test_the_smoke_programs_child_scripts_are_checked():
@@ -135,8 +135,8 @@ def test_the_bundler_refuses_what_cannot_ship():
     with pytest.raises(bundle.BundleError, match="relative import"):
         bundle.package_imports("m", "from . import wire\n")
     assert bundle.package_imports("m", "import os\nfrom ddtree_deploy.hostprog import wire, smoke\n"
-                                       "from ddtree_deploy.codes import Code\n") == [
-        "ddtree_deploy.hostprog.wire", "ddtree_deploy.hostprog.smoke", "ddtree_deploy.codes"]
+                                       "from ddtree_deploy.base.codes import Code\n") == [
+        "ddtree_deploy.hostprog.wire", "ddtree_deploy.hostprog.smoke", "ddtree_deploy.base.codes"]
 
 
 # ---------------------------------------------------------------- run where the package cannot be imported
@@ -171,7 +171,7 @@ def test_each_bundle_runs_where_ddtree_deploy_cannot_be_imported(name, python, t
     """Shipped the way a session ships it (BOOTSTRAP, the length-prefixed source on stdin),
     to ``python -S -I``: no site-packages, no PYTHONPATH, so nothing of this checkout can be
     imported; only what the bundle carries runs."""
-    from ddtree_deploy.transport import BOOTSTRAP
+    from ddtree_deploy.remote.transport import BOOTSTRAP
 
     _label, exe = python
     request, status, check = EXCHANGES[name]

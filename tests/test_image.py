@@ -24,8 +24,8 @@ import pytest
 from typer.testing import CliRunner
 
 from ddtree_deploy.cli import app
-from ddtree_deploy.series import load_family
-from ddtree_deploy.transport import agent_source
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.remote.transport import agent_source
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import make_python_env  # noqa: E402
@@ -179,7 +179,7 @@ def test_force_replaces_an_earlier_context(context, tmp_path):
 
 
 def test_builder_argv():
-    from ddtree_deploy.image import build_argv, find_builder
+    from ddtree_deploy.interop.image import build_argv, find_builder
 
     assert find_builder(lambda n: None) is None
     assert find_builder(lambda n: f"/bin/{n}" if n != "docker" else None) == ("podman", "/bin/podman")

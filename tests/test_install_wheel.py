@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import releases
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.release import releases
 
 REPO = Path(__file__).resolve().parent.parent
 RELEASE = "0.5.12.post1"
@@ -106,12 +106,16 @@ def test_the_wheel_carries_families_payload_and_manifests(installed):
     for example in (REPO / "hosts").glob("*.toml"):  # the example inventory
         assert f"ddtree_deploy/_data/examples/hosts/{example.name}" in names
     assert "ddtree_deploy/demo.py" in names and "ddtree_deploy/sandbox/sshd.py" in names
+    # Every module of every room: package discovery (pyproject) finds each room's __init__.py.
+    modules = [f.relative_to(REPO).as_posix() for f in (REPO / "ddtree_deploy").rglob("*.py")]
+    assert "ddtree_deploy/session/deploy.py" in modules
+    assert [m for m in modules if "/_data/" not in m and m not in names] == []
     assert not any(n.startswith(("ddtree_testkit/", "tests/", "bench/")) for n in names), "test support is not shipped"
     assert not any("/files/" in n for n in names), "SGLang's own files are never shipped"
 
 
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
-    where = subprocess.run([str(installed["python"]), "-c", "import ddtree_deploy.locations as l; "
+    where = subprocess.run([str(installed["python"]), "-c", "import ddtree_deploy.base.locations as l; "
                             "print(l.__file__); print(l.in_checkout()); print(l.repo_dir('patches'))"],
                            cwd=installed["cwd"], env=installed["env"], capture_output=True, text=True, check=True)
     module, checkout, patches = where.stdout.split("\n")[:3]

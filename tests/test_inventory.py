@@ -8,11 +8,11 @@ import shlex
 import pytest
 from typer.testing import CliRunner
 
+from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.base.locations import REPO_ROOT
 from ddtree_deploy.cli import app
-from ddtree_deploy.errors import BadInput
-from ddtree_deploy.inventory import DEFAULT_KEEP_BACKUPS, DEFAULT_STATE_DIR, load_host, parse_host
-from ddtree_deploy.locations import REPO_ROOT
-from ddtree_deploy.transport import BOOTSTRAP, agent_argv, remote_command
+from ddtree_deploy.remote.transport import BOOTSTRAP, agent_argv, remote_command
+from ddtree_deploy.settings.inventory import DEFAULT_KEEP_BACKUPS, DEFAULT_STATE_DIR, load_host, parse_host
 
 GOOD = """
 [ssh]
@@ -37,7 +37,7 @@ def test_example_inventory_parses():
 
 def test_example_inventory_smoke_launch_uses_a_tree_mask_backend():
     # Patch 0003 refuses DDTREE with FA3 (SGLang's Hopper default): the example must pick one.
-    from ddtree_deploy.smoke_settings import parse_settings
+    from ddtree_deploy.settings.smoke_settings import parse_settings
 
     host = load_host(str(REPO_ROOT / "hosts" / "ct200.toml"))
     settings = parse_settings(host.smoke, source="hosts/ct200.toml")
@@ -168,7 +168,7 @@ def test_non_finite_and_out_of_range_numbers_are_one_line(key, table, value):
 
 @pytest.mark.parametrize("level", ["smoke.timeout_s", "smoke.launch.ready_timeout_s", "smoke.launch.min_free_gib"])
 def test_smoke_numbers_refuse_inf_and_nan(level):
-    from ddtree_deploy.smoke_settings import parse_settings
+    from ddtree_deploy.settings.smoke_settings import parse_settings
 
     table, leaf = level.rsplit(".", 1)
     for value in ("inf", "nan"):
@@ -195,7 +195,7 @@ def test_files_the_inventory_names_are_bounded_regular_files(key, path, what):
 
 
 def test_a_file_over_its_cap_is_refused(tmp_path):
-    from ddtree_deploy.inventory import MAX_SSH_CONFIG_BYTES
+    from ddtree_deploy.settings.inventory import MAX_SSH_CONFIG_BYTES
 
     big = tmp_path / "config"
     with open(big, "wb") as fh:
@@ -211,7 +211,7 @@ def test_non_utf8_host_file_and_groups_file_are_one_line(tmp_path, monkeypatch):
         load_host("latin", directory=tmp_path)
     assert info.value.message == (f"{tmp_path / 'latin.toml'}: line 3: not valid UTF-8 (byte 0xe9 at column 6); "
                                   "save the file as UTF-8")
-    from ddtree_deploy.inventory import load_groups
+    from ddtree_deploy.settings.inventory import load_groups
 
     with pytest.raises(BadInput, match=r"groups\.toml: line 2: not valid UTF-8 \(byte 0xff at column 3\)"):
         load_groups(tmp_path)

@@ -28,9 +28,9 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from ddtree_deploy import releases
+from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.cli import app
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.release import releases
 
 sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import ENVELOPE_KEYS, check_envelope  # noqa: E402
@@ -424,7 +424,7 @@ def test_an_unexpected_exception_is_one_line_and_one_envelope(monkeypatch):
     """A bug inside a command (injected: hostlog.history raises, a STAND-IN for any defect) is
     exit 1 with code "internal" and one line on stderr; DDTREE_DEPLOY_DEBUG re-raises it (the
     traceback) after the envelope."""
-    from ddtree_deploy import hostlog
+    from ddtree_deploy.session import hostlog
 
     def broken(*_a, **_k):
         raise ValueError("boom: an injected defect\nsecond line")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy.hostprog.wire import boot_id, process_start
 from ddtree_deploy.cli import app
+from ddtree_deploy.hostprog.wire import boot_id, process_start
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SandboxHost as TestHost, SSHServer  # noqa: E402

@@ -22,12 +22,15 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from typer.testing import CliRunner
 
-from ddtree_deploy import releases
-from ddtree_deploy.check import ALREADY, APPLIED, FAILED, PARTLY, SKIPPED, EntryCheck, FileCheck
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.locations import REPO_ROOT
 from ddtree_deploy.cli import app
-from ddtree_deploy.errors import DeployError
-from ddtree_deploy.locations import REPO_ROOT
-from ddtree_deploy.matrix import (
+from ddtree_deploy.engine import patch_write
+from ddtree_deploy.engine.check import ALREADY, APPLIED, FAILED, PARTLY, SKIPPED, EntryCheck, FileCheck
+from ddtree_deploy.engine.patch_apply import HunkResult, HunkStatus, Mismatch
+from ddtree_deploy.engine.series import FamilyInfo, load_family
+from ddtree_deploy.release import releases
+from ddtree_deploy.release.matrix import (
     Cell,
     CellStatus,
     Coverage,
@@ -37,10 +40,8 @@ from ddtree_deploy.matrix import (
     cell_from_entry,
     upper_bound,
 )
-from ddtree_deploy.matrix_run import run_matrix, select_releases
-from ddtree_deploy.patch_apply import HunkResult, HunkStatus, Mismatch
-from ddtree_deploy.release_facts import DFlashWorker, describe, explain_missing, facts_from_names
-from ddtree_deploy.series import FamilyInfo, load_family
+from ddtree_deploy.release.matrix_run import run_matrix, select_releases
+from ddtree_deploy.release.release_facts import DFlashWorker, describe, explain_missing, facts_from_names
 
 DATA = Path(__file__).resolve().parent / "data"
 TEST_FAMILY = DATA / "matrix_family"
@@ -388,7 +389,7 @@ def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_i
     compiles but imports a module that does not exist. Real wheels, real venvs, the real
     smoke program; dflash_worker.py is left out of the import level on CPU because the
     unpatched release cannot import it here either (sgl_kernel is CUDA-only)."""
-    from ddtree_deploy import port
+    from ddtree_deploy.release import port
 
     try:
         releases.ensure_wheel("0.5.12")
@@ -409,7 +410,7 @@ def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_i
     new = old.replace("from enum import", "import ddtree_no_such_module_for_this_test  # noqa\nfrom enum import", 1)
     assert new != old
     (bad / "0099-broken-import.patch").write_text(
-        f"--- a/{spec}\n+++ b/{spec}\n" + "".join(h for _, h in port.diff_hunks(old, new)))
+        f"--- a/{spec}\n+++ b/{spec}\n" + "".join(h for _, h in patch_write.diff_hunks(old, new)))
     with open(bad / "series", "a") as fh:
         fh.write("0099-broken-import.patch\n")
     monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(patches))
@@ -473,7 +474,7 @@ def test_matrix_never_says_ok_offset_for_a_release_that_has_the_change(tmp_path,
     assert "hunk 4 (patch line 71), ambiguous: old lines at line 256, new lines at line 226" in cell.note
     assert new.verdict != "ok" and m.exit_code == 1
     # what the check hands a push: nothing; no hunk is written a second time
-    from ddtree_deploy.check import check_series
+    from ddtree_deploy.engine.check import check_series
     from ddtree_deploy.sandbox import pristine_files
 
     original = pristine_files("0.5.16", [EAGLE])

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from ddtree_deploy.errors import BadInput
+from ddtree_deploy.base.errors import BadInput
 
 EXAMPLES = int(os.environ.get("DDTREE_NEVER_INTERNAL_EXAMPLES", "150"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None,
@@ -130,8 +130,9 @@ def hosts_dir(tmp_path, monkeypatch):
 @SETTINGS
 @given(data=st.data())
 def test_no_inventory_bytes_reach_an_internal_error(data, paths, hosts_dir):
-    from ddtree_deploy import rollout, smoke_plan
-    from ddtree_deploy.transport import SSHTransport
+    from ddtree_deploy.fleets import rollout
+    from ddtree_deploy.remote.transport import SSHTransport
+    from ddtree_deploy.smoke import smoke_plan
 
     host_bytes = data.draw(inventory_bytes(paths), label="hosts/h.toml")
     (hosts_dir / "h.toml").write_bytes(host_bytes)
@@ -187,9 +188,9 @@ def history_line(draw):
 @SETTINGS
 @given(lines=st.lists(history_line(), max_size=8))
 def test_no_history_line_reaches_an_internal_error(lines, tmp_path_factory, monkeypatch):
-    from ddtree_deploy import hostlog
-    from ddtree_deploy.hostprog.agent import Agent
     from ddtree_deploy.cli import app
+    from ddtree_deploy.hostprog.agent import Agent
+    from ddtree_deploy.session import hostlog
 
     tmp = tmp_path_factory.mktemp("history")
     state = tmp / "state"

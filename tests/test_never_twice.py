@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.patch_apply import HunkStatus, apply_file_patch
-from ddtree_deploy.patch_parse import FilePatch, parse_patch
+from ddtree_deploy.engine.patch_apply import HunkStatus, apply_file_patch
+from ddtree_deploy.engine.patch_parse import FilePatch, parse_patch
 from ddtree_deploy.sandbox import pristine_files
 
 EAGLE = "sglang/srt/speculative/eagle_utils.py"

@@ -15,7 +15,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ddtree_deploy import next_step
+import ddtree_deploy
+from ddtree_deploy.base import next_step
 from ddtree_deploy.cli import app
 
 TEXTS = {
@@ -93,7 +94,7 @@ def test_no_command_text_is_written_outside_next_step():
     """Issue #14: every "run this next" text comes from next_step, so each is one the CLI
     parses (above). Before, rollout/deploy/transport/smoke_run/tune_run/lock/snapshot each
     spelled their own, some without backticks."""
-    package = Path(next_step.__file__).parent
+    package = Path(ddtree_deploy.__file__).parent
     found = []
     for path in sorted(package.rglob("*.py")):
         if path.name in HOST_PROGRAMS or path.parent.name == HOST_ROOM or path.name == "next_step.py":
@@ -111,9 +112,9 @@ def test_smoke_or_rollback_names_both_ways_on():
 def test_push_hint_for_a_series_that_does_not_apply_is_a_check_that_runs(monkeypatch, test_family_dir):
     """The push's "does not apply" hint used to be a bare `ddtree-deploy check`, which check
     itself refuses (exit 2: it needs --release or --snapshot); now it names both."""
-    from ddtree_deploy import desired
-    from ddtree_deploy.errors import DeployError
-    from ddtree_deploy.series import load_family
+    from ddtree_deploy.base.errors import DeployError
+    from ddtree_deploy.engine.series import load_family
+    from ddtree_deploy.session import desired
 
     series = load_family(test_family_dir)
     # Pristine files that are not SGLang's (every patched file empty): the series fails.

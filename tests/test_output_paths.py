@@ -18,8 +18,8 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
+from ddtree_deploy.base.fsutil import require_writable_file, require_writable_folder
 from ddtree_deploy.cli import app
-from ddtree_deploy.fsutil import require_writable_file, require_writable_folder
 
 RELEASE = "0.5.12.post1"
 
@@ -104,7 +104,7 @@ def test_the_probe_leaves_nothing(tmp_path):
 
 
 def test_a_folder_where_a_file_goes(tmp_path):
-    from ddtree_deploy.errors import BadInput
+    from ddtree_deploy.base.errors import BadInput
 
     with pytest.raises(BadInput, match=r"^--markdown .*: is a folder; give a file name$"):
         require_writable_file(tmp_path, "--markdown")
@@ -112,7 +112,7 @@ def test_a_folder_where_a_file_goes(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a folder of mode 0555")
 def test_a_folder_without_write_permission(tmp_path):
-    from ddtree_deploy.errors import BadInput
+    from ddtree_deploy.base.errors import BadInput
 
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o555)

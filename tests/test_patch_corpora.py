@@ -27,13 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import releases
-from ddtree_deploy.check import check_series
-from ddtree_deploy.errors import DeployError
-from ddtree_deploy.patch_apply import apply_file_patch
-from ddtree_deploy.patch_parse import FilePatch, parse_patch
-from ddtree_deploy.patch_verify import verify_round_trip
-from ddtree_deploy.series import PatchEntry, families, load_family
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.engine.check import check_series
+from ddtree_deploy.engine.patch_apply import apply_file_patch
+from ddtree_deploy.engine.patch_parse import FilePatch, parse_patch
+from ddtree_deploy.engine.patch_verify import verify_round_trip
+from ddtree_deploy.engine.series import PatchEntry, families, load_family
+from ddtree_deploy.release import releases
 
 RELEASES = ("0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.16", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 BIG = ("sglang/srt/server_args.py", "sglang/srt/managers/scheduler.py",

@@ -40,9 +40,9 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from ddtree_deploy.patch_apply import HunkStatus, apply_file_patch
-from ddtree_deploy.patch_parse import FilePatch, parse_patch
-from ddtree_deploy.patch_verify import verify_round_trip
+from ddtree_deploy.engine.patch_apply import HunkStatus, apply_file_patch
+from ddtree_deploy.engine.patch_parse import FilePatch, parse_patch
+from ddtree_deploy.engine.patch_verify import verify_round_trip
 
 SEED = int(os.environ.get("DDTREE_DIFF_SEED", "20261129"))
 EXAMPLES = int(os.environ.get("DDTREE_DIFF_EXAMPLES", "600"))  # fuzz 0, against both tools
@@ -628,7 +628,7 @@ FAMILY = Path(__file__).resolve().parent.parent / "patches" / "sglang-0.5.12"
 
 
 def _cached_wheels() -> list[Path]:
-    from ddtree_deploy.locations import cache_dir
+    from ddtree_deploy.base.locations import cache_dir
 
     return sorted((cache_dir() / "wheels").glob("sglang-*.whl"))
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ddtree_deploy.patch_apply import HunkStatus, apply_file_patch
-from ddtree_deploy.patch_parse import parse_patch
-from ddtree_deploy.patch_verify import verify_round_trip
+from ddtree_deploy.engine.patch_apply import HunkStatus, apply_file_patch
+from ddtree_deploy.engine.patch_parse import parse_patch
+from ddtree_deploy.engine.patch_verify import verify_round_trip
 
 WORDS = "".join(f"line {i}\n" for i in range(1, 31))
 TWO_HUNKS = ("--- a/f\n+++ b/f\n"

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddtree_deploy.errors import BadInput
-from ddtree_deploy.patch_apply import HunkStatus, Mismatch, apply_file_patch
-from ddtree_deploy.patch_parse import FilePatch, parse_patch, strip_path
+from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.engine.patch_apply import HunkStatus, Mismatch, apply_file_patch
+from ddtree_deploy.engine.patch_parse import FilePatch, parse_patch, strip_path
 
 REPO = Path(__file__).resolve().parent.parent
 SERIES_DIR = REPO / "patches" / "sglang-0.5.12"
@@ -613,7 +613,7 @@ def test_two_sections_after_a_dash_dash_hunk():
 
 # issue 11 item 13: limits against hostile input, one line each (BadInput: exit 2).
 def test_limit_patch_size(monkeypatch):
-    from ddtree_deploy import patch_parse
+    from ddtree_deploy.engine import patch_parse
 
     monkeypatch.setattr(patch_parse, "MAX_PATCH_BYTES", 100)
     with pytest.raises(BadInput, match=r"^p.diff:1: the patch is .* bytes, over the limit of 100 bytes"):
@@ -623,7 +623,7 @@ def test_limit_patch_size(monkeypatch):
 def test_limit_patch_size_counts_bytes_not_characters():
     """Issue 21 item 4: 4 MiB is bytes. 1.5 M two-byte characters (3 MB) pass; 2.2 M (4.4 MB)
     are refused though they are fewer than 4 Mi characters."""
-    from ddtree_deploy.patch_parse import MAX_PATCH_BYTES
+    from ddtree_deploy.engine.patch_parse import MAX_PATCH_BYTES
 
     def patch(chars: int) -> str:
         line = "é" * 1000
@@ -638,7 +638,7 @@ def test_limit_patch_size_counts_bytes_not_characters():
 
 
 def test_limit_hunk_count():
-    from ddtree_deploy.patch_parse import MAX_HUNKS
+    from ddtree_deploy.engine.patch_parse import MAX_HUNKS
 
     hunks = "".join(f"@@ -{3 * k + 1} +{3 * k + 1} @@\n-a\n+b\n" for k in range(MAX_HUNKS + 1))
     with pytest.raises(BadInput, match=rf"^p.diff:{3 * MAX_HUNKS + 3}: more than {MAX_HUNKS} hunks"):
@@ -646,7 +646,7 @@ def test_limit_hunk_count():
 
 
 def test_limit_hunk_lines():
-    from ddtree_deploy.patch_parse import MAX_HUNK_LINES
+    from ddtree_deploy.engine.patch_parse import MAX_HUNK_LINES
 
     text = f"--- a/f\n+++ b/f\n@@ -1,1 +1,{MAX_HUNK_LINES} @@\n-a\n" + "+b\n" * MAX_HUNK_LINES
     with pytest.raises(BadInput, match=rf"^p.diff:3: hunk @@ -1,1 \+1,{MAX_HUNK_LINES} @@ has "):
@@ -654,7 +654,7 @@ def test_limit_hunk_lines():
 
 
 def test_limit_line_length():
-    from ddtree_deploy.patch_parse import MAX_LINE_BYTES
+    from ddtree_deploy.engine.patch_parse import MAX_LINE_BYTES
 
     text = "--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+" + "b" * (MAX_LINE_BYTES + 1) + "\n"
     with pytest.raises(BadInput, match=r"^p.diff:5: a line of 65,537 bytes, over the limit of 65,536 bytes"):
@@ -663,7 +663,7 @@ def test_limit_line_length():
 
 def test_limit_line_length_counts_the_source_lines_content_in_bytes():
     """Issue 21 item 4: the limit is on the source line (not its tag and newline), in bytes."""
-    from ddtree_deploy.patch_parse import MAX_LINE_BYTES
+    from ddtree_deploy.engine.patch_parse import MAX_LINE_BYTES
 
     def one_line(content: str, eol: str = "\n") -> str:
         return f"--- a/f{eol}+++ b/f{eol}@@ -1 +1 @@{eol}-a{eol}+{content}{eol}"
@@ -893,7 +893,7 @@ def test_mangled_real_patches_raise_only_bad_input(data, release_tree):
        first=st.integers(-3, 45), no_eol=st.booleans())
 def test_nearest_match_equals_a_brute_force_count(file, pattern, first, no_eol):
     """The indexed, pruned nearest-match search (issue 11 item 13) against counting every start."""
-    from ddtree_deploy.patch_apply import _Applier, _Lines, _Pattern
+    from ddtree_deploy.engine.patch_apply import _Applier, _Lines, _Pattern
 
     text = "".join(w + "\n" for w in file)
     if no_eol and text:

@@ -23,12 +23,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy import patch_apply, patch_parse, port, releases
-from ddtree_deploy.check import check_series
+from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.locations import REPO_ROOT
 from ddtree_deploy.cli import app
-from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.locations import REPO_ROOT
-from ddtree_deploy.series import load_family
+from ddtree_deploy.engine import patch_apply, patch_parse, patch_write
+from ddtree_deploy.engine.check import check_series
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.release import port, releases
 
 DATA = Path(__file__).resolve().parent / "data"
 TEST_FAMILY = DATA / "matrix_family"
@@ -86,7 +87,7 @@ def test_real_release_diff_written_by_us_rebuilds_the_new_release_with_gnu_patch
     text = ""
     for path in paths:
         a, b = old[path].decode(), new[path].decode()
-        text += f"--- a/{path}\n+++ b/{path}\n" + "".join(h for _, h in port.diff_hunks(a, b))
+        text += f"--- a/{path}\n+++ b/{path}\n" + "".join(h for _, h in patch_write.diff_hunks(a, b))
     root = tmp_path / "tree"
     _write(root, old)
     subprocess.run(["git", "init", "-q", str(root)], check=True)
@@ -111,7 +112,7 @@ def test_real_release_diff_written_by_us_rebuilds_the_new_release_with_gnu_patch
     ],
 )
 def test_diff_hunks_edge_cases_agree_with_gnu_patch(old, new, tmp_path):
-    text = "--- a/sglang/f.py\n+++ b/sglang/f.py\n" + "".join(h for _, h in port.diff_hunks(old, new))
+    text = "--- a/sglang/f.py\n+++ b/sglang/f.py\n" + "".join(h for _, h in patch_write.diff_hunks(old, new))
     _write(tmp_path, {"sglang/f.py": old})
     res = _gnu_patch(tmp_path, text)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -122,7 +123,7 @@ def test_blob_id_is_gits(tmp_path):
     f = tmp_path / "x.py"
     f.write_text("print('ddtree')\n")
     git = subprocess.run(["git", "hash-object", str(f)], capture_output=True, text=True, check=True).stdout
-    assert port.blob_id(f.read_text()) == git[:7]
+    assert patch_write.blob_id(f.read_text()) == git[:7]
 
 
 def test_next_micro():
@@ -354,7 +355,7 @@ def test_port_writes_its_tree_where_the_readme_says_refresh_reads_it(patches, re
     default (build/ is DDTREE_DEPLOY_BUILD here), and the hint port prints says the same."""
     import re
 
-    from ddtree_deploy import next_step
+    from ddtree_deploy.base import next_step
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     family, tree = re.search(r"ddtree-deploy series refresh --family (\S+) --from (\S+)", readme).groups()
@@ -388,8 +389,8 @@ def test_a_port_is_the_users_family_and_an_unfinished_one_is_never_picked_by_ran
     matrix leave it out. Once refreshed (--resolved) it is picked by its range."""
     import json
 
-    from ddtree_deploy import rollout
-    from ddtree_deploy.matrix_run import run_matrix
+    from ddtree_deploy.release.matrix_run import run_matrix
+    from ddtree_deploy.session.desired import Want
 
     mine = tmp_path / "data" / "patches"
     monkeypatch.setenv("DDTREE_DEPLOY_USER_PATCHES", str(mine))
@@ -423,7 +424,7 @@ def test_a_port_is_the_users_family_and_an_unfinished_one_is_never_picked_by_ran
     res = runner.invoke(app, ["check", "--release", "0.5.13", "--family", "sglang-0.5.13"])
     assert res.stdout.startswith(f"check FAILED: family {label} on sglang-0.5.13"), res.stdout
     with pytest.raises(BadInput, match="push refuses an unfinished port"):
-        rollout.series_chooser("sglang-0.5.13")
+        Want("sglang-0.5.13")
     warnings = []
     m = run_matrix(from_version="0.5.13", to_version="0.5.13", offline=True, jobs=1, warn=warnings.append)
     assert [r.family for r in m.rows] == ["sglang-0.5.12"]  # the newest finished family, as a probe

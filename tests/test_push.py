@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import deploy
-from ddtree_deploy.desired import desired_for
-from ddtree_deploy.errors import DeployError
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.series import load_family
-from ddtree_deploy.transport import SSHTransport
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.remote.transport import SSHTransport
+from ddtree_deploy.session import deploy
+from ddtree_deploy.session.desired import desired_for
+from ddtree_deploy.settings.inventory import load_host
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SandboxHost as TestHost  # noqa: E402
@@ -45,14 +45,14 @@ _names = itertools.count()
 # ---------------------------------------------------------------- pure: plans and status text
 
 def _desired(**files) -> "Desired":
-    from ddtree_deploy.plan import Desired, Target
+    from ddtree_deploy.session.plan import Desired, Target
 
     return Desired("fam", "f" * 64, "0.5.12.post1", "release snapshot",
                    tuple(Target(p, pr, pa, b"") for p, (pr, pa) in files.items()))
 
 
 def test_plan_push_states_noop_and_drift():
-    from ddtree_deploy.plan import FileState, classify, plan_push
+    from ddtree_deploy.session.plan import FileState, classify, plan_push
 
     assert classify("a", "a", "b") is FileState.PRISTINE and classify("b", "a", "b") is FileState.PATCHED
     assert classify(None, None, "b") is FileState.PRISTINE  # an added file, not yet there
@@ -72,7 +72,7 @@ def test_plan_push_states_noop_and_drift():
 
 
 def test_plan_rollback_refuses_foreign_edits():
-    from ddtree_deploy.plan import plan_rollback
+    from ddtree_deploy.session.plan import plan_rollback
 
     manifest = {"id": "b1", "files": {"x": {"sha256": "a"}, "y": {"sha256": None}}}
     journal = {"files": {"x": {"patched": "b"}, "y": {"patched": "c"}}}
@@ -104,7 +104,7 @@ def test_plan_rollback_refuses_foreign_edits():
                                       "is still patched", True),
 ])
 def test_status_explains_every_phase(phase, op, have, expect, mixed):
-    from ddtree_deploy.deploy import describe
+    from ddtree_deploy.session.deploy import describe
 
     facts = {"sglang_version": "0.5.12.post1", "files": {"x": {"sha256": have[0]}, "y": {"sha256": have[1]}},
              "journal": {"op": op, "phase": phase, "run_id": "r1", "series": "fam", "backup_id": "b1",
@@ -112,7 +112,7 @@ def test_status_explains_every_phase(phase, op, have, expect, mixed):
     doc = describe("h", facts, None)
     assert doc["phase"] == phase and expect in doc["explanation"], doc["explanation"]
     assert doc["mixed"] is mixed
-    from ddtree_deploy.fleet import status_row
+    from ddtree_deploy.fleets.fleet import status_row
 
     assert status_row(doc)["phase"] == (f"MIXED ({phase})" if mixed else phase)  # the fleet table
     states = {"a": "pristine", "b": "patched", "c": "pristine", "d": "patched"}
@@ -571,7 +571,7 @@ def test_rollback_without_backups_or_with_an_unknown_id(host, oracle):
 def test_status_lists_only_the_hosts_own_files_once_they_are_known():
     """The CLI asks a host for every family's paths (it does not know the release yet);
     files of other families must not show up as 'unknown' once the host's are known."""
-    from ddtree_deploy.deploy import describe
+    from ddtree_deploy.session.deploy import describe
 
     facts = {"files": {"a.py": {"sha256": "x"}, "other_family.py": None, "present_other.py": {"sha256": "y"}},
              "journal": None}
@@ -624,8 +624,8 @@ def test_a_wheel_download_happens_before_any_lock(host, oracle, uncached_release
     """Issue #14: the release wheel the check needs is downloaded before the host's deploy
     lock is taken (Events in order: discover, the download, then lock + discover), with its
     bytes reported; a second push finds it cached (no download)."""
-    from ddtree_deploy import rollout
-    from ddtree_deploy.rollout import EventKind
+    from ddtree_deploy.fleets import rollout
+    from ddtree_deploy.fleets.rollout import EventKind
 
     _pristine, patched = oracle
     h = load_host(host.name)

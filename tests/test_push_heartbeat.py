@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy import deploy
+from ddtree_deploy.base import hooks
 from ddtree_deploy.cli import app
+from ddtree_deploy.session import deploy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_smoke_ssh import FAMILY, STANDIN, make_host, sshd  # noqa: E402,F401  (sshd: the module's fixture)
@@ -37,7 +38,7 @@ def test_push_prints_the_launch_levels_heartbeat(sshd, tmp_path, monkeypatch):  
                    "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "{{draft_model}}",
                    "--speculative-ddtree-budget", "{{budget}}", "--port", "{{port}}", "{{extra_args}}"]
     """))
-    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps({"smoke_heartbeat_s": 0.5}))
+    monkeypatch.setenv(hooks.TEST_HOOKS_ENV, json.dumps({"smoke_heartbeat_s": 0.5}))
     r = CliRunner().invoke(app, ["push", "--host", str(tmp_path / "hosts" / "h-beat.toml"), "--family", str(FAMILY)])
     assert r.exit_code == 0, r.output
     assert "smoke passed: journal marked deployed" in r.stdout

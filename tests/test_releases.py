@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from ddtree_deploy import releases
-from ddtree_deploy.digests import sha256_file
-from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.base.digests import sha256_file
+from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.release import releases
 
 WHEEL_PATH_IN_DOC = "../../packages/{name}"  # relative, as the mirror here writes them
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import series as S
-from ddtree_deploy.errors import BadInput, EXIT_BAD_INPUT
+from ddtree_deploy.base.errors import BadInput, EXIT_BAD_INPUT
+from ddtree_deploy.engine import series as S
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -370,7 +370,7 @@ def test_family_folder_is_one_rule(tmp_path, monkeypatch):
 
 
 def test_no_such_family_is_one_text_for_a_name_a_folder_and_the_matrix(tmp_path, fam, monkeypatch):
-    from ddtree_deploy import matrix_run
+    from ddtree_deploy.release import matrix_run
 
     patches = fam.parent
     monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(patches))

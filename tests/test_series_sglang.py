@@ -50,8 +50,8 @@ def series(family):
     """(patched files, their pristine bytes) for every path the series touches."""
     from ddtree_deploy.sandbox import pristine_files
 
-    from ddtree_deploy.check import check_series
-    from ddtree_deploy.series import load_family
+    from ddtree_deploy.engine.check import check_series
+    from ddtree_deploy.engine.series import load_family
 
     folder, release, _ = family
     loaded = load_family(folder)
@@ -67,7 +67,7 @@ def series(family):
 
 
 def _patch_files(folder: Path) -> list[Path]:
-    from ddtree_deploy.series import PatchEntry, load_family
+    from ddtree_deploy.engine.series import PatchEntry, load_family
 
     return [e.file for e in load_family(folder).entries if isinstance(e, PatchEntry)]
 

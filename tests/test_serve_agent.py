@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import serve_plan, serve_run
-from ddtree_deploy.inventory import Host
+from ddtree_deploy.hostprog.serve import match_reasons
+from ddtree_deploy.remote.transport import AgentSession, LocalTransport
 from ddtree_deploy.sandbox import free_port
 from ddtree_deploy.sandbox.hostenv import make_python_env
-from ddtree_deploy.hostprog.serve import match_reasons
-from ddtree_deploy.serve_settings import parse_serve
-from ddtree_deploy.transport import AgentSession, LocalTransport
+from ddtree_deploy.serve import serve_plan, serve_run
+from ddtree_deploy.settings.inventory import Host
+from ddtree_deploy.settings.serve_settings import parse_serve
 from ddtree_testkit import STANDIN_SERVER
 
 SPEC = "sglang/srt/speculative/spec_info.py"

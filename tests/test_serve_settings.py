@@ -9,13 +9,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy import serve_plan
+from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.cli import app
-from ddtree_deploy.errors import BadInput
-from ddtree_deploy.inventory import parse_host
-from ddtree_deploy.serve_settings import ServeSettings, parse_serve
-from ddtree_deploy.smoke_plan import TREE_PROMPTS
-from ddtree_deploy.smoke_settings import FamilySmoke
+from ddtree_deploy.serve import serve_plan
+from ddtree_deploy.settings.inventory import parse_host
+from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
+from ddtree_deploy.settings.smoke_settings import FamilySmoke
+from ddtree_deploy.smoke.smoke_plan import TREE_PROMPTS
 
 BASE = '[ssh]\nhost = "gpu1"\n\n[host]\npython = "/opt/venv/bin/python"\n\n[serve]\n'
 GOOD = 'restart = ["sudo", "-n", "systemctl", "restart", "sglang"]\nurl = "http://127.0.0.1:30000"\n'

@@ -482,7 +482,8 @@ FAKE_PATHS = {"plugins": ["fakepkg.release", "load_plugins"], "parse": ["fakepkg
 
 
 def fake_tree_probe(**family):
-    from ddtree_deploy import smoke_plan, smoke_settings
+    from ddtree_deploy.settings import smoke_settings
+    from ddtree_deploy.smoke import smoke_plan
 
     excluded = family.pop("excluded", ())
     fam = smoke_settings.FamilySmoke(**{"budget_flag": "--budget", "worker_class": "TreeWorker", "probe_args": (),

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ddtree_deploy import deploy
 from ddtree_deploy.cli import app
-from ddtree_deploy.desired import desired_for
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.series import load_family
-from ddtree_deploy.transport import transport_for
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.remote.transport import transport_for
+from ddtree_deploy.session import deploy
+from ddtree_deploy.session.desired import desired_for
+from ddtree_deploy.settings.inventory import load_host
 
 from ddtree_deploy.sandbox import make_python_env
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import smoke_plan, smoke_report, smoke_settings
-from ddtree_deploy.errors import BadInput, DeployError
-from ddtree_deploy.inventory import parse_host
-from ddtree_deploy.toml_input import TomlFile
+from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.toml_input import TomlFile
+from ddtree_deploy.settings import smoke_settings
+from ddtree_deploy.settings.inventory import parse_host
+from ddtree_deploy.smoke import smoke_plan, smoke_report
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = "hosts/gpu1.toml"
@@ -193,7 +194,7 @@ def test_family_flags_reach_the_launch_command_and_its_validation():
 @pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "patches").iterdir()
                                         if (p / "family.toml").is_file()))
 def test_every_family_says_how_its_tree_shows(name):
-    from ddtree_deploy.series import read_family_info
+    from ddtree_deploy.engine.series import read_family_info
 
     fam = read_family_info(REPO / "patches" / name).smoke
     # A family without a worker class would be checked by the marker alone, and one without a
@@ -205,7 +206,7 @@ def test_every_family_says_how_its_tree_shows(name):
 
 
 def test_real_family_smoke_table():
-    from ddtree_deploy.series import load_family
+    from ddtree_deploy.engine.series import load_family
 
     fam = smoke_settings.family_smoke(load_family(REPO / "patches/sglang-0.5.12"))
     assert fam.budget_flag == "--speculative-ddtree-budget" and fam.budget_field == "speculative_ddtree_budget"
@@ -245,7 +246,7 @@ def test_bad_family_smoke_table_is_one_line(text, message):
 
 
 def test_bad_family_smoke_table_stops_loading_the_family(tmp_path):
-    from ddtree_deploy.series import load_family
+    from ddtree_deploy.engine.series import load_family
 
     (tmp_path / "fam").mkdir()
     (tmp_path / "fam/family.toml").write_text('sglang = ">=0.5.12,<0.5.13"\n[smoke]\nworker_class = 3\n')

@@ -52,7 +52,7 @@ def push(monkeypatch, inv, family, *extra):
 
 
 def pristine(site: Path, family: Path) -> bool:
-    from ddtree_deploy.series import AddEntry, load_family
+    from ddtree_deploy.engine.series import AddEntry, load_family
 
     series = load_family(family)
     added = [e.dest for e in series.entries if isinstance(e, AddEntry)]  # new files: gone again

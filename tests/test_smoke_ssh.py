@@ -24,15 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import deploy, rollout
-from ddtree_deploy.desired import desired_for
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.plan import Desired, Target
-from ddtree_deploy.series import load_family
-from ddtree_deploy.transport import transport_for
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.fleets import rollout
+from ddtree_deploy.remote.transport import transport_for
+from ddtree_deploy.session import deploy
+from ddtree_deploy.session.desired import desired_for
+from ddtree_deploy.session.plan import Desired, Target
+from ddtree_deploy.settings.inventory import load_host
 
-from ddtree_deploy.sandbox import hostenv as sglang_host
-from ddtree_deploy.sandbox import SandboxHost, SSHServer, free_port
+from ddtree_deploy.sandbox import SSHServer, SandboxHost, free_port, hostenv as sglang_host
 from ddtree_testkit import STANDIN_SERVER
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]

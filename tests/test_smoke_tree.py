@@ -24,14 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import releases, smoke_plan, smoke_run, smoke_settings
-from ddtree_deploy.check import check_series
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.series import PatchEntry, load_family
-from ddtree_deploy.transport import transport_for
+from ddtree_deploy.engine.check import check_series
+from ddtree_deploy.engine.series import PatchEntry, load_family
+from ddtree_deploy.release import releases
+from ddtree_deploy.remote.transport import transport_for
+from ddtree_deploy.settings import smoke_settings
+from ddtree_deploy.settings.inventory import load_host
+from ddtree_deploy.smoke import smoke_plan, smoke_run
 
-from ddtree_deploy.sandbox import hostenv as sglang_host
-from ddtree_deploy.sandbox import SandboxHost, SSHServer
+from ddtree_deploy.sandbox import SSHServer, SandboxHost, hostenv as sglang_host
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
 

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from ddtree_deploy import snapshot as SN
-from ddtree_deploy.errors import BadInput
-from ddtree_deploy.series import load_family
+from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.release import snapshot as SN
 
 SPEC = "sglang/srt/speculative/spec_info.py"
 NEW = "sglang/srt/speculative/ddtree_test_utils.py"
@@ -156,7 +156,7 @@ def _rewrite_snapshot_repeatedly(snapshot_dir: str, rounds: int, barrier) -> str
     import os
 
     os.environ["DDTREE_DEPLOY_SNAPSHOT"] = snapshot_dir
-    from ddtree_deploy import snapshot
+    from ddtree_deploy.release import snapshot
 
     barrier.wait()
     try:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import deploy
+from ddtree_deploy.base.hooks import TEST_HOOKS_ENV
+from ddtree_deploy.session import deploy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sshd_host import ADDED, SPEC, UTILS, chattr, cli, host, ok, oracle, sshd, temp_files  # noqa: E402,F401  (shared fixtures)
@@ -46,7 +47,7 @@ def journal(h) -> dict | None:
 
 
 def hooks(monkeypatch, **kw) -> None:
-    monkeypatch.setenv(deploy.TEST_HOOKS_ENV, json.dumps(kw))
+    monkeypatch.setenv(TEST_HOOKS_ENV, json.dumps(kw))
 
 
 # ---------------------------------------------------------------- (a) the switch back fails
@@ -61,7 +62,7 @@ def test_switch_back_failing_leaves_mixed_explained_then_rollback_restores(host,
     try:
         hooks(monkeypatch, immutable_after_renames=1)  # INJECTED: chattr +i after rename 1
         failed = cli("push", "--host", host.name)
-        monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+        monkeypatch.delenv(TEST_HOOKS_ENV)
         out = failed.output
         assert failed.exit_code == 1, out
         assert "MIXED" in out and "switching back also failed" in out and "EPERM" in out, out
@@ -173,7 +174,7 @@ def test_switch_back_failing_then_rerun_push_completes_and_rollback_is_pristine(
     try:
         hooks(monkeypatch, immutable_after_renames=1)  # INJECTED: chattr +i after rename 1
         failed = cli("push", "--host", host.name)
-        monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
+        monkeypatch.delenv(TEST_HOOKS_ENV)
         assert failed.exit_code == 1 and "MIXED" in failed.output, failed.output
         assert journal(host)["phase"] == "switching"
     finally:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import tune, tune_run
-from ddtree_deploy.errors import BadInput
-from ddtree_deploy.smoke_settings import FamilySmoke, LaunchSettings
-from ddtree_deploy.tune import Config, Measure, Record, TuneOptions
+from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.settings.smoke_settings import FamilySmoke, LaunchSettings
+from ddtree_deploy.tuning import tune, tune_run
+from ddtree_deploy.tuning.tune import Config, Measure, Record, TuneOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddtree_testkit import standin_tune_server as model  # noqa: E402  (the stand-in's documented model)
@@ -209,7 +209,7 @@ extra_args = ["--attention-backend", "flashinfer"]
 
 
 def test_apply_changes_only_budget_and_topk_and_shows_the_diff(tmp_path):
-    from ddtree_deploy.tune_apply import apply_launch
+    from ddtree_deploy.tuning.tune_apply import apply_launch
 
     path = tmp_path / "ct200.toml"
     path.write_text(INVENTORY)
@@ -222,14 +222,14 @@ def test_apply_changes_only_budget_and_topk_and_shows_the_diff(tmp_path):
     again = apply_launch(path, budget=32, topk=4)
     assert not again["written"] and path.read_text() == after
     # The result still parses as the inventory it was.
-    from ddtree_deploy.inventory import parse_host
+    from ddtree_deploy.settings.inventory import parse_host
 
     host = parse_host(after, name="ct200", source=str(path))
     assert host.smoke["launch"]["budget"] == 32 and host.smoke["launch"]["topk"] == 4
 
 
 def test_plot_is_a_png_with_lines_per_topk(tmp_path):
-    from ddtree_deploy.tune_plot import plot_png
+    from ddtree_deploy.tuning.tune_plot import plot_png
 
     opts = TuneOptions(budgets=(4, 8, 16, 32), topk=(1, 2, 4), concurrency=(8,), repeats=0)
     records = sweep(opts, fails=lambda c: c.budget == 32 and c.topk == 4)

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import smoke_plan, tune, tune_run
-from ddtree_deploy.errors import DeployError
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.transport import transport_for
+from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.remote.transport import transport_for
+from ddtree_deploy.settings.inventory import load_host
+from ddtree_deploy.smoke import smoke_plan
+from ddtree_deploy.tuning import tune, tune_run
 
 # The sshd, the pushed host and the inventory helpers of the end-to-end tune test.
 from test_tune_ssh import alive, pids, sshd, tuned_host, wait_for, write_inventory  # noqa: F401

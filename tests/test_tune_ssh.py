@@ -25,15 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy import deploy
-from ddtree_deploy.desired import desired_for
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.series import load_family
-from ddtree_deploy.transport import transport_for
+from ddtree_deploy.engine.series import load_family
+from ddtree_deploy.remote.transport import transport_for
+from ddtree_deploy.session import deploy
+from ddtree_deploy.session.desired import desired_for
+from ddtree_deploy.settings.inventory import load_host
 
 from envelope_check import check_envelope  # tests/envelope_check.py: the --json contract
-from ddtree_deploy.sandbox import hostenv as sglang_host
-from ddtree_deploy.sandbox import SandboxHost, SSHServer, free_port
+from ddtree_deploy.sandbox import SSHServer, SandboxHost, free_port, hostenv as sglang_host
 from ddtree_testkit import STANDIN_TUNE_SERVER
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]

@@ -5,7 +5,7 @@
   oracle) lands the same hunks and gives the same bytes.
 - ``matrix`` over 0.5.20 - 0.5.23 says ``ok`` with this family on each release, and
   ``matrix --import`` on 0.5.23 passes the import, cli and tree levels in a throwaway venv.
-- Never silently linear: the tree level (ddtree_deploy/matrix_import.py) fails a series
+- Never silently linear: the tree level (ddtree_deploy/release/matrix_import.py) fails a series
   that registers DDTREE without the worker, and one whose worker does not tree-verify.
 """
 
@@ -30,7 +30,7 @@ RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 def test_family_range_is_the_releases_it_is_proven_on():
     from packaging.version import Version
 
-    from ddtree_deploy.series import load_family
+    from ddtree_deploy.engine.series import load_family
 
     spec = load_family(FAMILY).info.specifier
     assert all(Version(v) in spec for v in RELEASES)
@@ -66,8 +66,8 @@ def _env() -> dict:
 def test_gnu_patch_agrees_with_the_check_layer(version, tmp_path):
     from ddtree_deploy.sandbox import pristine_files
 
-    from ddtree_deploy.check import check_series
-    from ddtree_deploy.series import PatchEntry, load_family
+    from ddtree_deploy.engine.check import check_series
+    from ddtree_deploy.engine.series import PatchEntry, load_family
 
     series = load_family(FAMILY)
     pristine = pristine_files(version)
@@ -91,7 +91,7 @@ def test_gnu_patch_agrees_with_the_check_layer(version, tmp_path):
 
 
 def test_matrix_says_ok_on_every_release_of_the_range(monkeypatch):
-    from ddtree_deploy.matrix_run import run_matrix
+    from ddtree_deploy.release.matrix_run import run_matrix
 
     for name in ("DDTREE_DEPLOY_PATCHES", "DDTREE_DEPLOY_PAYLOAD"):
         monkeypatch.delenv(name, raising=False)
@@ -109,7 +109,7 @@ def test_matrix_says_ok_on_every_release_of_the_range(monkeypatch):
 
 @pytest.mark.sglang_env
 def test_matrix_import_passes_the_tree_level_on_0_5_23(monkeypatch):
-    from ddtree_deploy.matrix_run import run_matrix
+    from ddtree_deploy.release.matrix_run import run_matrix
 
     for name in ("DDTREE_DEPLOY_PATCHES", "DDTREE_DEPLOY_PAYLOAD"):
         monkeypatch.delenv(name, raising=False)
@@ -125,7 +125,7 @@ def test_matrix_import_passes_the_tree_level_on_0_5_23(monkeypatch):
 
 def _variant(tmp_path: Path, *, drop: tuple[str, ...] = (), worker_source: str | None = None):
     """A copy of the family (and payload) with series entries dropped or the worker replaced."""
-    from ddtree_deploy.series import load_family
+    from ddtree_deploy.engine.series import load_family
 
     patches, payload = tmp_path / "patches", tmp_path / "payload"
     shutil.copytree(FAMILY, patches / FAMILY.name)
@@ -143,8 +143,8 @@ def unpatched_cannot():
     """What the unpatched release cannot import in a CPU env, per (version, modules): the
     same answer for every variant below (they differ in payload files the release lacks),
     so its import probe (torch and SGLang imported whole) runs once per module."""
-    from ddtree_deploy import releases
-    from ddtree_deploy.matrix_import import unimportable
+    from ddtree_deploy.release import releases
+    from ddtree_deploy.release.matrix_import import unimportable
 
     answers: dict[tuple, dict[str, str]] = {}
 
@@ -158,10 +158,10 @@ def unpatched_cannot():
 
 
 def _tree_level(series, version: str, tmp_path: Path, unpatched_cannot) -> tuple[str, str]:
-    from ddtree_deploy import releases
-    from ddtree_deploy.check import check_series
-    from ddtree_deploy.matrix_import import make_env, tree_level
-    from ddtree_deploy.smoke_plan import module_name
+    from ddtree_deploy.engine.check import check_series
+    from ddtree_deploy.release import releases
+    from ddtree_deploy.release.matrix_import import make_env, tree_level
+    from ddtree_deploy.smoke.smoke_plan import module_name
 
     wheel = releases.ensure_wheel(version)
     wanted = series.touched_paths()
@@ -205,7 +205,7 @@ def test_tree_level_fails_a_worker_that_does_not_tree_verify(tmp_path, unpatched
 
 
 def test_tree_verdict_rules():
-    from ddtree_deploy.matrix_import import tree_verdict
+    from ddtree_deploy.release.matrix_import import tree_verdict
 
     ok = {"ok": True, "width": 33, "budget": 32, "worker": "m.W", "tree_verify": True}
     assert tree_verdict(ok, budget=32, cannot={})[0] == "passed"

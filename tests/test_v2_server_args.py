@@ -69,8 +69,8 @@ ACCEPTED = [name for name, (_, want) in CASES.items() if isinstance(want, dict)]
 def _family_overlay(version: str, family: Path = FAMILY) -> dict[str, bytes]:
     from ddtree_deploy.sandbox import pristine_files
 
-    from ddtree_deploy.check import check_series
-    from ddtree_deploy.series import load_family
+    from ddtree_deploy.engine.check import check_series
+    from ddtree_deploy.engine.series import load_family
 
     series = load_family(family)
     wheel = pristine_files(version)

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import typer
 from rich.console import Console
 
+from ddtree_deploy.base.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput, DeployError
 from ddtree_deploy.cli import envelope
-from ddtree_deploy.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput, DeployError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success; 1 a check or deploy step failed; "
@@ -136,7 +136,7 @@ def handles_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from ddtree_deploy.inventory import inventory_folder
+        from ddtree_deploy.settings.inventory import inventory_folder
 
         run = envelope.current()
         if run is not None:
@@ -175,7 +175,7 @@ def handles_errors(fn: Callable) -> Callable:
 def interrupted_error(exc: BaseException) -> dict:
     """Ctrl-C or SIGTERM as the envelope's error: one line per host that was waiting (what it
     waited for, what that leaves on the host, what to run next: ``inflight``)."""
-    from ddtree_deploy import inflight
+    from ddtree_deploy.remote import inflight
 
     how = "SIGTERM" if isinstance(exc, inflight.Terminated) else "Ctrl-C"
     notes = inflight.notes()

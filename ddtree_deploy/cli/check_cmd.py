@@ -12,26 +12,26 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.markup import escape
 
+from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, DeployError
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
-from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
 
 # The checker (check -> patch_parse, patch_apply, series, snapshot) is imported when `check` runs, not at
 # every CLI start (`--help`, `status`): see _check.
 if TYPE_CHECKING:
-    from ddtree_deploy.check import CheckReport, EntryCheck
-    from ddtree_deploy.patch_apply import HunkResult
-    from ddtree_deploy.series import Series
-    from ddtree_deploy.snapshot import Snapshot
+    from ddtree_deploy.engine.check import CheckReport, EntryCheck
+    from ddtree_deploy.engine.patch_apply import HunkResult
+    from ddtree_deploy.engine.series import Series
+    from ddtree_deploy.release.snapshot import Snapshot
 
-PARTLY = "partly applied"  # ddtree_deploy.check.PARTLY (a test pins the two equal)
+PARTLY = "partly applied"  # ddtree_deploy.engine.check.PARTLY (a test pins the two equal)
 _STYLE = {"applied": "green", "already-applied": "cyan", "failed": "bold red", "skipped": "yellow",
           PARTLY: "bold red"}
 
 
 def _resolve(snapshot: str | None, release: str | None, family: str | None) -> tuple[Snapshot, Series]:
     """The snapshot to check and the family to apply (all bad input raised before any write)."""
-    from ddtree_deploy.series import choose_series
-    from ddtree_deploy.snapshot import fresh_release_snapshot, load_snapshot
+    from ddtree_deploy.engine.series import choose_series
+    from ddtree_deploy.release.snapshot import fresh_release_snapshot, load_snapshot
 
     if (snapshot is None) == (release is None):
         raise BadInput("give exactly one of --snapshot NAME or --release VERSION")
@@ -57,7 +57,7 @@ def _resolve(snapshot: str | None, release: str | None, family: str | None) -> t
 
 
 def _hunks_cell(hunks: tuple[HunkResult, ...]) -> str:
-    from ddtree_deploy.patch_apply import HunkStatus
+    from ddtree_deploy.engine.patch_apply import HunkStatus
 
     parts = []
     for status in HunkStatus:
@@ -116,7 +116,7 @@ def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
 
 
 def _render_failures(entry: EntryCheck, series: Series) -> None:
-    from ddtree_deploy.series import show
+    from ddtree_deploy.engine.series import show
 
     # Evidence quotes source lines: soft_wrap, so a narrow console or a CI log never
     # breaks a quoted line in two (the table above folds; these lines must not).
@@ -162,7 +162,7 @@ def _write(directory: Path, report: CheckReport) -> None:
             dest.write_bytes(p.patched)
         except OSError as exc:
             raise DeployError(f"--write {directory}: writing {p.path} failed ({exc.strerror or exc})") from None
-    from ddtree_deploy.series import show
+    from ddtree_deploy.engine.series import show
 
     err.print(f"[dim]wrote {len(report.patched)} patched files under {show(directory)}[/]")
 
@@ -193,11 +193,11 @@ def check(
 def _check(*, snapshot: str | None, release: str | None, family: str | None, fuzz: int,
            json_output: bool, write: Path | None, allow_partly_applied: bool = False) -> bool:
     if write is not None:
-        from ddtree_deploy.fsutil import require_writable_folder
+        from ddtree_deploy.base.fsutil import require_writable_folder
 
         require_writable_folder(write, "--write")  # bad input before any work: exit 2, one line
-    from ddtree_deploy.check import check_series
-    from ddtree_deploy.series import check_no_symlink_escape
+    from ddtree_deploy.engine.check import check_series
+    from ddtree_deploy.engine.series import check_no_symlink_escape
 
     from ddtree_deploy.cli.download_view import downloads_shown
 

@@ -1,6 +1,6 @@
 """`ddtree-deploy push | rollback | status`: the host commands.
 
-Thin: parse options, call ddtree_deploy.rollout (which does the work on one host or a
+Thin: parse options, call ddtree_deploy.fleets.rollout (which does the work on one host or a
 fleet and says how each host ended), render. Progress goes to stderr (a spinner for one
 host, a row per host for a fleet), one summary line per host (or one JSON document) to
 stdout, and with several hosts (``--host`` repeated, ``--group``) an outcome table.
@@ -15,8 +15,8 @@ import typer
 
 from ddtree_deploy.cli.app import app, handles_errors, say
 from ddtree_deploy.cli.options import GROUP_HELP, HOSTS_HELP, inventory_option
-from ddtree_deploy.inventory import Host
-from ddtree_deploy.transport import transport_for
+from ddtree_deploy.remote.transport import transport_for
+from ddtree_deploy.settings.inventory import Host
 
 HOST_HELP = HOSTS_HELP  # (serve_cmd imports it from here)
 PARALLEL_HELP = "with several hosts: how many are worked on at once (default: all)"
@@ -60,7 +60,7 @@ def push(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Deploy the series: lock, drift check, check, back up, stage + verify, switch, journal, smoke."""
-    from ddtree_deploy import rollout
+    from ddtree_deploy.fleets import rollout
 
     hosts = rollout.select_hosts(host or [], group or [])
     options = rollout.PushOptions(family=family, dry_run=dry_run, break_lock=break_lock, smoke=not no_smoke,
@@ -85,7 +85,7 @@ def rollback(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Restore a backup through the same staged, verified switch; every file checked by sha256."""
-    from ddtree_deploy import rollout
+    from ddtree_deploy.fleets import rollout
 
     hosts = rollout.select_hosts(host or [], group or [])
     _render("rollback", hosts, json_output,
@@ -107,7 +107,7 @@ def status(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Per host: SGLang version, phase, deployed series, per-file state, backups, lock holder."""
-    from ddtree_deploy import rollout
+    from ddtree_deploy.fleets import rollout
 
     hosts = rollout.select_hosts(host or [], group or [])
     _render("status", hosts, json_output,
@@ -131,7 +131,7 @@ def _print_status(doc: dict) -> None:
         say(f"  backup {b['id']}  {b['created']}  {b.get('series') or ''}")
     serving = doc.get("serving")
     if serving:
-        from ddtree_deploy.serve_plan import process_line
+        from ddtree_deploy.serve.serve_plan import process_line
 
         say(f"  serving: {serving['explanation']}")
         for p in serving.get("processes") or ():

@@ -68,7 +68,7 @@ class Downloads:
 @contextmanager
 def downloads_shown(*, json_output: bool) -> Iterator[Downloads]:
     """Show every release download in this block (see the module doc)."""
-    from ddtree_deploy import releases
+    from ddtree_deploy.release import releases
 
     shown = Downloads(bar=not json_output)
     try:

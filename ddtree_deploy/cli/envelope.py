@@ -33,6 +33,8 @@ except ImportError:  # older typer runs on click itself
     from click import ClickException, Context, UsageError  # type: ignore[no-redef]
 from typer.exceptions import Abort
 
+from ddtree_deploy.base.codes import Code
+
 SCHEMA = "ddtree-deploy/2"
 #: The envelope's own keys, in print order; a command's fields follow them.
 ENVELOPE_KEYS = ("schema", "command", "ok", "exit_code", "error", "hosts")
@@ -222,7 +224,7 @@ class EnvelopeGroup(TyperGroup):
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
-        from ddtree_deploy import inflight
+        from ddtree_deploy.remote import inflight
 
         inflight.reset()
         with inflight.terminate_as_interrupt():  # SIGTERM ends a run as Ctrl-C does (exit 130)
@@ -270,8 +272,8 @@ class EnvelopeGroup(TyperGroup):
                 rich_utils.rich_format_error(exc)
             else:
                 exc.show()
-            code = "usage" if isinstance(exc, UsageError) else "failed"
-            hint = f"see {_help_for(getattr(exc, 'ctx', None))}" if code == "usage" else None
+            code = Code.USAGE if isinstance(exc, UsageError) else Code.FAILED
+            hint = f"see {_help_for(getattr(exc, 'ctx', None))}" if code == Code.USAGE else None
             run.error = error_doc(code, exc.format_message(), hint)
             return exc.exit_code
         except Abort:

@@ -1,7 +1,7 @@
 """What the host commands show: live progress (one host: a spinner and a timed line per
 finished step; a fleet: one row per host) and the outcome table on stderr, the fleet
 status table on stdout. Rendering only: each view is a ``rollout.Listener`` (it gets
-``rollout.Event``s); the policy is ddtree_deploy.fleet, the work ddtree_deploy.rollout."""
+``rollout.Event``s); the policy is ddtree_deploy.fleets.fleet, the work ddtree_deploy.fleets.rollout."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Callable, List
 
 from ddtree_deploy.cli.app import emit_json, err, out, say
 from ddtree_deploy.cli.text import safe
-from ddtree_deploy.fleet import FleetReport, HostResult, Kind
-from ddtree_deploy.rollout import Event, EventKind
+from ddtree_deploy.fleets.fleet import FleetReport, HostResult, Kind
+from ddtree_deploy.fleets.rollout import Event, EventKind
 
 _STYLE = {True: "green", False: "red"}
 
@@ -205,7 +205,7 @@ def print_status_table(report: FleetReport) -> None:
     """`status` on a fleet: one table of every host, on stdout (it is the result)."""
     from rich.table import Table
 
-    from ddtree_deploy.fleet import status_row
+    from ddtree_deploy.fleets.fleet import status_row
 
     table = Table(box=None)
     cols = ("host", "sglang", "phase", "series", "drift", "lock", "serving")

@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 
+from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.cli.app import app, emit_host, handles_errors, say
 from ddtree_deploy.cli.options import HOST_HELP, inventory_option
-from ddtree_deploy.errors import BadInput
 
 
 @app.command("history")
@@ -25,9 +25,9 @@ def history(
 
     Read from <state_dir>/history.jsonl on the host (read-only; takes no lock).
     """
-    from ddtree_deploy import hostlog
-    from ddtree_deploy.inventory import load_host
-    from ddtree_deploy.transport import transport_for
+    from ddtree_deploy.remote.transport import transport_for
+    from ddtree_deploy.session import hostlog
+    from ddtree_deploy.settings.inventory import load_host
 
     if not 1 <= limit <= 10000:
         raise BadInput(f"--limit {limit}: give a number from 1 to 10000")

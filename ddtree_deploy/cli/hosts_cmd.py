@@ -2,7 +2,7 @@
 
 Both work on the inventory folder every host command reads (``-i DIR``, else
 DDTREE_DEPLOY_HOSTS, a checkout's hosts/, else ~/.config/ddtree-deploy/hosts:
-ddtree_deploy/locations.py), so an installed toolkit needs no checkout to start from.
+ddtree_deploy/base/locations.py), so an installed toolkit needs no checkout to start from.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Optional
 
 import typer
 
-from ddtree_deploy import next_step
+from ddtree_deploy.base import next_step
+from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
 from ddtree_deploy.cli.options import inventory_option
 from ddtree_deploy.cli.text import safe
-from ddtree_deploy.errors import BadInput
 
 hosts_app = typer.Typer(help="List the hosts of the inventory folder, or write a new host's file.",
                         no_args_is_help=True)
@@ -52,8 +52,8 @@ def list_hosts(
 
     Exit 2 when a host file (or groups.toml) is broken: it is listed with its error, the others as usual.
     """
-    from ddtree_deploy.inventory import chosen_folder, hosts_dir, list_inventory, load_groups
-    from ddtree_deploy.locations import example_inventory, hosts_origin
+    from ddtree_deploy.base.locations import example_inventory, hosts_origin
+    from ddtree_deploy.settings.inventory import chosen_folder, hosts_dir, list_inventory, load_groups
 
     folder = hosts_dir()
     origin = "-i" if chosen_folder() is not None else hosts_origin()
@@ -104,9 +104,15 @@ def init_host(
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Write a commented host file (every key, the given values filled in) where host commands read it."""
-    from ddtree_deploy.fsutil import atomic_write, require_writable_folder
-    from ddtree_deploy.host_template import render
-    from ddtree_deploy.inventory import GROUPS_FILE, chosen_folder, host_file_name_problem, hosts_dir, parse_host
+    from ddtree_deploy.base.fsutil import atomic_write, require_writable_folder
+    from ddtree_deploy.settings.host_template import render
+    from ddtree_deploy.settings.inventory import (
+        GROUPS_FILE,
+        chosen_folder,
+        host_file_name_problem,
+        hosts_dir,
+        parse_host,
+    )
 
     problem = host_file_name_problem(name)
     if problem or name == GROUPS_FILE[:-5]:

@@ -1,5 +1,5 @@
 """`ddtree-deploy image`: write (and optionally build) a container build context that applies
-the series inside the image with the toolkit's own host agent (see ddtree_deploy/image.py)."""
+the series inside the image with the toolkit's own host agent (see ddtree_deploy/interop/image.py)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def image(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Write a Dockerfile build context FROM --base that applies the series inside the image."""
-    from ddtree_deploy import image as img
+    from ddtree_deploy.interop import image as img
 
     ctx = img.write_context(base, release, out_dir, family=family, state_dir=state_dir, python=python,
                             force=force)

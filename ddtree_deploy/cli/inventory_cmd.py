@@ -33,8 +33,8 @@ def from_ansible(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Read an Ansible inventory with ansible-core's own loader and write the toolkit's host files."""
-    from ddtree_deploy.ansible_inventory import read_inventory, write_hosts
-    from ddtree_deploy.inventory import hosts_dir, parse_host
+    from ddtree_deploy.interop.ansible_inventory import read_inventory, write_hosts
+    from ddtree_deploy.settings.inventory import hosts_dir, parse_host
 
     imported = read_inventory(source, limit=limit)
     for name, text in imported.hosts.items():  # every file valid before any is written

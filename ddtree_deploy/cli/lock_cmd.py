@@ -7,7 +7,8 @@ from typing import Optional
 
 import typer
 
-from ddtree_deploy import next_step
+from ddtree_deploy.base import next_step
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.cli.app import app, emit_host, err, handles_errors, say
 from ddtree_deploy.cli.options import HOST_HELP, inventory_option
 from ddtree_deploy.cli.text import safe
@@ -24,8 +25,8 @@ JSON_HELP = "print one JSON document on stdout"
 
 
 def _host(name: str, trust_new_host: bool):
-    from ddtree_deploy.inventory import load_host
-    from ddtree_deploy.transport import transport_for
+    from ddtree_deploy.remote.transport import transport_for
+    from ddtree_deploy.settings.inventory import load_host
 
     h = load_host(name)
     return h, transport_for(h, trust_new_host=trust_new_host)
@@ -40,7 +41,7 @@ def status(
     json_output: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Who holds the deploy lock, since when, for which run and command, and whether provably stale."""
-    from ddtree_deploy import hostlog
+    from ddtree_deploy.session import hostlog
 
     h, transport = _host(host, trust_new_host)
     doc = hostlog.lock_status(h, transport)
@@ -67,14 +68,14 @@ def release(
 
     Exit 1 when the lock's process may still run and --force is not given.
     """
-    from ddtree_deploy import hostlog
-    from ddtree_deploy.transport import AgentFailed
+    from ddtree_deploy.remote.transport import AgentFailed
+    from ddtree_deploy.session import hostlog
 
     h, transport = _host(host, trust_new_host)
     try:
         doc = hostlog.lock_release(h, transport, force)
     except AgentFailed as exc:
-        if exc.code == "locked" and exc.reply.get("holder"):  # (no holder: the lock's guard was held too long)
+        if exc.code == Code.LOCKED and exc.reply.get("holder"):  # (no holder: the lock's guard was held too long)
             exc.message = hostlog.lock_line(h.name, exc.reply.get("holder")) + "; not released"
             exc.hint = f"wait for that run, or {next_step.lock_release(h.name, force=True)} once you know it is gone"
         raise

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Callable, Optional
 import typer
 from rich.markup import escape
 
+from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
-from ddtree_deploy.errors import BadInput
-from ddtree_deploy.series import show
+from ddtree_deploy.engine.series import show
 
 if TYPE_CHECKING:
-    from ddtree_deploy.matrix import Matrix
+    from ddtree_deploy.release.matrix import Matrix
 
 _VERDICT_STYLE = {"ok": "green", "already upstream": "cyan", "failed": "bold red", "uncovered": "yellow",
                   "no family": "dim",
@@ -30,7 +30,7 @@ _CELL_STYLE = {"exact": "green", "offset": "green", "already-applied": "cyan", "
 
 
 def _render_matrix(matrix: Matrix) -> None:
-    from ddtree_deploy.matrix import Matrix
+    from ddtree_deploy.release.matrix import Matrix
 
     for family, header, body in matrix.tables():
         rows = [r for r in matrix.rows if r.family == family]
@@ -137,8 +137,8 @@ def _matrix(*, from_version: str, to_version: str, family: Optional[str], strict
             import_smoke: bool, json_output: bool) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ddtree_deploy.fsutil import require_writable_file
-    from ddtree_deploy.matrix_run import run_matrix
+    from ddtree_deploy.base.fsutil import require_writable_file
+    from ddtree_deploy.release.matrix_run import run_matrix
 
     if markdown is not None:  # before the run: a bad path is bad input, not a crash after it
         require_writable_file(markdown, "--markdown")

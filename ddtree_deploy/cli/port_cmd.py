@@ -1,24 +1,31 @@
 """`ddtree-deploy port` and `series refresh`: carry a family to a new SGLang release.
 
-Thin: parse options, call ``ddtree_deploy.port``, render. Progress and what to edit go
+Thin: parse options, call ``ddtree_deploy.release.port``, render. Progress and what to edit go
 to stderr (for people), ``--json`` documents to stdout.
 """
 
 from __future__ import annotations
 
-# ddtree_deploy.port is imported inside the commands: every CLI start would otherwise pay for it.
+# ddtree_deploy.release.port is imported inside the commands: every CLI start would otherwise pay for it.
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.markup import escape
 
+from ddtree_deploy.base import next_step
+from ddtree_deploy.base.errors import EXIT_FAILED, BadInput
+from ddtree_deploy.base.locations import repo_dir
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
-from ddtree_deploy import next_step
-from ddtree_deploy.errors import EXIT_FAILED, BadInput
-from ddtree_deploy.locations import repo_dir
-from ddtree_deploy.series import (families, family_folder, load_family, origin_of, read_family_info,
-                                  require_families, show)
+from ddtree_deploy.engine.series import (
+    families,
+    family_folder,
+    load_family,
+    origin_of,
+    read_family_info,
+    require_families,
+    show,
+)
 
 series_app = typer.Typer(help="Work on a family's patch files.", no_args_is_help=True)
 app.add_typer(series_app, name="series")
@@ -34,7 +41,7 @@ def _newest_family() -> str:
     """The newest family (by the upper end of its range): what a new release is ported from."""
     from packaging.version import Version
 
-    from ddtree_deploy.matrix import upper_bound
+    from ddtree_deploy.release.matrix import upper_bound
 
     infos = [f for f in require_families() if not f.unfinished]  # never port on from a half-ported one
     if not infos:
@@ -88,8 +95,8 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
     new_name = into or "sglang-" + ".".join(map(str, (list(release) + [0, 0])[:3]))
     target = family_folder(new_name)
     tree_dir = tree or repo_dir("build") / f"port-{target.name}"
-    from ddtree_deploy import port as porting
-    from ddtree_deploy.fsutil import require_writable_folder
+    from ddtree_deploy.base.fsutil import require_writable_folder
+    from ddtree_deploy.release import port as porting
 
     require_writable_folder(tree_dir, "--tree")  # both before any work: bad input, nothing written
     require_writable_folder(target.parent, "--into", given=target)
@@ -161,8 +168,8 @@ def refresh_command(
                                                             "go ahead and delete the .rej files."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
 ) -> None:
-    from ddtree_deploy import port as porting
-    from ddtree_deploy.fsutil import require_writable_folder
+    from ddtree_deploy.base.fsutil import require_writable_folder
+    from ddtree_deploy.release import port as porting
 
     folder = family_folder(family)
     if folder.is_dir():  # (a missing family is refresh_family's to word)

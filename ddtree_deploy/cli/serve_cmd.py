@@ -1,6 +1,6 @@
 """`ddtree-deploy restart`: restart the serving SGLang on hosts through their [serve] table.
 
-Thin, like deploy_cmd: parse, call ddtree_deploy.rollout.restart (the lock, the restart,
+Thin, like deploy_cmd: parse, call ddtree_deploy.fleets.rollout.restart (the lock, the restart,
 the health wait and the DDTree proof, recorded on the host; fleets in waves), render.
 """
 
@@ -33,7 +33,7 @@ def restart(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Restart the host's SGLang server ([serve] restart), wait for its health, prove DDTree; recorded."""
-    from ddtree_deploy import rollout
+    from ddtree_deploy.fleets import rollout
 
     hosts = rollout.select_hosts(host or [], group or [])
     policy = rollout.restart_policy_for(hosts, canary=canary, parallel=parallel, max_failures=max_failures)

@@ -14,10 +14,10 @@ from typing import List, Optional
 
 import typer
 
-from ddtree_deploy import smoke_settings
 from ddtree_deploy.cli.app import app, handles_errors
 from ddtree_deploy.cli.options import GROUP_HELP, HOSTS_HELP, inventory_option
-from ddtree_deploy.transport import transport_for
+from ddtree_deploy.remote.transport import transport_for
+from ddtree_deploy.settings import smoke_settings
 
 LEVEL_HELP = ("a level to run: " + ", ".join(smoke_settings.LEVELS) +
               "; repeatable (default: the levels of the host's smoke table)")
@@ -36,8 +36,8 @@ def smoke_cmd(
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Run the smoke levels (compile, import, cli, launch) against the series deployed on each host."""
-    from ddtree_deploy import rollout
     from ddtree_deploy.cli.fleet_view import render
+    from ddtree_deploy.fleets import rollout
 
     hosts = rollout.select_hosts(host or [], group or [])
     # Level names and report lines come from the hosts: the views print them inert.

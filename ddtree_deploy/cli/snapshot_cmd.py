@@ -11,12 +11,12 @@ from typing import Optional
 
 import typer
 
-from ddtree_deploy import next_step
+from ddtree_deploy.base import next_step
 from ddtree_deploy.cli.app import app, emit_host, emit_json, err, handles_errors, say
 from ddtree_deploy.cli.options import HOST_HELP, inventory_option
 from ddtree_deploy.cli.text import safe
-from ddtree_deploy.series import show
-from ddtree_deploy.snapshot import Snapshot, snapshot_from_release
+from ddtree_deploy.engine.series import show
+from ddtree_deploy.release.snapshot import Snapshot, snapshot_from_release
 
 snapshot_app = typer.Typer(
     name="snapshot",
@@ -78,16 +78,16 @@ def pull(
 ) -> None:
     """Snapshot the host's own SGLang files (the pristine state push compares against)."""
     # The host's modules load only for this sub-command (``snapshot release`` needs none).
-    from ddtree_deploy import deploy
-    from ddtree_deploy.codes import Code
-    from ddtree_deploy.errors import BadInput, DeployError
-    from ddtree_deploy.inventory import load_host
-    from ddtree_deploy.rollout import series_chooser
-    from ddtree_deploy.snapshot import snapshot_from_files
-    from ddtree_deploy.transport import transport_for
+    from ddtree_deploy.base.codes import Code
+    from ddtree_deploy.base.errors import BadInput, DeployError
+    from ddtree_deploy.release.snapshot import snapshot_from_files
+    from ddtree_deploy.remote.transport import transport_for
+    from ddtree_deploy.session import deploy
+    from ddtree_deploy.session.desired import Want
+    from ddtree_deploy.settings.inventory import load_host
 
     h = load_host(host)
-    paths, _choose, _forced = series_chooser(family)
+    paths = Want(family).paths
     err.print(f"[dim]{safe(h.name)}:[/] reading {len(paths)} file(s)")
     facts, files = deploy.pull(h, transport_for(h, trust_new_host=trust_new_host), paths)
     patched = deploy.patched_paths(facts, files)

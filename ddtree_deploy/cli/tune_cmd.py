@@ -14,13 +14,13 @@ from typing import Optional
 
 import typer
 
-from ddtree_deploy import tune
+from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.cli.app import app, emit_host, err, handles_errors, out, say
 from ddtree_deploy.cli.options import inventory_option
 from ddtree_deploy.cli.text import safe
-from ddtree_deploy.errors import BadInput
-from ddtree_deploy.inventory import load_host
-from ddtree_deploy.transport import transport_for
+from ddtree_deploy.remote.transport import transport_for
+from ddtree_deploy.settings.inventory import load_host
+from ddtree_deploy.tuning import tune
 
 
 def _ints(text: str, option: str, what: str, hi: int) -> tuple[int, ...]:
@@ -67,7 +67,7 @@ def tune_cmd(
 ) -> None:
     """Sweep DDTree budget x top-K against the DFlash chain and no speculation, with SGLang's
     bench_serving on the host; rank, plot, choose, optionally write the choice."""
-    from ddtree_deploy import tune_run
+    from ddtree_deploy.tuning import tune_run
 
     name, path = _dataset(dataset)
     opts = tune.TuneOptions(

@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 
-from ddtree_deploy.codes import Code
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.hostprog import wire
 from ddtree_deploy.hostprog.apply import Apply
 from ddtree_deploy.hostprog.facts import Facts

@@ -15,11 +15,21 @@ import shutil
 import stat
 import time
 
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.hostprog import wire
-from ddtree_deploy.hostprog.fileops import (TMP_TAG, AgentError, describe_os_error, errno_name, frozen, fsync_dir,
-                                            located, makedirs_private, remove_quietly, write_json_atomic,
-                                            write_private)
-from ddtree_deploy.codes import Code
+from ddtree_deploy.hostprog.fileops import (
+    TMP_TAG,
+    AgentError,
+    describe_os_error,
+    errno_name,
+    frozen,
+    fsync_dir,
+    located,
+    makedirs_private,
+    remove_quietly,
+    write_json_atomic,
+    write_private,
+)
 from ddtree_deploy.hostprog.state import JOURNAL_VERSION
 
 # Free space the switch leaves on a file system beyond what it writes (statvfs preflight).

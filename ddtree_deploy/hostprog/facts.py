@@ -12,7 +12,7 @@ import errno
 import os
 import sys
 
-from ddtree_deploy.codes import Code
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.hostprog import wire
 from ddtree_deploy.hostprog.fileops import TMP_TAG, AgentError
 

@@ -8,9 +8,9 @@ caller saw (compare-and-set); ``served`` records the newest restart of the host'
 
 import json
 
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.hostprog import wire
 from ddtree_deploy.hostprog.fileops import AgentError, remove_quietly, write_json_atomic
-from ddtree_deploy.codes import Code
 
 
 class Journal(object):

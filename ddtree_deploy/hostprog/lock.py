@@ -15,7 +15,7 @@ import shutil
 import socket
 import time
 
-from ddtree_deploy.codes import Code
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.hostprog import wire
 from ddtree_deploy.hostprog.facts import find_sglang
 from ddtree_deploy.hostprog.fileops import TMP_TAG, AgentError, located, remove_quietly, write_private

@@ -46,8 +46,7 @@ import os
 import sys
 import time
 
-from ddtree_deploy.hostprog import smoke as sa
-from ddtree_deploy.hostprog import wire
+from ddtree_deploy.hostprog import smoke as sa, wire
 
 # A process that started this little before the restart began is taken as started by it:
 # /proc start times have clock-tick resolution, and the two clocks are read a moment apart.

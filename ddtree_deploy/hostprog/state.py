@@ -24,7 +24,7 @@ import json
 import os
 import re
 
-from ddtree_deploy.codes import JOURNAL_PHASES, Code
+from ddtree_deploy.base.codes import JOURNAL_PHASES, Code
 from ddtree_deploy.hostprog import wire
 from ddtree_deploy.hostprog.facts import find_sglang
 from ddtree_deploy.hostprog.fileops import TMP_TAG, AgentError, makedirs_private, write_private

@@ -37,9 +37,8 @@ import sys
 import threading
 import time
 
-from ddtree_deploy.codes import Code
-from ddtree_deploy.hostprog import smoke as sa
-from ddtree_deploy.hostprog import wire
+from ddtree_deploy.base.codes import Code
+from ddtree_deploy.hostprog import smoke as sa, wire
 
 OOM_MARKS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed")
 METRICS = {  # bench_serving's result keys -> ours

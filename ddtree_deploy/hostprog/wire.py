@@ -9,7 +9,7 @@ grammar).
 - Output: ``Emitter``, one JSON line per answer or event, with an optional heartbeat for a
   long wait. A closed stdout (the controller went away) stops the talking, never the work.
 - ``keep_working``: a hangup or a broken pipe never stops a host program half-way.
-- ``sha256_file``/``sha256_bytes`` (the same hex digests as ddtree_deploy.digests, which a
+- ``sha256_file``/``sha256_bytes`` (the same hex digests as ddtree_deploy.base.digests, which a
   host does not have), ``now_iso``/``iso_seconds``, ``read_json``, and a process's identity
   (``boot_id``, ``process_start``, ``same_process``) for the locks.
 
@@ -17,8 +17,8 @@ Test hooks: the one hook point
 ------------------------------
 A test injects faults into a host program only through ``Hooks``, and a program consults
 them nowhere else. The hooks arrive in the ``hooks`` object of a request (the deploy
-agent's ``init``; the controller fills it from the environment variable
-``DDTREE_DEPLOY_TEST_HOOKS``, read in one place: ``deploy.test_hooks``), so no host
+agent's ``init``; the controller fills it from its one test hook point, ``base/hooks.py``,
+which alone reads the environment for them), so no host
 program reads its environment for them. None set (every real run): each method returns at
 once and changes nothing. The names, each a step of the agent's apply:
 

@@ -4,7 +4,7 @@ A sandbox host is a GPU host without the GPU: a Python environment holding a rea
 release's files (``hostenv``), reached through a real OpenSSH sshd on loopback (``sshd``).
 It ships in the wheel because ``python -m ddtree_deploy.demo`` runs from an installed
 toolkit; nothing else in the package imports it. Standard library only (plus
-``ddtree_deploy.locations`` / ``releases`` for the wheel cache).
+``ddtree_deploy.base.locations`` / ``releases`` for the wheel cache).
 """
 
 from ddtree_deploy.sandbox.hostenv import (

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from ddtree_deploy.locations import cache_dir
+from ddtree_deploy.base.locations import cache_dir
 
 #: The release the DDTree series was made against (the seeds' host ran it).
 BASELINE_RELEASE = "0.5.12.post1"
@@ -71,7 +71,7 @@ def release_wheel(version: str = BASELINE_RELEASE) -> Path:
     if found:
         return found[0]
     # Not cached yet: the toolkit's own downloader (sha256-verified against PyPI).
-    from ddtree_deploy.releases import ensure_wheel
+    from ddtree_deploy.release.releases import ensure_wheel
 
     return ensure_wheel(version)
 

@@ -19,7 +19,7 @@ include or an import is seen at prepare time:
   replaced by our stand-ins (attention.py), which must provide every name imported from them.
 
 Standard library only (the GPU machine runs ``verify`` and ``travel_bytes`` without the
-toolkit); ``prepare`` takes a wheel path, found by the caller through ddtree_deploy.releases.
+toolkit); ``prepare`` takes a wheel path, found by the caller through ddtree_deploy.release.releases.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def release_dir(carry_dir: Path, release: str = RELEASE) -> Path:
 def prepare(wheel: Path, carry_dir: Path, read_files: Callable, release: str = RELEASE) -> dict:
     """Extract the CUDA and Triton closures of ``wheel`` into carry_dir/sglang-<release>/.
 
-    read_files(wheel, paths) -> {path: bytes} (ddtree_deploy.releases.read_wheel_files: each
+    read_files(wheel, paths) -> {path: bytes} (ddtree_deploy.release.releases.read_wheel_files: each
     file checked against the wheel's RECORD). Returns the manifest written.
     """
     with zipfile.ZipFile(wheel) as zf:

@@ -49,11 +49,11 @@ FULL_MASK, QLEN_ONLY = 0, 1
 
 
 def payload_dir() -> Path:
-    """The payload folder ddtree_deploy.locations names (stdlib only: importable on the GPU
+    """The payload folder ddtree_deploy.base.locations names (stdlib only: importable on the GPU
     machine from the carried checkout): the checkout's payload/, or $DDTREE_DEPLOY_PAYLOAD."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from ddtree_deploy.locations import repo_dir
+    from ddtree_deploy.base.locations import repo_dir
 
     return repo_dir("payload")
 

@@ -65,8 +65,8 @@ def _guard(report: Report, name: str, fn, *args, **kwargs) -> None:
 def _prepare(carry_dir: Path, release: str) -> dict:
     sys.path.insert(0, str(REPO))
     try:
-        from ddtree_deploy import releases
-        from ddtree_deploy.errors import DeployError
+        from ddtree_deploy.base.errors import DeployError
+        from ddtree_deploy.release import releases
     except ImportError as exc:
         raise BadInput(f"--prepare needs the toolkit (run it from the project's venv: "
                        f"make gpu-check-dry): {exc}") from None

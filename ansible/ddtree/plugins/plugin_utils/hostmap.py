@@ -37,7 +37,7 @@ Variables read (``get(name)`` returns the templated value or None):
 import re
 import shlex
 
-# The toolkit's host names (the file's stem): see ddtree_deploy/inventory.py.
+# The toolkit's host names (the file's stem): see ddtree_deploy/settings/inventory.py.
 HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 # ssh -o options we translate, by lower-case name -> key of the [ssh] table.

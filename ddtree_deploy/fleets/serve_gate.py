@@ -1,0 +1,268 @@
+"""The serving step of push, rollback and restart: the new code serving and healthy is the
+end of a deploy, not the files on disk.
+
+- ``gate_push``: after a push's switch and smoke, with the deploy lock still held: record
+  ``restarting``, restart the server (``serve_run``), wait for its health, prove DDTree
+  through ``/server_info`` (the launch smoke's proof, on the real server), record the
+  result; only then mark the journal ``deployed``. A server that is not healthy in time
+  (or fails the proof) is rolled back: the files (``PushSession.rollback``: ``rollback``'s
+  verified switch), then a restart on them, health only, all under the push's lock.
+  ``--no-rollback`` keeps the files, the host ``switched``.
+- ``after_rollback``: a ``rollback`` that switched files restarts the server the same way,
+  under the rollback's lock.
+- ``ensure_serving``: a push with nothing to switch still ends with the deployed files
+  serving: a server older than them (or not healthy) is restarted.
+- ``serving_of`` / ``look``: what ``status`` shows of the serving processes (judged by
+  content where the host's history can tell: ``serve_plan.loaded_now``).
+
+Calls go down: rollout -> serve_gate -> deploy, serve_run -> transport.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from ddtree_deploy.base import next_step
+from ddtree_deploy.base.codes import Phase
+from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, DeployError, clause
+from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
+from ddtree_deploy.fleets.fleet import HostResult, Kind
+from ddtree_deploy.serve import serve_plan, serve_run
+from ddtree_deploy.session import deploy
+from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
+from ddtree_deploy.settings.smoke_settings import FAMILY_SMOKE_DEFAULT, family_smoke
+
+
+def settings_of(host) -> ServeSettings | None:
+    """The host's ``[serve]`` (None: none), checked: bad input stops here, before any connection."""
+    return parse_serve(host.serve, source=host.source)
+
+
+@dataclass(frozen=True)
+class ServeGate:
+    """A push's serving step: the restart on the new files, and what followed it."""
+
+    restart: serve_run.Restart
+    marked: bool = False  # healthy and proven: the journal moved to `deployed`
+    mark_error: str | None = None
+    rollback: deploy.Outcome | None = None  # the files rolled back after a failed restart
+    rollback_error: str | None = None
+    again: serve_run.Restart | None = None  # the restart on the rolled-back files
+    again_error: str | None = None  # that restart could not run (the connection lost), or its end not be recorded
+    kept: bool = False  # --no-rollback: the new files stay, the host `switched`
+    interrupted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.restart.ok and self.marked
+
+    @property
+    def down(self) -> bool:
+        """The host's server is left not healthy (it counts against ``--parallel``)."""
+        if self.restart.ok:
+            return False
+        return self.again is None or not self.again.ok
+
+    def kind(self) -> Kind:
+        if self.ok:
+            return Kind.PUSHED
+        if self.restart.ok:  # healthy, but the journal could not be marked
+            return Kind.SWITCHED
+        return Kind.FAILED_ROLLED_BACK if self.rollback is not None else Kind.FAILED_NOT_ROLLED_BACK
+
+    def detail(self) -> str:
+        r = self.restart
+        if self.ok:
+            return r.detail
+        if r.ok:
+            return f"server healthy on the new files, but the host is not marked deployed: {self.mark_error}"
+        why = f"server {r.state} after the restart ({r.failed}): {r.detail}"
+        if self.rollback is not None:
+            back = f"rolled back: {self.rollback.summary}"
+            if self.again is not None:
+                back += f"; restarted on the old files: {'healthy' if self.again.ok else 'NOT healthy'}"
+                if not self.again.ok:
+                    back += f" ({self.again.failed}: {self.again.detail})"
+                if self.again_error:  # it ran, but its end is not in the journal
+                    back += f"; {self.again_error}"
+            elif self.again_error:
+                back += f"; the restart on the old files could not run: {self.again_error}"
+            return f"{why}; {back}"
+        if self.kept:
+            return f"{why}; new files KEPT (--no-rollback): {next_step.push_or_rollback(r.host)}"
+        if self.interrupted:
+            return f"{why}; {next_step.push_or_rollback(r.host)}"
+        return f"{why}; the automatic rollback FAILED: {self.rollback_error}"
+
+    def lines(self) -> list[str]:
+        out = [self.restart.line()]
+        if self.marked:
+            out.append("server healthy on the new code: journal marked deployed")
+        elif not self.ok:
+            out.append(self.detail())
+        if self.again is not None:
+            out.append("after the rollback: " + self.again.line())
+        return out
+
+    def to_json(self) -> dict:
+        return {"restart": self.restart.to_json(), "marked": self.marked, "mark_error": self.mark_error,
+                "rolled_back": self.rollback.to_json() if self.rollback is not None else None,
+                "rollback_error": self.rollback_error,
+                "restart_after_rollback": self.again.to_json() if self.again is not None else None,
+                "restart_after_rollback_error": self.again_error, "kept_new_files": self.kept, "down": self.down}
+
+
+def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any],
+              outcome: deploy.Outcome, series, *, auto_rollback: bool = True, progress: Progress = quiet,
+              heartbeat: Heartbeat | None = None) -> ServeGate:
+    """Restart, health, proof, then mark ``deployed`` through ``held`` (the push's session,
+    holding the lock); or roll back and restart on the old files, under that same lock
+    (released when the session is left): no other run acts on the host in between. See the
+    module doc."""
+    files = list(series.touched_paths()) if series is not None else []
+    family = family_smoke(series) if series is not None else FAMILY_SMOKE_DEFAULT
+    restart, unrecorded = serve_run.restart_held(host, connect, settings, held, held.run_id or outcome.run_id, files,
+                                                 proof=serve_plan.proof_spec(settings, family), progress=progress,
+                                                 heartbeat=heartbeat)
+    if unrecorded is not None and restart.ok:
+        return ServeGate(restart, mark_error=clause(unrecorded, host.name))
+    if restart.ok:
+        try:
+            held.mark(Phase.DEPLOYED)
+        except DeployError as exc:
+            return ServeGate(restart, mark_error=clause(exc, host.name))
+        return ServeGate(restart, marked=True)
+    if restart.failed == "interrupted":
+        return ServeGate(restart, interrupted=True)
+    if not auto_rollback:
+        return ServeGate(restart, kept=True)
+    progress(f"server not healthy: rolling back to backup {outcome.backup_id}")
+    try:
+        undone = held.rollback(outcome.backup_id, progress=progress)
+    except DeployError as exc:
+        return ServeGate(restart, rollback_error=clause(exc, host.name))
+    progress("restart on the old files")
+    try:
+        again, unrecorded = serve_run.restart_held(host, connect, settings, held, undone.run_id, files, proof=None,
+                                                   progress=progress, heartbeat=heartbeat)
+    except DeployError as exc:
+        return ServeGate(restart, rollback=undone, again_error=clause(exc, host.name))
+    return ServeGate(restart, rollback=undone, again=again,
+                     again_error=None if unrecorded is None else clause(unrecorded, host.name))
+
+
+def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any], *,
+                   progress: Progress = quiet, heartbeat: Heartbeat | None = None) -> serve_run.Restart:
+    """``rollback`` switched files back and still holds the lock (``held``,
+    ``deploy.begin_rollback``): restart the server on them under it (health only: the files
+    are SGLang's own again). A restart whose end could not be recorded raises that error."""
+    progress("restart the server")
+    journal_files = [s.path for s in held.outcome.plan.steps] if held.outcome.plan else []
+    restart, unrecorded = serve_run.restart_held(host, connect, settings, held, held.outcome.run_id, journal_files,
+                                                 proof=None, progress=progress, heartbeat=heartbeat)
+    if unrecorded is not None:
+        raise unrecorded
+    return restart
+
+
+def ensure_serving(host, settings: ServeSettings, connect: Callable[[Any], Any], files, *,
+                   progress: Progress = quiet, heartbeat: Heartbeat | None = None) -> tuple[str, serve_run.Restart | None]:
+    """A push that switched nothing: restart the server if it runs other bytes than the
+    deployed files (or is not healthy). -> (what was found, the restart or None)."""
+    progress("check the serving processes")
+    transport = connect(host)
+    with transport:
+        found = look(host, transport, files, settings, lambda request: deploy.ask(host, transport, request))
+    healthy = (found.get("health") or {}).get("status") == 200
+    if found["state"] == serve_plan.CURRENT and healthy:
+        return found["explanation"], None
+    why = found["explanation"] if found["state"] != serve_plan.CURRENT else "the server is not healthy"
+    restart, _held = serve_run.restart_locked(host, connect, settings, prove=True, progress=progress,
+                                              heartbeat=heartbeat)
+    return why, restart
+
+
+def look(host, transport, files, settings: ServeSettings | None, ask: Callable[[dict], dict]) -> dict:
+    """The serving processes (``serve_plan.serving``) over an open ``transport``: the serve
+    program's discovery and, when a process started before the last change of ``files``, the
+    host's record of the switches since (``ask``: one read-only agent request), so that a
+    server the files were switched back to is not called stale."""
+    answer = serve_run.check(host, transport, serve_plan.check_request(host.python, files, settings))
+    since = serve_plan.record_since(answer)
+    record = None
+    if since is not None:
+        try:
+            record = ask(serve_plan.switches_request(since, files))
+        except DeployError as exc:  # said in the sentence; the times decide
+            record = {"error": clause(exc, host.name)}
+    return serve_plan.serving(answer, host.name, serve=settings is not None, record=record)
+
+
+# ---------------------------------------------------------------- a host's result (fleet.HostResult)
+
+
+def require_serve(hosts) -> dict:
+    """``restart``: every host's ``[serve]``; a host without one is bad input (before any connection)."""
+    serves = {h.name: settings_of(h) for h in hosts}
+    for h in hosts:
+        if serves[h.name] is None:
+            raise BadInput(f"{h.source or h.name}: serve: no [serve] table: nothing says how this host's server "
+                           "restarts", hint='add [serve] with restart = ["...", ...] and url = '
+                           '"http://127.0.0.1:PORT" (README: Serving)')
+    return serves
+
+
+def _line(host: str, restart: serve_run.Restart) -> str:
+    return f"{host}: {restart.line()}"
+
+
+def restarted_result(result: HostResult, restart: serve_run.Restart) -> HostResult:
+    """A host's result after its server was restarted (a rollback's, or a push with nothing to
+    switch): as it was when healthy, else ``server NOT healthy`` (and down)."""
+    doc = {**result.doc, "serve": {"restart": restart.to_json(), "down": not restart.ok}}
+    lines = result.lines + (_line(result.host, restart),)
+    if restart.ok:
+        return replace(result, doc=doc, lines=lines)
+    return replace(result, kind=Kind.UNHEALTHY, doc={**doc, "ok": False}, lines=lines, exit_code=EXIT_FAILED,
+                   down=True, message=f"{result.message}; {restart.line()}" if result.message else restart.line())
+
+
+def ensure_result(result: HostResult, host, settings: ServeSettings, connect: Callable[[Any], Any],
+                  outcome: deploy.Outcome, *, progress: Progress = quiet,
+                  heartbeat: Heartbeat | None = None) -> HostResult:
+    """A push with nothing to switch on a deployed host (``result``): the server must run these files."""
+    files = [f["path"] for f in ((outcome.plan.to_json() if outcome.plan else {}).get("files") or ())]
+    why, restart = ensure_serving(host, settings, connect, files, progress=progress, heartbeat=heartbeat)
+    result = replace(result, lines=result.lines + (f"{host.name}: server: {why}",))
+    if restart is None:
+        return replace(result, doc={**result.doc, "serve": {"restart": None, "serving": why, "down": False}})
+    return restarted_result(result, restart)
+
+
+def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any], *, break_lock: bool = False,
+                   progress: Progress = quiet, heartbeat: Heartbeat | None = None) -> tuple[HostResult, deploy.Outcome]:
+    """``restart`` on one host: (its result, the lock session's outcome: a broken lock, a history warning)."""
+    restart, held = serve_run.restart_locked(host, connect, settings, break_lock=break_lock, progress=progress,
+                                             heartbeat=heartbeat)
+    doc = {"host": host.name, "command": "restart", "run_id": held.run_id, "ok": restart.ok, "phase": held.phase,
+           "restart": restart.to_json()}
+    kind = Kind.RESTARTED if restart.ok else Kind.UNHEALTHY
+    return HostResult(host.name, kind, doc, "" if restart.ok else restart.line(), 0 if restart.ok else EXIT_FAILED,
+                      (_line(host.name, restart),), down=not restart.ok), held
+
+
+def serving_of(host, read: deploy.Reading) -> dict:
+    """``status``: the serving processes over the status connection (``look``, asking the
+    history on ``read``'s session); a failure to look is said in the document, never fatal."""
+    files = list(((read.facts.get("journal") or {}).get("files") or {}))
+    try:
+        return look(host, read.transport, files, settings_of(host), read.ask)
+    except DeployError as exc:
+        return {"state": "unknown", "processes": [], "files_changed": None, "newest_file": None, "health": None,
+                "explanation": f"could not look at the serving processes: {clause(exc, host.name)}",
+                "unreadable": 0}
+
+
+__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "look", "require_serve",
+           "restart_result", "restarted_result", "serving_of", "settings_of"]
