@@ -133,8 +133,10 @@ def test_serving_states_and_sentences():
               "health": {"url": "http://h:1/health_generate", "status": 200}}
     s = serve_plan.serving(answer, "gpu1", serve=True)
     assert s["state"] == "stale"
-    assert s["explanation"] == ("serving code older than the files: pid 11 started before the last switch (T0): run "
+    assert s["explanation"] == ("serving code older than the files: pid 11 started before the last switch (T0); "
+                                "taken as older by the times alone: the history's switches were not read: run "
                                 "`ddtree-deploy restart --host gpu1`; health http://h:1/health_generate: 200")
+    assert [p["decided_by"] for p in s["processes"]] == ["time", "time"]
     assert "add a [serve] table" in serve_plan.serving(answer, "gpu1")["explanation"]
     s = serve_plan.serving(dict(answer, processes=procs[1:], health=None), "gpu1")
     assert s["state"] == "current" and s["explanation"] == "pid 20 started after the last switch (T0): serving the " \

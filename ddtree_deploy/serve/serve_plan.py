@@ -190,7 +190,8 @@ def serving(answer: Mapping[str, Any], host: str = "HOST", *, serve: bool = Fals
     (``stale``, ``decided_by``, ``undecided``: why the content could not decide)."""
     procs = [dict(p) for p in answer.get("processes") or ()]
     for p in procs:
-        verdict, why = (None, "not looked at") if record is None else loaded_now(p["started"], record)
+        verdict, why = ((None, "the history's switches were not read") if record is None
+                        else loaded_now(p["started"], record))
         if not p.get("before_files") or verdict is None:
             p.update(stale=p.get("before_files"), decided_by="time", undecided=why if p.get("before_files") else None)
         else:
