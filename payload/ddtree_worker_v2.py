@@ -51,6 +51,8 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.ddtree_lineage import (
     decode_reserve,
     eagle_lineage,
+    finite_logprobs,
+    lineage_depth,
     sharded_topk_logprobs,
     verify_width,
 )
@@ -373,8 +375,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         }
 
     def _ddtree_build(self, roots, logprobs, tokens):
-        """Tree (budget nodes) + its EAGLE lineage. Device-only."""
-        layout = build_ddtree(logprobs, tokens, roots, self.ddtree_budget)
+        """Tree (budget nodes, all real: finite_logprobs, and the plugin refused drafts that
+        cannot fill the budget) + its EAGLE lineage. Device-only."""
+        layout = build_ddtree(finite_logprobs(logprobs), tokens, roots, self.ddtree_budget)
         parent_list, top_scores_index, draft_tokens = eagle_lineage(layout, tokens)
         return layout, parent_list, top_scores_index, draft_tokens
 
@@ -408,7 +411,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             None,
             target_worker=self.target_worker,
             topk=k,
-            num_steps=layout.max_depth,
+            # The CUDA builder's parent-list stride is k * (depth - 1) + 1 (ddtree_lineage).
+            num_steps=lineage_depth(n - 1, k, int(tokens.shape[1])),
             num_draft_tokens=n,
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,
