@@ -415,8 +415,10 @@ class StandInTargetWorker:
             )
             logits.append(lg)
             hidden.append(hd)
+        # float32 logits, as SGLang's LogitsProcessor hands them to the verify (the CUDA
+        # sampling kernel's host check takes nothing else); hidden states stay float64.
         out = LogitsProcessorOutput(
-            next_token_logits=torch.cat(logits), hidden_states=torch.cat(hidden)
+            next_token_logits=torch.cat(logits).float(), hidden_states=torch.cat(hidden)
         )
         return _Out(out)
 
