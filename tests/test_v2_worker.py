@@ -2,39 +2,57 @@
 
 Two layers:
 
-1. In this interpreter (torch only): the lineage encoding (``payload/ddtree_lineage.py``) fed
-   to a torch transcription of SGLang's EAGLE tree builder reproduces the DDTree layout of
-   ``payload/ddtree_utils.py`` exactly (links, positions, mask rows); the stand-ins for
-   SGLang's greedy walk and target-only sampling walk agree with the DDTree reference
-   (``greedy_accept`` / ``sample_accept``) draw for draw; the sharded top-K equals the
-   full-vocabulary top-K; ``decode_reserve`` is what the overlap scheduler needs.
+1. In this interpreter (torch only): the stand-ins for SGLang's greedy walk and target-only
+   sampling walk (tests/v2_kernel_standins.py, held to the CUDA kernels) agree with the DDTree
+   reference (``greedy_accept`` / ``sample_accept``) draw for draw; the sharded top-K equals
+   the full-vocabulary top-K; ``decode_reserve`` is what the overlap scheduler needs. (The
+   lineage against EAGLE's CUDA tree ABI: tests/test_v2_tree_abi.py; the stand-ins against
+   the release's sources and Triton kernels: tests/test_v2_kernel_contract.py.)
 2. In a host environment with the real 0.5.23 wheel plus the v2 family's series (GNU patch)
-   (tests/v2_worker_probe.py, run by the host interpreter with ``SGLANG_USE_CPU_ENGINE=1``):
-   the worker's whole decode step (``DDTreeWorkerV2.forward_batch_generation``: the DFlash
-   block as a real ``ForwardBatch`` over the request's window, the top-K head, the DDTree
-   build, the lineage) drives SGLang's own ``build_eagle_verify_input`` +
-   ``run_eagle_verify(finalize_tree_path=True)`` on a real ``ScheduleBatch``, ``ReqToTokenPool``, ``TokenToKVPoolAllocator`` over a real
+   (tests/v2_worker_probe.py, run by the host interpreter with ``SGLANG_USE_CPU_ENGINE=1`` and
+   ``TRITON_INTERPRET=1``): the worker's whole decode step (``DDTreeWorkerV2.forward_batch_
+   generation``: the DFlash block as a real ``ForwardBatch`` over the request's window, the
+   top-K head, the DDTree build, the lineage) drives SGLang's own ``build_eagle_verify_input``
+   + ``run_eagle_verify(finalize_tree_path=True)`` on a real ``ScheduleBatch``,
+   ``ReqToTokenPool``, ``TokenToKVPoolAllocator`` (or the paged one) over a real
    ``MHATokenToKVPool`` (float64), ``RadixCache`` (disabled), ``KVIndexTranslator``,
-   ``ForwardBatch.init_new``, with the real ``prepare_for_decode`` over-allocation and the
-   real ``release_kv_cache``; a tiny float64 transformer is the target.
+   ``ForwardBatch.init_new``, the real ``prepare_for_decode`` over-allocation and the real
+   ``release_kv_cache``; a tiny float64 transformer is the target. Every decode run checks,
+   per step, each request's accepted depth against a reference walk of that step's tree with
+   plain sequential greedy decoding, and that the step's write window lies inside the KV the
+   allocator reserved (exactly the decode reserve past the host's committed length); per run,
+   the off-chain counter equals the number of steps whose accepted paths left the
+   first-ranked chain (recomputed from EAGLE's accept_index), and every KV slot and request
+   row is free at the end.
    - greedy: three requests of different prompt lengths finishing mid-path emit exactly the
-     target's greedy tokens; every KV slot and request row is free at the end; each slot of
-     a committed position holds that position's KV; the draft is handed, for every committed
-     position, the same hidden state as sequential decoding;
+     target's greedy tokens; each slot of a committed position holds that position's KV; the
+     draft is handed, for every committed position, the same hidden state as sequential
+     decoding;
+   - overlap: the same, driven as the overlap scheduler drives a spec-v2 worker: the host
+     prepares step k from lengths one step behind (so the lag term of the decode reserve is
+     used), the real ``FutureMap`` publishes the true lengths through ``on_publish`` and
+     relays the bonus tokens (the draft input's own are poisoned, -1), results are processed
+     a step late and finished requests run one extra step;
+   - page size 16 (SGLang's paged allocator, EAGLE's physical KV move), under overlap;
+   - grammar: constrained requests (a STAND-IN grammar object) under overlap, through EAGLE's
+     grammar mask over the DDTree and the scheduler's grammar barrier: the grammar-masked
+     greedy tokens, which differ from the unconstrained ones;
    - sampling (verify/accept/commit with a 2-shard top-K): the law of the two tokens the
-     worker emits equals the target's (chi-square on a 6-token vocabulary, 400 requests; a
-     sampling walk without the residual is rejected);
+     worker emits equals the target's (chi-square on a 6-token vocabulary, 400 requests);
+     the control: the same run with a sampling walk that draws the bonus without the residual
+     is rejected by the same statistics;
    - no host sync: the tree build + lineage + off-chain counter make no .item()/.tolist()/
      .cpu() call; the /server_info report hook; the top-K head as the draft graph calls it.
 
 NAMED STAND-INS (see tests/v2_worker_probe.py and tests/v2_kernel_standins.py): the
 ``sgl_kernel`` CPU ops on this path (tree builder, greedy walk, cache-loc gathers, bonus fill;
-a compiled wheel this machine lacks) and ``tree_speculative_sampling_target_only`` (no CPU op
-exists) in pure torch; the target forward (TinyTarget on the real KV pool, honouring the
-verify's custom mask and positions); the ModelRunner's attribute bag; the draft model runner
-(checks the block ForwardBatch it is handed, returns hidden states that the target's LM head
-maps to a perturbed TinyTarget's per-depth logits along its own greedy chain); DFlash's
-draft-KV writer replaced by a recorder.
+held to the CUDA kernels / the CUDA server's Triton kernels) and
+``tree_speculative_sampling_target_only`` (no CPU op exists) in pure torch; the target forward
+(TinyTarget on the real KV pool, honouring the verify's custom mask and positions, float32
+logits); the ModelRunner's attribute bag; the draft model runner (checks the block ForwardBatch
+it is handed, returns hidden states that the target's LM head maps to a perturbed TinyTarget's
+per-depth logits along its own greedy chain); DFlash's draft-KV writer replaced by a recorder;
+the grammar object.
 
 NOT driven on CPU at all: a real DFlash draft model forward and its CUDA graph (the top-K head
 folded in through ``capture_tail_hooks``), DFlash's prefill path (the harness prefills the
@@ -42,7 +60,7 @@ target itself), ``DDTreeWorkerV2.__init__`` (loads the draft model
 on a GPU), the attention backends' tree-mask kernels and CUDA-graph replay of the target
 verify, the fused Triton/CUDA kernels EAGLE uses on a GPU (``prepare_verify_commit_outputs``,
 ``build_chain_tree``), the plan stream, and tensor parallelism across real ranks (simulated
-with vocabulary shards). scripts/gpu_check_v2.sh covers those on one GPU.
+with vocabulary shards). The GPU check (``make gpu-check``) covers what one GPU can.
 """
 
 from __future__ import annotations
@@ -251,8 +269,10 @@ def probe_results(tmp_path_factory) -> dict:
     standin = ks.install_as_sgl_kernel(tmp_path_factory.mktemp("standin"))
     probe = _probe_module()
     run = run_python(
-        env, [str(PROBE), *probe.CASES], timeout=900,
-        extra_env={"PYTHONPATH": standin, "SGLANG_USE_CPU_ENGINE": "1"},
+        env, [str(PROBE), *probe.CASES], timeout=1800,
+        # TRITON_INTERPRET: the Triton kernels a GPU server runs on this path (e.g. the paged
+        # allocator's get_last_loc) run in Triton's CPU interpreter, not as stand-ins.
+        extra_env={"PYTHONPATH": standin, "SGLANG_USE_CPU_ENGINE": "1", "TRITON_INTERPRET": "1"},
     )
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith(probe.TAG)]
     assert run.returncode == 0 and lines, (
