@@ -14,6 +14,7 @@ No stand-in: the worker class is imported for real (0.5.23's v2 DFlash worker im
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -69,6 +70,8 @@ CASES = {
     "memory-1023": (dict(_H200, speculative_ddtree_budget=1023), {"max_running_requests": 3}),
     "memory-explicit-fits": (dict(_H200, speculative_ddtree_budget=256, max_running_requests=4),
                              {"max_running_requests": 4}),
+    "memory-explicit-at-cap": (dict(_H200, speculative_ddtree_budget=256, max_running_requests=14),
+                               {"max_running_requests": 14}),
     # refusals
     "budget-0": ({"speculative_ddtree_budget": 0}, "--speculative-ddtree-budget must be an integer >= 1, got 0"),
     # The ABI (ddtree_lineage.abi_problem): one line naming the three flags and a fix.
@@ -129,8 +132,9 @@ def _probe(env, what: str, *args: str) -> dict:
 def patched_env(tmp_path_factory):
     from ddtree_deploy.sandbox import make_host_env
 
-    return make_host_env(tmp_path_factory.mktemp("v2") / "patched", overlay=_family_overlay(RELEASE),
-                         version=RELEASE)
+    reuse = os.environ.get("DDTREE_V2_HOST_ENV")  # the mutant runner's one env
+    return make_host_env(Path(reuse) if reuse else tmp_path_factory.mktemp("v2") / "patched",
+                         overlay=_family_overlay(RELEASE), version=RELEASE, reuse=bool(reuse))
 
 
 @pytest.fixture(scope="module")

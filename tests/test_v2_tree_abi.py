@@ -155,6 +155,16 @@ def test_unrepresentable_configurations_are_refused_in_one_line(budget, topk, bl
     _host_check_shapes(b, k, blk)
 
 
+def test_the_boundaries_of_the_refusals():
+    # A draft of exactly the budget's prefixes fills it; one node more needs padding.
+    assert dl.abi_problem(62, 2, 6) is None and dl.abi_problem(63, 2, 6) is not None
+    assert dl.abi_problem(15, 1, 16) is None and dl.abi_problem(16, 1, 16) is not None
+    # The largest verify width the CUDA builder takes, and one more.
+    assert dl.abi_problem(1023, 8, 16) is None and dl.abi_problem(1024, 8, 16) is not None
+    assert dl.abi_problem(8, 6, 4, vocab_size=6) is None
+    assert dl.abi_problem(8, 7, 4, vocab_size=6) is not None
+
+
 def test_capacity_counts_distinct_prefixes_up_to_the_budget():
     assert dl.tree_capacity(2, 5, 64) == 2 + 4 + 8 + 16 + 32
     assert dl.tree_capacity(1, 7, 16) == 7

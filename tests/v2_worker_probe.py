@@ -652,6 +652,8 @@ def _forward(r, batch, draft_input, active, **kw):
         res = w._ddtree_verify_and_commit(batch, draft_input, logprobs, tokens, window,
                                           kw.get("on_publish"))
     r.steps += 1
+    # EAGLE's verify rebinds the batch it is handed: the scheduler's own batch stays as it was.
+    assert batch.forward_mode.is_decode() and batch.spec_info is draft_input
     _check_step(r, res, active, contexts, batch)
     return res
 
@@ -667,6 +669,7 @@ def _check_step(r, res, active, contexts, batch):
     verify = r.verifies[-1]
     acc = res.accept_lens.tolist()
     assert acc == (verify.accept_lens).tolist()
+    assert res.speculative_num_draft_tokens == n  # the scheduler reads next_token_ids by it
     assert torch.equal(res.new_seq_lens, batch.seq_lens + res.accept_lens.to(batch.seq_lens.dtype))
     if bool(du.offchain_accepted(layout, verify.accept_index.long()).any()):
         r.offchain_steps += 1
@@ -1157,6 +1160,13 @@ def case_no_host_sync(h):
     with HostSyncCounter(torch) as c:
         int(layout.tokens[0, 0])
     assert c.count == 1
+    # A broken draft (NaN and -inf log-probs) still gives full trees: every node linked, no
+    # padding for the CUDA tree builder's parent-not-found path.
+    lp = lp.view(32, 15, -1).clone()
+    lp[0] = float("nan")
+    lp[1:, :, 2:] = float("-inf")
+    layout, *_ = w._ddtree_build(torch.zeros(32, dtype=torch.long), lp, tok.view(32, 15, -1))
+    assert bool(layout.valid.all())
 
 
 def case_report(h):

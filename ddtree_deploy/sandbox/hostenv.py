@@ -163,25 +163,33 @@ def make_host_env(
     *,
     overlay: Mapping[str, bytes] | None = None,
     version: str = BASELINE_RELEASE,
+    reuse: bool = False,
 ) -> HostEnv:
     """Build a host environment in ``dest`` (a new or empty folder).
 
     ``overlay`` maps site-packages-relative paths (``sglang/srt/server_args.py``) to
     the bytes that replace (or add) that file after the release is installed.
+    ``reuse``: when ``dest`` already holds a host environment of ``version`` (a marker file
+    says so), only write the overlay again (the mutant runner, scripts/mutants_v2.py,
+    rebuilds nothing between mutants of the payload).
     """
     dest = Path(dest)
-    subprocess.run(
-        [_base_python(), "-m", "venv", "--without-pip", str(dest)], check=True
-    )
+    marker = dest / "ddtree-host-env.txt"
     python = dest / "bin" / "python"
+    fresh = not (reuse and marker.is_file() and marker.read_text() == version)
+    if fresh:
+        subprocess.run(
+            [_base_python(), "-m", "venv", "--without-pip", str(dest)], check=True
+        )
     site_packages = Path(
         subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             check=True, capture_output=True, text=True,
         ).stdout.strip()
     )
-    with zipfile.ZipFile(release_wheel(version)) as zf:
-        zf.extractall(site_packages)
+    if fresh:
+        with zipfile.ZipFile(release_wheel(version)) as zf:
+            zf.extractall(site_packages)
     for rel, data in (overlay or {}).items():
         target = site_packages / rel
         if site_packages.resolve() not in target.resolve().parents:
@@ -192,6 +200,7 @@ def make_host_env(
     (site_packages / "zz_ddtree_shared_venv.pth").write_text(
         f"import site; site.addsitedir({str(_shared_site_packages())!r})\n"
     )
+    marker.write_text(version)
     return HostEnv(python=python, site_packages=site_packages)
 
 
