@@ -264,19 +264,29 @@ def check_verify_greedy_host(predicts, accept_index, accept_token_num, candidate
                              retrive_index, retrive_next_token, retrive_next_sibling,
                              target_predict):
     """tree.cuh:139-153 (and sgl-kernel 0.4.x's CHECK_INPUT / dtype checks: the same set)."""
+    bs, n, steps = _check_walk_tensors(
+        predicts, accept_index, accept_token_num, candidates, retrive_index,
+        retrive_next_token, retrive_next_sibling)
+    _match("target_predict", target_predict, (bs, n), torch.int64)
+    _check(n > 0 and steps > 0, "draft_tokens and spec_tokens must be > 0")
+    return bs, n, steps
+
+
+def _check_walk_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                        retrive_next_token, retrive_next_sibling):
+    """What both tree walks check alike: the tree int64 [bs, n], accept_index int32 [bs, S],
+    accept_token_num int32 [bs], predicts int32 [bs * n], all contiguous."""
     _check(candidates.dim() == 2, "candidates must be 2-D")
     bs, n = int(candidates.shape[0]), int(candidates.shape[1])
     for name, t in (("candidates", candidates), ("retrive_index", retrive_index),
                     ("retrive_next_token", retrive_next_token),
-                    ("retrive_next_sibling", retrive_next_sibling),
-                    ("target_predict", target_predict)):
+                    ("retrive_next_sibling", retrive_next_sibling)):
         _match(name, t, (bs, n), torch.int64)
     _check(accept_index.dim() == 2, "accept_index must be 2-D")
     steps = int(accept_index.shape[1])
     _match("accept_index", accept_index, (bs, steps), torch.int32)
     _match("accept_token_num", accept_token_num, (bs,), torch.int32)
     _match("predicts", predicts, (bs * n,), torch.int32)
-    _check(n > 0 and steps > 0, "draft_tokens and spec_tokens must be > 0")
     return bs, n, steps
 
 
@@ -325,17 +335,9 @@ def check_sampling_host(predicts, accept_index, accept_token_num, candidates, re
                         uniform_samples_for_final_sampling, target_probs, draft_probs,
                         threshold_single, threshold_acc):
     """csrc/speculative/sampling.cuh:54-77 (and sgl-kernel 0.4.x's checks: the same set)."""
-    _check(candidates.dim() == 2, "candidates must be 2-D")
-    bs, n = int(candidates.shape[0]), int(candidates.shape[1])
-    for name, t in (("candidates", candidates), ("retrive_index", retrive_index),
-                    ("retrive_next_token", retrive_next_token),
-                    ("retrive_next_sibling", retrive_next_sibling)):
-        _match(name, t, (bs, n), torch.int64)
-    _check(accept_index.dim() == 2, "accept_index must be 2-D")
-    steps = int(accept_index.shape[1])
-    _match("accept_index", accept_index, (bs, steps), torch.int32)
-    _match("accept_token_num", accept_token_num, (bs,), torch.int32)
-    _match("predicts", predicts, (bs * n,), torch.int32)
+    bs, n, steps = _check_walk_tensors(
+        predicts, accept_index, accept_token_num, candidates, retrive_index,
+        retrive_next_token, retrive_next_sibling)
     _match("uniform_samples", uniform_samples, (bs, n), torch.float32)
     _match("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (bs,),
            torch.float32)

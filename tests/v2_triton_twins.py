@@ -22,9 +22,7 @@ CASES/TAG).
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 from pathlib import Path
 
 TAG = "TRITONTWINS:"
@@ -241,22 +239,11 @@ def case_cache_locs(k):
 def main(argv):
     import os
 
+    from probe_cases import run_cases
+
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     sys.path[:0] = [str(REPO / "payload"), str(REPO / "tests")]
-    results = {}
-    try:
-        kernels = _kernels()
-    except Exception:
-        print(TAG + json.dumps({c: "load: " + traceback.format_exc() for c in argv}))
-        return 0
-    for case in argv:
-        try:
-            globals()["case_" + case](kernels)
-            results[case] = "ok"
-        except Exception:
-            results[case] = traceback.format_exc()
-    print(TAG + json.dumps(results))
-    return 0
+    return run_cases(TAG, argv, _kernels, globals(), what="load")
 
 
 if __name__ == "__main__":

@@ -31,9 +31,7 @@ NAMED STAND-INS:
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 
 TAG = "V2PROBE:"
 CASES = ("greedy_lossless", "overlap_lossless", "page16_lossless", "grammar_lossless",
@@ -1220,21 +1218,9 @@ def case_topk_head(h):
 
 
 def main(argv):
-    results = {}
-    try:
-        harness = Harness()
-    except Exception:
-        text = traceback.format_exc()
-        print(TAG + json.dumps({c: "harness: " + text for c in argv}))
-        return 0
-    for case in argv:
-        try:
-            getattr(sys.modules[__name__], "case_" + case)(harness)
-            results[case] = "ok"
-        except Exception:
-            results[case] = traceback.format_exc()
-    print(TAG + json.dumps(results))
-    return 0
+    from probe_cases import run_cases
+
+    return run_cases(TAG, argv, Harness, globals(), what="harness")
 
 
 if __name__ == "__main__":
