@@ -165,6 +165,18 @@ def test_the_boundaries_of_the_refusals():
     assert dl.abi_problem(8, 7, 4, vocab_size=6) is not None
 
 
+def test_a_top1_tree_is_the_chain_eagle_may_build_without_the_lineage():
+    # K = 1 and B = L: n == D + 1, so on CUDA with a QLEN_ONLY mask EAGLE takes its chain
+    # builder (build_chain_tree), which ignores the lineage and reads the draft tokens as a
+    # chain. That is right only because such a DDTree is the chain in depth order.
+    gen = torch.Generator().manual_seed(6)
+    for depth in (1, 4, 15):
+        layout, cand = _random_full_tree(gen, depth=depth, k=1, budget=depth)
+        assert dl.lineage_depth(depth, 1, depth) + 1 == depth + 1 == layout.num_nodes
+        assert layout.parents[0].tolist() == list(range(-1, depth))
+        assert torch.equal(layout.tokens[:, 1:], cand[:, :, 0])
+
+
 def test_capacity_counts_distinct_prefixes_up_to_the_budget():
     assert dl.tree_capacity(2, 5, 64) == 2 + 4 + 8 + 16 + 32
     assert dl.tree_capacity(1, 7, 16) == 7
