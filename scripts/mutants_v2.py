@@ -182,14 +182,16 @@ MUTANTS = [
      "v1: page size 16 accepted", ["pytest:tests/test_series_sglang.py -x -k bad_values"]),
 ]
 
-COPY = ("payload", "patches", "tests", "scripts", "ddtree_testkit", "pyproject.toml", "setup.py")
+COPY = ("payload", "patches", "tests", "scripts", "ddtree_testkit", "snapshot", "pyproject.toml",
+        "setup.py")
 
 
 def _copy_repo(dest: Path) -> None:
     for name in COPY:
         src = REPO / name
         if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+            # (snapshot/files: fetched release files, not committed; the tests copy it so too)
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "files"))
         elif src.exists():
             shutil.copy2(src, dest / name)
 
@@ -202,7 +204,7 @@ def _pytest(work: Path, args: str, env=None) -> subprocess.CompletedProcess:
                           env={**os.environ, **(env or {})})
 
 
-def _run_killer(work: Path, killer: str) -> bool:
+def _run_killer(work: Path, killer: str, show: bool = False) -> bool:
     """True when the killer FAILS (the mutant is killed)."""
     kind, _, arg = killer.partition(":")
     if kind == "pytest":
@@ -214,7 +216,22 @@ def _run_killer(work: Path, killer: str) -> bool:
         run = _pytest(work, f"tests/test_v2_server_args.py -x -k {json.dumps(arg)}")
     else:
         raise SystemExit(f"unknown killer {killer!r}")
+    if show:
+        print(run.stdout[-3000:], run.stderr[-2000:], file=sys.stderr)
     return run.returncode not in (0, 5)  # 5: nothing selected counts as not killed
+
+
+def _baseline_killers(killers: set) -> list:
+    """The killers to run on the clean copy: each pytest one, and the probe / server-args ones
+    merged into one run each (their cases, or their -k expressions, together)."""
+    out = sorted(k for k in killers if k.startswith("pytest:"))
+    cases = sorted({c for k in killers if k.startswith("probe:") for c in k[6:].split(",")})
+    if cases:
+        out.append("probe:" + ",".join(cases))
+    exprs = sorted(k[5:] for k in killers if k.startswith("args:"))
+    if exprs:
+        out.append("args:" + " or ".join(f"({e})" for e in exprs))
+    return out
 
 
 def main(argv=None) -> int:
@@ -231,9 +248,15 @@ def main(argv=None) -> int:
         # One real-SGLang host env for every probe / server-args run (built by the first, then
         # only the patched files and the payload are written again: make_host_env(reuse=True)).
         os.environ["DDTREE_V2_HOST_ENV"] = str(Path(tmp) / "host-0.5.23")
-        for mid, rel, old, new, why, killers in MUTANTS:
-            if only and mid not in only:
-                continue
+        chosen = [m for m in MUTANTS if not only or m[0] in only]
+        # Every killer must pass on the unmutated copy: a kill is then the mutant's doing,
+        # never a broken harness.
+        for killer in _baseline_killers({k for m in chosen for k in m[5]}):
+            if _run_killer(work, killer):
+                _run_killer(work, killer, show=True)
+                raise SystemExit(f"the killer {killer!r} fails without any mutant")
+            print(f"baseline ok: {killer}", flush=True)
+        for mid, rel, old, new, why, killers in chosen:
             path = work / rel
             original = path.read_text()
             if original.count(old) != 1:
