@@ -85,7 +85,8 @@ MUTANTS = [
      "top-K one above the vocabulary accepted", [ABI]),
     # ---- the worker (payload/ddtree_worker_v2.py)
     ("W01", W, "num_steps=lineage_depth(n - 1, k, int(tokens.shape[1])),",
-     "num_steps=int(tokens.shape[1]),", "depth = the draft depth (the old width bug)", [GREEDY]),
+     "num_steps=int(tokens.shape[1]),", "depth = the draft depth (the old width bug)",
+     [OVERLAP]),
     ("W02", W, "num_steps=lineage_depth(n - 1, k, int(tokens.shape[1])),",
      "num_steps=lineage_depth(n - 1, k, int(tokens.shape[1])) - 1,",
      "verify walk one level short", [GREEDY]),

@@ -949,7 +949,7 @@ def _check_request(h, target, w, kv, rtp, row, prompt, req, sampling, grammar=Fa
         assert torch.allclose(hid, hidden[p], atol=1e-9), f"draft hidden at position {p}"
 
 
-def _greedy_case(h, **kw):
+def _greedy_case(h, budget=10, topk=3, **kw):
     """Three requests of different prompt lengths through the worker's whole decode step
     (run_decode checks tokens, KV, draft hidden rows, accepted depth per step, the off-chain
     count, the reserve and the freed slots)."""
@@ -959,8 +959,8 @@ def _greedy_case(h, **kw):
     gen = torch.Generator().manual_seed(3)
     plens, max_new = [4, 9, 15], [6, 23, 14]
     prompts = [torch.randint(0, target.vocab, (m,), generator=gen).tolist() for m in plens]
-    reqs, steps, accepts, w = run_decode(h, target, draft, prompts, max_new, budget=10,
-                                         topk=3, block=5, via_forward=True, **kw)
+    reqs, steps, accepts, w = run_decode(h, target, draft, prompts, max_new, budget=budget,
+                                         topk=topk, block=5, via_forward=True, **kw)
     assert w._target_worker.calls == steps == w.draft_model_runner.calls
     # Not vacuous: deep paths and off-chain (rank > 0) accepts happened.
     assert max(accepts) >= 2, accepts
@@ -976,8 +976,13 @@ def case_greedy_lossless(h):
 
 def case_overlap_lossless(h):
     """The overlap schedule: lagged host lengths, publish, the FutureMap relay (poisoned draft
-    inputs), results processed a step late, an extra step for finished requests."""
-    _greedy_case(h, overlap=True)
+    inputs), results processed a step late, an extra step for finished requests. Budget 12 and
+    top-2 over a draft depth of 4: the lineage depth (7) exceeds the draft depth, so the parent
+    list is wider than a depth-L one (the CUDA host check sees the difference)."""
+    from sglang.srt.speculative.ddtree_lineage import lineage_depth
+
+    assert lineage_depth(12, 2, 4) == 7
+    _greedy_case(h, budget=12, topk=2, overlap=True)
 
 
 def case_page16_lossless(h):
