@@ -249,6 +249,9 @@ def main(argv=None) -> int:
         # One real-SGLang host env for every probe / server-args run (built by the first, then
         # only the patched files and the payload are written again: make_host_env(reuse=True)).
         os.environ["DDTREE_V2_HOST_ENV"] = str(Path(tmp) / "host-0.5.23")
+        # Tests that import the payload through ddtree_testkit / locations read the copy too.
+        os.environ["DDTREE_DEPLOY_PAYLOAD"] = str(work / "payload")
+        os.environ["DDTREE_DEPLOY_PATCHES"] = str(work / "patches")
         chosen = [m for m in MUTANTS if not only or m[0] in only]
         # Every killer must pass on the unmutated copy: a kill is then the mutant's doing,
         # never a broken harness.
