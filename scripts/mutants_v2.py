@@ -95,7 +95,7 @@ MUTANTS = [
      "off-chain counter counts every accept", [GREEDY]),
     ("W04", W, "self._ddtree_offchain += (ok & (ranks > 0)).any().to(torch.int64)",
      "self._ddtree_offchain += (ok & (ranks > 0)).sum().to(torch.int64)",
-     "off-chain counter counts requests, not steps", [GREEDY]),
+     "off-chain counter counts requests, not steps", [GREEDY, "probe:sampling_law"]),
     ("W05", W, "        self._ddtree_steps += 1\n", "        pass\n",
      "step counter never advanced", [GREEDY]),
     ("W06", W, "            on_publish(new_seq_lens)", "            on_publish(batch.seq_lens)",
