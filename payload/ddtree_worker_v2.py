@@ -12,8 +12,9 @@ requests), so the overlap scheduler's CPU work for the next batch runs alongside
    top-K + log-sum-exp under tensor parallelism, folded into the draft CUDA graph through
    ``capture_tail_hooks`` when the graph runs, eager otherwise).
 2. Tree: ``ddtree_utils.build_ddtree`` (the one DDTree algorithm of this repository) selects
-   the ``budget`` best prefixes; ``ddtree_lineage.eagle_lineage`` expresses the tree in EAGLE's
-   candidate-lineage ABI.
+   the ``budget`` best prefixes of ``ddtree_lineage.finite_logprobs`` (always a full tree);
+   ``ddtree_lineage.eagle_lineage`` expresses the tree in EAGLE's candidate-lineage ABI exactly
+   as the CUDA tree builder reads it (``ddtree_lineage``'s docstring: widths, depth, strides).
 3. Verify + accept: SGLang's own EAGLE tree verify, ``build_eagle_verify_input`` +
    ``run_eagle_verify(..., finalize_tree_path=True)``: tree mask, positions, CUDA-graph
    replay with a mask, greedy walk or target-only tree sampling, and the accepted path's KV
@@ -34,7 +35,8 @@ marginals (selector, Domino, LiLiCorr), the compact draft window
 (``--speculative-draft-window-size``), data-parallel attention. Hybrid recurrent targets are
 refused by the plugin unless the unsafe flag is given; then EAGLE's own tree-aware
 ``commit_mamba_states_after_verify`` runs. Grammar-constrained requests go through EAGLE's
-grammar handling of the verify tree (not exercised by the CPU tests).
+grammar handling of the verify tree, with the scheduler's grammar barrier passed on
+(tests/test_v2_worker.py drives one under the overlap schedule).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.ddtree_lineage import (
     decode_reserve,
     eagle_lineage,
+    finite_logprobs,
+    lineage_depth,
     sharded_topk_logprobs,
     verify_width,
 )
@@ -373,8 +377,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         }
 
     def _ddtree_build(self, roots, logprobs, tokens):
-        """Tree (budget nodes) + its EAGLE lineage. Device-only."""
-        layout = build_ddtree(logprobs, tokens, roots, self.ddtree_budget)
+        """Tree (budget nodes, all real: finite_logprobs, and the plugin refused drafts that
+        cannot fill the budget) + its EAGLE lineage. Device-only."""
+        layout = build_ddtree(finite_logprobs(logprobs), tokens, roots, self.ddtree_budget)
         parent_list, top_scores_index, draft_tokens = eagle_lineage(layout, tokens)
         return layout, parent_list, top_scores_index, draft_tokens
 
@@ -408,7 +413,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             None,
             target_worker=self.target_worker,
             topk=k,
-            num_steps=layout.max_depth,
+            # The CUDA builder's parent-list stride is k * (depth - 1) + 1 (ddtree_lineage).
+            num_steps=lineage_depth(n - 1, k, int(tokens.shape[1])),
             num_draft_tokens=n,
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,

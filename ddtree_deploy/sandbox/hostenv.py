@@ -181,6 +181,7 @@ def make_host_env(
     overlay: Mapping[str, bytes] | None = None,
     version: str = BASELINE_RELEASE,
     read_only: bool = False,
+    reuse: bool = False,
 ) -> HostEnv:
     """Build a host environment in ``dest`` (a new or empty folder).
 
@@ -189,8 +190,13 @@ def make_host_env(
     ``read_only``: the caller never writes into the environment (it only runs its
     interpreter); with a share folder it gets the shared build itself, not a copy, and
     ``dest`` stays unused.
+    ``reuse``: when ``dest`` already holds a host environment of ``version`` (a marker file
+    says so), only write the overlay again (the mutant runner, scripts/mutants_v2.py,
+    rebuilds nothing between mutants of the payload); never shared.
     """
     overlay = dict(overlay or {})
+    if reuse:
+        return _build_host_env(Path(dest), overlay, version, reuse=True)
     key = {"release": release_wheel(version).name, "python": _base_python(),
            "shared": str(_shared_site_packages()),
            "overlay": {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(overlay.items())}}
@@ -204,19 +210,23 @@ def make_host_env(
     return HostEnv(python=Path(dest) / "bin" / "python", site_packages=Path(dest) / site.relative_to(built))
 
 
-def _build_host_env(dest: Path, overlay: Mapping[str, bytes], version: str) -> HostEnv:
-    subprocess.run(
-        [_base_python(), "-m", "venv", "--without-pip", str(dest)], check=True
-    )
+def _build_host_env(dest: Path, overlay: Mapping[str, bytes], version: str, reuse: bool = False) -> HostEnv:
+    marker = dest / "ddtree-host-env.txt"
     python = dest / "bin" / "python"
+    fresh = not (reuse and marker.is_file() and marker.read_text() == version)
+    if fresh:
+        subprocess.run(
+            [_base_python(), "-m", "venv", "--without-pip", str(dest)], check=True
+        )
     site_packages = Path(
         subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             check=True, capture_output=True, text=True,
         ).stdout.strip()
     )
-    with zipfile.ZipFile(release_wheel(version)) as zf:
-        zf.extractall(site_packages)
+    if fresh:
+        with zipfile.ZipFile(release_wheel(version)) as zf:
+            zf.extractall(site_packages)
     for rel, data in overlay.items():
         target = site_packages / rel
         if site_packages.resolve() not in target.resolve().parents:
@@ -227,6 +237,7 @@ def _build_host_env(dest: Path, overlay: Mapping[str, bytes], version: str) -> H
     (site_packages / "zz_ddtree_shared_venv.pth").write_text(
         f"import site; site.addsitedir({str(_shared_site_packages())!r})\n"
     )
+    marker.write_text(version)
     return HostEnv(python=python, site_packages=site_packages)
 
 
