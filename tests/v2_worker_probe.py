@@ -129,6 +129,10 @@ class TinyTarget:
 
 
 class Harness:
+    # The target's hidden rows handed to the draft vs sequential decoding (float64 end to end;
+    # tests/v2_hybrid_probe.py's recurrent kernels compute in float32).
+    HIDDEN_ATOL = 1e-9
+
     def __init__(self):
         import os
 
@@ -166,6 +170,20 @@ class Harness:
         )
         return req_to_token_pool, kv, allocator
 
+
+    def prefill(self, target, kv, alloc, rtp, req, row, prompt):
+        """The prompt's KV into the real pool (the target alone); returns its logits [m, V].
+        (tests/v2_hybrid_probe.py also writes the recurrent state of the prompt.)"""
+        torch = self.torch
+        slots = alloc.alloc(len(prompt))
+        rtp.req_to_token[row, : len(prompt)] = slots.to(rtp.req_to_token.dtype)
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = len(prompt)
+        lg, _ = target.forward_pool(
+            kv, torch.tensor(prompt), torch.arange(len(prompt)), slots.long(),
+            torch.zeros(0, dtype=torch.long),
+            torch.ones(len(prompt), len(prompt), dtype=torch.bool).tril(),
+        )
+        return lg
 
     # -- the worker, built without __init__ (that loads a draft model on a GPU) -------------
     def worker(self, target, budget, topk, block, req_to_token_pool, kv, allocator):
@@ -498,14 +516,7 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     # Prefill (DFlashWorkerV2's own path on a server; here the target alone): prompt KV into
     # the real pool, the first token, and the prompt's hidden rows for the draft.
     for req, row, prompt in zip(reqs, rows, prompts):
-        slots = alloc.alloc(len(prompt))
-        rtp.req_to_token[row, : len(prompt)] = slots.to(rtp.req_to_token.dtype)
-        req.kv.kv_committed_len = req.kv.kv_allocated_len = len(prompt)
-        lg, _ = target.forward_pool(
-            kv, torch.tensor(prompt), torch.arange(len(prompt)), slots.long(),
-            torch.zeros(0, dtype=torch.long),
-            torch.ones(len(prompt), len(prompt), dtype=torch.bool).tril(),
-        )
+        lg = h.prefill(target, kv, alloc, rtp, req, row, prompt)
         bonus[req.rid] = _pick(lg[-1], sampling, gen) if first_token is None else first_token
         req.output_ids.append(bonus[req.rid])
     active = list(range(bs))
@@ -645,7 +656,7 @@ def _check_request(h, target, w, kv, rtp, row, prompt, req, sampling):
     for p in range(len(prompt), committed):
         slot, hid = w.draft_kv[(row, p)]
         assert slot == int(slots[p]), f"draft slot of position {p}"
-        assert torch.allclose(hid, hidden[p], atol=1e-9), f"draft hidden at position {p}"
+        assert torch.allclose(hid, hidden[p], atol=h.HIDDEN_ATOL), f"draft hidden at position {p}"
 
 
 def case_greedy_lossless(h):
