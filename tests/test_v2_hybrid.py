@@ -10,9 +10,10 @@ Three layers:
    backend's ``topk > 1`` switch, the kinds without a tree path refusing it, the chain commit of
    DFlash the negative control uses, the host checks the probe answers).
 3. In a host environment with the real 0.5.23 wheel plus the v2 family's series
-   (tests/v2_hybrid_probe.py, run with ``SGLANG_USE_CPU_ENGINE=1 TRITON_INTERPRET=1``): for GDN
-   and KDA, the worker's whole decode step on SGLang's hybrid pools and backends with the
-   Triton recurrent kernels in Triton's CPU interpreter: tokens == plain greedy decoding of the
+   (tests/v2_hybrid_probe.py, run with ``SGLANG_USE_CPU_ENGINE=1 TRITON_INTERPRET=1``): for GDN,
+   KDA and Mamba2 (SGLang's own MambaMixer2), the worker's whole decode step on SGLang's hybrid
+   pools and backends with the Triton recurrent kernels in Triton's CPU interpreter: tokens ==
+   plain greedy decoding of the
    same float64 model (requests finishing mid-path), the committed recurrent state after every
    step == a sequential run over the consumed tokens, and the negative control (DFlash's chain
    commit, ``accept_len - 1``) leaving greedy; the draft's backends built under topk 1; the
@@ -21,8 +22,9 @@ Three layers:
 NAMED STAND-INS: see tests/v2_hybrid_probe.py (the target forward TinyHybrid, the full-attention
 backend slot, the prefill, the CUDA-only host checks of SGLang's state-scatter launchers) and
 tests/v2_worker_probe.py (the sgl_kernel CPU ops of EAGLE's verify, the draft model runner).
-Mamba2's tree path (MambaMixer2 + selective_state_update) is enabled from the sources and the
-GPU check (scripts/gpu_check_hybrid.py), not driven here.
+
+Slow: the probe interprets the Triton kernels in Python (about 4 CPU-minutes for the three
+kinds, each with its negative control; 10 - 15 minutes wall on a loaded 2-core machine).
 """
 
 from __future__ import annotations
@@ -184,6 +186,11 @@ def test_the_sources_the_hybrid_design_rests_on(release, fact):
     text = _source(release, paths)
     for pattern in patterns:
         assert re.search(pattern, text), f"{release} {fact}: {pattern!r} not found in {paths}"
+
+
+def test_mamba2_picks_its_gpu_with_a_device_context_the_probe_gives_torch_cpu():
+    text = _source(PROBE_RELEASE, ["sglang/kernels/ops/mamba/triton_ops/mamba_ssm.py"])
+    assert "with torch.get_device_module(x.device).device(x.device.index):" in text
 
 
 def test_the_probe_answers_exactly_the_cuda_only_host_checks_it_names():

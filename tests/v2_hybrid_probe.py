@@ -44,7 +44,7 @@ import sys
 import traceback
 
 TAG = "V2HYBRID:"
-KIND_CASES = ("gdn", "kda")
+KIND_CASES = ("gdn", "kda", "mamba2")
 CASES = tuple(f"{kind}_lossless" for kind in KIND_CASES) + (
     "draft_scope", "memory", "memory_resolution")
 
@@ -156,7 +156,16 @@ class _DeltaRuleKind:
         cache.conv[0][0, slot] = conv
         cache.temporal[0, slot] = ssm
 
+    # -- the verify forward: SGLang's HybridLinearAttnBackend, as the GDN/KDA models call it
+    def verify(self, backend, layer, fb, x, p):
+        core = backend.forward(layer=layer, forward_batch=fb, mixed_qkv=x @ p["qkv"],
+                               a=x @ p["a"], b=x @ p["b"])
+        return core.reshape(x.shape[0], -1).to(x.dtype) @ p["o"]
+
     # -- the sequential reference ------------------------------------------------------
+    def project(self, p, x):
+        return x @ p["qkv"], x @ p["a"], x @ p["b"]
+
     def init_state(self):
         torch = self.torch
         return (torch.zeros(self.conv_dim, self.conv_kernel - 1, dtype=torch.float64),
@@ -169,7 +178,7 @@ class _DeltaRuleKind:
         return -torch.exp(p["A_log"][hv]) * softplus  # scalar (GDN)
 
     def step(self, p, state, mixed_t, a_t, b_t):
-        """One token: (core output [HV * V], new state)."""
+        """One token: (the layer's output row [hidden], new state)."""
         torch = self.torch
         window, ssm = state
         taps = torch.cat([window, mixed_t.unsqueeze(1)], 1)  # [conv_dim, K]
@@ -192,7 +201,7 @@ class _DeltaRuleKind:
             h = h + kh[:, None] * vv[None, :]
             out.append((h * qh[:, None]).sum(0))
             new_ssm[hv] = h.T
-        return torch.cat(out), (taps[:, 1:].clone(), new_ssm)
+        return torch.cat(out) @ p["o"], (taps[:, 1:].clone(), new_ssm)
 
 
 class _KDAKind(_DeltaRuleKind):
@@ -255,7 +264,139 @@ class _KDAKind(_DeltaRuleKind):
         super().write_pool_state(pool, slot, (conv.T, ssm))
 
 
-KINDS = {"gdn": _DeltaRuleKind, "kda": _KDAKind}
+class _Mamba2Kind:
+    """Mamba2 (Nemotron-H's mixer): SGLang's own MambaMixer2 (in_proj, Triton conv, Triton
+    selective_state_update, gated RMS norm, out_proj) behind Mamba2AttnBackend; the reference
+    re-derives its math in float64."""
+
+    name = "mamba2"
+    heads = 4
+    head_dim = 8
+    dstate = 8
+    groups = 1
+    conv_kernel = 4
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.inter = self.heads * self.head_dim
+        self.conv_dim = self.inter + 2 * self.groups * self.dstate
+        self.mixer = None
+
+    def params(self, g, hidden):
+        torch = self.torch
+        r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+        return {
+            "in": r(self.inter + self.conv_dim + self.heads, hidden) / hidden**0.5,
+            "conv_w": r(self.conv_dim, self.conv_kernel) * 0.5,
+            "conv_b": r(self.conv_dim) * 0.1,
+            # SGLang keeps A (= -exp(A_log)) in float32: the reference uses the same values.
+            "A": (-torch.exp(r(self.heads) * 0.3 - 3.0)).float().double(),  # slow decay
+            "D": r(self.heads) * 0.5,
+            "dt_bias": r(self.heads) * 0.3,
+            "norm": 1.0 + r(self.inter) * 0.1,
+            "out": r(hidden, self.inter) * 3 / self.inter**0.5,
+            "up": r(hidden, 2 * hidden) / hidden**0.5,
+            "down": r(2 * hidden, hidden) / (2 * hidden) ** 0.5,
+        }
+
+    def hf_config(self, layers):
+        from sglang.srt.configs import NemotronHConfig
+
+        return NemotronHConfig(
+            vocab_size=24, hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+            head_dim=16, hybrid_override_pattern="".join("M" if k == "rec" else "*" for k in layers),
+            mamba_num_heads=self.heads, mamba_head_dim=self.head_dim, mamba_n_groups=self.groups,
+            ssm_state_size=self.dstate, mamba_d_conv=self.conv_kernel)
+
+    def cache_params(self, layer_ids):
+        torch = self.torch
+        from sglang.srt.configs.mamba_utils import (
+            Mamba2CacheParams,
+            Mamba2StateDType,
+            Mamba2StateShape,
+        )
+
+        shape = Mamba2StateShape.create(
+            tp_world_size=1, intermediate_size=self.inter, n_groups=self.groups,
+            num_heads=self.heads, head_dim=self.head_dim, state_size=self.dstate,
+            conv_kernel=self.conv_kernel)
+        assert shape.conv_dim == self.conv_dim
+        return Mamba2CacheParams(shape=shape, layers=list(layer_ids),
+                                 dtype=Mamba2StateDType(conv=torch.float64, temporal=torch.float64))
+
+    def backend_class(self):
+        from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+
+        return Mamba2AttnBackend
+
+    def layer(self, layer_id, p):
+        """SGLang's MambaMixer2 (one TP rank, float64 weights = p)."""
+        torch = self.torch
+        from sglang.srt.layers.attention.mamba.mamba import MambaMixer2
+
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            mixer = MambaMixer2(self.cache_params([layer_id]), hidden_size=p["in"].shape[1],
+                                use_conv_bias=True, use_bias=False, n_groups=self.groups,
+                                rms_norm_eps=1e-5, activation="silu", use_rms_norm=True,
+                                prefix=f"layers.{layer_id}.mixer")
+        finally:
+            torch.set_default_dtype(default)
+        with torch.no_grad():
+            mixer.in_proj.weight.copy_(p["in"])
+            mixer.conv1d.weight.copy_(p["conv_w"].unsqueeze(1))
+            mixer.conv1d.bias.copy_(p["conv_b"])
+            mixer.A.copy_(p["A"])
+            mixer.D.copy_(p["D"])
+            mixer.dt_bias.copy_(p["dt_bias"])
+            mixer.norm.weight.copy_(p["norm"])
+            mixer.out_proj.weight.copy_(p["out"])
+        mixer.requires_grad_(False)  # inference, as SGLang loads it
+        mixer.layer_id = layer_id
+        return mixer
+
+    def verify(self, backend, mixer, fb, x, p):
+        # As NemotronH's mamba layer calls it (models/nemotron_h.py _forward_mamba).
+        return backend.linear_attn_backend.forward(
+            mixer=mixer, layer_id=mixer.layer_id, hidden_states=x, output=None,
+            forward_batch=fb, use_triton_causal_conv=True)
+
+    pool_state = _DeltaRuleKind.pool_state
+    write_pool_state = _DeltaRuleKind.write_pool_state
+
+    def project(self, p, x):
+        return (x @ p["in"].T,)
+
+    def init_state(self):
+        torch = self.torch
+        return (torch.zeros(self.conv_dim, self.conv_kernel - 1, dtype=torch.float64),
+                torch.zeros(self.heads, self.head_dim, self.dstate, dtype=torch.float64))
+
+    def step(self, p, state, proj_t):
+        torch = self.torch
+        window, ssm = state
+        gate, xbc, dt = torch.split(proj_t, [self.inter, self.conv_dim, self.heads])
+        taps = torch.cat([window, xbc.unsqueeze(1)], 1)
+        y = (taps * p["conv_w"]).sum(1) + p["conv_b"]
+        y = y / (1 + torch.exp(-y))
+        xs, B, C = torch.split(y, [self.inter, self.groups * self.dstate,
+                                   self.groups * self.dstate])
+        xs = xs.view(self.heads, self.head_dim)
+        B, C = B.view(self.groups, self.dstate), C.view(self.groups, self.dstate)
+        new_ssm, out = torch.empty_like(ssm), []
+        for h in range(self.heads):
+            g = h // (self.heads // self.groups)
+            d = dt[h] + p["dt_bias"][h]
+            d = torch.where(d <= 20.0, torch.log1p(torch.exp(d)), d)
+            new_ssm[h] = ssm[h] * torch.exp(p["A"][h] * d) + (d * xs[h])[:, None] * B[g][None, :]
+            out.append((new_ssm[h] * C[g][None, :]).sum(-1) + p["D"][h] * xs[h])
+        z = torch.cat(out) * (gate / (1 + torch.exp(-gate)))
+        z = z * torch.rsqrt(z.pow(2).mean() + 1e-5) * p["norm"]
+        return z @ p["out"].T, (taps[:, 1:].clone(), new_ssm)
+
+
+KINDS = {"gdn": _DeltaRuleKind, "kda": _KDAKind, "mamba2": _Mamba2Kind}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,11 +451,11 @@ def _tiny_hybrid_class(vp):
                               (x @ p["v"]).view(t, self.heads, self.hd))
                     x = self._block(p, x, x, mask)
                 else:
-                    mixed, a, b = x @ p["qkv"], x @ p["a"], x @ p["b"]
+                    inputs = self.kind.project(p, x)
                     state = self.kind.init_state()
                     states, outs = [state], []
                     for i in range(t):
-                        out, state = self.kind.step(p, state, mixed[i], a[i], b[i])
+                        out, state = self.kind.step(p, state, *(v[i] for v in inputs))
                         outs.append(out)
                         states.append(state)
                     x = self.rec_output(p, x, torch.stack(outs))
@@ -326,9 +467,9 @@ def _tiny_hybrid_class(vp):
             got = self.trace(ids)
             return got["logits"], got["hidden"]
 
-        def rec_output(self, p, x, core):
+        def rec_output(self, p, x, mixer_out):
             torch = self.torch
-            x = x + core @ p["o"]
+            x = x + mixer_out
             return x + torch.tanh(x @ p["up"]) @ p["down"]
 
         # -- one attention layer over the full-attention KV pool -----------------------
@@ -439,9 +580,7 @@ class HybridTargetWorker:
                 x = torch.cat(rows)
             else:
                 p = tgt.w[li]
-                core = backend.forward(layer=self.layer, forward_batch=fb,
-                                       mixed_qkv=x @ p["qkv"], a=x @ p["a"], b=x @ p["b"])
-                x = tgt.rec_output(p, x, core.reshape(x.shape[0], -1).to(x.dtype))
+                x = tgt.rec_output(p, x, tgt.kind.verify(backend, self.layer, fb, x, p))
         out = LogitsProcessorOutput(next_token_logits=x @ tgt.head, hidden_states=x)
         return vp_module()._Out(out)
 
@@ -480,16 +619,33 @@ def _bind_gpu_recurrent_kernels():
     kda_backend.causal_conv1d_update = causal_conv1d_triton.causal_conv1d_update
     gdn_triton.fused_sigmoid_gating_delta_rule_update = fsg.fused_sigmoid_gating_delta_rule_update
     kda_triton.fused_sigmoid_gating_delta_rule_update = fsg.fused_sigmoid_gating_delta_rule_update
+    # MambaMixer2 binds its Triton conv only on CUDA/XPU; its SSU dispatcher is initialized by
+    # the scheduler from --mamba-backend (triton: the backend with the tree path).
+    from sglang.kernels.ops.mamba.triton_ops import ssu_dispatch
+    from sglang.srt.layers.attention.mamba import mamba as mamba_mixer
+
+    mamba_mixer.causal_conv1d_update_triton = causal_conv1d_triton.causal_conv1d_update
+    ssu_dispatch.initialize_mamba_selective_state_update_backend(type("Args", (), {
+        "mamba_backend": "triton", "enable_mamba_cache_stochastic_rounding": False,
+        "mamba_cache_philox_rounds": 0})())
 
 
 def _shim_cuda_only_host_checks():
-    """SGLang's state-scatter launchers (mamba_state_scatter_triton: the commit's kernels)
-    refuse non-CUDA tensors in one host check each ("only supports CUDA/XPU tensors"), before
-    launching Triton kernels that the interpreter runs on CPU tensors. The probe hands them CPU
-    tensors that answer ``is_cuda`` True: every other host check and the kernels themselves run
-    as on a GPU. (tests/test_v2_hybrid.py pins the checks this relies on.)"""
+    """Two CUDA-only host lines on the way to Triton kernels the interpreter runs on CPU
+    tensors. SGLang's state-scatter launchers (mamba_state_scatter_triton: the commit's kernels)
+    refuse non-CUDA tensors in one host check each ("only supports CUDA/XPU tensors"): the probe
+    hands them CPU tensors that answer ``is_cuda`` True, so every other host check and the
+    kernels themselves run as on a GPU. Mamba2's selective_state_update selects the GPU with a
+    device context (below). (tests/test_v2_hybrid.py pins the lines this relies on.)"""
+    import contextlib
+
     import torch
     from sglang.kernels.ops.mamba import mamba_state_scatter_triton as scatter
+
+    # selective_state_update launches inside `torch.get_device_module(x.device).device(index)`
+    # (which GPU); torch.cpu has no such context manager: one device, nothing to select.
+    if not hasattr(torch.cpu, "device"):
+        torch.cpu.device = lambda index: contextlib.nullcontext()
 
     class OnInterpreter(torch.Tensor):
         @property
@@ -516,6 +672,20 @@ SHIMMED_LAUNCHERS = ("fused_mamba_state_scatter_with_mask", "fused_conv_window_s
 # ---------------------------------------------------------------------------------------------
 
 
+class _OneRankGroup:
+    """Stand-in process group of one rank (no torch.distributed here), with the fields SGLang's
+    parallel linear layers read."""
+
+    world_size = 1
+    rank_in_group = 0
+
+    def broadcast(self, *a, **k):
+        pass
+
+    def all_reduce(self, x, *a, **k):
+        return x
+
+
 def make_harness():
     vp = _probe_module()
 
@@ -527,6 +697,12 @@ def make_harness():
         def __init__(self, kind_name):
             super().__init__()
             _bind_gpu_recurrent_kernels()
+            # SGLang's parallel layers (MambaMixer2) read this rank's place in its group.
+            from sglang.srt.runtime_context import get_parallel
+
+            get_parallel().override_permanently(tp_rank=0, attn_tp_rank=0,
+                                                tp_group=_OneRankGroup(),
+                                                attn_tp_group=_OneRankGroup())
             self.kind = KINDS[kind_name](self.torch)
             self.budget = self.topk = None
             self.chain_commit = False  # the negative control: commit accept_len - 1
@@ -670,7 +846,8 @@ def _lossless(kind_name):
     target = TinyHybrid(torch, h.kind, seed=1)
     draft = target.perturbed(0.03, seed=2)  # agrees often, not always: off-chain accepts
     gen = torch.Generator().manual_seed(3)
-    plens, max_new = [4, 9, 13], [6, 17, 11]
+    # Lengths at which some request's last step accepted more tokens than it still wanted.
+    plens, max_new = [4, 9, 13], MAX_NEW[kind_name]
     prompts = [torch.randint(0, target.vocab, (m,), generator=gen).tolist() for m in plens]
     h.budget, h.topk = 10, 3
     reqs, steps, accepts, w = vp.run_decode(h, target, draft, prompts, max_new, budget=10,
@@ -696,12 +873,19 @@ def _lossless(kind_name):
     return {"steps": steps, "state_checks": h.state_checks, "off_node": h.off_node_commits}
 
 
+MAX_NEW = {"gdn": [6, 17, 11], "kda": [6, 17, 11], "mamba2": [14, 15, 12]}
+
+
 def case_gdn_lossless(_):
     return _lossless("gdn")
 
 
 def case_kda_lossless(_):
     return _lossless("kda")
+
+
+def case_mamba2_lossless(_):
+    return _lossless("mamba2")
 
 
 def case_draft_scope(_):
