@@ -140,6 +140,26 @@ class HybridTarget:
 KDA_TREE_VERIFY_BACKENDS = ("triton", "nv_cutedsl")
 
 
+def describe(server_args: Any) -> Optional[dict]:
+    """What the smoke levels show for resolved ServerArgs (``[smoke] hybrid_report``): None for a
+    pure-attention target, else the kind, its config class and backend, whether the tree path
+    is on (the resolved ``speculative_eagle_topk > 1``) and the commit hook, found or not."""
+    import importlib
+
+    from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
+
+    found = recurrent_kind(model_config_of(server_args))
+    if found is None:
+        return None
+    kind, recurrent = found
+    topk = int(resolving_view(server_args).speculative_eagle_topk or 0)
+    report = HybridTarget(kind=kind, config_class=type(recurrent).__name__).report(topk)
+    module, _, name = COMMIT_HOOK.rpartition(".")
+    report["commit_hook_found"] = callable(getattr(importlib.import_module(module), name, None))
+    report["speculative_eagle_topk"] = topk
+    return report
+
+
 def _verify_backend_of_linear_attn(view: Any) -> str:
     # SGLang's rule (linear/utils.resolve_linear_attn_backends): an unset verify backend
     # follows the decode backend for FlashInfer, else Triton.
@@ -348,6 +368,7 @@ __all__ = [
     "Kind",
     "RecurrentVerifyCost",
     "check",
+    "describe",
     "draft_spec_scope",
     "per_slot_state_bytes",
     "recurrent_kind",

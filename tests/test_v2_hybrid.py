@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO / "tests"))
 import ddtree_hybrid as hy  # noqa: E402
 
 PROBE = REPO / "tests" / "v2_hybrid_probe.py"
+GPU_SCRIPT = REPO / "scripts" / "gpu_check_hybrid.py"
 RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PROBE_RELEASE = "0.5.23"
 
@@ -193,12 +194,20 @@ def test_mamba2_picks_its_gpu_with_a_device_context_the_probe_gives_torch_cpu():
     assert "with torch.get_device_module(x.device).device(x.device.index):" in text
 
 
+def _gpu_script():
+    spec = importlib.util.spec_from_file_location("gpu_check_hybrid", GPU_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_probe_answers_exactly_the_cuda_only_host_checks_it_names():
-    # tests/v2_hybrid_probe.py hands the commit's scatter launchers CPU tensors whose is_cuda
-    # answers True: that must be the ONLY device check on their way to the Triton kernel.
-    probe = _probe_module()
+    # The CPU runs (tests/v2_hybrid_probe.py, the GPU script's --device cpu) hand the commit's
+    # scatter launchers CPU tensors whose is_cuda answers True: that must be the ONLY device
+    # check on their way to the Triton kernel.
     text = _source(PROBE_RELEASE, ["sglang/kernels/ops/mamba/mamba_state_scatter_triton.py"])
-    for name in probe.SHIMMED_LAUNCHERS:
+    for name in _gpu_script().SHIMMED_LAUNCHERS:
         body = text.split(f"def {name}(", 1)[1].split("\ndef ", 1)[0]
         checks = re.findall(r"if not \(dst\.is_cuda or dst\.is_xpu\)", body)
         assert len(checks) == 1, (name, checks)
@@ -254,3 +263,52 @@ def test_memory_term_for_qwen3_next_at_budgets_64_and_256(probe_results: dict) -
     assert facts["tp4-b64"]["cap"] == 46 and facts["tp4-b256"]["cap"] == 12
     assert facts["tp1-b256"]["cap"] == 3
     assert "fits 46" in facts["refusal"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. scripts/gpu_check_hybrid.py (the GPU part), checked on CPU in Triton's interpreter
+
+
+@pytest.fixture(scope="module")
+def sglang_tree(tmp_path_factory) -> Path:
+    """The kernel files the GPU script loads, from the real 0.5.23 wheel."""
+    from ddtree_deploy.sandbox import pristine_files
+
+    root = tmp_path_factory.mktemp("sglang-0.5.23")
+    for candidates in _gpu_script().KERNEL_FILES.values():
+        rel = candidates[0]  # 0.5.23's own location
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(pristine_files(PROBE_RELEASE, [rel])[rel])
+    return root
+
+
+def _run_gpu_script(*args):
+    import subprocess
+
+    return subprocess.run([sys.executable, str(GPU_SCRIPT), *args], capture_output=True, text=True,
+                          timeout=600, env={"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_gpu_script_runs_its_checks_on_cpu_and_its_control_fails_as_it_should(sglang_tree):
+    run = _run_gpu_script("--sglang", str(sglang_tree), "--budgets", "6", "--device", "cpu")
+    lines = [json.loads(ln.split(":", 1)[1]) for ln in run.stdout.splitlines()
+             if ln.startswith("GPU-HYBRID:")]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert {c["check"] for c in lines} == {"conv", "gdn-fp32-state", "gdn-bf16-state",
+                                           "control-chain-parents-fail", "kda-fp32-state",
+                                           "mamba2", "commit"}
+    assert all(c["ok"] for c in lines), lines
+    control = next(c for c in lines if c["check"] == "control-chain-parents-fail")
+    assert control["state"] > 0.1  # a chain's parents on a tree: O(1) off
+    conv = next(c for c in lines if c["check"] == "conv")
+    assert conv["wrong_parents"] == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sglang", "/nonexistent", "--device", "cpu"], "/nonexistent: none of"),
+    (["--sglang", "/tmp", "--budgets", "x", "--device", "cpu"], "--budgets 'x': comma-separated"),
+])
+def test_gpu_script_bad_input_is_one_line_exit_2(args, message):
+    run = _run_gpu_script(*args)
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr

@@ -632,41 +632,25 @@ def _bind_gpu_recurrent_kernels():
 
 def _shim_cuda_only_host_checks():
     """Two CUDA-only host lines on the way to Triton kernels the interpreter runs on CPU
-    tensors. SGLang's state-scatter launchers (mamba_state_scatter_triton: the commit's kernels)
-    refuse non-CUDA tensors in one host check each ("only supports CUDA/XPU tensors"): the probe
-    hands them CPU tensors that answer ``is_cuda`` True, so every other host check and the
-    kernels themselves run as on a GPU. Mamba2's selective_state_update selects the GPU with a
-    device context (below). (tests/test_v2_hybrid.py pins the lines this relies on.)"""
-    import contextlib
-
+    tensors (the scatter launchers' ``is_cuda`` check, selective_state_update's device
+    context): answered as scripts/gpu_check_hybrid.py answers them for its own CPU self-test
+    (``answer_cuda_only_host_lines``; tests/test_v2_hybrid.py pins the lines)."""
     import torch
     from sglang.kernels.ops.mamba import mamba_state_scatter_triton as scatter
 
-    # selective_state_update launches inside `torch.get_device_module(x.device).device(index)`
-    # (which GPU); torch.cpu has no such context manager: one device, nothing to select.
-    if not hasattr(torch.cpu, "device"):
-        torch.cpu.device = lambda index: contextlib.nullcontext()
-
-    class OnInterpreter(torch.Tensor):
-        @property
-        def is_cuda(self):
-            return True
-
-    for name in SHIMMED_LAUNCHERS:
-        real = getattr(scatter, name)
-        if getattr(real, "_ddtree_shim", False):
-            continue
-
-        def launcher(dst, src, *args, _real=real, **kwargs):
-            return _real(dst.as_subclass(OnInterpreter), src.as_subclass(OnInterpreter),
-                         *args, **kwargs)
-
-        launcher._ddtree_shim = True
-        setattr(scatter, name, launcher)
+    _gpu_script().answer_cuda_only_host_lines(torch, scatter)
 
 
-# The launchers whose CUDA-only host check the probe answers (see above).
-SHIMMED_LAUNCHERS = ("fused_mamba_state_scatter_with_mask", "fused_conv_window_scatter_with_mask")
+def _gpu_script():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                        "gpu_check_hybrid.py")
+    spec = importlib.util.spec_from_file_location("gpu_check_hybrid", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 # ---------------------------------------------------------------------------------------------
