@@ -370,6 +370,45 @@ def dims_for(device: str, budget: int) -> dict:
             "act": "bfloat16"}
 
 
+def run(sglang_dir: Path, device: str = "cuda", budgets=(64, 256)) -> list:
+    """Every check, as records {"check", "budget", "ok", ...} (the entry point of a caller such
+    as `make gpu-check`: ``device`` "cpu" needs TRITON_INTERPRET=1 set before Triton is
+    imported). Raises BadInput when ``sglang_dir`` holds no SGLang 0.5.20+ kernel files."""
+    import torch
+
+    kernels = load_kernels(Path(sglang_dir), torch)
+    if device == "cpu":
+        answer_cuda_only_host_lines(torch, kernels["scatter"])
+    du = load_payload("ddtree_utils")
+    records = []
+    for budget in budgets:
+        dims = dims_for(device, budget)
+        tree = ddtree_trees(torch, du, dims["bs"], budget, depth=min(budget, 15), device=device,
+                            seed=budget)
+
+        def delta(**kw):
+            return lambda: check_delta_rule(torch, kernels, tree, device, dims, **kw)
+
+        checks = [("conv", lambda: check_conv(torch, kernels, tree, device, dims)),
+                  ("gdn-fp32-state", delta(kda=False, state_dtype=torch.float32)),
+                  ("gdn-bf16-state", delta(kda=False, state_dtype=torch.bfloat16)),
+                  ("control-chain-parents-fail", delta(kda=False, state_dtype=torch.float32,
+                                                       chain=True)),
+                  ("kda-fp32-state", delta(kda=True, state_dtype=torch.float32)),
+                  ("mamba2", lambda: check_mamba2(torch, kernels, tree, device, dims)),
+                  ("commit", lambda: check_commit(torch, kernels, tree, device, dims))]
+        for name, check in checks:
+            start = time.perf_counter()
+            try:
+                ok, facts = check()
+            except Exception as exc:  # a kernel that does not launch is a failed check
+                ok, facts = False, {"error": f"{type(exc).__name__}: {exc}"}
+            records.append({"check": name, "budget": budget, "ok": bool(ok),
+                            "depth": tree["depth"],
+                            "seconds": round(time.perf_counter() - start, 2), **facts})
+    return records
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sglang", required=True, type=Path,
@@ -394,41 +433,13 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     try:
-        kernels = load_kernels(args.sglang, torch)
+        records = run(args.sglang, args.device, budgets)
     except BadInput as exc:
         print(f"gpu_check_hybrid: {exc}", file=sys.stderr)
         return 2
-    if args.device == "cpu":
-        answer_cuda_only_host_lines(torch, kernels["scatter"])
-    du = load_payload("ddtree_utils")
-    all_ok = True
-    for budget in budgets:
-        dims = dims_for(args.device, budget)
-        tree = ddtree_trees(torch, du, dims["bs"], budget, depth=min(budget, 15),
-                            device=args.device, seed=budget)
-        checks = [("conv", lambda: check_conv(torch, kernels, tree, args.device, dims)),
-                  ("gdn-fp32-state", lambda: check_delta_rule(
-                      torch, kernels, tree, args.device, dims, kda=False, state_dtype=torch.float32)),
-                  ("gdn-bf16-state", lambda: check_delta_rule(
-                      torch, kernels, tree, args.device, dims, kda=False, state_dtype=torch.bfloat16)),
-                  ("control-chain-parents-fail", lambda: check_delta_rule(
-                      torch, kernels, tree, args.device, dims, kda=False, state_dtype=torch.float32,
-                      chain=True)),
-                  ("kda-fp32-state", lambda: check_delta_rule(
-                      torch, kernels, tree, args.device, dims, kda=True, state_dtype=torch.float32)),
-                  ("mamba2", lambda: check_mamba2(torch, kernels, tree, args.device, dims)),
-                  ("commit", lambda: check_commit(torch, kernels, tree, args.device, dims))]
-        for name, run in checks:
-            start = time.perf_counter()
-            try:
-                ok, facts = run()
-            except Exception as exc:  # a kernel that does not launch is a failed check
-                ok, facts = False, {"error": f"{type(exc).__name__}: {exc}"}
-            all_ok &= bool(ok)
-            print(TAG + json.dumps({"check": name, "budget": budget, "ok": bool(ok),
-                                    "depth": tree["depth"], "seconds": round(time.perf_counter() - start, 2),
-                                    **facts}), flush=True)
-    return 0 if all_ok else 1
+    for record in records:
+        print(TAG + json.dumps(record), flush=True)
+    return 0 if all(r["ok"] for r in records) else 1
 
 
 if __name__ == "__main__":
