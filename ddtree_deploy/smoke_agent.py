@@ -353,15 +353,17 @@ def hybrid_words(report, where, evidence):
     """One clause for a hybrid target DDTREE serves, or LevelFailed when its recurrent tree path
     is off (a tree verified as a chain) or the commit hook is missing."""
     topk = report.get("speculative_eagle_topk")
-    if not report.get("tree_path"):
+    chain = report.get("ddtree_topk") == 1  # top-K 1: the tree is a chain, no tree path needed
+    if not report.get("tree_path") and not chain:
         raise LevelFailed(f"{where}: speculative_eagle_topk resolved to {topk!r}, so the hybrid backend's "
                           "recurrent tree path is off and a tree would be verified as a chain", evidence)
     if not report.get("commit_hook_found"):
         raise LevelFailed(f"{where}: {report.get('commit_hook')} is not in this release: the accepted node's "
                           "recurrent state would not be committed", evidence)
-    return (f"hybrid {report.get('recurrent_config')} ({report.get('recurrent_kind')}): recurrent tree path on "
-            f"(speculative_eagle_topk {topk} > 1), accepted node's state committed by "
-            f"{report.get('commit_hook')}")
+    path = ("top-K 1: the tree is a chain, served by the recurrent chain path" if chain else
+            f"recurrent tree path on (speculative_eagle_topk {topk} > 1)")
+    return (f"hybrid {report.get('recurrent_config')} ({report.get('recurrent_kind')}): {path}, accepted "
+            f"node's state committed by {report.get('commit_hook')}")
 
 
 def _ask_child(script, request, timeout_s, *, doing, who):

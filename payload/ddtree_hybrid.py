@@ -152,11 +152,14 @@ def describe(server_args: Any) -> Optional[dict]:
     if found is None:
         return None
     kind, recurrent = found
-    topk = int(resolving_view(server_args).speculative_eagle_topk or 0)
+    view = resolving_view(server_args)
+    topk = int(view.speculative_eagle_topk or 0)
     report = HybridTarget(kind=kind, config_class=type(recurrent).__name__).report(topk)
     module, _, name = COMMIT_HOOK.rpartition(".")
     report["commit_hook_found"] = callable(getattr(importlib.import_module(module), name, None))
     report["speculative_eagle_topk"] = topk
+    # The tree's own K: 1 makes the tree a chain, which needs no tree path.
+    report["ddtree_topk"] = getattr(view, "speculative_ddtree_topk", None)
     return report
 
 

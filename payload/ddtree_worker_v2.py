@@ -202,13 +202,15 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         with ddtree_hybrid.draft_spec_scope():
             super().init_attention_backends()
-        # The target's backends were built first, under the resolved K: a hybrid target's
-        # recurrent backend must have its tree path on, or the verify would be a chain.
+        # The target's backends were built first, under the resolved K: with K > 1 a hybrid
+        # target's recurrent backend must have its tree path on, or the verify would walk the
+        # tree as a chain. (K = 1: the tree is a chain, which the chain path serves.)
         tree_on = ddtree_hybrid.target_tree_path_on(self.target_worker.model_runner.attn_backend)
-        if tree_on is False:
+        if tree_on is False and self.ddtree_topk > 1:
             raise RuntimeError(
-                "DDTREE: the target's hybrid linear-attention backend was built with "
-                "speculative_eagle_topk <= 1 (no tree path): refusing to verify a tree as a chain."
+                f"DDTREE: top-K {self.ddtree_topk}, but the target's hybrid linear-attention "
+                "backend was built with speculative_eagle_topk <= 1 (no tree path): refusing to "
+                "verify a tree as a chain."
             )
 
     def init_cuda_graphs(self):

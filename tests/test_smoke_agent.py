@@ -470,10 +470,10 @@ FAKE_RELEASE = textwrap.dedent("""
         # pure-attention model; FAKE_MODE hybrid-topk1 / hybrid-no-hook break the tree path.
         if "hybrid" not in args.ns.model_path:
             return None
-        topk = 1 if MODE == "hybrid-topk1" else 8
+        topk = 1 if MODE in ("hybrid-topk1", "hybrid-chain") else 8
         return {"recurrent_kind": "gdn", "recurrent_config": "Qwen3NextConfig", "tree_path": topk > 1,
                 "commit_hook": "fakepkg.release.commit", "commit_hook_found": MODE != "hybrid-no-hook",
-                "speculative_eagle_topk": topk}
+                "speculative_eagle_topk": topk, "ddtree_topk": 1 if MODE == "hybrid-chain" else 8}
 
     class Algo:
         @classmethod
@@ -560,11 +560,16 @@ HYBRID_SAID = ("hybrid Qwen3NextConfig (gdn): recurrent tree path on (speculativ
                      "verified as a chain"),
     ("hybrid-no-hook", "DDTREE probe on the tiny hybrid target (Qwen3-Next: GDN layers): fakepkg.release.commit "
                        "is not in this release: the accepted node's recurrent state would not be committed"),
+    # Top-K 1 (the tree is a chain): no tree path needed, said so.
+    ("hybrid-chain", "1 modules imported; DDTREE verify width 25 = budget 24 + 1; DDTREE -> TreeWorker "
+                     "(DDTREE_TREE_VERIFY = True); hybrid Qwen3NextConfig (gdn): top-K 1: the tree is a chain, "
+                     "served by the recurrent chain path, accepted node's state committed by "
+                     "fakepkg.release.commit"),
 ])
 def test_tree_probe_of_a_family_serving_hybrid_targets(fake_pkg, mode, detail):
     probe = fake_tree_probe(hybrid_report=("fakepkg.release", "describe"))
     ok, level = run_tree_probe(fake_pkg, mode, probe)
-    assert level["detail"] == detail and ok == (mode == "tree"), level
+    assert level["detail"] == detail and ok == (mode in ("tree", "hybrid-chain")), level
     if ok:  # the tiny hybrid config was written on the host and resolved
         assert level["evidence"]["tree"]["hybrid"]["argv"][1].endswith("/hybrid_model")
 

@@ -115,20 +115,10 @@ class _DeltaRuleKind:
             head_dim=16)
 
     def cache_params(self, layer_ids):
-        torch = self.torch
-        from sglang.srt.configs.mamba_utils import (
-            Mamba2CacheParams,
-            Mamba2StateDType,
-            Mamba2StateShape,
-        )
-
-        shape = Mamba2StateShape.create(
-            tp_world_size=1, intermediate_size=self.v_dim, n_groups=self.heads_k,
+        return _mamba2_cache_params(
+            self, layer_ids, intermediate_size=self.v_dim, n_groups=self.heads_k,
             num_heads=self.heads_v, head_dim=self.dv, state_size=self.dk,
             conv_kernel=self.conv_kernel, conv_shard_groups=[self.k_dim, self.k_dim, self.v_dim])
-        assert shape.conv_dim == self.conv_dim
-        return Mamba2CacheParams(shape=shape, layers=list(layer_ids),
-                                 dtype=Mamba2StateDType(conv=torch.float64, temporal=torch.float64))
 
     def backend_class(self):
         from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
@@ -202,6 +192,21 @@ class _DeltaRuleKind:
             out.append((h * qh[:, None]).sum(0))
             new_ssm[hv] = h.T
         return torch.cat(out) @ p["o"], (taps[:, 1:].clone(), new_ssm)
+
+
+def _mamba2_cache_params(kind, layer_ids, **shape):
+    """SGLang's Mamba2CacheParams for one TP rank, float64 states (GDN's and Mamba2's layout)."""
+    torch = kind.torch
+    from sglang.srt.configs.mamba_utils import (
+        Mamba2CacheParams,
+        Mamba2StateDType,
+        Mamba2StateShape,
+    )
+
+    built = Mamba2StateShape.create(tp_world_size=1, **shape)
+    assert built.conv_dim == kind.conv_dim
+    return Mamba2CacheParams(shape=built, layers=list(layer_ids),
+                             dtype=Mamba2StateDType(conv=torch.float64, temporal=torch.float64))
 
 
 class _KDAKind(_DeltaRuleKind):
@@ -309,20 +314,10 @@ class _Mamba2Kind:
             ssm_state_size=self.dstate, mamba_d_conv=self.conv_kernel)
 
     def cache_params(self, layer_ids):
-        torch = self.torch
-        from sglang.srt.configs.mamba_utils import (
-            Mamba2CacheParams,
-            Mamba2StateDType,
-            Mamba2StateShape,
-        )
-
-        shape = Mamba2StateShape.create(
-            tp_world_size=1, intermediate_size=self.inter, n_groups=self.groups,
+        return _mamba2_cache_params(
+            self, layer_ids, intermediate_size=self.inter, n_groups=self.groups,
             num_heads=self.heads, head_dim=self.head_dim, state_size=self.dstate,
             conv_kernel=self.conv_kernel)
-        assert shape.conv_dim == self.conv_dim
-        return Mamba2CacheParams(shape=shape, layers=list(layer_ids),
-                                 dtype=Mamba2StateDType(conv=torch.float64, temporal=torch.float64))
 
     def backend_class(self):
         from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
@@ -421,14 +416,8 @@ def _tiny_hybrid_class(vp):
             self._memo = {}
 
         def perturbed(self, scale, seed):
-            torch = self.torch
-            other = type(self).__new__(type(self))
-            other.__dict__.update(self.__dict__)
+            other = super().perturbed(scale, seed)  # every layer's weights, recurrent too
             other._memo = {}
-            g = torch.Generator().manual_seed(seed)
-            noise = lambda t: t + torch.randn(t.shape, generator=g, dtype=t.dtype) * scale  # noqa
-            other.emb, other.head = noise(self.emb), noise(self.head)
-            other.w = [{k: noise(v) for k, v in layer.items()} for layer in self.w]
             return other
 
         # -- the sequential reference --------------------------------------------------
@@ -920,11 +909,13 @@ def case_draft_scope(_):
     assert after == 3, after  # the target's K is untouched
     Linear.topk = 1
     try:
-        DDTreeWorkerV2.init_attention_backends(w)
+        DDTreeWorkerV2.init_attention_backends(w)  # top-K 3, the target's backend a chain's
     except RuntimeError as exc:
         assert "no tree path" in str(exc), exc
     else:
         raise AssertionError("a hybrid target backend without the tree path was accepted")
+    w.ddtree_topk = 1  # top-K 1: the tree is a chain, the chain path serves it
+    DDTreeWorkerV2.init_attention_backends(w)
     return {"draft_topk": seen.get("backends"), "graphs_topk": seen.get("graphs")}
 
 

@@ -68,7 +68,7 @@ class TinyTarget:
 
     def perturbed(self, scale, seed):
         torch = self.torch
-        other = TinyTarget.__new__(TinyTarget)
+        other = type(self).__new__(type(self))
         other.__dict__.update(self.__dict__)
         g = torch.Generator().manual_seed(seed)
         noise = lambda t: t + torch.randn(t.shape, generator=g, dtype=t.dtype) * scale  # noqa
