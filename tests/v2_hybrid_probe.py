@@ -843,7 +843,12 @@ def _lossless(kind_name):
                                    block=5, via_forward=True, check=False)
     wrong = [list(r.output_ids) for r in reqs2]
     assert wrong != greedy, "committing accept_len - 1 left the tokens greedy: the test is blind"
-    return {"steps": steps, "state_checks": h.state_checks, "off_node": h.off_node_commits}
+    first = min(next(i for i, (a, b) in enumerate(zip(g, x)) if a != b)
+                for g, x in zip(greedy, wrong) if g != x)
+    return {"steps": steps, "state_checks": h.state_checks, "off_node": h.off_node_commits,
+            "offchain_steps": int(w._ddtree_offchain), "mid_path_cuts": sum(c > 0 for c in w.cut),
+            "control_requests_off_greedy": sum(g != x for g, x in zip(greedy, wrong)),
+            "control_first_wrong_token": first}
 
 
 MAX_NEW = {"gdn": [6, 17, 11], "kda": [6, 17, 11], "mamba2": [14, 15, 12]}
