@@ -15,7 +15,8 @@ Three layers:
    pools and backends with the Triton recurrent kernels in Triton's CPU interpreter: tokens ==
    plain greedy decoding of the
    same float64 model (requests finishing mid-path), the committed recurrent state after every
-   step == a sequential run over the consumed tokens, and the negative control (DFlash's chain
+   step == a sequential run over the consumed tokens (GDN: also the prefix cache's track slot at
+   every interval crossing), and the negative control (DFlash's chain
    commit, ``accept_len - 1``) leaving greedy; the draft's backends built under topk 1; the
    memory term through SGLang's own argument resolution.
 
@@ -250,8 +251,11 @@ def test_v2_hybrid_on_real_sglang(probe_results: dict, case: str) -> None:
     assert result["ok"], f"{case}:\n{result['error']}"
     if case.endswith("_lossless"):
         facts = result["facts"]
-        # Every step's state was checked, and the control had steps to fail on.
+        # Every step's state was checked, and the control had steps to fail on (and did).
         assert facts["state_checks"] >= facts["steps"] and facts["off_node"] >= 1, facts
+        assert facts["control_requests_off_greedy"] >= 1, facts
+    if case == "gdn_lossless":  # the prefix cache's interval-crossing state, committed
+        assert result["facts"]["track_checks"] >= 1, result["facts"]
 
 
 @pytest.mark.sglang_env

@@ -51,6 +51,8 @@ CASES = tuple(f"{kind}_lossless" for kind in KIND_CASES) + (
 # How close the committed recurrent state must be to the float64 sequential run (the kernels
 # accumulate in float32; a wrong node's state is off by O(1)).
 STATE_ATOL = 2e-5
+# The prefix-cache track interval of the GDN case (small, so that steps cross it).
+TRACK_INTERVAL = 4
 
 
 def _probe_module():
@@ -681,6 +683,13 @@ def make_harness():
             self.chain_commit = False  # the negative control: commit accept_len - 1
             self.off_node_commits = 0  # steps where the accepted node != the chain step
             self.state_checks = 0
+            # The prefix cache's interval-crossing state (mamba_track_indices): each request
+            # gets a track slot, and a crossing of TRACK_INTERVAL must leave there the state
+            # after the crossing point (SGLang's grid lcm(mamba chunk, page, interval) needs the
+            # model's config: STAND-IN, spec_utils.mamba_track_grid answers the interval).
+            self.track = False
+            self.track_slots = {}
+            self.track_checks = 0
 
         def pools(self, target, bs, kv_slots=4096, max_context_len=512):
             torch = self.torch
@@ -690,7 +699,7 @@ def make_harness():
             rec = [i for i, w in enumerate(target.PATTERN) if w == "rec"]
             full = [i for i, w in enumerate(target.PATTERN) if w != "rec"]
             rtp = HybridReqToTokenPool(
-                size=bs + 2, mamba_size=bs + 2, mamba_spec_state_size=bs + 2,
+                size=bs + 2, mamba_size=2 * bs + 2, mamba_spec_state_size=bs + 2,
                 max_context_len=max_context_len, device="cpu", enable_memory_saver=False,
                 cache_params=self.kind.cache_params(rec), mamba_layer_ids=rec,
                 enable_mamba_extra_buffer=False,
@@ -784,26 +793,40 @@ def make_harness():
             harness = self
 
             def checked(batch, *args, **kwargs):
+                rows = [int(r) for r in batch.req_pool_indices]
+                if harness.track:
+                    for row in rows:
+                        if row not in harness.track_slots:
+                            harness.track_slots[row] = int(rtp.mamba_allocator.alloc(1)[0])
+                    batch.mamba_track_indices = torch.tensor(
+                        [harness.track_slots[r] for r in rows], dtype=torch.int64)
+                pre = batch.seq_lens.tolist()
                 res = step(batch, *args, **kwargs)
                 if harness.chain_commit:
                     return res
-                bs = len(batch.seq_lens)
-                out = res.next_token_ids.view(bs, -1)
-                for j in range(bs):
-                    row = int(batch.req_pool_indices[j])
+                out = res.next_token_ids.view(len(rows), -1)
+                for j, row in enumerate(rows):
                     acc = int(res.accept_lens[j])
                     consumed = list(w.draft_model_runner.contexts[row]) + out[j, :acc - 1].tolist()
-                    want = target.trace(consumed)["states"][len(consumed)]
+                    states = target.trace(consumed)["states"]
                     slot = int(rtp.req_index_to_mamba_index_mapping[row])
-                    got = harness.kind.pool_state(rtp.mamba_pool, slot)
-                    for name, g, e in zip(("conv", "ssm"), got, want):
-                        assert torch.allclose(g, e, atol=STATE_ATOL, rtol=0), (
-                            f"{name} state of request row {row} after {len(consumed)} tokens: "
-                            f"max error {(g - e).abs().max():.3g}")
+                    harness._assert_state(rtp, slot, states[len(consumed)],
+                                          f"request row {row} after {len(consumed)} tokens")
                     harness.state_checks += 1
+                    crossing = (pre[j] + acc) // TRACK_INTERVAL * TRACK_INTERVAL
+                    if harness.track and crossing > pre[j]:
+                        harness._assert_state(rtp, harness.track_slots[row], states[crossing],
+                                              f"track slot of row {row} at {crossing} tokens")
+                        harness.track_checks += 1
                 return res
 
             w.forward_batch_generation = checked
+
+        def _assert_state(self, rtp, slot, want, what):
+            got = self.kind.pool_state(rtp.mamba_pool, slot)
+            for name, g, e in zip(("conv", "ssm"), got, want):
+                assert self.torch.allclose(g, e, atol=STATE_ATOL, rtol=0), (
+                    f"{name} state of {what}: max error {(g - e).abs().max():.3g}")
 
     return vp, HybridHarness
 
@@ -823,8 +846,14 @@ def _lossless(kind_name):
     plens, max_new = [4, 9, 13], MAX_NEW[kind_name]
     prompts = [torch.randint(0, target.vocab, (m,), generator=gen).tolist() for m in plens]
     h.budget, h.topk = 10, 3
+    if kind_name == "gdn":  # the interval-crossing commit too (once: the kinds share it)
+        from sglang.srt.speculative import spec_utils
+
+        h.track = True
+        spec_utils.mamba_track_grid = lambda page_size: TRACK_INTERVAL
     reqs, steps, accepts, w = vp.run_decode(h, target, draft, prompts, max_new, budget=10,
                                             topk=3, block=5, via_forward=True)
+    assert h.track_checks >= 1 or not h.track, "no step crossed a track interval"
     # Tokens == greedy (checked per request by the loop), the state after every step checked.
     assert h.state_checks >= steps, (h.state_checks, steps)
     # Not vacuous: deep paths, off-chain accepts, a request finished mid-path, and steps whose
@@ -846,6 +875,7 @@ def _lossless(kind_name):
     first = min(next(i for i, (a, b) in enumerate(zip(g, x)) if a != b)
                 for g, x in zip(greedy, wrong) if g != x)
     return {"steps": steps, "state_checks": h.state_checks, "off_node": h.off_node_commits,
+            "track_checks": h.track_checks,
             "offchain_steps": int(w._ddtree_offchain), "mid_path_cuts": sum(c > 0 for c in w.cut),
             "control_requests_off_greedy": sum(g != x for g, x in zip(greedy, wrong)),
             "control_first_wrong_token": first}
