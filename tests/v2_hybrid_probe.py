@@ -17,8 +17,9 @@ kernels), ``RadixLinearAttention`` layers, SGLang's Triton ``causal_conv1d_updat
 of GDN and KDA), and the commit: ``run_eagle_verify`` calls ``spec_utils.
 commit_mamba_states_after_verify``, which calls ``HybridLinearAttnBackend.
 update_mamba_state_after_mtp_verify``, whose Triton scatter kernels write the accepted node's
-states into the pool. The worker's whole decode step (``DDTreeWorkerV2.forward_batch_generation``)
-drives it.
+states into the pool (and, in the GDN case, the interval-crossing state into a per-request track
+slot, as the prefix cache's extra buffer asks). The worker's whole decode step
+(``DDTreeWorkerV2.forward_batch_generation``) drives it.
 
 NAMED STAND-INS (on top of tests/v2_worker_probe.py's):
 - The target forward: ``TinyHybrid`` (float64, layers [attention, recurrent, attention]); its
