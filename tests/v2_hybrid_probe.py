@@ -47,7 +47,7 @@ import traceback
 TAG = "V2HYBRID:"
 KIND_CASES = ("gdn", "kda", "mamba2")
 CASES = tuple(f"{kind}_lossless" for kind in KIND_CASES) + (
-    "draft_scope", "memory", "memory_resolution")
+    "draft_scope", "refusals", "memory", "memory_resolution")
 
 # How close the committed recurrent state must be to the float64 sequential run (the kernels
 # accumulate in float32; a wrong node's state is off by O(1)).
@@ -989,6 +989,69 @@ def case_memory(_):
     else:
         raise AssertionError("48 requests at budget 64 were accepted")
     return table
+
+
+def case_refusals(_):
+    """ddtree_hybrid.check on SGLang's own ModelConfig of the tiny config folders, with the
+    settings a CPU resolution cannot reach (SGLang refuses them first here: no FlashInfer Mamba,
+    no extra buffer without a GPU platform): each a one-line refusal naming the config class,
+    the reason and what to use instead; the served kinds and a pure-attention target pass."""
+    import logging
+    import types
+
+    logging.disable(logging.WARNING)
+    from sglang.srt.arg_groups.overrides import model_config_of
+    from sglang.srt.runtime_context import reset_context
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative import ddtree_hybrid as hy
+
+    reset_context()
+    models = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "models")
+
+    def model(name):
+        args = ServerArgs(model_path=os.path.join(models, name), device="cuda",
+                          skip_tokenizer_init=True, disable_radix_cache=True)
+        args.resolve_once()
+        return model_config_of(args)
+
+    base = {"model_path": "/m", "mamba_backend": "triton", "linear_attn_backend": "triton",
+            "linear_attn_decode_backend": None, "linear_attn_verify_backend": None,
+            "enable_linear_replayssm_spec": False, "page_size": 1, "disable_radix_cache": True,
+            "mamba_radix_cache_strategy": "no_buffer", "mamba_track_interval": 256}
+
+    def check(name, budget=64, **settings):
+        return hy.check(types.SimpleNamespace(**{**base, **settings}), model(name), budget)
+
+    assert check("tiny-llama") is None
+    served = {name: check(name).kind.name
+              for name in ("tiny-qwen3-next", "tiny-nemotron-h", "tiny-kimi-linear")}
+    assert served == {"tiny-qwen3-next": "gdn", "tiny-nemotron-h": "mamba2",
+                      "tiny-kimi-linear": "kda"}, served
+    refusals = {}
+    for name, model_name, settings, want in (
+        ("mamba2-flashinfer", "tiny-nemotron-h", {"mamba_backend": "flashinfer"},
+         "(NemotronHConfig, Mamba2): --mamba-backend flashinfer has no tree path (its "
+         "selective_state_update refuses retrieve_parent_token); use --mamba-backend triton."),
+        ("kda-flashinfer-decode", "tiny-kimi-linear", {"linear_attn_decode_backend": "flashinfer"},
+         "(KimiLinearConfig, Kimi Delta Attention): the KDA verify backend flashinfer has no "
+         "tree path proven here"),
+        ("track-interval", "tiny-qwen3-next", {"disable_radix_cache": False,
+                                               "mamba_radix_cache_strategy": "extra_buffer",
+                                               "mamba_track_interval": 64},
+         "--mamba-track-interval 64 is below the verify width 65 (--speculative-ddtree-budget 64 "
+         "+ 1); use --mamba-track-interval >= 65 or --mamba-radix-cache-strategy no_buffer."),
+    ):
+        try:
+            check(model_name, **settings)
+        except ValueError as exc:
+            refusals[name] = str(exc)
+        else:
+            raise AssertionError(f"{name} was accepted")
+        assert want in refusals[name] and "\n" not in refusals[name], refusals[name]
+    # The same interval passes at a budget whose verify width fits it.
+    assert check("tiny-qwen3-next", budget=63, disable_radix_cache=False,
+                 mamba_radix_cache_strategy="extra_buffer", mamba_track_interval=64) is not None
+    return refusals
 
 
 def case_memory_resolution(_):
