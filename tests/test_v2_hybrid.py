@@ -249,6 +249,7 @@ def probe_results(tmp_path_factory) -> dict:
 def test_v2_hybrid_on_real_sglang(probe_results: dict, case: str) -> None:
     result = probe_results[case]
     assert result["ok"], f"{case}:\n{result['error']}"
+    print(case, json.dumps(result["facts"]))  # (pytest -rP shows the figures)
     if case.endswith("_lossless"):
         facts = result["facts"]
         # Every step's state was checked, and the control had steps to fail on (and did).
