@@ -20,7 +20,7 @@ Three layers:
    commit, ``accept_len - 1``) leaving greedy; the draft's backends built under topk 1; the
    memory term through SGLang's own argument resolution.
 
-NAMED STAND-INS: see tests/v2_hybrid_probe.py (the target forward TinyHybrid, the full-attention
+NAMED STAND-INS: see tests/v2_hybrid_probe.py and tests/v2_hybrid_kinds.py (the target forward TinyHybrid, the full-attention
 backend slot, the prefill, the CUDA-only host checks of SGLang's state-scatter launchers) and
 tests/v2_worker_probe.py (the sgl_kernel CPU ops of EAGLE's verify, the draft model runner).
 
