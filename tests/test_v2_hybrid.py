@@ -20,12 +20,13 @@ Three layers:
    commit, ``accept_len - 1``) leaving greedy; the draft's backends built under topk 1; the
    memory term through SGLang's own argument resolution.
 
-NAMED STAND-INS: see tests/v2_hybrid_probe.py and tests/v2_hybrid_kinds.py (the target forward TinyHybrid, the full-attention
-backend slot, the prefill, the CUDA-only host checks of SGLang's state-scatter launchers) and
+NAMED STAND-INS: see tests/v2_hybrid_probe.py (the target forward TinyHybrid, the
+full-attention backend slot, the prefill, the track grid, the CUDA-only host lines on the way to
+the Triton kernels; the kinds' layers and references: tests/v2_hybrid_kinds.py) and
 tests/v2_worker_probe.py (the sgl_kernel CPU ops of EAGLE's verify, the draft model runner).
 
-Slow: the probe interprets the Triton kernels in Python (about 4 CPU-minutes for the three
-kinds, each with its negative control; 10 - 15 minutes wall on a loaded 2-core machine).
+Slow: the probe interprets the Triton kernels in Python (about 2.5 CPU-minutes for the three
+kinds, each with its negative control; 8 - 15 minutes wall on a loaded 2-core machine).
 """
 
 from __future__ import annotations
