@@ -17,7 +17,10 @@ names as the v1 families, so one launch command serves every family):
                                                (default 64, 1..1023)
     --speculative-ddtree-topk K                candidate tokens kept per draft position
                                                (default min(B, 8))
-    --speculative-ddtree-allow-hybrid-unsafe   run on Mamba/GDN/linear-attention targets
+
+Hybrid targets (Mamba2 / GDN / KDA layers) need no flag: the target's hybrid backend runs its
+tree-aware recurrent kernels (topk > 1) and EAGLE's verify commits the accepted node's state;
+kinds and settings without a tree path are refused at start-up (ddtree_hybrid.check).
 
 What resolution leaves (the worker reads these only through the helpers below):
 
@@ -275,17 +278,52 @@ def resolve_server_args(args: Any) -> None:
             f"{', '.join(VERIFY_ATTENTION_BACKENDS)}."
         )
 
-    if not view.speculative_ddtree_allow_hybrid_unsafe:
-        from sglang.srt.configs.hybrid_arch import mambaish_config
+    # Hybrid targets (Mamba2 / GDN / KDA layers): served exactly where SGLang's backend has a
+    # tree path, refused with the reason otherwise (ddtree_hybrid, docs/patches-v2.md).
+    from sglang.srt.speculative import ddtree_hybrid
 
-        recurrent = mambaish_config(model_config_of(record))
-        if recurrent is not None:
-            raise ValueError(
-                f"DDTREE refuses the hybrid target {view.model_path} "
-                f"({type(recurrent).__name__}: Mamba/GDN/linear-attention layers, whose "
-                "state is not isolated per tree branch); use --speculative-algorithm "
-                "DFLASH, or pass --speculative-ddtree-allow-hybrid-unsafe."
-            )
+    hybrid = ddtree_hybrid.check(view, model_config_of(record), budget)
+    if hybrid is not None:
+        _size_for_recurrent_states(record, view, hybrid, budget, source)
+
+
+def _device_memory_mib(device: str) -> Optional[float]:
+    """The device's memory in MiB as SGLang measures it for its own memory plan (None when
+    unknown, e.g. no GPU)."""
+    from sglang.srt.utils.common import get_device_memory_capacity
+
+    return get_device_memory_capacity(device)
+
+
+def _size_for_recurrent_states(record: Any, view: Any, hybrid: Any, budget: int, source: str) -> None:
+    """max_running_requests for a hybrid target: every running request keeps B + 1
+    intermediate recurrent states during a verify (ddtree_hybrid.recurrent_verify_cost).
+    Derived when the operator set none (DFlash's 48, capped), refused with the numbers when
+    an explicit value cannot fit; skipped when the device memory is unknown (no GPU)."""
+    from sglang.srt.arg_groups.overrides import declare_resolution
+    from sglang.srt.speculative import ddtree_hybrid
+
+    device_mib = _device_memory_mib(view.device)
+    if not device_mib or view.mem_fraction_static is None:
+        return
+    per_slot = ddtree_hybrid.per_slot_state_bytes(hybrid.config, int(view.tp_size or 1))
+    cost = ddtree_hybrid.recurrent_verify_cost(per_slot, budget,
+                                               radix_cache=not view.disable_radix_cache)
+    budget_bytes = ddtree_hybrid.state_budget_bytes(
+        float(device_mib) * (1 << 20), float(view.mem_fraction_static),
+        getattr(view, "mamba_full_memory_ratio", None))
+    # The operator's own value is the record's raw field; DFlash declared 48 when it was unset.
+    wanted = getattr(record, "max_running_requests", None)
+    running = ddtree_hybrid.running_requests_for(
+        wanted, cost, budget_bytes, default=int(view.max_running_requests or 48),
+        what=f"the recurrent share of --mem-fraction-static {view.mem_fraction_static} of "
+             f"{ddtree_hybrid.size_text(float(device_mib) * (1 << 20))}")
+    if running != view.max_running_requests:
+        logger.warning(
+            "DDTREE on %s: max_running_requests = %d (budget %d keeps %d recurrent states of "
+            "%s per request).", hybrid.config_class, running, budget,
+            cost.states_per_request, ddtree_hybrid.size_text(per_slot))
+        declare_resolution(record, source, max_running_requests=running)
 
 
 def _size_running_batch(record: Any, source: str, budget: int, vocab: int,
@@ -295,10 +333,9 @@ def _size_running_batch(record: Any, source: str, budget: int, vocab: int,
     the device memory SGLang measures for its own memory plan."""
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
     from sglang.srt.speculative.ddtree_utils import size_running_batch
-    from sglang.srt.utils import common
 
     cfg = resolving_view(record)
-    plan = size_running_batch(budget, vocab, common.get_device_memory_capacity(cfg.device),
+    plan = size_running_batch(budget, vocab, _device_memory_mib(cfg.device),
                               cfg.mem_fraction_static, wanted)
     if plan is not None:
         declare_resolution(record, source, max_running_requests=plan.max_running_requests)

@@ -32,11 +32,15 @@ block (``_ddtree_set_draft_block``).
 
 Not supported (refused at start-up with one line): DFlash heads that are not per-position
 marginals (selector, Domino, LiLiCorr), the compact draft window
-(``--speculative-draft-window-size``), data-parallel attention. Hybrid recurrent targets are
-refused by the plugin unless the unsafe flag is given; then EAGLE's own tree-aware
-``commit_mamba_states_after_verify`` runs. Grammar-constrained requests go through EAGLE's
-grammar handling of the verify tree, with the scheduler's grammar barrier passed on
-(tests/test_v2_worker.py drives one under the overlap schedule).
+(``--speculative-draft-window-size``), data-parallel attention. Grammar-constrained requests go
+through EAGLE's grammar handling of the verify tree, with the scheduler's grammar barrier passed
+on (tests/test_v2_worker.py drives one under the overlap schedule).
+
+Hybrid targets (Mamba2 / GDN / KDA, ``ddtree_hybrid``): the target's hybrid backend, built with
+``speculative_eagle_topk = K > 1``, runs its tree-aware recurrent kernels, and
+``run_eagle_verify`` commits each request's last accepted node's state through
+``spec_utils.commit_mamba_states_after_verify``; the DFlash draft's backends and graphs are built
+under ``speculative_eagle_topk = 1`` (``init_attention_backends`` / ``init_cuda_graphs``).
 """
 
 from __future__ import annotations
@@ -193,6 +197,31 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # on its path): a device counter, read only when the internal state is asked for.
         self._ddtree_offchain = torch.zeros((), dtype=torch.int64, device=self.device)
         self._ddtree_steps = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    # ---------------------------------------------------------------------------------
+    # Start-up: the draft's backends without the tree path, the target's with it (hybrid).
+
+    def init_attention_backends(self):
+        from sglang.srt.speculative import ddtree_hybrid
+
+        with ddtree_hybrid.draft_spec_scope():
+            super().init_attention_backends()
+        # The target's backends were built first, under the resolved K: with K > 1 a hybrid
+        # target's recurrent backend must have its tree path on, or the verify would walk the
+        # tree as a chain. (K = 1: the tree is a chain, which the chain path serves.)
+        tree_on = ddtree_hybrid.target_tree_path_on(self.target_worker.model_runner.attn_backend)
+        if tree_on is False and self.ddtree_topk > 1:
+            raise RuntimeError(
+                f"DDTREE: top-K {self.ddtree_topk}, but the target's hybrid linear-attention "
+                "backend was built with speculative_eagle_topk <= 1 (no tree path): refusing to "
+                "verify a tree as a chain."
+            )
+
+    def init_cuda_graphs(self):
+        from sglang.srt.speculative import ddtree_hybrid
+
+        with ddtree_hybrid.draft_spec_scope():
+            super().init_cuda_graphs()
 
     def _defer_target_verify_gather(self):
         """DFlash defers the target-verify vocab gather (TP > 1) and finishes it in its own

@@ -52,10 +52,14 @@ CASES = {
                    {"speculative_num_draft_tokens": 17, "speculative_dflash_block_size": 8}),
     "consistent-width-flag": ({"speculative_num_draft_tokens": 65}, {"speculative_num_draft_tokens": 65}),
     "fa3": ({"attention_backend": "fa3"}, {"attention_backend": "fa3"}),
-    # (no radix cache: SGLang's Mamba extra buffer needs a GPU platform, DDTREE or not)
-    "hybrid-allowed": ({"model": "tiny-qwen3-next", "speculative_ddtree_allow_hybrid_unsafe": True,
-                        "disable_radix_cache": True},
-                       {"speculative_num_draft_tokens": 65}),
+    # Hybrid targets with a tree path: no flag (ddtree_hybrid; no radix cache: SGLang's Mamba
+    # extra buffer needs a GPU platform, DDTREE or not).
+    "hybrid-gdn": ({"model": "tiny-qwen3-next", "disable_radix_cache": True},
+                   {"speculative_num_draft_tokens": 65, "speculative_eagle_topk": 8}),
+    "hybrid-mamba2": ({"model": "tiny-nemotron-h", "disable_radix_cache": True},
+                      {"speculative_num_draft_tokens": 65, "speculative_eagle_topk": 8}),
+    "hybrid-kda": ({"model": "tiny-kimi-linear", "disable_radix_cache": True},
+                   {"speculative_num_draft_tokens": 65, "speculative_eagle_topk": 8}),
     # SGLang's validation asserts on mixed chunk for an algorithm without it: DDTREE turns it
     # off (logged), as SGLang does for UNO.
     "mixed-chunk-off": ({"enable_mixed_chunk": True}, {"enable_mixed_chunk": False}),
@@ -94,7 +98,21 @@ CASES = {
     "topk-0": ({"speculative_ddtree_topk": 0}, "--speculative-ddtree-topk must be an integer >= 1, got 0"),
     "block-above-width": ({"speculative_ddtree_budget": 8}, "the draft block 16 exceeds the verify width 9"),
     "block-1": ({"speculative_dflash_block_size": 1, "speculative_ddtree_budget": 4}, "the draft block must be >= 2"),
-    "hybrid": ({"model": "tiny-qwen3-next", "disable_radix_cache": True}, "DDTREE refuses the hybrid target"),
+    # Hybrid kinds, backends and settings without a tree path: one line naming the config class.
+    "hybrid-lightning": ({"model": "tiny-bailing-lightning", "disable_radix_cache": True},
+                         "(BailingHybridConfig, Lightning linear attention (seg_la)): SGLang's "
+                         "LightningAttentionBackend has no tree path"),
+    "hybrid-short-conv": ({"model": "tiny-lfm2", "disable_radix_cache": True},
+                          "(Lfm2Config, short convolution): SGLang's ShortConvAttnBackend has no tree path"),
+    "hybrid-kda-flashinfer-verify": ({"model": "tiny-kimi-linear", "disable_radix_cache": True,
+                                     "linear_attn_verify_backend": "flashinfer"},
+                                    "(KimiLinearConfig, Kimi Delta Attention): the KDA verify backend "
+                                    "flashinfer has no tree path"),
+    "hybrid-replayssm-spec": ({"model": "tiny-qwen3-next", "disable_radix_cache": True,
+                              "enable_linear_replayssm_spec": True},
+                             "--enable-linear-replayssm-spec verifies a linear chain only"),
+    "hybrid-page-size": ({"model": "tiny-qwen3-next", "disable_radix_cache": True, "page_size": 16},
+                         "--page-size 16: the recurrent tree commit is proven at page size 1 only"),
     "attention-torch-native": ({"attention_backend": "torch_native"}, "attention backend 'torch_native'"),
     "width-flag-mismatch": ({"speculative_num_draft_tokens": 16}, "--speculative-num-draft-tokens is the verify width"),
     "eagle-topk-mismatch": ({"speculative_eagle_topk": 2}, "use --speculative-ddtree-topk"),
@@ -237,9 +255,10 @@ def test_launch_server_help_lists_the_flags(patched_env):
 
     run = run_python(patched_env, ["-m", "sglang.launch_server", "--help"], timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    for flag in ("--speculative-ddtree-budget", "--speculative-ddtree-topk",
-                 "--speculative-ddtree-allow-hybrid-unsafe"):
+    for flag in ("--speculative-ddtree-budget", "--speculative-ddtree-topk"):
         assert flag in run.stdout, flag
+    # Hybrid targets need no flag on the v2 family: the unsafe gate of the v1 families is gone.
+    assert "--speculative-ddtree-allow-hybrid-unsafe" not in run.stdout
 
 
 def test_pristine_release_baseline(tmp_path):

@@ -67,7 +67,7 @@ class TinyTarget:
 
     def perturbed(self, scale, seed):
         torch = self.torch
-        other = TinyTarget.__new__(TinyTarget)
+        other = type(self).__new__(type(self))
         other.__dict__.update(self.__dict__)
         g = torch.Generator().manual_seed(seed)
         noise = lambda t: t + torch.randn(t.shape, generator=g, dtype=t.dtype) * scale  # noqa
@@ -128,6 +128,10 @@ class TinyTarget:
 
 
 class Harness:
+    # The target's hidden rows handed to the draft vs sequential decoding (float64 end to end;
+    # tests/v2_hybrid_probe.py's recurrent kernels compute in float32).
+    HIDDEN_ATOL = 1e-9
+
     def __init__(self):
         import os
 
@@ -171,6 +175,22 @@ class Harness:
                 kvcache=kv, need_sort=False,
             )
         return req_to_token_pool, kv, allocator
+
+
+    def prefill(self, target, kv, alloc, rtp, req, row, prompt, page_size=1):
+        """The prompt's KV into the real pool (the target alone, whole pages); returns its
+        logits [m, V]. (tests/v2_hybrid_probe.py also writes the recurrent state of the prompt.)"""
+        torch = self.torch
+        pages = -(-len(prompt) // page_size) * page_size
+        slots = alloc.alloc(pages)
+        rtp.req_to_token[row, :pages] = slots.to(rtp.req_to_token.dtype)
+        req.kv.kv_committed_len, req.kv.kv_allocated_len = len(prompt), pages
+        lg, _ = target.forward_pool(
+            kv, torch.tensor(prompt), torch.arange(len(prompt)), slots[: len(prompt)].long(),
+            torch.zeros(0, dtype=torch.long),
+            torch.ones(len(prompt), len(prompt), dtype=torch.bool).tril(),
+        )
+        return lg
 
     # -- the worker, built without __init__ (that loads a draft model on a GPU) -------------
     def worker(self, target, budget, topk, block, req_to_token_pool, kv, allocator):
@@ -536,15 +556,7 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     # the real pool (whole pages), the first token, the prompt's hidden rows for the draft.
     r.truth = {}  # request index -> tokens committed on the device side (prompt + output)
     for i, (req, row, prompt) in enumerate(zip(r.reqs, r.rows, prompts)):
-        pages = -(-len(prompt) // page_size) * page_size
-        slots = r.alloc.alloc(pages)
-        r.rtp.req_to_token[row, :pages] = slots.to(r.rtp.req_to_token.dtype)
-        req.kv.kv_committed_len, req.kv.kv_allocated_len = len(prompt), pages
-        lg, _ = target.forward_pool(
-            r.kv, torch.tensor(prompt), torch.arange(len(prompt)), slots[: len(prompt)].long(),
-            torch.zeros(0, dtype=torch.long),
-            torch.ones(len(prompt), len(prompt), dtype=torch.bool).tril(),
-        )
+        lg = h.prefill(target, r.kv, r.alloc, r.rtp, req, row, prompt, page_size)
         last = req.grammar.masked(lg[-1:])[0] if grammar else lg[-1]
         first = _pick(last, sampling, r.gen) if first_token is None else first_token
         if grammar:
@@ -946,7 +958,7 @@ def _check_request(h, target, w, kv, rtp, row, prompt, req, sampling, grammar=Fa
     for p in range(len(prompt), committed):
         slot, hid = w.draft_kv[(row, p)]
         assert slot == int(slots[p]), f"draft slot of position {p}"
-        assert torch.allclose(hid, hidden[p], atol=1e-9), f"draft hidden at position {p}"
+        assert torch.allclose(hid, hidden[p], atol=h.HIDDEN_ATOL), f"draft hidden at position {p}"
 
 
 def _greedy_case(h, budget=10, topk=3, **kw):
