@@ -1,8 +1,10 @@
 """The kernel stand-ins held to SGLang's real kernels, read from the cached release wheels.
 
-1. Pins: every CUDA source line the NAMED STAND-INS of tests/v2_kernel_standins.py transcribe
-   (host checks, row strides, the parent-not-found path, the unbounded mask loop, the sampling
-   walk's mass accumulation), and the Python lines that route a CUDA server to those kernels
+1. Pins: every CUDA source line the NAMED STAND-INS of tests/v2_kernel_standins.py rely on
+   (they wrap the repository's one transcription of these kernels,
+   scripts/ddtree_gpu_check/kernel_model.py, which the GPU check compares with the compiled
+   kernels: host checks, row strides, the parent-not-found path, the unbounded mask loop, the
+   sampling walk's mass accumulation), and the Python lines that route a CUDA server to those kernels
    and size what EAGLE hands them, must be in each release of the v2 family (0.5.21 - 0.5.23
    ship the JIT sources; 0.5.20 routes the same ops to sgl-kernel 0.4.7, whose compiled wheel
    carries no sources: its ``csrc/speculative/eagle_utils.cu`` has the same kernel with no
@@ -56,6 +58,10 @@ JIT_PINS = [
     (TREE_HOST, ".with_strides({draft_token_num == 1 ? -1 : draft_token_num - 1, 1})",
      "selected_index [bs, n - 1] contiguous"),
     (TREE_HOST, "min_mask_bytes = bs * draft_token_num * draft_token_num;", "QLEN_ONLY mask bound"),
+    (TREE_HOST, "TensorMatcher({-1}).with_device(device).verify(tree_mask);",
+     "the mask: 1-D, contiguous, any element type"),
+    (TREE_HOST, "CHECK_HOST(tree_mask.numel() * mask_elem_bytes >= min_mask_bytes);",
+     "the mask: a lower bound on its bytes"),
     (TREE_HOST, "TensorMatcher({batch_size, spec_tokens}).with_dtype<int32_t>().with_device(device).verify(accept_index);",
      "greedy accept_index int32"),
     (TREE_HOST, "TensorMatcher({batch_size}).with_dtype<int32_t>().with_device(device).verify(accept_token_num);",
