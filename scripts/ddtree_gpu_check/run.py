@@ -191,7 +191,11 @@ def run_checks(report: Report, args) -> None:
         _guard(report, f"tree: {cfg}", checks_tree.check_config, report, ctx, cfg, seed=100 + i)
     _guard(report, "tree QLEN_ONLY", checks_tree.check_config, report, ctx, configs[0],
            seed=100, mode=dd.QLEN_ONLY)
-    for cfg in (configs[0], configs[1], configs[6]):
+    for cfg in dd.refused_configs():
+        _guard(report, f"refused: {cfg}", checks_tree.check_refused, report, ctx, cfg, configs)
+    # The default, the deepest lineages (budget 256 and 1023: D far past the tree's depth), a
+    # lineage raised past a shallow draft (top-K 2, block 3) and the chain.
+    for cfg in (configs[0], configs[1], configs[2], configs[4], configs[6]):
         _guard(report, f"greedy verify: {cfg}", checks_tree.check_greedy_verify, report, ctx,
                cfg, seed=200)
 
