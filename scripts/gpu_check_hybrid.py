@@ -9,10 +9,12 @@ each node's own path.
 loaded, each by path, so the check needs torch + triton on the GPU machine and nothing of
 SGLang's dependencies. Prints ``GPU-HYBRID: {json}`` per check; exit 0 iff all passed, 2 on bad
 input. ``--device cpu`` runs the same checks at small shapes in Triton's CPU interpreter (how
-tests/test_v2_hybrid_gpu_script.py checks this script without a GPU).
+tests/test_v2_hybrid.py checks this script without a GPU). `make gpu-check` runs it (budgets 64
+and 256 on the GPU, 16 in the dry run) on the files `make gpu-check-dry` carries
+(scripts/ddtree_gpu_check/hybrid.py).
 
 The trees are DDTree's own (payload/ddtree_utils.build_ddtree on random draft log-probs: deep,
-bushy, padded), at the verify width budget + 1, batch 4. Checks:
+bushy, full like the v2 worker's), at the verify width budget + 1, batch 4. Checks:
 
 - conv: ``causal_conv1d_update`` with ``retrieve_next_token`` / ``retrieve_next_sibling``: each
   node's output and saved conv window equal the reference over its path, and the
@@ -54,6 +56,20 @@ KERNEL_FILES = {
     "ssu": ["sglang/kernels/ops/mamba/triton_ops/mamba_ssm.py"],
     "scatter": ["sglang/kernels/ops/mamba/mamba_state_scatter_triton.py"],
 }
+
+
+# The SGLang names the kernel files import, as ``_stub_modules`` answers them (the carry step of
+# `make gpu-check-dry` refuses a release whose files import anything else at module level).
+STUBBED = {
+    "sglang.kernels.jit.utils": {"is_arch_support_pdl"},
+    "sglang.srt.utils": {"is_cuda", "is_hip", "is_gfx95_supported", "get_device_sm",
+                         "is_sm90_supported"},
+    "sglang.srt.utils.common": {"get_device_core_count"},
+    "sglang.kernels.ops.memory.ptr_table": {"make_ptr_table"},
+}
+# The checks of one budget, in the order they run ("control-...": must miss the reference).
+CHECKS = ("conv", "gdn-fp32-state", "gdn-bf16-state", "control-chain-parents-fail",
+          "kda-fp32-state", "mamba2", "commit")
 
 
 class BadInput(Exception):
@@ -397,6 +413,7 @@ def run(sglang_dir: Path, device: str = "cuda", budgets=(64, 256)) -> list:
                   ("kda-fp32-state", delta(kda=True, state_dtype=torch.float32)),
                   ("mamba2", lambda: check_mamba2(torch, kernels, tree, device, dims)),
                   ("commit", lambda: check_commit(torch, kernels, tree, device, dims))]
+        assert tuple(name for name, _ in checks) == CHECKS
         for name, check in checks:
             start = time.perf_counter()
             try:

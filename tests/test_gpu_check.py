@@ -17,6 +17,7 @@ returns before any launch), beside their transcription.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -39,6 +40,11 @@ from ddtree_gpu_check.tree_abi import find_nvcc  # noqa: E402
 
 HAVE_NVCC = find_nvcc() is not None
 
+
+def _hybrid_script():
+    from ddtree_gpu_check import carry
+
+    return carry.hybrid_script()
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +119,11 @@ def test_sglang_files_come_from_the_wheel_with_our_shim_for_tvm_ffi(dry, wheel):
     assert manifest["shimmed_includes"] == ["dlpack/dlpack.h", "tvm/ffi/container/tensor.h",
                                             "tvm/ffi/dtype.h", "tvm/ffi/extra/c_env_api.h"]
     assert set(manifest["standin_modules"]) == {"sglang.srt.environ", "sglang.srt.utils"}
+    # The hybrid check's kernel files, exactly the ones scripts/gpu_check_hybrid.py loads.
+    hybrid = _hybrid_script()
+    assert manifest["hybrid_files"] == [c[0] for c in hybrid.KERNEL_FILES.values()]
+    assert set(manifest["hybrid_files"]) <= set(files)
+    assert {m: set(n) for m, n in manifest["hybrid_standin_modules"].items()} == hybrid.STUBBED
     found = releases.read_wheel_files(wheel, list(files))
     for path in files:
         assert (carry / f"sglang-{RELEASE}" / path).read_bytes() == found[path]
@@ -187,6 +198,71 @@ def test_every_configuration_is_checked(dry):
     assert len(refused) == 4 and all(r["status"] == "PASS" for r in refused)
     assert any("verify width of 1025" in r["detail"] for r in refused)
     assert all("distinct draft prefixes" in r["detail"] for r in refused[1:])
+
+
+def test_the_hybrid_kernels_tree_path_is_checked_in_the_interpreter(dry):
+    run, report, _ = dry
+    hybrid = _hybrid_script()
+    rows = _named(report, "hybrid tree path: ")
+    assert [r["check"] for r in rows] == [f"hybrid tree path: {c}, budget 16 (depth 15)"
+                                          for c in hybrid.CHECKS]
+    assert all(r["status"] == "PASS" for r in rows), rows
+    control = next(r for r in rows if "control-chain-parents-fail" in r["check"])
+    assert "must be > 0.1" in control["detail"]
+    assert "PASS  hybrid tree path: mamba2, budget 16" in run.stdout
+
+
+def test_a_folder_prepared_before_the_hybrid_part_is_refused(dry, tmp_path):
+    _, _, carry = dry
+    copy = tmp_path / "carry"
+    shutil.copytree(carry, copy)
+    manifest = copy / f"sglang-{RELEASE}" / "MANIFEST.json"
+    doc = json.loads(manifest.read_text())
+    del doc["hybrid_files"]
+    manifest.write_text(json.dumps(doc))
+    run = _run(["--dry-run", "--carry", str(copy)])
+    assert run.returncode == 2 and run.stderr.strip().count("\n") == 0
+    assert "prepared by an older check (no hybrid kernel files)" in run.stderr
+
+
+def test_the_hybrid_stand_ins_answer_every_name_the_carry_step_allows():
+    # carry.hybrid_closure admits a kernel file's SGLang import only when STUBBED names it;
+    # STUBBED must then be what _stub_modules really installs.
+    import torch
+
+    hybrid = _hybrid_script()
+    before = dict(sys.modules)
+    try:
+        hybrid._stub_modules(torch)
+        for module, names in hybrid.STUBBED.items():
+            assert all(callable(getattr(sys.modules[module], n, None)) for n in names), module
+    finally:  # the stand-in sglang modules never outlive this test
+        for name in set(sys.modules) - set(before):
+            del sys.modules[name]
+        sys.modules.update(before)
+
+
+def test_a_hybrid_run_without_its_kernel_files_fails_by_name(tmp_path):
+    from ddtree_gpu_check import hybrid
+    from ddtree_gpu_check.report import Report
+
+    report = Report("test", stream=io.StringIO())
+    hybrid.check(report, tmp_path, "cpu", (6,))
+    assert [r["status"] for r in report.results] == ["FAIL"]
+    detail = report.results[0]["detail"]
+    assert "exit 2" in detail and "none of" in detail and "no result for conv at budget 6" in detail
+
+
+def test_a_hybrid_run_past_its_time_limit_fails_by_name(dry, monkeypatch):
+    from ddtree_gpu_check import carry, hybrid
+    from ddtree_gpu_check.report import Report
+
+    _, _, carried = dry
+    monkeypatch.setitem(hybrid.TIME_LIMIT_S, "cpu", 1)
+    report = Report("test", stream=io.StringIO())
+    hybrid.check(report, carry.release_dir(carried), "cpu", (6,))
+    assert report.results[-1]["status"] == "FAIL"
+    assert "ran past its 1 s limit" in report.results[-1]["detail"]
 
 
 def test_without_carried_files_it_stops_with_one_line_and_exit_2(tmp_path):

@@ -166,12 +166,14 @@ def run_checks(report: Report, args) -> None:
     except carry.CarryError as exc:
         raise BadInput(str(exc)) from None
     release_root = carry.release_dir(carry_dir, args.release)
-    files = manifest["files"]
+    files, hybrid = manifest["files"], manifest["hybrid_files"]
     report.record("PASS", f"SGLang {manifest['release']} files carried from {manifest['wheel']}",
                   f"{sum(p.endswith(('.cuh', '.h')) for p in files)} CUDA headers, "
-                  f"{sum(p.endswith('.py') for p in files)} Triton modules, sha256 as recorded;"
+                  f"{sum(p.endswith('.py') for p in files) - len(hybrid)} Triton attention "
+                  f"modules, {len(hybrid)} hybrid kernel modules, sha256 as recorded;"
                   f" ours instead of tvm-ffi: {', '.join(manifest['shimmed_includes'])}; "
-                  f"stand-ins: {', '.join(manifest['standin_modules'])}")
+                  f"stand-ins: {', '.join(manifest['standin_modules'])} (attention), "
+                  f"{', '.join(manifest['hybrid_standin_modules'])} (hybrid)")
     if dry:
         _travel(report, args.carry)
 
@@ -211,6 +213,11 @@ def run_checks(report: Report, args) -> None:
         for i, shape in enumerate(attention.shapes(on_gpu)):
             _guard(report, f"attention: {shape.label}", attention.check_attention, report, ea,
                    utils, device, shape, seed=300 + i)
+
+    from . import hybrid
+
+    _guard(report, "hybrid tree path", hybrid.check, report, release_root, device.type,
+           hybrid.GPU_BUDGETS if on_gpu else hybrid.DRY_BUDGETS)
 
     from . import step
 
