@@ -118,6 +118,33 @@ CASES = {
     "eagle-topk-mismatch": ({"speculative_eagle_topk": 2}, "use --speculative-ddtree-topk"),
     "disaggregation": ({"disaggregation_mode": "decode"}, "does not support prefill/decode disaggregation"),
 }
+
+
+def _gpu_check_cases() -> dict:
+    """The GPU check's configurations (scripts/ddtree_gpu_check/ddtree.py): those it feeds
+    SGLang's tree kernel must be what the plugin resolves, exactly; those it shows refused must
+    be refused with abi_problem's line."""
+    for folder in ("scripts", "payload"):
+        if str(REPO / folder) not in sys.path:
+            sys.path.insert(0, str(REPO / folder))
+    import ddtree_lineage as dl
+    from ddtree_gpu_check import ddtree as dd
+
+    def flags(cfg):
+        return {"speculative_ddtree_budget": cfg.budget, "speculative_ddtree_topk": cfg.topk,
+                "speculative_dflash_block_size": cfg.block}
+
+    cases = {f"gpu-check {cfg.label}": (flags(cfg), {
+        "speculative_ddtree_budget": cfg.budget, "speculative_num_draft_tokens": cfg.n,
+        "speculative_eagle_topk": cfg.topk, "speculative_dflash_block_size": cfg.block})
+        for cfg in dd.configs()}
+    cases.update({f"gpu-check refused {cfg.label}": (
+        flags(cfg), dl.abi_problem(cfg.budget, cfg.topk, cfg.block))
+        for cfg in dd.refused_configs()})
+    return cases
+
+
+CASES.update(_gpu_check_cases())
 REFUSALS = [name for name, (_, want) in CASES.items() if isinstance(want, str)]
 ACCEPTED = [name for name, (_, want) in CASES.items() if isinstance(want, dict)]
 
