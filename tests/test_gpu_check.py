@@ -212,11 +212,16 @@ def test_the_hybrid_kernels_tree_path_is_checked_in_the_interpreter(dry):
     assert "PASS  hybrid tree path: mamba2, budget 16" in run.stdout
 
 
-def test_a_folder_prepared_before_the_hybrid_part_is_refused(dry, tmp_path):
-    _, _, carry = dry
+def _carried_copy(carry: Path, tmp_path: Path) -> tuple:
+    """A copy of the carried folder (to damage): (the copy, its release folder)."""
     copy = tmp_path / "carry"
     shutil.copytree(carry, copy)
-    manifest = copy / f"sglang-{RELEASE}" / "MANIFEST.json"
+    return copy, copy / f"sglang-{RELEASE}"
+
+
+def test_a_folder_prepared_before_the_hybrid_part_is_refused(dry, tmp_path):
+    copy, root = _carried_copy(dry[2], tmp_path)
+    manifest = root / "MANIFEST.json"
     doc = json.loads(manifest.read_text())
     del doc["hybrid_files"]
     manifest.write_text(json.dumps(doc))
@@ -273,10 +278,8 @@ def test_without_carried_files_it_stops_with_one_line_and_exit_2(tmp_path):
 
 
 def test_a_changed_carried_file_is_refused(dry, tmp_path):
-    _, _, carry = dry
-    copy = tmp_path / "carry"
-    shutil.copytree(carry, copy)
-    header = copy / f"sglang-{RELEASE}" / "sglang/kernels/jit/include/sgl_kernel/speculative/eagle.cuh"
+    copy, root = _carried_copy(dry[2], tmp_path)
+    header = root / "sglang/kernels/jit/include/sgl_kernel/speculative/eagle.cuh"
     header.write_text(header.read_text().replace("depth - 1", "depth"))
     run = _run(["--dry-run", "--carry", str(copy)])
     assert run.returncode == 2 and "eagle.cuh: does not match MANIFEST.json" in run.stderr
