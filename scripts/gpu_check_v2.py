@@ -151,8 +151,8 @@ def kernels(device: str = "cuda") -> int:
                 and torch.equal(r_idx, layout.retrieve_index)
                 and torch.equal(pos[valid], du.positions(layout, seq_lens)[valid]) and row_ok)
         ok &= _report("EAGLE tree builder == DDTree layout", same, budget=budget)
-        # The CPU stand-in of the same kernel (plain loops: the first 4 requests) gives the
-        # same outputs, padding rows included.
+        # The CPU stand-in of the same kernel (tests/v2_kernel_standins.py over kernel_model:
+        # the first 4 requests) gives the same outputs (the tree is full: finite_logprobs).
         few = min(bs, 4)
         size = int((n * (seq_lens[:few] + n)).sum())
         c_mask = torch.ones(size, dtype=torch.bool)

@@ -360,7 +360,9 @@ def make_harness():
             self.track_slots = {}
             self.track_checks = 0
 
-        def pools(self, target, bs, kv_slots=4096, max_context_len=512):
+        def pools(self, target, bs, kv_slots=4096, max_context_len=512, page_size=1):
+            # run_decode hands every harness its page size (v2_worker_probe's paged case).
+            assert page_size == 1, "hybrid targets are served at page size 1 (ddtree_hybrid)"
             torch = self.torch
             from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
             from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
@@ -724,10 +726,15 @@ def case_refusals(_):
 
 
 def case_memory_resolution(_):
-    """The term in SGLang's own argument resolution (ddtree_v2_plugin): a hybrid target's
-    max_running_requests is derived when unset and refused with the numbers when too large.
-    STAND-IN: the device's memory size (no GPU here): 16 MiB, which the tiny config's states
-    (14.6 kB per slot, 66 slots per request without the radix cache) fill at 6 requests."""
+    """The terms in SGLang's own argument resolution (ddtree_v2_plugin): a hybrid target's
+    max_running_requests is the smaller of the budget x vocab rule every family shares
+    (ddtree_utils.size_running_batch) and the recurrent term (ddtree_hybrid), derived when
+    unset and refused with the numbers of the term that binds when too large.
+    STAND-IN: the device's memory size (no GPU here): 16 MiB. Budget 64, vocab 512: 665.6 kB
+    of verify logits per request against half of what --mem-fraction-static leaves; the tiny
+    config's states (14.6 kB per slot, 66 slots per request without the radix cache) against
+    the mamba share 0.9 / 1.9 of the static pool. At --mem-fraction-static 0.8 the logits fit
+    2 and the states 6; at 0.5 the logits fit 6 and the states 4."""
     import logging
 
     logging.disable(logging.WARNING)
@@ -739,27 +746,36 @@ def case_memory_resolution(_):
     plugin._device_memory_mib = lambda device: 16.0
     models = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "models")
 
-    def resolve(**kwargs):
+    def resolve(fraction, **kwargs):
         args = ServerArgs(model_path=os.path.join(models, "tiny-qwen3-next"),
                           speculative_algorithm="DDTREE",
                           speculative_draft_model_path=os.path.join(models, "tiny-dflash-draft"),
                           device="cuda", skip_tokenizer_init=True, disable_radix_cache=True,
-                          mem_fraction_static=0.8, **kwargs)
+                          mem_fraction_static=fraction, **kwargs)
         args.resolve_once()
         return args.resolved_dict()["max_running_requests"]
 
-    derived = resolve()
-    assert derived == 6, derived  # DFlash's 48, capped
-    assert resolve(max_running_requests=4) == 4
-    try:
-        resolve(max_running_requests=48)
-    except ValueError as exc:
-        refusal = str(exc)
-    else:
-        raise AssertionError("48 requests were accepted")
-    assert "--max-running-requests 48 cannot fit" in refusal and "fits 6" in refusal, refusal
-    assert "\n" not in refusal
-    return {"derived": derived, "refusal": refusal}
+    def refusal(fraction, wanted):
+        try:
+            resolve(fraction, max_running_requests=wanted)
+        except ValueError as exc:
+            assert "\n" not in str(exc), str(exc)
+            return str(exc)
+        raise AssertionError(f"{wanted} requests were accepted at {fraction}")
+
+    by_logits = resolve(0.8)
+    assert by_logits == 2, by_logits  # the logits bind (the states alone would give 6)
+    by_states = resolve(0.5)
+    assert by_states == 4, by_states  # the states bind (the logits alone would give 6)
+    assert resolve(0.5, max_running_requests=4) == 4
+    states_refusal = refusal(0.5, 5)  # within the logits' 6, past the states' 4
+    assert ("--max-running-requests 5 cannot fit DDTREE's recurrent verify states"
+            in states_refusal and "fits 4" in states_refusal), states_refusal
+    logits_refusal = refusal(0.8, 48)
+    assert ("--max-running-requests 48 cannot fit DDTREE's verify: budget 64 x vocab 512"
+            in logits_refusal and "fits 2" in logits_refusal), logits_refusal
+    return {"derived_logits_bind": by_logits, "derived_states_bind": by_states,
+            "states_refusal": states_refusal, "logits_refusal": logits_refusal}
 
 
 def main(argv):
