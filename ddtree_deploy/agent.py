@@ -29,6 +29,7 @@ Keep this file compatible with Python 3.8 and free of third-party imports.
 """
 
 import base64
+import calendar
 import contextlib
 import errno
 import hashlib
@@ -92,6 +93,14 @@ def now_iso():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def iso_seconds(text):
+    """A ``now_iso`` time -> seconds since the epoch (None: not one)."""
+    try:
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
+    except (TypeError, ValueError):
+        return None
+
+
 def fsync_dir(path):
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -132,17 +141,21 @@ def remove_quietly(path):
 
 
 def write_json_atomic(path, document):
-    """Replace ``path`` with ``document``: a reader sees the old or the new JSON, never half."""
+    """Replace ``path`` with ``document``: a reader sees the old or the new JSON, never half.
+    An OSError names ``path`` (not the temporary copy)."""
     tmp = "%s%s%d" % (path, TMP_TAG, os.getpid())
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    write_private(tmp, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
     try:
-        os.replace(tmp, path)
-    except BaseException:
-        remove_quietly(tmp)
-        raise
-    fsync_dir(os.path.dirname(path))
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        write_private(tmp, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+        fsync_dir(os.path.dirname(path))
+    except OSError as exc:
+        raise located(exc, path)
 
 
 def read_json(path):
@@ -197,10 +210,21 @@ def errno_name(exc):
     return errno.errorcode.get(exc.errno or 0, str(exc.errno))
 
 
-def describe_os_error(exc, what):
-    """``<file>: <strerror> (errno ENOSPC)``, for a failure the user must act on."""
-    where = exc.filename or what
-    return "%s: %s (errno %s)" % (where, exc.strerror or exc, errno_name(exc))
+def describe_os_error(exc, where=None):
+    """``<file>: <strerror> (errno ENOSPC)``, for a failure the user must act on; ``where`` (a
+    path) names the file when the error does not. Never a step's name: the message that
+    embeds this one names the step (else it would say it twice: ``lock: lock: ...``)."""
+    where = exc.filename or where
+    what = "%s (errno %s)" % (exc.strerror or exc, errno_name(exc))
+    return "%s: %s" % (where, what) if where else what
+
+
+def located(exc, path):
+    """``exc`` (an OSError) naming ``path``, the file the user knows, when it names no file or
+    only our temporary copy of it (TMP_TAG); returned for ``raise``."""
+    if exc.filename is None or TMP_TAG in os.path.basename(str(exc.filename)):
+        exc.filename = path
+    return exc
 
 
 # ---------------------------------------------------------------- process identity (lock)
@@ -265,6 +289,9 @@ class _Fencing(object):
     lock_owner = None
     last_journal = None  # the journal this run last wrote (None: none yet in this apply)
     switch_total = 0  # how many files this apply switches (for messages)
+    # When this apply's renames began (time.time(); None: none began), for its history line:
+    # which bytes a server that started since loaded is told by it (op_switches).
+    switch_began = None
     _guard_depth = 0
 
     @contextlib.contextmanager
@@ -329,7 +356,7 @@ class _Fencing(object):
                         journal_note = "the journal restored"
                     except OSError as err:
                         journal_note = "the journal not restored (%s; status explains it)" % describe_os_error(
-                            err, "journal")
+                            err)
                     state = ("the %d file(s) it had switched were switched back, %s: the host is as before "
                              "this run" % (len(switched), journal_note))
             else:
@@ -547,7 +574,9 @@ class Agent(_Fencing):
             out.update(exc.extra)
             return out
         except OSError as exc:
-            out = {"ok": False, "code": "os-error", "message": "%s: %s" % (exc.filename or op, exc.strerror)}
+            # The controller names the step (``<host>: <step>: <this>``): the file and the
+            # reason only.
+            out = {"ok": False, "code": "os-error", "message": describe_os_error(exc)}
             if getattr(exc, "history_warning", None):
                 out["history_warning"] = exc.history_warning
             return out
@@ -587,7 +616,10 @@ class Agent(_Fencing):
         # and nobody ever sees a lock without its owner. All of it under the lock's guard
         # (see _Fencing): a forced release or another taker never interleaves with it.
         with self.guarded():
-            broke = self._take_lock(lock, owner, request)
+            try:
+                broke = self._take_lock(lock, owner, request)
+            except OSError as exc:  # e.g. ENOSPC writing the owner file: name the lock, not our temporary
+                raise located(exc, lock)
             self.locked = True
             self.lock_owner = owner
             tuning = self._live_tune_lock()
@@ -755,6 +787,7 @@ class Agent(_Fencing):
 
     def op_apply(self, request):
         """``apply`` (below), recorded in the history whatever its outcome."""
+        self.switch_began = None
         try:
             reply = self.apply(request)
         except AgentError as exc:
@@ -764,7 +797,7 @@ class Agent(_Fencing):
                     exc.extra["history_warning"] = warning
             raise
         except OSError as exc:
-            warning = self.record_apply(request, "os-error", None, error=describe_os_error(exc, "apply"))
+            warning = self.record_apply(request, "os-error", None, error=describe_os_error(exc))
             if warning:
                 exc.history_warning = warning
             raise
@@ -779,9 +812,16 @@ class Agent(_Fencing):
         for f in request.get("files") or ():
             if isinstance(f, dict) and "path" in f:
                 files[f["path"]] = {"from": f.get("expect"), "to": f.get("want")}
-        return self.record(request.get("kind") or "apply", outcome=outcome, phase=phase,
-                           series=journal.get("series"), series_id=journal.get("series_id"),
-                           sglang_version=journal.get("sglang_version"), files=files, **extra)
+        # When its renames began and when they (and any switch back, and the journal) were
+        # over: now, as this line is written after them (null: no rename began).
+        began = self.switch_began
+        ended = None if began is None else time.time()
+        # The apply's own run id: a push's automatic rollback runs under the push's lock (and
+        # run id) but journals a run of its own, which its history line names.
+        return self.record(request.get("kind") or "apply", run_id=request.get("run_id"), outcome=outcome,
+                           phase=phase, series=journal.get("series"), series_id=journal.get("series_id"),
+                           sglang_version=journal.get("sglang_version"), files=files, switch_began=began,
+                           switch_ended=ended, **extra)
 
     def apply(self, request):
         """Back up (push), stage and verify, switch by rename, purge bytecode, journal.
@@ -843,6 +883,7 @@ class Agent(_Fencing):
             self.journal(journal, "switching")
             self.hook("fill_after_staging")
             step = "switch"
+            self.switch_began = time.time()
             switched, purged, done = self.switch_all(targets, staged)
             step = "journal"
             try:
@@ -854,8 +895,7 @@ class Agent(_Fencing):
                 if failed:
                     raise AgentError("switch-mixed", "writing the journal failed (%s) and switching back also "
                                      "failed (%s): the host is MIXED and the journal says `switching`: rerun "
-                                     "push or rollback to complete" % (describe_os_error(exc, "journal"),
-                                                                       "; ".join(failed)))
+                                     "push or rollback to complete" % (describe_os_error(exc), "; ".join(failed)))
                 raise
             for entry in done:
                 if entry[2]:
@@ -875,7 +915,7 @@ class Agent(_Fencing):
             if isinstance(exc, AgentError):
                 what, path = exc.message, exc.extra.get("path")
             else:
-                what, path = describe_os_error(exc, step), exc.filename
+                what, path = describe_os_error(exc), exc.filename
             raise AgentError("failed-unchanged", "%s failed, host unchanged: %s" % (step, what), path=path)
         shutil.rmtree(staging, ignore_errors=True)
         try:
@@ -958,11 +998,11 @@ class Agent(_Fencing):
                 exc.done = done  # never switched back here: the caller decides (after_lost_lock)
                 raise
             # os.write's ENOSPC names no file: name the one being switched.
-            current = done[-1][0]["path"] if done else "switch"
+            current = done[-1][0]["path"] if done else None
             # Our own temp files (the kept previous version, a staged copy) mean nothing to the
             # user: name the package file being switched instead.
-            if isinstance(exc, OSError) and (exc.filename is None or TMP_TAG in os.path.basename(str(exc.filename))):
-                exc.filename = current
+            if isinstance(exc, OSError):
+                located(exc, current)
             what = exc.message if isinstance(exc, AgentError) else describe_os_error(exc, current)
             try:
                 with self.fenced("switching back after: %s" % what):
@@ -1090,8 +1130,8 @@ class Agent(_Fencing):
             finally:
                 os.close(fd)
         except Exception as exc:  # noqa: BLE001 -- never fail the op over its record
-            what = describe_os_error(exc, "history") if isinstance(exc, OSError) else str(exc)
-            return "the audit history was not written (%s): %s" % (HISTORY, what)
+            what = describe_os_error(exc, self._p(HISTORY)) if isinstance(exc, OSError) else str(exc)
+            return "the audit history was not written: %s" % what
         return None
 
     def need_state_dir(self):
@@ -1099,30 +1139,98 @@ class Agent(_Fencing):
             raise AgentError("protocol", "init must run first")
         self.check_state_dir(create=False)
 
-    def op_history(self, request):
-        """Read-only: the newest ``limit`` history entries, newest first."""
-        self.need_state_dir()
-        limit = int(request.get("limit") or 20)
-        lines, unreadable = [], 0
+    def read_history(self):
+        """Every history entry, oldest first: [(file name, entry)], and how many lines were
+        skipped (torn by a full disk or a crash, or not an entry we wrote)."""
+        entries, unreadable = [], 0
         for name in (HISTORY_OLD, HISTORY):
             path = self._p(name)
             if os.path.islink(path) or not os.path.isfile(path):
                 continue
             with open(path, "rb") as f:
-                lines.extend(f.read().splitlines())
-        entries, total = [], 0
-        for raw in reversed(lines):
-            if not raw.strip():
-                continue
-            doc = parse_history_line(raw)
-            if doc is None:
-                unreadable += 1  # torn by a full disk or a crash, or not an entry we wrote: counted, skipped
-                continue
-            total += 1
-            if len(entries) < limit:
-                entries.append(doc)
-        return {"entries": entries, "total": total, "unreadable": unreadable,
+                for raw in f.read().splitlines():
+                    if not raw.strip():
+                        continue
+                    doc = parse_history_line(raw)
+                    if doc is None:
+                        unreadable += 1
+                    else:
+                        entries.append((name, doc))
+        return entries, unreadable
+
+    def op_history(self, request):
+        """Read-only: the newest ``limit`` history entries, newest first."""
+        self.need_state_dir()
+        limit = int(request.get("limit") or 20)
+        entries, unreadable = self.read_history()
+        return {"entries": [doc for _name, doc in reversed(entries[-limit:])] if limit > 0 else [],
+                "total": len(entries), "unreadable": unreadable,
                 "files": [n for n in (HISTORY, HISTORY_OLD) if os.path.isfile(self._p(n))]}
+
+    def op_switches(self, request):
+        """Read-only: what tells whether a server that started at ``since`` (seconds, this
+        host's clock) runs the bytes the files hold now (serve_plan.loaded_now decides):
+
+        ``current``: each of ``paths`` and of the files those switches name: sha256 and ctime
+        now (null: absent); ``switches``: every push or rollback line whose renames may have
+        ended at or after ``since``, oldest first (time, run, outcome, per-file from/to, the
+        renames' ``began``/``ended``: null on an older agent's line); ``before``: each file's
+        sha256 after the newest switch that ended before ``since``; ``complete_since``: from
+        when the retained history holds every switch (null: unknown)."""
+        self.need_state_dir()
+        if self.root is None:
+            self.root = find_sglang()[0]
+        since = float(request["since"])
+        entries, unreadable = self.read_history()
+        switches, before = [], {}
+        for _name, e in entries:
+            if e.get("event") not in ("push", "rollback") or not isinstance(e.get("files"), dict):
+                continue
+            began, ended = e.get("switch_began"), e.get("switch_ended")
+            if "switch_began" in e and began is None:
+                continue  # no rename began: no file changed
+            end = ended if "switch_began" in e else (iso_seconds(e.get("time")) or since) + 1
+            if end is not None and end < since:
+                for path, f in e["files"].items():
+                    if not isinstance(f, dict):
+                        continue
+                    if e.get("outcome") in ("ok", "failed-unchanged"):
+                        before[path] = f.get("to") if e.get("outcome") == "ok" else f.get("from")
+                    else:
+                        before.pop(path, None)  # a switch that failed part-way: unknown since
+                continue
+            switches.append({"time": e.get("time"), "event": e.get("event"), "run_id": e.get("run_id"),
+                             "outcome": e.get("outcome"), "began": began, "ended": ended, "files": e["files"]})
+        current = {}
+        for rel in sorted(set(request.get("paths") or ()) | set(p for w in switches for p in w["files"])):
+            try:
+                path = self.target(rel)
+                st = os.stat(path)
+                current[rel] = {"sha256": sha256_file(path), "ctime": st.st_ctime}
+            except AgentError:
+                continue  # not a file of ours to read (a symlink, a bad path): the record cannot vouch for it
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    raise
+                current[rel] = None
+        return {"current": current, "switches": switches, "before": before,
+                "complete_since": self.history_complete_since(entries), "unreadable": unreadable}
+
+    def history_complete_since(self, entries):
+        """From when (seconds) the retained history holds every switch made from this state
+        folder: after a rotation, the second after history.1.jsonl's first line (older lines
+        were dropped); without one, from the start (0) when this agent made the folder
+        (nothing was switched from it before its first line); in a folder adopted from before
+        the marker, from its first line. None: nothing tells."""
+        rotated = [doc for name, doc in entries if name == HISTORY_OLD]
+        if rotated or os.path.isfile(self._p(HISTORY_OLD)):
+            first = iso_seconds(rotated[0].get("time")) if rotated else None
+            return None if first is None else first + 1
+        marker = read_json(self._p(STATE_MARKER))
+        if isinstance(marker, dict) and marker.get("adopted") is False:
+            return 0.0
+        first = iso_seconds(entries[0][1].get("time")) if entries else None
+        return None if first is None else first + 1
 
     def read_lock(self):
         """The deploy lock's owner (with ``stale``: its process provably gone), or None."""
@@ -1246,6 +1354,18 @@ class Agent(_Fencing):
             if st.f_files and st.f_favail < inodes + 16:
                 raise AgentError("no-space", "no free inodes on the file system of %s (%d free, %d needed)"
                                  % (folder, st.f_favail, inodes + 16))
+
+    def stop_before_request(self, request):
+        """TEST HOOK (``stop_before_each_request``: a file name): before handling each request,
+        append "<pid> <op>" to that file and stop (SIGSTOP) until the test continues this agent,
+        so every point between two requests of a run can be held open (e.g. to show that
+        another controller is refused the lock at each of them)."""
+        log = self.hooks.get("stop_before_each_request")
+        if not log:
+            return
+        with open(log, "a") as f:
+            f.write("%d %s\n" % (os.getpid(), request.get("op")))
+        os.kill(os.getpid(), signal.SIGSTOP)
 
     def hook(self, name):
         if not self.hooks.get(name):
@@ -1450,7 +1570,7 @@ HISTORY_TYPES = {
     "time": (str,), "event": (str,), "holder": (str,), "from": (str,), "run_id": (str,), "command": (str,),
     "host": (str,), "outcome": (str,), "phase": (str,), "series": (str,), "series_id": (str,),
     "sglang_version": (str,), "backup_id": (str,), "marked_run": (str,), "error": (str,), "files": (dict,),
-    "previous": (dict,), "smoke": (dict,),
+    "previous": (dict,), "smoke": (dict,), "switch_began": (int, float), "switch_ended": (int, float),
 }
 # Entries nest a few levels (files -> path -> from/to); deeper is not ours, and a reader that
 # recurses (json.dumps with indent, a renderer) must never meet 100,000 levels.
@@ -1719,6 +1839,7 @@ def serve(stdin, stdout, hooks=None):
                 break
             if request.get("hooks"):
                 agent.hooks.update(request["hooks"])
+            agent.stop_before_request(request)
             answer(agent.handle(request))
     finally:
         agent.release()

@@ -4,10 +4,15 @@ Each command is one agent session over one connection (see transport.AgentSessio
 
     push:      [init, facts] -> resolve + check -> [lock, facts] -> plan -> [apply, unlock]   3 round trips
       + smoke: ... -> [apply] -> smoke (lock held) -> [mark, unlock]                       4
+        failed: ... -> smoke -> [facts] -> rollback plan -> [apply, unlock]                5
+      + [serve]: ... -> [apply] -> smoke -> [served] restart [served] -> [mark, unlock]     6
+        not healthy: ... [served] -> [facts] -> [apply] -> [served] restart [served] -> [unlock]   10
     push --dry-run: [init, facts] -> resolve + check -> plan                               1 round trip
     mark:      [init, lock, mark, unlock]                                    1 round trip
     rollback:  [init, lock, facts]  -> plan           -> [apply, unlock]     2 round trips
+      + [serve]: ... -> [apply] -> [served] restart [served] -> [unlock]     5
     status:    [init, facts]                                                 1 round trip
+      + a server that started before the last switch: ... -> [switches]      2
     pull:      [init, facts+content]                                         1 round trip
 
 The caller gives a ``desire`` function that turns the host's facts (SGLang version)
@@ -16,7 +21,10 @@ It runs on the first, unlocked read: a release wheel it downloads, or a check it
 never holds the host's deploy lock. The locked read must then show the same install
 (version, package root), the plan is made from it, and the agent re-checks every hash
 under the lock anyway. A push with a smoke returns a ``PushSession`` that still holds
-the lock (``begin_push``): the caller smokes, marks or unlocks, and leaves it.
+the lock (``begin_push``): the caller smokes, marks, or rolls back (``PushSession.rollback``:
+``rollback``'s plan and apply on the same session, so no other run comes between the switch
+and its undoing), and leaves it. ``begin_rollback`` with ``keep_lock`` does the same for a
+rollback whose server is restarted next.
 """
 
 from __future__ import annotations
@@ -251,6 +259,29 @@ class PushSession:
                           "record the restart")
         return reply.get("history_warning")
 
+    def rollback(self, to: str | None, *, release: bool = False, progress: Progress = _quiet) -> Outcome:
+        """Roll the host back to backup ``to`` under the lock this session holds, so that no
+        other run acts on the host between this run's switch and its undoing: the
+        ``rollback`` command's plan and apply (``_rollback_plan``, ``_switch``: the same
+        verified switch), over this session. One round trip reads the host (under the lock),
+        one applies; with ``release`` the unlock travels with the apply, else the lock stays
+        held (the caller restarts the server on the restored files, then leaves). Returns the
+        rollback's own outcome (its run id is the one the journal records)."""
+        if not self.locked or self._sess is None:
+            raise DeployError(f"{self.host.name}: rollback: the deploy lock was already released", code=Code.PROTOCOL)
+        t0, before = time.monotonic(), self._sess.round_trips
+        out = Outcome(self.host.name, "rollback", new_run_id())
+        progress("discover (lock held)")
+        facts = expect_ok(self._sess.one({"op": "facts", "paths": []}), self.host.name, "discover")
+        out.sglang_version, out.phase = facts["sglang_version"], (facts["journal"] or {}).get("phase")
+        prepared = _rollback_plan(self.host, to)(facts, None, progress)
+        self.locked = _switch(self._sess, self.host, out, prepared, dry_run=False, keep_lock=not release,
+                              progress=progress, sending=[], caller_holds=True)
+        out.backup_id = prepared.plan.backup_id
+        out.round_trips, out.seconds = self._sess.round_trips - before, time.monotonic() - t0
+        self.outcome.phase = out.phase
+        return out
+
     def unlock(self) -> None:
         if self.locked and self._sess is not None:
             self.locked = False
@@ -291,6 +322,60 @@ def _same_install(host: Host, before: dict, now: dict) -> None:
                               code=Code.CHANGED, hint="rerun the command")
 
 
+def _switch(sess: AgentSession, host: Host, out: Outcome, prepared: _Prepared, *, dry_run: bool, keep_lock: bool,
+            progress: Progress, sending: list[str], caller_holds: bool = False) -> bool:
+    """After the locked read and the plan: complete an interrupted journal, then the no-op or
+    the apply, into ``out``; the part of push and rollback that runs under the lock.
+    Returns whether the lock is still held.
+
+    The unlock travels with the last request (``_finish``) unless ``keep_lock``: then an
+    apply keeps the lock (the push's smoke and mark; a rollback's server restart), and so
+    does a push with nothing to switch whose earlier run awaits its smoke
+    (``prepared.pending``). ``caller_holds``: the session took the lock for more than this
+    switch (``PushSession.rollback``): an error here never releases it (the caller does),
+    and with ``keep_lock`` neither does a no-op.
+    """
+    out.plan = prepared.plan
+    out.diff = prepared.diff
+    if not dry_run and prepared.complete is not None:
+        progress(f"journal: complete the interrupted run ({prepared.complete['phase']})")
+        try:
+            done = expect_ok(sess.one(prepared.complete), host.name, "complete the journal")
+        except DeployError:
+            if not caller_holds:
+                _finish(sess, None)  # release the lock now, not at EOF
+            raise
+        out.phase = done["journal"]["phase"]
+    if not dry_run and prepared.plan.noop and keep_lock and (prepared.pending or caller_holds):
+        out.summary = prepared.noop
+        if prepared.pending:
+            out.phase, out.smoke_pending = Phase.SWITCHED, prepared.pending.get("run_id")
+            out.backup_id = prepared.pending.get("backup_id")
+            sending.append("smoke")
+        return True
+    if dry_run or prepared.plan.noop:
+        if not dry_run:
+            extra = prepared.noop_request if prepared.plan.noop else None
+            reply = _finish(sess, extra)
+            if extra is not None:
+                out.phase = expect_ok(reply, host.name, extra["op"])["journal"]["phase"]
+        out.summary = prepared.noop if prepared.plan.noop else prepared.dry
+        return False
+    progress(prepared.step)
+    request = prepared.request(out.run_id)
+    sending.append("apply")
+    done = expect_ok(sess.call(request)[0] if keep_lock else _finish(sess, request), host.name, "apply")
+    out.changed = True
+    out.phase = request["final_phase"]
+    out.backup_id = done["backup_id"]
+    out.purged, out.pruned = done["purged"], done["pruned"]
+    out.history_warning = done.get("history_warning")
+    out.summary = prepared.done(done)
+    if keep_lock and out.phase == Phase.SWITCHED:
+        out.smoke_pending = out.run_id
+    return keep_lock
+
+
 def _execute(command: str, host: Host, transport: Transport, paths: list[str],
              prepare: Callable[[dict, object, Progress], _Prepared], *, dry_run: bool, break_lock: bool,
              progress: Progress, resolve: Callable[[dict, Progress], object] | None = None,
@@ -301,9 +386,10 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
     ``resolve`` (push): facts -> what the plan needs from this side (the family, the
     release snapshot, perhaps a wheel download, the check). It runs on an unlocked read,
     so nothing slow happens while the host's lock is held; the locked read then must show
-    the same install. ``keep_lock`` (push with a smoke): a switch that ends ``switched``
-    (or, with nothing to switch, an earlier run still ``switched``) returns with the lock
-    held, for the smoke and its mark; otherwise the returned session is already unlocked.
+    the same install. ``keep_lock`` (push with a smoke, rollback with a server restart): a
+    switch (or, for a push with nothing to switch, an earlier run still ``switched``)
+    returns with the lock held, for the smoke and its mark or the restart; otherwise the
+    returned session is already unlocked (see ``_switch``).
     """
     t0 = time.monotonic()
     out = Outcome(host.name, command, new_run_id())
@@ -341,44 +427,8 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
             if not dry_run:
                 _finish(sess, None)
             raise
-        out.plan = prepared.plan
-        out.diff = prepared.diff
-        if not dry_run and prepared.complete is not None:
-            progress(f"journal: complete the interrupted run ({prepared.complete['phase']})")
-            try:
-                done = expect_ok(sess.one(prepared.complete), host.name, "complete the journal")
-            except DeployError:
-                _finish(sess, None)
-                raise
-            out.phase = done["journal"]["phase"]
-        held = False
-        if not dry_run and prepared.plan.noop and keep_lock and prepared.pending:
-            out.summary = prepared.noop
-            out.phase, out.smoke_pending = Phase.SWITCHED, prepared.pending.get("run_id")
-            out.backup_id = prepared.pending.get("backup_id")
-            sending.append("smoke")
-            held = True
-        elif dry_run or prepared.plan.noop:
-            if not dry_run:
-                extra = prepared.noop_request if prepared.plan.noop else None
-                reply = _finish(sess, extra)
-                if extra is not None:
-                    out.phase = expect_ok(reply, host.name, extra["op"])["journal"]["phase"]
-            out.summary = prepared.noop if prepared.plan.noop else prepared.dry
-        else:
-            progress(prepared.step)
-            request = prepared.request(out.run_id)
-            held = keep_lock and request["final_phase"] == Phase.SWITCHED
-            sending.append("apply")
-            done = expect_ok(sess.call(request)[0] if held else _finish(sess, request), host.name, "apply")
-            out.changed = True
-            out.phase = request["final_phase"]
-            out.backup_id = done["backup_id"]
-            out.purged, out.pruned = done["purged"], done["pruned"]
-            out.history_warning = done.get("history_warning")
-            out.summary = prepared.done(done)
-            if held:
-                out.smoke_pending = out.run_id
+        held = _switch(sess, host, out, prepared, dry_run=dry_run, keep_lock=keep_lock, progress=progress,
+                       sending=sending)
         out.round_trips, out.connections = sess.round_trips, transport.connections
     except DeployError as exc:
         stack.close()
@@ -599,6 +649,24 @@ def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan, final_pha
 def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
              break_lock: bool = False, progress: Progress = _quiet) -> Outcome:
     """Restore a backup (the newest, or ``to``) through the same staged, verified switch as push."""
+    with begin_rollback(host, transport, to=to, dry_run=dry_run, break_lock=break_lock, progress=progress) as done:
+        return done.outcome
+
+
+def begin_rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
+                   break_lock: bool = False, keep_lock: bool = False, progress: Progress = _quiet) -> PushSession:
+    """``rollback``, and with ``keep_lock`` a rollback that switched files returns its session
+    still holding the lock (``locked``): the caller restarts the server on the restored
+    files under it (``serve_run.restart_held``), then leaves the session (the unlock)."""
+    session = _execute("rollback", host, transport, [], _rollback_plan(host, to), dry_run=dry_run,
+                       break_lock=break_lock, progress=progress, keep_lock=keep_lock)
+    session.outcome.backup_id = session.outcome.plan.backup_id if session.outcome.plan else None
+    return session
+
+
+def _rollback_plan(host: Host, to: str | None) -> Callable[[dict, object, Progress], _Prepared]:
+    """The rollback's ``prepare`` (facts read under the lock -> what to switch): one for the
+    ``rollback`` command and the automatic rollback under a push's lock alike."""
 
     def prepare(facts: dict, _resolved: object, progress: Progress) -> _Prepared:
         _unsafe(host, facts)
@@ -623,10 +691,7 @@ def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run
             done=lambda d: f"rolled back {len(plan.changes)} file(s) to backup {bid} (sha256 verified)",
         )
 
-    outcome = _execute("rollback", host, transport, [], prepare, dry_run=dry_run, break_lock=break_lock,
-                       progress=progress).outcome
-    outcome.backup_id = outcome.plan.backup_id if outcome.plan else None
-    return outcome
+    return prepare
 
 
 def _apply_rollback(host: Host, run_id: str, manifest: dict, plan: Plan, journal: dict | None) -> dict:
@@ -663,17 +728,20 @@ def _choose_backup(host: Host, backups: list[dict], to: str | None) -> dict:
 
 def status(host: Host, transport: Transport, paths: list[str] = (),
            expected: Callable[[dict], Desired | None] | None = None,
-           serving: Callable[[Transport, dict], dict] | None = None) -> dict:
+           serving: Callable[[Transport, dict, Callable[[dict], dict]], dict] | None = None) -> dict:
     """The host's state as one JSON-able document (read-only: takes no lock).
 
-    ``serving(transport, facts)``, when given, looks at the host's serving processes over
-    the same connection (``serve_gate.serving_check``); its document is the ``serving`` key."""
+    ``serving(transport, facts, ask)``, when given, looks at the host's serving processes over
+    the same connection (``serve_gate.serving_check``); ``ask`` sends it one more read-only
+    request over this agent session (the history's switches, when a process started before
+    the last change). Its document is the ``serving`` key."""
     with transport, _session(transport, host, write=False) as sess:
         init, facts = sess.call(_init(host), {"op": "facts", "paths": list(paths)})
         expect_ok(init, host.name, "agent start")
         expect_ok(facts, host.name, "discover")
+        running = (serving(transport, facts, lambda request: expect_ok(sess.one(request), host.name, request["op"]))
+                   if serving is not None else None)
         round_trips = sess.round_trips
-        running = serving(transport, facts) if serving is not None else None
     doc = describe(host.name, facts, expected(facts) if expected else None, round_trips)
     if running is not None:
         doc["serving"] = running
@@ -797,6 +865,14 @@ def disagreement(journal: dict | None, files: list[dict]) -> str | None:
     return None
 
 
+def ask(host: Host, transport: Transport, request: dict) -> dict:
+    """One read-only agent request over an open ``transport``: [init, request], one round trip."""
+    with _session(transport, host, write=False) as sess:
+        init, reply = sess.call(_init(host), request)
+    expect_ok(init, host.name, "agent start")
+    return expect_ok(reply, host.name, request["op"])
+
+
 def pull(host: Host, transport: Transport, paths: list[str]) -> tuple[dict, dict[str, bytes | None]]:
     """The host's SGLang version/root facts and the bytes of ``paths`` (None: absent)."""
     with transport, _session(transport, host, write=False) as sess:
@@ -829,5 +905,5 @@ def patched_paths(facts: dict, files: dict[str, bytes | None]) -> list[str]:
     return out
 
 
-__all__ = ["AgentFailed", "Outcome", "PushSession", "begin_push", "describe", "hold", "patched_paths", "explain", "mark", "pull", "push", "rollback",
+__all__ = ["AgentFailed", "Outcome", "PushSession", "ask", "begin_push", "begin_rollback", "describe", "hold", "patched_paths", "explain", "mark", "pull", "push", "rollback",
            "status", "TEST_HOOKS_ENV"]

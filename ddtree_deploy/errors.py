@@ -34,3 +34,24 @@ class BadInput(DeployError):
 
     exit_code = EXIT_BAD_INPUT
     code = "bad-input"
+
+
+# Messages are built from nested prefixes (``<host>: <step>: <the agent's reason>``). Each
+# layer says what it knows once: these two keep a segment the inner message already says
+# from being said again (``h: lock: lock: No space left on device``).
+
+
+def prefixed(message: str, *context: str) -> str:
+    """``<context>: ...: <message>``, leaving out each context part (a host, a step) that the
+    message already starts with: ("h", "lock") and "lock: No space left" -> "h: lock: No
+    space left"."""
+    for part in reversed(context):
+        if message != part and not message.startswith(f"{part}: "):
+            message = f"{part}: {message}"
+    return message
+
+
+def clause(exc: DeployError, host: str) -> str:
+    """``exc``'s message as a clause of a line that already names ``host`` (without the
+    ``<host>: `` it starts with)."""
+    return exc.message.removeprefix(f"{host}: ")

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 from ddtree_deploy import deploy, next_step, smoke_plan, smoke_report, smoke_run, smoke_settings
 from ddtree_deploy.codes import Code, Phase
-from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.errors import BadInput, DeployError, clause
 from ddtree_deploy.fleet import FleetReport, HostResult, Kind, Policy, push_policy, spread_policy
 from ddtree_deploy.fleet_run import CheckOnce, run_fleet
 from ddtree_deploy.inventory import Host
@@ -225,12 +225,13 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
     ``switched`` by a run whose smoke never passed (``outcome.smoke_pending``): that one is
     smoke-tested now. When every level passes, the journal moves ``switched`` ->
     ``deployed`` (``deploy.mark``, compare-and-set on the run id). The rollback restores
-    the backup the push made, through ``deploy.rollback`` (the same verified switch).
+    the backup the push made, through the same verified switch as ``deploy.rollback``.
 
     ``held`` (``deploy.begin_push``'s session, ``locked``): the push's session, still
-    holding the deploy lock; the mark goes through it (and its lock is released before a
-    rollback, which takes the lock itself). Without it, ``deploy.mark`` opens a session of
-    its own.
+    holding the deploy lock; the mark goes through it, and so does the rollback
+    (``PushSession.rollback``: the lock is released only with its apply, so no other run
+    acts on the host in between). Without it, ``deploy.mark`` and ``deploy.rollback`` open
+    sessions of their own.
 
     A host whose earlier smoke failed at a level (recorded in its journal, kept by
     ``--no-rollback``: ``outcome.smoke_failed``) runs that level again, whatever
@@ -292,7 +293,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         report = smoke_run.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress,
                                    heartbeat=heartbeat)
     except DeployError as exc:
-        return AfterPush(None, host=host.name, error=exc.message, phase=Phase.SWITCHED if pending else None)
+        return AfterPush(None, host=host.name, error=clause(exc, host.name), phase=Phase.SWITCHED if pending else None)
     if report.ok:
         if pending is None:
             return AfterPush(report, host=host.name)
@@ -301,7 +302,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         try:
             mark(Phase.DEPLOYED)
         except DeployError as exc:
-            return AfterPush(report, host=host.name, mark_error=exc.message)
+            return AfterPush(report, host=host.name, mark_error=clause(exc, host.name))
         return AfterPush(report, host=host.name, marked=True, phase=Phase.DEPLOYED)
     if not auto_rollback:
         note = None
@@ -309,16 +310,17 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
             try:  # the journal keeps which level failed; the phase stays `switched`
                 mark(Phase.SWITCHED, {"failed": report.failed.level, "detail": report.failed.detail[:500]})
             except DeployError as exc:
-                note = exc.message
+                note = clause(exc, host.name)
         return AfterPush(report, kept=True, host=host.name, mark_error=note,
                          phase=Phase.SWITCHED if pending else None)
     progress(f"smoke failed at {report.failed.level}: rolling back to backup {outcome.backup_id}")
     try:
-        if held is not None:
-            held.unlock()
-        undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress)
+        if held is not None:  # under the push's own lock: no other run acts between the switch and its undoing
+            undone = held.rollback(outcome.backup_id, release=True, progress=progress)
+        else:
+            undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress)
     except DeployError as exc:
-        return AfterPush(report, rollback_error=exc.message, host=host.name)
+        return AfterPush(report, rollback_error=clause(exc, host.name), host=host.name)
     return AfterPush(report, rollback=undone, host=host.name, phase=Phase.ROLLED_BACK)
 
 
@@ -462,7 +464,8 @@ def _warn_broken_lock(outcome: deploy.Outcome, listener: Listener) -> None:
         listener(Event(EventKind.WARNING, outcome.host, f"broke the lock of run {outcome.broke_lock.get('run_id')} "
                                                        f"({outcome.broke_lock.get('holder')})"))
     if outcome.history_warning:
-        listener(Event(EventKind.WARNING, outcome.host, f"history not written: {outcome.history_warning}"))
+        # The agent's warning says it ("the audit history was not written: ...").
+        listener(Event(EventKind.WARNING, outcome.host, outcome.history_warning))
 
 
 # ---------------------------------------------------------------- the commands
@@ -575,7 +578,8 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
              break_lock: bool = False, parallel: int | None = None, on_event: Listener = _ignore) -> FleetReport:
     """Restore each host's newest backup (or ``to``, one host only) through the verified switch.
     A host with a ``[serve]`` table whose files were switched back restarts its server on
-    them and waits for its health (``serve_gate.after_rollback``)."""
+    them and waits for its health (``serve_gate.after_rollback``), under the rollback's own
+    lock: no push or restart acts between the switch and the restart."""
     if to is not None and len(hosts) > 1:  # backup ids are per host: one id cannot name a backup on each
         raise BadInput(f"--to {to}: a backup id belongs to one host; give it with a single --host",
                        hint="without --to, each host restores its own newest backup")
@@ -583,13 +587,19 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
     serves = _serve_settings(hosts)
 
     def one(h: Host, progress: Progress) -> HostResult:
-        outcome = deploy.rollback(h, connect(h), to=to, dry_run=dry_run, break_lock=break_lock, progress=progress)
+        # [serve]: a rollback that switched files keeps its lock for the restart on them.
+        serve = serves[h.name] if not dry_run else None
+        with deploy.begin_rollback(h, connect(h), to=to, dry_run=dry_run, break_lock=break_lock,
+                                   keep_lock=serve is not None, progress=progress) as held:
+            outcome = held.outcome
+            kind = rollback_kind(outcome, dry_run=dry_run)
+            result = _result(h.name, kind, outcome.to_json(), outcome.summary,
+                             _summary_lines(outcome, show_plan=dry_run or outcome.changed))
+            if held.locked:
+                result = _after_rollback(h, serve, held, connect, result, progress, on_event)
         _warn_broken_lock(outcome, on_event)
-        kind = rollback_kind(outcome, dry_run=dry_run)
-        result = _result(h.name, kind, outcome.to_json(), outcome.summary,
-                         _summary_lines(outcome, show_plan=dry_run or outcome.changed))
-        if serves[h.name] is not None and outcome.changed and not dry_run:
-            return _after_rollback(h, serves[h.name], connect, result, progress, on_event)
+        if outcome.round_trips != result.doc.get("round_trips"):  # the restart's, on the same session
+            result = replace(result, doc={**result.doc, "round_trips": outcome.round_trips})
         return result
 
     return _fleet("rollback", hosts, policy, one, on_event)
@@ -646,11 +656,11 @@ def _beats(h: Host, on_event: Listener) -> Callable[[str, float], None]:
     return lambda what, s: on_event(Event(EventKind.HEARTBEAT, h.name, what, seconds=s))
 
 
-def _after_rollback(h: Host, settings, connect: Connect, result: HostResult, progress: Progress,
-                    on_event: Listener) -> HostResult:
+def _after_rollback(h: Host, settings, held: deploy.PushSession, connect: Connect, result: HostResult,
+                    progress: Progress, on_event: Listener) -> HostResult:
     from ddtree_deploy import serve_gate
 
-    restart = serve_gate.after_rollback(h, settings, connect, progress=progress, heartbeat=_beats(h, on_event))
+    restart = serve_gate.after_rollback(h, settings, held, connect, progress=progress, heartbeat=_beats(h, on_event))
     return serve_gate.restarted_result(result, restart)
 
 

@@ -5,13 +5,15 @@ end of a deploy, not the files on disk.
   ``restarting``, restart the server (``serve_run``), wait for its health, prove DDTree
   through ``/server_info`` (the launch smoke's proof, on the real server), record the
   result; only then mark the journal ``deployed``. A server that is not healthy in time
-  (or fails the proof) is rolled back: the files (``deploy.rollback``, the verified
-  switch), then a restart on them, health only. ``--no-rollback`` keeps the files, the
-  host ``switched``.
-- ``after_rollback``: a ``rollback`` that switched files restarts the server the same way.
+  (or fails the proof) is rolled back: the files (``PushSession.rollback``: ``rollback``'s
+  verified switch), then a restart on them, health only, all under the push's lock.
+  ``--no-rollback`` keeps the files, the host ``switched``.
+- ``after_rollback``: a ``rollback`` that switched files restarts the server the same way,
+  under the rollback's lock.
 - ``ensure_serving``: a push with nothing to switch still ends with the deployed files
   serving: a server older than them (or not healthy) is restarted.
-- ``serving_check``: what ``status`` shows of the serving processes.
+- ``serving_check`` / ``look``: what ``status`` shows of the serving processes (judged by
+  content where the host's history can tell: ``serve_plan.loaded_now``).
 
 Calls go down: rollout -> serve_gate -> deploy, serve_run -> transport.
 """
@@ -23,7 +25,7 @@ from typing import Any, Callable
 
 from ddtree_deploy import deploy, next_step, serve_plan, serve_run
 from ddtree_deploy.codes import Phase
-from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError
+from ddtree_deploy.errors import EXIT_FAILED, BadInput, DeployError, clause
 from ddtree_deploy.fleet import HostResult, Kind
 from ddtree_deploy.serve_settings import ServeSettings, parse_serve
 from ddtree_deploy.smoke_settings import FAMILY_SMOKE_DEFAULT, family_smoke
@@ -51,7 +53,7 @@ class ServeGate:
     rollback: deploy.Outcome | None = None  # the files rolled back after a failed restart
     rollback_error: str | None = None
     again: serve_run.Restart | None = None  # the restart on the rolled-back files
-    again_error: str | None = None  # that restart could not even start (e.g. the lock)
+    again_error: str | None = None  # that restart could not run (the connection lost), or its end not be recorded
     kept: bool = False  # --no-rollback: the new files stay, the host `switched`
     interrupted: bool = False
 
@@ -78,7 +80,7 @@ class ServeGate:
         if self.ok:
             return r.detail
         if r.ok:
-            return f"server healthy on the new files, but marking the host deployed failed: {self.mark_error}"
+            return f"server healthy on the new files, but the host is not marked deployed: {self.mark_error}"
         why = f"server {r.state} after the restart ({r.failed}): {r.detail}"
         if self.rollback is not None:
             back = f"rolled back: {self.rollback.summary}"
@@ -86,6 +88,8 @@ class ServeGate:
                 back += f"; restarted on the old files: {'healthy' if self.again.ok else 'NOT healthy'}"
                 if not self.again.ok:
                     back += f" ({self.again.failed}: {self.again.detail})"
+                if self.again_error:  # it ran, but its end is not in the journal
+                    back += f"; {self.again_error}"
             elif self.again_error:
                 back += f"; the restart on the old files could not run: {self.again_error}"
             return f"{why}; {back}"
@@ -117,26 +121,21 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
               outcome: deploy.Outcome, series, *, auto_rollback: bool = True, progress: Progress = _quiet,
               heartbeat: Heartbeat | None = None) -> ServeGate:
     """Restart, health, proof, then mark ``deployed`` through ``held`` (the push's session,
-    holding the lock); or roll back and restart on the old files. See the module doc."""
-    run_id = held.run_id or outcome.run_id
+    holding the lock); or roll back and restart on the old files, under that same lock
+    (released when the session is left): no other run acts on the host in between. See the
+    module doc."""
     files = list(series.touched_paths()) if series is not None else []
     family = family_smoke(series) if series is not None else FAMILY_SMOKE_DEFAULT
-    request = serve_plan.restart_request(host.python, files, settings, proof=serve_plan.proof_spec(settings, family))
-    progress("journal: serve restarting")
-    held.record_serve({"state": serve_run.RESTARTING, "run_id": run_id, "restart_run": outcome.run_id,
-                       "time": serve_run._now_iso()})
-    restart = serve_run.run_restart(host, connect(host), request, progress=progress, heartbeat=heartbeat)
-    try:
-        warning = held.record_serve(restart.record(run_id, outcome.run_id), history=True)
-        outcome.history_warning = outcome.history_warning or warning
-    except DeployError as exc:
-        if restart.ok:
-            return ServeGate(restart, mark_error=f"recording the restart failed: {exc.message}")
+    restart, unrecorded = serve_run.restart_held(host, connect, settings, held, held.run_id or outcome.run_id, files,
+                                                 proof=serve_plan.proof_spec(settings, family), progress=progress,
+                                                 heartbeat=heartbeat)
+    if unrecorded is not None and restart.ok:
+        return ServeGate(restart, mark_error=clause(unrecorded, host.name))
     if restart.ok:
         try:
             held.mark(Phase.DEPLOYED)
         except DeployError as exc:
-            return ServeGate(restart, mark_error=exc.message)
+            return ServeGate(restart, mark_error=clause(exc, host.name))
         return ServeGate(restart, marked=True)
     if restart.failed == "interrupted":
         return ServeGate(restart, interrupted=True)
@@ -144,39 +143,41 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
         return ServeGate(restart, kept=True)
     progress(f"server not healthy: rolling back to backup {outcome.backup_id}")
     try:
-        held.unlock()
-        undone = deploy.rollback(host, connect(host), to=outcome.backup_id, progress=progress)
+        undone = held.rollback(outcome.backup_id, progress=progress)
     except DeployError as exc:
-        return ServeGate(restart, rollback_error=exc.message)
+        return ServeGate(restart, rollback_error=clause(exc, host.name))
     progress("restart on the old files")
     try:
-        again, _held = serve_run.restart_locked(host, connect, settings, prove=False, progress=progress,
-                                                heartbeat=heartbeat)
+        again, unrecorded = serve_run.restart_held(host, connect, settings, held, undone.run_id, files, proof=None,
+                                                   progress=progress, heartbeat=heartbeat)
     except DeployError as exc:
-        return ServeGate(restart, rollback=undone, again_error=exc.message)
-    return ServeGate(restart, rollback=undone, again=again)
+        return ServeGate(restart, rollback=undone, again_error=clause(exc, host.name))
+    return ServeGate(restart, rollback=undone, again=again,
+                     again_error=None if unrecorded is None else clause(unrecorded, host.name))
 
 
-def after_rollback(host, settings: ServeSettings, connect: Callable[[Any], Any], *, progress: Progress = _quiet,
-                   heartbeat: Heartbeat | None = None) -> serve_run.Restart:
-    """``rollback`` switched files back: restart the server on them (health only: the files
-    are SGLang's own again)."""
+def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any], *,
+                   progress: Progress = _quiet, heartbeat: Heartbeat | None = None) -> serve_run.Restart:
+    """``rollback`` switched files back and still holds the lock (``held``,
+    ``deploy.begin_rollback``): restart the server on them under it (health only: the files
+    are SGLang's own again). A restart whose end could not be recorded raises that error."""
     progress("restart the server")
-    restart, _held = serve_run.restart_locked(host, connect, settings, prove=False, progress=progress,
-                                              heartbeat=heartbeat)
+    journal_files = [s.path for s in held.outcome.plan.steps] if held.outcome.plan else []
+    restart, unrecorded = serve_run.restart_held(host, connect, settings, held, held.outcome.run_id, journal_files,
+                                                 proof=None, progress=progress, heartbeat=heartbeat)
+    if unrecorded is not None:
+        raise unrecorded
     return restart
 
 
 def ensure_serving(host, settings: ServeSettings, connect: Callable[[Any], Any], files, *,
                    progress: Progress = _quiet, heartbeat: Heartbeat | None = None) -> tuple[str, serve_run.Restart | None]:
-    """A push that switched nothing: restart the server if it is older than the deployed
-    files (or not healthy). -> (what was found, the restart or None)."""
+    """A push that switched nothing: restart the server if it runs other bytes than the
+    deployed files (or is not healthy). -> (what was found, the restart or None)."""
     progress("check the serving processes")
     transport = connect(host)
     with transport:
-        found = serve_plan.serving(serve_run.check(host, transport, serve_plan.check_request(host.python, files,
-                                                                                              settings)),
-                                   host.name, serve=True)
+        found = look(host, transport, files, settings, lambda request: deploy.ask(host, transport, request))
     healthy = (found.get("health") or {}).get("status") == 200
     if found["state"] == serve_plan.CURRENT and healthy:
         return found["explanation"], None
@@ -184,6 +185,22 @@ def ensure_serving(host, settings: ServeSettings, connect: Callable[[Any], Any],
     restart, _held = serve_run.restart_locked(host, connect, settings, prove=True, progress=progress,
                                               heartbeat=heartbeat)
     return why, restart
+
+
+def look(host, transport, files, settings: ServeSettings | None, ask: Callable[[dict], dict]) -> dict:
+    """The serving processes (``serve_plan.serving``) over an open ``transport``: the serve
+    program's discovery and, when a process started before the last change of ``files``, the
+    host's record of the switches since (``ask``: one read-only agent request), so that a
+    server the files were switched back to is not called stale."""
+    answer = serve_run.check(host, transport, serve_plan.check_request(host.python, files, settings))
+    since = serve_plan.record_since(answer)
+    record = None
+    if since is not None:
+        try:
+            record = ask(serve_plan.switches_request(since, files))
+        except DeployError as exc:  # said in the sentence; the times decide
+            record = {"error": clause(exc, host.name)}
+    return serve_plan.serving(answer, host.name, serve=settings is not None, record=record)
 
 
 # ---------------------------------------------------------------- a host's result (fleet.HostResult)
@@ -241,20 +258,20 @@ def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any],
 
 def serving_check(host):
     """``status``: a callable for ``deploy.status`` that looks at the serving processes over
-    the status connection; a failure to look is said in the document, never fatal."""
+    the status connection (``look``); a failure to look is said in the document, never fatal."""
     settings = settings_of(host)
 
-    def look(transport, facts: dict) -> dict:
+    def check(transport, facts: dict, ask: Callable[[dict], dict]) -> dict:
         files = list(((facts.get("journal") or {}).get("files") or {}))
         try:
-            answer = serve_run.check(host, transport, serve_plan.check_request(host.python, files, settings))
+            return look(host, transport, files, settings, ask)
         except DeployError as exc:
-            return {"state": "unknown", "explanation": f"could not look at the serving processes: {exc.message}",
-                    "processes": [], "files_changed": None, "newest_file": None, "health": None, "unreadable": 0}
-        return serve_plan.serving(answer, host.name, serve=settings is not None)
+            return {"state": "unknown", "processes": [], "files_changed": None, "newest_file": None, "health": None,
+                    "explanation": f"could not look at the serving processes: {clause(exc, host.name)}",
+                    "unreadable": 0}
 
-    return look
+    return check
 
 
-__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "require_serve",
+__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "look", "require_serve",
            "restart_result", "restarted_result", "serving_check", "settings_of"]

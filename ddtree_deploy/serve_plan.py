@@ -7,7 +7,10 @@ what its answers mean. Pure.
   the DDTree proof (the launch smoke level's, ``smoke_agent.prove_served``, on the real
   server: ``proof = "tree"`` sends the probe and the tree prompts, ``"width"`` only reads
   ``/server_info``); none after a rollback (the files are pristine SGLang again).
-- ``serving``: a discovery answer read into one state and one sentence for ``status``.
+- ``serving``: a discovery answer read into one state and one sentence for ``status``;
+  a server that started before the last change of the files is judged by content where the
+  host's history can tell (``loaded_now``: the bytes it started with vs the bytes now), by
+  the times only where it cannot (and the sentence says so).
 
 The host program is ``serve_agent.py``; running it is ``serve_run``'s.
 """
@@ -93,20 +96,102 @@ def silence_limit(request: Mapping[str, Any]) -> float:
 # ---------------------------------------------------------------- reading a discovery
 
 
-STALE = "stale"  # a server started before the last switch: it runs the previous code
+STALE = "stale"  # a server that runs other bytes than the files hold now: restart it
 CURRENT = "current"
 NONE = "none"  # no server process found
 
 
-def serving(answer: Mapping[str, Any], host: str = "HOST", *, serve: bool = False) -> dict:
+def record_since(answer: Mapping[str, Any]) -> float | None:
+    """The start of the oldest serving process that started before the last change of the
+    files: the history since then decides whether the bytes it runs are still the files'
+    (the agent's ``switches``). None: every process started after it (the times decide)."""
+    starts = [p["started"] for p in answer.get("processes") or () if p.get("before_files")]
+    return min(starts) if starts else None
+
+
+def switches_request(since: float, files: Sequence[str]) -> dict:
+    """The agent's ``switches`` (read-only): the record ``loaded_now`` reads."""
+    return {"op": "switches", "since": since, "paths": list(files)}
+
+
+def loaded_now(started: float, record: Mapping[str, Any]) -> tuple[bool | None, str]:
+    """Whether a server that started at ``started`` (the host's clock) runs the bytes the
+    files hold now, by content: (True / False, "") or (None, why the record cannot tell).
+
+    ``record``: the agent's ``switches`` answer: ``current`` (each file's sha256 and ctime
+    now), ``switches`` (the history's switches, oldest first, each with its per-file
+    ``from``/``to`` sha256 and when its renames began and ended), ``before`` (each file's
+    version after the newest switch that ended before the record's ``since``) and
+    ``complete_since`` (from when the history holds every switch). The bytes the server
+    loaded are the ``from`` of the first switch of each file after it started; a file no
+    switch touched since is as it was. Anything the record cannot vouch for leaves the
+    answer to the times: the history does not reach back to the start (rotated away), it
+    started during a switch, a switch failed part-way, or a file changed after the start
+    (its ctime) without a chain of recorded switches from the bytes before to the bytes now
+    (a killed agent, an edit outside ddtree-deploy, a history line that was not written).
+    """
+    if record.get("error"):
+        return None, f"the host's history could not be read ({record['error']})"
+    complete = record.get("complete_since")
+    if complete is None or complete > started:
+        return None, "the host's history no longer reaches back to its start (rotated away)"
+    current = record.get("current") or {}
+    prior = dict(record.get("before") or {})  # path -> sha256 after the last switch before the start
+    after: dict[str, list[tuple[str | None, str | None]]] = {}
+    for w in record.get("switches") or ():
+        began, ended = w.get("began"), w.get("ended")
+        if began is None or ended is None:  # an older agent's line: only its (whole-second) time
+            return None, f"a switch of {w.get('time')} is recorded without the times of its renames"
+        if ended < started:
+            for path, f in (w.get("files") or {}).items():
+                if w.get("outcome") in ("ok", "failed-unchanged"):
+                    prior[path] = f.get("to") if w.get("outcome") == "ok" else f.get("from")
+                else:
+                    prior.pop(path, None)
+            continue
+        if began <= started:
+            return None, f"it started during the switch of {w.get('time')} (run {w.get('run_id')})"
+        for path, f in (w.get("files") or {}).items():
+            if w.get("outcome") == "ok":
+                after.setdefault(path, []).append((f.get("from"), f.get("to")))
+            elif w.get("outcome") == "failed-unchanged":  # switched back in the same op
+                after.setdefault(path, []).append((f.get("from"), f.get("from")))
+            else:
+                return None, f"the switch of {w.get('time')} failed part-way ({w.get('outcome')})"
+    changed = {p for p, info in current.items() if info and (info.get("ctime") or 0) > started}
+    same = True
+    for path in sorted(changed | set(after)):
+        steps = after.get(path)
+        now = (current.get(path) or {}).get("sha256")
+        if not steps:
+            return None, f"{path} changed after it started, and no switch in the history did that"
+        chained = all(a[1] == b[0] for a, b in zip(steps, steps[1:])) and steps[-1][1] == now
+        if path not in current or not chained or (path in prior and prior[path] != steps[0][0]):
+            return None, f"{path} changed outside the switches the history records"
+        same = same and steps[0][0] == now
+    return same, ""
+
+
+def serving(answer: Mapping[str, Any], host: str = "HOST", *, serve: bool = False,
+            record: Mapping[str, Any] | None = None) -> dict:
     """A ``check`` answer -> {state, explanation, processes, files_changed, health}: what runs.
 
     ``serve``: the host has a ``[serve]`` table (the hint names ``restart``; without one,
-    the operator restarts the server by hand)."""
-    procs = list(answer.get("processes") or ())
-    old = [p for p in procs if p.get("before_files")]
+    the operator restarts the server by hand). ``record``: the agent's ``switches`` since
+    ``record_since`` (None: not asked): each process that started before the last change is
+    judged by content (``loaded_now``), else by the times, and its entry says which
+    (``stale``, ``decided_by``, ``undecided``: why the content could not decide)."""
+    procs = [dict(p) for p in answer.get("processes") or ()]
+    for p in procs:
+        verdict, why = (None, "not looked at") if record is None else loaded_now(p["started"], record)
+        if not p.get("before_files") or verdict is None:
+            p.update(stale=p.get("before_files"), decided_by="time", undecided=why if p.get("before_files") else None)
+        else:
+            p.update(stale=not verdict, decided_by="content", undecided=None)
+    old = [p for p in procs if p.get("stale")]
     how = (f"run {next_step.restart(host)}" if serve else
            "restart it (or add a [serve] table to the inventory so that push restarts it)")
+    when = answer.get("files_changed_iso")
     if not procs:
         state = NONE
         text = (f"no SGLang server process found running {answer.get('python')} or from "
@@ -114,13 +199,19 @@ def serving(answer: Mapping[str, Any], host: str = "HOST", *, serve: bool = Fals
     elif old:
         state = STALE
         pids = ", ".join(str(p["pid"]) for p in old)
-        text = (f"serving code older than the files: pid {pids} started before the last switch "
-                f"({answer.get('files_changed_iso')}): {how}")
+        by_time = [p for p in old if p["decided_by"] == "time"]
+        why = ("the files no longer hold the bytes it started with" if not by_time else
+               f"taken as older by the times alone: {by_time[0]['undecided']}")
+        text = f"serving code older than the files: pid {pids} started before the last switch ({when}); {why}: {how}"
     else:
         state = CURRENT
         pids = ", ".join(str(p["pid"]) for p in procs)
-        text = (f"pid {pids} started after the last switch ({answer.get('files_changed_iso') or 'no deployed file'})"
-                ": serving the current files")
+        undone = [p for p in procs if p.get("before_files")]
+        if undone:
+            text = (f"pid {pids} started before the last switch ({when}), but the files hold again the bytes it "
+                    "started with (the switches since were undone): serving the current files")
+        else:
+            text = f"pid {pids} started after the last switch ({when or 'no deployed file'}): serving the current files"
     health = answer.get("health")
     if health is not None:
         status = health.get("status")
@@ -131,13 +222,15 @@ def serving(answer: Mapping[str, Any], host: str = "HOST", *, serve: bool = Fals
 
 def process_line(p: Mapping[str, Any]) -> str:
     """One serving process as one line (unescaped: the CLI escapes host text)."""
-    when = "BEFORE" if p.get("before_files") else "after"
+    stale = p.get("stale", p.get("before_files"))
+    when = ("BEFORE the last switch" if stale else
+            "before the last switch, since undone" if p.get("before_files") else "after the last switch")
     kids = f", {len(p.get('children') or ())} child process(es)" if p.get("children") else ""
     cmd = " ".join(p.get("cmdline") or ())
     if len(cmd) > 160:
         cmd = cmd[:157] + "..."
-    return f"pid {p.get('pid')} started {p.get('started_iso')} ({when} the last switch{kids}): {cmd}"
+    return f"pid {p.get('pid')} started {p.get('started_iso')} ({when}{kids}): {cmd}"
 
 
-__all__ = ["CURRENT", "NONE", "STALE", "check_request", "process_line", "proof_spec", "restart_deadline",
-           "restart_request", "serving", "silence_limit"]
+__all__ = ["CURRENT", "NONE", "STALE", "check_request", "loaded_now", "process_line", "proof_spec", "record_since",
+           "restart_deadline", "restart_request", "serving", "silence_limit", "switches_request"]

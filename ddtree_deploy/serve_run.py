@@ -1,7 +1,8 @@
 """Running the serve program on a host (the edge): ship it over the host's transport, stream
 its steps and heartbeats, read its answer into a typed ``Restart``; and the restart as a
-locked, recorded step of its own (``restart_locked``: the ``restart`` command, the restart
-after a ``rollback``).
+locked, recorded step (``restart_locked``: the ``restart`` command, under a lock of its own;
+``restart_held``: under a lock a push or rollback already holds, so no other run acts on the
+host between its switch and the restart).
 
 The journal and the history record every restart through the agent (``op_served``,
 under the deploy lock): ``restarting`` before the restart command runs, then its end
@@ -217,17 +218,38 @@ def restart_locked(host, connect: Callable[[Any], Any], settings: ServeSettings,
     """
     with deploy.hold(host, connect(host), "restart", break_lock=break_lock, progress=progress) as held:
         journal = held.facts.get("journal") or {}
-        run_id = held.outcome.run_id
         proof = None
         if prove and journal.get("phase") in (Phase.DEPLOYED, Phase.SWITCHED):
             proof = serve_plan.proof_spec(settings, proof_family(journal))
-        request = serve_plan.restart_request(host.python, list(journal.get("files") or ()), settings, proof=proof)
-        held.record_serve({"state": RESTARTING, "run_id": journal.get("run_id"), "restart_run": run_id,
-                           "time": _now_iso()})
-        result = run_restart(host, connect(host), request, progress=progress, heartbeat=heartbeat)
-        held.outcome.history_warning = held.record_serve(result.record(journal.get("run_id"), run_id), history=True)
+        result, unrecorded = restart_held(host, connect, settings, held, journal.get("run_id"),
+                                          list(journal.get("files") or ()), proof=proof, progress=progress,
+                                          heartbeat=heartbeat)
+        if unrecorded is not None:
+            raise unrecorded
     return result, held.outcome
 
 
+def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, held: deploy.PushSession,
+                 run_id: str | None, files: list[str], *, proof: dict | None, progress: Progress = _quiet,
+                 heartbeat: Heartbeat | None = None) -> tuple[Restart, DeployError | None]:
+    """Restart the server under the deploy lock ``held`` holds (``restart``'s own, a rollback's,
+    or the push whose files it restarts on) and record it there: ``restarting`` first, then
+    its end (in the history too). ``run_id``: the switch whose files it serves (the journal's
+    run); ``files``: the deployed files; ``proof``: ``serve_plan.proof_spec``'s, or None
+    (health only). The lock stays held: the caller leaves the session. Returns the restart
+    and, when its end could not be recorded, that error (the restart happened all the same)."""
+    request = serve_plan.restart_request(host.python, files, settings, proof=proof)
+    progress("journal: serve restarting")
+    held.record_serve({"state": RESTARTING, "run_id": run_id, "restart_run": held.outcome.run_id,
+                       "time": _now_iso()})
+    result = run_restart(host, connect(host), request, progress=progress, heartbeat=heartbeat)
+    try:
+        warning = held.record_serve(result.record(run_id, held.outcome.run_id), history=True)
+    except DeployError as exc:
+        return result, exc
+    held.outcome.history_warning = held.outcome.history_warning or warning
+    return result, None
+
+
 __all__ = ["HEALTHY", "INTERRUPTED", "RESTARTING", "Restart", "SERVE_PROGRAM", "UNHEALTHY", "UNKNOWN", "check",
-           "proof_family", "restart_locked", "run_restart"]
+           "proof_family", "restart_held", "restart_locked", "run_restart"]

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ddtree_deploy import inflight, next_step
 from ddtree_deploy.codes import Code
-from ddtree_deploy.errors import BadInput, DeployError
+from ddtree_deploy.errors import BadInput, DeployError, prefixed
 from ddtree_deploy.fsutil import NotARegularFile, check_regular, read_regular
 from ddtree_deploy.inventory import (MAX_IDENTITY_BYTES, MAX_KNOWN_HOSTS_BYTES, MAX_SSH_CONFIG_BYTES, Host, SSHTarget,
                                      key_error)
@@ -910,7 +910,7 @@ def expect_ok(reply: dict, label: str, what: str) -> dict:
     if reply.get("ok"):
         return reply
     cls = AgentRefusedInput if reply.get("code") in BAD_INPUT_CODES else AgentFailed
-    raise cls(f"{label}: {what}: {reply.get('message')}", reply, code=reply.get("code") or "agent")
+    raise cls(prefixed(str(reply.get("message")), label, what), reply, code=reply.get("code") or "agent")
 
 
 __all__ = [

@@ -16,9 +16,11 @@ command again, which reads the package's files anew.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,7 +40,12 @@ class Supervised:
         self.name = name
         self.argv = list(argv)
         self.conf = self.dir / "supervisord.conf"
-        self.sock = self.dir / "supervisor.sock"
+        # A unix socket's path is limited to 107 bytes (sun_path), and pytest's folders under
+        # xdist (/tmp/pytest-of-USER/pytest-N/popen-gwK/test_.../host/supervisor/) pass it:
+        # supervisord then exits at once ("AF_UNIX path too long"). The socket gets a short
+        # folder of its own, removed by stop().
+        self.sock_dir = Path(tempfile.mkdtemp(prefix="ddsup-"))
+        self.sock = self.sock_dir / "s.sock"
         self.log = self.dir / f"{name}.log"
         env = ",".join(f'{k}="{v}"' for k, v in (environment or {}).items())
         self.conf.write_text("\n".join([
@@ -64,8 +71,10 @@ class Supervised:
         return [*self.ctl, "restart", self.name]
 
     def start(self) -> "Supervised":
-        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(self.conf)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        errors = self.dir / "supervisord.stderr"
+        with errors.open("wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(self.conf)],
+                                         stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.pid():
@@ -73,9 +82,9 @@ class Supervised:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.1)
-        log = (self.dir / "supervisord.log")
-        raise RuntimeError(f"supervisord did not start {self.name}: "
-                           f"{log.read_text()[-2000:] if log.exists() else 'no log'}")
+        said = "".join(f.read_text(errors="replace")[-2000:] for f in (self.dir / "supervisord.log", errors)
+                       if f.exists())
+        raise RuntimeError(f"supervisord did not start {self.name}: {said or 'no log'}")
 
     def pid(self) -> int | None:
         r = subprocess.run([*self.ctl, "pid", self.name], capture_output=True, text=True, timeout=30)
@@ -84,6 +93,7 @@ class Supervised:
 
     def stop(self) -> None:
         if self.proc is None:
+            shutil.rmtree(self.sock_dir, ignore_errors=True)
             return
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)  # supervisord stops its program, then exits
@@ -94,6 +104,7 @@ class Supervised:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.proc = None
+        shutil.rmtree(self.sock_dir, ignore_errors=True)
 
     def __enter__(self) -> "Supervised":
         return self.start()

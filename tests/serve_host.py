@@ -15,10 +15,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from ddtree_deploy.sandbox import free_port
 from ddtree_testkit import STANDIN_SERVER
 from ddtree_testkit.supervised import Supervised
-from sshd_host import SPEC, UTILS
+from sshd_host import DEPLOY_SERIES, SPEC, UTILS
 
 BUDGET = 8
 
@@ -65,3 +67,27 @@ class Served:
         while not self.healthy():
             assert time.monotonic() < deadline, f"{self.name}: the stand-in never became healthy"
             time.sleep(0.1)
+
+
+@pytest.fixture
+def served(sshd, tmp_path, monkeypatch):
+    """``served(name, **kw)``: a new Served host (its supervisord started, its server healthy);
+    the CLI finds it by name. Every supervisord is stopped at the end of the test.
+
+        from serve_host import served  # noqa: F401  (the fixture)
+    """
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(DEPLOY_SERIES / "patches"))
+    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
+    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
+    made: list[Served] = []
+
+    def make(name: str, **kw) -> Served:
+        s = Served(sshd, tmp_path, name, **kw)
+        s.sup.start()
+        made.append(s)
+        s.wait_healthy()
+        return s
+
+    yield make
+    for s in made:
+        s.sup.stop()

@@ -152,6 +152,8 @@ def test_journal_write_failing_after_the_switch_switches_back(sshd, tmp_path, en
         monkeypatch.delenv(deploy.TEST_HOOKS_ENV)
         msg = e.value.message
         assert e.value.code == "failed-unchanged" and "journal failed, host unchanged" in msg and "ENOSPC" in msg, msg
+        # The journal named, not our temporary copy of it (nor the step twice).
+        assert f"host unchanged: {h.state_dir}/journal.json: No space left on device (errno ENOSPC)" in msg, msg
         assert files(h) == before and journal(h) is None and not temp_files(h.site)
         (h.state_dir / "ddtree-test-filler").unlink()
         assert push(host, series).changed and journal(h)["phase"] == "deployed"
@@ -248,7 +250,9 @@ def test_a_lock_attempt_on_a_full_state_folder_leaves_no_half_made_lock(sshd, tm
         for _attempt in range(3):
             with pytest.raises(DeployError) as e:
                 rollback(host)
-            assert "ENOSPC" in e.value.message or "No space left" in e.value.message, e.value.message
+            # The step once, then where and why (it said `h: lock: lock: No space left on device`).
+            assert e.value.message == (f"{host.name}: lock: {h.state_dir}/lock: No space left on device "
+                                       "(errno ENOSPC)"), e.value.message
         assert [p.name for p in h.state_dir.iterdir() if ".ddtree-tmp-" in p.name] == []
         assert not (h.state_dir / "lock").exists()
         filler.unlink()

@@ -99,6 +99,10 @@ def test_discover_groups_children_and_compares_with_the_last_switch(env, tmp_pat
     # A "server" run by the host's interpreter, with a child of its own (as SGLang's scheduler).
     code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
            "time.sleep(60)"
+    # The fixture's files were just copied: a process start time has clock-tick resolution
+    # (10 ms) and the agent errs towards "started before" (a needless restart, never old code
+    # taken as new), so the server starts well after them.
+    time.sleep(0.2)
     old = subprocess.Popen([host.python, "-c", code], start_new_session=True)
     reap.append(old.pid)
     time.sleep(0.5)

@@ -29,33 +29,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
-from serve_host import BUDGET, Served  # noqa: E402
-from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, cli, sshd  # noqa: E402,F401
+from serve_host import BUDGET, Served, served  # noqa: E402,F401  (the served fixture)
+from sshd_host import ADDED, SPEC, UTILS, cli, sshd  # noqa: E402,F401
 
 pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in server as a GPU host's "
                     "supervisor would")
 pytestmark = pytest.mark.sshd
 
 CONSOLE = Path(sys.executable).parent / "ddtree-deploy"
-
-
-@pytest.fixture
-def served(sshd, tmp_path, monkeypatch):
-    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(DEPLOY_SERIES / "patches"))
-    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
-    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
-    made: list[Served] = []
-
-    def make(name: str, **kw) -> Served:
-        s = Served(sshd, tmp_path, name, **kw)
-        s.sup.start()
-        made.append(s)
-        s.wait_healthy()
-        return s
-
-    yield make
-    for s in made:
-        s.sup.stop()
 
 
 def sha(data: bytes) -> str:
@@ -139,6 +120,66 @@ def test_status_sees_old_code_then_push_restarts_it_healthy_on_the_new_files(ser
     again = cli("push", "--host", s.name)
     assert again.exit_code == 0 and "serving the current files" in again.stdout
     assert s.sup.pid() is not None and s.serving_sha() == patched
+
+
+# ---------------------------------------------------------------- stale by content, not by time
+
+
+def serving_of(name: str) -> dict:
+    return jdoc(cli("status", "--host", name, "--json"), "status")["hosts"][0]["serving"]
+
+
+def test_a_server_is_stale_when_its_bytes_differ_from_the_files_not_when_the_files_are_newer(served):
+    """A server that started before the last switch runs other code only when the files hold
+    other bytes than those it started with: after a rollback they are the same again. Decided
+    from the history's per-file from/to of the switches since it started; where the history
+    cannot tell (rotated away), by the times, and `status` says so."""
+    from ddtree_deploy.agent import HISTORY_MAX_BYTES, Agent
+
+    s = served("stale1")
+    pid = s.sup.pid()
+    plain = s.host.inventory(s.host.server.hosts_dir / "plain", smoke_levels=[])  # no [serve]: no restart
+
+    # The push's smoke fails and it rolls back: the files were newer than the server, but hold
+    # again exactly the bytes it loaded: current (the time rule called it stale).
+    failed = cli("push", "--host", s.name, "--level", "import")
+    assert failed.exit_code == 1 and "rolled back automatically" in failed.stdout, failed.output
+    assert s.sup.pid() == pid
+    serving = serving_of(s.name)
+    assert serving["state"] == "current", serving
+    (proc,) = serving["processes"]
+    assert proc["pid"] == pid and proc["before_files"] is True and proc["stale"] is False
+    assert proc["decided_by"] == "content"
+    assert "the files hold again the bytes it started with" in serving["explanation"]
+    text = cli("status", "--host", s.name).stdout
+    assert f"pid {pid} started" in text and "before the last switch, since undone" in text
+    assert "serving code older than the files" not in text
+
+    # A real push: the files hold other bytes than it loaded: stale, by content.
+    assert cli("push", "--host", str(plain)).exit_code == 0
+    serving = serving_of(s.name)
+    assert serving["state"] == "stale" and serving["processes"][0]["decided_by"] == "content", serving
+    assert "the files no longer hold the bytes it started with" in serving["explanation"]
+    # Rolled back: current again; pushed again: stale again (the first switch since its start
+    # has the bytes it loaded, whatever came after).
+    assert cli("rollback", "--host", str(plain)).exit_code == 0
+    assert serving_of(s.name)["state"] == "current"
+    assert cli("push", "--host", str(plain)).exit_code == 0
+    assert serving_of(s.name)["state"] == "stale"
+    assert cli("rollback", "--host", str(plain)).exit_code == 0
+    assert serving_of(s.name)["state"] == "current"
+
+    # The history rotated (the agent's own rotation, after padding to its bound): what it
+    # held since the server's start is gone, so the times decide, and the sentence says so.
+    with open(s.host.state_dir / "history.jsonl", "ab") as fh:
+        fh.write(b" " * HISTORY_MAX_BYTES + b"\n")
+    Agent(str(s.host.state_dir)).record("lock-release", outcome="stale-released")
+    assert (s.host.state_dir / "history.1.jsonl").exists()
+    serving = serving_of(s.name)
+    assert serving["state"] == "stale" and serving["processes"][0]["decided_by"] == "time", serving
+    assert ("taken as older by the times alone: the host's history no longer reaches back to its start "
+            "(rotated away)") in serving["explanation"]
+    assert s.sup.pid() == pid  # nothing was restarted all along
 
 
 # ---------------------------------------------------------------- a server the new files break
