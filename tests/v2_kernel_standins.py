@@ -107,20 +107,27 @@ tree_speculative_sampling_target_only = _km.tree_speculative_sampling_target_onl
 # Cache-location writers: on CUDA these are Triton kernels (compared in the interpreter).
 
 
+def _request_spans(req_pool_indices, table, start_offset, end_offset, pool_len):
+    """(row start in the flat req_to_token table, its end, where in out_cache_loc) for each
+    request with end > start, in order, as both writers below walk them; a span outside its
+    row of pool_len entries is where the Triton kernel would read or write another row."""
+    pos = 0
+    for r, s, e in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
+        if e > s:
+            if not (0 <= s and e <= pool_len and (r + 1) * pool_len <= table.numel()):
+                raise OutOfRangeAccess(f"req_to_token row {r} [{s}, {e}) outside the table")
+            yield r * pool_len + s, r * pool_len + e, pos
+            pos += e - s
+
+
 def assign_extend_cache_locs_cpu(
     req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
 ):
     """cache_locs.py assign_extend_cache_locs: out_cache_loc = concat over requests of
     req_to_token[row, start:end] (row stride pool_len)."""
     table = _flat(req_to_token)
-    pos = 0
-    for r, s, e in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
-        if e > s:
-            if not (0 <= s and e <= pool_len and (r + 1) * pool_len <= table.numel()):
-                raise OutOfRangeAccess(f"req_to_token row {r} [{s}, {e}) outside the table")
-            out_cache_loc[pos: pos + e - s] = table[r * pool_len + s: r * pool_len + e].to(
-                out_cache_loc.dtype)
-            pos += e - s
+    for lo, hi, pos in _request_spans(req_pool_indices, table, start_offset, end_offset, pool_len):
+        out_cache_loc[pos: pos + hi - lo] = table[lo:hi].to(out_cache_loc.dtype)
 
 
 def assign_req_to_token_pool_cpu(
@@ -129,14 +136,8 @@ def assign_req_to_token_pool_cpu(
     """allocation.py assign_req_to_token_pool, the inverse: req_to_token[row, start:end] = the
     next end - start entries of out_cache_loc."""
     table = _flat(req_to_token)
-    pos = 0
-    for r, s, e in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist()):
-        if e > s:
-            if not (0 <= s and e <= pool_len and (r + 1) * pool_len <= table.numel()):
-                raise OutOfRangeAccess(f"req_to_token row {r} [{s}, {e}) outside the table")
-            table[r * pool_len + s: r * pool_len + e] = out_cache_loc[pos: pos + e - s].to(
-                table.dtype)
-            pos += e - s
+    for lo, hi, pos in _request_spans(req_pool_indices, table, start_offset, end_offset, pool_len):
+        table[lo:hi] = out_cache_loc[pos: pos + hi - lo].to(table.dtype)
 
 
 def assign_draft_cache_locs_contiguous_cpu(
