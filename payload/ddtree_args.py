@@ -31,9 +31,6 @@ DDTREE_MAX_BUDGET = 1024
 # verify with a causal mask there: right for a chain, wrong for a tree.
 DDTREE_VERIFY_ATTENTION_BACKENDS = ("flashinfer", "triton")
 
-# Without an explicit --max-running-requests, DFlash serves 48 requests.
-DEFAULT_MAX_RUNNING_REQUESTS = 48
-
 # Config classes (by name in sglang.srt.configs) whose models have recurrent (Mamba / GDN
 # / linear-attention) layers, as ModelRunner.mambaish_config tests them. By name, so a
 # release that lacks one still imports this module.
@@ -186,36 +183,14 @@ def finalize(args, device_memory_mib: Optional[float]) -> None:
 
 
 def _size_running_batch(args, budget: int, device_memory_mib: Optional[float]) -> None:
-    """max_running_requests from budget x vocab against the memory SGLang leaves free
-    (outside mem_fraction_static): derived when unset, refused when set too high."""
+    """max_running_requests from budget x vocab (ddtree_utils.size_running_batch, the rule the
+    v2 family shares): derived when unset, refused when set too high."""
     if device_memory_mib is None or args.mem_fraction_static is None:
-        return  # no memory plan to size against (SGLang itself then guesses 0.88)
-    vocab = int(args.get_model_config().vocab_size)
-    free_bytes = float(device_memory_mib) * (1 << 20) * (1.0 - float(args.mem_fraction_static))
-    cap = ddtree_utils.verify_request_cap(budget, vocab, free_bytes)
-    per_request_mb = ddtree_utils.verify_bytes_per_request(budget, vocab) / 1e6
-    usable_mb = free_bytes * ddtree_utils.VERIFY_FREE_SHARE / 1e6
-    if cap < 1:
-        raise ValueError(
-            f"DDTREE budget {budget} with vocab {vocab} needs {per_request_mb:.0f} MB of "
-            f"verify buffers per request, more than the {usable_mb:.0f} MB available "
-            f"(half of the memory left outside --mem-fraction-static "
-            f"{args.mem_fraction_static}): lower --speculative-ddtree-budget or "
-            "--mem-fraction-static."
-        )
-    wanted = args.max_running_requests
-    if wanted is None:
-        args.max_running_requests = min(DEFAULT_MAX_RUNNING_REQUESTS, cap)
-        logger.warning(
-            "DDTREE: max_running_requests = %d (budget %d x vocab %d needs %.0f MB of "
-            "verify buffers per request; %.0f MB available fits %d).",
-            args.max_running_requests, budget, vocab, per_request_mb, usable_mb, cap,
-        )
-    elif int(wanted) > cap:
-        raise ValueError(
-            f"--max-running-requests {wanted} cannot fit DDTREE's verify: budget {budget} x "
-            f"vocab {vocab} needs {per_request_mb:.0f} MB per request, {usable_mb:.0f} MB "
-            f"available (half of the memory left outside --mem-fraction-static "
-            f"{args.mem_fraction_static}) fits {cap}: use --max-running-requests <= {cap} "
-            "or a smaller --speculative-ddtree-budget."
-        )
+        return  # no memory plan to size against (and no model config to read)
+    plan = ddtree_utils.size_running_batch(
+        budget, int(args.get_model_config().vocab_size), device_memory_mib,
+        args.mem_fraction_static, args.max_running_requests,
+    )
+    if plan is not None:
+        args.max_running_requests = plan.max_running_requests
+        logger.warning("%s", plan.log)

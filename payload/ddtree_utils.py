@@ -56,6 +56,8 @@ __all__ = [
     "final_logit_transform",
     "verify_bytes_per_request",
     "verify_request_cap",
+    "RunningBatch",
+    "size_running_batch",
 ]
 
 
@@ -862,3 +864,60 @@ def verify_request_cap(budget: int, vocab_size: int, free_bytes: float) -> int:
     ``verify_bytes_per_request``. 0 means not even one request fits."""
     usable = max(0.0, float(free_bytes)) * VERIFY_FREE_SHARE
     return int(usable // verify_bytes_per_request(budget, vocab_size))
+
+
+#: Without an explicit --max-running-requests, DFlash serves 48 requests (both workers).
+DEFAULT_MAX_RUNNING_REQUESTS = 48
+
+
+@dataclass(frozen=True)
+class RunningBatch:
+    """``size_running_batch``'s decision: the max_running_requests to set, and the line to log."""
+
+    max_running_requests: int
+    log: str
+
+
+def size_running_batch(
+    budget: int,
+    vocab_size: int,
+    device_memory_mib: Optional[float],
+    mem_fraction_static: Optional[float],
+    wanted: Optional[int],
+) -> Optional[RunningBatch]:
+    """max_running_requests from budget x vocab against the memory SGLang leaves free (outside
+    mem_fraction_static), the one rule of every DDTree family (v1's ``ddtree_args``, v2's
+    plugin): derived when the operator set none (``wanted`` None: min(48, cap), returned with
+    its log line), refused in one ``ValueError`` line when the operator's is above the cap or
+    when not even one request fits. None: nothing to change (no memory plan to size against,
+    or an explicit value that fits)."""
+    if device_memory_mib is None or mem_fraction_static is None:
+        return None  # no memory plan to size against (SGLang itself then guesses)
+    vocab = int(vocab_size)
+    free_bytes = float(device_memory_mib) * (1 << 20) * (1.0 - float(mem_fraction_static))
+    cap = verify_request_cap(budget, vocab, free_bytes)
+    per_request_mb = verify_bytes_per_request(budget, vocab) / 1e6
+    usable_mb = free_bytes * VERIFY_FREE_SHARE / 1e6
+    if cap < 1:
+        raise ValueError(
+            f"DDTREE budget {budget} with vocab {vocab} needs {per_request_mb:.0f} MB of "
+            f"verify buffers per request, more than the {usable_mb:.0f} MB available "
+            f"(half of the memory left outside --mem-fraction-static "
+            f"{mem_fraction_static}): lower --speculative-ddtree-budget or "
+            "--mem-fraction-static."
+        )
+    if wanted is None:
+        value = min(DEFAULT_MAX_RUNNING_REQUESTS, cap)
+        return RunningBatch(value, (
+            f"DDTREE: max_running_requests = {value} (budget {budget} x vocab {vocab} needs "
+            f"{per_request_mb:.0f} MB of verify buffers per request; {usable_mb:.0f} MB "
+            f"available fits {cap})."))
+    if int(wanted) > cap:
+        raise ValueError(
+            f"--max-running-requests {wanted} cannot fit DDTREE's verify: budget {budget} x "
+            f"vocab {vocab} needs {per_request_mb:.0f} MB per request, {usable_mb:.0f} MB "
+            f"available (half of the memory left outside --mem-fraction-static "
+            f"{mem_fraction_static}) fits {cap}: use --max-running-requests <= {cap} "
+            "or a smaller --speculative-ddtree-budget."
+        )
+    return None

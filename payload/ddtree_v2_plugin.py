@@ -14,10 +14,13 @@ names as the v1 families, so one launch command serves every family):
 
     --speculative-algorithm DDTREE
     --speculative-ddtree-budget B              draft-tree nodes per request, root excluded
-                                               (default 64, 1..1024)
+                                               (default 64, 1..1023)
     --speculative-ddtree-topk K                candidate tokens kept per draft position
                                                (default min(B, 8))
-    --speculative-ddtree-allow-hybrid-unsafe   run on Mamba/GDN/linear-attention targets
+
+Hybrid targets (Mamba2 / GDN / KDA layers) need no flag: the target's hybrid backend runs its
+tree-aware recurrent kernels (topk > 1) and EAGLE's verify commits the accepted node's state;
+kinds and settings without a tree path are refused at start-up (ddtree_hybrid.check).
 
 What resolution leaves (the worker reads these only through the helpers below):
 
@@ -34,7 +37,12 @@ What resolution leaves (the worker reads these only through the helpers below):
                                             tree depth itself)
     disable_overlap_schedule      untouched: DDTREE keeps the overlap scheduler
 
-Every refusal is one ``ValueError`` line naming the flags involved.
+Also resolved: ``max_running_requests`` by the budget x vocab rule of every DDTree family
+(``ddtree_utils.size_running_batch``, as v1's ``ddtree_args``), and
+``enable_mixed_chunk`` turned off with a log line (as SGLang does for UNO).
+
+Every refusal is one ``ValueError`` line naming the flags involved: among them the
+configurations EAGLE's CUDA tree ABI cannot carry (``ddtree_lineage.abi_problem``).
 """
 
 from __future__ import annotations
@@ -48,9 +56,10 @@ ALGORITHM = "DDTREE"
 
 # The DDTree paper measured budgets up to 1024 (speedup peaks at 256-512 at batch 1);
 # SGLang verifies up to 48 requests at budget + 1 tokens each, so the serving default
-# is smaller. Same bounds and default as the v1 families.
+# is smaller. The v1 families take 1024; EAGLE's CUDA tree builder, which the v2 worker
+# goes through, takes a verify width of at most 1024 (budget + 1), so 1023 here.
 DEFAULT_BUDGET = 64
-MAX_BUDGET = 1024
+MAX_BUDGET = 1023
 
 # Default per-depth cap. K = min(B, V) is exactly optimal (the paper's Lemma 1), but
 # SGLang sizes the per-request KV reservation of a topk > 1 tree by topk (with page_size
@@ -189,8 +198,9 @@ def resolve_server_args(args: Any) -> None:
     source = "ddtree_v2_plugin"
 
     budget = cfg.speculative_ddtree_budget
+    # (The upper bound, MAX_BUDGET, is abi_problem's, below, with its reason and a fix.)
     budget = DEFAULT_BUDGET if budget is None else _positive_int(
-        budget, "--speculative-ddtree-budget", upper=MAX_BUDGET)
+        budget, "--speculative-ddtree-budget")
     topk = cfg.speculative_ddtree_topk
     if topk is not None:
         _positive_int(topk, "--speculative-ddtree-topk")
@@ -204,6 +214,8 @@ def resolve_server_args(args: Any) -> None:
             f"{cfg.speculative_num_draft_tokens}; drop it (the draft block is "
             "--speculative-dflash-block-size)."
         )
+    # The operator's own value, before DFlash's resolution declares its default 48.
+    wanted_running = cfg.max_running_requests
     if cfg.speculative_eagle_topk is not None and int(cfg.speculative_eagle_topk) != topk:
         raise ValueError(
             f"DDTREE: --speculative-eagle-topk {cfg.speculative_eagle_topk} differs from the "
@@ -232,6 +244,12 @@ def resolve_server_args(args: Any) -> None:
             f"(--speculative-ddtree-budget {budget} + 1): the draft writes a whole block "
             f"into each request's verify window; use --speculative-ddtree-budget >= {block - 1}."
         )
+    from sglang.srt.speculative.ddtree_lineage import abi_problem
+
+    vocab = int(model_config_of(record).vocab_size)
+    problem = abi_problem(budget, topk, block, vocab_size=vocab)
+    if problem is not None:
+        raise ValueError(problem)
     declare_resolution(
         record,
         source,
@@ -241,6 +259,13 @@ def resolve_server_args(args: Any) -> None:
         speculative_dflash_block_size=block,
         speculative_eagle_topk=topk,
     )
+
+    _size_running_batch(record, source, budget, vocab, wanted_running)
+    if resolving_view(record).enable_mixed_chunk:
+        # A mixed prefill + verify step is not proven for a tree verify (supports_mixed_chunk
+        # below says so); SGLang's validation would assert on it. Off, said once, as for UNO.
+        declare_resolution(record, source, enable_mixed_chunk=False)
+        logger.warning("Mixed chunked prefill is disabled for DDTREE speculative decoding.")
 
     view = resolved_view(record)
     prefill, decode = attention_backends_of(view)
@@ -253,17 +278,68 @@ def resolve_server_args(args: Any) -> None:
             f"{', '.join(VERIFY_ATTENTION_BACKENDS)}."
         )
 
-    if not view.speculative_ddtree_allow_hybrid_unsafe:
-        from sglang.srt.configs.hybrid_arch import mambaish_config
+    # Hybrid targets (Mamba2 / GDN / KDA layers): served exactly where SGLang's backend has a
+    # tree path, refused with the reason otherwise (ddtree_hybrid, docs/patches-v2.md).
+    from sglang.srt.speculative import ddtree_hybrid
 
-        recurrent = mambaish_config(model_config_of(record))
-        if recurrent is not None:
-            raise ValueError(
-                f"DDTREE refuses the hybrid target {view.model_path} "
-                f"({type(recurrent).__name__}: Mamba/GDN/linear-attention layers, whose "
-                "state is not isolated per tree branch); use --speculative-algorithm "
-                "DFLASH, or pass --speculative-ddtree-allow-hybrid-unsafe."
-            )
+    hybrid = ddtree_hybrid.check(view, model_config_of(record), budget)
+    if hybrid is not None:
+        _size_for_recurrent_states(record, view, hybrid, budget, source)
+
+
+def _device_memory_mib(device: str) -> Optional[float]:
+    """The device's memory in MiB as SGLang measures it for its own memory plan (None when
+    unknown, e.g. no GPU)."""
+    from sglang.srt.utils.common import get_device_memory_capacity
+
+    return get_device_memory_capacity(device)
+
+
+def _size_for_recurrent_states(record: Any, view: Any, hybrid: Any, budget: int, source: str) -> None:
+    """max_running_requests for a hybrid target: every running request keeps B + 1
+    intermediate recurrent states during a verify (ddtree_hybrid.recurrent_verify_cost).
+    Derived when the operator set none (DFlash's 48, capped), refused with the numbers when
+    an explicit value cannot fit; skipped when the device memory is unknown (no GPU)."""
+    from sglang.srt.arg_groups.overrides import declare_resolution
+    from sglang.srt.speculative import ddtree_hybrid
+
+    device_mib = _device_memory_mib(view.device)
+    if not device_mib or view.mem_fraction_static is None:
+        return
+    per_slot = ddtree_hybrid.per_slot_state_bytes(hybrid.config, int(view.tp_size or 1))
+    cost = ddtree_hybrid.recurrent_verify_cost(per_slot, budget,
+                                               radix_cache=not view.disable_radix_cache)
+    budget_bytes = ddtree_hybrid.state_budget_bytes(
+        float(device_mib) * (1 << 20), float(view.mem_fraction_static),
+        getattr(view, "mamba_full_memory_ratio", None))
+    # The operator's own value is the record's raw field; DFlash declared 48 when it was unset.
+    wanted = getattr(record, "max_running_requests", None)
+    running = ddtree_hybrid.running_requests_for(
+        wanted, cost, budget_bytes, default=int(view.max_running_requests or 48),
+        what=f"the recurrent share of --mem-fraction-static {view.mem_fraction_static} of "
+             f"{ddtree_hybrid.size_text(float(device_mib) * (1 << 20))}")
+    if running != view.max_running_requests:
+        logger.warning(
+            "DDTREE on %s: max_running_requests = %d (budget %d keeps %d recurrent states of "
+            "%s per request).", hybrid.config_class, running, budget,
+            cost.states_per_request, ddtree_hybrid.size_text(per_slot))
+        declare_resolution(record, source, max_running_requests=running)
+
+
+def _size_running_batch(record: Any, source: str, budget: int, vocab: int,
+                        wanted: Optional[int]) -> None:
+    """max_running_requests by the rule every DDTree family shares (budget x vocab against the
+    memory SGLang leaves outside mem_fraction_static; ddtree_utils.size_running_batch), with
+    the device memory SGLang measures for its own memory plan."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+    from sglang.srt.speculative.ddtree_utils import size_running_batch
+
+    cfg = resolving_view(record)
+    plan = size_running_batch(budget, vocab, _device_memory_mib(cfg.device),
+                              cfg.mem_fraction_static, wanted)
+    if plan is not None:
+        declare_resolution(record, source, max_running_requests=plan.max_running_requests)
+        logger.warning("%s", plan.log)
 
 
 # ---------------------------------------------------------------------------

@@ -12,8 +12,9 @@ requests), so the overlap scheduler's CPU work for the next batch runs alongside
    top-K + log-sum-exp under tensor parallelism, folded into the draft CUDA graph through
    ``capture_tail_hooks`` when the graph runs, eager otherwise).
 2. Tree: ``ddtree_utils.build_ddtree`` (the one DDTree algorithm of this repository) selects
-   the ``budget`` best prefixes; ``ddtree_lineage.eagle_lineage`` expresses the tree in EAGLE's
-   candidate-lineage ABI.
+   the ``budget`` best prefixes of ``ddtree_lineage.finite_logprobs`` (always a full tree);
+   ``ddtree_lineage.eagle_lineage`` expresses the tree in EAGLE's candidate-lineage ABI exactly
+   as the CUDA tree builder reads it (``ddtree_lineage``'s docstring: widths, depth, strides).
 3. Verify + accept: SGLang's own EAGLE tree verify, ``build_eagle_verify_input`` +
    ``run_eagle_verify(..., finalize_tree_path=True)``: tree mask, positions, CUDA-graph
    replay with a mask, greedy walk or target-only tree sampling, and the accepted path's KV
@@ -31,10 +32,15 @@ block (``_ddtree_set_draft_block``).
 
 Not supported (refused at start-up with one line): DFlash heads that are not per-position
 marginals (selector, Domino, LiLiCorr), the compact draft window
-(``--speculative-draft-window-size``), data-parallel attention. Hybrid recurrent targets are
-refused by the plugin unless the unsafe flag is given; then EAGLE's own tree-aware
-``commit_mamba_states_after_verify`` runs. Grammar-constrained requests go through EAGLE's
-grammar handling of the verify tree (not exercised by the CPU tests).
+(``--speculative-draft-window-size``), data-parallel attention. Grammar-constrained requests go
+through EAGLE's grammar handling of the verify tree, with the scheduler's grammar barrier passed
+on (tests/test_v2_worker.py drives one under the overlap schedule).
+
+Hybrid targets (Mamba2 / GDN / KDA, ``ddtree_hybrid``): the target's hybrid backend, built with
+``speculative_eagle_topk = K > 1``, runs its tree-aware recurrent kernels, and
+``run_eagle_verify`` commits each request's last accepted node's state through
+``spec_utils.commit_mamba_states_after_verify``; the DFlash draft's backends and graphs are built
+under ``speculative_eagle_topk = 1`` (``init_attention_backends`` / ``init_cuda_graphs``).
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.ddtree_lineage import (
     decode_reserve,
     eagle_lineage,
+    finite_logprobs,
+    lineage_depth,
     sharded_topk_logprobs,
     verify_width,
 )
@@ -189,6 +197,31 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # on its path): a device counter, read only when the internal state is asked for.
         self._ddtree_offchain = torch.zeros((), dtype=torch.int64, device=self.device)
         self._ddtree_steps = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    # ---------------------------------------------------------------------------------
+    # Start-up: the draft's backends without the tree path, the target's with it (hybrid).
+
+    def init_attention_backends(self):
+        from sglang.srt.speculative import ddtree_hybrid
+
+        with ddtree_hybrid.draft_spec_scope():
+            super().init_attention_backends()
+        # The target's backends were built first, under the resolved K: with K > 1 a hybrid
+        # target's recurrent backend must have its tree path on, or the verify would walk the
+        # tree as a chain. (K = 1: the tree is a chain, which the chain path serves.)
+        tree_on = ddtree_hybrid.target_tree_path_on(self.target_worker.model_runner.attn_backend)
+        if tree_on is False and self.ddtree_topk > 1:
+            raise RuntimeError(
+                f"DDTREE: top-K {self.ddtree_topk}, but the target's hybrid linear-attention "
+                "backend was built with speculative_eagle_topk <= 1 (no tree path): refusing to "
+                "verify a tree as a chain."
+            )
+
+    def init_cuda_graphs(self):
+        from sglang.srt.speculative import ddtree_hybrid
+
+        with ddtree_hybrid.draft_spec_scope():
+            super().init_cuda_graphs()
 
     def _defer_target_verify_gather(self):
         """DFlash defers the target-verify vocab gather (TP > 1) and finishes it in its own
@@ -373,8 +406,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         }
 
     def _ddtree_build(self, roots, logprobs, tokens):
-        """Tree (budget nodes) + its EAGLE lineage. Device-only."""
-        layout = build_ddtree(logprobs, tokens, roots, self.ddtree_budget)
+        """Tree (budget nodes, all real: finite_logprobs, and the plugin refused drafts that
+        cannot fill the budget) + its EAGLE lineage. Device-only."""
+        layout = build_ddtree(finite_logprobs(logprobs), tokens, roots, self.ddtree_budget)
         parent_list, top_scores_index, draft_tokens = eagle_lineage(layout, tokens)
         return layout, parent_list, top_scores_index, draft_tokens
 
@@ -408,7 +442,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             None,
             target_worker=self.target_worker,
             topk=k,
-            num_steps=layout.max_depth,
+            # The CUDA builder's parent-list stride is k * (depth - 1) + 1 (ddtree_lineage).
+            num_steps=lineage_depth(n - 1, k, int(tokens.shape[1])),
             num_draft_tokens=n,
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,

@@ -30,6 +30,7 @@ CASES = [
     "verify_finished_request",
     "verify_padding_nodes",
     "verify_sampling_top1_is_greedy",
+    "sampling_kernel_call_passes_cuda_host_checks",
     "joint_filter_is_the_samplers",
     "sampling_law_first_token",
     "sampling_law_matches_sampler",
@@ -373,6 +374,63 @@ class _Probe:
             layout = self.layout(gen, bs, depth=4, budget=9, vocab=vocab, k=9)
             logits, target = self.target_logits(gen, layout, vocab)
             self.run_and_check_verify(batch, layout, logits, target)
+
+    def sampling_kernel_call_passes_cuda_host_checks(self):
+        """The v1 verify's call into sgl-kernel's tree_speculative_sampling_target_only (the
+        tensors _sample_accept builds on a GPU) passes the CUDA host checks and walks the
+        tree: the CUDA branch is forced on CPU (logits that claim is_cuda, the availability
+        check answering yes) and the kernel is the NAMED STAND-IN of
+        tests/v2_kernel_standins.py, held to the kernel's sources. Accepted paths follow the
+        tree's links, and the call happened once per verify."""
+        import importlib.util
+        from pathlib import Path
+
+        torch = self.torch
+        self._single_rank_tp_group()  # the CUDA sampling path broadcasts over TP
+        spec = importlib.util.spec_from_file_location(
+            "v2_kernel_standins", Path(__file__).resolve().parent.parent / "tests" /
+            "v2_kernel_standins.py")
+        ks = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ks)
+        info = sys.modules[self.DDTreeVerifyInput.__module__]
+        calls = []
+
+        def walk(**kw):
+            calls.append(kw)
+            ks.tree_speculative_sampling_target_only(**kw)
+
+        class OnCuda(torch.Tensor):  # a CPU tensor that takes the CUDA branch
+            @property
+            def is_cuda(self):
+                return True
+
+        saved = (info.is_dflash_sampling_verify_available,
+                 info.dflash_utils.__dict__.get("tree_speculative_sampling_target_only"))
+        info.is_dflash_sampling_verify_available = lambda: True
+        info.dflash_utils.tree_speculative_sampling_target_only = walk
+        try:
+            gen = torch.Generator().manual_seed(9)
+            vocab, bs = 16, 3
+            for trial in range(4):
+                batch = self.batch([4, 8, 12], sampling=(vocab, 1.0, 1.0), vocab=vocab)
+                layout = self.layout(gen, bs, depth=4, budget=9, vocab=vocab, k=9,
+                                     mass=0.5 if trial % 2 else 1.0)
+                logits, _ = self.target_logits(gen, layout, vocab)
+                vi = self.DDTreeVerifyInput.from_layout(layout, batch.seq_lens)
+                acc = vi._sample_accept(batch.sampling_info, logits.as_subclass(OnCuda), bs)
+                assert len(calls) == trial + 1
+                n = layout.num_nodes
+                parents = layout.parents.tolist()
+                for b in range(bs):
+                    path = [int(i) - b * n for i in acc.accept_index[b].tolist() if int(i) >= 0]
+                    assert path[0] == 0 and len(path) == int(acc.accept_length[b]) + 1, path
+                    assert all(parents[b][c] == p for p, c in zip(path, path[1:])), path
+        finally:
+            info.is_dflash_sampling_verify_available = saved[0]
+            if saved[1] is None:
+                info.dflash_utils.__dict__.pop("tree_speculative_sampling_target_only", None)
+            else:
+                info.dflash_utils.tree_speculative_sampling_target_only = saved[1]
 
     def joint_filter_is_the_samplers(self):
         """ddtree_utils.joint_filter_probs keeps exactly the tokens SGLang's own

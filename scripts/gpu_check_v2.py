@@ -87,7 +87,12 @@ def kernels(device: str = "cuda") -> int:
     sys.path[:0] = [str(REPO / "tests")]
     import v2_kernel_standins as ks
     from sglang.srt.speculative import ddtree_utils as du
-    from sglang.srt.speculative.ddtree_lineage import eagle_lineage, sharded_topk_logprobs
+    from sglang.srt.speculative.ddtree_lineage import (
+        eagle_lineage,
+        finite_logprobs,
+        lineage_depth,
+        sharded_topk_logprobs,
+    )
     from sglang.srt.speculative.eagle_utils import TreeMaskMode, build_tree_kernel_efficient
     from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_func
     from sglang.kernels.ops.speculative.verify_sampling import (
@@ -105,7 +110,7 @@ def kernels(device: str = "cuda") -> int:
         def build():  # the worker's tree step: sharded top-K (one rank), DDTree, lineage
             lp, tok = sharded_topk_logprobs(logits, k)
             cand = tok.view(bs, depth, k)
-            layout = du.build_ddtree(lp.view(bs, depth, k), cand, roots, budget)
+            layout = du.build_ddtree(finite_logprobs(lp.view(bs, depth, k)), cand, roots, budget)
             return (layout, *eagle_lineage(layout, cand))
 
         build()  # warm-up: first calls allocate and cache per-device constants
@@ -126,10 +131,11 @@ def kernels(device: str = "cuda") -> int:
         else:
             layout, parent_list, sel, draft_tokens = build()
         n = budget + 1
+        lineage = lineage_depth(budget, k, depth)  # the kernel's depth (the worker's num_steps)
         seq_lens = torch.randint(1, 40, (bs,), device=dev, generator=gen)
         total = int(seq_lens.sum())
         mask, pos, r_idx, r_next, r_sib, tokens = build_tree_kernel_efficient(
-            roots, parent_list, sel, draft_tokens, seq_lens, total, k, depth, n,
+            roots, parent_list, sel, draft_tokens, seq_lens, total, k, lineage, n,
             TreeMaskMode.FULL_MASK,
         )
         ref_mask = du.flat_mask_for_sglang(layout, seq_lens, total)
@@ -145,8 +151,8 @@ def kernels(device: str = "cuda") -> int:
                 and torch.equal(r_idx, layout.retrieve_index)
                 and torch.equal(pos[valid], du.positions(layout, seq_lens)[valid]) and row_ok)
         ok &= _report("EAGLE tree builder == DDTree layout", same, budget=budget)
-        # The CPU stand-in of the same kernel (plain loops: the first 4 requests) gives the
-        # same outputs, padding rows included.
+        # The CPU stand-in of the same kernel (tests/v2_kernel_standins.py over kernel_model:
+        # the first 4 requests) gives the same outputs (the tree is full: finite_logprobs).
         few = min(bs, 4)
         size = int((n * (seq_lens[:few] + n)).sum())
         c_mask = torch.ones(size, dtype=torch.bool)
@@ -154,7 +160,7 @@ def kernels(device: str = "cuda") -> int:
         c_ret = torch.full((3, few, n), -1, dtype=torch.long)
         ks.build_tree_kernel_efficient_cpu(parent_list[:few].cpu(), sel[:few].cpu(),
                                            seq_lens[:few].cpu(), c_mask, c_pos, c_ret[0],
-                                           c_ret[1], c_ret[2], k, depth, n, 0)
+                                           c_ret[1], c_ret[2], k, lineage, n, 0)
         ok &= _report("stand-in tree builder == SGLang's",
                       torch.equal(c_ret[1], r_next[:few].cpu())
                       and torch.equal(c_ret[2], r_sib[:few].cpu())
@@ -166,15 +172,17 @@ def kernels(device: str = "cuda") -> int:
         target = torch.where(follow & (layout.retrieve_next_token >= 0),
                              layout.tokens.gather(1, nxt),
                              torch.randint(0, vocab, (bs, n), device=dev, generator=gen))
-        steps = layout.max_depth + 1
+        steps = lineage + 1  # EAGLE's accept_index width for this tree
         predicts = torch.zeros(bs * n, dtype=torch.int32, device=dev)
         accept_index = torch.full((bs, steps), -1, dtype=torch.int32, device=dev)
         num = torch.zeros(bs, dtype=torch.int32, device=dev)
         verify_tree_greedy_func(predicts, accept_index, num, layout.tokens, r_idx, r_next, r_sib,
                                 target)
         ref = du.greedy_accept(layout, target)
+        wide = torch.full((bs, steps), -1, dtype=torch.long, device=dev)  # D + 1 >= L + 1
+        wide[:, : ref.accept_index.shape[1]] = ref.accept_index
         ok &= _report("verify_tree_greedy == DDTree greedy walk",
-                      torch.equal(accept_index.long(), ref.accept_index)
+                      torch.equal(accept_index.long(), wide)
                       and torch.equal(num.long(), ref.accept_length)
                       and torch.equal(predicts.long(), ref.predicts),
                       budget=budget, mean_accept=float(ref.accept_length.float().mean()))
@@ -200,8 +208,10 @@ def kernels(device: str = "cuda") -> int:
             1.0, 1.0, True,
         )
         last = accept_index.long().gather(1, num.long().unsqueeze(1)).squeeze(1)
+        wide = torch.full((bs, steps), -1, dtype=torch.long, device=dev)
+        wide[:, : ref.accept_index.shape[1]] = ref.accept_index
         ok &= _report("tree_speculative_sampling_target_only (CUDA) == DDTree sampling walk",
-                      torch.equal(accept_index.long(), ref.accept_index)
+                      torch.equal(accept_index.long(), wide)
                       and torch.equal(predicts.long()[last], ref.bonus), budget=budget)
     return 0 if ok else 1
 

@@ -1,21 +1,23 @@
 """`make gpu-check-dry`: the GPU check (scripts/gpu_check.py, scripts/ddtree_gpu_check/) run
 on CPU, as CI runs it.
 
-One dry run per session (about half a minute, most of it nvcc building SGLang's
-speculative/tree.cuh from the 0.5.23 wheel with our host wrapper): SGLang's files extracted
-from the cached wheel into a carried folder, every check's CPU path, the CUDA-only checks
-reported SKIP by name, and the size of what would travel to the GPU machine. The tests read
-its JSON report and its output.
+One dry run per session (under a minute here: nvcc building SGLang's speculative/tree.cuh from
+the 0.5.23 wheel with our host wrapper, the hybrid recurrent kernels in Triton's interpreter):
+SGLang's files extracted from the cached wheel into a carried folder, every check's CPU path,
+the CUDA-only checks reported SKIP by name, and the size of what would travel to the GPU
+machine. The tests read its JSON report and its output.
 
 What the GPU run proves that this cannot (SGLang's kernels executing on CUDA, the
-sync-free step, CUDA-graph replay, timings) is listed in README "GPU checks"; on CPU the
-tree kernel is represented by our transcription of it (scripts/ddtree_gpu_check/
-kernel_model.py, pinned to the kernel's lines by tests/test_gpu_check_model.py) and
-SGLang's host checks run as compiled, at batch 0 (tree.cuh returns before any launch).
+sync-free step, CUDA-graph replay, timings, the hybrid kernels in bf16 at budgets 64 and 256)
+is listed in README "GPU checks"; on CPU the tree kernel is represented by our transcription of
+it (scripts/ddtree_gpu_check/kernel_model.py, pinned to the kernel's lines by
+tests/test_gpu_check_model.py) and SGLang's host checks run as compiled, at batch 0 (tree.cuh
+returns before any launch), beside their transcription.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -37,6 +39,12 @@ sys.path.insert(0, str(REPO / "scripts"))
 from ddtree_gpu_check.tree_abi import find_nvcc  # noqa: E402
 
 HAVE_NVCC = find_nvcc() is not None
+
+
+def _hybrid_script():
+    from ddtree_gpu_check import carry
+
+    return carry.hybrid_script()
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +119,11 @@ def test_sglang_files_come_from_the_wheel_with_our_shim_for_tvm_ffi(dry, wheel):
     assert manifest["shimmed_includes"] == ["dlpack/dlpack.h", "tvm/ffi/container/tensor.h",
                                             "tvm/ffi/dtype.h", "tvm/ffi/extra/c_env_api.h"]
     assert set(manifest["standin_modules"]) == {"sglang.srt.environ", "sglang.srt.utils"}
+    # The hybrid check's kernel files, exactly the ones scripts/gpu_check_hybrid.py loads.
+    hybrid = _hybrid_script()
+    assert manifest["hybrid_files"] == [c[0] for c in hybrid.KERNEL_FILES.values()]
+    assert set(manifest["hybrid_files"]) <= set(files)
+    assert {m: set(n) for m, n in manifest["hybrid_standin_modules"].items()} == hybrid.STUBBED
     found = releases.read_wheel_files(wheel, list(files))
     for path in files:
         assert (carry / f"sglang-{RELEASE}" / path).read_bytes() == found[path]
@@ -154,11 +167,11 @@ def test_sglang_tree_cuh_builds_and_its_host_checks_run_on_cpu(dry):
     assert "refuse a wrong parent_list width" in known["detail"]
 
 
-def test_the_checks_that_do_not_depend_on_the_lineage_pass(dry):
+def test_every_check_passes(dry):
+    # The worker's lineage passes SGLang's compiled host checks and their transcription, and
+    # the transcribed kernel builds the DDTree layout from it, for every configuration.
     _, report, _ = dry
-    independent = [r for r in report["results"]
-                   if not r["check"].startswith(("tree kernel + lineage", "verify_tree_greedy"))]
-    failed = [r for r in independent if r["status"] == "FAIL"]
+    failed = [r["check"] + ": " + r["detail"][:300] for r in _results(report, "FAIL")]
     assert not failed, failed
     attention = _named(report, "Triton extend attention")
     assert attention and all(r["status"] == "PASS" for r in attention)
@@ -168,22 +181,93 @@ def test_every_configuration_is_checked(dry):
     _, report, _ = dry
     tree = _named(report, "tree kernel + lineage vs DDTree: ")
     labels = [r["check"].split(": ", 1)[1] for r in tree]
-    for label in ("default (budget 64, top-K 8, block 16", "budget 256 (", "budget 1 (",
-                  "top-K 1 (a chain)", "block 2 (depth 1", "top-K 2, block 3",
-                  "the plugin's largest budget (budget 1024"):
+    for label in ("default (budget 64, top-K 8, block 16", "budget 256 (depth 33) (budget 256",
+                  "the plugin's largest budget (depth 129) (budget 1023, top-K 8",
+                  "budget 1 (depth 1) (budget 1, top-K 1, block 2",
+                  "top-K 1: the chain of the draft's depth (budget 15, top-K 1, block 16",
+                  "block 2: one drafted position", "top-K 2, block 3", "top-K = budget"):
         assert any(x.startswith(label) for x in labels), (label, labels)
     assert any(x.endswith("QLEN_ONLY") for x in labels)
-    assert len(_named(report, "verify_tree_greedy on the built tree")) == 3
+    assert all("depth" in r["detail"] and "padding" not in r["detail"] for r in tree)
+    if HAVE_NVCC:
+        assert all("SGLang's host checks and their transcription passed" in r["detail"]
+                   for r in tree)
+    assert len(_named(report, "verify_tree_greedy on the built tree")) == 5
+    # What the plugin refuses is shown refused by abi_problem, never fed to the kernel.
+    refused = _named(report, "refused by the plugin, not fed to the kernel: ")
+    assert len(refused) == 4 and all(r["status"] == "PASS" for r in refused)
+    assert any("verify width of 1025" in r["detail"] for r in refused)
+    assert all("distinct draft prefixes" in r["detail"] for r in refused[1:])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 20 item 1 (another branch): the worker's lineage hands SGLang's CUDA tree kernel a "
-    "parent_list B + 2 wide (tree.cuh:53 wants topk * (depth - 1) + 1), and the plugin accepts "
-    "budget 1024 (tree.cuh:46: draft_token_num <= 1024). Remove this mark when both land."))
-def test_the_worker_lineage_passes_sglang_tree_abi(dry):
-    _, report, _ = dry
-    failed = [r["check"] + ": " + r["detail"][:200] for r in _results(report, "FAIL")]
-    assert not failed, failed
+def test_the_hybrid_kernels_tree_path_is_checked_in_the_interpreter(dry):
+    run, report, _ = dry
+    hybrid = _hybrid_script()
+    rows = _named(report, "hybrid tree path: ")
+    assert [r["check"] for r in rows] == [f"hybrid tree path: {c}, budget 16 (depth 15)"
+                                          for c in hybrid.CHECKS]
+    assert all(r["status"] == "PASS" for r in rows), rows
+    control = next(r for r in rows if "control-chain-parents-fail" in r["check"])
+    assert "must be > 0.1" in control["detail"]
+    assert "PASS  hybrid tree path: mamba2, budget 16" in run.stdout
+
+
+def _carried_copy(carry: Path, tmp_path: Path) -> tuple:
+    """A copy of the carried folder (to damage): (the copy, its release folder)."""
+    copy = tmp_path / "carry"
+    shutil.copytree(carry, copy)
+    return copy, copy / f"sglang-{RELEASE}"
+
+
+def test_a_folder_prepared_before_the_hybrid_part_is_refused(dry, tmp_path):
+    copy, root = _carried_copy(dry[2], tmp_path)
+    manifest = root / "MANIFEST.json"
+    doc = json.loads(manifest.read_text())
+    del doc["hybrid_files"]
+    manifest.write_text(json.dumps(doc))
+    run = _run(["--dry-run", "--carry", str(copy)])
+    assert run.returncode == 2 and run.stderr.strip().count("\n") == 0
+    assert "prepared by an older check (no hybrid kernel files)" in run.stderr
+
+
+def test_the_hybrid_stand_ins_answer_every_name_the_carry_step_allows():
+    # carry.hybrid_closure admits a kernel file's SGLang import only when STUBBED names it;
+    # STUBBED must then be what _stub_modules really installs.
+    import torch
+
+    hybrid = _hybrid_script()
+    before = dict(sys.modules)
+    try:
+        hybrid._stub_modules(torch)
+        for module, names in hybrid.STUBBED.items():
+            assert all(callable(getattr(sys.modules[module], n, None)) for n in names), module
+    finally:  # the stand-in sglang modules never outlive this test
+        for name in set(sys.modules) - set(before):
+            del sys.modules[name]
+        sys.modules.update(before)
+
+
+def test_a_hybrid_run_without_its_kernel_files_fails_by_name(tmp_path):
+    from ddtree_gpu_check import hybrid
+    from ddtree_gpu_check.report import Report
+
+    report = Report("test", stream=io.StringIO())
+    hybrid.check(report, tmp_path, "cpu", (6,))
+    assert [r["status"] for r in report.results] == ["FAIL"]
+    detail = report.results[0]["detail"]
+    assert "exit 2" in detail and "none of" in detail and "no result for conv at budget 6" in detail
+
+
+def test_a_hybrid_run_past_its_time_limit_fails_by_name(dry, monkeypatch):
+    from ddtree_gpu_check import carry, hybrid
+    from ddtree_gpu_check.report import Report
+
+    _, _, carried = dry
+    monkeypatch.setitem(hybrid.TIME_LIMIT_S, "cpu", 1)
+    report = Report("test", stream=io.StringIO())
+    hybrid.check(report, carry.release_dir(carried), "cpu", (6,))
+    assert report.results[-1]["status"] == "FAIL"
+    assert "ran past its 1 s limit" in report.results[-1]["detail"]
 
 
 def test_without_carried_files_it_stops_with_one_line_and_exit_2(tmp_path):
@@ -194,10 +278,8 @@ def test_without_carried_files_it_stops_with_one_line_and_exit_2(tmp_path):
 
 
 def test_a_changed_carried_file_is_refused(dry, tmp_path):
-    _, _, carry = dry
-    copy = tmp_path / "carry"
-    shutil.copytree(carry, copy)
-    header = copy / f"sglang-{RELEASE}" / "sglang/kernels/jit/include/sgl_kernel/speculative/eagle.cuh"
+    copy, root = _carried_copy(dry[2], tmp_path)
+    header = root / "sglang/kernels/jit/include/sgl_kernel/speculative/eagle.cuh"
     header.write_text(header.read_text().replace("depth - 1", "depth"))
     run = _run(["--dry-run", "--carry", str(copy)])
     assert run.returncode == 2 and "eagle.cuh: does not match MANIFEST.json" in run.stderr

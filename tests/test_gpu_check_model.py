@@ -1,13 +1,18 @@
 """The GPU check's stand-ins held to what they stand for.
 
-- scripts/ddtree_gpu_check/kernel_model.py transcribes SGLang's CUDA tree builder and greedy
-  walk (0.5.23 ``sgl_kernel/speculative/eagle.cuh``) and relies on tree.cuh's host code
-  (every check before ``if (bs == 0) return;``): the lines it follows are pinned here,
-  read from the release wheel, so a release that changes them fails this test.
-- The transcription's refusals: a parent id found nowhere, a group outside the request's
-  row, a cycle (the kernel would loop forever).
+- scripts/ddtree_gpu_check/kernel_model.py is the one transcription of SGLang's CUDA tree
+  builder and greedy walk (0.5.23 ``sgl_kernel/speculative/eagle.cuh``) and of tree.cuh's host
+  code (every check before ``if (bs == 0) return;``), used by the GPU check and wrapped by the
+  CPU suite's stand-ins (tests/v2_kernel_standins.py): the lines it follows are pinned here,
+  read from the release wheel, so a release that changes them fails this test (and
+  tests/test_v2_kernel_contract.py pins the stand-ins' view of the same lines).
+- The transcription's faults: a parent id found nowhere, a group outside the request's row, a
+  cycle (the kernel would loop forever), a sibling cycle in the walk; raised for the stand-ins,
+  recorded for the GPU check; C integer semantics.
 - ddtree.py repeats a few lines of the worker's step (payload/ddtree_worker_v2.py imports
-  SGLang); they are pinned to the worker's source.
+  SGLang); they are pinned to the worker's source, and the worker's own ``topk`` /
+  ``num_steps`` expressions are evaluated against the check's for every configuration.
+- The batch-0 host check describes a size-1 batch's stride as SGLang's matcher treats it.
 - csrc/shim/dlpack/dlpack.h (ours) has DLPack's values (compared with a real dlpack.h when
   one is installed: apache-tvm-ffi ships one).
 - The tree kernel's JIT flags are SGLang's (kernels/jit/utils/arch.py).
@@ -15,6 +20,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -28,6 +34,10 @@ from ddtree_deploy.release import releases
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
+sys.path.insert(0, str(REPO / "payload"))
+sys.path.insert(0, str(REPO / "tests"))
+
+from ddtree_gpu_check import checks_tree  # noqa: E402
 from ddtree_gpu_check import ddtree as dd  # noqa: E402
 from ddtree_gpu_check import kernel_model as km  # noqa: E402
 from ddtree_gpu_check import tree_abi  # noqa: E402
@@ -125,9 +135,72 @@ def test_the_worker_step_lines_the_check_repeats_are_the_worker_s():
         assert line in worker, (line, "update scripts/ddtree_gpu_check/ddtree.py to the worker")
 
 
+def _worker_verify_call():
+    """The keyword expressions of the worker's build_eagle_verify_input call, and the
+    assignments before it in the same function (payload/ddtree_worker_v2.py)."""
+    tree = ast.parse((dd.payload_dir() / "ddtree_worker_v2.py").read_text())
+    fn = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+              and node.name == "_ddtree_verify_and_commit")
+    call = next(node for node in ast.walk(fn) if isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "build_eagle_verify_input")
+    assigned = {node.targets[0].id: ast.unparse(node.value) for node in fn.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    return {kw.arg: ast.unparse(kw.value) for kw in call.keywords}, assigned
+
+
+def test_the_worker_s_topk_and_num_steps_are_the_check_s_for_every_configuration():
+    import ddtree_lineage as dl
+
+    keywords, assigned = _worker_verify_call()
+    assert assigned["n"] == "self.ddtree_verify_width" and assigned["k"] == "int(tokens.shape[2])"
+    for cfg in dd.configs() + dd.configs(small=True):
+        tokens = torch.zeros(1, cfg.block - 1, cfg.topk, dtype=torch.long)
+        scope = {"int": int, "tokens": tokens, "lineage_depth": dl.lineage_depth, "n": cfg.n,
+                 "k": int(tokens.shape[2])}
+        worker = (eval(keywords["topk"], scope), eval(keywords["num_steps"], scope))  # noqa: S307
+        assert worker == dd.worker_tree_args(dl, tokens, cfg.n), cfg
+        assert eval(keywords["num_draft_tokens"], scope) == cfg.n  # noqa: S307
+
+
 def test_the_plugin_bounds_are_read_from_its_source():
+    import ddtree_lineage as dl
+
     c = dd.plugin_constants()
-    assert c == {"DEFAULT_BUDGET": 64, "DEFAULT_MAX_TOPK": 8, "MAX_BUDGET": 1024}
+    assert c == {"DEFAULT_BUDGET": 64, "DEFAULT_MAX_TOPK": 8, "MAX_BUDGET": 1023}
+    assert c["MAX_BUDGET"] + 1 == dl.MAX_VERIFY_WIDTH == km.MAX_DRAFT_TOKENS
+
+
+def test_the_configurations_are_accepted_and_the_refused_ones_named_refused():
+    import ddtree_lineage as dl
+
+    accepted = dd.configs()
+    for cfg in accepted:
+        assert dd.plugin_problem(dl, cfg) is None, cfg
+    carried = {(c.budget, c.topk, c.block) for c in accepted}
+    for cfg in dd.refused_configs():
+        line = dd.plugin_problem(dl, cfg)
+        assert line is not None and line == dl.abi_problem(cfg.budget, cfg.topk, cfg.block)
+        # Its suggestion is a configuration the tree checks carry.
+        assert checks_tree._suggestion(line) in carried, line
+    # The depth is raised past the draft's where the budget needs it, and never past B.
+    depths = {cfg.label: dl.lineage_depth(cfg.budget, cfg.topk, cfg.block - 1) for cfg in accepted}
+    assert depths["the plugin's largest budget (depth 129)"] == 129
+    assert depths["top-K 2, block 3: the draft's 6 prefixes (depth 4)"] == 4
+    assert all(c.block - 1 <= depths[c.label] <= c.budget for c in accepted)
+
+
+def test_a_size_1_batch_is_described_to_the_batch_0_host_check_as_sglang_sees_it():
+    # The worker's top_scores_index at batch 1: a [1, n - 1] slice of an [1, n] row, which
+    # torch calls contiguous and SGLang's TensorMatcher accepts (a size-1 dimension's stride is
+    # skipped). Described at batch 0 the stride would be checked: it is given as contiguous.
+    row = torch.arange(1024).view(1, 1024)[:, 1:].contiguous()
+    assert row.stride() == (1024, 1)
+    desc = tree_abi.describe(row, zero_dim0=True)
+    assert (desc.shape[0], desc.shape[1], desc.strides[0], desc.strides[1]) == (0, 1023, 1023, 1)
+    wide = torch.arange(2048).view(2, 1024)[:, 1:]  # batch 2: the real stride is checked
+    desc = tree_abi.describe(wide, zero_dim0=True)
+    assert (desc.shape[0], desc.strides[0]) == (0, 1024)
+    assert tree_abi.describe(row).strides[0] == 1024  # a launch describes it as it is
 
 
 def test_our_dlpack_values_are_dlpack_s():
@@ -194,3 +267,67 @@ def test_qlen_only_rows_are_n_wide():
                          _buffers(seq, 4, km.QLEN_ONLY))
     assert not v and out.tree_mask[:16].view(4, 4).bool().tolist()[3] == [True, True, False,
                                                                           True]
+
+
+# ---------------------------------------------------------------------------------------------
+# One transcription: the CPU stand-ins are kernel_model's
+
+
+def test_the_cpu_standins_wrap_this_transcription(tmp_path):
+    import v2_kernel_standins as ks
+
+    assert ks.HostCheckError is km.HostCheckError and ks.OutOfRangeAccess is km.OutOfRangeAccess
+    assert ks.check_build_tree_host is km.check_build_tree_host
+    assert ks.check_verify_greedy_host is km.check_verify_greedy_host
+    assert ks.tree_speculative_sampling_target_only is km.tree_speculative_sampling_target_only
+    # The builder and the walk: the same outputs as simulate on the known tree.
+    pl, sel, seq = torch.tensor([[-1, 0, 1, -1, -1]]), torch.tensor([[0, 1, 2]]), [5]
+    want, _ = km.simulate(pl, sel, torch.tensor(seq), 2, 3, 4, km.FULL_MASK, _buffers(seq, 4))
+    mask, pos, r = _buffers(seq, 4), torch.full((4,), -1), torch.full((3, 1, 4), -1)
+    ks.build_tree_kernel_efficient_cpu(pl, sel, torch.tensor(seq), mask, pos, r[0], r[1], r[2],
+                                       2, 3, 4, km.FULL_MASK)
+    assert torch.equal(mask, want.tree_mask) and torch.equal(pos, want.positions)
+    assert torch.equal(r[1], want.retrieve_next_token)
+    # The sgl_kernel package written for SGLang's host processes carries this very file.
+    folder = Path(ks.install_as_sgl_kernel(tmp_path))
+    copy = folder / "ddtree_gpu_check" / "kernel_model.py"
+    assert copy.read_bytes() == Path(km.__file__).read_bytes()
+    assert "def build_tree_efficient" not in (folder / "sgl_kernel" / "__init__.py").read_text()
+
+
+def test_faults_are_raised_for_the_standins_and_recorded_for_the_check():
+    seq = [3]
+    args = (torch.tensor([[-1, 99, -1, -1, -1]]), torch.tensor([[0, 1, 2]]), torch.tensor(seq))
+    recorded = km.simulate(*args, 2, 3, 4, km.FULL_MASK, _buffers(seq, 4))[1]
+    # node 2 (link) and node 3 (mask walk) both look up group 1's lost parent id
+    assert len(recorded) == 2 and all("parent-not-found" in x for x in recorded), recorded
+    mask, pos, r = _buffers(seq, 4), torch.full((4,), -1), torch.full((3, 1, 4), -1)
+    with pytest.raises(km.OutOfRangeAccess, match="matches no candidate"):
+        km.build_tree_kernel_efficient(*args, mask, pos, r[0], r[1], r[2], 2, 3, 4,
+                                       km.FULL_MASK)
+
+
+def test_c_integer_semantics_a_negative_candidate_id_is_a_root_child():
+    # selected_index / topk in C truncates toward zero: id -1 is group 0 (the root), where
+    # Python's floor division would give group -1 (another request's parent_list entry).
+    assert km._c_div(-1, 8) == 0 and km._c_div(-9, 8) == -1 and km._as_int32(2**32 + 5) == 5
+    seq = [2]
+    out, faults = km.simulate(torch.tensor([[-1, -1, -1]]), torch.tensor([[0, -1]]),
+                              torch.tensor(seq), 2, 2, 3, km.FULL_MASK, _buffers(seq, 3))
+    assert not faults and out.retrieve_next_token.tolist() == [[1, -1, -1]]
+    assert out.retrieve_next_sibling.tolist() == [[-1, 2, -1]]  # both under the root
+    assert out.positions.tolist() == [2, 3, 3]
+
+
+def test_a_sibling_cycle_in_the_greedy_walk_is_a_fault_not_a_hang():
+    cand = torch.tensor([[9, 10, 11]])
+    r_idx, r_next = torch.tensor([[0, 1, 2]]), torch.tensor([[1, -1, -1]])
+    r_sib = torch.tensor([[-1, 2, 1]])  # 1 -> 2 -> 1 -> ...
+    target = torch.tensor([[42, 0, 0]])  # matches no child: the walk keeps trying siblings
+    _, faults = km.simulate_verify_greedy(cand, r_idx, r_next, r_sib, target, 3)
+    assert faults and "never ends" in faults[0]
+    with pytest.raises(km.OutOfRangeAccess, match="never ends"):
+        km.verify_tree_greedy(torch.zeros(3, dtype=torch.int32),
+                              torch.full((1, 3), -1, dtype=torch.int32),
+                              torch.zeros(1, dtype=torch.int32), cand, r_idx, r_next, r_sib,
+                              target)

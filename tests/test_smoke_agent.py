@@ -456,6 +456,7 @@ FAKE_RELEASE = textwrap.dedent("""
             p.add_argument(flag, required=True)
         p.add_argument("--budget", type=int, default=64)
         p.add_argument("--skip-tokenizer-init", action="store_true")
+        p.add_argument("--disable-radix-cache", action="store_true")
         return Args(p.parse_args(argv))
 
     class TreeWorker:
@@ -463,6 +464,16 @@ FAKE_RELEASE = textwrap.dedent("""
 
     class ChainWorker:
         pass
+
+    def describe(args):
+        # The family's hybrid report (ddtree_hybrid.describe on a real release): None for a
+        # pure-attention model; FAKE_MODE hybrid-topk1 / hybrid-no-hook break the tree path.
+        if "hybrid" not in args.ns.model_path:
+            return None
+        topk = 1 if MODE in ("hybrid-topk1", "hybrid-chain") else 8
+        return {"recurrent_kind": "gdn", "recurrent_config": "Qwen3NextConfig", "tree_path": topk > 1,
+                "commit_hook": "fakepkg.release.commit", "commit_hook_found": MODE != "hybrid-no-hook",
+                "speculative_eagle_topk": topk, "ddtree_topk": 1 if MODE == "hybrid-chain" else 8}
 
     class Algo:
         @classmethod
@@ -538,6 +549,32 @@ def test_tree_probe_marker_and_rejection_and_exclusion(fake_pkg):
                                            "fakepkg.release is excluded here (smoke.import_exclude)")
 
 
+HYBRID_SAID = ("hybrid Qwen3NextConfig (gdn): recurrent tree path on (speculative_eagle_topk 8 > 1), accepted "
+               "node's state committed by fakepkg.release.commit")
+
+
+@pytest.mark.parametrize("mode, detail", [
+    ("tree", "1 modules imported; DDTREE verify width 25 = budget 24 + 1; DDTREE -> TreeWorker "
+             "(DDTREE_TREE_VERIFY = True); " + HYBRID_SAID),
+    ("hybrid-topk1", "DDTREE probe on the tiny hybrid target (Qwen3-Next: GDN layers): speculative_eagle_topk "
+                     "resolved to 1, so the hybrid backend's recurrent tree path is off and a tree would be "
+                     "verified as a chain"),
+    ("hybrid-no-hook", "DDTREE probe on the tiny hybrid target (Qwen3-Next: GDN layers): fakepkg.release.commit "
+                       "is not in this release: the accepted node's recurrent state would not be committed"),
+    # Top-K 1 (the tree is a chain): no tree path needed, said so.
+    ("hybrid-chain", "1 modules imported; DDTREE verify width 25 = budget 24 + 1; DDTREE -> TreeWorker "
+                     "(DDTREE_TREE_VERIFY = True); hybrid Qwen3NextConfig (gdn): top-K 1: the tree is a chain, "
+                     "served by the recurrent chain path, accepted node's state committed by "
+                     "fakepkg.release.commit"),
+])
+def test_tree_probe_of_a_family_serving_hybrid_targets(fake_pkg, mode, detail):
+    probe = fake_tree_probe(hybrid_report=("fakepkg.release", "describe"))
+    ok, level = run_tree_probe(fake_pkg, mode, probe)
+    assert level["detail"] == detail and ok == (mode in ("tree", "hybrid-chain")), level
+    if ok:  # the tiny hybrid config was written on the host and resolved
+        assert level["evidence"]["tree"]["hybrid"]["argv"][1].endswith("/hybrid_model")
+
+
 def test_cli_validation_resolves_through_the_release_path(fake_pkg):
     tmp, env = fake_pkg
     (tmp / "site/fakepkg/release.py").write_text(FAKE_RELEASE)
@@ -558,3 +595,18 @@ def test_cli_validation_resolves_through_the_release_path(fake_pkg):
     answer = run_agent(cli_request([], validate), dict(env, FAKE_MODE="chain-width"))
     assert answer["levels"][0]["detail"] == ("the launch arguments resolve speculative_num_draft_tokens to 16, "
                                              "expected 21 (--budget 20 + 1): DDTREE would not verify its tree")
+    # A family serving hybrid targets reports the host's model: nothing for a pure-attention one,
+    # the recurrent tree path for a hybrid one, and a failure when that path is off.
+    validate["hybrid_report"] = ["fakepkg.release", "describe"]
+    answer = run_agent(cli_request([], validate), env)
+    assert answer["levels"][0]["detail"].endswith("verify width 21 = budget 20 + 1"), answer
+    hybrid = tmp / "hybrid-model"
+    hybrid.mkdir()
+    validate = dict(validate, argv=[str(hybrid) if a == str(tmp) else a for a in argv],
+                    needs_paths=[str(hybrid)])
+    answer = run_agent(cli_request([], validate), env)
+    assert answer["levels"][0]["detail"].endswith("verify width 21 = budget 20 + 1; " + HYBRID_SAID), answer
+    answer = run_agent(cli_request([], validate), dict(env, FAKE_MODE="hybrid-topk1"))
+    assert answer["levels"][0]["detail"] == (
+        "the launch arguments: speculative_eagle_topk resolved to 1, so the hybrid backend's recurrent tree "
+        "path is off and a tree would be verified as a chain")

@@ -178,6 +178,20 @@ def test_tree_probe_request_uses_the_family():
         "sglang.srt.speculative.ddtree_worker_v2"
 
 
+def test_a_family_serving_hybrid_targets_probes_a_tiny_hybrid_config():
+    hybrid = smoke_settings.FamilySmoke(**{**V2_LIKE.__dict__,
+                                           "hybrid_report": ("sglang.srt.speculative.ddtree_hybrid", "describe")})
+    probe = smoke_plan.tree_probe(hybrid)
+    assert probe["configs"]["hybrid_model"] == smoke_plan.TINY_HYBRID_CONFIG
+    assert probe["configs"]["hybrid_model"]["model_type"] == "qwen3_next"
+    # The same resolution, on the hybrid folder, the radix cache off (its Mamba extra buffer
+    # needs a GPU platform), then the family's report.
+    assert probe["hybrid"] == {
+        "argv": [("{hybrid_model}" if a == "{model}" else a) for a in probe["argv"]] + ["--disable-radix-cache"],
+        "report": ["sglang.srt.speculative.ddtree_hybrid", "describe"]}
+    assert "hybrid" not in smoke_plan.tree_probe(V2_LIKE)
+
+
 def test_family_flags_reach_the_launch_command_and_its_validation():
     s = settings(GPU_HOST)
     plan = smoke_plan.plan_smoke(s, touched_paths=TOUCHED, flags=(), log_path="l", levels=["cli", "launch"],
@@ -223,8 +237,8 @@ FAM = "patches/x/family.toml"
 @pytest.mark.parametrize("text, message", [
     ("smoke = 3\n", f"{FAM}: line 2: smoke: must be a table, not 3; write it as a [smoke] table"),
     ('[smoke]\nbudget_flg = "--x"\n',
-     f"{FAM}: line 3: smoke.budget_flg: unknown key (known keys here: budget_field, budget_flag, probe_args, "
-     "topk_flag, worker_class, worker_module); fix its spelling or remove it"),
+     f"{FAM}: line 3: smoke.budget_flg: unknown key (known keys here: budget_field, budget_flag, hybrid_report, "
+     "probe_args, topk_flag, worker_class, worker_module); fix its spelling or remove it"),
     ('[smoke]\nbudget_flag = "budget"\n',
      f"{FAM}: line 3: smoke.budget_flag: must be a long option such as '--speculative-ddtree-budget', "
      "not 'budget'; write the flag the family's server takes, e.g. budget_flag = \"--speculative-ddtree-budget\""),
@@ -234,6 +248,10 @@ FAM = "patches/x/family.toml"
     ('[smoke]\nworker_module = "a..b"\n',
      f"{FAM}: line 3: smoke.worker_module: must be a Python module path, not 'a..b'; "
      'write it in quotes, e.g. worker_module = "sglang.srt.speculative.dflash_worker"'),
+    ('[smoke]\nhybrid_report = ["sglang.srt.speculative.ddtree_hybrid"]\n',
+     f"{FAM}: line 3: smoke.hybrid_report: must be [module, function], not "
+     "['sglang.srt.speculative.ddtree_hybrid']; "
+     'write hybrid_report = ["sglang.srt.speculative.ddtree_hybrid", "describe"]'),
     ('[smoke]\nprobe_args = "--device cpu"\n',
      f"{FAM}: line 3: smoke.probe_args: must be a list of non-empty strings, not '--device cpu'; "
      'write a list in brackets, e.g. probe_args = ["--device", "cpu"]'),

@@ -104,19 +104,27 @@ def sandbox_tree_host(sshd, root: Path, name: str, overlay: dict[str, bytes], *,
     sglang_host.write_kernel_standin(env.site_packages)  # STAND-IN for sgl_kernel (CUDA)
     test_host = SandboxHost(name=name, server=sshd, python=env.python, site=env.site_packages,
                             state_dir=root / "state")
-    inv = test_host.inventory(root / "hosts")
+    return test_host, tree_host_inventory(test_host, root / "hosts", device=device)
+
+
+def tree_host_inventory(test_host, hosts: Path, *, device: str, model: str = "tiny-llama",
+                        extra: tuple[str, ...] = ()):
+    """An inventory for ``test_host`` whose cli level resolves the launch of ``model``."""
+    inv = test_host.inventory(hosts)
+    args = ", ".join(f'"{a}"' for a in ("--device", device, "--attention-backend", "triton",
+                                        "--skip-tokenizer-init", *extra))
     with open(inv, "a") as fh:
         fh.write(textwrap.dedent(f"""
             [smoke]
             levels = ["import", "cli"]
             [smoke.launch]
-            model = "{MODELS / 'tiny-llama'}"
+            model = "{MODELS / model}"
             draft_model = "{MODELS / 'tiny-dflash-draft'}"
             budget = 20
-            extra_args = ["--device", "{device}", "--attention-backend", "triton", "--skip-tokenizer-init"]
+            extra_args = [{args}]
             gpu = false
         """))
-    return test_host, load_host(str(inv))
+    return load_host(str(inv))
 
 
 @pytest.fixture(scope="module")
@@ -264,15 +272,35 @@ def tree_host_v2(sshd, patched_v2, tmp_path_factory):
                              version="0.5.23", device="cuda")
 
 
+HYBRID_SAID = ("recurrent tree path on (speculative_eagle_topk 8 > 1), accepted node's state committed by "
+               "sglang.srt.speculative.spec_utils.commit_mamba_states_after_verify")
+
+
 def test_v2_family_resolves_ddtree_to_its_tree_worker(tree_host_v2, series_v2, patched_v2):
     report = run_levels(tree_host_v2, series_v2, ["import", "cli"], {PLUGIN: patched_v2[PLUGIN].decode()})
     assert report.ok, report.lines()
     imported, cli = report.levels
+    # The tiny llama, then the tiny hybrid target (Qwen3-Next, GDN layers): the recurrent tree
+    # path on, with the hook that commits the accepted node's state.
     assert imported.detail.endswith("; DDTREE verify width 25 = budget 24 + 1; "
-                                    "DDTREE -> DDTreeWorkerV2 (DDTREE_TREE_VERIFY = True)")
+                                    "DDTREE -> DDTreeWorkerV2 (DDTREE_TREE_VERIFY = True); "
+                                    "hybrid Qwen3NextConfig (gdn): " + HYBRID_SAID)
     assert imported.evidence["tree"]["worker"]["module"] == "sglang.srt.speculative.ddtree_worker_v2"
+    assert imported.evidence["tree"]["hybrid"]["report"]["recurrent_backend"] == "GDNAttnBackend"
     # The host's launch arguments, resolved by resolve_once and read through resolving_view.
     assert cli.detail.endswith("verify width 21 = budget 20 + 1")
+
+
+def test_v2_cli_level_shows_a_hybrid_hosts_recurrent_tree_path(tree_host_v2, series_v2, patched_v2,
+                                                               tmp_path):
+    # The same host, its inventory's model a hybrid one: no flag, the tree path shown.
+    test_host, _ = tree_host_v2
+    host = tree_host_inventory(test_host, tmp_path / "hosts", device="cuda", model="tiny-qwen3-next",
+                               extra=("--disable-radix-cache",))
+    report = run_levels((test_host, host), series_v2, ["cli"], {PLUGIN: patched_v2[PLUGIN].decode()})
+    assert report.ok, report.lines()
+    assert report.levels[0].detail.endswith(
+        "verify width 21 = budget 20 + 1; hybrid Qwen3NextConfig (gdn): " + HYBRID_SAID)
 
 
 def test_v2_partial_ports_fail_the_probe(tree_host_v2, series_v2, patched_v2):

@@ -181,10 +181,20 @@ def _tree_level(series, version: str, tmp_path: Path, unpatched_cannot) -> tuple
 @pytest.mark.sglang_env
 def test_tree_level_fails_a_series_without_the_worker(tmp_path, unpatched_cannot):
     # A deliberately partial port: DDTREE registered (plugin, flags, hooks), no worker.
-    series = _variant(tmp_path, drop=("ddtree_worker_v2.py", "ddtree_lineage.py"))
+    series = _variant(tmp_path, drop=("ddtree_worker_v2.py",))
     status, detail = _tree_level(series, "0.5.23", tmp_path, unpatched_cannot)
     assert status == "failed", detail
     assert "does not import" in detail and "ddtree_worker_v2" in detail, detail
+
+
+@pytest.mark.sglang_env
+def test_tree_level_fails_a_series_without_the_lineage(tmp_path, unpatched_cannot):
+    # The plugin's resolution refuses what EAGLE's CUDA tree ABI cannot carry
+    # (ddtree_lineage.abi_problem): without the lineage module DDTREE does not resolve.
+    series = _variant(tmp_path, drop=("ddtree_lineage.py",))
+    status, detail = _tree_level(series, "0.5.23", tmp_path, unpatched_cannot)
+    assert status == "failed", detail
+    assert "ddtree_lineage" in detail, detail
 
 
 LINEAR_WORKER = '''"""NAMED STAND-IN for this test: a DDTree worker that is only DFlash's chain worker."""

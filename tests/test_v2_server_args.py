@@ -14,6 +14,7 @@ No stand-in: the worker class is imported for real (0.5.23's v2 DFlash worker im
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -27,12 +28,17 @@ PROBE_TAG = "PROBE-JSON:"
 
 pytestmark = pytest.mark.sglang_env
 
+# An H200 as SGLang would measure it (STAND-IN for get_device_memory_capacity, see the probe),
+# Qwen's vocabulary, and the memory fraction SGLang leaves for the KV pool on such a GPU.
+_H200 = {"_device_memory_mib": 143_771, "mem_fraction_static": 0.85,
+         "json_model_override_args": '{"vocab_size": 151936}'}
+
 # name -> (ServerArgs keyword overrides, expected: dict of resolved fields, or the error text
 # that must appear in the one-line refusal)
 CASES = {
     "default": ({}, {"speculative_ddtree_budget": 64, "speculative_num_draft_tokens": 65,
                      "speculative_eagle_topk": 8, "speculative_ddtree_topk": 8,
-                     "speculative_dflash_block_size": 16}),
+                     "speculative_dflash_block_size": 16, "max_running_requests": 48}),
     "budget32-topk4": ({"speculative_ddtree_budget": 32, "speculative_ddtree_topk": 4},
                        {"speculative_num_draft_tokens": 33, "speculative_eagle_topk": 4,
                         "speculative_dflash_block_size": 16}),
@@ -46,22 +52,99 @@ CASES = {
                    {"speculative_num_draft_tokens": 17, "speculative_dflash_block_size": 8}),
     "consistent-width-flag": ({"speculative_num_draft_tokens": 65}, {"speculative_num_draft_tokens": 65}),
     "fa3": ({"attention_backend": "fa3"}, {"attention_backend": "fa3"}),
-    # (no radix cache: SGLang's Mamba extra buffer needs a GPU platform, DDTREE or not)
-    "hybrid-allowed": ({"model": "tiny-qwen3-next", "speculative_ddtree_allow_hybrid_unsafe": True,
-                        "disable_radix_cache": True},
-                       {"speculative_num_draft_tokens": 65}),
+    # Hybrid targets with a tree path: no flag (ddtree_hybrid; no radix cache: SGLang's Mamba
+    # extra buffer needs a GPU platform, DDTREE or not).
+    "hybrid-gdn": ({"model": "tiny-qwen3-next", "disable_radix_cache": True},
+                   {"speculative_num_draft_tokens": 65, "speculative_eagle_topk": 8}),
+    "hybrid-mamba2": ({"model": "tiny-nemotron-h", "disable_radix_cache": True},
+                      {"speculative_num_draft_tokens": 65, "speculative_eagle_topk": 8}),
+    "hybrid-kda": ({"model": "tiny-kimi-linear", "disable_radix_cache": True},
+                   {"speculative_num_draft_tokens": 65, "speculative_eagle_topk": 8}),
+    # SGLang's validation asserts on mixed chunk for an algorithm without it: DDTREE turns it
+    # off (logged), as SGLang does for UNO.
+    "mixed-chunk-off": ({"enable_mixed_chunk": True}, {"enable_mixed_chunk": False}),
+    "largest-budget": ({"speculative_ddtree_budget": 1023}, {"speculative_num_draft_tokens": 1024}),
+    "chain-at-block": ({"speculative_ddtree_budget": 15, "speculative_ddtree_topk": 1},
+                       {"speculative_num_draft_tokens": 16, "speculative_eagle_topk": 1}),
+    # max_running_requests by budget x vocab (the v1 rule, ddtree_utils.size_running_batch):
+    # a STAND-IN device memory query (an H200's 143,771 MiB; the GPU's own query cannot run
+    # here) and a 151,936-token vocabulary (Qwen's), through --json-model-override-args.
+    "memory-64": (dict(_H200, speculative_ddtree_budget=64), {"max_running_requests": 48}),
+    "memory-256": (dict(_H200, speculative_ddtree_budget=256), {"max_running_requests": 14}),
+    "memory-1023": (dict(_H200, speculative_ddtree_budget=1023), {"max_running_requests": 3}),
+    "memory-explicit-fits": (dict(_H200, speculative_ddtree_budget=256, max_running_requests=4),
+                             {"max_running_requests": 4}),
+    "memory-explicit-at-cap": (dict(_H200, speculative_ddtree_budget=256, max_running_requests=14),
+                               {"max_running_requests": 14}),
     # refusals
-    "budget-0": ({"speculative_ddtree_budget": 0}, "--speculative-ddtree-budget must be an integer in [1, 1024], got 0"),
-    "budget-1025": ({"speculative_ddtree_budget": 1025}, "--speculative-ddtree-budget must be an integer in [1, 1024]"),
+    "budget-0": ({"speculative_ddtree_budget": 0}, "--speculative-ddtree-budget must be an integer >= 1, got 0"),
+    # The ABI (ddtree_lineage.abi_problem): one line naming the three flags and a fix.
+    "budget-1024": ({"speculative_ddtree_budget": 1024}, "gives a verify width of 1025, over the 1024"),
+    "budget-1025": ({"speculative_ddtree_budget": 1025}, "use e.g. --speculative-ddtree-budget 1023 "
+                    "--speculative-ddtree-topk 8 --speculative-dflash-block-size 16"),
+    "capacity": ({"speculative_ddtree_budget": 64, "speculative_ddtree_topk": 2,
+                  "speculative_dflash_block_size": 6}, "exceeds the 62 distinct draft prefixes"),
+    "chain-past-block": ({"speculative_ddtree_budget": 32, "speculative_ddtree_topk": 1},
+                         "exceeds the 15 distinct draft prefixes that --speculative-ddtree-topk 1"),
+    "topk-above-vocab": ({"speculative_ddtree_budget": 1000, "speculative_ddtree_topk": 600},
+                         "--speculative-ddtree-topk 600 exceeds the vocabulary (512 tokens)"),
+    "memory-explicit-too-many": (dict(_H200, speculative_ddtree_budget=256, max_running_requests=48),
+                                 "--max-running-requests 48 cannot fit DDTREE's verify"),
+    "memory-hopeless": (dict(_H200, speculative_ddtree_budget=1023, mem_fraction_static=0.999),
+                        "MB of verify buffers per request, more than the"),
+    # (On an SM90 GPU: a STAND-IN platform fact, SGLang's own trtllm_mha gate needs one.)
+    "attention-trtllm-mha": ({"attention_backend": "trtllm_mha", "_platform": {"is_sm90": True}},
+                             "attention backend 'trtllm_mha'"),
     "topk-0": ({"speculative_ddtree_topk": 0}, "--speculative-ddtree-topk must be an integer >= 1, got 0"),
     "block-above-width": ({"speculative_ddtree_budget": 8}, "the draft block 16 exceeds the verify width 9"),
     "block-1": ({"speculative_dflash_block_size": 1, "speculative_ddtree_budget": 4}, "the draft block must be >= 2"),
-    "hybrid": ({"model": "tiny-qwen3-next", "disable_radix_cache": True}, "DDTREE refuses the hybrid target"),
+    # Hybrid kinds, backends and settings without a tree path: one line naming the config class.
+    "hybrid-lightning": ({"model": "tiny-bailing-lightning", "disable_radix_cache": True},
+                         "(BailingHybridConfig, Lightning linear attention (seg_la)): SGLang's "
+                         "LightningAttentionBackend has no tree path"),
+    "hybrid-short-conv": ({"model": "tiny-lfm2", "disable_radix_cache": True},
+                          "(Lfm2Config, short convolution): SGLang's ShortConvAttnBackend has no tree path"),
+    "hybrid-kda-flashinfer-verify": ({"model": "tiny-kimi-linear", "disable_radix_cache": True,
+                                     "linear_attn_verify_backend": "flashinfer"},
+                                    "(KimiLinearConfig, Kimi Delta Attention): the KDA verify backend "
+                                    "flashinfer has no tree path"),
+    "hybrid-replayssm-spec": ({"model": "tiny-qwen3-next", "disable_radix_cache": True,
+                              "enable_linear_replayssm_spec": True},
+                             "--enable-linear-replayssm-spec verifies a linear chain only"),
+    "hybrid-page-size": ({"model": "tiny-qwen3-next", "disable_radix_cache": True, "page_size": 16},
+                         "--page-size 16: the recurrent tree commit is proven at page size 1 only"),
     "attention-torch-native": ({"attention_backend": "torch_native"}, "attention backend 'torch_native'"),
     "width-flag-mismatch": ({"speculative_num_draft_tokens": 16}, "--speculative-num-draft-tokens is the verify width"),
     "eagle-topk-mismatch": ({"speculative_eagle_topk": 2}, "use --speculative-ddtree-topk"),
     "disaggregation": ({"disaggregation_mode": "decode"}, "does not support prefill/decode disaggregation"),
 }
+
+
+def _gpu_check_cases() -> dict:
+    """The GPU check's configurations (scripts/ddtree_gpu_check/ddtree.py): those it feeds
+    SGLang's tree kernel must be what the plugin resolves, exactly; those it shows refused must
+    be refused with abi_problem's line."""
+    for folder in ("scripts", "payload"):
+        if str(REPO / folder) not in sys.path:
+            sys.path.insert(0, str(REPO / folder))
+    import ddtree_lineage as dl
+    from ddtree_gpu_check import ddtree as dd
+
+    def flags(cfg):
+        return {"speculative_ddtree_budget": cfg.budget, "speculative_ddtree_topk": cfg.topk,
+                "speculative_dflash_block_size": cfg.block}
+
+    cases = {f"gpu-check {cfg.label}": (flags(cfg), {
+        "speculative_ddtree_budget": cfg.budget, "speculative_num_draft_tokens": cfg.n,
+        "speculative_eagle_topk": cfg.topk, "speculative_dflash_block_size": cfg.block})
+        for cfg in dd.configs()}
+    cases.update({f"gpu-check refused {cfg.label}": (
+        flags(cfg), dl.abi_problem(cfg.budget, cfg.topk, cfg.block))
+        for cfg in dd.refused_configs()})
+    return cases
+
+
+CASES.update(_gpu_check_cases())
 REFUSALS = [name for name, (_, want) in CASES.items() if isinstance(want, str)]
 ACCEPTED = [name for name, (_, want) in CASES.items() if isinstance(want, dict)]
 
@@ -94,8 +177,9 @@ def _probe(env, what: str, *args: str) -> dict:
 def patched_env(tmp_path_factory):
     from ddtree_deploy.sandbox import make_host_env
 
-    return make_host_env(tmp_path_factory.mktemp("v2") / "patched", overlay=_family_overlay(RELEASE),
-                         version=RELEASE, read_only=True)
+    reuse = os.environ.get("DDTREE_V2_HOST_ENV")  # the mutant runner's one env
+    return make_host_env(Path(reuse) if reuse else tmp_path_factory.mktemp("v2") / "patched",
+                         overlay=_family_overlay(RELEASE), version=RELEASE, reuse=bool(reuse), read_only=not reuse)
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +256,20 @@ def test_a_spawned_process_has_ddtree_registered(resolved):
     assert got == {"algorithm": "CustomSpecAlgo('DDTREE')", "worker": "DDTreeWorkerV2", "width": 65}
 
 
+def test_a_worker_class_without_the_tree_marker_is_refused(resolved):
+    got = resolved["_no_marker"]
+    assert got["refused"], got
+    assert "DFlashWorkerV2, which does not tree-verify" in got["error"]
+    assert "\n" not in got["error"]
+
+
+def test_the_abi_refusal_names_the_three_flags(resolved):
+    for name in ("budget-1024", "capacity", "chain-past-block", "topk-above-vocab"):
+        for flag in ("--speculative-ddtree-budget", "--speculative-ddtree-topk",
+                     "--speculative-dflash-block-size"):
+            assert flag in resolved[name]["error"], (name, flag)
+
+
 def test_the_server_info_report_hook_is_applied_in_the_scheduler(resolved):
     # The scheduler module imports spec_info (so the plugin) at its top, then its process
     # calls load_plugins(), which applies the plugin's AFTER hook on get_internal_state.
@@ -184,9 +282,10 @@ def test_launch_server_help_lists_the_flags(patched_env):
 
     run = run_python(patched_env, ["-m", "sglang.launch_server", "--help"], timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    for flag in ("--speculative-ddtree-budget", "--speculative-ddtree-topk",
-                 "--speculative-ddtree-allow-hybrid-unsafe"):
+    for flag in ("--speculative-ddtree-budget", "--speculative-ddtree-topk"):
         assert flag in run.stdout, flag
+    # Hybrid targets need no flag on the v2 family: the unsafe gate of the v1 families is gone.
+    assert "--speculative-ddtree-allow-hybrid-unsafe" not in run.stdout
 
 
 def test_pristine_release_baseline(tmp_path):
@@ -210,7 +309,7 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
     import logging
 
     logging.disable(logging.WARNING)
-    from sglang.srt.runtime_context import get_spec, publish
+    from sglang.srt.runtime_context import get_spec, override_platform, publish
     from sglang.srt.server_args import ServerArgs
 
     try:
@@ -218,16 +317,26 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
     except ImportError:
         plugin = None
     out = {}
+    from sglang.srt.utils import common
+
+    measured = common.get_device_memory_capacity
     for name, overrides in json.loads(cases_json).items():
         overrides = dict(overrides)
+        device_mib = overrides.pop("_device_memory_mib", None)
+        # STAND-IN for the GPU's memory query (no GPU here): the number SGLang would measure.
+        common.get_device_memory_capacity = (
+            measured if device_mib is None else (lambda device=None, _m=device_mib: _m))
         kwargs = dict(model_path=str(models / overrides.pop("model", "tiny-llama")),
                       speculative_algorithm="DDTREE",
                       speculative_draft_model_path=str(models / "tiny-dflash-draft"),
                       device="cuda", skip_tokenizer_init=True)
         kwargs.update(overrides)
+        # STAND-IN platform facts (the GPU generation SGLang's own checks ask about).
+        platform = override_platform(**kwargs.pop("_platform", {}))
         try:
-            args = ServerArgs(**kwargs)
-            args.resolve_once()
+            with platform:
+                args = ServerArgs(**kwargs)
+                args.resolve_once()
         except Exception as exc:  # the refusal, as the launcher would print it
             out[name] = {"type": type(exc).__name__, "error": str(exc)}
             continue
@@ -235,14 +344,16 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
         keep = ("speculative_algorithm", "speculative_ddtree_budget", "speculative_ddtree_topk",
                 "speculative_num_draft_tokens", "speculative_eagle_topk", "speculative_num_steps",
                 "speculative_dflash_block_size", "disable_overlap_schedule", "enable_mixed_chunk",
-                "attention_backend", "max_running_requests")
+                "attention_backend", "max_running_requests", "mem_fraction_static")
         result = {"fields": {k: fields.get(k) for k in keep}}
         if fields["speculative_algorithm"] == "DDTREE":
             result.update(_ddtree_facts(args, plugin, get_spec, publish))
         out[name] = result
-    if plugin is not None:  # the patched release: two more facts from this process
+    common.get_device_memory_capacity = measured
+    if plugin is not None:  # the patched release: more facts from this process
         out["_spawn"] = _probe_spawn(models)
         out["_report_hook"] = _probe_report_hook(models)
+        out["_no_marker"] = _probe_no_marker(models)
     return out
 
 
@@ -345,6 +456,29 @@ def _spawned_child(blob: bytes) -> dict:
     algo = SpeculativeAlgorithm.from_string(cfg.speculative_algorithm)
     return {"algorithm": repr(algo), "worker": algo.create_worker(args).__name__,
             "width": cfg.speculative_num_draft_tokens}
+
+
+def _probe_no_marker(models: Path) -> dict:
+    """DDTREE's create_worker with a factory that resolves to a worker class without the
+    tree marker (DFlash's own v2 worker, which verifies a chain): refused."""
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    args = ServerArgs(model_path=str(models / "tiny-llama"), speculative_algorithm="DDTREE",
+                      speculative_draft_model_path=str(models / "tiny-dflash-draft"), device="cuda",
+                      skip_tokenizer_init=True)
+    args.resolve_once()
+    algo = SpeculativeAlgorithm.from_string("DDTREE")
+    factory = algo.factory
+    algo.factory = lambda server_args: DFlashWorkerV2
+    try:
+        algo.create_worker(args)
+        return {"refused": False}
+    except RuntimeError as exc:
+        return {"refused": True, "error": str(exc)}
+    finally:
+        algo.factory = factory
 
 
 def _probe_report_hook(models: Path) -> dict:

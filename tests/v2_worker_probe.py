@@ -31,12 +31,11 @@ NAMED STAND-INS:
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 
 TAG = "V2PROBE:"
-CASES = ("greedy_lossless", "sampling_law", "no_host_sync", "report", "topk_head")
+CASES = ("greedy_lossless", "overlap_lossless", "page16_lossless", "grammar_lossless",
+         "sampling_law", "sampling_control", "no_host_sync", "report", "topk_head")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,7 +67,7 @@ class TinyTarget:
 
     def perturbed(self, scale, seed):
         torch = self.torch
-        other = TinyTarget.__new__(TinyTarget)
+        other = type(self).__new__(type(self))
         other.__dict__.update(self.__dict__)
         g = torch.Generator().manual_seed(seed)
         noise = lambda t: t + torch.randn(t.shape, generator=g, dtype=t.dtype) * scale  # noqa
@@ -129,6 +128,10 @@ class TinyTarget:
 
 
 class Harness:
+    # The target's hidden rows handed to the draft vs sequential decoding (float64 end to end;
+    # tests/v2_hybrid_probe.py's recurrent kernels compute in float32).
+    HIDDEN_ATOL = 1e-9
+
     def __init__(self):
         import os
 
@@ -148,24 +151,46 @@ class Harness:
         get_parallel().override_permanently(tp_group=_OneRank(), attn_tp_group=_OneRank())
 
     # -- real SGLang pieces ----------------------------------------------------------------
-    def pools(self, target, bs, kv_slots=4096, max_context_len=512):
+    def pools(self, target, bs, kv_slots=4096, max_context_len=512, page_size=1):
         torch = self.torch
         from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 
         req_to_token_pool = ReqToTokenPool(
             size=bs + 2, max_context_len=max_context_len, device="cpu", enable_memory_saver=False
         )
         kv = MHATokenToKVPool(
-            size=kv_slots, page_size=1, dtype=torch.float64, head_num=target.heads,
+            size=kv_slots, page_size=page_size, dtype=torch.float64, head_num=target.heads,
             head_dim=target.hd, layer_num=target.layers, device="cpu",
             enable_memory_saver=False,
         )
-        allocator = TokenToKVPoolAllocator(
-            size=kv_slots, dtype=torch.float64, device="cpu", kvcache=kv, need_sort=False
-        )
+        if page_size == 1:
+            allocator = TokenToKVPoolAllocator(
+                size=kv_slots, dtype=torch.float64, device="cpu", kvcache=kv, need_sort=False
+            )
+        else:  # SGLang's paged allocator (its naive CPU path)
+            allocator = PagedTokenToKVPoolAllocator(
+                size=kv_slots, page_size=page_size, dtype=torch.float64, device="cpu",
+                kvcache=kv, need_sort=False,
+            )
         return req_to_token_pool, kv, allocator
 
+
+    def prefill(self, target, kv, alloc, rtp, req, row, prompt, page_size=1):
+        """The prompt's KV into the real pool (the target alone, whole pages); returns its
+        logits [m, V]. (tests/v2_hybrid_probe.py also writes the recurrent state of the prompt.)"""
+        torch = self.torch
+        pages = -(-len(prompt) // page_size) * page_size
+        slots = alloc.alloc(pages)
+        rtp.req_to_token[row, :pages] = slots.to(rtp.req_to_token.dtype)
+        req.kv.kv_committed_len, req.kv.kv_allocated_len = len(prompt), pages
+        lg, _ = target.forward_pool(
+            kv, torch.tensor(prompt), torch.arange(len(prompt)), slots[: len(prompt)].long(),
+            torch.zeros(0, dtype=torch.long),
+            torch.ones(len(prompt), len(prompt), dtype=torch.bool).tril(),
+        )
+        return lg
 
     # -- the worker, built without __init__ (that loads a draft model on a GPU) -------------
     def worker(self, target, budget, topk, block, req_to_token_pool, kv, allocator):
@@ -174,7 +199,7 @@ class Harness:
 
         translator = KVIndexTranslator(
             req_to_token=req_to_token_pool.req_to_token, token_to_kv_pool_allocator=allocator,
-            token_to_kv_pool=kv, page_size=1, device="cpu",
+            token_to_kv_pool=kv, page_size=allocator.page_size, device="cpu",
         )
         runner = StandInRunner(target, req_to_token_pool, kv, allocator, translator)
         w = DDTreeWorkerV2.__new__(DDTreeWorkerV2)
@@ -415,8 +440,10 @@ class StandInTargetWorker:
             )
             logits.append(lg)
             hidden.append(hd)
+        # float32 logits, as SGLang's LogitsProcessor hands them to the verify (the CUDA
+        # sampling kernel's host check takes nothing else); hidden states stay float64.
         out = LogitsProcessorOutput(
-            next_token_logits=torch.cat(logits), hidden_states=torch.cat(hidden)
+            next_token_logits=torch.cat(logits).float(), hidden_states=torch.cat(hidden)
         )
         return _Out(out)
 
@@ -465,51 +492,78 @@ def draft_topk(h, draft, contexts, depth, k, shards=2):
     return lp.view(bs, L, -1), tok.view(bs, L, -1)
 
 
+class Run:
+    """One decode run's state: the real pools, cache, worker and requests, plus what the
+    harness knows for checking (each request's committed tokens on the device side, the
+    per-step records)."""
+
+
 def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling=None,
-               seed=0, check=True, first_token=None, kv_slots=4096, via_forward=False):
+               seed=0, check=True, first_token=None, kv_slots=4096, via_forward=False,
+               overlap=False, page_size=1, grammar=False):
+    """Decode ``prompts`` to ``max_new`` tokens each with the DDTree worker over SGLang's real
+    batch/pool/allocator/cache objects, the way the scheduler drives a spec-v2 worker:
+
+    - ``overlap=False``: the synchronous schedule (the scheduler's non-overlap branch): each
+      step's result is processed before the next step is prepared;
+    - ``overlap=True``: the overlap schedule (Scheduler.run_batch with enable_overlap): step
+      k is prepared (prepare_for_decode's KV over-allocation) from the HOST's committed
+      lengths, which lag one step because step k-1's result is processed only after step k
+      launched; at launch the real FutureMap resolves the true lengths (published by step
+      k-1 through ``on_publish``) and the bonus tokens (stashed from step k-1's
+      next_draft_input) into the batch; a request that finished at step k-1 still runs in
+      step k, as on a server. The draft input's own bonus tokens and lengths are POISONED
+      (-1) before the resolve, so only what the relay carried can be used.
+
+    Every step checks the accepted depth of every request against a reference walk of the
+    step's tree with plain sequential greedy decoding (``check``), and the window the step
+    writes against the KV the allocator reserved; the run checks the off-chain counter
+    against the steps whose accepted paths left the first-ranked chain, and that every KV
+    slot and request row is free at the end."""
     torch = h.torch
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+    from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.radix_cache import RadixCache
-    from sglang.srt.mem_cache.common import release_kv_cache
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.runtime_context import get_spec
-    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
     from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
+    r = Run()
+    r.h, r.target, r.draft, r.prompts, r.max_new = h, target, draft, prompts, max_new
+    r.budget, r.topk, r.block, r.sampling, r.check = budget, topk, block, sampling, check
+    r.overlap, r.grammar = overlap, grammar
     bs = len(prompts)
-    rtp, kv, alloc = h.pools(target, bs, kv_slots=kv_slots)
-    free_slots0, free_rows0 = alloc.available_size(), rtp.available_size()
-    cache = RadixCache(CacheInitParams(
-        disable=True, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc, page_size=1))
-    w = h.worker(target, budget, topk, block, rtp, kv, alloc)
+    r.rtp, r.kv, r.alloc = h.pools(target, bs, kv_slots=kv_slots, page_size=page_size)
+    free_slots0, free_rows0 = r.alloc.available_size(), r.rtp.available_size()
+    r.cache = RadixCache(CacheInitParams(
+        disable=True, req_to_token_pool=r.rtp, token_to_kv_pool_allocator=r.alloc,
+        page_size=page_size))
+    w = r.w = h.worker(target, budget, topk, block, r.rtp, r.kv, r.alloc)
     w.draft_model_runner.draft = draft
     w.via_forward = via_forward
-    reqs = []
+    _record_steps(r)
+    r.reqs = []
     for i, prompt in enumerate(prompts):
         params = SamplingParams(max_new_tokens=max_new[i], **(sampling or {"temperature": 0.0}))
         params.normalize(None)
         params.verify(target.vocab)
-        reqs.append(Req(f"r{i}", "", list(prompt), params, vocab_size=target.vocab))
-    rows = rtp.alloc(reqs)
-    bonus = {}
-    gen = torch.Generator().manual_seed(seed)
+        req = Req(f"r{i}", "", list(prompt), params, vocab_size=target.vocab)
+        if grammar:
+            req.grammar = ParityGrammar(prompt[-1], target.vocab)
+        r.reqs.append(req)
+    r.rows = r.rtp.alloc(r.reqs)
+    r.gen = torch.Generator().manual_seed(seed)
     # Prefill (DFlashWorkerV2's own path on a server; here the target alone): prompt KV into
-    # the real pool, the first token, and the prompt's hidden rows for the draft.
-    for req, row, prompt in zip(reqs, rows, prompts):
-        slots = alloc.alloc(len(prompt))
-        rtp.req_to_token[row, : len(prompt)] = slots.to(rtp.req_to_token.dtype)
-        req.kv.kv_committed_len = req.kv.kv_allocated_len = len(prompt)
-        lg, _ = target.forward_pool(
-            kv, torch.tensor(prompt), torch.arange(len(prompt)), slots.long(),
-            torch.zeros(0, dtype=torch.long),
-            torch.ones(len(prompt), len(prompt), dtype=torch.bool).tril(),
-        )
-        bonus[req.rid] = _pick(lg[-1], sampling, gen) if first_token is None else first_token
-        req.output_ids.append(bonus[req.rid])
-    active = list(range(bs))
-    steps, accepts = 0, []
+    # the real pool (whole pages), the first token, the prompt's hidden rows for the draft.
+    r.truth = {}  # request index -> tokens committed on the device side (prompt + output)
+    for i, (req, row, prompt) in enumerate(zip(r.reqs, r.rows, prompts)):
+        lg = h.prefill(target, r.kv, r.alloc, r.rtp, req, row, prompt, page_size)
+        last = req.grammar.masked(lg[-1:])[0] if grammar else lg[-1]
+        first = _pick(last, sampling, r.gen) if first_token is None else first_token
+        if grammar:
+            req.grammar.accept_token(first)
+        req.output_ids.append(first)
+        r.truth[i] = list(prompt) + [first]
+    r.steps, r.accepts = 0, []
     # What the scheduler's spec bag holds once the plugin resolved DDTREE (budget B, verify
     # width B + 1, the draft block, per-depth K): prepare_for_decode (the family's 0005 hunk)
     # and release_kv_cache read it.
@@ -518,91 +572,341 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
         speculative_num_draft_tokens=budget + 1, speculative_dflash_block_size=block,
         speculative_eagle_topk=topk, speculative_ddtree_topk=topk,
     ):
-        steps = _decode_loop(h, target, draft, prompts, max_new, budget, topk, block, sampling,
-                             gen, check, reqs, rows, bonus, active, accepts, w, rtp, kv, alloc,
-                             cache)
-    assert alloc.available_size() == free_slots0, (alloc.available_size(), free_slots0)
-    assert rtp.available_size() == free_rows0
-    return reqs, steps, accepts, w
+        (_overlap_loop if overlap else _sync_loop)(r)
+    assert r.alloc.available_size() == free_slots0, (r.alloc.available_size(), free_slots0)
+    assert r.rtp.available_size() == free_rows0
+    # The off-chain counter, exactly: the steps in which some request's accepted path holds
+    # a node that is not its parent's first child (recomputed from the accepted paths).
+    assert int(w._ddtree_offchain) == r.offchain_steps, (int(w._ddtree_offchain), r.offchain_steps)
+    assert int(w._ddtree_steps) == r.steps
+    return r.reqs, r.steps, r.accepts, w
 
 
-def _decode_loop(h, target, draft, prompts, max_new, budget, topk, block, sampling, gen, check,
-                 reqs, rows, bonus, active, accepts, w, rtp, kv, alloc, cache):
-    torch = h.torch
+def _record_steps(r):
+    """Keep each step's tree and EAGLE's accept_index (wrappers that only record)."""
+    from sglang.srt.speculative import eagle_worker_common as ewc
+
+    w, r.trees, r.verifies, r.offchain_steps = r.w, [], [], 0
+    build, verify = w._ddtree_build, ewc.run_eagle_verify
+
+    def recording_build(*a, **k):
+        out = build(*a, **k)
+        r.trees.append(out)
+        return out
+
+    def recording_verify(*a, **k):
+        out = verify(*a, **k)
+        r.verifies.append(out)
+        return out
+
+    w._ddtree_build = recording_build
+    ewc.run_eagle_verify = recording_verify
+    r.restore = lambda: setattr(ewc, "run_eagle_verify", verify)
+
+
+def _new_batch(r, active, seq_lens):
     from sglang.srt.managers.schedule_batch import ScheduleBatch
-    from sglang.srt.mem_cache.common import release_kv_cache
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.runtime_context import get_spec
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    torch = r.h.torch
+    areqs = [r.reqs[i] for i in active]
+    batch = ScheduleBatch(
+        reqs=areqs, req_to_token_pool=r.rtp, token_to_kv_pool_allocator=r.alloc,
+        tree_cache=r.cache, forward_mode=ForwardMode.DECODE, device="cpu",
+        spec_algorithm=SpeculativeAlgorithm.from_string("DDTREE"),
+    )
+    batch.model_config = r.w.model_runner.model_config
+    batch.req_pool_indices = torch.tensor([r.rows[i] for i in active], dtype=torch.int64)
+    batch.seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
+    batch.seq_lens_cpu = batch.seq_lens.clone()
+    batch.seq_lens_sum = int(batch.seq_lens.sum())
+    batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, r.target.vocab)
+    batch.has_grammar = r.grammar
+    batch.can_run_decode_cuda_graph = False
+    return batch
+
+
+def _prepare(r, batch, draft_input, active, lag):
+    """prepare_for_decode (the family's 0005: block + max(B + 1, block) past the committed
+    length the host sees), and the step's window within what it reserved: ``lag`` = each
+    request's tokens committed on the device but not yet on the host."""
+    draft_input.prepare_for_decode(batch)
+    reserve = r.block + max(r.budget + 1, r.block)
+    areqs = [r.reqs[i] for i in active]
+    ahead = [q.kv.kv_allocated_len - q.kv.kv_committed_len for q in areqs]
+    # Exactly the reserve past the host's committed length, rounded up to whole pages: never
+    # short of the step's need, never DFlash's 2 x (B + 1).
+    page = r.alloc.page_size
+    assert all(reserve <= a < reserve + page for a in ahead), (ahead, reserve, page)
+    for q, i in zip(areqs, active):
+        true_len = q.kv.kv_committed_len + lag.get(i, 0)
+        assert true_len + max(r.budget + 1, r.block) <= q.kv.kv_allocated_len, (
+            "the step writes past the reserved KV", true_len, q.kv.kv_allocated_len)
+    batch.spec_info = draft_input
+
+
+def _forward(r, batch, draft_input, active, **kw):
+    w = r.w
+    contexts = [list(r.truth[i]) for i in active]
+    w._rows = [r.rows[i] for i in active]
+    if w.via_forward:
+        # The worker's whole decode step: DFlash block -> top-K head -> tree -> verify.
+        for i, ctx in zip(active, contexts):
+            w.draft_model_runner.contexts[r.rows[i]] = ctx
+        res = w.forward_batch_generation(batch, **kw)
+    else:
+        logprobs, tokens = draft_topk(r.h, r.draft, contexts, r.block - 1, r.topk)
+        window = w_window(r.h, w, batch, r.block)
+        res = w._ddtree_verify_and_commit(batch, draft_input, logprobs, tokens, window,
+                                          kw.get("on_publish"))
+    r.steps += 1
+    # EAGLE's verify rebinds the batch it is handed: the scheduler's own batch stays as it was.
+    assert batch.forward_mode.is_decode() and batch.spec_info is draft_input
+    _check_step(r, res, active, contexts, batch)
+    return res
+
+
+def _check_step(r, res, active, contexts, batch):
+    """The step's accepted depth against a reference walk of its own tree with plain greedy
+    decoding; the off-chain steps from the accepted paths; the harness's device-side truth."""
+    from sglang.srt.speculative import ddtree_utils as du
+
+    torch = r.h.torch
+    n = r.budget + 1
+    layout = r.trees[-1][0]
+    verify = r.verifies[-1]
+    acc = res.accept_lens.tolist()
+    assert acc == (verify.accept_lens).tolist()
+    assert res.speculative_num_draft_tokens == n  # the scheduler reads next_token_ids by it
+    assert torch.equal(res.new_seq_lens, batch.seq_lens + res.accept_lens.to(batch.seq_lens.dtype))
+    if bool(du.offchain_accepted(layout, verify.accept_index.long()).any()):
+        r.offchain_steps += 1
+    out = res.next_token_ids.view(len(active), n)
+    for j, i in enumerate(active):
+        if r.check and r.sampling is None:
+            want = _reference_walk(r, layout, j, contexts[j], r.reqs[i])
+            assert acc[j] == want, (f"step {r.steps}, request {i}: accepted {acc[j]} "
+                                    f"!= the reference walk's {want}")
+        r.truth[i].extend(out[j, : acc[j]].tolist())
+
+
+def _reference_walk(r, layout, j, ctx, req):
+    """Committed tokens (root + accepted) of request j's tree under greedy decoding, by walking
+    the tree with the target's sequential argmax (grammar-masked for a constrained request)."""
+    parents, tokens = layout.parents[j].tolist(), layout.tokens[j].tolist()
+    node, path = 0, []
+    grammar = req.grammar.fork() if r.grammar else None
+    while True:
+        logits, _ = r.target.causal(ctx + path)
+        last = logits[-1:]
+        if grammar is not None:
+            last = grammar.masked(last)
+        want = int(last[0].argmax())
+        kids = [c for c in range(len(tokens)) if parents[c] == node and tokens[c] == want]
+        if not kids:
+            return len(path) + 1
+        node = kids[0]
+        path.append(want)
+        if grammar is not None:
+            grammar.accept_token(want)
+
+
+def _commit(r, i, new):
+    """The scheduler's side of one request's result: commit, emit, finish mid-path when
+    max_new is reached; True when it finished."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    req, prompt = r.reqs[i], r.prompts[i]
+    r.accepts.append(len(new) - 1)
+    req.kv.kv_committed_len += len(new)
+    req.output_ids.extend(new)
+    if r.grammar and not r.overlap:
+        for t in new:  # the synchronous scheduler advances the FSM after the step
+            req.grammar.accept_token(t)
+    if len(req.output_ids) < r.max_new[i]:
+        return False
+    # Finished mid-path when the step accepted more than were still wanted.
+    r.w.__dict__.setdefault("cut", []).append(len(req.output_ids) - r.max_new[i])
+    del req.output_ids[r.max_new[i]:]
+    if r.check:
+        _check_request(r.h, r.target, r.w, r.kv, r.rtp, r.rows[i], prompt, req, r.sampling,
+                       grammar=r.grammar)
+    req.kv.kv_committed_len = min(req.kv.kv_committed_len, len(prompt) + len(req.output_ids))
+    release_kv_cache(req, r.cache, checkpoint=False)
+    return True
+
+
+def _sync_loop(r):
+    """The synchronous schedule: prepare, forward, process, in order."""
+    torch = r.h.torch
     from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
-    steps = 0
-    while active:
-        areqs = [reqs[i] for i in active]
-        batch = ScheduleBatch(
-            reqs=areqs, req_to_token_pool=rtp, token_to_kv_pool_allocator=alloc,
-            tree_cache=cache, forward_mode=ForwardMode.DECODE, device="cpu",
-        )
-        batch.model_config = w.model_runner.model_config
-        batch.req_pool_indices = torch.tensor([rows[i] for i in active], dtype=torch.int64)
-        committed = torch.tensor([r.kv.kv_committed_len for r in areqs], dtype=torch.int64)
-        batch.seq_lens = committed.clone()
-        batch.seq_lens_cpu = committed.clone()
-        batch.seq_lens_sum = int(committed.sum())
-        batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, target.vocab)
-        draft_input = make_draft_input_v2(
-            bonus_tokens=torch.tensor([bonus[r.rid] for r in areqs]), new_seq_lens=committed
-        )
-        # The real over-allocation for the step (the family's 0005: block + max(B + 1, block)
-        # past the committed length, not DFlash's 2 x (B + 1)).
-        draft_input.prepare_for_decode(batch)
-        reserve = block + max(budget + 1, block)
-        ahead = [r.kv.kv_allocated_len - r.kv.kv_committed_len for r in areqs]
-        # Never short of the step's need; exactly the reserve where this step allocated (a
-        # request allocated ahead earlier may hold more, never 2 x (B + 1) fresh).
-        assert min(ahead) >= reserve and reserve in ahead, (ahead, reserve)
-        batch.spec_info = draft_input
-        contexts = [list(prompts[i]) + list(reqs[i].output_ids) for i in active]
-        w._rows = [rows[i] for i in active]
-        if w.via_forward:
-            # The worker's whole decode step: DFlash block -> top-K head -> tree -> verify.
-            for i, ctx in zip(active, contexts):
-                w.draft_model_runner.contexts[rows[i]] = ctx
-            batch.can_run_decode_cuda_graph = False
-            res = w.forward_batch_generation(batch)
-        else:
-            logprobs, tokens = draft_topk(h, draft, contexts, block - 1, topk)
-            window = w_window(h, w, batch, block)
-            res = w._ddtree_verify_and_commit(batch, draft_input, logprobs, tokens, window,
-                                              None)
-        steps += 1
-        n = budget + 1
-        out = res.next_token_ids.view(len(active), n)
-        acc = res.accept_lens.tolist()
-        assert torch.equal(res.new_seq_lens, committed + res.accept_lens.to(committed.dtype))
-        still = []
-        for j, i in enumerate(active):
-            req = reqs[i]
-            new = out[j, : acc[j]].tolist()
-            accepts.append(acc[j] - 1)
-            # The scheduler's side: commit, emit, finish mid-path when max_new is reached.
-            req.kv.kv_committed_len += acc[j]
-            req.output_ids.extend(new)
-            bonus[req.rid] = new[-1]
-            assert int(res.next_draft_input.bonus_tokens[j]) == new[-1]
-            if len(req.output_ids) >= max_new[i]:
-                # Finished mid-path when the step accepted more than were still wanted.
-                w.__dict__.setdefault("cut", []).append(len(req.output_ids) - max_new[i])
-                del req.output_ids[max_new[i]:]
-                if check:
-                    _check_request(h, target, w, kv, rtp, rows[i], prompts[i], req, sampling)
-                req.kv.kv_committed_len = min(req.kv.kv_committed_len,
-                                              len(prompts[i]) + len(req.output_ids))
-                release_kv_cache(req, cache, checkpoint=False)
-            else:
-                still.append(i)
-        active = still
-    return steps
+    active = list(range(len(r.reqs)))
+    try:
+        while active:
+            committed = [r.reqs[i].kv.kv_committed_len for i in active]
+            batch = _new_batch(r, active, committed)
+            draft_input = make_draft_input_v2(
+                bonus_tokens=torch.tensor([r.reqs[i].output_ids[-1] for i in active]),
+                new_seq_lens=torch.tensor(committed))
+            _prepare(r, batch, draft_input, active, lag={})
+            res = _forward(r, batch, draft_input, active)
+            out = res.next_token_ids.view(len(active), r.budget + 1)
+            acc = res.accept_lens.tolist()
+            still = []
+            for j, i in enumerate(active):
+                new = out[j, : acc[j]].tolist()
+                assert int(res.next_draft_input.bonus_tokens[j]) == new[-1]
+                if not _commit(r, i, new):
+                    still.append(i)
+            active = still
+    finally:
+        r.restore()
+
+
+def _overlap_loop(r):
+    """The overlap schedule (see run_decode): the real FutureMap, publish / stash / resolve,
+    host lengths one step behind, results processed one step late."""
+    from functools import partial
+
+    torch = r.h.torch
+    from sglang.srt.managers.overlap_utils import FutureMap, RelayPayload, resolve_forward_inputs
+    from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    fm = FutureMap(torch.device("cpu"), SpeculativeAlgorithm.from_string("DDTREE"), r.rtp,
+                   needs_cpu_seq_lens=True)
+    everyone = torch.tensor(r.rows, dtype=torch.int64)
+    # The prefill step's relay: its committed lengths and first tokens.
+    fm.publish(everyone, torch.tensor([q.kv.kv_committed_len for q in r.reqs]))
+    fm.stash(everyone, RelayPayload(bonus_tokens=torch.tensor([q.output_ids[-1] for q in r.reqs])))
+    active = list(range(len(r.reqs)))  # as the host knows it (results processed so far)
+    finished = set()
+    pending = None  # (requests, result) of the step launched but not yet processed
+    lag = {}
+    stale = extra = 0  # steps launched on stale host lengths; steps run for finished requests
+    try:
+        while active or pending is not None:
+            launched = None
+            if active:
+                host = [r.reqs[i].kv.kv_committed_len for i in active]
+                batch = _new_batch(r, active, host)  # the host's (stale) lengths
+                draft_input = make_draft_input_v2(
+                    bonus_tokens=torch.full((len(active),), -1),  # POISON: the relay fills it
+                    new_seq_lens=torch.full((len(active),), -1))
+                draft_input.future_indices = batch.req_pool_indices.clone()
+                _prepare(r, batch, draft_input, active, lag)
+                batch.enable_overlap = True
+                # Scheduler.run_batch: resolve what step k-1 published and stashed.
+                fm.resolve_seq_lens_cpu(batch)
+                resolve_forward_inputs(batch, fm)
+                truth_lens = [len(r.truth[i]) - 1 for i in active]  # minus the bonus token
+                assert batch.seq_lens.tolist() == truth_lens, (batch.seq_lens.tolist(), truth_lens)
+                stale += host != truth_lens
+                assert batch.spec_info.bonus_tokens.tolist() == [r.truth[i][-1] for i in active]
+                future_indices = batch.req_pool_indices
+                kw = {"on_publish": partial(fm.publish, future_indices)}
+                if r.grammar:
+                    kw["grammar_barrier"] = partial(_advance_grammar, r, pending)
+                res = _forward(r, batch, draft_input, active, **kw)
+                fm.stash(future_indices, RelayPayload.from_draft_input(res.next_draft_input))
+                launched = (list(active), res)
+            if pending is not None:  # step k-1's result, processed after step k launched
+                done, res_prev = pending
+                if r.grammar:
+                    _advance_grammar(r, pending)  # (a no-op when the barrier already ran)
+                out = res_prev.next_token_ids.view(len(done), r.budget + 1)
+                acc = res_prev.accept_lens.tolist()
+                for j, i in enumerate(done):
+                    lag[i] = lag.get(i, 0) - acc[j]
+                    if i in finished:
+                        extra += 1
+                        continue  # the extra overlap step of a request already done
+                    if _commit(r, i, out[j, : acc[j]].tolist()):
+                        finished.add(i)
+            if launched is not None:
+                for j, i in enumerate(launched[0]):
+                    lag[i] = lag.get(i, 0) + int(launched[1].accept_lens[j])
+            pending = launched
+            active = [i for i in active if i not in finished]
+    finally:
+        r.restore()
+    # Not vacuous: the host really lagged, and finished requests really ran one step more.
+    assert stale > 0 and extra > 0, (stale, extra)
+
+
+def _advance_grammar(r, pending):
+    """The scheduler's grammar barrier under overlap: feed the previous step's committed
+    tokens to each constrained request's FSM, once."""
+    if pending is None or getattr(pending[1], "_grammar_done", False):
+        return
+    done, res = pending
+    out = res.next_token_ids.view(len(done), r.budget + 1)
+    for j, i in enumerate(done):
+        for t in out[j, : int(res.accept_lens[j])].tolist():
+            r.reqs[i].grammar.accept_token(t)
+    res._grammar_done = True
+
+
+class ParityGrammar:
+    """STAND-IN grammar object (BaseGrammarObject's interface, xgrammar's packed int32
+    bitmask): after token t the next token must have the other parity (t + next odd).
+    Its FSM is the last accepted token; rollback pops."""
+
+    def __init__(self, last, vocab):
+        self.stack, self.vocab = [int(last)], vocab
+        self.finished, self.grammar_stats, self.current_token = False, None, None
+
+    def fork(self):
+        other = ParityGrammar(0, self.vocab)
+        other.stack = list(self.stack)
+        return other
+
+    def allowed(self, token):
+        return (token + self.stack[-1]) % 2 == 1
+
+    def accept_token(self, token):
+        assert self.allowed(int(token)), ("the grammar refuses", token, self.stack[-1])
+        self.stack.append(int(token))
+
+    def rollback(self, k):
+        del self.stack[len(self.stack) - k:]
+
+    def is_terminated(self):
+        return False
+
+    def allocate_vocab_mask(self, vocab_size, batch_size, device):
+        import torch
+
+        return torch.full((batch_size, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+    def fill_vocab_mask(self, vocab_mask, idx):
+        bits = 0
+        for t in range(self.vocab):
+            if self.allowed(t):
+                bits |= 1 << t
+        vocab_mask[idx, 0] = bits - (1 << 32) if bits >= 1 << 31 else bits
+
+    @staticmethod
+    def move_vocab_mask(vocab_mask, device):
+        return vocab_mask.to(device)
+
+    @staticmethod
+    def apply_vocab_mask(logits, vocab_mask):
+        import torch
+
+        v = logits.shape[-1]
+        bits = (vocab_mask[:, :1].long() & 0xFFFFFFFF) >> torch.arange(v)
+        logits.masked_fill_((bits & 1) == 0, float("-inf"))
+
+    def masked(self, logits):
+        """logits [1, V] with the tokens the grammar refuses now at -inf (the reference)."""
+        import torch
+
+        keep = torch.tensor([self.allowed(t) for t in range(logits.shape[-1])])
+        return logits.masked_fill(~keep, float("-inf"))
 
 
 def _pick(logits, sampling, gen):
@@ -628,14 +932,23 @@ def w_window(h, w, batch, block):
     return {"cache_loc_2d": locs, "positions_2d": pos, "kv_loc_plan": plan}
 
 
-def _check_request(h, target, w, kv, rtp, row, prompt, req, sampling):
-    """Sequential decoding agrees: tokens (greedy), the KV in the request's slots, and the
-    hidden rows handed to the draft for every committed position."""
+def _check_request(h, target, w, kv, rtp, row, prompt, req, sampling, grammar=False):
+    """Sequential decoding agrees: tokens (greedy; grammar-masked greedy for a constrained
+    request), the KV in the request's slots, and the hidden rows handed to the draft for
+    every committed position."""
     torch = h.torch
     seq = list(prompt) + list(req.output_ids)
     logits, hidden = target.causal(seq)
     if sampling is None:
-        want = [int(x) for x in logits[len(prompt) - 1 : len(seq) - 1].argmax(-1)]
+        rows = logits[len(prompt) - 1 : len(seq) - 1]
+        if grammar:
+            fsm = ParityGrammar(prompt[-1], target.vocab)
+            want = []
+            for row_logits in rows:
+                want.append(int(fsm.masked(row_logits.unsqueeze(0))[0].argmax()))
+                fsm.accept_token(want[-1])
+        else:
+            want = [int(x) for x in rows.argmax(-1)]
         assert list(req.output_ids) == want, f"tokens {list(req.output_ids)} != greedy {want}"
     committed = min(req.kv.kv_committed_len, len(seq))
     slots = rtp.req_to_token[row, :committed].long()
@@ -645,24 +958,60 @@ def _check_request(h, target, w, kv, rtp, row, prompt, req, sampling):
     for p in range(len(prompt), committed):
         slot, hid = w.draft_kv[(row, p)]
         assert slot == int(slots[p]), f"draft slot of position {p}"
-        assert torch.allclose(hid, hidden[p], atol=1e-9), f"draft hidden at position {p}"
+        assert torch.allclose(hid, hidden[p], atol=h.HIDDEN_ATOL), f"draft hidden at position {p}"
 
 
-def case_greedy_lossless(h):
+def _greedy_case(h, budget=10, topk=3, **kw):
+    """Three requests of different prompt lengths through the worker's whole decode step
+    (run_decode checks tokens, KV, draft hidden rows, accepted depth per step, the off-chain
+    count, the reserve and the freed slots)."""
     torch = h.torch
     target = TinyTarget(torch, seed=1)
     draft = target.perturbed(0.08, seed=2)
     gen = torch.Generator().manual_seed(3)
     plens, max_new = [4, 9, 15], [6, 23, 14]
     prompts = [torch.randint(0, target.vocab, (m,), generator=gen).tolist() for m in plens]
-    reqs, steps, accepts, w = run_decode(h, target, draft, prompts, max_new, budget=10,
-                                         topk=3, block=5, via_forward=True)
+    reqs, steps, accepts, w = run_decode(h, target, draft, prompts, max_new, budget=budget,
+                                         topk=topk, block=5, via_forward=True, **kw)
     assert w._target_worker.calls == steps == w.draft_model_runner.calls
     # Not vacuous: deep paths and off-chain (rank > 0) accepts happened.
     assert max(accepts) >= 2, accepts
     assert int(w._ddtree_offchain) >= 1, "no off-chain accept: the tree never mattered"
     assert steps < max(max_new), (steps, accepts)
     assert any(c > 0 for c in w.cut), w.cut  # some request finished mid-path
+    return reqs, target, prompts
+
+
+def case_greedy_lossless(h):
+    _greedy_case(h)
+
+
+def case_overlap_lossless(h):
+    """The overlap schedule: lagged host lengths, publish, the FutureMap relay (poisoned draft
+    inputs), results processed a step late, an extra step for finished requests. Budget 12 and
+    top-2 over a draft depth of 4: the lineage depth (7) exceeds the draft depth, so the parent
+    list is wider than a depth-L one (the CUDA host check sees the difference)."""
+    from sglang.srt.speculative.ddtree_lineage import lineage_depth
+
+    assert lineage_depth(12, 2, 4) == 7
+    _greedy_case(h, budget=12, topk=2, overlap=True)
+
+
+def case_page16_lossless(h):
+    """Page size 16 (SGLang's paged allocator; EAGLE moves the accepted path's KV)."""
+    _greedy_case(h, overlap=True, page_size=16, kv_slots=4096)
+
+
+def case_grammar_lossless(h):
+    """Grammar-constrained requests (a STAND-IN grammar object) under overlap: EAGLE masks the
+    target over the DDTree with the FSM the grammar barrier advanced; the tokens are the
+    grammar-masked greedy decode, which differs from the unconstrained one."""
+    reqs, target, prompts = _greedy_case(h, overlap=True, grammar=True)
+    free = []
+    for req, prompt in zip(reqs, prompts):
+        seq = list(prompt) + list(req.output_ids)
+        free.append([int(x) for x in target.causal(seq)[0][len(prompt) - 1: len(seq) - 1].argmax(-1)])
+    assert any(f != list(q.output_ids) for f, q in zip(free, reqs)), "the grammar changed nothing"
 
 
 class _OneRank:
@@ -688,24 +1037,21 @@ def _chi2(observed, expected):
     return sum((o - e) ** 2 / e for o, e in pairs), len(pairs) - 1
 
 
-def case_sampling_law(h):
-    """Target-only tree sampling through EAGLE's sampling branch: the law of the two tokens
-    the worker emits after a fixed first token equals the target's p(t2) p(t3 | t2)."""
+def _sampling_run(h, walk, trials=400):
+    """``trials`` requests of 3 tokens after a fixed first token, sampled at temperature 1
+    through EAGLE's sampling branch with ``walk`` as its tree-sampling kernel. Returns the
+    (t2, t3) counts [6, 6], the target's law of them x trials, the accepts and the worker."""
     torch = h.torch
-    import sgl_kernel
-    from sglang.srt.runtime_context import get_parallel
     from sglang.srt.speculative import eagle_utils
 
-    # NAMED STAND-INS for this case: the sampling walk (no CPU op in SGLang) and the CPU
+    # NAMED STAND-INS for these cases: the sampling walk (no CPU op in SGLang) and the CPU
     # engine's "always greedy" switch, so eagle_sample takes its sampling branch.
-    eagle_utils.tree_speculative_sampling_target_only = (
-        sgl_kernel.tree_speculative_sampling_target_only
-    )
+    eagle_utils.tree_speculative_sampling_target_only = walk
     eagle_utils._is_cpu = False
     target = TinyTarget(torch, vocab=6, hidden=16, seed=4, scale=0.6)
     target.head = target.head * 0.1  # spread-out next-token laws (~0.4/0.4/0.2 at the root)
     draft = target.perturbed(0.05, seed=5)  # agrees often, not always
-    prompt, first, trials = [1, 4, 2, 5, 0], 3, 400
+    prompt, first = [1, 4, 2, 5, 0], 3
     torch.manual_seed(11)  # EAGLE's verify coins come from torch.rand
     # K = 2: the root's two children carry ~80 % of the mass, so all-rejected nodes (and the
     # residual draw) happen in a fair share of the trials.
@@ -723,16 +1069,59 @@ def case_sampling_law(h):
     expected = torch.stack([
         p2[a] * torch.softmax(target.causal(prompt + [first, a])[0][-1], -1) for a in range(6)
     ]) * trials
+    return counts, expected, accepts, w
+
+
+def _law_statistics(counts, expected):
+    """[(name, statistic, its p = 0.001 quantile)] for the t2 marginal and the (t2, t3) joint."""
+    out = []
     for name, obs_t, exp_t in (("t2", counts.sum(1), expected.sum(1)),
                                ("(t2, t3)", counts.flatten(), expected.flatten())):
         stat, df = _chi2(obs_t, exp_t)
-        assert stat < _chi2_quantile(df), (name, stat, df, obs_t.tolist(), exp_t.tolist())
+        out.append((name, stat, _chi2_quantile(df)))
+    return out
+
+
+def case_sampling_law(h):
+    """Target-only tree sampling through EAGLE's sampling branch: the law of the two tokens
+    the worker emits after a fixed first token equals the target's p(t2) p(t3 | t2)."""
+    import sgl_kernel
+
+    counts, expected, accepts, w = _sampling_run(h, sgl_kernel.tree_speculative_sampling_target_only)
+    for name, stat, bound in _law_statistics(counts, expected):
+        assert stat < bound, (name, stat, bound, counts.tolist(), expected.tolist())
     # Not vacuous: drafts were accepted (also off the first-ranked chain) in many trials.
+    trials = int(counts.sum())
     assert sum(1 for a in accepts if a >= 1) > trials // 4, accepts[:50]
     assert int(w._ddtree_offchain) >= 1
-    # And the test can fail: the same counts against a wrong law (uniform) are rejected.
-    uniform = torch.full((36,), trials / 36.0)
-    assert float(((counts.flatten() - uniform) ** 2 / uniform).sum()) > _chi2_quantile(35)
+
+
+def case_sampling_control(h):
+    """The sampling test can fail: the same run with a tree-sampling walk WITHOUT the residual
+    (after the walk stops, the bonus is drawn from the target's distribution itself, rejected
+    tokens included) gives counts the same statistics reject."""
+    import sgl_kernel
+    import torch
+
+    def no_residual(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                    retrive_next_token, retrive_next_sibling, uniform_samples,
+                    uniform_samples_for_final_sampling, target_probs, draft_probs, **kw):
+        sgl_kernel.tree_speculative_sampling_target_only(
+            predicts, accept_index, accept_token_num, candidates, retrive_index,
+            retrive_next_token, retrive_next_sibling, uniform_samples,
+            uniform_samples_for_final_sampling, target_probs, draft_probs, **kw)
+        bs, n = candidates.shape
+        for b in range(bs):
+            last = int(accept_index[b, int(accept_token_num[b])])
+            q = target_probs[b, last - b * n].double()
+            cdf = q.cumsum(0)
+            u = float(uniform_samples_for_final_sampling[b]) * float(cdf[-1])
+            pick = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True))
+            predicts[last] = min(pick, q.numel() - 1)
+
+    counts, expected, _, _ = _sampling_run(h, no_residual)
+    stats = _law_statistics(counts, expected)
+    assert any(stat >= bound for _, stat, bound in stats), stats
 
 
 class HostSyncCounter:
@@ -786,6 +1175,13 @@ def case_no_host_sync(h):
     with HostSyncCounter(torch) as c:
         int(layout.tokens[0, 0])
     assert c.count == 1
+    # A broken draft (NaN and -inf log-probs) still gives full trees: every node linked, no
+    # padding for the CUDA tree builder's parent-not-found path.
+    lp = lp.view(32, 15, -1).clone()
+    lp[0] = float("nan")
+    lp[1:, :, 2:] = float("-inf")
+    layout, *_ = w._ddtree_build(torch.zeros(32, dtype=torch.long), lp, tok.view(32, 15, -1))
+    assert bool(layout.valid.all())
 
 
 def case_report(h):
@@ -839,21 +1235,9 @@ def case_topk_head(h):
 
 
 def main(argv):
-    results = {}
-    try:
-        harness = Harness()
-    except Exception:
-        text = traceback.format_exc()
-        print(TAG + json.dumps({c: "harness: " + text for c in argv}))
-        return 0
-    for case in argv:
-        try:
-            getattr(sys.modules[__name__], "case_" + case)(harness)
-            results[case] = "ok"
-        except Exception:
-            results[case] = traceback.format_exc()
-    print(TAG + json.dumps(results))
-    return 0
+    from probe_cases import run_cases
+
+    return run_cases(TAG, argv, Harness, globals(), what="harness")
 
 
 if __name__ == "__main__":

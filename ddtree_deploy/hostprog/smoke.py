@@ -18,7 +18,8 @@ Request::
                  "validate": {"module": "...", "function": "prepare_server_args", "argv": [...],
                               "needs_paths": [...], "report": ["field", ...],
                               "plugins": [m, f], "resolve": "method", "view": [m, f],
-                              "width": {"field", "budget", "budget_field", "budget_flag"}} | null},
+                              "width": {"field", "budget", "budget_field", "budget_flag"},
+                              "hybrid_report": [m, f] (optional)} | null},
      "launch":  {"argv": [...], "host": "127.0.0.1", "port": 30000, "log_path": "...",
                  "gpu_check": true, "min_free_mib": 0, "ready_timeout_s": 900,
                  "poll_s": 1.0, "probe": {"text": "...", "max_new_tokens": 32},
@@ -31,7 +32,13 @@ Request::
                   "algorithm": [m, "Class"], "argv": [... "{model}" ... "{draft_model}" ...],
                   "configs": {"model": {config.json}, "draft_model": {...}},
                   "width_field": "...", "budget": 24, "budget_flag": "--...",
-                  "marker": "ATTR", "worker_class": "Name" | null, "skip_worker": "module" | null}
+                  "marker": "ATTR", "worker_class": "Name" | null, "skip_worker": "module" | null,
+                  "hybrid": {"argv": [... "{hybrid_model}" ...], "report": [m, f]} (optional)}
+
+``hybrid_report`` / ``hybrid`` (a family that serves hybrid targets): the function called with
+the resolved ServerArgs returns None (pure attention) or a dict whose ``tree_path`` and
+``commit_hook_found`` must be true (the recurrent tree path on, the accepted node's state
+committed); the tree probe runs it on a tiny hybrid config, the cli level on the host's model.
 
 ``[m, f]`` names a module and an attribute path in it; one that does not exist in the
 release is skipped (older releases have no plugin loader or resolution view).
@@ -233,6 +240,23 @@ def tree_probe(tree):
     out["worker"] = {"name": getattr(cls, "__name__", repr(cls)), "module": getattr(cls, "__module__", None),
                      "marker": repr(getattr(cls, tree["marker"], None))}
     out["worker"]["tree"] = getattr(cls, tree["marker"], None) is True
+    if tree.get("hybrid"):
+        out["hybrid"] = hybrid_probe(tree, paths)
+    return out
+
+
+def hybrid_probe(tree, paths):
+    # The same resolution on the tiny hybrid target, and the family's report of it.
+    argv = [paths.get(a, a) for a in tree["hybrid"]["argv"]]
+    try:
+        args, view = release_args(tree, argv)
+    except BaseException as exc:
+        return dict(_failure("server_args", exc), argv=argv)
+    out = {"ok": True, "argv": argv, "width": getattr(view, tree["width_field"], None)}
+    try:
+        out["report"] = _get(tree["hybrid"]["report"])(args)
+    except BaseException as exc:
+        return dict(out, **_failure("report", exc))
     return out
 """
 _IMPORT_CHILD = _RELEASE_HELPERS + _IMPORT_CHILD
@@ -282,6 +306,12 @@ def judge_tree_probe(tree, found):
     if tree.get("skip_worker"):
         return (f"{said}; worker class not checked: {tree['skip_worker']} is excluded here "
                 "(smoke.import_exclude)")
+    return _judge_worker(tree, found, said) + _judge_hybrid_probe(tree, found)
+
+
+def _judge_worker(tree, found, said):
+    algorithm = "DDTREE"
+    evidence = {"tree": found}
     if found.get("stage") == "worker":
         raise LevelFailed(f"DDTREE probe: SpeculativeAlgorithm.from_string({algorithm!r}).create_worker "
                           f"failed: {found['error']}", evidence)
@@ -296,6 +326,45 @@ def judge_tree_probe(tree, found):
                           f"{worker.get('marker')}, not True: that worker does not verify a tree "
                           "(silently linear)", evidence)
     return f"{said}; {algorithm} -> {worker.get('name')} ({tree['marker']} = True)"
+
+
+def _judge_hybrid_probe(tree, found):
+    """The tiny hybrid target's resolution (a family that serves hybrid targets): the same
+    verify width, and the recurrent tree path on. '' when the family has no such probe."""
+    if not tree.get("hybrid"):
+        return ""
+    got = found.get("hybrid") or {}
+    evidence = {"tree": found}
+    where = "DDTREE probe on the tiny hybrid target (Qwen3-Next: GDN layers)"
+    if got.get("stage") == "server_args":
+        raise LevelFailed(f"{where}: the release's ServerArgs rejects it: {got['error']}", evidence)
+    if got.get("stage") == "report":
+        raise LevelFailed(f"{where}: {'.'.join(tree['hybrid']['report'])} failed: {got['error']}", evidence)
+    width, budget = got.get("width"), tree["budget"]
+    if width != budget + 1:
+        raise LevelFailed(f"{where}: {tree['width_field']} resolved to {width!r}, expected {budget + 1}",
+                          evidence)
+    if not got.get("report"):
+        raise LevelFailed(f"{where}: {'.'.join(tree['hybrid']['report'])} does not see a hybrid target",
+                          evidence)
+    return "; " + hybrid_words(got["report"], where, evidence)
+
+
+def hybrid_words(report, where, evidence):
+    """One clause for a hybrid target DDTREE serves, or LevelFailed when its recurrent tree path
+    is off (a tree verified as a chain) or the commit hook is missing."""
+    topk = report.get("speculative_eagle_topk")
+    chain = report.get("ddtree_topk") == 1  # top-K 1: the tree is a chain, no tree path needed
+    if not report.get("tree_path") and not chain:
+        raise LevelFailed(f"{where}: speculative_eagle_topk resolved to {topk!r}, so the hybrid backend's "
+                          "recurrent tree path is off and a tree would be verified as a chain", evidence)
+    if not report.get("commit_hook_found"):
+        raise LevelFailed(f"{where}: {report.get('commit_hook')} is not in this release: the accepted node's "
+                          "recurrent state would not be committed", evidence)
+    path = ("top-K 1: the tree is a chain, served by the recurrent chain path" if chain else
+            f"recurrent tree path on (speculative_eagle_topk {topk} > 1)")
+    return (f"hybrid {report.get('recurrent_config')} ({report.get('recurrent_kind')}): {path}, accepted "
+            f"node's state committed by {report.get('commit_hook')}")
 
 
 def _ask_child(script, request, timeout_s, *, doing, who):
@@ -327,12 +396,18 @@ def _last_json_line(text):
 _VALIDATE_CHILD = _RELEASE_HELPERS + r"""
 spec = json.loads(sys.argv[1])
 try:
-    _, obj = release_args(dict(spec, parse=[spec["module"], spec["function"]]), spec["argv"])
+    args, obj = release_args(dict(spec, parse=[spec["module"], spec["function"]]), spec["argv"])
 except BaseException as exc:
     print(json.dumps({"ok": False, "error": "%s: %s" % (type(exc).__name__, exc),
                       "traceback": traceback.format_exc()[-3000:]}))
     sys.exit(0)
-print(json.dumps({"ok": True, "fields": {k: getattr(obj, k, None) for k in spec.get("report", [])}}, default=str))
+answer = {"ok": True, "fields": {k: getattr(obj, k, None) for k in spec.get("report", [])}}
+if spec.get("hybrid_report"):
+    try:
+        answer["hybrid"] = _get(spec["hybrid_report"])(args)
+    except BaseException as exc:
+        answer["hybrid_error"] = "%s: %s" % (type(exc).__name__, exc)
+print(json.dumps(answer, default=str))
 """
 
 
@@ -381,7 +456,20 @@ def level_cli(spec):
             detail += f"; {validate['function']} accepts the launch arguments"
             if validate.get("width"):
                 detail += "; " + _judge_width(validate["width"], checked["result"])
+            detail += _judge_hybrid_launch(validate, checked["result"])
     return detail, evidence
+
+
+def _judge_hybrid_launch(validate, result):
+    """The host's own launch arguments on a hybrid model: the recurrent tree path on."""
+    if not validate.get("hybrid_report"):
+        return ""
+    if result.get("hybrid_error"):
+        raise LevelFailed(f"{'.'.join(validate['hybrid_report'])} failed on the launch arguments: "
+                          f"{result['hybrid_error']}", {"validation": result})
+    if not result.get("hybrid"):
+        return ""  # a pure-attention model
+    return "; " + hybrid_words(result["hybrid"], "the launch arguments", {"validation": result})
 
 
 def _judge_width(width, result):
@@ -405,7 +493,7 @@ def _judge_width(width, result):
 def _validate(spec, timeout_s):
     """Parse and validate the launch arguments with the host's own parser, as the server would."""
     child = {k: spec[k] for k in ("module", "function", "argv")}
-    child.update({k: spec[k] for k in ("plugins", "resolve", "view") if spec.get(k)})
+    child.update({k: spec[k] for k in ("plugins", "resolve", "view", "hybrid_report") if spec.get(k)})
     child["report"] = spec.get("report", [])
     name = spec["function"]
     answer, out = _ask_child(_VALIDATE_CHILD, child, timeout_s, doing=name, who=name)
@@ -413,7 +501,9 @@ def _validate(spec, timeout_s):
         # argparse explains a bad flag on stderr before its SystemExit: keep that output.
         answer["output"] = _tail(out)
         raise LevelFailed(f"{name} rejects the launch arguments: {answer['error']}", answer)
-    return {"argv": spec["argv"], "fields": answer["fields"]}
+    result = {"argv": spec["argv"], "fields": answer["fields"]}
+    result.update({k: answer[k] for k in ("hybrid", "hybrid_error") if k in answer})
+    return result
 
 
 # ---------------------------------------------------------------------- launch

@@ -11,12 +11,12 @@ Used by the demo (``python -m ddtree_deploy.demo``), the benchmarks and the test
 
     release_wheel(version)                      -> Path of the cached wheel (downloads once)
     pristine_files(version, paths=None)         -> {package-relative path: bytes}
-    make_host_env(dest, *, overlay=None, version, read_only=False)
+    make_host_env(dest, *, overlay=None, version, read_only=False, reuse=False)
                                                 -> HostEnv(python, site_packages)
     make_python_env(dest, files=None, version)  -> (python, site-packages): only some files,
                                                    no shared venv (for deploy tests: fast)
     write_kernel_standin(dest)                  -> folder to put on PYTHONPATH (see there)
-    run_python(env, code_or_args, ...)          -> subprocess.CompletedProcess
+    run_python(env, args, ...)                  -> subprocess.CompletedProcess
 
 Built once, copied after (``SHARE_ENV``): when ``DDTREE_DEPLOY_SANDBOX_SHARE`` names a
 folder (the test suite sets it to one folder per pytest run, shared by its xdist workers),
@@ -181,6 +181,7 @@ def make_host_env(
     overlay: Mapping[str, bytes] | None = None,
     version: str = BASELINE_RELEASE,
     read_only: bool = False,
+    reuse: bool = False,
 ) -> HostEnv:
     """Build a host environment in ``dest`` (a new or empty folder).
 
@@ -189,8 +190,16 @@ def make_host_env(
     ``read_only``: the caller never writes into the environment (it only runs its
     interpreter); with a share folder it gets the shared build itself, not a copy, and
     ``dest`` stays unused.
+    ``reuse``: when ``dest`` already holds a host environment of ``version`` (a marker file
+    says so), only write the overlay again (the mutant runner, scripts/mutants_v2.py,
+    rebuilds nothing between mutants of the payload); never shared. A file the previous
+    overlay wrote and this one does not is put back as the release ships it (or removed when
+    the release has none), and each rewritten module's cached bytecode is dropped (a
+    same-size rewrite within the second would otherwise import the previous code).
     """
     overlay = dict(overlay or {})
+    if reuse:
+        return _build_host_env(Path(dest), overlay, version, reuse=True)
     key = {"release": release_wheel(version).name, "python": _base_python(),
            "shared": str(_shared_site_packages()),
            "overlay": {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(overlay.items())}}
@@ -204,29 +213,75 @@ def make_host_env(
     return HostEnv(python=Path(dest) / "bin" / "python", site_packages=Path(dest) / site.relative_to(built))
 
 
-def _build_host_env(dest: Path, overlay: Mapping[str, bytes], version: str) -> HostEnv:
-    subprocess.run(
-        [_base_python(), "-m", "venv", "--without-pip", str(dest)], check=True
-    )
+def _reused_overlay(marker: Path, version: str) -> list[str] | None:
+    """The overlay paths the environment behind ``marker`` was last given, when it holds
+    ``version``; None when it must be built afresh (no marker, another release, the marker
+    of an older toolkit)."""
+    try:
+        record = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("release") != version:
+        return None
+    paths = record.get("overlay")
+    return list(paths) if isinstance(paths, list) else None
+
+
+def _restore_release_files(site_packages: Path, paths: Iterable[str], version: str) -> None:
+    """Put ``paths`` back as the release ships them; remove those it does not ship."""
+    paths = list(paths)
+    if not paths:
+        return
+    with zipfile.ZipFile(release_wheel(version)) as zf:
+        shipped = set(zf.namelist())
+        for rel in paths:
+            target = site_packages / rel
+            if rel in shipped:
+                target.write_bytes(zf.read(rel))
+            else:
+                target.unlink(missing_ok=True)
+            _drop_bytecode(target)
+
+
+def _drop_bytecode(source: Path) -> None:
+    for cached in source.parent.glob(f"__pycache__/{source.stem}.*.pyc"):
+        cached.unlink(missing_ok=True)
+
+
+def _build_host_env(dest: Path, overlay: Mapping[str, bytes], version: str, reuse: bool = False) -> HostEnv:
+    marker = dest / "ddtree-host-env.txt"
     python = dest / "bin" / "python"
+    previous = _reused_overlay(marker, version) if reuse else None
+    fresh = previous is None
+    if fresh:
+        subprocess.run(
+            [_base_python(), "-m", "venv", "--without-pip", str(dest)], check=True
+        )
     site_packages = Path(
         subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
             check=True, capture_output=True, text=True,
         ).stdout.strip()
     )
-    with zipfile.ZipFile(release_wheel(version)) as zf:
-        zf.extractall(site_packages)
+    for rel in overlay:
+        if site_packages.resolve() not in (site_packages / rel).resolve().parents:
+            raise ValueError(f"overlay path escapes site-packages: {rel!r}")
+    if fresh:
+        with zipfile.ZipFile(release_wheel(version)) as zf:
+            zf.extractall(site_packages)
+    else:
+        _restore_release_files(site_packages, sorted(set(previous) - set(overlay)), version)
     for rel, data in overlay.items():
         target = site_packages / rel
-        if site_packages.resolve() not in target.resolve().parents:
-            raise ValueError(f"overlay path escapes site-packages: {rel!r}")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
+        if not fresh:
+            _drop_bytecode(target)
     # addsitedir (not a bare path line) so the shared venv's own .pth files run too.
     (site_packages / "zz_ddtree_shared_venv.pth").write_text(
         f"import site; site.addsitedir({str(_shared_site_packages())!r})\n"
     )
+    marker.write_text(json.dumps({"release": version, "overlay": sorted(overlay)}))
     return HostEnv(python=python, site_packages=site_packages)
 
 

@@ -36,6 +36,10 @@ class FamilySmoke:
     worker_class: str | None = None  # the class DDTREE must resolve to (None: marker only)
     worker_module: str | None = None  # its module (to honour smoke.import_exclude)
     probe_args: tuple[str, ...] = ("--device", "cpu", "--attention-backend", "triton")
+    # [module, function] reporting what DDTREE does with a hybrid target's resolved ServerArgs
+    # (a family serving hybrid targets names it; the import and cli levels then show the
+    # recurrent tree path): None for a family without one.
+    hybrid_report: tuple[str, str] | None = None
 
 
 FAMILY_SMOKE_DEFAULT = FamilySmoke()
@@ -90,6 +94,13 @@ def parse_family_smoke(table: Any, *, where: str | None = None) -> FamilySmoke:
     if doc.get("smoke.probe_args") is not None:
         values["probe_args"] = tuple(doc.strings("smoke.probe_args", nonempty=True,
                                                  example='["--device", "cpu"]'))
+    if doc.get("smoke.hybrid_report") is not None:
+        example = '["sglang.srt.speculative.ddtree_hybrid", "describe"]'
+        pair = doc.strings("smoke.hybrid_report", nonempty=True, example=example)
+        if len(pair) != 2 or not _MODULE.fullmatch(pair[0]) or not _IDENTIFIER.fullmatch(pair[1]):
+            raise doc.bad("smoke.hybrid_report", f"must be [module, function], not {list(pair)!r}",
+                          f"write hybrid_report = {example}")
+        values["hybrid_report"] = (pair[0], pair[1])
     return FamilySmoke(**values)
 
 

@@ -80,6 +80,22 @@ TINY_DRAFT_CONFIG = {
     "tie_word_embeddings": False, "torch_dtype": "float32", "block_size": 16,
     "num_target_layers": 4, "dflash_config": {"mask_token_id": 511, "target_layer_ids": [1, 2]},
 }
+# A tiny hybrid target (Qwen3-Next: 3 Gated DeltaNet layers, 1 attention layer) for the tree
+# probe of a family that serves hybrid targets (its [smoke] hybrid_report): DDTREE must resolve
+# with the recurrent tree path on. The radix cache is off in that probe (SGLang's Mamba extra
+# buffer needs a GPU platform, DDTREE or not).
+TINY_HYBRID_CONFIG = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 512,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "full_attention_interval": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32, "decoder_sparse_step": 1, "norm_topk_prob": True,
+    "hidden_act": "silu", "max_position_embeddings": 2048, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "partial_rotary_factor": 0.25, "tie_word_embeddings": False, "torch_dtype": "float32",
+    "bos_token_id": 1, "eos_token_id": 2,
+}
+HYBRID_PROBE_ARGS = ("--disable-radix-cache",)
 # How the probes reach the release, as ``launch_server`` does it (0.5.12 .. 0.5.23): load the
 # plugins (a v2 family may register DDTREE there), parse, resolve (0.5.19+: ``resolve_once``,
 # values read through ``resolving_view``; older releases resolve inside ServerArgs itself).
@@ -350,7 +366,7 @@ def _validation(launch: LaunchSettings | None, family: FamilySmoke = FAMILY_SMOK
     report = list(VALIDATION_REPORT)
     if family.budget_field not in report:
         report.append(family.budget_field)
-    return {
+    validate = {
         "module": "sglang.srt.server_args",
         "function": "prepare_server_args",
         "argv": argv[3:],  # after `{python} -m sglang.launch_server`
@@ -363,6 +379,10 @@ def _validation(launch: LaunchSettings | None, family: FamilySmoke = FAMILY_SMOK
         "width": {"field": WIDTH_FIELD, "budget": launch.budget, "budget_field": family.budget_field,
                   "budget_flag": family.budget_flag},
     }
+    if family.hybrid_report is not None:
+        # A hybrid host model: the family's report of its recurrent tree path.
+        validate["hybrid_report"] = list(family.hybrid_report)
+    return validate
 
 
 def tree_probe(family: FamilySmoke, excluded: Sequence[str] = ()) -> dict:
@@ -376,7 +396,7 @@ def tree_probe(family: FamilySmoke, excluded: Sequence[str] = ()) -> dict:
             "--speculative-draft-model-path", "{draft_model}", family.budget_flag, str(PROBE_BUDGET),
             "--skip-tokenizer-init", *family.probe_args]
     skip = family.worker_module if family.worker_module in excluded else None
-    return {
+    probe = {
         **RELEASE_PATHS,
         "argv": argv,
         "configs": {"model": TINY_TARGET_CONFIG, "draft_model": TINY_DRAFT_CONFIG},
@@ -387,6 +407,13 @@ def tree_probe(family: FamilySmoke, excluded: Sequence[str] = ()) -> dict:
         "worker_class": family.worker_class,
         "skip_worker": skip,
     }
+    if family.hybrid_report is not None:
+        # The same resolution on a tiny hybrid target: the recurrent tree path must be on.
+        probe["configs"]["hybrid_model"] = TINY_HYBRID_CONFIG
+        probe["hybrid"] = {"argv": [("{hybrid_model}" if a == "{model}" else a) for a in argv]
+                                   + list(HYBRID_PROBE_ARGS),
+                           "report": list(family.hybrid_report)}
+    return probe
 
 
 def series_inputs(series) -> tuple[tuple[str, ...], tuple[str, ...]]:

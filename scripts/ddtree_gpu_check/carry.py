@@ -17,6 +17,10 @@ include or an import is seen at prepare time:
 - Triton: ``kernels/ops/attention/extend_attention.py`` and the SGLang modules it imports;
   ``sglang.srt.environ`` and ``sglang.srt.utils`` (which pull in the whole server) are
   replaced by our stand-ins (attention.py), which must provide every name imported from them.
+- Hybrid: the recurrent kernels' files scripts/gpu_check_hybrid.py loads by path
+  (``KERNEL_FILES``: the causal conv, the GDN/KDA recurrent update, Mamba2's selective state
+  update, the commit's state scatters); every SGLang name they import at module level must be
+  one that script stands in for (``STUBBED``).
 
 Standard library only (the GPU machine runs ``verify`` and ``travel_bytes`` without the
 toolkit); ``prepare`` takes a wheel path, found by the caller through ddtree_deploy.release.releases.
@@ -26,11 +30,13 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 import json
 import os
 import posixpath
 import re
 import subprocess
+import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +52,7 @@ JIT_CSRC = "sglang/kernels/jit/csrc/"
 TRITON_ENTRY = "sglang/kernels/ops/attention/extend_attention.py"
 
 SHIM = Path(__file__).resolve().parent / "csrc" / "shim"
+HYBRID_SCRIPT = Path(__file__).resolve().parent.parent / "gpu_check_hybrid.py"
 # Modules replaced by our stand-ins (attention.py) and the names they provide.
 STANDIN_MODULES = {
     "sglang.srt.environ": {"envs"},
@@ -163,6 +170,41 @@ def triton_closure(read: Callable[[str], Optional[bytes]]) -> Closure:
     return out
 
 
+def hybrid_script():
+    """scripts/gpu_check_hybrid.py as a module (standard library only at module level)."""
+    name = "gpu_check_hybrid"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HYBRID_SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def hybrid_closure(read: Callable[[str], Optional[bytes]]) -> Closure:
+    """The recurrent kernels' files the hybrid check loads (the first of each entry's
+    candidates the wheel holds), their imports checked against the script's stand-ins."""
+    script = hybrid_script()
+    out = Closure(files=[])
+    for key, candidates in script.KERNEL_FILES.items():
+        path = next((c for c in candidates if read(c) is not None), None)
+        if path is None:
+            raise CarryError(f"none of {candidates} is in the wheel (the hybrid check's {key} "
+                             "kernel)")
+        for module, names, top_level in _imports(read(path), path):
+            if not top_level:
+                out.not_called.add(module)
+                continue
+            missing = names - script.STUBBED.get(module, set())
+            if module not in script.STUBBED or missing:
+                raise CarryError(
+                    f"{path} imports {sorted(missing or names)} from {module}, which "
+                    "scripts/gpu_check_hybrid.py does not stand in for (STUBBED)")
+            out.standins.setdefault(module, set()).update(names)
+        out.files.append(path)
+    return out
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -187,10 +229,10 @@ def prepare(wheel: Path, carry_dir: Path, read_files: Callable, release: str = R
             cache[path] = read_files(wheel, [path]).get(path) if path in present else None
         return cache[path]
 
-    cuda, triton = cuda_closure(read), triton_closure(read)
+    cuda, triton, hybrid = cuda_closure(read), triton_closure(read), hybrid_closure(read)
     root = release_dir(carry_dir, release)
     files = {}
-    for path in cuda.files + triton.files:
+    for path in cuda.files + triton.files + hybrid.files:
         data = read(path)
         dest = root / path
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -206,7 +248,9 @@ def prepare(wheel: Path, carry_dir: Path, read_files: Callable, release: str = R
         "toolkit_includes": sorted(cuda.toolkit),
         "hip_only_includes": sorted(cuda.hip_only),
         "standin_modules": {m: sorted(n) for m, n in sorted(triton.standins.items())},
-        "imported_inside_functions_not_called": sorted(triton.not_called),
+        "imported_inside_functions_not_called": sorted(triton.not_called | hybrid.not_called),
+        "hybrid_files": hybrid.files,
+        "hybrid_standin_modules": {m: sorted(n) for m, n in sorted(hybrid.standins.items())},
     }
     # Files of an older preparation that the closure no longer holds are removed, so what
     # travels is exactly the manifest.
@@ -228,6 +272,9 @@ def verify(carry_dir: Path, release: str = RELEASE) -> dict:
         raise CarryError(f"{manifest_path}: missing; run `make gpu-check-dry` on a development "
                          "machine first and carry that folder")
     manifest = json.loads(manifest_path.read_text())
+    if "hybrid_files" not in manifest:
+        raise CarryError(f"{manifest_path}: prepared by an older check (no hybrid kernel files);"
+                         " run `make gpu-check-dry` again and carry that folder")
     for path, digest in manifest["files"].items():
         file = root / path
         if not file.is_file():

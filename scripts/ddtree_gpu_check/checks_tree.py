@@ -1,18 +1,24 @@
 """Checks of SGLang's CUDA tree kernels fed with the worker's lineage.
 
-Per configuration (ddtree.configs): the worker's head, tree and lineage; then
+Per configuration (ddtree.configs: ones the v2 plugin accepts): the plugin's own verdict on
+it (``abi_problem``; a refused configuration is never fed to the kernel), then the worker's
+head, tree (never a padding node) and lineage; then
   1. SGLang's host checks, compiled from the wheel, on the lineage's shapes (batch 0: no
-     launch, so they run in the dry run too);
+     launch, so they run in the dry run too), and the transcribed host checks of
+     kernel_model (the CPU stand-ins' own) on the same tensors: they must agree;
   2. the transcription of the kernel (kernel_model.simulate): a lineage that would send the
      kernel outside a request's row is refused here and never launched;
   3. CUDA: SGLang's kernel itself; its outputs must equal the transcription's bit for bit;
   4. the built tree against the DDTree layout (kernel_model.compare).
-Known-answer trees and negative controls show that each stage can fail. On CUDA,
-``verify_tree_greedy`` (same tree.cuh) walks the built tree against DDTree's greedy walk.
+The configurations the plugin refuses (ddtree.refused_configs) are shown refused in one line
+by ``abi_problem``, naming a combination that the checks above carry. Known-answer trees and
+negative controls show that each stage can fail. ``verify_tree_greedy`` (same tree.cuh) walks
+the built tree against DDTree's greedy walk, on CUDA and transcribed, with EAGLE's dtypes.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -67,10 +73,37 @@ def build_config(ctx: Context, cfg: dd.Config, seed: int, mode: int = dd.FULL_MA
         logprobs, tokens = dd.head(ctx.lineage, inputs, cfg)
         layout, parent_list, sel, draft = dd.tree(ctx.utils, ctx.lineage, logprobs, tokens,
                                                  inputs.roots, cfg)
-    topk, depth = dd.worker_tree_args(layout, tokens)
+    topk, depth = dd.worker_tree_args(ctx.lineage, tokens, cfg.n)
     bufs = dd.VerifyBuffers.allocate(cfg, inputs.seq_lens_sum, ctx.device, mode)
     bufs.reset()
     return inputs, layout, parent_list, sel, draft, topk, depth, bufs
+
+
+def host_checks(ctx: Context, compiled, transcribed, *args) -> tuple:
+    """SGLang's compiled host checks and kernel_model's transcription of them on the same
+    arguments: (problem or None, what ran). A refusal by either is a problem, and so is a
+    disagreement (the CPU stand-ins would then accept or refuse what CUDA does not)."""
+    try:
+        transcribed(*args)
+        mine = None
+    except km.HostCheckError as exc:
+        mine = str(exc)
+    if ctx.kernels is None:
+        ran = f"transcribed host checks only (SGLang's not built: {ctx.kernels_note})"
+        return (f"the transcribed host check refused: {mine}" if mine else None), ran
+    try:
+        compiled(*args)
+        theirs = None
+    except HostCheckFailed as exc:
+        theirs = str(exc)
+    ran = "SGLang's host checks and their transcription passed"
+    if (theirs is None) != (mine is None):
+        return (f"the transcribed host check (kernel_model, the CPU stand-ins') disagrees with "
+                f"SGLang's compiled one: SGLang {theirs or 'passes'}, transcription "
+                f"{mine or 'passes'}"), ran
+    if theirs is not None:
+        return f"SGLang's host check: {theirs}", ran
+    return None, ran
 
 
 def check_config(report, ctx: Context, cfg: dd.Config, seed: int,
@@ -78,25 +111,28 @@ def check_config(report, ctx: Context, cfg: dd.Config, seed: int,
     name = f"tree kernel + lineage vs DDTree: {cfg}" + (", QLEN_ONLY" if mode else "")
     if ctx.missing_kernels():
         return report.record("FAIL", name, ctx.missing_kernels())
+    refused = dd.plugin_problem(ctx.lineage, cfg)
+    if refused:
+        return report.record("FAIL", name, f"the plugin refuses this configuration, so it is "
+                                           f"not fed to the kernel: {refused}")
     try:
         inputs, layout, parent_list, sel, _draft, topk, depth, bufs = build_config(
             ctx, cfg, seed, mode)
-    except Exception as exc:  # the payload refused the configuration, or crashed
+    except Exception as exc:  # the payload crashed
         return report.record("FAIL", name, f"the worker's tree/lineage raised "
                                            f"{type(exc).__name__}: {exc}")
     n = cfg.n
+    padding = int((~layout.valid).sum())
     shapes = (f"parent_list {list(parent_list.shape)}, top_scores_index {list(sel.shape)}, "
-              f"topk {topk}, depth {depth}, draft_token_num {n}; "
-              f"{int((~layout.valid).sum())} padding nodes")
+              f"topk {topk}, depth {depth}, draft_token_num {n}")
+    if padding:
+        return report.record("FAIL", name, f"the worker's tree has {padding} padding nodes (the "
+                                           f"v2 path must carry none); {shapes}")
     args = (parent_list, sel, inputs.seq_lens, *bufs.kernel_args(), topk, depth, n, mode)
-    if ctx.kernels is not None:
-        try:
-            ctx.kernels.host_checks(*args)
-        except HostCheckFailed as exc:
-            return report.record("FAIL", name, f"SGLang's host check: {exc}; {shapes}")
-        host = "SGLang's host checks passed"
-    else:
-        host = f"SGLang's host checks not run ({ctx.kernels_note})"
+    problem, host = host_checks(ctx, getattr(ctx.kernels, "host_checks", None),
+                                km.check_build_tree_host, *args)
+    if problem:
+        return report.record("FAIL", name, f"{problem}; {shapes}")
     model, violations = km.simulate(parent_list.cpu(), sel.cpu(), inputs.seq_lens.cpu(), topk,
                                     depth, n, mode, bufs.tree_mask.cpu())
     if violations:
@@ -125,6 +161,32 @@ def check_config(report, ctx: Context, cfg: dd.Config, seed: int,
         return report.record("FAIL", name, f"{source} vs DDTree: {'; '.join(bad[:3])}; {shapes}")
     return report.record("PASS", name, f"{host}; {source} == DDTree (links, positions, mask "
                                        f"rows, nothing outside the batch); {shapes}")
+
+
+def _suggestion(line: str) -> Optional[tuple]:
+    """(budget, topk, block) of the 'e.g. ...' combination a refusal names."""
+    m = re.search(r"e\.g\. --speculative-ddtree-budget (\d+) --speculative-ddtree-topk (\d+) "
+                  r"--speculative-dflash-block-size (\d+)", line)
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def check_refused(report, ctx: Context, cfg: dd.Config, accepted) -> bool:
+    """The plugin refuses cfg through abi_problem, in one line naming the three flags and a
+    combination it accepts, which the tree checks carry (one of ``accepted``)."""
+    name = f"refused by the plugin, not fed to the kernel: {cfg}"
+    line = ctx.lineage.abi_problem(cfg.budget, cfg.topk, cfg.block)
+    if line is None:
+        return report.record("FAIL", name, "abi_problem accepts it: the kernel would be fed a "
+                                           "tree it cannot carry")
+    fix = _suggestion(line)
+    carried = {(c.budget, c.topk, c.block) for c in accepted}
+    if "\n" in line or fix is None:
+        return report.record("FAIL", name, f"not one line naming the three flags: {line!r}")
+    fixed = dd.Config("fix", *fix, 1)
+    if dd.plugin_problem(ctx.lineage, fixed) is not None or fix not in carried:
+        return report.record("FAIL", name, f"its suggestion {fix} is not a configuration the "
+                                           f"plugin accepts and the tree checks carry: {line}")
+    return report.record("PASS", name, line)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,26 +279,34 @@ def check_known_answers(report, ctx: Context) -> bool:
     if not any("matches no candidate" in x for x in v):
         problems.append(f"the transcription did not flag a lost parent: {v}")
     done.append("a lost parent is refused before launch")
-    # SGLang's host checks pass the known lineage and refuse it one column too wide
-    # (tree.cuh:53).
+    # SGLang's host checks and their transcription pass the known lineage and refuse it one
+    # column too wide (tree.cuh:53).
+    args = (parent_list, sel, seq_lens, *bufs.kernel_args(), topk, depth, n, dd.FULL_MASK)
+    problem, ran = host_checks(ctx, getattr(ctx.kernels, "host_checks", None),
+                               km.check_build_tree_host, *args)
+    if problem:
+        problems.append(f"the known lineage: {problem}")
+    wide = torch.cat([parent_list, parent_list[:, :1]], dim=1)
+    try:
+        km.check_build_tree_host(wide, *args[1:])
+        problems.append(f"the transcribed host check accepted parent_list of width "
+                        f"{wide.shape[1]} with topk {topk}, depth {depth}")
+    except km.HostCheckError as exc:
+        if "parent_width" not in str(exc):
+            problems.append(f"the transcription refused it for another reason: {exc}")
     if ctx.kernels is not None:
         try:
-            ctx.kernels.host_checks(parent_list, sel, seq_lens, *bufs.kernel_args(), topk,
-                                    depth, n, dd.FULL_MASK)
-        except HostCheckFailed as exc:
-            problems.append(f"SGLang's host check refused the known lineage: {exc}")
-        wide = torch.cat([parent_list, parent_list[:, :1]], dim=1)
-        try:
-            ctx.kernels.host_checks(wide, sel, seq_lens, *bufs.kernel_args(), topk, depth, n,
-                                    dd.FULL_MASK)
+            ctx.kernels.host_checks(wide, *args[1:])
             problems.append("SGLang's host check accepted parent_list of width "
                             f"{wide.shape[1]} with topk {topk}, depth {depth}")
         except HostCheckFailed as exc:
             if "parent_width" not in str(exc):
                 problems.append(f"refused for another reason: {exc}")
-        done.append("SGLang's host checks pass it and refuse a wrong parent_list width")
+        done.append("SGLang's host checks and their transcription pass it and refuse a wrong "
+                    "parent_list width")
     else:
-        done.append(f"(host-check control not run: {ctx.kernels_note})")
+        done.append(f"the transcribed host checks pass it and refuse a wrong parent_list width "
+                    f"(SGLang's not run: {ctx.kernels_note})")
     if problems:
         return report.record("FAIL", name, "; ".join(problems))
     return report.record("PASS", name, "; ".join(done))
@@ -247,10 +317,10 @@ def check_known_answers(report, ctx: Context) -> bool:
 
 
 def check_greedy_verify(report, ctx: Context, cfg: dd.Config, seed: int) -> bool:
-    """SGLang's verify_tree_greedy on the built tree == DDTree's greedy walk. The targets
-    never name the padding token (0) outside a valid child's own token: where the kernel
-    links a padding node (it links every node), such a target would let SGLang's walk accept
-    it (lossless, but not DDTree's walk, which never enters padding)."""
+    """SGLang's verify_tree_greedy on the built tree == DDTree's greedy walk, with the
+    tensors EAGLE hands it: candidates and targets int64 [bs, n], predicts int32 [bs * n],
+    accept_index int32 [bs, D + 1] (D = the worker's num_steps), accept_token_num int32 [bs].
+    Targets follow a node's first child 70% of the time, so paths of many levels are walked."""
     name = f"verify_tree_greedy on the built tree == DDTree greedy walk: {cfg}"
     if ctx.missing_kernels():
         return report.record("FAIL", name, ctx.missing_kernels())
@@ -283,14 +353,11 @@ def check_greedy_verify(report, ctx: Context, cfg: dd.Config, seed: int) -> bool
         r = torch.stack([model.retrieve_index, model.retrieve_next_token,
                          model.retrieve_next_sibling])
     args = (predicts, accept_index, num, candidates, r[0], r[1], r[2], target)
-    if ctx.kernels is not None:
-        try:
-            ctx.kernels.verify_tree_greedy(*args, batch0=True)
-        except HostCheckFailed as exc:
-            return report.record("FAIL", name, f"SGLang's host check: {exc}")
-        host = "SGLang's host checks passed"
-    else:
-        host = f"SGLang's host checks not run ({ctx.kernels_note})"
+    compiled = (None if ctx.kernels is None else
+                lambda *a: ctx.kernels.verify_tree_greedy(*a, batch0=True))
+    problem, host = host_checks(ctx, compiled, km.check_verify_greedy_host, *args)
+    if problem:
+        return report.record("FAIL", name, problem)
     walk, bad_walk = km.simulate_verify_greedy(candidates.cpu(), r[0].cpu(), r[1].cpu(),
                                                r[2].cpu(), target.cpu(), depth + 1)
     if bad_walk:

@@ -4,18 +4,26 @@
 modules (as the tests do; on a host they are ``sglang.srt.speculative.*``), so the check
 exercises exactly what the v2 family installs. ``payload/ddtree_worker_v2.py`` itself imports
 SGLang and cannot be imported here: the few lines of its step the check repeats are named in
-``WORKER_LINES`` and tests/test_gpu_check.py pins them to the worker's source, so a change to
-the worker's call (another ``num_steps``, another lineage signature) fails that test instead
-of silently checking something else.
+``WORKER_LINES``, and tests/test_gpu_check_model.py pins them to the worker's source and
+evaluates the worker's own ``topk`` / ``num_steps`` expressions against ``worker_tree_args``,
+so a change to the worker's call (another ``num_steps``, another lineage signature) fails that
+test instead of silently checking something else.
 
 One step (``_DDTreeTopKHead`` + ``_ddtree_build`` + ``build_eagle_verify_input``):
   head     logits = hidden @ lm_head.T, top-K log-probs per drafted position
            (``sharded_topk_logprobs``, one rank), [bs, block - 1, K]
-  tree     ``build_ddtree(logprobs, tokens, roots, budget)``
-  lineage  ``eagle_lineage(layout, tokens)`` -> parent_list, top_scores_index, draft_tokens
-  verify   SGLang's tree kernel with topk = K and depth = the worker's num_steps, into
-           preallocated buffers (the mask as the Triton backend's uint8 FULL_MASK buffer,
-           filled with 1 first, as ``eagle_utils.build_tree_kernel_efficient`` does)
+  tree     ``build_ddtree(finite_logprobs(logprobs), tokens, roots, budget)``: always full
+  lineage  ``eagle_lineage(layout, tokens)`` -> parent_list [bs, K * (D - 1) + 1],
+           top_scores_index [bs, B], draft_tokens [bs, B]
+  verify   SGLang's tree kernel with topk = K, depth = D = ``lineage_depth(B, K, block - 1)``
+           (the worker's ``num_steps``) and draft_token_num = B + 1, into preallocated
+           buffers (the mask as the Triton backend's uint8 FULL_MASK buffer, filled with 1
+           first, as ``eagle_utils.build_tree_kernel_efficient`` does)
+
+The configurations (``configs``) are ones the v2 plugin accepts (tests/test_v2_server_args.py
+resolves each through SGLang's own argument pipeline); ``refused_configs`` are ones it refuses
+through ``ddtree_lineage.abi_problem``, which the check shows refused and never feeds to the
+kernel.
 """
 
 from __future__ import annotations
@@ -33,12 +41,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 # The worker's lines this module repeats (payload/ddtree_worker_v2.py).
 WORKER_LINES = (
+    "logits = torch.matmul(hs, self.weight[: self.num_org].T)",
     "values, ids = sharded_topk_logprobs(",
-    "layout = build_ddtree(logprobs, tokens, roots, self.ddtree_budget)",
+    "layout = build_ddtree(finite_logprobs(logprobs), tokens, roots, self.ddtree_budget)",
     "parent_list, top_scores_index, draft_tokens = eagle_lineage(layout, tokens)",
+    "n = self.ddtree_verify_width",
     "k = int(tokens.shape[2])",
     "topk=k,",
-    "num_steps=layout.max_depth,",
+    "num_steps=lineage_depth(n - 1, k, int(tokens.shape[1])),",
     "num_draft_tokens=n,",
     "tree_mask_mode=default_tree_mask_mode(),",
 )
@@ -65,9 +75,11 @@ def payload(name: str):
     return importlib.import_module(name)
 
 
-def worker_tree_args(layout, tokens) -> Tuple[int, int]:
-    """(topk, num_steps) as the worker passes them to ``build_eagle_verify_input``."""
-    return int(tokens.shape[2]), int(layout.max_depth)
+def worker_tree_args(lineage, tokens, n: int) -> Tuple[int, int]:
+    """(topk, num_steps) as the worker passes them to ``build_eagle_verify_input``: K, the
+    width of the draft's top-K, and ``lineage_depth(n - 1, K, L)`` (WORKER_LINES)."""
+    k = int(tokens.shape[2])
+    return k, int(lineage.lineage_depth(n - 1, k, int(tokens.shape[1])))
 
 
 @dataclass(frozen=True)
@@ -107,21 +119,45 @@ def plugin_constants(names=("DEFAULT_BUDGET", "DEFAULT_MAX_TOPK", "MAX_BUDGET"))
 
 
 def configs(small: bool = False) -> List[Config]:
-    """The default configuration and edge ones the plugin accepts (its own constants)."""
+    """The default configuration and edge ones the plugin accepts (its own constants): D =
+    ``lineage_depth`` in brackets where it is not the draft depth."""
     c = plugin_constants()
     b0, k0, bmax = c["DEFAULT_BUDGET"], c["DEFAULT_MAX_TOPK"], c["MAX_BUDGET"]
     block = DFLASH_DEFAULT_BLOCK
-    out = [
+    return [
         Config("default", b0, k0, block, 4 if small else 16),
-        Config("budget 256", 256, k0, block, 2 if small else 8),
-        Config("the plugin's largest budget", bmax, min(k0, bmax), block, 1 if small else 2),
-        Config("budget 1", 1, 1, block, 8),
-        Config("top-K 1 (a chain)", 15, 1, block, 8),
-        Config("block 2 (depth 1, 8 padding nodes)", 16, k0, 2, 8),
-        Config("top-K 2, block 3 (58 padding nodes)", 64, 2, 3, 8),
+        Config("budget 256 (depth 33)", 256, k0, block, 2 if small else 8),
+        Config("the plugin's largest budget (depth 129)", bmax, k0, block, 1 if small else 2),
+        Config("budget 1 (depth 1)", 1, 1, 2, 8),
+        Config("top-K 1: the chain of the draft's depth", block - 1, 1, block, 8),
+        Config("block 2: one drafted position, top-K = budget (depth 2)", k0, k0, 2, 8),
+        Config("top-K 2, block 3: the draft's 6 prefixes (depth 4)", 6, 2, 3, 8),
         Config("budget 16, top-K 4, block 8", 16, 4, 8, 8),
+        Config("top-K = budget, the paper's optimum", b0, b0, block, 2 if small else 4),
     ]
-    return out
+
+
+def refused_configs() -> List[Config]:
+    """Configurations the plugin refuses through ``ddtree_lineage.abi_problem`` (never fed to
+    the kernel): each refusal names a combination that ``configs`` holds."""
+    c = plugin_constants()
+    k0, block = c["DEFAULT_MAX_TOPK"], DFLASH_DEFAULT_BLOCK
+    return [
+        Config("verify width 1025", c["MAX_BUDGET"] + 1, k0, block, 1),
+        Config("block 2, budget past its 8 prefixes", 16, k0, 2, 1),
+        Config("top-K 2, block 3, budget past its 6 prefixes", c["DEFAULT_BUDGET"], 2, 3, 1),
+        Config("top-K 1, a chain longer than the draft", block, 1, block, 1),
+    ]
+
+
+def plugin_problem(lineage, cfg: Config) -> Optional[str]:
+    """None when the v2 plugin resolves to exactly cfg, else why not: its own range rules
+    (``ddtree_v2_plugin``: block >= 2, block <= budget + 1, top-K clamped to the budget)
+    and ``abi_problem``, the line it raises."""
+    if cfg.block < 2 or cfg.block > cfg.budget + 1 or not 1 <= cfg.topk <= cfg.budget:
+        return (f"the plugin's ranges: block {cfg.block} not in [2, budget + 1] or top-K "
+                f"{cfg.topk} not in [1, budget]")
+    return lineage.abi_problem(cfg.budget, cfg.topk, cfg.block)
 
 
 @dataclass
@@ -155,7 +191,7 @@ def head(lineage, inputs: Inputs, cfg: Config):
 
 def tree(utils, lineage, logprobs, tokens, roots, cfg: Config):
     """The worker's ``_ddtree_build``."""
-    layout = utils.build_ddtree(logprobs, tokens, roots, cfg.budget)
+    layout = utils.build_ddtree(lineage.finite_logprobs(logprobs), tokens, roots, cfg.budget)
     parent_list, top_scores_index, draft_tokens = lineage.eagle_lineage(layout, tokens)
     return layout, parent_list, top_scores_index, draft_tokens
 
@@ -207,7 +243,7 @@ def step(utils, lineage, kernels, inputs: Inputs, cfg: Config, bufs: Optional[Ve
     mark("head")
     layout, parent_list, sel, draft = tree(utils, lineage, logprobs, tokens, inputs.roots, cfg)
     mark("tree")
-    topk, depth = worker_tree_args(layout, tokens)
+    topk, depth = worker_tree_args(lineage, tokens, cfg.n)
     out = {"logprobs": logprobs, "tokens": tokens, "layout_tokens": layout.tokens,
            "parents": layout.parents, "valid": layout.valid, "parent_list": parent_list,
            "top_scores_index": sel, "draft_tokens": torch.cat(

@@ -1,35 +1,82 @@
-"""A Python transcription of SGLang's CUDA tree builder, and the comparison of a built tree
-with the DDTree layout it came from.
+"""SGLang's CUDA tree-verify kernels transcribed in Python: the ONE transcription of them in
+this repository.
 
-``simulate`` follows ``build_tree_efficient`` in the 0.5.23 wheel's
-``sgl_kernel/speculative/eagle.cuh`` (launched by ``speculative/tree.cuh`` with one block per
-request and one thread per verify node), modes FULL_MASK and QLEN_ONLY, reading the buffers
-as the kernel does: ``parent_list`` with the row stride ``topk * (depth - 1) + 1`` (not the
-tensor's own), ``selected_index`` with the stride ``draft_token_num - 1``, the parent search
-over ``draft_token_num`` entries (one past the request's row). Where the kernel would leave
-the request's row, take its "invalid eagle tree" path, write the mask outside a node's row,
-loop forever or overflow its 32-bit mask offset, the transcription does not do it: it
-records a violation and stops that node. tests/test_gpu_check_model.py pins the kernel lines
-this relies on. It is the CPU path of the tree check (the dry run) and, on the GPU, the guard
-that runs before SGLang's kernel is launched on a lineage: a lineage with a violation is
-never launched (the out-of-row walk could hang the GPU and spend the machine's time).
+Two users, one source:
 
-``compare`` states what a correct tree is, for the real kernel's output and for this
-transcription's alike: every draft node linked exactly once; every VALID node with the
-DDTree layout's parent, child order, depth, position and mask row; every node (padding
-included) with a mask row and a position consistent with the links the kernel made; the
-prefix columns untouched; nothing written past the batch's mask.
+- the GPU check (this package): ``simulate`` is the tree kernel's stand-in in the dry run and,
+  on the GPU, the guard run before SGLang's kernel is launched on a lineage (a lineage with a
+  fault is never launched: the out-of-row walk could hang the GPU and spend the machine's
+  time); after a launch the kernel's outputs must equal ``simulate``'s bit for bit, and
+  ``compare`` says whether the built tree is the DDTree layout it came from;
+- the CPU suite's NAMED STAND-INS (tests/v2_kernel_standins.py): the ``sgl_kernel`` CPU ops of
+  EAGLE's verify (``build_tree_kernel_efficient_cpu``, ``verify_tree_greedy_cpu``,
+  ``tree_speculative_sampling_target_only``) are ``build_tree_kernel_efficient``,
+  ``verify_tree_greedy`` and ``tree_speculative_sampling_target_only`` below.
+
+What is transcribed (0.5.23 wheel; 0.5.21 and 0.5.22 have the same lines, 0.5.20 runs the same
+kernels from sgl-kernel 0.4.7 without host checks):
+
+- the host checks, which raise ``HostCheckError`` exactly where the CUDA host code raises
+  (``sglang/kernels/jit/csrc/speculative/tree.cuh`` and ``sampling.cuh``: shapes, strides,
+  dtypes as ``TensorMatcher`` of ``include/sgl_kernel/tensor.h`` checks them, the parent-list
+  width ``topk * (depth - 1) + 1``, the 1024-node bound); the device test is skipped (here
+  every tensor is a CPU one). tree.cuh's checks all precede ``if (bs == 0) return;``;
+- ``build_tree_efficient`` and ``VerifyTreeGreedy`` (``include/sgl_kernel/speculative/
+  eagle.cuh``; one block per request, one thread per node / per request) and
+  ``TreeSpeculativeSamplingTargetOnly`` (``include/sgl_kernel/speculative/sampling.cuh``),
+  reading the buffers as flat memory with the kernels' own strides (``parent_list`` rows
+  ``topk * (depth - 1) + 1`` apart whatever the tensor's stride, ``selected_index`` rows
+  ``draft_token_num - 1`` apart), C integer semantics (``int`` parent ids and groups, division
+  toward zero, the 32-bit mask offset), in place on the caller's tensors (what the kernel
+  only reads, e.g. ``retrive_next_token`` before it links a child, is read from them).
+
+Faults: where the CUDA kernel would leave a request's row (the tree builder's "parent not
+found" path reads ``selected_index`` past the row and its mask walk then writes outside the
+node's row; a group outside the ``parent_list`` row), loop forever (a parent cycle: the mask
+walk is a ``while (true)``; a sibling cycle in the greedy walk), or overflow its 32-bit mask
+offset, the transcription does not do it. It calls ``on_fault(message)``: by default that
+raises ``OutOfRangeAccess`` (the stand-ins); ``simulate`` records the message instead and
+abandons that node (or request), so the GPU check can name every fault of a lineage.
+
+tests/test_gpu_check_model.py and tests/test_v2_kernel_contract.py pin, in each release's
+wheel, the source lines this follows. torch only (no SGLang, nothing from tests/): importable
+on the lent GPU machine.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 
-FULL_MASK, QLEN_ONLY = 0, 1
+FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2
+MAX_DRAFT_TOKENS = 1024  # tree.cuh:46: CHECK_HOST(draft_token_num > 0 && draft_token_num <= 1024)
 INT32_MAX = 2**31 - 1
+
+OnFault = Optional[Callable[[str], None]]
+
+
+class HostCheckError(RuntimeError):
+    """A CUDA host check (CHECK_HOST / TensorMatcher / CHECK_INPUT) refused the call."""
+
+
+class OutOfRangeAccess(RuntimeError):
+    """The CUDA kernel would read or write outside the request's row (or loop forever)."""
+
+
+class _Abandon(Exception):
+    """A recorded fault: the kernel's work on this node (or request) stops here."""
+
+
+def _faults(on_fault: OnFault):
+    def fail(message: str):
+        if on_fault is None:
+            raise OutOfRangeAccess(message)
+        on_fault(message)
+        raise _Abandon
+    return fail
 
 
 def _c_div(a: int, b: int) -> int:
@@ -39,18 +86,146 @@ def _c_div(a: int, b: int) -> int:
 
 
 def _as_int32(x: int) -> int:
-    """The kernel stores parent ids in an ``int``."""
+    """An int64 stored in a C ``int``."""
     x &= 0xFFFFFFFF
     return x - (1 << 32) if x & 0x80000000 else x
 
 
-@dataclass
-class TreeOutputs:
-    tree_mask: torch.Tensor  # the mask buffer after the kernel (same dtype and size as given)
-    positions: torch.Tensor  # [bs * n] int64
-    retrieve_index: torch.Tensor  # [bs, n] int64
-    retrieve_next_token: torch.Tensor
-    retrieve_next_sibling: torch.Tensor
+# ---------------------------------------------------------------------------------------------
+# Host checks: TensorMatcher (sgl_kernel/tensor.h) as the JIT wrappers use it.
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise HostCheckError(what)
+
+
+def _match(name, t, shape, dtype, strides=None):
+    """TensorMatcher({shape}).with_strides({strides}).with_dtype<dtype>().verify(t): shape,
+    dtype, and the strides given (a size-1 dimension's stride is not checked; None entries
+    are unconstrained), or contiguity when no strides are given."""
+    _check(t.dim() == len(shape), f"{name}: dimension {t.dim()} != {len(shape)}")
+    for i, want in enumerate(shape):
+        _check(int(t.shape[i]) == int(want), f"{name}: size {tuple(t.shape)} != {tuple(shape)}")
+    if strides is None:
+        _check(t.is_contiguous(), f"{name}: not contiguous")
+    else:
+        for i, want in enumerate(strides):
+            if want is not None and t.shape[i] != 1:
+                _check(t.stride(i) == want, f"{name}: stride {t.stride()} != {tuple(strides)}")
+    _check(t.dtype == dtype, f"{name}: dtype {t.dtype} != {dtype}")
+
+
+def check_build_tree_host(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                          retrive_index, retrive_next_token, retrive_next_sibling, topk, depth,
+                          draft_token_num, tree_mask_mode):
+    """tree.cuh:45-89, the JIT host checks of build_tree_kernel_efficient (0.5.21 - 0.5.23)."""
+    n = int(draft_token_num)
+    _check(topk > 0 and depth > 0, f"topk {topk} / depth {depth} must be > 0")
+    _check(0 < n <= MAX_DRAFT_TOKENS, f"draft_token_num {n} not in (0, {MAX_DRAFT_TOKENS}]")
+    _check(0 <= tree_mask_mode <= 2, f"tree_mask_mode {tree_mask_mode}")
+    _check(parent_list.dim() == 2, f"parent_list: dimension {parent_list.dim()} != 2")
+    bs, width = int(parent_list.shape[0]), int(parent_list.shape[1])
+    _match("parent_list", parent_list, (bs, width), torch.int64,
+           strides=(None if width == 0 else width, 1))
+    _check(depth == 1 or width == topk * (depth - 1) + 1,
+           f"parent_width {width} != topk * (depth - 1) + 1 = {topk * (depth - 1) + 1}")
+    _match("selected_index", selected_index, (bs, n - 1), torch.int64,
+           strides=(None if n == 1 else n - 1, 1))
+    _match("verified_seq_len", verified_seq_len, (bs,), torch.int64)
+    for name, t in (("retrive_index", retrive_index), ("retrive_next_token", retrive_next_token),
+                    ("retrive_next_sibling", retrive_next_sibling)):
+        _match(name, t, (bs, n), torch.int64)
+    _match("positions", positions, (bs * n,), torch.int64)
+    # The mask: any element type whose width is whole bytes, a lower bound on its bytes.
+    _check(tree_mask.dim() == 1, "tree_mask must be 1-D")
+    bytes_per_item, min_bytes = 1, 0
+    if tree_mask_mode == QLEN_ONLY_BITPACKING:
+        _check(n <= 32, f"bit-packed tree mask needs draft_token_num <= 32, got {n}")
+        bytes_per_item = 4 if n > 16 else (2 if n > 8 else 1)
+        min_bytes = bs * n * bytes_per_item
+    elif tree_mask_mode == QLEN_ONLY:
+        min_bytes = bs * n * n
+    _check(tree_mask.is_contiguous(), "tree_mask: not contiguous")
+    elem = tree_mask.element_size()  # tensor.h: dtype().bits / 8 (bool: 8 bits)
+    _check(tree_mask.numel() * elem >= min_bytes, f"tree_mask holds {tree_mask.numel() * elem} "
+           f"bytes, needs >= {min_bytes}")
+
+
+def _check_walk_tensors(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                        retrive_next_token, retrive_next_sibling):
+    """What both tree walks check alike: the tree int64 [bs, n], accept_index int32 [bs, S],
+    accept_token_num int32 [bs], predicts int32 [bs * n], all contiguous."""
+    _check(candidates.dim() == 2, "candidates must be 2-D")
+    bs, n = int(candidates.shape[0]), int(candidates.shape[1])
+    for name, t in (("candidates", candidates), ("retrive_index", retrive_index),
+                    ("retrive_next_token", retrive_next_token),
+                    ("retrive_next_sibling", retrive_next_sibling)):
+        _match(name, t, (bs, n), torch.int64)
+    _check(accept_index.dim() == 2, "accept_index must be 2-D")
+    steps = int(accept_index.shape[1])
+    _match("accept_index", accept_index, (bs, steps), torch.int32)
+    _match("accept_token_num", accept_token_num, (bs,), torch.int32)
+    _match("predicts", predicts, (bs * n,), torch.int32)
+    return bs, n, steps
+
+
+def check_verify_greedy_host(predicts, accept_index, accept_token_num, candidates,
+                             retrive_index, retrive_next_token, retrive_next_sibling,
+                             target_predict):
+    """tree.cuh:139-153 (and sgl-kernel 0.4.x's CHECK_INPUT / dtype checks: the same set)."""
+    bs, n, steps = _check_walk_tensors(
+        predicts, accept_index, accept_token_num, candidates, retrive_index,
+        retrive_next_token, retrive_next_sibling)
+    _match("target_predict", target_predict, (bs, n), torch.int64)
+    _check(n > 0 and steps > 0, "draft_tokens and spec_tokens must be > 0")
+    return bs, n, steps
+
+
+def check_sampling_host(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                        retrive_next_token, retrive_next_sibling, uniform_samples,
+                        uniform_samples_for_final_sampling, target_probs, draft_probs,
+                        threshold_single, threshold_acc):
+    """csrc/speculative/sampling.cuh:54-77 (and sgl-kernel 0.4.x's checks: the same set)."""
+    bs, n, steps = _check_walk_tensors(
+        predicts, accept_index, accept_token_num, candidates, retrive_index,
+        retrive_next_token, retrive_next_sibling)
+    _match("uniform_samples", uniform_samples, (bs, n), torch.float32)
+    _match("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, (bs,),
+           torch.float32)
+    _check(target_probs.dim() == 3, "target_probs must be 3-D")
+    vocab = int(target_probs.shape[2])
+    _match("target_probs", target_probs, (bs, n, vocab), torch.float32)
+    _match("draft_probs", draft_probs, (bs, n, vocab), torch.float32)
+    _check(n > 0 and steps > 0 and vocab > 0, "empty dimension")
+    _check(0 <= threshold_single <= 1 and 0 <= threshold_acc <= 1, "thresholds not in [0, 1]")
+    return bs, n, steps, vocab
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory as a kernel sees it
+
+
+def _flat(t):
+    # The kernels see raw memory from data_ptr: the storage as laid out, whatever the view.
+    return t.reshape(-1) if t.is_contiguous() else t.as_strided((t.numel(),), (1,))
+
+
+class _Row:
+    """Flat memory read the way a CUDA kernel reads it, with its bounds checked."""
+
+    def __init__(self, name, t):
+        self.name, self.t = name, _flat(t)
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.t.numel():
+            raise OutOfRangeAccess(f"{self.name}[{i}] is outside the buffer ({self.t.numel()})")
+        return int(self.t[i])
+
+    def __setitem__(self, i, value):
+        if not 0 <= i < self.t.numel():
+            raise OutOfRangeAccess(f"{self.name}[{i}] is outside the buffer ({self.t.numel()})")
+        self.t[i] = value
 
 
 def mask_row_start(seq_lens: List[int], b: int, tid: int, n: int, mode: int) -> int:
@@ -65,114 +240,333 @@ def used_mask_cells(seq_lens: List[int], n: int, mode: int) -> int:
     return n * sum(seq_lens) + bs * n * n if mode == FULL_MASK else bs * n * n
 
 
-def simulate(parent_list, selected_index, seq_lens, topk: int, depth: int, n: int, mode: int,
-             tree_mask: torch.Tensor):
-    """The kernel's outputs for these inputs, and what it would do out of bounds.
+# ---------------------------------------------------------------------------------------------
+# The tree builder: eagle.cuh build_tree_efficient (+ tree.cuh's host code around it)
 
-    parent_list, selected_index, seq_lens: CPU tensors (read as flat buffers); tree_mask:
-    the buffer as it is before the launch (copied, not changed). Returns (TreeOutputs,
-    violations: list of one-line strings; empty when the kernel stays inside every row).
-    """
-    pl = parent_list.contiguous().reshape(-1).tolist()
-    sel = selected_index.contiguous().reshape(-1).tolist()
-    lens = [int(x) for x in seq_lens.tolist()]
-    bs = len(lens)
-    stride = topk * (depth - 1) + 1
-    mask = tree_mask.clone()
-    flat = mask.view(-1)
-    positions = torch.full((bs * n,), -1, dtype=torch.long)
-    r_idx = torch.full((bs, n), -1, dtype=torch.long)
-    r_next = torch.full((bs, n), -1, dtype=torch.long)
-    r_sib = torch.full((bs, n), -1, dtype=torch.long)
-    violations: List[str] = []
 
-    def note(b: int, what: str) -> None:
-        if len(violations) < 20:
-            violations.append(f"request {b}: {what}")
-
-    for b in range(bs):
+def build_tree_efficient(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                         retrive_index, retrive_next_token, retrive_next_sibling, topk: int,
+                         depth: int, draft_token_num: int, tree_mask_mode: int,
+                         on_fault: OnFault = None) -> None:
+    """The kernel, in place: thread 0 of request b links the retrieve arrays (nodes n-1 .. 1,
+    each under the first node whose candidate id equals its group's ``parent_list`` entry,
+    pushed at the front of the parent's child list); thread tid > 0 writes row tid of the
+    mask (its own column, then each ancestor's, found by the same scan) and its position."""
+    if tree_mask_mode == QLEN_ONLY_BITPACKING:
+        raise NotImplementedError("the bit-packed mask is not on the DDTree path")
+    fail = _faults(on_fault)
+    n, topk, depth = int(draft_token_num), int(topk), int(depth)
+    stride = topk * (depth - 1) + 1  # eagle.cuh:81, :115: the kernel's parent_list row stride
+    pl = _flat(parent_list).tolist()
+    sel = _flat(selected_index).tolist()
+    lens = [int(x) for x in _flat(verified_seq_len).tolist()]
+    mask = _flat(tree_mask)
+    pos_t, idx_t = _flat(positions), _flat(retrive_index)
+    nxt_t, sib_t = _flat(retrive_next_token), _flat(retrive_next_sibling)
+    pos, r_idx, r_next, r_sib = (pos_t.tolist(), idx_t.tolist(), nxt_t.tolist(),
+                                 sib_t.tolist())
+    for b in range(len(lens)):
         row = b * (n - 1)
-
-        def sel_at(j: int) -> Optional[int]:
-            return sel[row + j] if 0 <= row + j < len(sel) else None
-
-        # The parent search scans draft_token_num entries: the last one is the next
-        # request's first (or past the buffer). First match wins.
+        # The parent scans read selected_index[row + p] for p = 0, 1, ... and stop at the first
+        # match; no match in the row reads p = n - 1: the next request's entry, or past the
+        # buffer (the "invalid eagle tree" path).
         first = {}
         for j in range(n - 1):
-            v = sel_at(j)
+            v = sel[row + j] if row + j < len(sel) else None
             if v is not None and v not in first:
                 first[v] = j
 
-        def group_of(j: int) -> int:
-            return _c_div(sel[row + j], topk)
+        def group_of(j: int, node: int) -> int:
+            if row + j >= len(sel):
+                fail(f"request {b}: node {node}: selected_index[{row + j}] is past the buffer")
+            return _as_int32(_c_div(sel[row + j], topk))
 
-        def parent_id(g: int, node: int) -> Optional[int]:
-            if g < 0 or g >= stride:
-                note(b, f"node {node}: group {g} reads parent_list outside the request's row "
-                        f"(row stride topk * (depth - 1) + 1 = {stride})")
-                return None
-            idx = b * stride + g
-            if idx >= len(pl):
-                note(b, f"node {node}: group {g} reads past the end of parent_list")
-                return None
-            return _as_int32(pl[idx])
-
-        def lookup(pid: int, node: int) -> Optional[int]:
+        def parent_at(g: int, node: int) -> int:
+            """The node index (0-based in selected_index) whose id is group g's parent id."""
+            if not 0 <= g < stride:
+                fail(f"request {b}: node {node}: group {g} reads parent_list outside the "
+                     f"request's row (the kernel's row stride topk * (depth - 1) + 1 = {stride})")
+            if b * stride + g >= len(pl):
+                fail(f"request {b}: node {node}: group {g} reads past the end of parent_list")
+            pid = _as_int32(pl[b * stride + g])
             j = first.get(pid)
             if j is None:
-                note(b, f"node {node}: parent id {pid} matches no candidate in the request's "
-                        "row (the kernel's 'invalid eagle tree' path: it reads past the row, "
-                        "and the mask walk writes outside the node's row)")
+                fail(f"request {b}: node {node}: parent id {pid} matches no candidate in the "
+                     "request's row (the CUDA parent-not-found path: the scan reads "
+                     "selected_index past the row, and the mask walk writes outside the "
+                     "node's row)")
             return j
 
         for tid in range(n):
-            start = mask_row_start(lens, b, tid, n, mode)
-            token_tree_idx = start + (lens[b] if mode == FULL_MASK else 0) + 1
-            if token_tree_idx + n > INT32_MAX:
-                note(b, f"node {tid}: mask offset {token_tree_idx} overflows the kernel's int")
+            start = mask_row_start(lens, b, tid, n, tree_mask_mode)
+            t = start + (lens[b] if tree_mask_mode == FULL_MASK else 0) + 1  # token_tree_idx
+            try:
+                if t + n > INT32_MAX:
+                    fail(f"request {b}: node {tid}: mask offset {t} overflows the kernel's int")
+                if t - 1 < 0 or t + n - 1 > mask.numel():
+                    fail(f"request {b}: node {tid}: mask row [{t - 1}, {t + n - 1}) is outside "
+                         f"the tree_mask buffer ({mask.numel()} cells)")
+                mask[t - 1] = True
+                mask[t:t + n - 1] = False
+            except _Abandon:
                 continue
-            flat[token_tree_idx - 1] = True
-            flat[token_tree_idx:token_tree_idx + n - 1] = False
             if tid == 0:
-                positions[b * n] = lens[b]
+                pos[b * n] = lens[b]
                 for i in range(n - 1, 0, -1):
-                    r_idx[b, i] = b * n + i
-                    g = group_of(i - 1)
-                    parent_position = 0
-                    if g > 0:
-                        pid = parent_id(g, i)
-                        j = None if pid is None else lookup(pid, i)
-                        if j is None:
-                            continue  # unlinked ("the token will be ignored")
-                        parent_position = j + 1
-                    if r_next[b, parent_position] == -1:
-                        r_next[b, parent_position] = i
-                    else:
-                        r_sib[b, i] = r_next[b, parent_position]
-                        r_next[b, parent_position] = i
-                r_idx[b, 0] = b * n
+                    r_idx[b * n + i] = b * n + i
+                    try:
+                        g = group_of(i - 1, i)
+                        parent_position = parent_at(g, i) + 1 if g > 0 else 0
+                    except _Abandon:
+                        continue  # unlinked ("The token will be ignored")
+                    head = r_next[b * n + parent_position]
+                    r_next[b * n + parent_position] = i
+                    if head != -1:
+                        r_sib[b * n + i] = head
+                r_idx[b * n] = b * n
                 continue
-            cur, position, ok = tid - 1, 0, True
-            while True:
-                position += 1
-                if position > n:
-                    note(b, f"node {tid}: its ancestor walk never reaches the root (a cycle)")
-                    ok = False
+            cur, position, marks = tid - 1, 0, []
+            try:
+                while True:
+                    position += 1
+                    if position > n:
+                        fail(f"request {b}: node {tid}'s parent chain never reaches the root (a "
+                             "cycle: the CUDA mask loop has no bound)")
+                    marks.append(t + cur)
+                    g = group_of(cur, tid)
+                    if g == 0:
+                        break
+                    cur = parent_at(g, tid)
+            except _Abandon:
+                continue
+            finally:
+                if marks:
+                    mask[torch.tensor(marks)] = True
+            pos[b * n + tid] = position + lens[b]
+    for tensor, values in ((pos_t, pos), (idx_t, r_idx), (nxt_t, r_next), (sib_t, r_sib)):
+        tensor.copy_(torch.tensor(values, dtype=tensor.dtype))
+
+
+def build_tree_kernel_efficient(parent_list, selected_index, verified_seq_len, tree_mask,
+                                positions, retrive_index, retrive_next_token,
+                                retrive_next_sibling, topk, depth, draft_token_num,
+                                tree_mask_mode, on_fault: OnFault = None):
+    """tree.cuh build_tree_kernel_efficient: the host checks, then (batch > 0) the kernel."""
+    check_build_tree_host(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                          retrive_index, retrive_next_token, retrive_next_sibling, topk, depth,
+                          draft_token_num, tree_mask_mode)
+    if int(parent_list.shape[0]) == 0:  # `if (bs == 0) return;`
+        return
+    build_tree_efficient(parent_list, selected_index, verified_seq_len, tree_mask, positions,
+                         retrive_index, retrive_next_token, retrive_next_sibling, topk, depth,
+                         draft_token_num, tree_mask_mode, on_fault)
+
+
+# ---------------------------------------------------------------------------------------------
+# The greedy walk: eagle.cuh VerifyTreeGreedy (+ tree.cuh verify_tree_greedy's host code)
+
+
+def verify_tree_greedy_walk(predicts, accept_index, accept_token_num, candidates,
+                            retrive_index, retrive_next_token, retrive_next_sibling,
+                            target_predict, on_fault: OnFault = None) -> None:
+    """The kernel, in place (one thread per request): from the root, the first child in
+    sibling order whose token is the target's token at the last accepted node; at most
+    ``accept_index.shape[1] - 1`` levels. Reads by flat index as the kernel does: the
+    retrieve arrays within the request's row, ``target_predict`` / ``predicts`` at the flat
+    retrieve index."""
+    fail = _faults(on_fault)
+    bs, n = int(candidates.shape[0]), int(candidates.shape[1])
+    s = int(accept_index.shape[1])
+    cand = _flat(candidates).tolist()
+    r_idx, r_next = _flat(retrive_index).tolist(), _flat(retrive_next_token).tolist()
+    r_sib, target = _flat(retrive_next_sibling).tolist(), _flat(target_predict).tolist()
+    pred_t, acc_t, num_t = _flat(predicts), _flat(accept_index), _flat(accept_token_num)
+    pred, acc, num = pred_t.tolist(), acc_t.tolist(), num_t.tolist()
+
+    def flat_at(values: list, i: int, what: str, b: int):
+        if not 0 <= i < len(values):
+            fail(f"request {b}: {what}[{i}] is outside the buffer ({len(values)})")
+        return values[i]
+
+    for bx in range(bs):
+        try:
+            last = r_idx[bx * n]
+            acc[bx * s] = _as_int32(last)
+            accepted, cur, tried = 0, 0, 0
+            for _ in range(1, s):
+                cur = r_next[bx * n + cur]
+                while cur != -1:
+                    tried += 1
+                    if not 0 <= cur < n:
+                        fail(f"request {bx}: the walk leaves the request's row (node {cur})")
+                    if tried > n * s:
+                        fail(f"request {bx}: the walk never ends (a sibling cycle)")
+                    draft_index = r_idx[bx * n + cur]
+                    want = flat_at(target, last, "target_predict", bx)
+                    if cand[bx * n + cur] == want:
+                        flat_at(pred, last, "predicts", bx)
+                        pred[last] = _as_int32(want)
+                        accepted += 1
+                        acc[bx * s + accepted] = _as_int32(draft_index)
+                        last = draft_index
+                        break
+                    cur = r_sib[bx * n + cur]
+                if cur == -1:
                     break
-                flat[token_tree_idx + cur] = True
-                g = group_of(cur)
-                if g == 0:
+            num[bx] = accepted
+            flat_at(pred, last, "predicts", bx)
+            pred[last] = _as_int32(flat_at(target, last, "target_predict", bx))
+        except _Abandon:
+            continue
+    for tensor, values in ((pred_t, pred), (acc_t, acc), (num_t, num)):
+        tensor.copy_(torch.tensor(values, dtype=tensor.dtype))
+
+
+def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                       retrive_next_token, retrive_next_sibling, target_predict,
+                       on_fault: OnFault = None):
+    """tree.cuh verify_tree_greedy: the host checks, then (batch > 0) the kernel."""
+    bs, _, _ = check_verify_greedy_host(
+        predicts, accept_index, accept_token_num, candidates, retrive_index,
+        retrive_next_token, retrive_next_sibling, target_predict)
+    if bs == 0:
+        return
+    verify_tree_greedy_walk(predicts, accept_index, accept_token_num, candidates,
+                            retrive_index, retrive_next_token, retrive_next_sibling,
+                            target_predict, on_fault)
+
+
+# ---------------------------------------------------------------------------------------------
+# Target-only tree sampling: sampling.cuh (host, JIT) + speculative/sampling.cuh (kernel)
+
+
+def tree_speculative_sampling_target_only(
+    predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+    retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+    draft_probs, threshold_single=1.0, threshold_acc=1.0, deterministic=True,
+):
+    """The target-only tree sampling walk (TreeSpeculativeSamplingTargetOnly): per node,
+    children in sibling order with one coin per accepted node; a child is accepted when
+    coin < (target mass of the children tried so far) / threshold_acc; a rejected child's
+    target mass is copied into draft_probs, so the bonus, drawn from relu(target - draft) at
+    the last node, leaves the rejected tokens out (at a depth-limit leaf: target itself)."""
+    bs, n, steps, vocab = check_sampling_host(
+        predicts, accept_index, accept_token_num, candidates, retrive_index,
+        retrive_next_token, retrive_next_sibling, uniform_samples,
+        uniform_samples_for_final_sampling, target_probs, draft_probs, threshold_single,
+        threshold_acc)
+    threshold_acc = max(float(threshold_acc), 1e-9)
+    cand, ridx = _Row("candidates", candidates), _Row("retrive_index", retrive_index)
+    nxt, sib = _Row("retrive_next_token", retrive_next_token), _Row(
+        "retrive_next_sibling", retrive_next_sibling)
+    pred = _Row("predicts", predicts)
+    acc, num = _Row("accept_index", accept_index), _Row("accept_token_num", accept_token_num)
+    coins = _flat(uniform_samples)
+    target, draft = _flat(target_probs), _flat(draft_probs)
+    for b in range(bs):
+        prob_acc = 0.0
+        offset = b * n * vocab  # cur_prob_offset: the current node's distribution
+        coin = float(coins[b * n])
+        last = ridx[b * n]
+        acc[b * steps] = last
+        accepted, cur = 0, 0
+        for _ in range(1, steps):
+            cur = nxt[b * n + cur]
+            while cur != -1:
+                draft_index = ridx[b * n + cur]
+                token = cand[b * n + cur]
+                if not 0 <= token < vocab:
+                    raise OutOfRangeAccess(f"request {b}: token {token} outside the vocabulary")
+                p = float(target[offset + token])
+                prob_acc += p
+                if p > 0 and (coin < prob_acc / threshold_acc or p >= threshold_single):
+                    prob_acc = 0.0
+                    offset = (b * n + cur) * vocab
+                    coin = float(coins[b * n + cur])
+                    pred[last] = token
+                    accepted += 1
+                    acc[b * steps + accepted] = draft_index
+                    last = draft_index
                     break
-                pid = parent_id(g, tid)
-                j = None if pid is None else lookup(pid, tid)
-                if j is None:
-                    ok = False
-                    break
-                cur = j
-            if ok:
-                positions[b * n + tid] = position + lens[b]
-    return TreeOutputs(mask, positions, r_idx, r_next, r_sib), violations
+                draft[offset + token] = target[offset + token]
+                cur = sib[b * n + cur]
+            if cur == -1:
+                break
+        num[b] = accepted
+        q = target[offset:offset + vocab].double()
+        if accepted != steps - 1:  # "there is no draft_probs for the bonus token"
+            q = (q - draft[offset:offset + vocab].double()).clamp(min=0)
+        u = float(uniform_samples_for_final_sampling[b]) * float(q.sum())
+        cdf = q.cumsum(0)
+        sampled = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True))
+        if sampled >= vocab:  # u at (or past) the total: the last token with mass
+            nz = (q > 0).nonzero()
+            sampled = int(nz[-1]) if len(nz) else vocab - 1
+        pred[last] = sampled
+
+
+def vec_size(vocab: int) -> int:
+    """The sampling kernel's vector width (sampling.py: gcd(4, vocab), checked on the host)."""
+    return math.gcd(4, int(vocab))
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU check's view: outputs from fresh buffers, faults recorded instead of raised
+
+
+@dataclass
+class TreeOutputs:
+    tree_mask: torch.Tensor  # the mask buffer after the kernel (same dtype and size as given)
+    positions: torch.Tensor  # [bs * n] int64
+    retrieve_index: torch.Tensor  # [bs, n] int64
+    retrieve_next_token: torch.Tensor
+    retrieve_next_sibling: torch.Tensor
+
+
+def simulate(parent_list, selected_index, seq_lens, topk: int, depth: int, n: int, mode: int,
+             tree_mask: torch.Tensor):
+    """The kernel's outputs for these inputs, from the buffers SGLang hands it (positions and
+    retrieve arrays -1, the mask as given: copied, not changed), and its faults.
+
+    parent_list, selected_index, seq_lens: CPU tensors (read as flat buffers). Returns
+    (TreeOutputs, faults: one-line strings, at most 20; empty when the kernel stays inside
+    every row)."""
+    bs = int(seq_lens.numel())
+    mask = tree_mask.clone()
+    positions = torch.full((bs * n,), -1, dtype=torch.long)
+    retrieve = torch.full((3, bs, n), -1, dtype=torch.long)
+    faults: List[str] = []
+
+    def record(message: str) -> None:
+        if len(faults) < 20:
+            faults.append(message)
+
+    build_tree_efficient(parent_list, selected_index, seq_lens, mask, positions, retrieve[0],
+                         retrieve[1], retrieve[2], topk, depth, n, mode, on_fault=record)
+    return TreeOutputs(mask, positions, retrieve[0], retrieve[1], retrieve[2]), faults
+
+
+@dataclass
+class GreedyOutputs:
+    predicts: torch.Tensor  # [bs * n] int32
+    accept_index: torch.Tensor  # [bs, S] int32
+    accept_token_num: torch.Tensor  # [bs] int32
+
+
+def simulate_verify_greedy(candidates, retrieve_index, retrieve_next_token,
+                           retrieve_next_sibling, target_predict, num_speculative_tokens: int):
+    """The greedy walk from the buffers SGLang allocates (predicts 0, accept_index -1, int32)
+    and its faults (a request whose walk faults is abandoned). All tensors CPU, [bs, n]."""
+    bs, n = candidates.shape
+    s = int(num_speculative_tokens)
+    out = GreedyOutputs(torch.zeros(bs * n, dtype=torch.int32),
+                        torch.full((bs, s), -1, dtype=torch.int32),
+                        torch.zeros(bs, dtype=torch.int32))
+    faults: List[str] = []
+    verify_tree_greedy_walk(out.predicts, out.accept_index, out.accept_token_num, candidates,
+                            retrieve_index, retrieve_next_token, retrieve_next_sibling,
+                            target_predict, on_fault=faults.append)
+    return out, faults[:20]
 
 
 def _children(r_next: List[int], r_sib: List[int], node: int, n: int) -> Optional[List[int]]:
@@ -187,7 +581,11 @@ def _children(r_next: List[int], r_sib: List[int], node: int, n: int) -> Optiona
 
 def compare(layout, seq_lens, outs: TreeOutputs, n: int, mode: int, sentinel: int,
             fill: int = 1) -> List[str]:
-    """Mismatches (one line each, at most 20) between a built tree and the DDTree layout.
+    """Mismatches (one line each, at most 20) between a built tree and the DDTree layout:
+    every draft node linked exactly once; every valid node with the layout's parent, child
+    order, depth, position and mask row; every node with a mask row and a position consistent
+    with the links the kernel made; the prefix columns untouched; nothing written past the
+    batch's mask cells.
 
     layout: ddtree_utils.DDTreeLayout (CPU). outs: the kernel's (or ``simulate``'s) outputs
     on CPU. The mask buffer was filled with ``fill`` over the batch's cells (the prefix
@@ -263,56 +661,3 @@ def compare(layout, seq_lens, outs: TreeOutputs, n: int, mode: int, sentinel: in
             elif valid[b][i] and row != ref_mask[b][i]:
                 say(f"request {b}: valid node {i}: mask row != DDTree's")
     return bad
-
-
-@dataclass
-class GreedyOutputs:
-    predicts: torch.Tensor  # [bs * n] int32
-    accept_index: torch.Tensor  # [bs, S] int32
-    accept_token_num: torch.Tensor  # [bs] int32
-
-
-def simulate_verify_greedy(candidates, retrieve_index, retrieve_next_token,
-                           retrieve_next_sibling, target_predict, num_speculative_tokens: int):
-    """A transcription of ``VerifyTreeGreedy`` (eagle.cuh; one thread per request), with the
-    caller's initial buffers as SGLang allocates them (predicts 0, accept_index -1). Returns
-    (GreedyOutputs, violations). All tensors CPU, [bs, n]."""
-    bs, n = candidates.shape
-    s = int(num_speculative_tokens)
-    cand = candidates.reshape(-1).tolist()
-    r_idx = retrieve_index.reshape(-1).tolist()
-    r_next = retrieve_next_token.reshape(-1).tolist()
-    r_sib = retrieve_next_sibling.reshape(-1).tolist()
-    target = target_predict.reshape(-1).tolist()
-    predicts = [0] * (bs * n)
-    accept_index = [-1] * (bs * s)
-    num = [0] * bs
-    violations: List[str] = []
-    for bx in range(bs):
-        last = r_idx[bx * n]
-        accept_index[bx * s] = last
-        accepted, cur, steps = 0, 0, 0
-        for _ in range(1, s):
-            cur = r_next[bx * n + cur]
-            while cur != -1:
-                steps += 1
-                if not 0 <= cur < n or steps > n * s:
-                    violations.append(f"request {bx}: the walk leaves the request or cycles")
-                    cur = -1
-                    break
-                draft_index = r_idx[bx * n + cur]
-                if cand[bx * n + cur] == target[last]:
-                    predicts[last] = target[last]
-                    accepted += 1
-                    accept_index[bx * s + accepted] = draft_index
-                    last = draft_index
-                    break
-                cur = r_sib[bx * n + cur]
-            if cur == -1:
-                break
-        num[bx] = accepted
-        predicts[last] = target[last]
-    as32 = dict(dtype=torch.int32)
-    return GreedyOutputs(torch.tensor(predicts, **as32),
-                         torch.tensor(accept_index, **as32).reshape(bs, s),
-                         torch.tensor(num, **as32)), violations

@@ -166,12 +166,14 @@ def run_checks(report: Report, args) -> None:
     except carry.CarryError as exc:
         raise BadInput(str(exc)) from None
     release_root = carry.release_dir(carry_dir, args.release)
-    files = manifest["files"]
+    files, hybrid = manifest["files"], manifest["hybrid_files"]
     report.record("PASS", f"SGLang {manifest['release']} files carried from {manifest['wheel']}",
                   f"{sum(p.endswith(('.cuh', '.h')) for p in files)} CUDA headers, "
-                  f"{sum(p.endswith('.py') for p in files)} Triton modules, sha256 as recorded;"
+                  f"{sum(p.endswith('.py') for p in files) - len(hybrid)} Triton attention "
+                  f"modules, {len(hybrid)} hybrid kernel modules, sha256 as recorded;"
                   f" ours instead of tvm-ffi: {', '.join(manifest['shimmed_includes'])}; "
-                  f"stand-ins: {', '.join(manifest['standin_modules'])}")
+                  f"stand-ins: {', '.join(manifest['standin_modules'])} (attention), "
+                  f"{', '.join(manifest['hybrid_standin_modules'])} (hybrid)")
     if dry:
         _travel(report, args.carry)
 
@@ -191,7 +193,11 @@ def run_checks(report: Report, args) -> None:
         _guard(report, f"tree: {cfg}", checks_tree.check_config, report, ctx, cfg, seed=100 + i)
     _guard(report, "tree QLEN_ONLY", checks_tree.check_config, report, ctx, configs[0],
            seed=100, mode=dd.QLEN_ONLY)
-    for cfg in (configs[0], configs[1], configs[6]):
+    for cfg in dd.refused_configs():
+        _guard(report, f"refused: {cfg}", checks_tree.check_refused, report, ctx, cfg, configs)
+    # The default, the deepest lineages (budget 256 and 1023: D far past the tree's depth), a
+    # lineage raised past a shallow draft (top-K 2, block 3) and the chain.
+    for cfg in (configs[0], configs[1], configs[2], configs[4], configs[6]):
         _guard(report, f"greedy verify: {cfg}", checks_tree.check_greedy_verify, report, ctx,
                cfg, seed=200)
 
@@ -207,6 +213,11 @@ def run_checks(report: Report, args) -> None:
         for i, shape in enumerate(attention.shapes(on_gpu)):
             _guard(report, f"attention: {shape.label}", attention.check_attention, report, ea,
                    utils, device, shape, seed=300 + i)
+
+    from . import hybrid
+
+    _guard(report, "hybrid tree path", hybrid.check, report, release_root, device.type,
+           hybrid.GPU_BUDGETS if on_gpu else hybrid.DRY_BUDGETS)
 
     from . import step
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -168,6 +169,12 @@ def describe(t, *, zero_dim0: bool = False, claim_cuda: bool = False) -> _Tensor
     desc.dtype_code, desc.dtype_bits = _dtype(t)
     for i, (size, stride) in enumerate(zip(t.shape, t.stride())):
         desc.shape[i] = 0 if (zero_dim0 and i == 0) else size
+        if zero_dim0 and i == 0 and size == 1:
+            # A size-1 dimension's stride is never used: at its real size SGLang's
+            # TensorMatcher skips it and is_contiguous ignores it (torch's [1, n] slice of a
+            # [1, n + 1] row keeps the stride n + 1 and is contiguous). Described at size 0
+            # it would be checked, so it is described as a contiguous tensor's.
+            stride = math.prod(t.shape[1:])
         desc.strides[i] = stride
     return desc
 
