@@ -95,13 +95,13 @@ def test_the_check_catches_every_way_to_import_from_outside():
         "try:\n"
         "    import yaml\n"
         "except ImportError:\n"
-        "    from ddtree_deploy import deploy\n"
+        "    from ddtree_deploy import cli\n"
         "from . import lock\n"
         "import importlib\n"
         "importlib.import_module('paramiko')\n"
     )
     assert outside_imports(text, {"ddtree_deploy.hostprog.wire"}, "m") == [
-        "m:4: requests", "m:6: yaml", "m:8: ddtree_deploy.session.deploy", "m:9: a relative import", "m:11: paramiko"]
+        "m:4: requests", "m:6: yaml", "m:8: ddtree_deploy.cli", "m:9: a relative import", "m:11: paramiko"]
 
 
 def test_the_smoke_programs_child_scripts_are_checked():

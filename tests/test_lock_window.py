@@ -112,7 +112,7 @@ def test_a_failed_smoke_rolls_back_under_the_push_lock(host, oracle, tmp_path):
     journal = json.loads((host.state_dir / "journal.json").read_text())
     assert journal["phase"] == "rolled-back" and journal["run_id"] == h["auto_rollback"]["outcome"]["run_id"]
     assert _owner(host.state_dir) is None
-    entries = json.loads(cli("history", "--host", host.name, "--json").stdout)["entries"]
+    entries = json.loads(cli("history", "--host", host.name, "--json").stdout)["hosts"][0]["entries"]
     assert [(e["event"], e["run_id"]) for e in entries[:2]] == [("rollback", journal["run_id"]), ("push", h["run_id"])]
 
 

@@ -91,7 +91,7 @@ def test_status_sees_old_code_then_push_restarts_it_healthy_on_the_new_files(ser
     st = jdoc(cli("status", "--host", s.name, "--json"), "status")["hosts"][0]
     assert st["serving"]["state"] == "current" and st["phase"] == "deployed"
     assert "server restarted" in st["explanation"] and "healthy" in st["explanation"]
-    hist = jdoc(cli("history", "--host", s.name, "--json"), "history")["entries"]
+    hist = jdoc(cli("history", "--host", s.name, "--json"), "history")["hosts"][0]["entries"]
     assert hist[0]["event"] == "restart" and hist[0]["outcome"] == "healthy" and hist[0]["command"] == "restart"
 
     # rollback with [serve]: the files, then the server restarted on them (health only).
@@ -113,7 +113,7 @@ def test_status_sees_old_code_then_push_restarts_it_healthy_on_the_new_files(ser
     assert journal["phase"] == "deployed" and journal["serve"]["state"] == "healthy"
     assert journal["serve"]["run_id"] == journal["run_id"]
     events = [(e["event"], e["outcome"]) for e in jdoc(cli("history", "--host", s.name, "--json"),
-                                                        "history")["entries"][:3]]
+                                                        "history")["hosts"][0]["entries"][:3]]
     assert events == [("mark", "ok"), ("restart", "healthy"), ("push", "ok")]
 
     # Pushed again: nothing to switch, the server already runs these files: no restart.
@@ -205,7 +205,7 @@ def test_an_unhealthy_start_after_a_push_rolls_back_and_restarts_the_old_code(se
     assert s.healthy() and s.serving_sha() == sha(pristine[SPEC]) and s.sup.pid() not in (old_pid, None)
     journal = json.loads((s.host.state_dir / "journal.json").read_text())
     assert journal["phase"] == "rolled-back" and journal["serve"]["state"] == "healthy"
-    entries = jdoc(cli("history", "--host", s.name, "--json"), "history")["entries"]
+    entries = jdoc(cli("history", "--host", s.name, "--json"), "history")["hosts"][0]["entries"]
     assert [(e["event"], e["outcome"]) for e in entries[:4]] == [
         ("restart", "healthy"), ("rollback", "ok"), ("restart", "unhealthy"), ("push", "ok")]
 
@@ -336,7 +336,7 @@ def test_ctrl_c_during_the_health_wait_leaves_a_host_status_explains(served):
     assert "a server restart began" in st["explanation"] and "never recorded" in st["explanation"]
     assert f"ddtree-deploy push --host {s.name}" in st["explanation"]
     assert st["serving"]["state"] == "current" and st["serving"]["health"]["status"] == 503
-    entries = jdoc(cli("history", "--host", s.name, "--json"), "history")["entries"]
+    entries = jdoc(cli("history", "--host", s.name, "--json"), "history")["hosts"][0]["entries"]
     assert entries[0]["event"] == "push" and all(e["event"] != "restart" for e in entries)
     # The way on: a rollback restores the files and restarts the server healthy on them.
     assert cli("rollback", "--host", s.name).exit_code == 0
