@@ -603,7 +603,12 @@ def test_a_cut_during_the_upload_is_one_connection_error_line(sshd, tmp_path, en
         proxy.arm(None)
         assert _cli("status", "--host", "h").exit_code == 0
         total, dense = proxy.relayed, 0
-        for cut in range(3000, total, 500):
+        # 40 cuts spread over the upload of the agent's bundle (the same kind of bytes all
+        # along: over 100 KB since the programs ship with their modules), then every 500 bytes
+        # over the last 20 KB: the requests, the replies and the channel's goodbye.
+        tail = max(3000, total - 20_000)
+        cuts = sorted({*range(3000, tail, max(500, (tail - 3000) // 40)), *range(tail, total, 500)})
+        for cut in cuts:
             proxy.arm(cut)
             r = _cli("status", "--host", "h")
             if not proxy.cut:
