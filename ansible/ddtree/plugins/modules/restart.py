@@ -13,22 +13,9 @@ description:
   - "C(changed) when the restart command ran (handler-friendly: notify it from a task that changed the files); failed when the server was not healthy in time or failed the proof. Check mode reports C(changed) and restarts nothing. Use C(serial) for waves: a push of hosts with a C([serve]) table restarts them itself."
 version_added: "0.1.0"
 author: ddtree-deploy
-options:
-  break_lock:
-    description: Take the deploy lock even if another run holds it.
-    type: bool
-    default: false
-  ddtree_deploy:
-    description: Path of the C(ddtree-deploy) executable on the controller (default C(ddtree_deploy_cmd), else C(ddtree-deploy) on PATH).
-    type: str
-  trust_new_host:
-    description: Record an unknown host key in the known_hosts file (a changed key is always refused).
-    type: bool
-    default: false
-  timeout:
-    description: Seconds the toolkit may run for this host.
-    type: int
-    default: 3600
+extends_documentation_fragment:
+  - ddtree.deploy.toolkit
+  - ddtree.deploy.toolkit.lock
 attributes:
   check_mode:
     support: full

@@ -12,21 +12,12 @@ description:
   - "The host's connection comes from its inventory variables (ansible_host, ansible_user, ansible_port, ansible_ssh_private_key_file, ansible_ssh_common_args / ansible_ssh_extra_args with -J/ProxyJump, -F, UserKnownHostsFile) and C(ddtree_python), the interpreter whose sglang is patched; see docs/ansible.md."
 version_added: "0.1.0"
 author: ddtree-deploy
+extends_documentation_fragment:
+  - ddtree.deploy.toolkit
 options:
   family:
     description: Patch family to compare the files against (default the one covering the host's SGLang).
     type: str
-  ddtree_deploy:
-    description: Path of the C(ddtree-deploy) executable on the controller (default C(ddtree_deploy_cmd), else C(ddtree-deploy) on PATH).
-    type: str
-  trust_new_host:
-    description: Record an unknown host key in the known_hosts file (a changed key is always refused).
-    type: bool
-    default: false
-  timeout:
-    description: Seconds the toolkit may run for this host.
-    type: int
-    default: 3600
 attributes:
   check_mode:
     support: full
