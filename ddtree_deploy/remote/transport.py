@@ -647,7 +647,9 @@ def connect_error(label: str, host: Host, conn, exc: BaseException, jump: str | 
         return DeployError(f"{label}: no route to {conn.host} ({what})", code=Code.CONNECT,
                            hint=f"check ssh.host / ssh.jump in {inv} and this machine's network (VPN?); {verbose}")
     if isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
-        return DeployError(f"{label}: {what} does not answer as an SSH server ({exc})", code=Code.CONNECT,
+        # paramiko says the same when a link is cut before the server's banner arrived as when
+        # something else listens: either way it came before the authentication.
+        return DeployError(f"{label}: {what} does not answer as an SSH server ({exc}); {unchanged}", code=Code.CONNECT,
                            hint=f"check {'ssh.jump' if jump else 'ssh.port'} in {inv}: something else listens "
                            f"there; {verbose}")
     if isinstance(exc, EOFError) or not str(exc):
