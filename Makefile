@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install system-deps demo test bench matrix clean gpu-check gpu-check-dry
+.PHONY: install system-deps demo test bench matrix collection clean gpu-check gpu-check-dry
 
 $(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/sglang-v2-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,16 @@ bench: install
 
 matrix: install
 	$(VENV)/bin/ddtree-deploy matrix --from 0.5.11
+
+# The Ansible collection ddtree.deploy as a user installs it (docs/ansible.md, Install):
+# COLLECTION_OUT/ddtree-deploy-VERSION.tar.gz, VERSION = galaxy.yml's, which is the toolkit's
+# (tests/test_ansible_collection.py). Needs only ansible-galaxy (ansible-core): the venv's if
+# there is one, else the one on PATH; no install step.
+COLLECTION_OUT ?= dist
+ANSIBLE_GALAXY ?= $(if $(wildcard $(VENV)/bin/ansible-galaxy),$(VENV)/bin/ansible-galaxy,ansible-galaxy)
+
+collection:
+	$(ANSIBLE_GALAXY) collection build ansible/ddtree --output-path $(COLLECTION_OUT) --force
 
 # The GPU check (README "GPU checks"). gpu-check-dry, on any machine with the venv: extract
 # SGLang's files from the release wheel into GPU_CARRY (git-ignored), run every check's CPU

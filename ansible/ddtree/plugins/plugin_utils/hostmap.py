@@ -32,10 +32,27 @@ Variables read (``get(name)`` returns the templated value or None):
     ddtree_known_hosts, ddtree_ssh_config, ddtree_connect_timeout, ddtree_jump -> ssh.* (win over args)
     ddtree_smoke (a mapping: the [smoke] table) or ddtree_smoke_levels (a list) -> [smoke]
     ddtree_serve (a mapping: the [serve] table: restart argv, url, ...) -> [serve]
+
+These names describe a HOST (HOST_VARIABLES). What one run does (push with or without the
+smoke, which levels, which backup) is the collection's role and playbook options, whose names
+are never one of these: a role default is a variable of every host in the play, so a role
+option named like a host variable would replace the host's value with another type
+(tests/test_ansible_collection.py, test_run_options_are_not_host_variables).
 """
 
 import re
 import shlex
+
+# Every variable that describes a host to ddtree-deploy: what host_tables reads, the file's
+# name (ddtree_name, read by the callers) and where the toolkit is (ddtree_deploy_cmd, read by
+# the collection). The collection templates exactly these for a task's host.
+HOST_VARIABLES = (
+    "ansible_host", "ansible_ssh_host", "ansible_user", "ansible_ssh_user", "ansible_port", "ansible_ssh_port",
+    "ansible_ssh_private_key_file", "ansible_private_key_file", "ansible_ssh_common_args",
+    "ansible_ssh_extra_args", "ansible_connection", "ddtree_python", "ddtree_state_dir", "ddtree_keep_backups",
+    "ddtree_sudo", "ddtree_op_timeout", "ddtree_known_hosts", "ddtree_ssh_config", "ddtree_connect_timeout",
+    "ddtree_jump", "ddtree_smoke", "ddtree_smoke_levels", "ddtree_serve", "ddtree_name", "ddtree_deploy_cmd",
+)
 
 # The toolkit's host names (the file's stem): see ddtree_deploy/settings/inventory.py.
 HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
@@ -149,7 +166,10 @@ def host_tables(name, get):
     levels = get("ddtree_smoke_levels")
     if smoke is not None:
         if not isinstance(smoke, dict):
-            raise MappingError("%s: ddtree_smoke must be a mapping (the [smoke] table)" % name)
+            raise MappingError("%s: ddtree_smoke must be a mapping (the host's [smoke] table, e.g. {levels: "
+                               "[compile, import]}), not %r; whether a push runs the smoke is the run's choice: "
+                               "the role's ddtree_push_smoke, the push task's smoke, push --no-smoke"
+                               % (name, smoke))
         tables["smoke"] = dict(smoke)
     if levels is not None:
         if isinstance(levels, str):

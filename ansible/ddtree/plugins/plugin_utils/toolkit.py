@@ -22,24 +22,17 @@ import shutil
 import subprocess
 import tempfile
 
-from ansible_collections.ddtree.deploy.plugins.plugin_utils.hostmap import MappingError, host_toml
+from ansible_collections.ddtree.deploy.plugins.plugin_utils.hostmap import HOST_VARIABLES, MappingError, host_toml
 
-# The variables the mapping reads (hostmap.host_tables): templated once per task.
-HOST_VARS = (
-    "ansible_host", "ansible_ssh_host", "ansible_user", "ansible_ssh_user", "ansible_port", "ansible_ssh_port",
-    "ansible_ssh_private_key_file", "ansible_private_key_file", "ansible_ssh_common_args",
-    "ansible_ssh_extra_args", "ansible_connection", "ddtree_python", "ddtree_state_dir", "ddtree_keep_backups",
-    "ddtree_sudo", "ddtree_op_timeout", "ddtree_known_hosts", "ddtree_ssh_config", "ddtree_connect_timeout",
-    "ddtree_jump", "ddtree_smoke", "ddtree_smoke_levels", "ddtree_serve",
-)
 DIFF_MAX_BYTES = 1 << 20  # larger files are summarised by hash in diff mode
 
 
 def host_vars(action, task_vars):
-    """name, {var: templated value} for the task's host."""
+    """name, {var: templated value} for the task's host: the variables that describe a host
+    (hostmap.HOST_VARIABLES), templated once per task."""
     templar = action._templar
     values = {}
-    for var in HOST_VARS + ("ddtree_name", "ddtree_deploy_cmd"):
+    for var in HOST_VARIABLES:
         if var in task_vars:
             values[var] = templar.template(task_vars[var])
     name = values.get("ddtree_name") or task_vars.get("inventory_hostname")
