@@ -141,9 +141,13 @@ class Lock(object):
         self.sweep_leftovers(folders)
 
     def claim_home(self):
-        """Under the top's guard (every root's lock taking passes here first): settle which
-        folder is this root's and write its root.json when none names it yet; so of two
-        roots that find a folder unclaimed, exactly one gets its top level."""
+        """Settle which folder is this root's and write its root.json when none names it yet,
+        under the top's guard, so of two roots that find a folder unclaimed exactly one gets
+        its top level. Once settled, the top's guard is never taken again for it (that guard
+        is also the top install's own: no other install waits on it)."""
+        self.home = None
+        if roots.record_of(self.home_dir()) is not None:
+            return
         fd = open_guard(self._top(GUARD))
         try:
             self.home = None
