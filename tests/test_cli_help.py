@@ -33,7 +33,8 @@ PARAGRAPHS = {
                            "file); the regenerated series is checked to rebuild the tree exactly before "
                            "anything is written.",
     ("lock", "release"): "Exit 1 when the lock's process may still run and --force is not given.",
-    ("history",): "Read from <state_dir>/history.jsonl on the host (read-only; takes no lock).",
+    ("history",): "Read from the history.jsonl of the host file's install in <state_dir> on the host "
+                  "(read-only; takes no lock).",
 }
 
 

@@ -90,6 +90,7 @@ def test_a_failed_append_never_fails_the_push(host, oracle):
     stderr = " ".join(pushed.stderr.split())  # warnings wrap between words at the terminal's width
     assert said in stderr and "history not written: the audit" not in stderr  # said once
     a = Agent(str(host.state_dir))
+    a.root = str(host.site)  # the history is its install's (hostprog/roots.py): the root is known first
     assert a.record("push", outcome="ok") == said
 
 
@@ -98,11 +99,11 @@ def test_rotation_keeps_the_newest_entries_and_the_folder_stays_ours(tmp_path, m
     state = tmp_path / "state"
     state.mkdir()
     a = Agent(str(state))
+    a.root = str(tmp_path / "site")  # the history is its install's; check_state_dir refuses nesting in it
     for i in range(12):
         assert a.record("mark", run_id=f"r{i}", outcome="ok") is None
     assert (state / "history.jsonl").stat().st_size < 600 + 300
     assert (state / "history.1.jsonl").exists()
-    a.root = str(tmp_path / "site")  # check_state_dir needs the package root only to refuse nesting
     doc = a.op_history({"limit": 100})
     runs = [e["run_id"] for e in doc["entries"]]
     assert runs == [f"r{i}" for i in range(11, 11 - len(runs), -1)] and 4 <= len(runs) < 12

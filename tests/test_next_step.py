@@ -42,6 +42,9 @@ TEXTS = {
     "hosts init -i": next_step.hosts_init("gpu1", "/srv/inventory"),
     "status -i": next_step.status("gpu1", "/srv/inventory"),
     "local python": next_step.python_that_imports_sglang(),
+    "push --replace-drifted": next_step.replace_drifted("push", "gpu1"),
+    "rollback --replace-drifted": next_step.rollback("gpu1", drifted=True),
+    "status --diff": next_step.status_diff("gpu1"),
 }
 
 

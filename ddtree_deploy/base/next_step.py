@@ -26,8 +26,20 @@ def push(host: str) -> str:
     return command("push", "--host", host)
 
 
-def rollback(host: str) -> str:
-    return command("rollback", "--host", host)
+def rollback(host: str, *, drifted: bool = False) -> str:
+    """``drifted``: files were edited outside ddtree-deploy (a plain rollback refuses them)."""
+    return replace_drifted("rollback", host) if drifted else command("rollback", "--host", host)
+
+
+def replace_drifted(verb: str, host: str) -> str:
+    """Push or roll back over files edited outside ddtree-deploy, their edited bytes kept
+    first in a backup of their own on the host."""
+    return command(verb, "--host", host, "--replace-drifted")
+
+
+def status_diff(host: str) -> str:
+    """What each drifted file holds, against what the series expects there."""
+    return command("status", "--host", host, "--diff")
 
 
 def smoke(host: str) -> str:
@@ -111,6 +123,7 @@ __all__ = [
     "python_that_imports_sglang",
     "push",
     "push_or_rollback",
+    "replace_drifted",
     "restart",
     "rollback",
     "series_refresh",
@@ -119,4 +132,5 @@ __all__ = [
     "snapshot_pull",
     "snapshot_release",
     "status",
+    "status_diff",
 ]

@@ -21,6 +21,9 @@ from ddtree_deploy.settings.inventory import Host
 HOST_HELP = HOSTS_HELP  # (serve_cmd imports it from here)
 PARALLEL_HELP = "with several hosts: how many are worked on at once (default: all)"
 FAMILY_HELP = "family folder or name under the patches folder (default: the one covering the host's SGLang)"
+REPLACE_DRIFTED_HELP = ("replace files edited outside ddtree-deploy too (refused without it): their bytes are "
+                        "kept first, as found, in a backup of their own on the host (drifted/ in its state "
+                        "folder, listed by status); their diff is printed (with --dry-run: nothing changes)")
 
 
 def _connect(trust_new_host: bool) -> Callable[[Host], object]:
@@ -46,6 +49,7 @@ def push(
                               "current file (with --dry-run: would get); a drifted file: the host's bytes "
                               "against what the series expects"),
     break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
+    replace_drifted: bool = typer.Option(False, "--replace-drifted", help=REPLACE_DRIFTED_HELP),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     no_smoke: bool = typer.Option(False, "--no-smoke", help="switch only: run no smoke level afterwards"),
     no_rollback: bool = typer.Option(False, "--no-rollback", help="keep the new files when a smoke level fails"),
@@ -65,7 +69,8 @@ def push(
     hosts = rollout.select_hosts(host or [], group or [])
     options = rollout.PushOptions(family=family, dry_run=dry_run, break_lock=break_lock, smoke=not no_smoke,
                                   levels=tuple(level or ()), auto_rollback=not no_rollback, canary=canary,
-                                  parallel=parallel, max_failures=max_failures, diff=diff)
+                                  parallel=parallel, max_failures=max_failures, diff=diff,
+                                  replace_drifted=replace_drifted)
     _render("push", hosts, json_output,
             lambda view: rollout.push(hosts, _connect(trust_new_host), options, on_event=view),
             canary=rollout.push_policy_for(hosts, options).canary)
@@ -80,6 +85,7 @@ def rollback(
     to: Optional[str] = typer.Option(None, "--to", help="backup id to restore (default: the newest)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print the plan; touch nothing"),
     break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
+    replace_drifted: bool = typer.Option(False, "--replace-drifted", help=REPLACE_DRIFTED_HELP),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
@@ -90,7 +96,8 @@ def rollback(
     hosts = rollout.select_hosts(host or [], group or [])
     _render("rollback", hosts, json_output,
             lambda view: rollout.rollback(hosts, _connect(trust_new_host), to=to, dry_run=dry_run,
-                                          break_lock=break_lock, parallel=parallel, on_event=view))
+                                          break_lock=break_lock, parallel=parallel, replace_drifted=replace_drifted,
+                                          on_event=view))
 
 
 @app.command("status")
@@ -118,6 +125,8 @@ def status(
 def _print_status(doc: dict) -> None:
     # Every value here comes from the host (its journal, lock, paths): `say` prints it inert.
     say(f"{doc['host']}: sglang {doc['sglang_version']} at {doc['package_root']}")
+    if doc.get("state_home"):
+        say(f"  state: {doc['state_home']}")
     phase = f"MIXED (journal: {doc['phase']})" if doc.get("mixed") else doc["phase"]
     say(f"  phase: {phase}: {doc['explanation']}")
     if doc["series"]:
@@ -129,6 +138,11 @@ def _print_status(doc: dict) -> None:
         say(f"  {f['state']:<9} {f['path']}  {(f['sha256'] or 'absent')[:12]}{detail}")
     for b in doc["backups"]:
         say(f"  backup {b['id']}  {b['created']}  {b.get('series') or ''}")
+    for k in doc.get("drifted_backups") or ():
+        say(f"  kept edits {k['id']}  {k['created']}  ({k.get('command')} run {k.get('run_id')} replaced them): "
+            f"{k.get('folder')}")
+        for f in k["files"]:
+            say(f"    {f['path']}  {(f['sha256'] or 'absent')[:12]}  -> {f.get('file')}")
     serving = doc.get("serving")
     if serving:
         from ddtree_deploy.serve.serve_plan import process_line
@@ -143,6 +157,21 @@ def _print_status(doc: dict) -> None:
             f"{lock.get('command')}){stale}")
     else:
         say("  lock: free")
+    _print_installs(doc)
+
+
+def _print_installs(doc: dict) -> None:
+    """The other SGLang installs keeping state in the same state folder (each its own)."""
+    others = [i for i in doc.get("installs") or () if not i.get("this")]
+    if not others:
+        return
+    say(f"  {len(others)} other install(s) keep their own state in the same state folder:")
+    for i in others:
+        what = (f"{i.get('phase')} {i.get('series') or ''} (run {i.get('run_id')})" if i.get("phase")
+                else "never deployed")
+        lock = f"; lock held by {i['lock'].get('holder')} ({i['lock'].get('command')})" if i.get("lock") else ""
+        root = i.get("package_root") or "an earlier layout's state, claimed by no install yet"
+        say(f"    {root} (python {i.get('python') or '?'}): sglang {i.get('sglang_version') or '?'}, {what}{lock}")
 
 
 __all__ = ["push", "rollback", "status"]

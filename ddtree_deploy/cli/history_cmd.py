@@ -23,7 +23,7 @@ def history(
 ) -> None:
     """Who pushed, rolled back, marked or broke the lock on a host, from where, when, with what.
 
-    Read from <state_dir>/history.jsonl on the host (read-only; takes no lock).
+    Read from the history.jsonl of the host file's install in <state_dir> on the host (read-only; takes no lock).
     """
     from ddtree_deploy.remote.transport import transport_for
     from ddtree_deploy.session import hostlog

@@ -111,7 +111,9 @@ def init_host(
         chosen_folder,
         host_file_name_problem,
         hosts_dir,
+        list_inventory,
         parse_host,
+        same_machine,
     )
 
     problem = host_file_name_problem(name)
@@ -124,13 +126,24 @@ def init_host(
     if path.exists() and not force:
         raise BadInput(f"{path}: already exists; nothing was written", hint="pass --force to replace it")
     text = render(name, ssh_host=ssh_host, user=user, port=port, python=python, state_dir=state_dir, local=local)
-    parse_host(text, name=name, source=f"{path} (as hosts init would write it)")  # a bad value: named, nothing written
+    new = parse_host(text, name=name, source=f"{path} (as hosts init would write it)")  # a bad value: named
+    siblings = same_machine(new, list_inventory(folder))
+    twin = next((h for h in siblings if h.python == new.python), None)
+    if twin is not None:
+        # One install under two names: a fleet would push it twice and each name's history
+        # would tell half of it. Another interpreter there is another install: fine.
+        raise BadInput(f"{path}: {twin.source} already names this machine and this interpreter ({new.python}); "
+                       "nothing was written", hint=f"use host {twin.name}, or give the other install's "
+                       "interpreter with --python")
     require_writable_folder(folder, "--inventory" if chosen_folder() is not None else "the inventory folder")
     atomic_write(path, text.encode())
     if json_output:
         emit_json({"folder": str(folder), "file": str(path), "name": name})
         return
     say(str(path))
+    if siblings:  # several installs on one machine: each keeps its own state (hostprog/roots.py)
+        err.print(f"[dim]the same machine as {safe(', '.join(h.name for h in siblings))}, another interpreter: "
+                  "each install keeps its own lock, journal and backups in the state folder[/]", highlight=False)
     err.print(f"[dim]edit the values marked EDIT, then check it: "
               f"{safe(next_step.status(name, chosen_folder()))}[/]", highlight=False)
 

@@ -11,7 +11,6 @@ from typing import Optional
 
 import typer
 
-from ddtree_deploy.base import next_step
 from ddtree_deploy.cli.app import app, emit_host, emit_json, err, handles_errors, say
 from ddtree_deploy.cli.options import HOST_HELP, inventory_option
 from ddtree_deploy.cli.text import safe
@@ -78,8 +77,7 @@ def pull(
 ) -> None:
     """Snapshot the host's own SGLang files (the pristine state push compares against)."""
     # The host's modules load only for this sub-command (``snapshot release`` needs none).
-    from ddtree_deploy.base.codes import Code
-    from ddtree_deploy.base.errors import BadInput, DeployError
+    from ddtree_deploy.base.errors import BadInput
     from ddtree_deploy.release.snapshot import snapshot_from_files
     from ddtree_deploy.remote.transport import transport_for
     from ddtree_deploy.session import deploy
@@ -90,10 +88,9 @@ def pull(
     paths = Want(family).paths
     err.print(f"[dim]{safe(h.name)}:[/] reading {len(paths)} file(s)")
     facts, files = deploy.pull(h, transport_for(h, trust_new_host=trust_new_host), paths)
-    patched = deploy.patched_paths(facts, files)
-    if patched:
-        raise DeployError(f"{h.name}: {', '.join(patched)} are patched by ddtree-deploy, not pristine",
-                          code=Code.NOT_PRISTINE, hint=f"roll back first: {next_step.rollback(h.name)}")
+    refused = deploy.not_pristine(h.name, facts, files)
+    if refused is not None:
+        raise refused
     if not facts.get("sglang_version"):
         raise BadInput(f"{h.name}: cannot tell the SGLang version at {facts.get('package_root')}")
     source = {"kind": "host", "host": h.name, "python": h.python}

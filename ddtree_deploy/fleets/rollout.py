@@ -416,7 +416,19 @@ def _plan_lines(outcome: deploy.Outcome) -> list[str]:
 
 
 def _summary_lines(outcome: deploy.Outcome, show_plan: bool) -> list[str]:
-    return [f"{outcome.host}: {outcome.summary}"] + (_plan_lines(outcome) if show_plan else [])
+    return [f"{outcome.host}: {outcome.summary}"] + (_plan_lines(outcome) if show_plan else []) + _drift_kept(outcome)
+
+
+def _drift_kept(outcome: deploy.Outcome) -> list[str]:
+    """--replace-drifted: the files edited outside ddtree-deploy it replaced, where their bytes
+    are kept, and what they held against what the series expects (after the plan)."""
+    d = outcome.drifted
+    if not d or not d.get("files"):
+        return []
+    where = f"kept in {d['folder']}" if d.get("folder") else "to be kept in a backup of their own on the host"
+    head = f"{outcome.host}: {len(d['files'])} drifted file(s) replaced, their edited bytes {where}"
+    return [head + (":" if d.get("diff") else " (no diff: the series for this host did not load)"),
+            *(d.get("diff") or "").splitlines()]
 
 
 def _warn_broken_lock(outcome: deploy.Outcome, listener: Listener) -> None:
@@ -446,6 +458,7 @@ class PushOptions:
     max_failures: int = 0
     log_dir: Any = None  # where a failed launch's server log is copied (tests)
     diff: bool = False  # --diff: each host's unified diff (from its current files) in its result
+    replace_drifted: bool = False  # --replace-drifted: drifted files replaced, their bytes kept on the host
 
 
 def _fleet(command: str, hosts: Sequence[Host], policy: Policy, one: Callable[[Host, Progress], HostResult],
@@ -506,7 +519,7 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
         with deploy.begin_push(h, connect(h), want.paths, partial(want.resolve, h.name),
                                dry_run=options.dry_run, break_lock=options.break_lock,
                                smoke=smokes[h.name] or serve is not None, diff=options.diff,
-                               progress=progress) as pushed:
+                               replace_drifted=options.replace_drifted, progress=progress) as pushed:
             outcome = pushed.outcome
             if pushed.locked:
                 after = after_push(h, lambda: connect(h), outcome, want.chosen[h.name], levels=levels,
@@ -535,7 +548,8 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
 
 
 def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, dry_run: bool = False,
-             break_lock: bool = False, parallel: int | None = None, on_event: Listener = _ignore) -> FleetReport:
+             break_lock: bool = False, parallel: int | None = None, replace_drifted: bool = False,
+             on_event: Listener = _ignore) -> FleetReport:
     """Restore each host's newest backup (or ``to``, one host only) through the verified switch.
     A host with a ``[serve]`` table whose files were switched back restarts its server on
     them and waits for its health (``serve_gate.after_rollback``), under the rollback's own
@@ -545,12 +559,15 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
                        hint="without --to, each host restores its own newest backup")
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
     serves = _serve_settings(hosts)
+    want = _series_or_none(None, on_event) if replace_drifted else None  # what a drifted file's diff is against
 
     def one(h: Host, progress: Progress) -> HostResult:
         # [serve]: a rollback that switched files keeps its lock for the restart on them.
         serve = serves[h.name] if not dry_run else None
         with deploy.begin_rollback(h, connect(h), to=to, dry_run=dry_run, break_lock=break_lock,
-                                   keep_lock=serve is not None, progress=progress) as held:
+                                   keep_lock=serve is not None, replace_drifted=replace_drifted,
+                                   expect=partial(want.expected, h.name) if want else None,
+                                   progress=progress) as held:
             outcome = held.outcome
             kind = rollback_kind(outcome, dry_run=dry_run)
             result = _result(h.name, kind, outcome.to_json(), outcome.summary,
@@ -571,13 +588,7 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
     ``diff`` (``status --diff``): each drifted file against what the series expects (drift.py)."""
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
     _serve_settings(hosts)  # a broken [serve] table stops here, before any connection
-    try:
-        want = Want(family)
-    except BadInput as exc:
-        # A broken series must not hide a host's state: report what the journal knows.
-        on_event(Event(EventKind.WARNING, "", f"series not loaded ({exc.message}); per-file states come from "
-                                              "the host's journal"))
-        want = None
+    want = _series_or_none(family, on_event)
 
     def one(h: Host, progress: Progress) -> HostResult:
         from ddtree_deploy.fleets.serve_gate import serving_of
@@ -591,6 +602,18 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
         return _result(h.name, Kind.READ, doc, "", _drift_lines(h.name, doc, desired, read.facts) if diff else [])
 
     return _fleet("status", hosts, policy, one, on_event)
+
+
+def _series_or_none(family: str | None, on_event: Listener) -> Want | None:
+    """What the series wants, for a command that reads a host whatever the series (status,
+    a rollback's diffs): None, said as a warning, when it does not load."""
+    try:
+        return Want(family)
+    except BadInput as exc:
+        # A broken series must not hide a host's state: report what the journal knows.
+        on_event(Event(EventKind.WARNING, "", f"series not loaded ({exc.message}); per-file states come from "
+                                              "the host's journal"))
+        return None
 
 
 def _drift_lines(host: str, doc: dict, desired, facts: dict) -> list[str]:

@@ -13,8 +13,9 @@ JSON and is used through os.* calls only.
 
 This module is the dispatch only; each job is a module of its own, one class each, that
 ``Agent`` puts together: ``state`` (the state folder, its layout and the check that it is
-ours), ``lock`` (the deploy lock and its fencing), ``facts`` (read-only: SGLang, file
-digests, backups), ``apply`` (back up, stage, switch), ``journal`` and ``history``. The
+ours; ``roots``: which folder of it holds this install's state), ``lock`` (the deploy lock
+and its fencing), ``facts`` (read-only: SGLang, file digests, backups), ``apply`` (keep
+drifted files, back up, stage, switch), ``journal`` and ``history``. The
 agent's error and careful file writes are ``fileops``; JSON lines, digests and the test
 hooks are ``wire``'s.
 """

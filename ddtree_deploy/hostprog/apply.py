@@ -1,10 +1,12 @@
 """The agent's one mutating job: back up, stage, verify, switch by rename, journal.
 
 Push and rollback both go through ``apply``; a push's backups are made here and pruned
-after the switch. All or nothing: a preflight refuses what would fail half-way; a failure
-during the switch switches back (each file's previous version kept as a hard link until
-the journal says the switch is done); a run that lost the deploy lock stops and switches
-back only when nobody wrote since (``after_lost_lock``).
+after the switch. Files edited outside ddtree-deploy that the request replaces
+(``keep_drifted``: ``--replace-drifted``) are first kept, as found, in a backup of their own
+(``drifted/<id>/``), which nothing prunes. All or nothing: a preflight refuses what would
+fail half-way; a failure during the switch switches back (each file's previous version kept
+as a hard link until the journal says the switch is done); a run that lost the deploy lock
+stops and switches back only when nobody wrote since (``after_lost_lock``).
 """
 
 import base64
@@ -13,10 +15,11 @@ import json
 import os
 import shutil
 import stat
+import sys
 import time
 
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.hostprog import wire
+from ddtree_deploy.hostprog import roots, wire
 from ddtree_deploy.hostprog.fileops import (
     TMP_TAG,
     AgentError,
@@ -62,7 +65,9 @@ class Apply(object):
             if warning:
                 exc.history_warning = warning
             raise
-        warning = self.record_apply(request, "ok", request.get("final_phase"), backup_id=reply.get("backup_id"))
+        extra = {"drifted_backup": reply["drifted_backup"]} if reply.get("drifted_backup") else {}
+        warning = self.record_apply(request, "ok", request.get("final_phase"), backup_id=reply.get("backup_id"),
+                                    **extra)
         if warning:
             reply["history_warning"] = warning
         return reply
@@ -127,11 +132,17 @@ class Apply(object):
                 )
         self.preflight(targets, request)
         journal = dict(request["journal"])
-        journal.update(version=JOURNAL_VERSION, run_id=run_id, op=request["kind"])
+        journal.update(version=JOURNAL_VERSION, run_id=run_id, op=request["kind"],
+                       package_root=roots.resolved(self.root), python=sys.executable)
         staging = self._p("staging", run_id)
-        step = "back up"
+        step = "keep the drifted files"
         done = []
+        drifted_backup = None
         try:
+            keep = [(f, path) for f, path in targets if f["path"] in set(request.get("keep_drifted") or ())]
+            if keep:
+                drifted_backup = self.keep_drifted(run_id, request["kind"], keep)
+            step = "back up"
             backup_id = request.get("backup_id")
             if request.get("make_backup"):
                 backup_id = self.make_backup(run_id, request["backup"], request.get("backup_meta") or {})
@@ -186,7 +197,8 @@ class Apply(object):
                 raise
             pruned = []  # the switch is done and journaled; only the pruning is left to the next run
         return {"backup_id": backup_id, "switched": switched, "purged": purged,
-                "pruned": pruned, "verified": len(targets)}
+                "pruned": pruned, "verified": len(targets), "drifted_backup": drifted_backup,
+                "drifted_folder": self._p("drifted", drifted_backup) if drifted_backup else None}
 
     def switch_all(self, targets, staged):
         """Switch every file; on any failure switch the switched ones back (same op).
@@ -373,14 +385,17 @@ class Apply(object):
                 sizes.append(os.path.getsize(blob) if os.path.isfile(blob) else 0)
         for (f, path), size in zip(targets, sizes):
             add(os.path.dirname(path), size)  # the temporary copy beside the target
-            add(self.state_dir, size)  # the staged copy
+            add(self._p(), size)  # the staged copy
+        for f, path in targets:  # the kept copy of each drifted file it replaces
+            if f["path"] in set(request.get("keep_drifted") or ()) and os.path.isfile(path):
+                add(self._p(), os.path.getsize(path))
         if request.get("make_backup"):
             for entry in request.get("backup") or ():
                 if entry.get("pristine") is not None:
                     try:
-                        add(self.state_dir, os.path.getsize(self.target(entry["path"])))
+                        add(self._p(), os.path.getsize(self.target(entry["path"])))
                     except OSError:
-                        add(self.state_dir, 0)
+                        add(self._p(), len(entry.get("data") or "") * 3 // 4)
         for dev, (nbytes, inodes, folder) in sorted(need.items()):
             st = os.statvfs(folder)
             free = st.f_frsize * (st.f_bfree if os.geteuid() == 0 else st.f_bavail)
@@ -399,22 +414,43 @@ class Apply(object):
         A file already switched by an interrupted run is backed up from an older backup
         holding its pristine hash, so a rerun never records a patched file as 'original'.
         """
-        # Sortable by creation time down to the microsecond: "newest N" must be exact.
-        now = time.time()
-        backup_id = "%s.%06dZ-%s" % (time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)),
-                                      int(now % 1 * 1e6), run_id[:8])
-        base = self._p("backups")
+        return self.new_folder("backups", run_id, lambda tmp: self._fill_backup(tmp, entries, meta), "adding backup")
+
+    def keep_drifted(self, run_id, kind, keep):
+        """Copy each drifted file ``keep`` names ([(file, path)]: edited outside ddtree-deploy,
+        about to be replaced) as it is now into ``drifted/<id>/files/<its package path>``,
+        verified against the sha256 the plan saw (``expect``: the bytes the diff showed), with
+        ``manifest.json`` last; renamed into place whole, under the lock. Never pruned: the
+        edit may be somebody's only copy. Returns the id."""
+        return self.new_folder("drifted", run_id, lambda tmp: self._fill_drifted(tmp, kind, keep),
+                               "keeping the drifted files in")
+
+    def new_folder(self, kind, run_id, fill, step):
+        """A new ``<kind>/<id>/`` made whole: ``fill(tmp)`` writes its files into a temporary
+        folder and returns the manifest (written last, with the id, the time, the run and the
+        install); renamed into place only while this run holds the lock (``step``: what did
+        not happen otherwise). Nothing half-made stays behind. Returns the id."""
+        folder_id = new_backup_id(run_id)
+        base = self._p(kind)
         makedirs_private(base)
-        tmp = os.path.join(base, backup_id + TMP_TAG)
+        tmp = os.path.join(base, folder_id + TMP_TAG)
         shutil.rmtree(tmp, ignore_errors=True)
         os.mkdir(tmp, 0o700)
         try:
-            return self._fill_backup(tmp, base, backup_id, run_id, entries, meta, now)
+            manifest = dict(fill(tmp), id=folder_id, created=wire.now_iso(), run_id=run_id,
+                            package_root=roots.resolved(self.root), python=sys.executable)
+            write_private(os.path.join(tmp, "manifest.json"),
+                          (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+            fsync_dir(tmp)
+            with self.fenced("%s %s" % (step, folder_id)):
+                os.rename(tmp, os.path.join(base, folder_id))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # no half backup stays behind
             raise
+        fsync_dir(base)
+        return folder_id
 
-    def _fill_backup(self, tmp, base, backup_id, run_id, entries, meta, now):
+    def _fill_backup(self, tmp, entries, meta):
         older = self.list_backups()
         manifest_files = {}
         for i, entry in enumerate(entries):
@@ -428,12 +464,17 @@ class Apply(object):
                 src = path
             else:
                 src = self.find_in_backups(older, rel, pristine)
-                if src is None:
+                if src is None and entry.get("data") is None:
                     raise AgentError(Code.BACKUP, "%s: no copy of its original (%s) on the host to back up"
                                      % (rel, short(pristine)))
             blob = "%04d" % i
-            with open(src, "rb") as f:
-                data = f.read()
+            if src is not None:
+                with open(src, "rb") as f:
+                    data = f.read()
+            else:
+                # A drifted file replaced (--replace-drifted) whose original is nowhere on the
+                # host: the controller sent the snapshot's pristine bytes (verified below).
+                data = base64.b64decode(entry["data"])
             write_private(os.path.join(tmp, blob), data)
             if wire.sha256_file(os.path.join(tmp, blob)) != pristine:
                 raise AgentError(Code.BACKUP, "%s: backup copy does not verify" % rel)
@@ -443,14 +484,26 @@ class Apply(object):
                 "mode": (st.st_mode & 0o7777) if st else entry.get("mode"),
                 "uid": st.st_uid if st else None, "gid": st.st_gid if st else None,
             }
-        manifest = dict(meta, id=backup_id, created=wire.now_iso(), run_id=run_id, files=manifest_files)
-        write_private(os.path.join(tmp, "manifest.json"),
-                      (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
-        fsync_dir(tmp)
-        with self.fenced("adding backup %s" % backup_id):
-            os.rename(tmp, os.path.join(base, backup_id))
-        fsync_dir(base)
-        return backup_id
+        return dict(meta, files=manifest_files)
+
+    def _fill_drifted(self, tmp, kind, keep):
+        files = {}
+        for f, path in keep:
+            with open(path, "rb") as fh:
+                data = fh.read()
+            if wire.sha256_bytes(data) != f["expect"]:
+                raise AgentError(Code.CHANGED, "%s changed since it was read (now %s, planned from %s)"
+                                 % (f["path"], short(wire.sha256_bytes(data)), short(f["expect"])), path=f["path"])
+            dest = os.path.join(tmp, "files", *f["path"].split("/"))
+            makedirs_private(os.path.dirname(dest))
+            write_private(dest, data)
+            if wire.sha256_file(dest) != f["expect"]:
+                raise AgentError(Code.BACKUP, "%s: the kept copy of its edited bytes does not verify" % f["path"])
+            st = os.stat(path)
+            files[f["path"]] = {"sha256": f["expect"], "size": len(data), "file": "files/" + f["path"],
+                                "mode": st.st_mode & 0o7777, "uid": st.st_uid, "gid": st.st_gid,
+                                "replaced_by": f.get("want")}
+        return {"kind": "drifted", "command": kind, "files": files}
 
     def find_in_backups(self, backups, rel, sha):
         for manifest in reversed(backups):
@@ -537,6 +590,12 @@ class Apply(object):
             shutil.rmtree(self._p("backups", bid), ignore_errors=True)
             pruned.append(bid)
         return pruned
+
+
+def new_backup_id(run_id):
+    """An id sortable by creation time down to the microsecond: "newest N" must be exact."""
+    now = time.time()
+    return "%s.%06dZ-%s" % (time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)), int(now % 1 * 1e6), run_id[:8])
 
 
 def switched_is_ours(entry):

@@ -2,7 +2,9 @@
 
 ``facts`` answers the SGLang version and package root (found without importing sglang),
 the sha256 (and, asked, the bytes) of each named file and of every file the journal and
-the backups name, the journal, the backups and the deploy lock. ``target`` is the one way
+the backups name, the journal, the backups, the kept edits and the deploy lock: all of this
+root's state folder (roots.py), never another's; and, as a list for people, which other
+installs keep state in the same state folder (``installs``). ``target`` is the one way
 from a package-relative path to a file: nothing outside the package root, never through
 a symlink.
 """
@@ -13,7 +15,7 @@ import os
 import sys
 
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.hostprog import wire
+from ddtree_deploy.hostprog import roots, wire
 from ddtree_deploy.hostprog.fileops import TMP_TAG, AgentError
 
 
@@ -48,6 +50,7 @@ class Facts(object):
         paths = set(request.get("paths") or ())
         journal = wire.read_json(self._p("journal.json")) if self.state_dir else None
         backups = self.list_backups() if self.state_dir else []
+        drifted = self.list_drifted() if self.state_dir else []
         if request.get("include_state_paths", True):
             if journal:
                 paths.update(journal.get("files", {}))
@@ -70,7 +73,10 @@ class Facts(object):
             "files": files,
             "journal": journal,
             "backups": backups,
+            "drifted": drifted,
             "lock": lock_owner,
+            "state_home": self.home_dir() if self.state_dir else None,
+            "installs": self.list_installs() if self.state_dir else [],
         }
 
     def stat_file(self, rel, content=False):
@@ -94,15 +100,48 @@ class Facts(object):
             info["data"] = base64.b64encode(data).decode("ascii")
         return info
 
-    def list_backups(self):
+    def list_backups(self, kind="backups"):
+        """The manifests of this root's backups (``drifted``: of its kept edits), oldest first."""
         out = []
-        base = self._p("backups")
+        base = self._p(kind)
         if not os.path.isdir(base):
             return out
         for name in sorted(os.listdir(base)):
             manifest = wire.read_json(os.path.join(base, name, "manifest.json"))
-            if manifest is not None and TMP_TAG not in name:
+            if isinstance(manifest, dict) and TMP_TAG not in name:
                 out.append(manifest)
+        return out
+
+    def list_drifted(self):
+        """The kept edits (``drifted/<id>/``), each manifest with the folder that holds it."""
+        return [dict(m, folder=self._p("drifted", str(m.get("id")))) for m in self.list_backups("drifted")]
+
+    def list_installs(self):
+        """Every install with state in this state folder, for people (status lists them): its
+        package root and interpreter, SGLang version, phase and series, the deploy lock's
+        holder; ``this``: ours. Read-only, and only these few fields of each: nothing another
+        root's state holds ever decides what this agent does."""
+        mine = self.home_dir()
+        out = []
+        for folder, record in roots.installs(self.state_dir):
+            journal = wire.read_json(os.path.join(folder, "journal.json"))
+            journal = journal if isinstance(journal, dict) else {}
+            lock = wire.read_json(os.path.join(folder, "lock", "owner.json")) \
+                if os.path.isdir(os.path.join(folder, "lock")) else None
+            out.append({
+                "this": folder == mine,
+                "folder": folder,
+                "package_root": (record or {}).get("package_root") or journal.get("package_root"),
+                "python": (record or {}).get("python"),
+                "claimed": record is not None,
+                "sglang_version": journal.get("sglang_version"),
+                "phase": journal.get("phase"),
+                "series": journal.get("series"),
+                "run_id": journal.get("run_id"),
+                "updated": journal.get("updated"),
+                "lock": {k: lock.get(k) for k in ("holder", "run_id", "command", "time")}
+                if isinstance(lock, dict) else None,
+            })
         return out
 
 

@@ -11,9 +11,9 @@ import errno
 import json
 import os
 import socket
+import sys
 
-from ddtree_deploy.hostprog import wire
-from ddtree_deploy.hostprog.facts import find_sglang
+from ddtree_deploy.hostprog import roots, wire
 from ddtree_deploy.hostprog.fileops import AgentError, describe_os_error
 from ddtree_deploy.hostprog.state import HISTORY, HISTORY_OLD, STATE_MARKER
 
@@ -44,6 +44,9 @@ class History(object):
             "run_id": run_id if run_id is not None else owner.get("run_id"),
             "command": command if command is not None else owner.get("command"),
             "host": socket.gethostname(),
+            # Which install the line is about (one state folder may hold several: roots.py).
+            "package_root": roots.resolved(self.root) if self.root else None,
+            "python": sys.executable,
         }
         entry.update(fields)
         try:
@@ -111,14 +114,15 @@ class History(object):
         sha256 after the newest switch that ended before ``since``; ``complete_since``: from
         when the retained history holds every switch (null: unknown)."""
         self.need_state_dir()
-        if self.root is None:
-            self.root = find_sglang()[0]
+        mine = roots.resolved(self.package_root())
         since = float(request["since"])
         entries, unreadable = self.read_history()
         switches, before = [], {}
         for _name, e in entries:
             if e.get("event") not in ("push", "rollback") or not isinstance(e.get("files"), dict):
                 continue
+            if e.get("package_root") is not None and roots.resolved(e["package_root"]) != mine:
+                continue  # another install's switch (a folder shared before this layout): not these files
             began, ended = e.get("switch_began"), e.get("switch_ended")
             if "switch_began" in e and began is None:
                 continue  # no rename began: no file changed
@@ -150,18 +154,25 @@ class History(object):
                 "complete_since": self.history_complete_since(entries), "unreadable": unreadable}
 
     def history_complete_since(self, entries):
-        """From when (seconds) the retained history holds every switch made from this state
-        folder: after a rotation, the second after history.1.jsonl's first line (older lines
-        were dropped); without one, from the start (0) when this agent made the folder
-        (nothing was switched from it before its first line); in a folder adopted from before
-        the marker, from its first line. None: nothing tells."""
+        """From when (seconds) the retained history holds every switch made from this root's
+        state folder: after a rotation, the second after history.1.jsonl's first line (older
+        lines were dropped); without one, from the start (0) when the folder's root.json says
+        so (the agent made it, and no other install's state was ever mixed in: roots.py) or,
+        for an earlier layout's folder, when the agent made the state folder (nothing was
+        switched from it before its first line); in a folder adopted from before the marker,
+        from its first line. None: nothing tells."""
         rotated = [doc for name, doc in entries if name == HISTORY_OLD]
         if rotated or os.path.isfile(self._p(HISTORY_OLD)):
             first = wire.iso_seconds(rotated[0].get("time")) if rotated else None
             return None if first is None else first + 1
-        marker = wire.read_json(self._p(STATE_MARKER))
-        if isinstance(marker, dict) and marker.get("adopted") is False:
-            return 0.0
+        record = self.root_record()
+        if record is not None:
+            if record.get("history_since") == 0:
+                return 0.0
+        else:
+            marker = wire.read_json(self._top(STATE_MARKER))
+            if isinstance(marker, dict) and marker.get("adopted") is False:
+                return 0.0
         first = wire.iso_seconds(entries[0][1].get("time")) if entries else None
         return None if first is None else first + 1
 
@@ -186,6 +197,7 @@ HISTORY_TYPES = {
     "host": (str,), "outcome": (str,), "phase": (str,), "series": (str,), "series_id": (str,),
     "sglang_version": (str,), "backup_id": (str,), "marked_run": (str,), "error": (str,), "files": (dict,),
     "previous": (dict,), "smoke": (dict,), "switch_began": (int, float), "switch_ended": (int, float),
+    "package_root": (str,), "python": (str,), "drifted_backup": (str,),
 }
 # Entries nest a few levels (files -> path -> from/to); deeper is not ours, and a reader that
 # recurses (json.dumps with indent, a renderer) must never meet 100,000 levels.

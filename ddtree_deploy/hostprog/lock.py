@@ -1,6 +1,9 @@
 """The deploy lock, and the lock's run id as a fencing token.
 
-``lock`` takes ``<state_dir>/lock`` by one atomic rename of a complete folder (a stale one,
+Each package root has its own lock, in its own state folder (roots.py): a push on one
+SGLang install of a machine never waits for, nor fences, a push on another. ``lock``
+first settles which folder is the root's (``claim_home``, under the top's guard), then
+takes ``<its folder>/lock`` by one atomic rename of a complete folder (a stale one,
 whose process is provably gone, is broken; so is any with ``break_lock``), refused while a
 tune holds the tune lock; then sweeps what dead runs left. ``unlock`` (and the end of the
 input) releases it, only while it is still this run's. ``lock_status`` and
@@ -13,13 +16,21 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.hostprog import wire
-from ddtree_deploy.hostprog.facts import find_sglang
-from ddtree_deploy.hostprog.fileops import TMP_TAG, AgentError, located, remove_quietly, write_private
-from ddtree_deploy.hostprog.state import GUARD
+from ddtree_deploy.hostprog import roots, wire
+from ddtree_deploy.hostprog.fileops import (
+    TMP_TAG,
+    AgentError,
+    located,
+    makedirs_private,
+    remove_quietly,
+    write_json_atomic,
+    write_private,
+)
+from ddtree_deploy.hostprog.state import GUARD, STATE_MARKER
 
 GUARD_WAIT_S = 30.0  # a guard held longer is a stopped or hung agent: refuse, never wait for ever
 
@@ -129,10 +140,40 @@ class Lock(object):
                 continue  # a path that is not ours to touch (a symlink): never swept
         self.sweep_leftovers(folders)
 
+    def claim_home(self):
+        """Settle which folder is this root's and write its root.json when none names it yet,
+        under the top's guard, so of two roots that find a folder unclaimed exactly one gets
+        its top level. Once settled, the top's guard is never taken again for it (that guard
+        is also the top install's own: no other install waits on it)."""
+        self.home = None
+        if roots.record_of(self.home_dir()) is not None:
+            return
+        fd = open_guard(self._top(GUARD))
+        try:
+            self.home = None
+            home = self.home_dir()
+            if roots.record_of(home) is not None:
+                return
+            top = home == self.state_dir
+            if top:
+                marker = wire.read_json(self._top(STATE_MARKER))
+                fresh_folder = isinstance(marker, dict) and marker.get("adopted") is False
+                how = "legacy" if roots.has_state(home) else "fresh"
+                since = 0.0 if fresh_folder else None
+            else:
+                makedirs_private(home)
+                how = "own"
+                # Complete from its start only when no earlier layout's state ever sat beside it.
+                since = 0.0 if (roots.record_of(self.state_dir) or {}).get("how") == "fresh" else None
+            write_json_atomic(os.path.join(home, roots.RECORD),
+                              roots.new_record(self.package_root(), sys.executable, how, since))
+        finally:
+            os.close(fd)
+
     def op_lock(self, request):
-        if self.root is None:
-            self.root = find_sglang()[0]
+        self.package_root()
         self.check_state_dir(create=True)
+        self.claim_home()
         lock = self._p("lock")
         owner = {
             "run_id": request["run_id"],
@@ -143,6 +184,9 @@ class Lock(object):
             "pid": os.getpid(),
             "pid_start": wire.process_start(os.getpid()),
             "boot_id": wire.boot_id(),
+            # Whose lock this is: the install (and the interpreter that took it).
+            "package_root": roots.resolved(self.root),
+            "python": sys.executable,
         }
         # Build the lock complete with its owner file, then rename it into place: a
         # directory rename onto an existing non-empty lock fails, so exactly one wins,
@@ -208,9 +252,13 @@ class Lock(object):
         raise AgentError(Code.LOCKED, "deploy lock taken concurrently", holder=None, stale=False)
 
     def _live_tune_lock(self):
-        """The tune lock's owner while its process provably runs on this host, else None."""
-        held = wire.read_json(self._p("tune", "lock", "owner.json"))
-        return held if wire.same_process(held) is True else None
+        """The tune lock's owner while its process provably runs on this host and its servers
+        run this root's files (an owner that does not say which root: taken as ours), else None."""
+        held = wire.read_json(self._top("tune", "lock", "owner.json"))
+        if wire.same_process(held) is not True:
+            return None
+        theirs = held.get("package_root")
+        return held if theirs is None or roots.resolved(theirs) == roots.resolved(self.package_root()) else None
 
     def _remove_lock(self, lock):
         # Rename first so a concurrent taker never sees a half-deleted lock.
@@ -251,7 +299,7 @@ class Lock(object):
         return owner
 
     def op_lock_status(self, request):
-        """Read-only: who holds the deploy lock (and the tune lock) and whether provably stale."""
+        """Read-only: who holds this root's deploy lock (and the tune lock) and whether provably stale."""
         self.need_state_dir()
         exists = os.path.isdir(self.state_dir)
         return {"lock": self.read_lock() if exists else None,
@@ -300,18 +348,19 @@ class Lock(object):
                 if name.startswith(".") and TMP_TAG in name:
                     remove_quietly(os.path.join(d, name))
         shutil.rmtree(self._p("staging"), ignore_errors=True)
-        for name in os.listdir(self.state_dir):
+        for name in os.listdir(self.home_dir()):
             if TMP_TAG not in name:
                 continue
-            if name.startswith("journal.json"):
+            if name.startswith(("journal.json", roots.RECORD)):
                 remove_quietly(self._p(name))
             elif name.startswith("lock" + TMP_TAG) and not os.path.islink(self._p(name)):
                 shutil.rmtree(self._p(name), ignore_errors=True)
-        backups = self._p("backups")
-        if os.path.isdir(backups):
-            for name in os.listdir(backups):
-                if TMP_TAG in name:
-                    shutil.rmtree(os.path.join(backups, name), ignore_errors=True)
+        for kept in ("backups", "drifted"):  # half-made backups (and kept edits) of killed runs
+            folder = self._p(kept)
+            if os.path.isdir(folder):
+                for name in os.listdir(folder):
+                    if TMP_TAG in name:
+                        shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
 
 
 def open_guard(path):

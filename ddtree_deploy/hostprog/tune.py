@@ -22,7 +22,9 @@ What it touches on the host: the server and bench processes it starts (each in i
 process group, always stopped), and ``<state_dir>/tune/``: ``lock/owner.json`` (the tune
 lock: two tunes never overlap) and ``<run_id>/`` (server and bench logs, bench results).
 It refuses to start, and stops before the next launch, while a push or rollback holds the
-deploy lock (``<state_dir>/lock``) or when the deployed series changed under it.
+deploy lock of its install (``lock`` in the install's state folder: roots.py) or when the
+deployed series changed under it. The tune lock is the machine's (its servers hold the GPUs);
+its owner names the install whose files they run.
 """
 
 
@@ -38,7 +40,7 @@ import threading
 import time
 
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.hostprog import smoke as sa, wire
+from ddtree_deploy.hostprog import roots, smoke as sa, wire
 
 OOM_MARKS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed")
 METRICS = {  # bench_serving's result keys -> ours
@@ -67,6 +69,7 @@ class Tuner(object):
         self.abort = threading.Event()
         self.requests = queue.Queue()
         self.state_dir = None
+        self.home = None  # this install's state folder in state_dir (its deploy lock and journal)
         self.lock_dir = None
         self.owner = None
         self.series_id = None
@@ -88,7 +91,11 @@ class Tuner(object):
     def begin(self, req):
         self.state_dir = os.path.normpath(os.path.expanduser(req["state_dir"]))
         self.series_id = req.get("series_id")
-        deploy_lock = os.path.join(self.state_dir, "lock")
+        package = wire.find_package("sglang")
+        root = os.path.dirname(package) if package else sys.prefix
+        # An earlier layout's folder that no install claimed yet: read as this one's (as status does).
+        self.home = roots.locate(self.state_dir, root, lambda: True)
+        deploy_lock = os.path.join(self.home, "lock")
         if os.path.isdir(deploy_lock):
             holder = wire.read_json(os.path.join(deploy_lock, "owner.json")) or {}
             return {"event": "refused", "code": Code.LOCKED,
@@ -106,7 +113,8 @@ class Tuner(object):
         self.lock_dir = os.path.join(tune, "lock")
         owner = {"run_id": req["run_id"], "holder": req.get("holder"), "command": "tune",
                  "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": socket.gethostname(),
-                 "pid": os.getpid(), "pid_start": wire.process_start(os.getpid())}
+                 "pid": os.getpid(), "pid_start": wire.process_start(os.getpid()),
+                 "package_root": roots.resolved(root), "python": sys.executable}
         tmp = self.lock_dir + ".tmp-" + req["run_id"]
         shutil.rmtree(tmp, ignore_errors=True)
         os.mkdir(tmp, 0o700)
@@ -139,10 +147,10 @@ class Tuner(object):
 
     def _check_series(self):
         """None, or why the host is no longer what the sweep started measuring."""
-        if os.path.isdir(os.path.join(self.state_dir, "lock")):
-            holder = wire.read_json(os.path.join(self.state_dir, "lock", "owner.json")) or {}
+        if os.path.isdir(os.path.join(self.home, "lock")):
+            holder = wire.read_json(os.path.join(self.home, "lock", "owner.json")) or {}
             return "a %s took the deploy lock" % (holder.get("command") or "push/rollback")
-        journal = wire.read_json(os.path.join(self.state_dir, "journal.json")) or {}
+        journal = wire.read_json(os.path.join(self.home, "journal.json")) or {}
         if self.series_id and (journal.get("series_id") != self.series_id or journal.get("phase") != "deployed"):
             return ("the deployed series changed (journal: %s, phase %s)"
                     % (journal.get("series"), journal.get("phase")))

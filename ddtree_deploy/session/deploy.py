@@ -47,7 +47,15 @@ from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.progress import Progress, quiet
 from ddtree_deploy.engine.patch_write import diff_hunks
 from ddtree_deploy.remote.transport import AgentFailed, AgentSession, Transport, expect_ok
-from ddtree_deploy.session.plan import Desired, FileState, Plan, classify, plan_push, plan_rollback
+from ddtree_deploy.session.plan import (
+    Desired,
+    FileState,
+    Plan,
+    StateFolder,
+    classify,
+    plan_push,
+    plan_rollback,
+)
 from ddtree_deploy.settings.inventory import Host
 
 #: Seconds one agent round trip may take unless the inventory's host.op_timeout says:
@@ -94,6 +102,9 @@ class Outcome:
     # the smoke of this push must run it again before the host may be marked deployed.
     smoke_failed: str | None = None
     diff: str | None = None  # push --diff: the unified diff of every file the plan changes
+    # --replace-drifted: the files edited outside ddtree-deploy it replaced (or, dry, would):
+    # {"files", "backup_id", "folder" (where their bytes are kept on the host), "diff"}
+    drifted: dict | None = None
     round_trips: int = 0
     connections: int = 0
     seconds: float = 0.0
@@ -118,7 +129,8 @@ class Outcome:
             "round_trips": self.round_trips,
             "connections": self.connections,
             "seconds": round(self.seconds, 3),
-        } | ({"diff": self.diff} if self.diff is not None else {})
+        } | ({"diff": self.diff} if self.diff is not None else {}) | (
+            {"drifted": self.drifted} if self.drifted is not None else {})
 
 
 def _init(host: Host) -> dict:
@@ -206,6 +218,7 @@ class _Prepared:
     # rename): sent first, it moves the journal to where that run would have ended.
     complete: dict | None = None
     diff: str | None = None  # push --diff: what the plan changes, as a unified diff
+    drifted_diff: str = ""  # --replace-drifted: each drifted file it replaces, against what was expected there
 
 
 class PushSession:
@@ -325,6 +338,9 @@ def _switch(sess: AgentSession, host: Host, out: Outcome, prepared: _Prepared, *
     """
     out.plan = prepared.plan
     out.diff = prepared.diff
+    if prepared.plan.drifted:
+        out.drifted = {"files": list(prepared.plan.drifted), "backup_id": None, "folder": None,
+                       "diff": prepared.drifted_diff}
     if not dry_run and prepared.complete is not None:
         progress(f"journal: complete the interrupted run ({prepared.complete['phase']})")
         try:
@@ -359,6 +375,10 @@ def _switch(sess: AgentSession, host: Host, out: Outcome, prepared: _Prepared, *
     out.purged, out.pruned = done["purged"], done["pruned"]
     out.history_warning = done.get("history_warning")
     out.summary = prepared.done(done)
+    if out.drifted is not None and done.get("drifted_backup"):
+        out.drifted.update(backup_id=done["drifted_backup"], folder=done.get("drifted_folder"))
+        out.summary += (f"; the edited bytes of {len(prepared.plan.drifted)} drifted file(s) are kept in "
+                        f"{done.get('drifted_folder')}")
     if keep_lock and out.phase == Phase.SWITCHED:
         out.smoke_pending = out.run_id
     return keep_lock
@@ -462,7 +482,7 @@ def hold(host: Host, transport: Transport, command: str, *, break_lock: bool = F
 
 def begin_push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
                dry_run: bool = False, break_lock: bool = False, smoke: bool = False, diff: bool = False,
-               progress: Progress = quiet) -> PushSession:
+               replace_drifted: bool = False, progress: Progress = quiet) -> PushSession:
     """Deploy the series on ``host``: discover, resolve and check the series (no lock
     yet), then lock, re-read, drift check, back up, stage, switch.
 
@@ -480,24 +500,27 @@ def begin_push(host: Host, transport: Transport, paths: list[str], desire: Calla
     ``diff``: the locked read (a dry run's only read) brings the target files' bytes, and
     the outcome's ``diff`` is the unified diff from each host file the plan changes to
     its patched version (``a/<path>`` -> ``b/<path>``, ``/dev/null`` for an absent file).
+    ``replace_drifted``: a file edited outside ddtree-deploy (the drift check) is replaced
+    too; its bytes are kept first in a backup of their own on the host (``drifted/<id>/``,
+    never pruned), and the outcome's ``drifted`` names them, where they are, and their diff.
     """
     return _push(host, transport, paths, desire, dry_run=dry_run, break_lock=break_lock, smoke=smoke,
-                 progress=progress, keep_lock=smoke, diff=diff)
+                 progress=progress, keep_lock=smoke, diff=diff, replace_drifted=replace_drifted)
 
 
 def push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
          dry_run: bool = False, break_lock: bool = False, smoke: bool = False, diff: bool = False,
-         progress: Progress = quiet) -> Outcome:
+         replace_drifted: bool = False, progress: Progress = quiet) -> Outcome:
     """``begin_push`` without holding the lock afterwards: the outcome only (with ``smoke``,
     the journal stays ``switched`` and ``smoke_pending`` names the run to smoke and mark)."""
     with _push(host, transport, paths, desire, dry_run=dry_run, break_lock=break_lock, smoke=smoke,
-               progress=progress, keep_lock=False, diff=diff) as session:
+               progress=progress, keep_lock=False, diff=diff, replace_drifted=replace_drifted) as session:
         return session.outcome
 
 
 def _push(host: Host, transport: Transport, paths: list[str], desire: Callable[[dict], Desired], *,
           dry_run: bool, break_lock: bool, smoke: bool, progress: Progress, keep_lock: bool,
-          diff: bool = False) -> PushSession:
+          diff: bool = False, replace_drifted: bool = False) -> PushSession:
     seen: dict = {}
 
     def resolve(facts: dict, progress: Progress) -> Desired:
@@ -508,7 +531,8 @@ def _push(host: Host, transport: Transport, paths: list[str], desire: Callable[[
         progress("drift check + plan")
         _unsafe(host, facts)
         try:
-            plan = plan_push(host.name, desired, _hashes(facts), facts["journal"])
+            plan = plan_push(host.name, desired, _hashes(facts), facts["journal"], replace_drifted=replace_drifted,
+                             folder=_state_folder(facts))
         except DeployError as exc:
             if diff and exc.code == Code.DRIFT:  # --diff: what differs, not only which files (drift.py)
                 from ddtree_deploy.session.drift import push_drift_diff
@@ -551,6 +575,7 @@ def _push(host: Host, transport: Transport, paths: list[str], desire: Callable[[
             dry=f"dry run: would switch {len(plan.changes)} of {len(plan.steps)} file(s); nothing changed",
             step=f"back up + stage + switch {len(plan.changes)} file(s)",
             request=lambda run_id: _apply_push(host, run_id, desired, plan, Phase.SWITCHED if smoke else Phase.DEPLOYED),
+            drifted_diff=_replaced_diff(desired, facts, plan),
             done=lambda d: f"pushed {name}: {len(plan.changes)} file(s) switched, backup {d['backup_id']}",
             noop_request=noop_request,
             pending=dict(journal) if plan.noop and journal.get("phase") == Phase.SWITCHED and smoke else None,
@@ -559,7 +584,7 @@ def _push(host: Host, transport: Transport, paths: list[str], desire: Callable[[
         )
 
     session = _execute("push", host, transport, paths, prepare, dry_run=dry_run, break_lock=break_lock,
-                       progress=progress, resolve=resolve, keep_lock=keep_lock, content=diff)
+                       progress=progress, resolve=resolve, keep_lock=keep_lock, content=diff or replace_drifted)
     outcome = session.outcome
     if outcome.phase == Phase.SWITCHED and not dry_run and outcome.smoke_pending is None:
         outcome.smoke_pending = outcome.run_id if outcome.changed else seen.get("run_id")
@@ -615,8 +640,27 @@ def plan_diff(plan: Plan, desired: Desired, facts: dict) -> str:
     return "".join(out)
 
 
+def _state_folder(facts: dict) -> StateFolder:
+    """Where the host keeps this install's state, and its newest backup (for messages)."""
+    backups = facts.get("backups") or []
+    return StateFolder(facts.get("state_home"), backups[-1].get("id") if backups else None)
+
+
+def _replaced_diff(desired: Desired | None, facts: dict, plan: Plan) -> str:
+    """--replace-drifted: each drifted file the plan replaces, from what the series expects
+    there to the host's bytes (drift.py); "" when none, or the series is unknown here."""
+    if not plan.drifted or desired is None:
+        return ""
+    from ddtree_deploy.session.drift import expected_diff
+
+    return expected_diff(desired, facts, plan.drifted)
+
+
 def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan, final_phase: str = Phase.DEPLOYED) -> dict:
     by_path = {t.path: t for t in desired.targets}
+    # A drifted or missing file the plan replaces: its original may be nowhere on the host
+    # (drift on a host never pushed to), so the snapshot's pristine bytes travel for its backup.
+    replaced = {s.path for s in plan.steps if s.state in (FileState.DRIFTED, FileState.MISSING)}
     files = []
     for step in plan.changes:
         t = by_path[step.path]
@@ -630,8 +674,11 @@ def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan, final_pha
         "files": files,
         "make_backup": True,
         # Back up every target, not only the changing ones: a rollback restores the whole set.
-        "backup": [{"path": t.path, "pristine": t.pristine, "mode": t.mode} for t in desired.targets],
+        "backup": [{"path": t.path, "pristine": t.pristine, "mode": t.mode}
+                   | ({"data": base64.b64encode(t.original).decode("ascii")}
+                      if t.path in replaced and t.original is not None else {}) for t in desired.targets],
         "backup_meta": meta,
+        "keep_drifted": list(plan.drifted),
         "journal": dict(meta, snapshot=desired.snapshot,
                         files={t.path: {"pristine": t.pristine, "patched": t.patched} for t in desired.targets}),
         "final_phase": final_phase,
@@ -640,31 +687,49 @@ def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan, final_pha
 
 
 def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
-             break_lock: bool = False, progress: Progress = quiet) -> Outcome:
+             break_lock: bool = False, replace_drifted: bool = False,
+             expect: Callable[[dict], Desired | None] | None = None, progress: Progress = quiet) -> Outcome:
     """Restore a backup (the newest, or ``to``) through the same staged, verified switch as push."""
-    with begin_rollback(host, transport, to=to, dry_run=dry_run, break_lock=break_lock, progress=progress) as done:
+    with begin_rollback(host, transport, to=to, dry_run=dry_run, break_lock=break_lock, progress=progress,
+                        replace_drifted=replace_drifted, expect=expect) as done:
         return done.outcome
 
 
 def begin_rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
-                   break_lock: bool = False, keep_lock: bool = False, progress: Progress = quiet) -> PushSession:
+                   break_lock: bool = False, keep_lock: bool = False, replace_drifted: bool = False,
+                   expect: Callable[[dict], Desired | None] | None = None,
+                   progress: Progress = quiet) -> PushSession:
     """``rollback``, and with ``keep_lock`` a rollback that switched files returns its session
     still holding the lock (``locked``): the caller restarts the server on the restored
-    files under it (``serve_run.restart_held``), then leaves the session (the unlock)."""
-    session = _execute("rollback", host, transport, [], _rollback_plan(host, to), dry_run=dry_run,
-                       break_lock=break_lock, progress=progress, keep_lock=keep_lock)
+    files under it (``serve_run.restart_held``), then leaves the session (the unlock).
+    ``replace_drifted``: files edited outside ddtree-deploy are restored too, their edited
+    bytes kept first in a backup of their own on the host; ``expect`` (facts -> the series'
+    ``Desired``, or None) gives what their diff is shown against (as ``status --diff``). It
+    runs on a first, unlocked read, as a push resolves its series: a release wheel it may
+    download never holds the host's lock."""
+    resolve = None
+    if replace_drifted and expect is not None:
+        def resolve(facts: dict, progress: Progress) -> Desired | None:
+            progress("resolve the series (for the drifted files' diff)")
+            return expect(facts)
+    session = _execute("rollback", host, transport, [], _rollback_plan(host, to, replace_drifted),
+                       dry_run=dry_run, break_lock=break_lock, progress=progress, keep_lock=keep_lock,
+                       resolve=resolve, content=replace_drifted)
     session.outcome.backup_id = session.outcome.plan.backup_id if session.outcome.plan else None
     return session
 
 
-def _rollback_plan(host: Host, to: str | None) -> Callable[[dict, object, Progress], _Prepared]:
-    """The rollback's ``prepare`` (facts read under the lock -> what to switch): one for the
+def _rollback_plan(host: Host, to: str | None,
+                   replace_drifted: bool = False) -> Callable[[dict, Desired | None, Progress], _Prepared]:
+    """The rollback's ``prepare`` (facts read under the lock, and with ``--replace-drifted``
+    what the series expects, resolved before the lock -> what to switch): one for the
     ``rollback`` command and the automatic rollback under a push's lock alike."""
 
-    def prepare(facts: dict, _resolved: object, progress: Progress) -> _Prepared:
+    def prepare(facts: dict, expected: Desired | None, progress: Progress) -> _Prepared:
         _unsafe(host, facts)
         manifest = _choose_backup(host, facts["backups"], to)
-        plan = plan_rollback(host.name, manifest, _hashes(facts), facts["journal"])
+        plan = plan_rollback(host.name, manifest, _hashes(facts), facts["journal"], replace_drifted=replace_drifted,
+                             folder=_state_folder(facts))
         bid = manifest["id"]
         journal = facts["journal"] or {}
         complete, noop = None, f"already at backup {bid}; nothing changed"
@@ -682,6 +747,7 @@ def _rollback_plan(host: Host, to: str | None) -> Callable[[dict, object, Progre
             step=f"stage + switch {len(plan.changes)} file(s) from backup {bid}",
             request=lambda run_id: _apply_rollback(host, run_id, manifest, plan, facts["journal"]),
             done=lambda d: f"rolled back {len(plan.changes)} file(s) to backup {bid} (sha256 verified)",
+            drifted_diff=_replaced_diff(expected, facts, plan),
         )
 
     return prepare
@@ -701,6 +767,7 @@ def _apply_rollback(host: Host, run_id: str, manifest: dict, plan: Plan, journal
         "make_backup": False,
         "journal": journal,  # the series stays recorded: status can still tell patched from pristine
         "final_phase": Phase.ROLLED_BACK,
+        "keep_drifted": list(plan.drifted),
         "keep_backups": host.keep_backups,
     }
 
@@ -794,9 +861,25 @@ def describe(name: str, facts: dict, desired: Desired | None, round_trips: int =
         "files": files,
         "backups": [{"id": b["id"], "created": b.get("created"), "series": b.get("series")}
                     for b in facts.get("backups", [])],
+        # Files edited outside ddtree-deploy that --replace-drifted replaced: kept, as found.
+        "drifted_backups": [_kept(d) for d in facts.get("drifted") or () if isinstance(d, dict)],
         "lock": facts.get("lock"),
+        # This install's state folder, and every install keeping state in the same state folder.
+        "state_home": facts.get("state_home"),
+        "installs": [i for i in facts.get("installs") or () if isinstance(i, dict)],
         "round_trips": round_trips,
     }
+
+
+def _kept(manifest: dict) -> dict:
+    """A kept-edits manifest as status shows it: where each file's bytes are on the host."""
+    folder = str(manifest.get("folder") or "")
+    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    return {"id": manifest.get("id"), "created": manifest.get("created"), "run_id": manifest.get("run_id"),
+            "command": manifest.get("command"), "folder": folder or None,
+            "files": [{"path": p, "sha256": (e or {}).get("sha256"),
+                       "file": f"{folder}/{(e or {}).get('file')}" if folder and (e or {}).get("file") else None}
+                      for p, e in sorted(files.items())]}
 
 
 def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
@@ -815,6 +898,11 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
                 "restore the backup")
     bad = counts.get(FileState.DRIFTED.value, 0) + counts.get(FileState.MISSING.value, 0) + counts.get("unsafe", 0)
     suffix = f"; {bad} file(s) changed outside ddtree-deploy" if bad else ""
+    edited = counts.get(FileState.DRIFTED.value, 0) + counts.get(FileState.MISSING.value, 0)
+    if edited:  # the way through: see them, then replace them with the edits kept
+        suffix += (f" ({next_step.status_diff(host)} shows them; {next_step.replace_drifted('push', host)} or "
+                   f"{next_step.rollback(host, drifted=True)} keeps their bytes in a backup of their own and "
+                   "replaces them)")
     serve = journal.get("serve") if isinstance(journal.get("serve"), dict) else {}
     if serve.get("run_id") != run:
         serve = {}  # a restart for files switched since: it says nothing about these
@@ -915,5 +1003,23 @@ def patched_paths(facts: dict, files: dict[str, bytes | None]) -> list[str]:
     return out
 
 
-__all__ = ["AgentFailed", "Outcome", "PushSession", "ask", "begin_push", "begin_rollback", "describe", "hold", "patched_paths", "explain", "mark", "pull", "push", "rollback",
-           "status", "Reading", "reading"]
+def not_pristine(host: str, facts: dict, files: dict[str, bytes | None]) -> DeployError | None:
+    """``snapshot pull``'s refusal when some of ``files`` are the patched version the journal
+    records (None: every file may be taken as pristine): where the originals are, and the
+    rollback that gets there (``--replace-drifted`` where other files were edited by hand,
+    which a plain rollback refuses)."""
+    patched = patched_paths(facts, files)
+    if not patched:
+        return None
+    recorded = (facts.get("journal") or {}).get("files", {})
+    edited = any(path in files and (None if files[path] is None else sha256(files[path]))
+                 not in (entry.get("pristine"), entry.get("patched"))
+                 for path, entry in recorded.items() if isinstance(entry, dict))
+    return DeployError(f"{host}: {', '.join(patched)} are patched by ddtree-deploy, not pristine"
+                       f"{_state_folder(facts).originals}",
+                       code=Code.NOT_PRISTINE, hint=f"roll back first: {next_step.rollback(host, drifted=edited)}")
+
+
+__all__ = ["AgentFailed", "Outcome", "PushSession", "ask", "begin_push", "begin_rollback", "describe", "hold",
+           "not_pristine", "patched_paths", "explain", "mark", "pull", "push", "rollback", "status", "Reading",
+           "reading"]

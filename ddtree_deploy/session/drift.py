@@ -57,17 +57,23 @@ def drift_diff(desired: Desired, facts: dict, paths: Iterable[str], *, patched: 
     return "".join(out)
 
 
-def status_drift_diff(desired: Desired, facts: dict, files: list[dict]) -> str:
-    """``status --diff``: each drifted or missing file of a status document's ``files``
-    against what the series expects there: the patched version where the journal says this
-    series is switched or deployed, else the pristine one."""
+def expected_diff(desired: Desired, facts: dict, paths: Iterable[str]) -> str:
+    """Each of ``paths`` (drifted or missing) against what the series expects there: the
+    patched version where the journal says this series is switched or deployed, else the
+    pristine one. What ``status --diff`` shows, and ``--replace-drifted`` before it replaces."""
     from ddtree_deploy.base.codes import Phase
 
     journal = facts.get("journal") or {}
     ours = journal.get("series_id") == desired.series_id
     switched = ours and journal.get("phase") in (Phase.SWITCHING, Phase.SWITCHED, Phase.DEPLOYED)
-    bad = [f["path"] for f in files if f.get("state") in ("drifted", "missing")]
-    return drift_diff(desired, facts, bad, patched=bad if switched else ())
+    paths = list(paths)
+    return drift_diff(desired, facts, paths, patched=paths if switched else ())
+
+
+def status_drift_diff(desired: Desired, facts: dict, files: list[dict]) -> str:
+    """``status --diff``: each drifted or missing file of a status document's ``files``
+    against what the series expects there (``expected_diff``)."""
+    return expected_diff(desired, facts, [f["path"] for f in files if f.get("state") in ("drifted", "missing")])
 
 
 def push_drift_diff(desired: Desired, facts: dict) -> str:
@@ -81,4 +87,4 @@ def push_drift_diff(desired: Desired, facts: dict) -> str:
     return drift_diff(desired, facts, bad)
 
 
-__all__ = ["drift_diff", "file_diff", "host_bytes", "push_drift_diff", "status_drift_diff"]
+__all__ = ["drift_diff", "expected_diff", "file_diff", "host_bytes", "push_drift_diff", "status_drift_diff"]

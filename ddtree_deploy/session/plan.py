@@ -3,7 +3,9 @@
 Pure functions over plain values (no I/O). A plan is an immutable list of per-file
 steps with the hashes they go from and to; the agent re-checks every ``current`` hash
 under the lock, so what executes is exactly the plan that was printed. A file that
-matches neither side fails the plan before any write (drift).
+matches neither side fails the plan before any write (drift), with the way through in its
+hint: ``--replace-drifted``, which plans such a file like any other (``Plan.drifted``: the
+files whose edited bytes the agent keeps in a backup of their own before the switch).
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class Plan:
     host: str
     steps: tuple[FileStep, ...]
     backup_id: str | None = None  # rollback: the backup restored
+    # --replace-drifted: the files edited outside ddtree-deploy that the plan replaces (their
+    # bytes, as read, are kept on the host first; a missing one has none to keep).
+    drifted: tuple[str, ...] = ()
 
     @property
     def changes(self) -> tuple[FileStep, ...]:
@@ -102,14 +107,45 @@ def classify(current: str | None, pristine: str | None, patched: str | None) -> 
     return FileState.DRIFTED
 
 
-def drift_error(host: str, bad: list[tuple[str, FileState]], source: str, *, hint: str) -> DeployError:
+@dataclass(frozen=True)
+class StateFolder:
+    """Where the host keeps this install's state (the agent's ``state_home``) and its newest
+    backup: what a drift refusal names, so that the way out says where everything is."""
+
+    home: str | None = None
+    backup_id: str | None = None  # the newest backup (push) or the one restored (rollback)
+
+    @property
+    def backup(self) -> str | None:
+        """The backup's folder on the host (None: no backup, or an agent that does not say)."""
+        return f"{self.home}/backups/{self.backup_id}" if self.home and self.backup_id else None
+
+    @property
+    def originals(self) -> str:
+        """The clause a refusal ends with, naming where the originals are ("" when unknown)."""
+        return f"; the originals are in backup {self.backup_id} ({self.backup})" if self.backup else ""
+
+    @property
+    def kept(self) -> str:
+        return f"{self.home}/drifted/" if self.home else "drifted/ in the host's state folder"
+
+
+def drift_error(host: str, bad: list[tuple[str, FileState]], source: str, *, command: str,
+                folder: StateFolder = StateFolder(), also: str = "") -> DeployError:
+    """The drift refusal: which files, where the originals are, and the one command through
+    (``command --replace-drifted``); ``also``: another way, where one works."""
     listed = ", ".join(f"{path} ({state.value})" for path, state in bad)
-    return DeployError(f"{host}: {len(bad)} file(s) match neither {source} nor the patched version: {listed}",
-                       code=Code.DRIFT, hint=hint)
+    then = "pushes the series" if command == "push" else f"restores backup {folder.backup_id}"
+    hint = (f"{next_step.replace_drifted(command, host)} keeps the edited bytes in a backup of their own "
+            f"({folder.kept}) and {then}; add --dry-run to see the diff first{also}")
+    return DeployError(f"{host}: {len(bad)} file(s) match neither {source} nor the patched version: {listed}"
+                       f"{folder.originals}", code=Code.DRIFT, hint=hint)
 
 
-def plan_push(host: str, desired: Desired, current: dict[str, str | None], journal: dict | None = None) -> Plan:
-    """Every target goes to its patched version; refuse if any is drifted or missing.
+def plan_push(host: str, desired: Desired, current: dict[str, str | None], journal: dict | None = None, *,
+              replace_drifted: bool = False, folder: StateFolder = StateFolder()) -> Plan:
+    """Every target goes to its patched version; refuse if any is drifted or missing
+    (``replace_drifted``: replace those too, their edited bytes kept first: ``Plan.drifted``).
 
     A file holding the patched version of *another* series (as the host's journal records
     it) is not drift but a different deployment: refuse with the way out (roll back first),
@@ -135,19 +171,29 @@ def plan_push(host: str, desired: Desired, current: dict[str, str | None], journ
         raise DeployError(
             f"{host}: series {j.get('series')} ({str(j.get('series_id'))[:12]}) is deployed there, not "
             f"{desired.series} ({desired.series_id[:12]}): {', '.join(sorted(other))} hold its patched versions",
-            code=Code.OTHER_SERIES, hint=f"{next_step.rollback(host)} first, then push")
-    if bad:
-        raise drift_error(host, bad, f"the snapshot ({desired.snapshot})",
-                          hint=f"{next_step.snapshot_pull(host)} records the host's files as the new "
-                          "pristine state (after checking why they changed)")
-    return Plan("push", host, tuple(steps))
+            code=Code.OTHER_SERIES, hint=f"{next_step.rollback(host, drifted=bool(bad))} first, then push")
+    if bad and not replace_drifted:
+        # `snapshot pull` works too where no file holds a patched version it would refuse.
+        patched_here = any(current.get(p) == e.get("patched") and e.get("patched") != e.get("pristine")
+                           for p, e in recorded.items() if isinstance(e, dict))
+        also = "" if patched_here else (f"; or {next_step.snapshot_pull(host)} records the host's files as the new "
+                                        "pristine state (after checking why they changed)")
+        raise drift_error(host, bad, f"the snapshot ({desired.snapshot})", command="push", folder=folder, also=also)
+    return Plan("push", host, tuple(steps), drifted=_present(bad, current))
 
 
-def plan_rollback(host: str, manifest: dict, current: dict[str, str | None], journal: dict | None) -> Plan:
+def _present(bad: list[tuple[str, FileState]], current: dict[str, str | None]) -> tuple[str, ...]:
+    """The drifted files that have bytes to keep (a missing one has none)."""
+    return tuple(path for path, _state in bad if current.get(path) is not None)
+
+
+def plan_rollback(host: str, manifest: dict, current: dict[str, str | None], journal: dict | None, *,
+                  replace_drifted: bool = False, folder: StateFolder = StateFolder()) -> Plan:
     """Every file of the backup goes back to its backed-up version.
 
     A file may be at the backup's version or at the patched version the journal records;
-    anything else is somebody's edit, and rollback refuses rather than overwrite it.
+    anything else is somebody's edit, and rollback refuses rather than overwrite it, unless
+    ``replace_drifted``: then its edited bytes are kept first (``Plan.drifted``).
     """
     recorded = (journal or {}).get("files", {})
     steps, bad = [], []
@@ -158,7 +204,7 @@ def plan_rollback(host: str, manifest: dict, current: dict[str, str | None], jou
         if state in (FileState.DRIFTED, FileState.MISSING):
             bad.append((path, state))
         steps.append(FileStep(path, state, have, want))
-    if bad:
-        raise drift_error(host, bad, f"backup {manifest['id']}",
-                          hint=f"restore those files by hand, or inspect them with {next_step.status(host)}")
-    return Plan("rollback", host, tuple(steps), backup_id=manifest["id"])
+    if bad and not replace_drifted:
+        raise drift_error(host, bad, f"backup {manifest['id']}", command="rollback",
+                          folder=StateFolder(folder.home, manifest["id"]))
+    return Plan("rollback", host, tuple(steps), backup_id=manifest["id"], drifted=_present(bad, current))

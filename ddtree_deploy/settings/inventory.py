@@ -271,6 +271,19 @@ def list_inventory(directory: Path | None = None) -> list[Listed]:
     return listed
 
 
+def machine_of(host: Host) -> tuple:
+    """Which machine a host file reaches, as written (``local``, or the SSH host, user and
+    port): two files with the same one and the same ``python`` are one install under two names."""
+    return ("local",) if host.ssh is None else ("ssh", host.ssh.host, host.ssh.user, host.ssh.port)
+
+
+def same_machine(host: Host, listed: list[Listed]) -> list[Host]:
+    """The other host files of ``listed`` that reach ``host``'s machine (hosts init: an install
+    of its own there, or the same install again)."""
+    return [item.host for item in listed
+            if item.host is not None and item.name != host.name and machine_of(item.host) == machine_of(host)]
+
+
 def key_error(host: Host, key: str, what: str, todo: str) -> BadInput:
     """A problem with ``key`` of ``host``'s inventory found after it was parsed (at connect
     time: a named file gone or swapped, a name that does not resolve), in the one format
