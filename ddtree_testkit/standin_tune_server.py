@@ -105,7 +105,6 @@ def continuation(mean: float, cap: int) -> float:
 def parse(argv):
     args, rest = standin_server.parse(argv)
     p = argparse.ArgumentParser(description="stand-in SGLang server under load (tune tests only)")
-    p.add_argument("--speculative-ddtree-topk", type=int)
     p.add_argument("--tune-seed", type=int, default=0)
     p.add_argument("--oom-budget", type=int)
     p.add_argument("--crash-budget", type=int)
@@ -116,7 +115,7 @@ def parse(argv):
 def main(argv):
     args, tune, unknown = parse(argv)
     algo = args.speculative_algorithm
-    budget, topk = args.speculative_ddtree_budget, tune.speculative_ddtree_topk
+    budget, topk = args.speculative_ddtree_budget, args.speculative_ddtree_topk
     log = lambda msg: print(f"[stand-in {time.strftime('%H:%M:%S')}] {msg}", flush=True)
     log(f"stand-in tune server (pid {os.getpid()}): algorithm {algo} budget {budget} topk {topk}")
     if args.pid_file:
