@@ -12,38 +12,16 @@ the journal or the snapshot knows it.
 
 from __future__ import annotations
 
-import time
-
-from ddtree_deploy.base import next_step
-from ddtree_deploy.base.codes import Code
-from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.release.metric_names import names_for
-from ddtree_deploy.remote.transport import ProgramSession
-from ddtree_deploy.serve import metrics
+from ddtree_deploy.serve import metrics, serve_run
 from ddtree_deploy.serve.figures import ServedFigures, Unavailable
-from ddtree_deploy.serve.serve_run import SERVE_PROGRAM
 
 
 def scrape(host, transport, request: dict) -> dict:
-    """Run one ``metrics`` request (``metrics.scrape_request``) and return the answer; the
-    program's heartbeats are read on the way, its answer within ``metrics.scrape_deadline``."""
-    limit = metrics.scrape_deadline(request)
-    with ProgramSession(transport, host, SERVE_PROGRAM) as session:
-        session.send(request, during="while sending the metrics request")
-        deadline = time.monotonic() + limit
-        while True:
-            try:
-                doc = session.read(deadline, what="the server's figures", during="the metrics scrapes")
-            except TimeoutError:
-                session.detach()
-                raise DeployError(f"{host.name}: the serve program's scrapes did not end within {limit:g} s",
-                                  code=Code.TIMEOUT,
-                                  hint=f"the host may be overloaded; {next_step.status(host.name)}") from None
-            if doc.get("event") == "done":
-                break
-    if not doc.get("ok"):
-        raise DeployError(f"{host.name}: the metrics scrape failed: {doc.get('error')}", code=Code.SERVE_AGENT)
-    return doc
+    """Run one ``metrics`` request (``metrics.scrape_request``) and return the answer, within
+    ``metrics.scrape_deadline`` (the program's heartbeats read on the way)."""
+    return serve_run.answer(host, transport, request, limit_s=metrics.scrape_deadline(request),
+                            what="the server's figures", step="metrics scrape")
 
 
 def sample_windows(host, transport, *, url: str, release: str, interval_s: float, scrapes: int,
