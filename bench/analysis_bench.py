@@ -5,7 +5,7 @@
 A deterministic simulation (ddtree_testkit/analysis_sim.py: the stand-in server's model
 with per-window noise, seeded) runs the analysis (ddtree_deploy/serve/analysis.py) with
 the default ``[analysis]`` settings many times, for equal builds and for builds 5%, 10%
-and 20% slower, at two noise levels: the stand-in's default (``QUIET``) and the noise
+and 20% slower, at two noise levels: low (``QUIET``) and the noise
 turned up (``LOUD``: tokens/s +/-5% per window, p99 ITL +/-10%, p99 TTFT +/-20%, one window
 in 20 hit by a burst, one in 20 idle). Each line: how many verdicts rolled back, of how
 many. Also: the same with shorter bakes, to show what the default window buys. The rates

@@ -213,7 +213,7 @@ def test_too_few_samples_is_inconclusive_and_idle_windows_are_no_samples():
 def test_the_defaults_do_not_flap_on_equal_builds_and_catch_a_10_percent_slower_one():
     """The deterministic simulation (seeded): equal builds with the noise turned up are rolled
     back at most 2 times in 1000, a build 10% slower is caught in most bakes under that noise
-    and in every bake under the stand-in's normal noise (bench/analysis_bench.py prints all)."""
+    and in every bake at low noise (bench/analysis_bench.py prints all)."""
     defaults = st.AnalysisSettings()
     loud_equal = sim.rates(defaults, sim.LOUD, 0.0, trials=1000)
     quiet_equal = sim.rates(defaults, sim.QUIET, 0.0, trials=300)

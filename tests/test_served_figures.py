@@ -187,3 +187,33 @@ def test_the_host_keeps_the_lines_of_the_names_asked():
         metrics.parse_text(text).samples[s.names.itl + "_bucket"]
     assert host_metrics.keep_lines(text, None) == text
     assert host_metrics.metric_of("# TYPE sglang:x counter") == "sglang:x" and host_metrics.metric_of("# x") is None
+
+
+def test_the_json_forms_are_the_schemas():
+    """ServedFigures, Unavailable and the analysis Verdict against their $defs in docs/json-schema.json
+    (what status and the history will reference)."""
+    from pathlib import Path
+
+    import jsonschema
+
+    from ddtree_deploy.serve import analysis
+    from ddtree_deploy.settings.analysis_settings import AnalysisSettings
+
+    defs = json.loads((Path(__file__).resolve().parent.parent / "docs" / "json-schema.json").read_text())["$defs"]
+
+    def check(doc, name):
+        jsonschema.validate(doc, {"$ref": f"#/$defs/{name}", "$defs": defs})
+
+    s = SGLangLike("0.5.23")
+    s.set("running_reqs", 3)
+    s.requests.labels("m", "unified", "true").inc(4)
+    first = s.text()
+    s.requests.labels("m", "unified", "true").inc(4)
+    f = metrics.window(answer(first, s.text(), info=INFO), s.names)
+    check(f.to_json(), "served_figures")
+    check(Unavailable("no metrics", hint="add --enable-metrics").to_json(), "served_figures")
+    with pytest.raises(jsonschema.ValidationError):
+        check(dict(f.to_json(), output_tps="fast"), "served_figures")
+    v = analysis.analyse([f] * 9, [f] * 9, AnalysisSettings())
+    check(v.to_json(), "analysis_verdict")
+    check(analysis.analyse([], [], AnalysisSettings()).to_json(), "analysis_verdict")
