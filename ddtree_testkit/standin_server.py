@@ -35,6 +35,17 @@ and misbehaves on request (``--mode``) so the tests can exercise every failure p
     no-offchain   ddtree_offchain_accepts stays 0 (every step accepted the first-ranked chain)
     no-tree-keys  internal_states carry no ddtree_* key (a series without the report)
 
+Served speed (``--enable-metrics``, SGLang's own flag): ``GET /metrics`` answers Prometheus
+text with the real metric names of the release the stand-in pretends to be
+(``--metric-names FILE``, the pinned row of ddtree_deploy/release/metric_names.py as
+JSON), from the synthetic model of ddtree_testkit/standin_metrics.py: a step time that
+grows with the requests decoding, ``--accept-length`` tokens per step, ``--noise`` redrawn
+every ``--noise-period-s`` seconds, and a SLOW BUILD: when the ``--package-file`` holds the
+line ``# ddtree-standin: slowdown=0.10`` at start, every step takes 1 / (1 - 0.10) as long.
+``--traffic N`` starts N synthetic clients sending requests of ``--traffic-tokens`` tokens
+one after the other once ready (live traffic without a benchmark). Without
+``--enable-metrics``, ``/metrics`` answers 404 as SGLang does.
+
 ``--child`` also starts a worker child in the same process group (as SGLang starts its
 scheduler and detokenizer processes), so the tests can check that stopping the group
 leaves no process behind.
@@ -79,6 +90,17 @@ def parse(argv):
     p.add_argument("--speculative-algorithm")
     p.add_argument("--speculative-draft-model-path")
     p.add_argument("--speculative-ddtree-budget", type=int, default=64)
+    p.add_argument("--speculative-ddtree-topk", type=int)
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--metric-names")  # JSON: the pinned names of the release pretended to be
+    p.add_argument("--traffic", type=int, default=0)  # synthetic clients, one request after the other
+    p.add_argument("--traffic-tokens", type=int, default=64)
+    p.add_argument("--step-ms", type=float, default=20.0)
+    p.add_argument("--batch-cost", type=float, default=0.02)
+    p.add_argument("--noise", type=float, default=0.0)
+    p.add_argument("--noise-period-s", type=float, default=10.0)
+    p.add_argument("--abort-rate", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speculative-dflash-block-size", type=int, default=16)
     p.add_argument("--worker-class", default="DFlashWorker")
     p.add_argument("--host", default="127.0.0.1")
@@ -86,17 +108,42 @@ def parse(argv):
     return p.parse_known_args(argv)
 
 
-def package_file(rel):
-    """(sha256 or None, package root) of ``rel`` under this interpreter's sglang package."""
+def package_file(rel, text=False):
+    """(sha256 or None, package root) of ``rel`` under this interpreter's sglang package
+    (``text``: and its text, or None)."""
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
-        return None, None
+        return (None, None, None) if text else (None, None)
     root = os.path.dirname(os.path.abspath(list(spec.submodule_search_locations)[0]))
     try:
         with open(os.path.join(root, rel), "rb") as fh:
-            return hashlib.sha256(fh.read()).hexdigest(), root
+            data = fh.read()
     except OSError:
-        return None, root
+        return (None, root, None) if text else (None, root)
+    digest = hashlib.sha256(data).hexdigest()
+    return (digest, root, data.decode("utf-8", "replace")) if text else (digest, root)
+
+
+def metrics_model(args, package_text):
+    """The speed model of ddtree_testkit/standin_metrics.py for these flags (None: no metrics)."""
+    if not args.enable_metrics:
+        return None
+    if __package__:
+        from ddtree_testkit import standin_metrics
+    else:  # run as a script on a sandbox host: its sibling file
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import standin_metrics
+    names = {}
+    if args.metric_names:
+        with open(args.metric_names) as fh:
+            names = json.load(fh)
+    algo = (args.speculative_algorithm or "").upper()
+    width = args.speculative_dflash_block_size if algo == "DFLASH" else args.speculative_ddtree_budget + 1
+    return standin_metrics.Model(
+        names=names, model=args.model_path, algorithm=args.speculative_algorithm, width=width,
+        accept_length=args.accept_length, step_ms=args.step_ms, batch_cost=args.batch_cost,
+        slowdown=standin_metrics.slowdown_of(package_text), noise=args.noise, noise_period_s=args.noise_period_s,
+        abort_rate=args.abort_rate, seed=args.seed)
 
 
 def main(argv):
@@ -123,11 +170,14 @@ def main(argv):
             with open(args.pid_file, "a") as fh:
                 fh.write(f"{child.pid}\n")
 
-    served = None
+    served, package_text = None, None
     if args.package_file:
-        sha, root = package_file(args.package_file)
+        sha, root, package_text = package_file(args.package_file, text=True)
         served = {"file": args.package_file, "sha256": sha, "root": root}
         log(f"package file {args.package_file}: {sha or 'absent'} (root {root})")
+    model = metrics_model(args, package_text)
+    if model is not None:
+        log(f"metrics: release {model.names.get('release')}, slowdown {1 - 1 / model.slow:.2f}, noise {args.noise}")
     broken = bool(args.unhealthy_with and package_file(args.unhealthy_with)[0])
     if broken:
         log(f"RuntimeError: {args.unhealthy_with} breaks this server: it will never be ready")
@@ -141,6 +191,8 @@ def main(argv):
         "speculative_algorithm": algorithm,
         "speculative_draft_model_path": args.speculative_draft_model_path,
         "speculative_ddtree_budget": args.speculative_ddtree_budget,
+        "speculative_ddtree_topk": args.speculative_ddtree_topk,
+        "enable_metrics": args.enable_metrics,
         "host": args.host,
         "port": args.port,
         "unparsed_args": unknown,
@@ -153,10 +205,10 @@ def main(argv):
         def log_message(self, fmt, *a):
             log("http " + fmt % a)
 
-        def _send(self, code, body=None):
-            raw = b"" if body is None else json.dumps(body).encode()
+        def _send(self, code, body=None, text=None):
+            raw = text.encode() if text is not None else b"" if body is None else json.dumps(body).encode()
             self.send_response(code)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/plain; version=0.0.4" if text is not None else "application/json")
             self.send_header("Content-Length", str(len(raw)))
             self.end_headers()
             self.wfile.write(raw)
@@ -166,6 +218,8 @@ def main(argv):
                 if args.mode == "log-only":
                     return self._send(404, {"detail": "Not Found"})
                 return self._send(200 if state["ready"] else 503)
+            if self.path == "/metrics" and model is not None:
+                return self._send(200, text=model.text())
             if self.path == "/server_info" and args.mode == "old-info":
                 return self._send(404, {"detail": "Not Found"})
             if self.path in ("/server_info", "/get_server_info"):
@@ -194,6 +248,8 @@ def main(argv):
             if args.mode != "no-offchain":
                 with lock:  # stand-in arithmetic: one verify step in three "accepted off-chain"
                     state["offchain"] += verify_ct // 3
+            if model is not None:
+                model.count_instant(n)
             meta = {"completion_tokens": n, "spec_verify_ct": verify_ct,
                     "prompt_tokens": len(str(prompt).split())}
             return {"text": text, "meta_info": meta}
@@ -205,6 +261,8 @@ def main(argv):
         time.sleep(args.ready_after)
         state["ready"] = True
         log(READY_LINE)
+        if model is not None and args.traffic:
+            model.start_traffic(args.traffic, args.traffic_tokens)
     while True:  # serve until signalled, like the real server
         time.sleep(3600)
 

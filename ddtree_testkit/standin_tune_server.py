@@ -12,7 +12,7 @@ serves what bench_serving 0.5.12.post1 calls (read from its source), with SGLang
   ``data: {"text": <cumulative text>, "meta_info": {"completion_tokens", "spec_verify_ct"}}``
   then ``data: [DONE]``, one chunk per decoding step (as SGLang streams a speculative
   step's accepted tokens together); without ``stream``: one JSON reply;
-- ``POST /flush_cache`` (bench's ``--flush-cache``): 200;
+- ``POST /flush_cache`` (bench's ``--flush-cache``; 0.5.23's adds ``?timeout=``): 200;
 - ``GET /server_info``: server args and ``internal_states[0].avg_spec_accept_length``
   (accepted tokens / verify steps over every request served, as SGLang's scheduler
   reports it; absent without speculation);
@@ -34,6 +34,13 @@ truncated at min(W, 16) whose mean is the accept length (so some steps accept on
 token: p99 inter-token latency ~ a step's time). The draws and a +/-2 % step-time noise
 come from a seeded generator (``--tune-seed``, the configuration and the request's
 number): deterministic up to that noise and the machine's own timing jitter.
+
+The prompt matters to acceptance, as it does on a real server (the paper reports it per
+dataset): ``--accept-bonus WORD=DELTA`` adds DELTA to the accept length of every request
+whose prompt holds WORD (capped at the verify width and 16), so the per-category figures of
+a prompt file with two categories differ the way the test sets them. A batch request
+(``"text": [...]``, non-streaming: the acceptance probe of `tune`) answers a list, one
+reply per prompt, each with its ``meta_info`` (``completion_tokens``, ``spec_verify_ct``).
 
 Failure knobs: ``--oom-budget N`` exits at start with a CUDA-OOM message when the budget
 is >= N (memory for the verify width); ``--crash-budget N`` serves, then dies (exit 137,
@@ -105,10 +112,10 @@ def continuation(mean: float, cap: int) -> float:
 def parse(argv):
     args, rest = standin_server.parse(argv)
     p = argparse.ArgumentParser(description="stand-in SGLang server under load (tune tests only)")
-    p.add_argument("--speculative-ddtree-topk", type=int)
     p.add_argument("--tune-seed", type=int, default=0)
     p.add_argument("--oom-budget", type=int)
     p.add_argument("--crash-budget", type=int)
+    p.add_argument("--accept-bonus", action="append", default=[])  # WORD=DELTA
     tune, unknown = p.parse_known_args(rest)
     return args, tune, unknown
 
@@ -116,7 +123,7 @@ def parse(argv):
 def main(argv):
     args, tune, unknown = parse(argv)
     algo = args.speculative_algorithm
-    budget, topk = args.speculative_ddtree_budget, tune.speculative_ddtree_topk
+    budget, topk = args.speculative_ddtree_budget, args.speculative_ddtree_topk
     log = lambda msg: print(f"[stand-in {time.strftime('%H:%M:%S')}] {msg}", flush=True)
     log(f"stand-in tune server (pid {os.getpid()}): algorithm {algo} budget {budget} topk {topk}")
     if args.pid_file:
@@ -129,6 +136,12 @@ def main(argv):
     mean = accept_length(algo, budget, topk)
     cap = min(verify_width(algo, budget), MAX_DEPTH)
     q = continuation(mean, cap)
+    bonuses = [(w, float(d)) for w, _, d in (b.partition("=") for b in tune.accept_bonus)]
+
+    def continuation_for(prompt) -> float:
+        """The prompt's own acceptance: the model's, plus the bonus of each word it holds."""
+        extra = sum(d for w, d in bonuses if w in str(prompt)) if algo and algo.upper() == "DDTREE" else 0.0
+        return continuation(min(mean + extra, cap - 0.01), cap) if extra else q
     state = {"ready": False, "active": 0, "accepted": 0, "steps": 0, "requests": 0}
     lock = threading.Lock()
     info = {"model_path": args.model_path, "speculative_algorithm": algo,
@@ -166,7 +179,7 @@ def main(argv):
         def do_POST(self):
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
-            if self.path == "/flush_cache":
+            if self.path.split("?")[0] == "/flush_cache":  # 0.5.23's bench adds ?timeout=60.0
                 return self._send(200)
             if self.path != "/generate":
                 return self._send(404, {"detail": "Not Found"})
@@ -182,10 +195,26 @@ def main(argv):
                 os._exit(137)
             n = int((body.get("sampling_params") or {}).get("max_new_tokens", 16))
             rng = random.Random(f"{tune.tune_seed}:{algo}:{budget}:{topk}:{number}")
-            if body.get("stream"):
+            prompts = body.get("text", body.get("input_ids"))
+            if isinstance(prompts, list) and prompts and isinstance(prompts[0], str) and not body.get("stream"):
+                # A batch (the acceptance probe): one reply per prompt, in order.
+                return self._send(200, [self._decode(p, n, rng, None) for p in prompts])
+            stream = bool(body.get("stream"))
+            if stream:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
+            reply = self._decode(prompts, n, rng, self.wfile if stream else None)
+            if stream:
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+                return None
+            return self._send(200, reply)
+
+        def _decode(self, prompt, n, rng, stream):
+            """Decode ``n`` tokens in real time (chunks to ``stream`` when streaming): the reply."""
+            qp = continuation_for(prompt)
             done, steps, text = 0, 0, ""
             with lock:
                 state["active"] += 1
@@ -195,7 +224,7 @@ def main(argv):
                         active = state["active"]
                     time.sleep(step_ms(algo, budget, active) * (1 + rng.uniform(-0.02, 0.02)) / 1000.0)
                     k = 1
-                    while k < cap and rng.random() < q:
+                    while k < cap and rng.random() < qp:
                         k += 1
                     k = min(k, n - done)
                     done, steps = done + k, steps + 1
@@ -203,20 +232,14 @@ def main(argv):
                     with lock:
                         state["accepted"] += k
                         state["steps"] += 1
-                    if body.get("stream"):
+                    if stream is not None:
                         chunk = {"text": text, "meta_info": {"completion_tokens": done, "spec_verify_ct": steps}}
-                        self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                        self.wfile.flush()
+                        stream.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                        stream.flush()
             finally:
                 with lock:
                     state["active"] -= 1
-            meta = {"completion_tokens": done, "spec_verify_ct": steps, "prompt_tokens": 0}
-            if body.get("stream"):
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
-                self.close_connection = True
-                return None
-            return self._send(200, {"text": text, "meta_info": meta})
+            return {"text": text, "meta_info": {"completion_tokens": done, "spec_verify_ct": steps, "prompt_tokens": 0}}
 
     httpd = ThreadingHTTPServer((args.host, args.port), Handler)
     httpd.daemon_threads = True

@@ -51,6 +51,19 @@ def _lines(results: Path) -> list[dict]:
 
 @pytest.mark.sshd
 @pytest.mark.sglang_env
+def test_a_step_longer_than_the_silence_limit_that_beats_all_along_is_not_silent(tuned_host, tmp_path):
+    """Every line read starts the silence anew, a heartbeat too: a launch of 14 s beating every
+    0.5 s outlives the 10 s silence limit and is no silence (a prompt file's categories make
+    one concurrency's step several benchmark runs long)."""
+    h = tuned_host
+    inventory, _ = write_inventory(h, ["--ready-after", "14"])
+    host, make_transport = _host(inventory)
+    outcome = tune_run.tune_host(host, make_transport, OPTS, out_dir=tmp_path / "out", heartbeat_s=0.5)
+    assert [(r.config.key, r.status) for r in outcome.records] == [("none", "ok"), ("ddtree-b16-k2", "ok")]
+
+
+@pytest.mark.sshd
+@pytest.mark.sglang_env
 def test_a_frozen_tune_program_is_noticed_after_the_silence_limit(tuned_host, tmp_path):
     h = tuned_host
     pid_file = tmp_path / "server.pids"
@@ -139,7 +152,11 @@ def test_a_launch_past_its_deadline_keeps_what_finished_and_resume_continues(tun
     resumed = tune_run.tune_host(host, make_transport, OPTS, out_dir=out, resume=True)
     assert resumed.resumed == 1
     assert [(r.config.key, r.status) for r in resumed.records] == [("none", "ok"), ("ddtree-b16-k2", "ok")]
-    assert len(_lines(results)) == 3
+    # The finished sweep closes its results with the summary line (the best per concurrency, the schedule).
+    lines = _lines(results)
+    assert [d["kind"] for d in lines] == ["header", "run", "run", "summary"]
+    best = tune.best_per_concurrency(OPTS, resumed.records)
+    assert lines[-1]["schedule"] == tune.schedule_string(best) and lines[-1]["schedule"] in ("2:none", "2:16/2")
     for pid in pids(pid_file):
         assert not alive(pid), pid
 

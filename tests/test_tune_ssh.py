@@ -178,7 +178,9 @@ def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, 
     assert 2.0 < top["accept_length"] < 3.5
     # Results file: header, then one line per finished configuration, in order.
     lines = (out / "results.jsonl").read_text().splitlines()
-    assert json.loads(lines[0])["kind"] == "header" and len(lines) == 1 + len(runs)
+    assert json.loads(lines[0])["kind"] == "header" and len(lines) == 1 + len(runs) + 1
+    closing = json.loads(lines[-1])  # the summary: the best at the one concurrency, the schedule it implies
+    assert closing["kind"] == "summary" and closing["schedule"] == "4:8/2" == doc["schedule"]
     png = (out / "tune.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     # --apply: budget and topk written, everything else of the file kept byte for byte.
@@ -351,3 +353,104 @@ def test_sharegpt_file_missing_on_the_host_is_bad_input(tuned_host, tmp_path):
     assert proc.stderr.count("error:") == 1 and not pid_file.exists()
     assert not (h["test_host"].state_dir / "tune" / "lock").exists()
     assert not (tmp_path / "out").exists()  # nothing written locally either
+
+
+# ---------------------------------------------------------------- the operator's prompts, by release
+
+CHAT = ["w1 w2 w3 w4 w5 w6", "w10 w11 w12 w13", "w20 w21 w22 w23 w24", "w30 w31 w32", "w40 w41 w42 w43",
+        "w50 w51 w52 w53 w54 w55"]
+CODE = ["w299 w60 w61 w62", "w299 w70 w71 w72 w73", "w299 w80 w81", "w299 w90 w91 w92", "w299 w100 w101",
+        "w299 w110 w111 w112"]
+
+
+def prompt_file(path: Path) -> Path:
+    """Two categories: chat (plain prompts and a chat) and code, whose prompts hold the word the
+    stand-in's acceptance bonus names (``--accept-bonus w299=0.8``: code accepts more per step)."""
+    lines = [json.dumps({"prompt": p, "category": "chat"}) for p in CHAT[:-1]]
+    lines.append(json.dumps({"messages": [{"role": "system", "content": "w5 w6"},
+                                          {"role": "user", "content": CHAT[-1]}], "category": "chat"}))
+    lines += [json.dumps({"prompt": p, "category": "code"}) for p in CODE]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_prompt_file_per_category_and_the_best_at_every_concurrency(tuned_host, tmp_path):
+    """0.5.12.post1: its benchmark is sglang.bench_serving (no sglang/benchmark/serving.py in
+    that release). Each concurrency runs the benchmark once per category on SGLang's own
+    ``custom`` dataset; the table gives each category's tokens/s and accept length (the
+    probe), and the best configuration at every concurrency, whose schedule lands in the
+    results. The tune stand-in's model (ddtree_testkit/standin_tune_server.py): at one
+    request B=16 wins (deeper tree, +15% over the chain), at eight B=4 (cheaper steps)."""
+    h = tuned_host
+    inventory, _ = write_inventory(h, ["--accept-bonus", "w299=0.8"])
+    out = tmp_path / "out"
+    proc = run_cli(["tune", "--host", str(inventory), "--prompts", str(prompt_file(tmp_path / "p.jsonl")),
+                    "--baseline", "dflash", "--budgets", "4,16", "--topk", "2", "--concurrency", "1,8",
+                    "--requests", "8", "--output-len", "24", "--repeats", "0", "--out", str(out), "--json"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "benchmark: python -m sglang.bench_serving; prompts: " in proc.stderr
+    doc = check_envelope(proc.stdout, proc.returncode, "tune")["hosts"][0]
+    assert doc["dataset_label"] == f"prompts: {tmp_path / 'p.jsonl'} (chat 4, code 4 per run)"
+    assert [(r["config"], r["status"]) for r in doc["runs"]] == [("dflash", "ok"), ("ddtree-b4-k2", "ok"),
+                                                                ("ddtree-b16-k2", "ok")]
+    for conc in ("1", "8"):
+        for row in doc["ranking"][conc]:
+            cats = row["categories"]
+            assert sorted(cats) == ["chat", "code"] and all(cats[c]["completed"] == 4 for c in cats), row
+            # the whole is the parts together: all their tokens over all their time
+            together = sum(c["output_tokens"] for c in cats.values()) / sum(c["duration_s"] for c in cats.values())
+            assert row["output_tps"] == pytest.approx(together)
+    b16 = next(r for r in doc["runs"] if r["config"] == "ddtree-b16-k2")
+    # The probe: code's prompts accept more per step than chat's (the model: +0.8).
+    assert b16["category_accept"]["code"] > b16["category_accept"]["chat"] + 0.3, b16["category_accept"]
+    best = {row["concurrency"]: row["config"] for row in doc["best_per_concurrency"]}
+    assert best == {1: "ddtree-b16-k2", 8: "ddtree-b4-k2"}, doc["best_per_concurrency"]
+    assert doc["schedule"] == "1:16/2,8:4/2"
+    closing = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
+    assert closing["kind"] == "summary" and closing["schedule"] == "1:16/2,8:4/2"
+    # The same sweep's table, as printed without --json (from the results file: no new launch).
+    again = run_cli(["tune", "--host", str(inventory), "--prompts", str(tmp_path / "p.jsonl"), "--baseline", "dflash",
+                     "--budgets", "4,16", "--topk", "2", "--concurrency", "1,8", "--requests", "8", "--output-len",
+                     "24", "--repeats", "0", "--out", str(out), "--resume"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resume: 3 finished run(s)" in again.stderr and "launch" not in again.stderr
+    text = again.stdout
+    assert text.splitlines()[0] == f"prompts: {tmp_path / 'p.jsonl'} (chat 4, code 4 per run)"
+    assert "chat tok/s" in text and "code tok/s" in text
+    assert "best per concurrency (schedule 1:16/2,8:4/2):" in text
+    print("\n" + text)
+
+
+@pytest.fixture(scope="module")
+def tuned_host_0_5_23(sshd, tmp_path_factory):
+    """A host with the real 0.5.23 release and the real v2 series (sglang-0.5.20) pushed."""
+    root = tmp_path_factory.mktemp("tunehost23")
+    env = sglang_host.make_host_env(root / "env", version="0.5.23")
+    test_host = SandboxHost(name="gpu23", server=sshd, python=env.python, site=env.site_packages,
+                            state_dir=root / "state")
+    inventory = test_host.inventory(root / "hosts")
+    host = load_host(str(inventory))
+    series = load_family(REPO / "patches" / "sglang-0.5.20")
+    outcome = deploy.push(host, transport_for(host), list(series.touched_paths()),
+                          lambda facts: desired_for(series, host.name, facts))
+    assert outcome.changed and outcome.phase == "deployed"
+    return {"root": root, "inventory": inventory, "base": inventory.read_text(), "model": make_model(root / "model"),
+            "test_host": test_host}
+
+
+def test_0_5_23_runs_sglang_benchmark_serving(tuned_host_0_5_23, tmp_path):
+    """0.5.23 ships sglang/benchmark/serving.py (its sglang.bench_serving is a shim that warns it
+    will be removed): tune runs the new module, with the same prompt file and categories."""
+    h = tuned_host_0_5_23
+    inventory, _ = write_inventory(h, ["--accept-bonus", "w299=0.8"])
+    proc = run_cli(["tune", "--host", str(inventory), "--prompts", str(prompt_file(tmp_path / "p.jsonl")),
+                    "--baseline", "none", "--budgets", "8", "--topk", "2", "--concurrency", "2", "--requests", "4",
+                    "--output-len", "16", "--repeats", "0", "--out", str(tmp_path / "out"), "--json"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "benchmark: python -m sglang.benchmark.serving; prompts: " in proc.stderr
+    doc = json.loads(proc.stdout)["hosts"][0]
+    assert [(r["config"], r["status"]) for r in doc["runs"]] == [("none", "ok"), ("ddtree-b8-k2", "ok")]
+    row = next(r for r in doc["ranking"]["2"] if r["config"] == "ddtree-b8-k2")
+    assert sorted(row["categories"]) == ["chat", "code"] and row["category_accept"]["code"] > 1.0
+    logs = list((h["test_host"].state_dir / "tune").rglob("*.bench.log"))
+    assert logs and not any("deprecated" in p.read_text() for p in logs)  # the module itself, not the shim

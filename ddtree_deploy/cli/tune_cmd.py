@@ -9,6 +9,7 @@ the results, not fatal), 1 when the host refused or failed, 2 on bad input.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -45,9 +46,15 @@ def tune_cmd(
     requests: int = typer.Option(200, "--requests", help="prompts per benchmark run (bench_serving --num-prompts)"),
     input_len: int = typer.Option(1024, "--input-len", help="prompt length in tokens"),
     output_len: int = typer.Option(512, "--output-len", help="output length in tokens"),
-    dataset: str = typer.Option("random", "--dataset",
-                                help="random (offline random token ids), or sharegpt-file=PATH (a ShareGPT "
-                                     "JSON file on the host: real text cut to the same lengths)"),
+    prompts_file: Optional[Path] = typer.Option(None, "--prompts",
+                                                help="the operator's prompt sample (this machine): JSONL of "
+                                                     "prompts or chat messages with an optional \"category\", or "
+                                                     "SGLang request dumps (.pkl); default: [analysis.load] "
+                                                     "prompts of the inventory"),
+    dataset: Optional[str] = typer.Option(None, "--dataset",
+                                          help="random (offline random token ids: they say nothing about "
+                                               "acceptance; the default without a prompt file), or "
+                                               "sharegpt-file=PATH (a ShareGPT JSON file on the host)"),
     seed: int = typer.Option(1, "--seed", help="bench_serving --seed (same prompts for every configuration)"),
     at: Optional[int] = typer.Option(None, "--at", help="the concurrency the choice is made at "
                                                         "(default: the highest --concurrency)"),
@@ -69,7 +76,8 @@ def tune_cmd(
     bench_serving on the host; rank, plot, choose, optionally write the choice."""
     from ddtree_deploy.tuning import tune_run
 
-    name, path = _dataset(dataset)
+    # The options first (bad input before anything is read), then the host and its prompts.
+    name, path = _dataset(dataset or "random")
     opts = tune.TuneOptions(
         budgets=_ints(budgets, "--budgets", "budget", tune.MAX_BUDGET),
         topk=_ints(topk, "--topk", "top-K", 1 << 20),
@@ -79,12 +87,19 @@ def tune_cmd(
         itl_margin_pct=itl_margin, repeats=repeats)
     tune.check_options(opts, yes=yes)
     h = load_host(host)
+    sample = _prompts(h, prompts_file, dataset)
+    if sample is not None:  # the operator's prompts: the dataset (random ids only when asked for)
+        opts = replace(opts, dataset="prompts", dataset_path=None, prompts=sample.source,
+                       prompts_digest=sample.digest, categories=sample.shares(requests))
+        tune.check_options(opts, yes=yes)
+        err.print(f"[dim]{safe(h.name)}:[/] prompts {safe(sample.describe())}", highlight=False)
     outcome = tune_run.tune_host(
         h, lambda: transport_for(h, trust_new_host=trust_new_host), opts, out_dir=out_dir, resume=resume,
         yes=yes, apply=apply,
         progress=lambda step: err.print(f"[dim]{safe(h.name)}:[/] {safe(step)}", highlight=False),
         heartbeat=lambda key, s: err.print(f"[dim]{safe(h.name)}: {safe(key)}: still running ({s:.0f} s)[/]",
-                                           highlight=False))
+                                           highlight=False),
+        sample=sample)
     if outcome.apply and outcome.apply.get("diff"):
         err.print(f"--apply: {safe(outcome.apply['file'])}:", highlight=False)
         err.print(safe(outcome.apply["diff"]), highlight=False, markup=False)
@@ -110,6 +125,24 @@ def tune_cmd(
             else f"--apply: nothing written ({a.get('why')})")
     if outcome.stopped:
         raise typer.Exit(1)
+
+
+def _prompts(h, given: Optional[Path], dataset: Optional[str]):
+    """The prompt sample: ``--prompts``, else the inventory's ``[analysis.load] prompts``
+    (relative to the inventory's folder) unless ``--dataset`` asks for another; None: none."""
+    from ddtree_deploy.settings.analysis_settings import parse_analysis
+    from ddtree_deploy.tuning.prompts import read_prompts
+
+    if given is not None and dataset is not None:
+        raise BadInput("--prompts and --dataset: give one (the prompt file is the dataset)")
+    if given is None:
+        settings = parse_analysis(h.analysis, source=h.source)
+        if dataset is not None or settings is None or settings.load is None:
+            return None
+        given = Path(settings.load.prompts).expanduser()
+        if not given.is_absolute() and h.source:
+            given = Path(h.source).parent / given
+    return read_prompts(given)
 
 
 def _dataset(value: str) -> tuple[str, Optional[str]]:

@@ -10,7 +10,7 @@ inventory, run with ``subprocess`` as they are written.
 
 Request (one JSON line)::
 
-    {"op": "discover" | "check" | "restart",
+    {"op": "discover" | "check" | "restart" | "metrics",   # metrics: hostprog/metrics.py's request
      "python": "/opt/venv/bin/python",        # the inventory's host.python, as written there
      "package": "sglang",
      "files": ["sglang/srt/...py", ...],      # the deployed files: their newest change is the last switch
@@ -24,6 +24,7 @@ Request (one JSON line)::
                "tree": {...}} | null,         # the launch smoke level's proof (smoke.prove_served)
      "heartbeat_s": 20}
 
+``metrics`` scrapes the server's ``/metrics`` and ``/server_info`` (hostprog/metrics.py);
 ``discover`` answers the processes; ``check`` (``status``) adds one health GET; ``restart``
 streams ``{"event": "step", "level": "drain" | "restart" | "health" | "proof"}`` and
 heartbeats (``{"event": "wait", "level", "seconds"}``) and answers last with
@@ -46,7 +47,7 @@ import os
 import sys
 import time
 
-from ddtree_deploy.hostprog import smoke as sa, wire
+from ddtree_deploy.hostprog import metrics, smoke as sa, wire
 
 # A process that started this little before the restart began is taken as started by it:
 # /proc start times have clock-tick resolution, and the two clocks are read a moment apart.
@@ -388,11 +389,12 @@ def _healthy_line(answer):
 # --------------------------------------------------------------------- main
 
 OPS = {"discover": discover, "check": check}
+LONG_OPS = {"restart": restart, "metrics": metrics.scrape}  # these beat while they wait
 
 
 def _check(request):
     op = request["op"]
-    if op not in OPS and op != "restart":
+    if op not in OPS and op not in LONG_OPS:
         raise KeyError("unknown op %r" % (op,))
     str(request["python"])
     return None
@@ -411,7 +413,7 @@ def main(argv=None):
     emitter = wire.Emitter(sys.stdout.buffer, float(request.get("heartbeat_s", wire.HEARTBEAT_S)))
     try:
         try:
-            answer = restart(request, emitter) if op == "restart" else dict(OPS[op](request), ok=True)
+            answer = LONG_OPS[op](request, emitter) if op in LONG_OPS else dict(OPS[op](request), ok=True)
         except sa.LevelFailed as exc:  # no sglang package for this interpreter
             answer = {"ok": False, "error": exc.detail}
         except Exception as exc:  # a bug must still answer JSON, not a traceback

@@ -9,18 +9,31 @@ copied.
 Protocol: JSON lines on stdin, JSON lines on stdout.
 
     {"op": "begin", "state_dir", "run_id", "holder", "series_id", "dataset_path": null | PATH,
+     "prompt_files": [{"path": PATH, "text": "..."}] | null,   # the prompt sample's files, written
      "heartbeat_s": seconds between the "wait" events of a run (default: the smoke program's)}
-        -> {"event": "ready", "lock": {...}} | {"event": "refused", "code", "message", ...}
+        -> {"event": "ready", "lock": {...}, "bench_files": {"sglang/benchmark/serving.py": bool,
+            "sglang/bench_serving.py": bool}} | {"event": "refused", "code", "message", ...}
     {"op": "run", "key", "argv", "host", "port", "log_path", "gpu_check", "min_free_mib",
      "ready_timeout_s", "term_grace_s", "expect_algorithm", "requests",
-     "bench": {"argv": [...], "concurrency": [...], "timeout_s", "out_dir"}}
+     "bench": {"argv": [...], "concurrency": [...], "timeout_s", "out_dir",
+               "runs": [{"category", "args": [...], "requests"}] | null},
+     "probe": {"prompts": {category: [text, ...]}, "max_new_tokens"} | null}
         -> {"event": "wait" | "phase", ...}* then {"event": "result", "key", "status", ...}
     {"op": "abort"} or end of input: stop what runs (server group, bench), release the
         tune lock, exit. {"op": "end"}: release the lock and exit.
 
+With ``bench.runs`` (a prompt file by category), each concurrency is one benchmark run per
+category (its ``args`` added: that category's dataset file and prompt count); the measure
+is the runs together (output tokens / s = all their tokens over all their time; the p50s
+weighted by completed requests, the p99s the worst of the runs) with each category's own
+figures under ``categories``. ``probe`` then asks the server for each category's prompts
+(one batch request each, greedy) and reads the accept length from SGLang's
+``meta_info`` (completion tokens / verify steps): ``category_accept``.
+
 What it touches on the host: the server and bench processes it starts (each in its own
 process group, always stopped), and ``<state_dir>/tune/``: ``lock/owner.json`` (the tune
-lock: two tunes never overlap) and ``<run_id>/`` (server and bench logs, bench results).
+lock: two tunes never overlap) and ``<run_id>/`` (server and bench logs, bench results, the
+prompt files).
 It refuses to start, and stops before the next launch, while a push or rollback holds the
 deploy lock of its install (``lock`` in the install's state folder: roots.py) or when the
 deployed series changed under it. The tune lock is the machine's (its servers hold the GPUs);
@@ -105,6 +118,7 @@ class Tuner(object):
         if path and not os.path.isfile(os.path.expanduser(path)):
             return {"event": "refused", "code": Code.BAD_DATASET,
                     "message": "--dataset sharegpt-file: %s is not a file on the host" % path}
+        bench_files = self._bench_files()
         problem = self._check_series()
         if problem:
             return {"event": "refused", "code": Code.SERIES_CHANGED, "message": problem}
@@ -136,7 +150,33 @@ class Tuner(object):
                 return {"event": "refused", "code": Code.TUNE_LOCKED, "message": "another tune holds the tune lock",
                         "holder": held}
         self.owner = owner
-        return {"event": "ready", "lock": owner, "took_over": took_over, "python": sys.executable}
+        try:
+            for spec in req.get("prompt_files") or ():
+                self._write_prompts(spec)
+        except (ValueError, OSError) as exc:
+            self.release()
+            return {"event": "refused", "code": Code.BAD_DATASET, "message": "the prompt files: %s" % exc}
+        return {"event": "ready", "lock": owner, "took_over": took_over, "python": sys.executable,
+                "bench_files": bench_files}
+
+    @staticmethod
+    def _bench_files():
+        """Which of SGLang's benchmark modules the installed release ships (the controller
+        picks one: tuning/tune_run.bench_module)."""
+        found = wire.find_package("sglang")
+        root = os.path.dirname(found) if found else None
+        return {rel: bool(root) and os.path.isfile(os.path.join(root, rel))
+                for rel in ("sglang/benchmark/serving.py", "sglang/bench_serving.py")}
+
+    def _write_prompts(self, spec):
+        """A category's prompts, where the controller said: only under this run's tune folder."""
+        path = os.path.normpath(os.path.expanduser(spec["path"]))
+        tune = os.path.join(self.state_dir, "tune") + os.sep
+        if not path.startswith(tune) or ".." in spec["path"].split("/"):
+            raise ValueError("a prompt file outside the tune folder: %r" % spec["path"])
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(spec["text"])
 
     def release(self):
         if self.lock_dir and self.owner:
@@ -176,8 +216,10 @@ class Tuner(object):
                        "seconds": round(time.monotonic() - started, 1)})
             measures = []
             for conc in req["bench"]["concurrency"]:
-                measures.append(self._bench(proc, req, int(conc)))
+                measures.append(self._bench_all(proc, req, int(conc)))
                 self.emit({"event": "phase", "key": req["key"], "what": "measured", "measure": measures[-1]})
+            if req.get("probe"):
+                result["category_accept"] = self._probe(req)
             info = self._server_info(req)
             states = (info or {}).get("internal_states") or [{}]
             state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
@@ -211,17 +253,46 @@ class Tuner(object):
         if self.abort.is_set():
             raise Aborted()
 
-    def _bench(self, proc, req, conc):
+    def _bench_all(self, proc, req, conc):
+        """One concurrency: one benchmark run, or one per category (``bench.runs``)."""
+        runs = req["bench"].get("runs")
+        if not runs:
+            return self._bench(proc, req, conc)
+        parts = {}
+        for run in runs:
+            parts[run["category"]] = self._bench(proc, req, conc, extra=run["args"], requests=run["requests"],
+                                                 tag="-" + run["category"])
+        return combine(conc, parts)
+
+    def _probe(self, req):
+        """Each category's accept length on its own prompts: completion tokens / verify steps."""
+        probe = req["probe"]
+        base = "http://%s:%s" % (req["host"], req["port"])
+        out = {}
+        for category, texts in sorted(probe["prompts"].items()):
+            if self.abort.is_set():
+                raise Aborted()
+            body = {"text": texts, "sampling_params": {"max_new_tokens": int(probe["max_new_tokens"]),
+                                                       "temperature": 0}}
+            status, reply = sa._http("POST", base + "/generate", body, timeout=float(probe.get("timeout_s", 600)))
+            replies = reply if isinstance(reply, list) else []
+            tokens = sum((r.get("meta_info") or {}).get("completion_tokens") or 0 for r in replies
+                         if isinstance(r, dict))
+            steps = sum((r.get("meta_info") or {}).get("spec_verify_ct") or 0 for r in replies if isinstance(r, dict))
+            out[category] = round(tokens / steps, 4) if status == 200 and steps else None
+        return out
+
+    def _bench(self, proc, req, conc, extra=(), requests=None, tag=""):
         bench = req["bench"]
         out_dir = bench["out_dir"]
         os.makedirs(out_dir, mode=0o700, exist_ok=True)
-        out = os.path.join(out_dir, "%s-c%d.jsonl" % (req["key"], conc))
-        log_path = os.path.join(out_dir, "%s-c%d.bench.log" % (req["key"], conc))
+        out = os.path.join(out_dir, "%s-c%d%s.jsonl" % (req["key"], conc, tag))
+        log_path = os.path.join(out_dir, "%s-c%d%s.bench.log" % (req["key"], conc, tag))
         for stale in (out,):
             if os.path.exists(stale):
                 os.remove(stale)  # bench_serving appends: a rerun must not read an old line
         argv = [sys.executable if a == "{python}" else a for a in bench["argv"]]
-        argv += ["--max-concurrency", str(conc), "--output-file", out]
+        argv += list(extra) + ["--max-concurrency", str(conc), "--output-file", out]
         with open(log_path, "wb") as log:
             # Own session and a neutral folder: SGLang's bench imports the INSTALLED sglang.
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -261,9 +332,12 @@ class Tuner(object):
         measure = {"concurrency": conc}
         for ours, theirs in METRICS.items():
             measure[ours] = doc.get(theirs)
-        if (measure["completed"] or 0) < int(req.get("requests", 0)):
-            raise RunFailed("only %s of %s requests completed at concurrency %d"
-                            % (measure["completed"], req.get("requests"), conc), bench_tail=tail)
+        measure["duration_s"], measure["output_tokens"] = doc.get("duration"), doc.get("total_output_tokens")
+        wanted = int(requests if requests is not None else req.get("requests", 0))
+        if (measure["completed"] or 0) < wanted:
+            raise RunFailed("only %s of %s requests completed at concurrency %d%s"
+                            % (measure["completed"], wanted, conc, " (%s)" % tag[1:] if tag else ""),
+                            bench_tail=tail)
         return measure
 
     def _server_info(self, req):
@@ -273,6 +347,32 @@ class Tuner(object):
             if status == 200 and isinstance(info, dict):
                 return info
         return None
+
+
+def combine(conc, parts):
+    """One concurrency's measure from each category's run: all their output tokens over all
+    their time (the runs follow each other), the p50s weighted by completed requests, the
+    p99s the worst run's; each category's own under ``categories``."""
+    done = sum(p.get("completed") or 0 for p in parts.values())
+    seconds = sum(p.get("duration_s") or 0.0 for p in parts.values())
+    tokens = sum(p.get("output_tokens") or 0 for p in parts.values())
+
+    def weighted(key):
+        known = [(p.get(key), p.get("completed") or 0) for p in parts.values() if p.get(key) is not None]
+        weight = sum(w for _, w in known)
+        return sum(v * w for v, w in known) / weight if weight else None
+
+    def worst(key):
+        known = [p.get(key) for p in parts.values() if p.get(key) is not None]
+        return max(known) if known else None
+
+    return {"concurrency": conc, "output_tps": tokens / seconds if seconds else None,
+            "request_tps": done / seconds if seconds else None, "ttft_p50_ms": weighted("ttft_p50_ms"),
+            "ttft_p99_ms": worst("ttft_p99_ms"), "itl_p50_ms": weighted("itl_p50_ms"),
+            "itl_p99_ms": worst("itl_p99_ms"), "completed": done,
+            # bench's reading of /server_info after the last run (the server's mean since start)
+            "accept_length": list(parts.values())[-1].get("accept_length") if parts else None,
+            "duration_s": seconds, "output_tokens": tokens, "categories": parts}
 
 
 def _looks_oom(lines):

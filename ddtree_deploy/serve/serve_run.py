@@ -105,24 +105,30 @@ def _pids(discovery: dict | None) -> list[dict] | None:
 # ---------------------------------------------------------------- the program on the host
 
 
-def check(host, transport, request: dict) -> dict:
-    """One discovery (``serve_plan.check_request``) on an open ``transport`` (status shares
-    the agent's connection): the serve program's answer."""
+def answer(host, transport, request: dict, *, limit_s: float, what: str, step: str) -> dict:
+    """Send one request the serve program answers once (heartbeats read on the way) and return
+    its answer, within ``limit_s``; ``what``/``step`` word the messages (the serving check)."""
     with ProgramSession(transport, host, SERVE_PROGRAM) as session:
-        session.send(request, during="while sending the serve check")
-        deadline = time.monotonic() + CHECK_S
+        session.send(request, during=f"while sending the {step}")
+        deadline = time.monotonic() + limit_s
         while True:
             try:
-                doc = session.read(deadline, what="the serving processes", during="the serving check")
+                doc = session.read(deadline, what=what, during=f"the {step}")
             except TimeoutError:
                 session.detach()
-                raise DeployError(f"{host.name}: the serve program did not answer within {CHECK_S:g} s",
+                raise DeployError(f"{host.name}: the serve program did not answer within {limit_s:g} s",
                                   code=Code.TIMEOUT, hint=f"the host may be overloaded; {next_step.status(host.name)}")
             if doc.get("event") == "done":
                 break
     if not doc.get("ok"):
-        raise DeployError(f"{host.name}: the serving check failed: {doc.get('error')}", code=Code.SERVE_AGENT)
+        raise DeployError(f"{host.name}: the {step} failed: {doc.get('error')}", code=Code.SERVE_AGENT)
     return doc
+
+
+def check(host, transport, request: dict) -> dict:
+    """One discovery (``serve_plan.check_request``) on an open ``transport`` (status shares
+    the agent's connection): the serve program's answer."""
+    return answer(host, transport, request, limit_s=CHECK_S, what="the serving processes", step="serving check")
 
 
 def run_restart(host, transport, request: dict, *, progress: Progress = quiet,
@@ -248,5 +254,5 @@ def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, h
     return result, None
 
 
-__all__ = ["HEALTHY", "INTERRUPTED", "RESTARTING", "Restart", "SERVE_PROGRAM", "UNHEALTHY", "UNKNOWN", "check",
+__all__ = ["HEALTHY", "INTERRUPTED", "RESTARTING", "Restart", "SERVE_PROGRAM", "UNHEALTHY", "UNKNOWN", "answer", "check",
            "proof_family", "restart_held", "restart_locked", "run_restart"]

@@ -63,6 +63,7 @@ class Host:
     sudo: bool = False
     smoke: dict[str, Any] = field(default_factory=dict)  # read by the smoke command
     serve: dict[str, Any] = field(default_factory=dict)  # [serve]: how its server restarts (serve_settings)
+    analysis: dict[str, Any] = field(default_factory=dict)  # [analysis]: the speed gate (analysis_settings)
     # Seconds one agent round trip may take; None: 120 s for push/rollback, 30 s for reads.
     op_timeout: float | None = None
     source: str | None = None  # the inventory file, for messages
@@ -234,9 +235,11 @@ def parse_host(text: str, *, name: str, source: str) -> Host:
     # not); the table keeps this file's lines for that message.
     smoke = doc.located("smoke")
     serve = doc.located("serve")  # checked by serve_settings, before any command that restarts connects
-    doc.unknown("", {"transport", "host", "ssh", "smoke", "serve"})
+    analysis = doc.located("analysis")  # checked by analysis_settings, likewise
+    doc.unknown("", {"transport", "host", "ssh", "smoke", "serve", "analysis"})
     return Host(name=name, python=python, ssh=ssh, state_dir=state_dir, keep_backups=keep,
-                sudo=sudo, smoke=smoke, source=source, op_timeout=op_timeout, serve=serve)
+                sudo=sudo, smoke=smoke, source=source, op_timeout=op_timeout, serve=serve,
+                analysis=analysis)
 
 
 def path_parent(source: str) -> str:

@@ -16,8 +16,14 @@ sweep resumed from its results file makes exactly the choices the first run woul
 
 A configuration is one server launch: ``none`` (no speculation), ``dflash`` (the DFlash
 chain) or ``ddtree`` with a budget and a per-depth top-K. Each launch is measured at
-every ``--concurrency`` with SGLang's own ``bench_serving``; the choice is made at one
-concurrency (``--at``, default the highest).
+every ``--concurrency`` with SGLang's own benchmark; the choice is made at one
+concurrency (``--at``, default the highest), and ``best_per_concurrency`` gives the best
+configuration at every concurrency swept (baselines included), with the per-batch-size
+schedule it implies (``schedule_string``: ``1:128/8,8:64/4,32:chain``).
+
+The prompts: the operator's sample (``--prompts``, tuning/prompts.py), measured per
+category, or random token ids (``random``, labelled as such: they say nothing about
+acceptance), or a ShareGPT file on the host.
 """
 
 from __future__ import annotations
@@ -76,8 +82,12 @@ class TuneOptions:
     requests: int = 200
     input_len: int = 1024
     output_len: int = 512
-    dataset: str = "random"  # "random" | "sharegpt-file"
+    dataset: str = "random"  # "random" | "sharegpt-file" | "prompts"
     dataset_path: str | None = None  # on the host, for sharegpt-file
+    prompts: str | None = None  # the prompt file on this machine, for "prompts" (tuning/prompts.py)
+    prompts_digest: str | None = None  # its sha256: a resumed sweep must use the same sample
+    categories: tuple[tuple[str, int], ...] = ()  # (category, prompts per benchmark run), for "prompts"
+    probe_prompts: int = 8  # prompts per category the acceptance probe sends
     seed: int = 1
     at: int | None = None  # the concurrency the choice is made at (default: the highest)
     itl_margin_pct: float = 25.0
@@ -89,9 +99,22 @@ class TuneOptions:
 
     def bench_settings(self) -> dict:
         """What makes two runs comparable: a resumed sweep must match these exactly."""
-        return {"concurrency": list(self.concurrency), "requests": self.requests,
-                "input_len": self.input_len, "output_len": self.output_len, "dataset": self.dataset,
-                "dataset_path": self.dataset_path, "seed": self.seed}
+        settings = {"concurrency": list(self.concurrency), "requests": self.requests,
+                    "input_len": self.input_len, "output_len": self.output_len, "dataset": self.dataset,
+                    "dataset_path": self.dataset_path, "seed": self.seed}
+        if self.dataset == "prompts":  # (absent otherwise: results files made before prompts still resume)
+            settings.update(prompts_digest=self.prompts_digest, categories=[list(c) for c in self.categories])
+        return settings
+
+    @property
+    def dataset_label(self) -> str:
+        """What the prompts were, said with every table."""
+        if self.dataset == "prompts":
+            cats = ", ".join(f"{c} {n}" for c, n in self.categories)
+            return f"prompts: {self.prompts} ({cats} per run)"
+        if self.dataset == "sharegpt-file":
+            return f"prompts: ShareGPT text from {self.dataset_path} (on the host), cut to the lengths"
+        return "prompts: RANDOM TOKEN IDS (they say nothing about acceptance: give --prompts FILE)"
 
 
 def parse_ints(text: str, option: str, *, lo: int, hi: int, what: str) -> tuple[int, ...]:
@@ -141,8 +164,10 @@ def check_options(opts: TuneOptions, *, yes: bool) -> None:
         raise BadInput(f"--itl-margin: {opts.itl_margin_pct:g} must be a percentage from 0 to 1000")
     if opts.repeats < 0 or opts.repeats > 5:
         raise BadInput(f"--repeats: {opts.repeats} must be from 0 to 5")
-    if opts.dataset not in ("random", "sharegpt-file"):
+    if opts.dataset not in ("random", "sharegpt-file", "prompts"):
         raise BadInput(f"--dataset: {opts.dataset!r} is not random or sharegpt-file")
+    if opts.dataset == "prompts" and not opts.categories:
+        raise BadInput("--prompts: the prompt file gave no prompts")
     if opts.dataset == "sharegpt-file" and not opts.dataset_path:
         raise BadInput("--dataset sharegpt-file needs a PATH (a ShareGPT JSON file on the host)")
     n = grid_size(opts)
@@ -168,10 +193,11 @@ class Measure:
     itl_p99_ms: float
     completed: int = 0
     accept_length: float | None = None  # bench_serving's reading of /server_info
+    categories: Mapping[str, Any] | None = None  # per category (a prompt file): its own run's figures
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "Measure":
-        return cls(**{k: doc.get(k) for k in cls.__dataclass_fields__})
+        return cls(**{k: doc.get(k) for k in cls.__dataclass_fields__ if k in doc})
 
 
 @dataclass(frozen=True)
@@ -188,6 +214,7 @@ class Record:
     error: str | None = None
     seconds: float = 0.0
     log: str | None = None  # the server log's path on the host
+    category_accept: Mapping[str, Any] | None = None  # per category: the probe's accept length
 
     @property
     def ok(self) -> bool:
@@ -205,7 +232,8 @@ class Record:
         return {"kind": "run", "config": self.config.key, "stage": self.stage, "status": self.status,
                 "repeat": self.repeat, "measures": [asdict(m) for m in self.measures],
                 "accept_length": self.accept_length, "accept_histogram": self.accept_histogram,
-                "error": self.error, "seconds": round(self.seconds, 2), "log": self.log}
+                "error": self.error, "seconds": round(self.seconds, 2), "log": self.log,
+                "category_accept": self.category_accept}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> "Record":
@@ -213,7 +241,8 @@ class Record:
                    repeat=int(doc.get("repeat", 0)),
                    measures=tuple(Measure.from_json(m) for m in doc.get("measures") or ()),
                    accept_length=doc.get("accept_length"), accept_histogram=doc.get("accept_histogram"),
-                   error=doc.get("error"), seconds=float(doc.get("seconds") or 0.0), log=doc.get("log"))
+                   error=doc.get("error"), seconds=float(doc.get("seconds") or 0.0), log=doc.get("log"),
+                   category_accept=doc.get("category_accept"))
 
 
 def firsts(records: Iterable[Record]) -> dict[Config, Record]:
@@ -456,7 +485,7 @@ def ranking(opts: TuneOptions, records: Sequence[Record]) -> dict[int, list[dict
             m = r.at(conc) if r.ok else None
             row = {"config": c.key, "label": c.label, "kind": c.kind, "budget": c.budget, "topk": c.topk,
                    "status": r.status, "error": r.error,
-                   "accept_length": r.accept_length}
+                   "accept_length": r.accept_length, "category_accept": r.category_accept}
             if m is not None:
                 row.update(asdict(m))
                 row["ratio"] = {b: (m.output_tps / t if t else None) for b, t in base.items()}
@@ -466,13 +495,21 @@ def ranking(opts: TuneOptions, records: Sequence[Record]) -> dict[int, list[dict
     return out
 
 
+def _categories(opts: TuneOptions) -> list[str]:
+    """The categories the table shows columns for (none for one uncategorized sample)."""
+    cats = [c for c, _ in opts.categories]
+    return cats if len(cats) > 1 or (cats and cats[0] != "all") else []
+
+
 def table_lines(opts: TuneOptions, records: Sequence[Record]) -> list[str]:
-    lines = []
+    lines = [opts.dataset_label]
+    cats = _categories(opts)
+    cat_heads = "".join(f" | {c[:12]:>12} tok/s {'acc':>5}" for c in cats)
     for conc, rows in ranking(opts, records).items():
         ratio_heads = "".join(f" {'vs ' + b:>9}" for b in opts.baselines)
         lines.append(f"concurrency {conc}:")
         lines.append(f"  {'#':>2} {'configuration':<22} {'tok/s':>9} {'req/s':>7} {'TTFT p50':>9} {'p99':>8} "
-                     f"{'ITL p50':>8} {'p99':>7} {'accept':>6}{ratio_heads}")
+                     f"{'ITL p50':>8} {'p99':>7} {'accept':>6}{ratio_heads}{cat_heads}")
         for i, row in enumerate(rows, 1):
             if row.get("output_tps") is None:
                 lines.append(f"  {'-':>2} {row['label']:<22} {row['status'].upper()}: {row['error'] or ''}"[:200])
@@ -480,10 +517,75 @@ def table_lines(opts: TuneOptions, records: Sequence[Record]) -> list[str]:
             acc = f"{row['accept_length']:.2f}" if row.get("accept_length") else "-"
             ratios = "".join(f" {(f'{v:.2f}x' if v else '-'):>9}" for v in row["ratio"].values())
             ratios += "".join(f" {'-':>9}" for _ in range(len(opts.baselines) - len(row["ratio"])))
+            per = ""
+            for c in cats:
+                part = (row.get("categories") or {}).get(c) or {}
+                tps = part.get("output_tps")
+                cacc = (row.get("category_accept") or {}).get(c)
+                per += f" | {(f'{tps:.1f}' if tps is not None else '-'):>18} {(f'{cacc:.2f}' if cacc else '-'):>5}"
             lines.append(f"  {i:>2} {row['label']:<22} {row['output_tps']:>9.1f} {row['request_tps']:>7.2f} "
                          f"{row['ttft_p50_ms']:>9.1f} {row['ttft_p99_ms']:>8.1f} {row['itl_p50_ms']:>8.1f} "
-                         f"{row['itl_p99_ms']:>7.1f} {acc:>6}{ratios}")
+                         f"{row['itl_p99_ms']:>7.1f} {acc:>6}{ratios}{per}")
+    best = best_per_concurrency(opts, records)
+    if best:
+        lines.append(f"best per concurrency (schedule {schedule_string(best) or '-'}):")
+        for row in best:
+            if row["config"] is None:
+                lines.append(f"  concurrency {row['concurrency']:>5}: nothing measured")
+                continue
+            ratios = ", ".join(f"{v:.2f}x vs {b}" for b, v in row["ratio"].items() if v)
+            lines.append(f"  concurrency {row['concurrency']:>5}: {row['label']:<22} {row['output_tps']:>9.1f} tok/s"
+                         + (f"  ({ratios})" if ratios else ""))
     return lines
+
+
+# ------------------------------------------------------------------ the best at every load
+
+
+def schedule_part(config: Config) -> str:
+    """A configuration as the payload's per-batch-size schedule writes it: ``64/4``, ``chain``
+    (the DFlash chain) or ``none`` (no speculation)."""
+    return f"{config.budget}/{config.topk}" if config.kind == "ddtree" else "chain" if config.kind == "dflash" \
+        else "none"
+
+
+def best_per_concurrency(opts: TuneOptions, records: Sequence[Record]) -> list[dict]:
+    """For every concurrency swept, the fastest configuration there, baselines included: the
+    same rule as the choice (a DDTree configuration counts only when its p99 ITL is within
+    ``itl_margin_pct`` of the first baseline's at that concurrency), applied at each one."""
+    done = firsts(records)
+    out = []
+    for conc in opts.concurrency:
+        base_cfg = Config(opts.baselines[0]) if opts.baselines else None
+        base = done.get(base_cfg) if base_cfg else None
+        base_m = base.at(conc) if base is not None and base.ok else None
+        limit = base_m.itl_p99_ms * (1 + opts.itl_margin_pct / 100) if base_m is not None and base_m.itl_p99_ms \
+            else None
+        eligible = []
+        for c, r in done.items():
+            m = r.at(conc) if r.ok else None
+            if m is None or m.output_tps is None:
+                continue
+            if c.kind == "ddtree" and limit is not None and (m.itl_p99_ms or 0) > limit:
+                continue
+            eligible.append((c, m))
+        eligible.sort(key=lambda cm: (-cm[1].output_tps, cm[0].kind != "ddtree", cm[0].budget or 0, cm[0].topk or 0))
+        if not eligible:
+            out.append({"concurrency": conc, "config": None})
+            continue
+        c, m = eligible[0]
+        ratio = {b: (m.output_tps / done[Config(b)].tps(conc) if Config(b) in done and done[Config(b)].tps(conc)
+                     else None) for b in opts.baselines}
+        out.append({"concurrency": conc, "config": c.key, "label": c.label, "kind": c.kind, "budget": c.budget,
+                    "topk": c.topk, "output_tps": m.output_tps, "itl_p99_ms": m.itl_p99_ms, "ratio": ratio,
+                    "schedule": schedule_part(c)})
+    return out
+
+
+def schedule_string(best: Sequence[Mapping[str, Any]]) -> str:
+    """The per-batch-size schedule the table implies, as the payload's
+    ``--speculative-ddtree-budget-schedule`` reads it: ``1:128/8,8:64/4,32:chain``."""
+    return ",".join(f"{row['concurrency']}:{row['schedule']}" for row in best if row.get("config"))
 
 
 # ------------------------------------------------------------------ the results file
@@ -545,12 +647,23 @@ def _short(value: Any) -> str:
 
 def summary(opts: TuneOptions, records: Sequence[Record]) -> dict:
     """The --json document's body (the caller adds host, files, apply)."""
-    return {"options": {**asdict(opts), "choose_at": opts.choose_at},
+    best = best_per_concurrency(opts, records)
+    return {"options": {**asdict(opts), "choose_at": opts.choose_at}, "dataset_label": opts.dataset_label,
             "runs": [r.to_json() for r in records],
+            "best_per_concurrency": best, "schedule": schedule_string(best),
             "ranking": {str(k): v for k, v in ranking(opts, records).items()},
             "choice": choose(opts, records).to_json(),
             "failed": [r.config.key for r in records if not r.ok],
             "pruned": pruned(opts, records)}
+
+
+def summary_line(opts: TuneOptions, records: Sequence[Record]) -> dict:
+    """The results file's closing line (one per finished or resumed sweep; the last one holds):
+    the best configuration at each concurrency and the per-batch-size schedule it implies,
+    for the payload's ``--speculative-ddtree-budget-schedule``."""
+    best = best_per_concurrency(opts, records)
+    return {"kind": "summary", "choice": choose(opts, records).to_json(), "best_per_concurrency": best,
+            "schedule": schedule_string(best)}
 
 
 def pruned(opts: TuneOptions, records: Sequence[Record]) -> list[str]:

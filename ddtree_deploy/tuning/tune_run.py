@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
@@ -24,9 +24,14 @@ from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.remote.transport import HostProgram, ProgramSession
 from ddtree_deploy.settings import smoke_settings
 from ddtree_deploy.smoke import smoke_plan
-from ddtree_deploy.tuning import tune
+from ddtree_deploy.tuning import prompts, tune
 
-BENCH_MODULE = "sglang.bench_serving"
+# SGLang's serving benchmark: ``sglang.benchmark.serving`` from 0.5.15 on (``sglang.bench_serving``
+# is then a shim that warns it will be removed: 0.5.23), ``sglang.bench_serving`` before.
+# Chosen from the release's files (``bench_module``), as the host program finds them installed.
+BENCH_MODULES = (("sglang/benchmark/serving.py", "sglang.benchmark.serving"),
+                 ("sglang/bench_serving.py", "sglang.bench_serving"))
+BENCH_MODULE = "sglang.bench_serving"  # the module every release since 0.5.11 has (the shim, lately)
 # 0.5.12.post1's `--dataset-name random` samples ShareGPT text (and downloads it when no
 # --dataset-path is given); `random-ids` is random token ids, offline. The prompts depend
 # only on --seed, the lengths and the tokenizer: the same for every configuration.
@@ -145,22 +150,55 @@ def launch_argv(target: Target, config: tune.Config, *, source: str | None = Non
     return _drop_flags(filled, lambda f: f.startswith("--speculative-") or f in (fam.budget_flag, fam.topk_flag))
 
 
-def bench_argv(launch: smoke_settings.LaunchSettings, opts: tune.TuneOptions) -> list[str]:
+def bench_module(files: Iterable[str]) -> str:
+    """The benchmark module a release runs, from its files (a wheel's names, or what the
+    tune program found installed): the newest of BENCH_MODULES it ships."""
+    present = set(files)
+    for path, module in BENCH_MODULES:
+        if path in present:
+            return module
+    raise DeployError("the host's SGLang ships no serving benchmark (neither "
+                      + " nor ".join(p for p, _ in BENCH_MODULES) + "): tune cannot measure it",
+                      code=Code.FAILED, hint="install a complete SGLang release on the host")
+
+
+def bench_argv(launch: smoke_settings.LaunchSettings, opts: tune.TuneOptions,
+               module: str = BENCH_MODULE) -> list[str]:
     """SGLang's own benchmark on the host (``--max-concurrency`` and ``--output-file`` are
-    added per run by the host program). Fixed seed and lengths: the same prompts for every
+    added per run by the host program; with a prompt file, each category's dataset and
+    prompt count too: ``category_runs``). Fixed seed and lengths: the same prompts for every
     configuration; ``--flush-cache`` so no run profits from the previous one's prefix cache."""
-    argv = ["{python}", "-m", BENCH_MODULE, "--backend", "sglang", "--host", launch.host,
-            "--port", str(launch.port), "--num-prompts", str(opts.requests),
-            "--random-input-len", str(opts.input_len), "--random-output-len", str(opts.output_len),
-            "--random-range-ratio", "1.0", "--seed", str(opts.seed), "--request-rate", "inf",
+    argv = ["{python}", "-m", module, "--backend", "sglang", "--host", launch.host,
+            "--port", str(launch.port), "--seed", str(opts.seed), "--request-rate", "inf",
             "--flush-cache", "--disable-tqdm", "--ready-check-timeout-sec", "0", "--warmup-requests", "1"]
     if launch.model is not None:
         argv += ["--model", launch.model]
+    if opts.dataset == "prompts":
+        # SGLang's "custom" dataset: the operator's prompts, each answered with --output-len tokens.
+        return argv + ["--dataset-name", "custom", "--sharegpt-output-len", str(opts.output_len)]
+    argv += ["--num-prompts", str(opts.requests), "--random-input-len", str(opts.input_len),
+             "--random-output-len", str(opts.output_len), "--random-range-ratio", "1.0"]
     if opts.dataset == "sharegpt-file":
         argv += ["--dataset-name", "random", "--dataset-path", str(opts.dataset_path)]
     else:
         argv += ["--dataset-name", OFFLINE_DATASET, "--tokenize-prompt"]
     return argv
+
+
+def prompt_folder(state: str, run_id: str) -> str:
+    return f"{state}/tune/{run_id}/prompts"
+
+
+def prompt_files(sample: prompts.PromptSample, folder: str) -> list[dict]:
+    """Each category's prompts as the benchmark's ``custom`` dataset file, to write on the host."""
+    return [{"path": f"{folder}/{i}.jsonl", "text": prompts.custom_lines(texts)}
+            for i, (_, texts) in enumerate(sample.by_category().items())]
+
+
+def category_runs(opts: tune.TuneOptions, folder: str) -> list[dict]:
+    """One benchmark run per category at each concurrency: its file and its prompt count."""
+    return [{"category": c, "requests": n, "args": ["--dataset-path", f"{folder}/{i}.jsonl", "--num-prompts", str(n)]}
+            for i, (c, n) in enumerate(opts.categories)]
 
 
 def expected_algorithm(config: tune.Config) -> str | None:
@@ -189,11 +227,14 @@ def run_deadlines(request: Mapping) -> dict[str, float]:
     stop = float(request.get("term_grace_s", 30)) + smoke_plan.KILL_S
     slack = smoke_plan.LEVEL_SLACK_S
     bench = request.get("bench") or {}
+    runs = max(1, len(bench.get("runs") or ()))  # a prompt file: one benchmark run per category
+    probe = float((request.get("probe") or {}).get("timeout_s", 0)) * len((request.get("probe") or {}).get("prompts")
+                                                                            or ())
     return {
         "launch": (smoke_plan.NVIDIA_SMI_S + float(request.get("ready_timeout_s", 900))
                    + smoke_plan.HEALTH_POLL_S + stop + slack),
-        "bench": float(bench.get("timeout_s", 3600)) + BENCH_STOP_S + stop + slack,
-        "end": smoke_plan.SERVER_INFO_S + stop + slack,
+        "bench": runs * (float(bench.get("timeout_s", 3600)) + BENCH_STOP_S) + stop + slack,
+        "end": probe + smoke_plan.SERVER_INFO_S + stop + slack,
     }
 
 
@@ -265,9 +306,8 @@ class Session:
         self.send(request)
         while True:
             limit = limits[step.kind]
-            now = time.monotonic()
             try:
-                doc = self.read(("result", "phase"), deadline=min(step.started + limit, now + silence))
+                doc = self.read(("result", "phase"), deadline=step.started + limit, silence=silence)
             except TimeoutError:
                 raise self._missed(step, limit, silent=time.monotonic() < step.started + limit,
                                    silence=silence) from None
@@ -284,11 +324,16 @@ class Session:
             else:
                 step = Step(f"the end of {key} (server info, server stop)", "end", time.monotonic())
 
-    def read(self, until: Sequence[str], deadline: float | None = None) -> dict:
+    def read(self, until: Sequence[str], deadline: float | None = None, silence: float | None = None) -> dict:
         """The next event named in ``until`` (heartbeats and phases reported on the way);
-        TimeoutError when no line comes by ``deadline`` (time.monotonic)."""
+        TimeoutError when no line comes by ``deadline`` (time.monotonic), or none for
+        ``silence`` seconds: each line read, a heartbeat too, starts the silence anew (a step
+        longer than the silence limit, heartbeating all along, is not a silent one)."""
         while True:
-            doc = self.program.read(deadline, what=" or ".join(until), during="the sweep")
+            limit = deadline
+            if silence is not None:
+                limit = time.monotonic() + silence if limit is None else min(limit, time.monotonic() + silence)
+            doc = self.program.read(limit, what=" or ".join(until), during="the sweep")
             event = doc.get("event")
             if event == "wait" and self.heartbeat is not None:
                 self.heartbeat(str(doc.get("level")), float(doc.get("seconds") or 0))
@@ -399,11 +444,13 @@ def append_record(path: Path, record: tune.Record) -> None:
 def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | None = None,
               resume: bool = False, yes: bool = False, apply: bool = False, patches_dir=None,
               progress: Progress = quiet, heartbeat=None, heartbeat_s: float = smoke_plan.HEARTBEAT_S,
-              deadlines: Mapping[str, float] | None = None) -> TuneOutcome:
+              deadlines: Mapping[str, float] | None = None,
+              sample: prompts.PromptSample | None = None) -> TuneOutcome:
     """Run (or resume) the sweep on ``host``; the results file grows as configurations end.
 
     ``heartbeat_s``: how often the tune program beats during a run (the silence limit
-    follows from it); ``deadlines``: seconds per step kind, replacing ``run_deadlines``'s."""
+    follows from it); ``deadlines``: seconds per step kind, replacing ``run_deadlines``'s;
+    ``sample``: the prompt file ``opts`` was made from (``opts.dataset == "prompts"``)."""
     from ddtree_deploy.session import deploy
 
     tune.check_options(opts, yes=yes)
@@ -426,12 +473,16 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
         progress(f"resume: {resumed} finished run(s) in {results}")
     run_id = deploy.new_run_id()
     state = host.state_dir.rstrip("/")
+    folder = prompt_folder(state, run_id)
+    if opts.dataset == "prompts" and sample is None:
+        raise BadInput("--prompts: the prompt sample was not read")  # a caller's slip: nothing sent
     stopped = None
     with Session(host, make_transport(), progress=progress, heartbeat=heartbeat, heartbeat_s=heartbeat_s,
                  deadlines=deadlines) as sess:
         begun = sess.begin({"op": "begin", "state_dir": host.state_dir, "run_id": run_id,
                             "holder": deploy.holder_name(), "series_id": target.series.get("id"),
-                            "dataset_path": opts.dataset_path if opts.dataset == "sharegpt-file" else None})
+                            "dataset_path": opts.dataset_path if opts.dataset == "sharegpt-file" else None,
+                            "prompt_files": prompt_files(sample, folder) if opts.dataset == "prompts" else None})
         if begun["event"] == "refused":
             if begun.get("code") == Code.BAD_DATASET:
                 raise BadInput(f"{host.name}: {begun['message']}")
@@ -446,7 +497,11 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
             results.write_text(json.dumps(head) + "\n", encoding="utf-8")
         if begun.get("took_over"):
             progress(f"took over a stale tune lock (run {begun['took_over'].get('run_id')}: its process is gone)")
-        bench = bench_argv(launch, opts)
+        files = [path for path, there in (begun.get("bench_files") or {}).items() if there]
+        module = bench_module(files) if begun.get("bench_files") is not None else BENCH_MODULE
+        progress(f"benchmark: python -m {module}; {opts.dataset_label}")
+        bench = bench_argv(launch, opts, module)
+        runs = category_runs(opts, folder) if opts.dataset == "prompts" else None
         while True:
             step = tune.next_step(opts, records)
             if step is None:
@@ -462,7 +517,12 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
                        "requests": opts.requests,
                        "bench": {"argv": bench, "concurrency": list(opts.concurrency),
                                  "timeout_s": max(600.0, launch.probe_timeout_s * 4),
-                                 "out_dir": f"{state}/tune/{run_id}/bench-{tag}"}}
+                                 "out_dir": f"{state}/tune/{run_id}/bench-{tag}", "runs": runs},
+                       # Each category's accept length on its own prompts (not without speculation).
+                       "probe": ({"prompts": prompts.probe_texts(sample, opts.probe_prompts),
+                                  "max_new_tokens": min(opts.output_len, 256),
+                                  "timeout_s": max(60.0, launch.probe_timeout_s)}
+                                 if runs and c.kind != "none" else None)}
             try:
                 answer = sess.run(request)
             except KeyboardInterrupt:
@@ -484,6 +544,9 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
             if answer.get("code") in STOPPERS:
                 stopped = record.error
                 break
+    if records:
+        with open(results, "a", encoding="utf-8") as fh:  # load_results reads "run" lines only
+            fh.write(json.dumps(tune.summary_line(opts, records)) + "\n")
     outcome = TuneOutcome(host=host.name, opts=opts, records=records, results_path=results, resumed=resumed,
                           stopped=stopped)
     _plot(outcome, out_dir)
@@ -499,7 +562,7 @@ def _record(step: tune.Step, answer: dict) -> tune.Record:
                        measures=tuple(tune.Measure.from_json(m) for m in answer.get("measures") or ()),
                        accept_length=answer.get("accept_length"), accept_histogram=answer.get("accept_histogram"),
                        error=None if ok else (error or "failed"), seconds=float(answer.get("seconds") or 0),
-                       log=answer.get("log"))
+                       log=answer.get("log"), category_accept=answer.get("category_accept"))
 
 
 def _plot(outcome: TuneOutcome, out_dir: Path) -> None:
