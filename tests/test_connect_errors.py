@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -238,6 +239,38 @@ def test_no_such_interpreter_on_the_host(sshd, program):
     assert str(err).startswith("box: cannot run the host's Python '/nonexistent/bin/python3' (exit 127; ")
     assert err.code == "agent"
     assert err.hint.startswith(f"set host.python in {SOURCE} to an interpreter on the host")
+
+
+class ShellExitsFirst(SSHTransport):
+    """The real transport, except that ``start`` returns only once the host's shell has exited
+    (its exit status and the channel's close received): the upload is then written to a
+    closed channel, the order a loaded machine gives at random (issue 28 item 5: 6 of 6)."""
+
+    def start(self, argv):
+        proc = super().start(argv)
+        assert proc.chan.status_event.wait(10), "the shell did not exit"
+        deadline = time.monotonic() + 10
+        while not proc.chan.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return proc
+
+
+@pytest.mark.parametrize("order", ["as-it-comes", "shell-exits-first"])
+def test_no_such_interpreter_is_said_every_time(sshd, order):
+    """A wrong host.python is the most common first-day mistake: its own sentence every time,
+    never `connection lost while uploading the agent` (the write used to lose the race with
+    the shell's exit 127)."""
+    host = _host(sshd, python="/nonexistent/python")
+    transport = SSHTransport if order == "as-it-comes" else ShellExitsFirst
+    said = []
+    for _trial in range(10):
+        with pytest.raises(DeployError) as caught:
+            with transport(host) as t, AgentSession(t, host) as sess:
+                sess.one({"op": "facts"})
+        said.append(caught.value.message)
+    assert said == [said[0]] * 10, said
+    assert said[0].startswith("box: cannot run the host's Python '/nonexistent/python' (exit 127; "), said[0]
+    assert caught.value.code == "agent"
 
 
 def test_no_such_interpreter_here_with_the_local_transport(tmp_path):

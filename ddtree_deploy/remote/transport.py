@@ -62,6 +62,9 @@ DEFAULT_IO_TIMEOUT = 600.0  # seconds one SSH read may wait when the caller give
 MAX_REPLY_BYTES = 64 << 20
 _QUIET = logging.NullHandler()
 KEEPALIVE_S = 15  # SSH keepalive interval: a dead peer is noticed, an idle NAT entry kept
+#: Seconds a failed write waits for the program's exit status (it is there already when the
+#: program ended: the status comes before the channel's close).
+EXIT_STATUS_WAIT_S = 2.0
 
 
 class ReplyError(DeployError):
@@ -174,6 +177,11 @@ class Process:
         """Stop listening and leave the program to finish by itself (never killed)."""
         self.abort()
 
+    def ended(self, wait_s: float) -> tuple[int, str] | None:
+        """(exit code, stderr tail) when the program has ended, waiting up to ``wait_s`` for
+        its exit status; None when none came (it runs on, or the link died without one)."""
+        return None
+
     def close(self) -> tuple[int | None, str]:
         """Close stdin, wait (bounded), return (exit code or None, stderr tail)."""
         raise NotImplementedError
@@ -234,6 +242,14 @@ class _LocalProcess(Process):
     def abort(self) -> None:
         self.p.kill()
         self.close()
+
+    def ended(self, wait_s: float) -> tuple[int, str] | None:
+        try:
+            code = self.p.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+        self._err.seek(0)
+        return code, self._err.read()[-2000:].decode(errors="replace")
 
     def detach(self) -> None:
         # Our ends closed, nothing waited for or killed: the program sees EOF / EPIPE.
@@ -313,6 +329,13 @@ class _SSHProcess(Process):
             self.chan.close()
         except Exception:
             pass
+
+    def ended(self, wait_s: float) -> tuple[int, str] | None:
+        # A channel the peer closed has its status event set: with an exit status (the
+        # program ended), or -1 (the link went without one).
+        if not self.chan.status_event.wait(wait_s) or self.chan.exit_status == -1:
+            return None
+        return self.chan.exit_status, self._stderr_tail()
 
     def close(self):
         try:
@@ -744,9 +767,34 @@ class ProgramSession:
             self.proc.write(data)
         except DeployError as exc:
             if exc.code == Code.CONNECTION_LOST:
-                exc.message = exc.message.replace("connection lost", f"connection lost {during}", 1)
-                exc.message += f"; {self.lost_state()}"
+                # The interpreter may not even have started: the shell's exit 127 closes the
+                # channel while the upload is still being written, and the write loses that race.
+                raise self._no_interpreter() or self._lost_during(exc, during) from None
             raise
+
+    def _lost_during(self, exc: DeployError, during: str) -> DeployError:
+        exc.message = exc.message.replace("connection lost", f"connection lost {during}", 1)
+        exc.message += f"; {self.lost_state()}"
+        return exc
+
+    def _no_interpreter(self) -> DeployError | None:
+        """The host's Python could not be run (the shell's exit 126/127 before any reply),
+        when that is why the link closed; else None. Waits briefly for the exit status:
+        OpenSSH sends it before it closes the channel, so a closed channel already has it."""
+        if self.received or self.proc is None:
+            return None
+        ended = self.proc.ended(EXIT_STATUS_WAIT_S)
+        if ended is None or ended[0] not in (126, 127):
+            return None
+        return self._python_error(*ended)
+
+    def _python_error(self, code: int, tail: str) -> DeployError:
+        """The shell could not run the interpreter (exit 126/127): nothing ran on the host."""
+        detail = tail.strip().splitlines()[-1] if tail.strip() else "no output"
+        return DeployError(
+            f"{self.label}: cannot run the host's Python {self.host.python!r} (exit {code}; {detail})",
+            code=Code.AGENT, hint=f"set host.python in {self.host.source or 'the inventory'} to an interpreter "
+            "on the host that has sglang installed (`command -v python3` there shows one)")
 
     def send(self, *docs: dict, during: str = "while sending a request") -> None:
         """JSON lines, in one write."""
@@ -764,8 +812,7 @@ class ProgramSession:
             line = self.proc.readline(deadline, what)
         except DeployError as exc:
             if exc.code == Code.CONNECTION_LOST and not isinstance(exc, ReplyError):
-                exc.message = exc.message.replace("connection lost", f"connection lost waiting for {during}", 1)
-                exc.message += f"; {self.lost_state()}"
+                raise self._no_interpreter() or self._lost_during(exc, f"waiting for {during}") from None
             raise
         if not line.endswith(b"\n"):
             raise self._stopped(during)
@@ -789,12 +836,7 @@ class ProgramSession:
                                code=Code.CONNECTION_LOST, hint=f"run {next_step.status(self.host.name)} to see "
                                "where the host stands, then rerun")
         if self.received == 0 and code in (126, 127):
-            # The shell could not run the interpreter: nothing ran on the host.
-            return DeployError(
-                f"{self.label}: cannot run the host's Python {self.host.python!r} (exit {code}; {detail})",
-                code=Code.AGENT,
-                hint=f"set host.python in {self.host.source or 'the inventory'} to an interpreter "
-                "on the host that has sglang installed (`command -v python3` there shows one)")
+            return self._python_error(code, tail)
         return DeployError(f"{self.label}: {self.program.name} stopped during {during} (exit {code}; {detail}); "
                            f"{self.lost_state()}",
                            code=self.program.stopped_code or self.program.code, hint=self.program.stopped_hint)
