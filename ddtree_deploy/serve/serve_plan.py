@@ -224,8 +224,13 @@ def serving(answer: Mapping[str, Any], host: str = "HOST", *, serve: bool = Fals
     if health is not None:
         status = health.get("status")
         text += f"; health {health.get('url')}: {status if status is not None else 'no answer'}"
+    own = list(answer.get("own") or ())
+    if own:  # what ddtree-deploy's smoke or tune program runs (or left): never a server
+        text += (f"; not servers: {len(own)} process(es) of ddtree-deploy's own host programs ("
+                 + ", ".join(f"pid {p.get('pid')}: {p.get('program')}" for p in own[:5]) + ")")
     return {"state": state, "explanation": text, "processes": procs, "files_changed": answer.get("files_changed_iso"),
-            "newest_file": answer.get("newest_file"), "health": health, "unreadable": answer.get("unreadable", 0)}
+            "newest_file": answer.get("newest_file"), "health": health, "unreadable": answer.get("unreadable", 0),
+            "own": own}
 
 
 def process_line(p: Mapping[str, Any]) -> str:
