@@ -28,6 +28,7 @@ from ddtree_deploy.base.codes import Phase
 from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import HostResult, Kind
+from ddtree_deploy.remote import inflight
 from ddtree_deploy.serve import serve_plan, serve_run
 from ddtree_deploy.session import deploy
 from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
@@ -64,11 +65,18 @@ class ServeGate:
             return False
         return self.again is None or not self.again.ok
 
+    @property
+    def unknown(self) -> bool:
+        """How the restart ended is not known here (Ctrl-C, a lost link, a missed deadline)."""
+        return self.interrupted or self.restart.state == serve_run.UNKNOWN
+
     def kind(self) -> Kind:
         if self.ok:
             return Kind.PUSHED
         if self.restart.ok:  # healthy, but the journal could not be marked
             return Kind.SWITCHED
+        if self.unknown and self.rollback is None:
+            return Kind.FAILED_UNKNOWN
         return Kind.FAILED_ROLLED_BACK if self.rollback is not None else Kind.FAILED_NOT_ROLLED_BACK
 
     def detail(self) -> str:
@@ -77,6 +85,11 @@ class ServeGate:
             return r.detail
         if r.ok:
             return f"server healthy on the new files, but the host is not marked deployed: {self.mark_error}"
+        if self.unknown:
+            how = "interrupted (Ctrl-C)" if self.interrupted else "UNKNOWN"
+            return (f"the server restart's outcome is {how}: {r.detail}; the files are switched (journal phase "
+                    f"`switched`: not deployed) and the server may be down or restarting: {next_step.status(r.host)} "
+                    f"shows how the restart ended, then {next_step.push_or_rollback(r.host)}")
         why = f"server {r.state} after the restart ({r.failed}): {r.detail}"
         if self.rollback is not None:
             back = f"rolled back: {self.rollback.summary}"
@@ -91,8 +104,6 @@ class ServeGate:
             return f"{why}; {back}"
         if self.kept:
             return f"{why}; new files KEPT (--no-rollback): {next_step.push_or_rollback(r.host)}"
-        if self.interrupted:
-            return f"{why}; {next_step.push_or_rollback(r.host)}"
         return f"{why}; the automatic rollback FAILED: {self.rollback_error}"
 
     def lines(self) -> list[str]:
@@ -133,11 +144,17 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
         except DeployError as exc:
             return ServeGate(restart, mark_error=clause(exc, host.name))
         return ServeGate(restart, marked=True)
-    if restart.failed == "interrupted":
+    if restart.failed == "interrupted" or inflight.cancelled.is_set():
         return ServeGate(restart, interrupted=True)
+    if restart.state == serve_run.UNKNOWN:
+        # Nobody knows how the server is (the link to the serve program was lost, or it missed
+        # its deadline): rolling back would be a guess, and the serve program goes on alone
+        # and records the restart's end itself (status shows it).
+        return ServeGate(restart)
     if not auto_rollback:
         return ServeGate(restart, kept=True)
-    progress(f"server not healthy: rolling back to backup {outcome.backup_id}")
+    progress(f"server {restart.state} after the restart ({restart.failed}): rolling back to backup "
+             f"{outcome.backup_id}")
     try:
         undone = held.rollback(outcome.backup_id, progress=progress)
     except DeployError as exc:

@@ -421,6 +421,45 @@ def _healthy_line(answer):
     return line
 
 
+# --------------------------------------------------------------------- the restart's own record
+
+
+def end_record(request, answer, seconds):
+    """The journal's record of how the restart ended (serve_run.Restart.record's fields)."""
+    proof = request.get("proof")
+    spec = request.get("record") or {}
+    return {"state": "healthy" if answer.get("ok") else "unhealthy", "run_id": spec.get("run_id"),
+            "restart_run": spec.get("restart_run"), "time": wire.now_iso(), "failed": answer.get("failed"),
+            "detail": str(answer.get("detail") or "")[:500],
+            "proof": None if not proof else ("tree" if proof.get("probe") is not None else "width"),
+            "pids": [p["pid"] for p in (answer.get("after") or {}).get("processes") or ()],
+            "seconds": round(seconds, 2)}
+
+
+def record_end(request, answer, seconds):
+    """Record the restart's end in the host's journal and history ourselves (``record``: the
+    state folder and the runs), so that it never stays ``restarting`` when the controller
+    that began it is gone: compare-and-set (Journal.record_restart_end), so a controller that
+    is still there finds it recorded and says it once. -> True (written here), False
+    (nothing to write), or why it could not be (a state folder this user cannot write: the
+    controller records it then)."""
+    spec = request.get("record")
+    if not isinstance(spec, dict) or not spec.get("state_dir"):
+        return False
+    try:
+        from ddtree_deploy.hostprog.agent import Agent
+
+        agent = Agent(spec["state_dir"])
+        agent.root = sa.package_root(request.get("package") or "sglang")
+        agent.need_state_dir()
+        if not os.path.isfile(agent._p("journal.json")):
+            return False
+        return agent.record_restart_end(end_record(request, answer, seconds), holder=spec.get("holder"),
+                                        command=spec.get("command"))
+    except Exception as exc:  # noqa: BLE001 - the record is evidence: it never fails the restart
+        return "not recorded here: %s: %s" % (type(exc).__name__, exc)
+
+
 # --------------------------------------------------------------------- main
 
 OPS = {"discover": discover, "check": check}
@@ -445,9 +484,12 @@ def main(argv=None):
         return 2
     op = request["op"]
     emitter = wire.Emitter(sys.stdout.buffer, float(request.get("heartbeat_s", wire.HEARTBEAT_S)))
+    started = time.monotonic()
     try:
         try:
             answer = restart(request, emitter) if op == "restart" else dict(OPS[op](request), ok=True)
+            if op == "restart":
+                answer["recorded"] = record_end(request, answer, time.monotonic() - started)
         except sa.LevelFailed as exc:  # no sglang package for this interpreter
             answer = {"ok": False, "error": exc.detail}
         except Exception as exc:  # a bug must still answer JSON, not a traceback

@@ -874,6 +874,11 @@ class AgentSession(ProgramSession):
         self.round_trips = 0
         self.unanswered: list[str] = []  # the ops sent whose replies have not been read yet
         self.holds_lock = False  # a lock reply said ok, no unlock reply since
+        # What this session's answered requests did on the host, for the line a lost link or
+        # Ctrl-C leaves (lost_state): the apply that switched files (its kind and the journal
+        # phase it left), and a server restart recorded as begun and not yet ended.
+        self.switched: tuple[str, str] | None = None
+        self.restarting = False
         # Seconds each round trip may take (None: the host's inventory op_timeout, else
         # DEFAULT_OP_TIMEOUT). A silent host fails the call, naming host and step.
         self.op_timeout = op_timeout
@@ -894,8 +899,7 @@ class AgentSession(ProgramSession):
             try:
                 replies.append(self.read(deadline, f"the reply to {op}", during=op))
                 self.unanswered.pop(0)
-                if op in ("lock", "unlock"):
-                    self.holds_lock = op == "lock" and bool(replies[-1].get("ok"))
+                self._note(request, replies[-1])
             except TimeoutError:
                 self.abort()
                 raise DeployError(
@@ -911,6 +915,18 @@ class AgentSession(ProgramSession):
 
     def one(self, request: dict) -> dict:
         return self.call(request)[0]
+
+    def _note(self, request: dict, reply: dict) -> None:
+        """Keep what an answered request did (lost_state says it if the link goes next)."""
+        op, ok = request.get("op"), bool(reply.get("ok"))
+        if op in ("lock", "unlock"):
+            self.holds_lock = op == "lock" and ok
+        elif op == "apply" and ok:
+            self.switched = (str(request.get("kind") or "apply"), str(request.get("final_phase")))
+        elif op == "mark" and ok and self.switched is not None:
+            self.switched = (self.switched[0], str(request.get("phase")))
+        elif op == "served" and ok:
+            self.restarting = (request.get("serve") or {}).get("state") == "restarting"
 
     def interrupted_state(self) -> str:
         self.waiting_for = "+".join(self.unanswered) or None
@@ -928,7 +944,14 @@ class AgentSession(ProgramSession):
                     "shows which")
         held = " (a deploy lock it took is released when the agent sees the link close)" \
             if self.holds_lock or "lock" in self.unanswered else ""
-        return f"no file on the host was changed{held}"
+        restart = ("; a server restart is under way (the server may be down or restarting): the host's serve "
+                   "program completes it and records its end" if self.restarting else "")
+        if self.switched is None:
+            return f"no file on the host was changed{restart}{held}"
+        kind, phase = self.switched
+        did = ("this run rolled the files back" if kind == "rollback" else f"this run's {kind} switched the files")
+        did += f" (journal phase `{phase}`" + (": not deployed)" if phase == "switched" else ")")
+        return f"{did}{restart}; nothing more was changed{held}"
 
 
 class AgentRefusedInput(AgentFailed):
