@@ -235,3 +235,35 @@ def test_a_guard_held_too_long_is_refused_not_waited_for(tmp_path, monkeypatch):
     assert reply["code"] == "locked" and "stayed held for 0.3 s" in reply["message"], reply
     assert (tmp_path / "state" / "lock").exists()  # nothing was released
     a.release()
+
+
+def test_an_agent_stuck_in_the_guard_is_named_by_lock_release_and_push(host, oracle):
+    """An agent stopped while it holds lock.guard (the test hook stops it inside its rename's
+    fenced step): `lock release --force` and a second `push` give the waiting agent's own
+    answer, which names that process and how to find it, within their read deadline (the
+    guard wait is shorter than it: here 10 s under a 30 s deadline, and 2 s when the
+    inventory's op_timeout is 6 s), never "deploy lock held by ? since ?" or "no answer ...
+    raise host.op_timeout" (issue 28 item 5)."""
+    pristine, patched = oracle
+    a = start_controller(host, "push", {"stop_in_guard_after_renames": 1})
+    pid = stopped_agent(host, a)
+    try:
+        released = cli("lock", "release", "--host", host.name, "--force")
+        assert released.exit_code == 1, released.output
+        said = " ".join(released.stderr.split())
+        assert f"lock.guard stayed held for 10 s by process {pid} (a ddtree-deploy host program, stopped): " \
+               "nothing was changed" in said, said
+        assert f"`ps -o pid,stat,etime,args -p {pid}`" in said and f"`kill -CONT {pid}`" in said, said
+        assert "op_timeout" not in said and "held by ?" not in said
+        host.inventory(smoke_levels=[], op_timeout=6)  # a short read deadline: the guard wait follows it
+        pushed = cli("push", "--host", host.name)
+        assert pushed.exit_code == 1, pushed.output
+        said = " ".join(pushed.stderr.split())
+        assert f"lock.guard stayed held for 2 s by process {pid} (a ddtree-deploy host program, stopped)" in said, said
+        assert "held by ?" not in said and "op_timeout" not in said
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    first = finish(a, "push")
+    assert first["code"] == 0, first
+    assert files_now(host) == {p: patched[p] for p in TARGETS}
+    assert not (host.state_dir / "lock").exists()

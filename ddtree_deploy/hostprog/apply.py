@@ -214,6 +214,7 @@ class Apply(object):
                             entry[4] = os.lstat(path).st_ino
                         entry[3] = True
                         purged.extend(purge_bytecode(path))
+                        self.hooks.at("stop_in_guard_after_renames", len(done))  # (a test: stuck in the guard)
                 except BaseException:
                     if tmp is not None:
                         remove_quietly(tmp)

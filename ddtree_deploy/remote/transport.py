@@ -34,6 +34,7 @@ from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.errors import BadInput, DeployError, prefixed
 from ddtree_deploy.base.fsutil import NotARegularFile, check_regular, read_regular
 from ddtree_deploy.hostprog import bundle
+from ddtree_deploy.hostprog.lock import GUARD_WAIT_S
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.settings.inventory import (
     MAX_IDENTITY_BYTES,
@@ -889,6 +890,10 @@ class AgentSession(ProgramSession):
             raise DeployError(f"{self.transport.label}: the agent session is closed", code=Code.CONNECTION_LOST)
         limit = timeout or self.op_timeout or self.host.op_timeout or DEFAULT_OP_TIMEOUT
         deadline = time.monotonic() + limit
+        # The agent gives up on a guard another agent holds (and says which process) well
+        # within this deadline, so that its answer arrives (lock.GUARD_WAIT_S at most).
+        requests = tuple(dict(r, guard_wait_s=min(GUARD_WAIT_S, limit / 3)) if r.get("op") == "init" else r
+                         for r in requests)
         ops = "+".join(str(r.get("op")) for r in requests)
         self.unanswered = [str(r.get("op")) for r in requests]
         self.send(*requests, during=f"while sending {ops}")

@@ -138,6 +138,9 @@ def _locked_error(host: Host, reply: dict) -> DeployError:
             code=Code.LOCKED,
             hint="wait for the tune to finish, or stop it (Ctrl-C on its controller)",
         )
+    if not h:  # the lock's guard, held too long by another agent: its own words name the process
+        return DeployError(f"{host.name}: {reply.get('message')}", code=Code.LOCKED,
+                           hint="rerun once that process has finished or been stopped")
     stale = " (its process is gone)" if reply.get("stale") else ""
     return DeployError(
         f"{host.name}: deploy lock held by {h.get('holder', '?')} since {h.get('time', '?')} "
