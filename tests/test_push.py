@@ -443,6 +443,18 @@ def test_push_runs_the_smoke_and_rolls_back_when_it_fails(host, oracle):
     assert doc["ok"] is False and doc["changed"] and doc["auto_rollback"]["done"] is True
     assert files_of(host) == pristine  # rolled back automatically, sha256-verified
     assert json.loads((host.state_dir / "journal.json").read_text())["phase"] == "rolled-back"
+    # The history and status say it was the push's own rollback, after which push, and why.
+    push_run = doc["run_id"]
+    entry = json.loads(ok("history", "--host", host.name, "--json").stdout)["hosts"][0]["entries"][0]
+    assert entry["event"] == "rollback" and entry["run_id"] != push_run
+    assert {k: entry["automatic"][k] for k in ("push_run", "cause", "step")} == {
+        "push_run": push_run, "cause": "smoke", "step": "import"}
+    assert entry["automatic"]["detail"] == doc["smoke"]["levels"][-1]["detail"][:300]
+    assert f"rollback (AUTOMATIC, after push run {push_run}: smoke failed at import)" in \
+        ok("history", "--host", host.name).stdout
+    said = json.loads(cli("status", "--host", host.name, "--json").stdout)["hosts"][0]["explanation"]
+    assert said.startswith(f"rolled back automatically after push run {push_run} (smoke failed at import) to "
+                           "backup "), said
 
     kept = cli("push", "--host", host.name, "--no-rollback")
     assert kept.exit_code == 1 and "KEPT" in kept.stdout and files_of(host) == patched

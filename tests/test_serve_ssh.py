@@ -208,6 +208,12 @@ def test_an_unhealthy_start_after_a_push_rolls_back_and_restarts_the_old_code(se
     entries = jdoc(cli("history", "--host", s.name, "--json"), "history")["hosts"][0]["entries"]
     assert [(e["event"], e["outcome"]) for e in entries[:4]] == [
         ("restart", "healthy"), ("rollback", "ok"), ("restart", "unhealthy"), ("push", "ok")]
+    # The rollback is recorded as the push's own: after which push, and why (the health).
+    auto = entries[1]["automatic"]
+    assert (auto["push_run"], auto["cause"], auto["step"]) == (h["run_id"], "serve", "health")
+    assert auto["detail"].startswith("the server was not healthy 4 s after the restart")
+    assert f"rollback (AUTOMATIC, after push run {h['run_id']}: server health failed after the restart)" in \
+        cli("history", "--host", s.name).stdout
 
     # Without the text the same story: one line per step, ending with the old code healthy.
     text = cli("push", "--host", s.name)

@@ -276,11 +276,12 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         return AfterPush(report, kept=True, host=host.name, mark_error=note,
                          phase=Phase.SWITCHED if pending else None)
     progress(f"smoke failed at {report.failed.level}: rolling back to backup {outcome.backup_id}")
+    why = deploy.automatic_cause(pending or outcome.run_id, "smoke", report.failed.level, report.failed.detail)
     try:
         if held is not None:  # under the push's own lock: no other run acts between the switch and its undoing
-            undone = held.rollback(outcome.backup_id, release=True, progress=progress)
+            undone = held.rollback(outcome.backup_id, release=True, progress=progress, automatic=why)
         else:
-            undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress)
+            undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress, automatic=why)
     except DeployError as exc:
         return AfterPush(report, rollback_error=clause(exc, host.name), host=host.name)
     return AfterPush(report, rollback=undone, host=host.name, phase=Phase.ROLLED_BACK)

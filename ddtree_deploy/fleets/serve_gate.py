@@ -155,8 +155,9 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
         return ServeGate(restart, kept=True)
     progress(f"server {restart.state} after the restart ({restart.failed}): rolling back to backup "
              f"{outcome.backup_id}")
+    why = deploy.automatic_cause(held.run_id or outcome.run_id, "serve", restart.failed, restart.detail)
     try:
-        undone = held.rollback(outcome.backup_id, progress=progress)
+        undone = held.rollback(outcome.backup_id, progress=progress, automatic=why)
     except DeployError as exc:
         return ServeGate(restart, rollback_error=clause(exc, host.name))
     progress("restart on the old files")

@@ -250,14 +250,17 @@ class PushSession:
                           "record the restart")
         return reply.get("history_warning")
 
-    def rollback(self, to: str | None, *, release: bool = False, progress: Progress = quiet) -> Outcome:
+    def rollback(self, to: str | None, *, release: bool = False, progress: Progress = quiet,
+                 automatic: dict | None = None) -> Outcome:
         """Roll the host back to backup ``to`` under the lock this session holds, so that no
         other run acts on the host between this run's switch and its undoing: the
         ``rollback`` command's plan and apply (``_rollback_plan``, ``_switch``: the same
         verified switch), over this session. One round trip reads the host (under the lock),
         one applies; with ``release`` the unlock travels with the apply, else the lock stays
         held (the caller restarts the server on the restored files, then leaves). Returns the
-        rollback's own outcome (its run id is the one the journal records)."""
+        rollback's own outcome (its run id is the one the journal records). ``automatic``
+        (``automatic_cause``): why the push rolled itself back, recorded with the rollback in
+        the journal and the history."""
         if not self.locked or self._sess is None:
             raise DeployError(f"{self.host.name}: rollback: the deploy lock was already released", code=Code.PROTOCOL)
         t0, before = time.monotonic(), self._sess.round_trips
@@ -265,7 +268,7 @@ class PushSession:
         progress("discover (lock held)")
         facts = expect_ok(self._sess.one({"op": "facts", "paths": []}), self.host.name, "discover")
         out.sglang_version, out.phase = facts["sglang_version"], (facts["journal"] or {}).get("phase")
-        prepared = _rollback_plan(self.host, to)(facts, None, progress)
+        prepared = _rollback_plan(self.host, to, automatic)(facts, None, progress)
         self.locked = _switch(self._sess, self.host, out, prepared, dry_run=False, keep_lock=not release,
                               progress=progress, sending=[], caller_holds=True)
         out.backup_id = prepared.plan.backup_id
@@ -643,24 +646,34 @@ def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan, final_pha
 
 
 def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
-             break_lock: bool = False, progress: Progress = quiet) -> Outcome:
+             break_lock: bool = False, progress: Progress = quiet, automatic: dict | None = None) -> Outcome:
     """Restore a backup (the newest, or ``to``) through the same staged, verified switch as push."""
-    with begin_rollback(host, transport, to=to, dry_run=dry_run, break_lock=break_lock, progress=progress) as done:
+    with begin_rollback(host, transport, to=to, dry_run=dry_run, break_lock=break_lock, progress=progress,
+                        automatic=automatic) as done:
         return done.outcome
 
 
+def automatic_cause(push_run: str | None, cause: str, step: str | None, detail: str) -> dict:
+    """Why a push rolls itself back (its smoke failed at a level; its server was not healthy, or
+    failed the proof, after the restart): the ``automatic`` record of its rollback, which the
+    journal and the history keep with it."""
+    return {"push_run": push_run, "cause": cause, "step": step, "detail": detail[:300]}
+
+
 def begin_rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
-                   break_lock: bool = False, keep_lock: bool = False, progress: Progress = quiet) -> PushSession:
+                   break_lock: bool = False, keep_lock: bool = False, progress: Progress = quiet,
+                   automatic: dict | None = None) -> PushSession:
     """``rollback``, and with ``keep_lock`` a rollback that switched files returns its session
     still holding the lock (``locked``): the caller restarts the server on the restored
     files under it (``serve_run.restart_held``), then leaves the session (the unlock)."""
-    session = _execute("rollback", host, transport, [], _rollback_plan(host, to), dry_run=dry_run,
+    session = _execute("rollback", host, transport, [], _rollback_plan(host, to, automatic), dry_run=dry_run,
                        break_lock=break_lock, progress=progress, keep_lock=keep_lock)
     session.outcome.backup_id = session.outcome.plan.backup_id if session.outcome.plan else None
     return session
 
 
-def _rollback_plan(host: Host, to: str | None) -> Callable[[dict, object, Progress], _Prepared]:
+def _rollback_plan(host: Host, to: str | None,
+                   automatic: dict | None = None) -> Callable[[dict, object, Progress], _Prepared]:
     """The rollback's ``prepare`` (facts read under the lock -> what to switch): one for the
     ``rollback`` command and the automatic rollback under a push's lock alike."""
 
@@ -683,17 +696,22 @@ def _rollback_plan(host: Host, to: str | None) -> Callable[[dict, object, Progre
             noop=noop,
             dry=f"dry run: would restore {len(plan.changes)} file(s) from {bid}; nothing changed",
             step=f"stage + switch {len(plan.changes)} file(s) from backup {bid}",
-            request=lambda run_id: _apply_rollback(host, run_id, manifest, plan, facts["journal"]),
+            request=lambda run_id: _apply_rollback(host, run_id, manifest, plan, facts["journal"], automatic),
             done=lambda d: f"rolled back {len(plan.changes)} file(s) to backup {bid} (sha256 verified)",
         )
 
     return prepare
 
 
-def _apply_rollback(host: Host, run_id: str, manifest: dict, plan: Plan, journal: dict | None) -> dict:
+def _apply_rollback(host: Host, run_id: str, manifest: dict, plan: Plan, journal: dict | None,
+                    automatic: dict | None = None) -> dict:
     journal = dict(journal or {})
     journal.pop("phase", None)
+    journal.pop("automatic", None)  # an earlier automatic rollback's cause says nothing about this one
+    if automatic is not None:
+        journal["automatic"] = automatic
     return {
+        **({"automatic": automatic} if automatic is not None else {}),
         "op": "apply",
         "kind": "rollback",
         "run_id": run_id,
@@ -833,7 +851,9 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
         return (f"files patched by run {run} ({tally}); the smoke has not passed{why}: "
                 f"{next_step.smoke_or_rollback(host)}{suffix}")
     if phase == Phase.ROLLED_BACK:
-        return f"rolled back to backup {journal.get('backup_id')} by run {run} ({tally}){restarted}{suffix}"
+        auto = journal.get("automatic") if isinstance(journal.get("automatic"), dict) else None
+        how = (f" automatically after push run {auto.get('push_run')} ({cause_words(auto)})" if auto else "")
+        return f"rolled back{how} to backup {journal.get('backup_id')} by run {run} ({tally}){restarted}{suffix}"
     if phase == Phase.STAGED:
         return (f"{op} run {run} stopped after staging, before any file changed ({tally}); "
                 f"rerun `{op}` to complete it{suffix}")
@@ -842,6 +862,14 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
                 f"rerun `{op}` to complete it" + (" or `rollback` to restore the backup" if op == "push" else "")
                 + suffix)
     return f"journal phase {phase!r} ({tally}){suffix}"
+
+
+def cause_words(automatic: dict) -> str:
+    """An automatic rollback's cause in a few words: "smoke failed at import", "server health"."""
+    cause, step = automatic.get("cause"), automatic.get("step")
+    if cause == "smoke":
+        return f"smoke failed at {step}"
+    return f"server {step or cause} failed after the restart"
 
 
 def _restart_clause(serve: dict) -> str:
@@ -918,5 +946,5 @@ def patched_paths(facts: dict, files: dict[str, bytes | None]) -> list[str]:
     return out
 
 
-__all__ = ["AgentFailed", "Outcome", "PushSession", "ask", "begin_push", "begin_rollback", "describe", "hold", "patched_paths", "explain", "mark", "pull", "push", "rollback",
+__all__ = ["AgentFailed", "Outcome", "PushSession", "ask", "automatic_cause", "begin_push", "cause_words", "begin_rollback", "describe", "hold", "patched_paths", "explain", "mark", "pull", "push", "rollback",
            "status", "Reading", "reading"]
