@@ -75,16 +75,21 @@ def check_status_is_true(h, oracle) -> dict:
     for path, data in files_now(h).items():
         assert data in (pristine[path], patched[path]), f"{path} is neither pristine nor patched"
         actual[path] = "patched" if data == patched[path] else "pristine"
-    doc = json.loads(ok("status", "--host", h.name, "--json").stdout)["hosts"][0]
+    read = cli("status", "--host", h.name, "--json")
+    doc = json.loads(read.stdout)["hosts"][0]
     states = {f["path"]: f["state"] for f in doc["files"]}
     assert states == actual, (states, actual)
     contradicts = (doc["phase"] in ("deployed", "switched") and "pristine" in actual.values()
                    or doc["phase"] == "rolled-back" and "patched" in actual.values())
     assert doc["mixed"] is contradicts, doc
+    # A host that answered is fine only when nothing needs a person: exit 1 otherwise.
+    assert read.exit_code == (1 if doc["attention"] else 0), read.output
+    assert ("mixed" in [a["kind"] for a in doc["attention"]]) is contradicts, doc["attention"]
     if contradicts:
         assert doc["explanation"].startswith("MIXED: the journal says"), doc["explanation"]
-        text = ok("status", "--host", h.name).stdout
+        text = cli("status", "--host", h.name).stdout
         assert f"phase: MIXED (journal: {doc['phase']})" in text
+        assert text.splitlines()[-1].startswith(f"{h.name}: needs attention: MIXED: "), text
     return doc
 
 
@@ -168,12 +173,15 @@ def test_status_calls_a_host_whose_files_contradict_its_journal_mixed(host, orac
     ok("push", "--host", host.name)
     host.file(ADDED).unlink()  # the added module gone: pristine for a file the series adds
     host.file(SPEC).write_bytes(pristine[SPEC])
-    doc = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
-    assert doc["phase"] == "deployed" and doc["mixed"] is True
+    read = cli("status", "--host", host.name, "--json")
+    assert read.exit_code == 1, read.output  # a host that answered is not a host that is fine
+    doc = json.loads(read.stdout)["hosts"][0]
+    assert doc["phase"] == "deployed" and doc["mixed"] is True and doc["outcome"] == "needs attention"
+    assert [a["kind"] for a in doc["attention"]] == ["mixed"]
     assert doc["explanation"].startswith("MIXED: the journal says deployed (push run ")
     assert "2 of its file(s) are pristine (not patched)" in doc["explanation"]
     assert f"ddtree-deploy push --host {host.name}" in doc["explanation"]
-    text = ok("status", "--host", host.name).stdout
+    text = cli("status", "--host", host.name).stdout
     assert "phase: MIXED (journal: deployed)" in text and "phase: deployed:" not in text
     ok("push", "--host", host.name)
     assert json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]["mixed"] is False

@@ -460,7 +460,9 @@ def test_push_runs_the_smoke_and_rolls_back_when_it_fails(host, oracle):
     assert kept.exit_code == 1 and "KEPT" in kept.stdout and files_of(host) == patched
     journal = json.loads((host.state_dir / "journal.json").read_text())
     assert journal["phase"] == "switched" and journal["smoke"]["failed"] == "import"
-    status = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
+    read = cli("status", "--host", host.name, "--json")
+    status = json.loads(read.stdout)["hosts"][0]
+    assert read.exit_code == 1 and [a["kind"] for a in status["attention"]] == ["interrupted"], read.output
     assert status["phase"] == "switched"
     assert (f"files patched by run {journal['run_id']} (3 patched); the smoke has not passed (it failed at import): "
             f"run `ddtree-deploy smoke --host {host.name}` or `ddtree-deploy rollback --host {host.name}`"
@@ -507,11 +509,16 @@ def test_switched_until_the_smoke_passes(host, oracle):
     switched = deploy.push(h, SSHTransport(h), list(TARGETS), desire, smoke=True)
     assert switched.changed and switched.phase == "switched" and switched.smoke_pending == switched.run_id
     assert _journal(host)["phase"] == "switched" and files_of(host) == patched
-    status = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
+    read = cli("status", "--host", host.name, "--json")
+    status = json.loads(read.stdout)["hosts"][0]
+    assert read.exit_code == 1 and status["outcome"] == "needs attention", read.output  # switched: not deployed
     assert status["phase"] == "switched" and status["series"]["run_id"] == switched.run_id
     assert f"files patched by run {switched.run_id}" in status["explanation"]
     assert f"`ddtree-deploy smoke --host {host.name}`" in status["explanation"]
-    assert "phase: switched: files patched by run" in ok("status", "--host", host.name).stdout
+    human = cli("status", "--host", host.name)
+    assert human.exit_code == 1 and "phase: switched: files patched by run" in human.stdout
+    assert human.stdout.splitlines()[-1] == (f"{host.name}: needs attention: phase switched: files patched, not "
+                                             "deployed (the smoke or the server restart has not passed)")
 
     # A stale controller cannot mark somebody else's deploy: compare-and-set on the run id.
     with pytest.raises(DeployError, match="not switched of run someone-else") as stale:

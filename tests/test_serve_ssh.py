@@ -63,8 +63,10 @@ def test_status_sees_old_code_then_push_restarts_it_healthy_on_the_new_files(ser
     assert patched != pristine and s.serving_sha() == pristine and s.sup.pid() == old_pid
 
     st = cli("status", "--host", s.name)
-    assert st.exit_code == 0, st.output
+    assert st.exit_code == 1, st.output  # serving stale code: the host is not fine
     assert "serving code older than the files" in st.stdout and f"pid {old_pid}" in st.stdout
+    assert st.stdout.splitlines()[-1].startswith(f"{s.name}: needs attention: serving code older than the files: "
+                                                 f"pid {old_pid}"), st.stdout
     assert f"ddtree-deploy restart --host {s.name}" in st.stdout
     doc = jdoc(cli("status", "--host", s.name, "--json"), "status")
     serving = doc["hosts"][0]["serving"]
@@ -120,6 +122,27 @@ def test_status_sees_old_code_then_push_restarts_it_healthy_on_the_new_files(ser
     again = cli("push", "--host", s.name)
     assert again.exit_code == 0 and "serving the current files" in again.stdout
     assert s.sup.pid() is not None and s.serving_sha() == patched
+
+
+def test_a_deployed_host_whose_server_died_after_its_proof_is_not_fine(served):
+    """A push proved the server healthy and marked the host deployed; then the server died.
+    `status` must not end on `deployed ... healthy` with exit 0: the server is NOT healthy
+    now, the host needs attention (exit 1), and that is its last line."""
+    s = served("died")
+    assert cli("push", "--host", s.name, "--level", "compile").exit_code == 0
+    st = cli("status", "--host", s.name)
+    assert st.exit_code == 0 and "phase: deployed" in st.stdout, st.output
+    subprocess.run([*s.sup.ctl, "stop", "sglang"], check=True, capture_output=True, timeout=60)
+    assert not s.healthy()
+    st = cli("status", "--host", s.name)
+    assert st.exit_code == 1, st.output
+    assert "phase: deployed" in st.stdout and "healthy then" in st.stdout  # the journal's record, in the past
+    last = st.stdout.splitlines()[-1]
+    assert last == (f"{s.name}: needs attention: server NOT healthy now (http://127.0.0.1:{s.port}/health_generate: "
+                    "no answer)"), st.stdout
+    doc = jdoc(cli("status", "--host", s.name, "--json"), "status")
+    assert doc["exit_code"] == 1 and doc["hosts"][0]["outcome"] == "needs attention"
+    assert [a["kind"] for a in doc["hosts"][0]["attention"]] == ["unhealthy"]
 
 
 # ---------------------------------------------------------------- stale by content, not by time
@@ -232,6 +255,14 @@ def test_an_unhealthy_start_after_a_push_rolls_back_and_restarts_the_old_code(se
     assert st["phase"] == "switched" and "NOT healthy" in st["explanation"]
     assert f"ddtree-deploy push --host {s.name}" in st["explanation"]
     assert st["serving"]["state"] == "current" and st["serving"]["health"]["status"] == 503
+    # A `restart` that ends unhealthy names the next step: these files never passed a restart.
+    again = cli("restart", "--host", s.name)
+    assert again.exit_code == 1, again.output
+    said = " ".join(again.stdout.split())
+    assert f"{s.name}: server NOT healthy: server restarted: NOT healthy (health): " in said, said
+    assert (f"the files are a push's whose server never passed its restart: `ddtree-deploy rollback --host "
+            f"{s.name}` puts the old code back") in said, said
+    assert again.stdout.strip().splitlines()[-1].startswith(f"{s.name}: next: the files are a push's"), said
     back = cli("rollback", "--host", s.name)
     assert back.exit_code == 0, back.output
     assert s.healthy() and {p: s.host.read(p) for p in pristine} == pristine

@@ -26,8 +26,17 @@ from ddtree_deploy.base import hooks, next_step
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import BadInput, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
-from ddtree_deploy.fleets.fleet import FleetReport, HostResult, Kind, Policy, push_policy, spread_policy
+from ddtree_deploy.fleets.fleet import (
+    FleetReport,
+    HostResult,
+    Kind,
+    Policy,
+    attention,
+    push_policy,
+    spread_policy,
+)
 from ddtree_deploy.fleets.fleet_run import run_fleet
+from ddtree_deploy.fleets.host_check import check_tables
 from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings import smoke_settings
@@ -487,11 +496,13 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     # Per host: will smoke levels run after the switch? Then the switch journals `switched`,
     # and only a passed smoke makes it `deployed`. A typo in [smoke] must not surface only
     # after the switch: every table is checked here, for a dry run too (same errors).
-    smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels, source=h.source))
+    # Per host: its [serve] table (checked here, a dry run too, with [smoke]: host_check, the
+    # check `hosts list` makes): the push ends with the server restarted on the new files,
+    # healthy, before the host is marked deployed.
+    serves = {h.name: check_tables(h, smoke=options.smoke) for h in hosts}
+    smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels,
+                                                                      source=h.source))
               and not options.dry_run for h in hosts}
-    # Per host: its [serve] table (checked here, a dry run too): the push ends with the
-    # server restarted on the new files, healthy, before the host is marked deployed.
-    serves = _serve_settings(hosts)
     want = Want(options.family)  # the family, the paths, the shared check: before any connection
 
     def one(h: Host, progress: Progress) -> HostResult:
@@ -589,7 +600,15 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
         desired = want.expected(h.name, read.facts) if want else None
         doc = deploy.describe(h.name, read.facts, desired, read.round_trips)
         doc["serving"] = serving
-        return _result(h.name, Kind.READ, doc, "", _drift_lines(h.name, doc, desired, read.facts) if diff else [])
+        # A host that answered is not a host that is fine: what needs a person decides its
+        # outcome (and the exit code); `status` says it last.
+        journal = read.facts.get("journal") or {}
+        restart = journal.get("serve") if isinstance(journal.get("serve"), dict) else None
+        doc["attention"] = attention(doc, serve=bool(h.serve), restart=restart)
+        lines = _drift_lines(h.name, doc, desired, read.facts) if diff else []
+        if not doc["attention"]:
+            return _result(h.name, Kind.READ, doc, "", lines)
+        return _result(h.name, Kind.ATTENTION, doc, "; ".join(a["detail"] for a in doc["attention"]), lines)
 
     return _fleet("status", hosts, policy, one, on_event)
 

@@ -235,15 +235,34 @@ def _line(host: str, restart: serve_run.Restart) -> str:
     return f"{host}: {restart.line()}"
 
 
+def unhealthy_next(host: str, phase: str | None) -> str:
+    """What to do about a server left not healthy by a restart, by what the files are (the
+    journal's phase): the next step a failed `restart` (or a rollback's restart) names."""
+    if phase == Phase.SWITCHED:
+        return (f"the files are a push's whose server never passed its restart: {next_step.rollback(host)} puts "
+                f"the old code back, or fix the server and run {next_step.push(host)}")
+    if phase == Phase.DEPLOYED:
+        return (f"these files served healthy before: look at the server's own log; {next_step.rollback(host)} "
+                f"puts the old code back, {next_step.restart(host)} tries again")
+    return (f"the files are SGLang's own: look at the server's own log and the [serve] restart command; "
+            f"{next_step.restart(host)} tries again")
+
+
+def _unhealthy(result: HostResult, restart: serve_run.Restart, phase: str | None) -> HostResult:
+    """``result`` as a host whose server a restart left not healthy: said, with the next step."""
+    said = f"{restart.line()}; {unhealthy_next(result.host, phase)}"
+    return replace(result, kind=Kind.UNHEALTHY, doc={**result.doc, "ok": False}, exit_code=EXIT_FAILED, down=True,
+                   message=f"{result.message}; {said}" if result.message else said,
+                   lines=result.lines + (f"{result.host}: next: {unhealthy_next(result.host, phase)}",))
+
+
 def restarted_result(result: HostResult, restart: serve_run.Restart) -> HostResult:
     """A host's result after its server was restarted (a rollback's, or a push with nothing to
-    switch): as it was when healthy, else ``server NOT healthy`` (and down)."""
+    switch): as it was when healthy, else ``server NOT healthy`` (and down) with the next step."""
     doc = {**result.doc, "serve": {"restart": restart.to_json(), "down": not restart.ok}}
     lines = result.lines + (_line(result.host, restart),)
-    if restart.ok:
-        return replace(result, doc=doc, lines=lines)
-    return replace(result, kind=Kind.UNHEALTHY, doc={**doc, "ok": False}, lines=lines, exit_code=EXIT_FAILED,
-                   down=True, message=f"{result.message}; {restart.line()}" if result.message else restart.line())
+    result = replace(result, doc=doc, lines=lines)
+    return result if restart.ok else _unhealthy(result, restart, result.doc.get("phase"))
 
 
 def ensure_result(result: HostResult, host, settings: ServeSettings, connect: Callable[[Any], Any],
@@ -265,9 +284,8 @@ def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any],
                                              heartbeat=heartbeat)
     doc = {"host": host.name, "command": "restart", "run_id": held.run_id, "ok": restart.ok, "phase": held.phase,
            "restart": restart.to_json()}
-    kind = Kind.RESTARTED if restart.ok else Kind.UNHEALTHY
-    return HostResult(host.name, kind, doc, "" if restart.ok else restart.line(), 0 if restart.ok else EXIT_FAILED,
-                      (_line(host.name, restart),), down=not restart.ok), held
+    result = HostResult(host.name, Kind.RESTARTED, doc, "", 0, (_line(host.name, restart),))
+    return (result if restart.ok else _unhealthy(result, restart, held.phase)), held
 
 
 def serving_of(host, read: deploy.Reading) -> dict:
@@ -283,4 +301,4 @@ def serving_of(host, read: deploy.Reading) -> dict:
 
 
 __all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "look", "require_serve",
-           "restart_result", "restarted_result", "serving_of", "settings_of"]
+           "restart_result", "restarted_result", "serving_of", "settings_of", "unhealthy_next"]

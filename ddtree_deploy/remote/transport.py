@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddtree_deploy.base import next_step
-from ddtree_deploy.base.codes import Code
+from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import BadInput, DeployError, prefixed
 from ddtree_deploy.base.fsutil import NotARegularFile, check_regular, read_regular
 from ddtree_deploy.hostprog import bundle
@@ -955,7 +955,7 @@ class AgentSession(ProgramSession):
             return f"no file on the host was changed{restart}{held}"
         kind, phase = self.switched
         did = ("this run rolled the files back" if kind == "rollback" else f"this run's {kind} switched the files")
-        did += f" (journal phase `{phase}`" + (": not deployed)" if phase == "switched" else ")")
+        did += f" (journal phase `{phase}`" + (": not deployed)" if phase == Phase.SWITCHED else ")")
         return f"{did}{restart}; nothing more was changed{held}"
 
 

@@ -679,6 +679,12 @@ def _rollback_plan(host: Host, to: str | None,
 
     def prepare(facts: dict, _resolved: object, progress: Progress) -> _Prepared:
         _unsafe(host, facts)
+        if not facts["backups"] and not facts["journal"] and to is None:
+            # Never pushed (no journal, no backup): it is where a rollback leaves a host, so a
+            # fleet rollback over a host a stopped push skipped is no failure there.
+            return _Prepared(Plan("rollback", host.name, ()), noop="nothing to roll back: no push ever switched a "
+                             "file on this host (no journal, no backup)", dry="dry run: nothing to roll back (never "
+                             "pushed)", step="", request=lambda run_id: {}, done=lambda d: "")
         manifest = _choose_backup(host, facts["backups"], to)
         plan = plan_rollback(host.name, manifest, _hashes(facts), facts["journal"])
         bid = manifest["id"]
@@ -878,7 +884,7 @@ def _restart_clause(serve: dict) -> str:
     if not state:
         return ""
     if state == "healthy":
-        return f"; server restarted {when}, healthy"
+        return f"; server restarted {when}, healthy then"  # (now: the serving line's health, status' attention)
     if state == "restarting":
         return (f"; a server restart began {when} and its end was never recorded (interrupted, or the "
                 "connection lost): whether the server is healthy is unknown")
