@@ -13,8 +13,8 @@ file for it, bounded (a regular UTF-8 file under MAX_TOML_BYTES, else one BadInp
 
 from __future__ import annotations
 
-import math
 import difflib
+import math
 import os
 import re
 import sys

@@ -922,7 +922,10 @@ class AgentSession(ProgramSession):
         return self.call(request)[0]
 
     def _note(self, request: dict, reply: dict) -> None:
-        """Keep what an answered request did (lost_state says it if the link goes next)."""
+        """Keep what an answered request did (lost_state says it if the link goes next); give a
+        refusal the hint only this session can word (it knows the host)."""
+        if reply.get("code") == Code.NO_SGLANG and isinstance(reply, dict):
+            reply.setdefault("hint", next_step.python_that_imports_sglang(self.host.source, local=self.host.is_local))
         op, ok = request.get("op"), bool(reply.get("ok"))
         if op in ("lock", "unlock"):
             self.holds_lock = op == "lock" and ok
@@ -979,7 +982,7 @@ def expect_ok(reply: dict, label: str, what: str) -> dict:
     cls = AgentRefusedInput if reply.get("code") in BAD_INPUT_CODES else AgentFailed
     failure = cls(prefixed(str(reply.get("message")), label, what), reply, code=reply.get("code") or Code.AGENT)
     if failure.code == Code.NO_SGLANG:  # the inventory's python is not the one that imports sglang
-        failure.hint = next_step.python_that_imports_sglang()
+        failure.hint = reply.get("hint") or next_step.python_that_imports_sglang()
     raise failure
 
 
