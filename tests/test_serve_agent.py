@@ -28,6 +28,9 @@ from ddtree_deploy.settings.inventory import Host
 from ddtree_deploy.settings.serve_settings import parse_serve
 from ddtree_testkit import STANDIN_SERVER
 
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_host import alive as _alive, forking_command  # noqa: E402
+
 SPEC = "sglang/srt/speculative/spec_info.py"
 
 
@@ -206,29 +209,6 @@ def test_restart_command_failures(env, tmp_path):
     assert r.detail == "the restart command did not finish within 1 s: its process group was killed (1 process)"
 
 
-# A restart (or drain) command that forks: a child that would restart the server once the
-# run is over (issue 28: one did, 4.5 s after the push ended, outside any lock), and a
-# grandchild; it writes their pids, then hangs past its timeout.
-FORKING = r"""
-import os, subprocess, sys, time
-pids, marker = sys.argv[1], sys.argv[2]
-late = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(3); open(sys.argv[1], 'w').write('late')",
-                         marker])
-inner = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
-time.sleep(0.5)
-open(pids, "w").write(" ".join(map(str, [os.getpid(), late.pid, inner.pid])))
-time.sleep(60)
-"""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("step", ["restart", "drain"])
 def test_a_command_past_its_timeout_is_killed_with_its_whole_process_group(env, tmp_path, step):
     """Each drain and restart command runs in a process group of its own; past its timeout the
@@ -237,9 +217,7 @@ def test_a_command_past_its_timeout_is_killed_with_its_whole_process_group(env, 
     host, _site = env
     port = free_port()
     pids, marker = tmp_path / "pids", tmp_path / "restarted-late"
-    script = tmp_path / "forking.py"
-    script.write_text(FORKING)
-    forking = [sys.executable, str(script), str(pids), str(marker)]
+    forking = forking_command(tmp_path, pids, marker)
     table = ({"restart": forking, "restart_timeout_s": 2} if step == "restart" else
              {"restart": ["true"], "drain": forking, "drain_timeout_s": 2})
     r = run(host, settings(port, **table), proof=False)

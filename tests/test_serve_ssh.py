@@ -29,7 +29,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
-from serve_host import BUDGET, Served, served  # noqa: E402,F401  (the served fixture)
+from serve_host import BUDGET, Served, alive, forking_command, served  # noqa: E402,F401  (the served fixture)
 from sshd_host import ADDED, SPEC, UTILS, cli, sshd  # noqa: E402,F401
 
 pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in server as a GPU host's "
@@ -143,6 +143,29 @@ def test_a_deployed_host_whose_server_died_after_its_proof_is_not_fine(served):
     doc = jdoc(cli("status", "--host", s.name, "--json"), "status")
     assert doc["exit_code"] == 1 and doc["hosts"][0]["outcome"] == "needs attention"
     assert [a["kind"] for a in doc["hosts"][0]["attention"]] == ["unhealthy"]
+
+
+def test_a_restart_command_past_its_timeout_is_killed_with_its_whole_group(served, tmp_path):
+    """Over sshd, through `restart`: the inventory's restart command forks (a child that would
+    restart the server 3 s later, a grandchild) and hangs past restart_timeout_s. The serve
+    program kills and reaps its whole process group and says how many processes; nothing of
+    it acts after the run; the server it never restarted is still the old one."""
+    pids, marker = tmp_path / "pids", tmp_path / "restarted-late"
+    s = served("forks", serve={"restart": forking_command(tmp_path, pids, marker), "restart_timeout_s": 2})
+    old_pid = s.sup.pid()
+    r = cli("restart", "--host", s.name, "--json")
+    assert r.exit_code == 1, r.output
+    restart = jdoc(r, "restart")["hosts"][0]["restart"]
+    assert (restart["state"], restart["failed"]) == ("unhealthy", "restart")
+    assert restart["detail"] == "the restart command did not finish within 2 s: its process group was killed " \
+                                "(4 processes)"
+    assert restart["restart"]["killed"] == 4 and restart["restart"]["left"] == []
+    started = [int(x) for x in pids.read_text().split()]
+    assert len(started) == 3 and not any(alive(pid) for pid in started)
+    time.sleep(3.5)
+    assert not marker.exists() and s.sup.pid() == old_pid  # nothing restarted anything after the run
+    entries = jdoc(cli("history", "--host", s.name, "--json"), "history")["hosts"][0]["entries"]
+    assert (entries[0]["event"], entries[0]["outcome"]) == ("restart", "unhealthy")
 
 
 # ---------------------------------------------------------------- stale by content, not by time
