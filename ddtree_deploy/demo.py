@@ -12,8 +12,9 @@
    SGLang's CPU dependencies (the ``demo`` extra: torch, transformers, ..., and for the v2
    family xgrammar) from the environment running the demo: a checkout's .venv, or an
    installed toolkit's own (``pipx install '.[demo]'``; checked first: one line naming the
-   ``pipx inject`` or ``pip install`` command that installs what is missing). It is reached through a real OpenSSH sshd on loopback when one can be started
-   here, else through the local transport (said on screen).
+   ``pipx inject`` or ``pip install`` command that installs what is missing). It is
+   reached through a real OpenSSH sshd on loopback when one can be started here, else
+   through the local transport (said on screen).
 3. The real commands, each printed before it runs, with their real output: check -> push
    (then the smoke levels the sandbox supports: compile, import, cli; launch needs a GPU)
    -> status -> history -> rollback -> status.

@@ -54,9 +54,8 @@ def list_hosts(
     Exit 2 when a host file (or groups.toml) is broken: it is listed with its error, the others as usual.
     """
     from ddtree_deploy.base.locations import example_inventory, hosts_origin
-    from ddtree_deploy.settings.inventory import chosen_folder, hosts_dir, list_inventory, load_groups
-
     from ddtree_deploy.fleets.host_check import check_tables, group_problem
+    from ddtree_deploy.settings.inventory import chosen_folder, hosts_dir, list_inventory, load_groups
 
     folder = hosts_dir()
     origin = "-i" if chosen_folder() is not None else hosts_origin()

@@ -304,13 +304,15 @@ def attention(doc: dict, *, serve: bool, restart: dict | None = None) -> list[di
         out.append({"kind": kind, "detail": detail})
 
     phase = doc.get("phase")
+    lock = doc.get("lock") or {}
+    busy = bool(lock) and not lock.get("stale")  # a live run is completing its switch or restart now
     if doc.get("mixed"):
         add("mixed", f"MIXED: its files contradict the journal ({phase})")
     bad = [f for f in doc.get("files") or () if f.get("state") in ("drifted", "missing", "unsafe")]
     if bad:
         add("drifted", f"{len(bad)} file(s) changed outside ddtree-deploy ({bad[0]['path']} {bad[0]['state']}"
                        + (", ..." if len(bad) > 1 else "") + ")")
-    if not doc.get("mixed") and phase in (Phase.STAGED, Phase.SWITCHING, Phase.SWITCHED):
+    if not doc.get("mixed") and not busy and phase in (Phase.STAGED, Phase.SWITCHING, Phase.SWITCHED):
         add("interrupted", f"phase {phase}: " + ("files patched, not deployed (the smoke or the server restart has "
                                                  "not passed)" if phase == Phase.SWITCHED else
                                                  "a push or rollback was interrupted"))
@@ -325,7 +327,7 @@ def attention(doc: dict, *, serve: bool, restart: dict | None = None) -> list[di
         status = health.get("status")
         add("unhealthy", f"server NOT healthy now ({health.get('url')}: "
                          f"{status if status is not None else 'no answer'})")
-    if (restart or {}).get("state") == "restarting":
+    if not busy and (restart or {}).get("state") == "restarting":
         add("restart-unrecorded", f"the server restart of {restart.get('time')} has no recorded end")
     return out
 

@@ -493,13 +493,13 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     """
     policy = push_policy_for(hosts, options)
     levels = list(options.levels) or None
-    # Per host: will smoke levels run after the switch? Then the switch journals `switched`,
-    # and only a passed smoke makes it `deployed`. A typo in [smoke] must not surface only
-    # after the switch: every table is checked here, for a dry run too (same errors).
-    # Per host: its [serve] table (checked here, a dry run too, with [smoke]: host_check, the
-    # check `hosts list` makes): the push ends with the server restarted on the new files,
-    # healthy, before the host is marked deployed.
+    # Every host's [smoke] and [serve] tables are checked here, before any connection and for a
+    # dry run too (host_check: the check `hosts list` makes), so a typo never surfaces only after
+    # the switch. [serve]: the push ends with the server restarted on the new files, healthy,
+    # before the host is marked deployed.
     serves = {h.name: check_tables(h, smoke=options.smoke) for h in hosts}
+    # Will smoke levels run after the switch? Then the switch journals `switched`, and only a
+    # passed smoke makes it `deployed`.
     smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels,
                                                                       source=h.source))
               and not options.dry_run for h in hosts}

@@ -36,12 +36,13 @@ line, working folder or mapped files lie under the package root; child processes
 (SGLang's scheduler and detokenizer) are counted with it. The host programs of
 ddtree-deploy themselves are not servers, nor is what they start for themselves (a smoke
 probe, the launch level's or a tune's server, bench_serving: marked by ``smoke.OWN_ENV``),
-listed apart as ``own``. The drain and restart commands run in a process group of their own,
-killed and reaped whole past their timeout (``smoke.run_group``). Each process's start time (``/proc/<pid>/stat``
-against ``/proc/uptime``: 10 ms resolution) is compared with the newest change (ctime) of
-the deployed files: a server started before it runs the code the files held before, and
-must be restarted. After a restart, the server is healthy only when the health URL answers
-200 and the process listening on its port started after the restart began.
+listed apart as ``own``. The drain and restart commands run in a process group of their
+own, killed and reaped whole past their timeout (``smoke.run_group``). Each process's start
+time (``/proc/<pid>/stat`` against ``/proc/uptime``: 10 ms resolution) is compared with the
+newest change (ctime) of the deployed files: a server started before it runs the code the
+files held before, and must be restarted. After a restart, the server is healthy only when
+the health URL answers 200 and the process listening on its port started after the restart
+began.
 """
 
 

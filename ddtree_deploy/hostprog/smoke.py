@@ -114,7 +114,7 @@ def run_group(argv, timeout_s, cwd=None, env=None, grace_s=5.0, own=None):
     report when the group was stopped, else None}. A program that cannot be started: LevelFailed.
     """
     if own:
-        env = dict(env or os.environ, **{OWN_ENV: own})
+        env = own_env(own) if env is None else dict(env, **{OWN_ENV: own})
     with tempfile.TemporaryFile() as out:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,

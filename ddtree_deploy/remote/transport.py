@@ -924,7 +924,7 @@ class AgentSession(ProgramSession):
     def _note(self, request: dict, reply: dict) -> None:
         """Keep what an answered request did (lost_state says it if the link goes next); give a
         refusal the hint only this session can word (it knows the host)."""
-        if reply.get("code") == Code.NO_SGLANG and isinstance(reply, dict):
+        if isinstance(reply, dict) and reply.get("code") == Code.NO_SGLANG:
             reply.setdefault("hint", next_step.python_that_imports_sglang(self.host.source, local=self.host.is_local))
         op, ok = request.get("op"), bool(reply.get("ok"))
         if op in ("lock", "unlock"):

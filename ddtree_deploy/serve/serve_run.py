@@ -260,5 +260,5 @@ def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, h
     return result, None
 
 
-__all__ = ["HEALTHY", "INTERRUPTED", "RESTARTING", "Restart", "SERVE_PROGRAM", "SERVE_RESTART", "UNHEALTHY", "UNKNOWN", "check",
-           "proof_family", "restart_held", "restart_locked", "run_restart"]
+__all__ = ["HEALTHY", "INTERRUPTED", "RESTARTING", "Restart", "SERVE_PROGRAM", "SERVE_RESTART", "UNHEALTHY",
+           "UNKNOWN", "check", "proof_family", "restart_held", "restart_locked", "run_restart"]

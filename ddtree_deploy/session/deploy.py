@@ -952,5 +952,5 @@ def patched_paths(facts: dict, files: dict[str, bytes | None]) -> list[str]:
     return out
 
 
-__all__ = ["AgentFailed", "Outcome", "PushSession", "ask", "automatic_cause", "begin_push", "cause_words", "begin_rollback", "describe", "hold", "patched_paths", "explain", "mark", "pull", "push", "rollback",
+__all__ = ["AgentFailed", "Outcome", "PushSession", "ask", "automatic_cause", "cause_words", "begin_push", "begin_rollback", "describe", "hold", "patched_paths", "explain", "mark", "pull", "push", "rollback",
            "status", "Reading", "reading"]
