@@ -575,9 +575,16 @@ def test_a_wrong_interpreter_is_named(host):
 
 def test_rollback_without_backups_or_with_an_unknown_id(host, oracle):
     pristine, _patched = oracle
+    # Never pushed: nothing to roll back, and that is where a rollback leaves it (no failure).
     none = cli("rollback", "--host", host.name)
-    assert none.exit_code == 1 and "no backups on the host" in none.stderr
+    assert none.exit_code == 0 and "nothing to roll back: no push ever switched a file" in none.stdout, none.output
     ok("push", "--host", host.name)
+    # Pushed, but its backups gone: nothing to restore the files from (an error, exit 1).
+    backups = host.state_dir / "backups"
+    kept = backups.rename(host.state_dir.parent / "backups-aside")
+    gone = cli("rollback", "--host", host.name)
+    assert gone.exit_code == 1 and "no backups on the host to restore from" in gone.stderr, gone.output
+    kept.rename(backups)
     unknown = cli("rollback", "--host", host.name, "--to", "20200101T000000.000000Z-nope")
     assert unknown.exit_code == 2 and "no backup '20200101T000000.000000Z-nope'; on the host: 20" in unknown.stderr
     assert not (host.state_dir / "lock").exists()  # released on the refusal, not left for EOF

@@ -734,7 +734,8 @@ def _apply_rollback(host: Host, run_id: str, manifest: dict, plan: Plan, journal
 
 def _choose_backup(host: Host, backups: list[dict], to: str | None) -> dict:
     if not backups:
-        raise DeployError(f"{host.name}: no backups on the host (nothing was ever pushed)", code=Code.NO_BACKUP)
+        raise DeployError(f"{host.name}: no backups on the host to restore from", code=Code.NO_BACKUP,
+                          hint=f"see what the files are with {next_step.status(host.name)}")
     if to is None:
         return backups[-1]  # ids start with a UTC timestamp: the last is the newest
     for b in backups:
