@@ -7,7 +7,6 @@ days (a newer release no family covers yet, a yanked or pre-release one).
 
 from __future__ import annotations
 
-import importlib.util
 import tomllib
 from pathlib import Path
 
