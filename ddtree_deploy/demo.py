@@ -9,11 +9,12 @@
    family (patches/sglang-0.5.20).
 2. A sandbox "GPU host" without the GPU: a Python environment holding that release's real
    files from its PyPI wheel (cached after the first download), importing the rest of
-   SGLang's CPU dependencies (torch, transformers, and for the v2 family xgrammar:
-   requirements/sglang-v2-cpu.txt) from the environment running the demo: a checkout's
-   .venv, or whatever an installed toolkit has beside it (checked first: one line when
-   missing). It is reached through a real OpenSSH sshd on loopback when one can be started
-   here, else through the local transport (said on screen).
+   SGLang's CPU dependencies (the ``demo`` extra: torch, transformers, ..., and for the v2
+   family xgrammar) from the environment running the demo: a checkout's .venv, or an
+   installed toolkit's own (``pipx install '.[demo]'``; checked first: one line naming the
+   ``pipx inject`` or ``pip install`` command that installs what is missing). It is
+   reached through a real OpenSSH sshd on loopback when one can be started here, else
+   through the local transport (said on screen).
 3. The real commands, each printed before it runs, with their real output: check -> push
    (then the smoke levels the sandbox supports: compile, import, cli; launch needs a GPU)
    -> status -> history -> rollback -> status.
@@ -29,7 +30,6 @@ carries under ddtree_deploy/_data/models (setup.py).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shlex
 import shutil
@@ -48,10 +48,12 @@ from ddtree_deploy.sandbox import SSHServer, make_host_env
 
 # Tiny model CONFIGS (no weights): enough for the cli level's validation.
 MODELS = REPO_ROOT / "tests" / "data" / "models" if in_checkout() else PACKAGE_DATA / "models"
-#: SGLang's CPU dependencies the sandbox host shares from this environment, by release: the
-#: v2 DFlash worker (0.5.20+, the v2 family's base) imports xgrammar at module level
-#: (requirements/sglang-v2-cpu.txt; tests/test_demo.py keeps the two lists equal).
-CPU_DEPS = (("0", ("torch", "transformers")), ("0.5.20", ("xgrammar",)))
+#: SGLang's CPU dependencies the sandbox host shares from this environment are the ``demo``
+#: extra's (pyproject.toml; base/install.py reads them): every one, but for a release older
+#: than 0.5.20 those only the v2 DFlash worker imports (requirements/sglang-v2-cpu.txt's:
+#: tests/test_demo.py keeps the two lists equal).
+V2_ONLY = ("xgrammar",)
+V2_SINCE = "0.5.20"
 #: v1 families on 0.5.12/0.5.13: their patched dflash_worker and scheduler import sgl_kernel
 #: (CUDA) at module level, so the sandbox's import level leaves them out. The v2 family's
 #: modules all import on CPU.
@@ -192,13 +194,27 @@ def write_inventory(tmp: Path, python: Path, sshd, choice: Choice) -> Path:
     return path
 
 
+def _installed(name: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution(name)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
 def missing_cpu_deps(version: str) -> list[str]:
-    """SGLang's CPU dependencies for ``version`` that the sandbox host shares from this
-    environment and that are not importable here."""
+    """The ``demo`` extra's requirements (SGLang's CPU dependencies, which the sandbox host
+    shares from this environment) for ``version`` that are not installed here."""
+    from packaging.requirements import Requirement
     from packaging.version import Version
 
-    wanted = [m for since, mods in CPU_DEPS if Version(version) >= Version(since) for m in mods]
-    return [m for m in wanted if importlib.util.find_spec(m) is None]
+    from ddtree_deploy.base.install import extra_requirements
+
+    v1 = Version(version) < Version(V2_SINCE)
+    names = [(req, Requirement(req).name) for req in extra_requirements("demo")]
+    return [req for req, name in names if not (v1 and name in V2_ONLY) and not _installed(name)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -225,10 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     say(choice.why)
     missing = missing_cpu_deps(choice.version)
     if missing:
-        say(f"demo: {', '.join(missing)} not importable here; the sandbox host imports SGLang's CPU "
-            f"dependencies from this Python environment: install them beside ddtree-deploy "
-            f"(a checkout's `make demo` does: requirements/sglang-cpu.txt, requirements/sglang-v2-cpu.txt), "
-            f"then run the demo again")
+        from ddtree_deploy.base.install import add_extra
+
+        how = ("`make demo` installs them (`make install`)" if in_checkout() else
+               f"install them (the demo extra) where ddtree-deploy runs: {add_extra('demo')}")
+        say(f"demo: {', '.join(missing)} not installed here; the sandbox host imports SGLang's CPU dependencies "
+            f"from this Python environment: {how}, then run the demo again")
         return 2
     try:
         wheel = releases.ensure_wheel(choice.version)

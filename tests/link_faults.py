@@ -21,11 +21,23 @@ class Relay:
         self.port = self.listener.getsockname()[1]
         self._lock = threading.Lock()
         self._stop = False
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self) -> None:
         self._stop = True
         self.listener.close()
+
+    def cut_all(self) -> None:
+        """Cut every link relayed so far, at once (a network gone under every connection)."""
+        with self._lock:
+            pairs, self.pairs = self.pairs, []
+        for pair in pairs:
+            for s in pair:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def _pass(self, data: bytes, upstream: bool) -> tuple[bytes, bool]:
         """(what to forward, cut now?) for ``data`` read from the client (``upstream``) or the host."""
@@ -39,6 +51,8 @@ class Relay:
                 return
             server = socket.create_connection(("127.0.0.1", self.target_port))
             pair = (client, server)
+            with self._lock:
+                self.pairs.append(pair)
             threading.Thread(target=self._pump, args=(client, server, pair, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, pair, False), daemon=True).start()
 

@@ -11,6 +11,7 @@ with the supervisor's own `supervisorctl restart` argv.
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -23,6 +24,37 @@ from ddtree_testkit.supervised import Supervised
 from sshd_host import DEPLOY_SERIES, SPEC, UTILS
 
 BUDGET = 8
+
+# A restart (or drain) command that forks: a child that would restart the server once the
+# run is over (issue 28: one did, 4.5 s after the push ended, outside any lock), and a
+# grandchild; it writes their pids, then hangs past its timeout.
+FORKING = r"""
+import os, subprocess, sys, time
+pids, marker = sys.argv[1], sys.argv[2]
+late = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(3); open(sys.argv[1], 'w').write('late')",
+                         marker])
+inner = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
+time.sleep(0.5)
+open(pids, "w").write(" ".join(map(str, [os.getpid(), late.pid, inner.pid])))
+time.sleep(60)
+"""
+
+
+def forking_command(folder: Path, pids: Path, marker: Path) -> list[str]:
+    """The argv of FORKING (written into ``folder``): it writes its pids to ``pids``; its late
+    child writes ``marker`` 3 s after it started, unless it was killed."""
+    script = folder / "forking.py"
+    script.write_text(FORKING)
+    return [sys.executable, str(script), str(pids), str(marker)]
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper runs nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 class Served:

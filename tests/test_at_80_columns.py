@@ -191,7 +191,7 @@ def test_a_drifted_host_shows_its_bytes_against_what_the_series_expects(fleet, t
     assert h.read(SPEC) == edited  # a dry run: nothing changed
 
     status = run80(env, "status", "--host", h.name, "--diff")
-    assert status.returncode == 0, status.stderr
+    assert status.returncode == 1, status.stderr  # answered, but drifted: needs attention
     assert f"{h.name}: 1 drifted file(s) against what sglang-0.5.12 expects:" in status.stdout
     assert "# a local edit" in status.stdout
     doc = json.loads(subprocess.run([str(EXE), "status", "--host", h.name, "--diff", "--json"],

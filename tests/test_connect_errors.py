@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -240,6 +241,38 @@ def test_no_such_interpreter_on_the_host(sshd, program):
     assert err.hint.startswith(f"set host.python in {SOURCE} to an interpreter on the host")
 
 
+class ShellExitsFirst(SSHTransport):
+    """The real transport, except that ``start`` returns only once the host's shell has exited
+    (its exit status and the channel's close received): the upload is then written to a
+    closed channel, the order a loaded machine gives at random (issue 28 item 5: 6 of 6)."""
+
+    def start(self, argv):
+        proc = super().start(argv)
+        assert proc.chan.status_event.wait(10), "the shell did not exit"
+        deadline = time.monotonic() + 10
+        while not proc.chan.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return proc
+
+
+@pytest.mark.parametrize("order", ["as-it-comes", "shell-exits-first"])
+def test_no_such_interpreter_is_said_every_time(sshd, order):
+    """A wrong host.python is the most common first-day mistake: its own sentence every time,
+    never `connection lost while uploading the agent` (the write used to lose the race with
+    the shell's exit 127)."""
+    host = _host(sshd, python="/nonexistent/python")
+    transport = SSHTransport if order == "as-it-comes" else ShellExitsFirst
+    said = []
+    for _trial in range(10):
+        with pytest.raises(DeployError) as caught:
+            with transport(host) as t, AgentSession(t, host) as sess:
+                sess.one({"op": "facts"})
+        said.append(caught.value.message)
+    assert said == [said[0]] * 10, said
+    assert said[0].startswith("box: cannot run the host's Python '/nonexistent/python' (exit 127; "), said[0]
+    assert caught.value.code == "agent"
+
+
 def test_no_such_interpreter_here_with_the_local_transport(tmp_path):
     from ddtree_deploy.remote.transport import LocalTransport
 
@@ -248,3 +281,20 @@ def test_no_such_interpreter_here_with_the_local_transport(tmp_path):
         run_on_host(host, LocalTransport(), SmokePlan(levels=("compile",), request={"levels": ["compile"]}))
     assert str(caught.value) == f"cannot start {tmp_path / 'no-python3'}: No such file or directory"
     assert caught.value.hint.startswith("set host.python in the inventory to an interpreter on this machine")
+
+
+def test_an_ssh_host_whose_python_has_no_sglang_gets_a_hint_about_that_host(sshd, tmp_path):
+    """The hint for an interpreter without sglang speaks of the SSH host and its file, never of
+    this machine's built-in host `local` (issue 28)."""
+    from ddtree_deploy.session import deploy
+
+    from dataclasses import replace
+
+    host = replace(_host(sshd), state_dir=str(tmp_path / "state"))  # this venv's Python: no sglang in it
+    with pytest.raises(DeployError) as caught:
+        deploy.status(host, SSHTransport(host))
+    err = caught.value
+    assert err.code == "no-sglang" and "cannot find the sglang package" in err.message
+    assert err.hint == (f"set host.python in {SOURCE} to the interpreter on the host that imports sglang (the one "
+                        "its SGLang server runs with: ps -eo args | grep sglang on the host shows it)")
+    assert "local" not in err.hint

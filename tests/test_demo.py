@@ -7,7 +7,6 @@ days (a newer release no family covers yet, a yanked or pre-release one).
 
 from __future__ import annotations
 
-import importlib.util
 import tomllib
 from pathlib import Path
 
@@ -28,9 +27,9 @@ def _no_download_nor_sandbox(monkeypatch):
     monkeypatch.setattr(demo, "make_host_env", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
 
 
-def _missing(monkeypatch, module: str) -> None:
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real(name, *a))
+def _missing(monkeypatch, name: str) -> None:
+    real = demo._installed
+    monkeypatch.setattr(demo, "_installed", lambda dist: dist != name and real(dist))
 
 
 def test_demo_stops_with_one_line_when_sglangs_cpu_deps_are_missing(monkeypatch, capsys):
@@ -40,23 +39,35 @@ def test_demo_stops_with_one_line_when_sglangs_cpu_deps_are_missing(monkeypatch,
     _no_download_nor_sandbox(monkeypatch)
     assert demo.main(["--release", "0.5.12.post1"]) == 2
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 3 and out[2].startswith("demo: torch not importable here; "), out
+    assert len(out) == 3 and out[2].startswith("demo: torch==2.14.1 not installed here; "), out
+    assert "`make demo` installs them" in out[2]  # (a checkout; the installed wheel: test_install_wheel.py)
 
 
 def test_the_v2_family_needs_xgrammar_beside_the_toolkit_and_the_v1_demo_does_not(monkeypatch, capsys):
     _missing(monkeypatch, "xgrammar")
     _no_download_nor_sandbox(monkeypatch)
     assert demo.main(["--release", "0.5.23"]) == 2
-    assert "demo: xgrammar not importable here; " in capsys.readouterr().out
+    assert "demo: xgrammar==0.2.7 not installed here; " in capsys.readouterr().out
     assert demo.missing_cpu_deps("0.5.12.post1") == []
 
 
-def test_the_demos_v2_dependencies_are_the_requirements_file():
-    """CPU_DEPS names what requirements/sglang-v2-cpu.txt installs for 0.5.20+ (the Makefile's
-    `make demo` installs that file): the two lists stay equal."""
-    listed = [line.split("==")[0].strip() for line in (REPO / "requirements" / "sglang-v2-cpu.txt").read_text().splitlines()
-              if line.strip() and not line.startswith("#")]
-    assert dict(demo.CPU_DEPS)["0.5.20"] == tuple(listed)
+def _requirements(name: str) -> list[str]:
+    return [line.strip() for line in (REPO / "requirements" / name).read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def test_the_demo_extra_is_what_make_install_puts_in_a_checkout():
+    """pyproject's `demo` extra (what an installed toolkit adds for the demo: pipx inject or pip)
+    is the Makefile's torch pair, requirements/sglang-cpu.txt but its test-only datasets, and
+    requirements/sglang-v2-cpu.txt; V2_ONLY are the latter's (not needed before 0.5.20)."""
+    import re
+
+    makefile = (REPO / "Makefile").read_text()
+    torch = re.search(r"\$\(PIP\) install -q (torch==\S+ torchvision==\S+)", makefile).group(1).split()
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["demo"]
+    cpu = [r for r in _requirements("sglang-cpu.txt") if r != "datasets"]
+    assert extra == [*torch, *cpu, *_requirements("sglang-v2-cpu.txt")]
+    assert demo.V2_ONLY == tuple(r.split("==")[0] for r in _requirements("sglang-v2-cpu.txt"))
 
 
 def test_a_release_no_family_covers_is_one_line_and_exit_2(monkeypatch, capsys):

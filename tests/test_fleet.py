@@ -423,3 +423,56 @@ def test_check_once_shares_the_check_between_hosts_of_one_version(tmp_path, monk
     (tmp_path / "h5").mkdir()  # a snapshot of its own (snapshot pull): checked on its own
     assert check("h5", series, v1, False, compute("h5")) is not first
     assert calls == ["boom", "h1", "h3", "h4", "h5"]
+
+
+# ---------------------------------------------------------------- status: fine or needs attention (pure)
+
+
+def _status_doc(**over) -> dict:
+    doc = {"phase": "deployed", "mixed": False, "lock": None,
+           "files": [{"path": "a.py", "state": "patched"}, {"path": "b.py", "state": "patched"}],
+           "serving": {"state": "current", "processes": [], "health": {"url": "http://h:1/health_generate",
+                                                                       "status": 200}}}
+    doc.update(over)
+    return doc
+
+
+@pytest.mark.parametrize("over, serve, restart, kinds", [
+    ({}, True, None, []),
+    ({"mixed": True, "files": [{"path": "a.py", "state": "pristine"}]}, False, None, ["mixed"]),
+    ({"files": [{"path": "a.py", "state": "drifted"}]}, False, None, ["drifted"]),
+    ({"phase": "switched"}, False, None, ["interrupted"]),
+    ({"phase": "switching"}, False, None, ["interrupted"]),
+    ({"phase": "switched", "lock": {"run_id": "r", "stale": False}}, False, None, []),  # a live run completes it
+    ({"phase": "switched", "lock": {"run_id": "r", "stale": True}}, False, None, ["interrupted"]),
+    ({"serving": {"state": "stale", "processes": [{"pid": 7, "stale": True}], "health": None}}, False, None,
+     ["stale"]),
+    ({"serving": {"state": "none", "processes": [], "health": {"url": "u", "status": None}}}, True, None,
+     ["unhealthy"]),
+    ({"serving": {"state": "none", "processes": [], "health": {"url": "u", "status": None}}}, False, None, []),
+    ({"serving": {"state": "unknown", "processes": [], "health": None}}, True, None, ["unhealthy"]),
+    ({}, True, {"state": "restarting", "time": "T"}, ["restart-unrecorded"]),
+    ({}, True, {"state": "healthy", "time": "T"}, []),
+    ({"phase": "rolled-back"}, False, None, []),
+    ({"phase": "never-deployed", "files": []}, False, None, []),
+])
+def test_what_in_a_status_needs_attention(over, serve, restart, kinds):
+    from ddtree_deploy.fleets.fleet import attention
+
+    found = attention(_status_doc(**over), serve=serve, restart=restart)
+    assert [a["kind"] for a in found] == kinds, found
+
+
+def test_the_status_footer_counts_each_kind_with_its_hosts():
+    from ddtree_deploy.fleets.fleet import FleetReport, HostResult, spread_policy, status_footer
+
+    def read(host, *kinds):
+        doc = {"attention": [{"kind": k, "detail": k} for k in kinds]}
+        return HostResult(host, Kind.ATTENTION if kinds else Kind.READ, doc)
+
+    results = (read("a"), read("b", "mixed"), read("c", "drifted", "stale"), read("d", "drifted"),
+               HostResult("e", Kind.UNREACHABLE, {}, exit_code=1))
+    report = FleetReport("status", spread_policy([r.host for r in results], parallel=None), results)
+    assert not report.ok and report.exit_code == 1
+    assert status_footer(report) == ("1 of 5 host(s) fine; MIXED: 1 (b); drifted files: 2 (c, d); serving stale "
+                                     "code: 1 (c); unreachable: 1 (e)")

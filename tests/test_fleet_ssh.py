@@ -173,18 +173,55 @@ def test_push_status_rollback_of_a_group_with_every_kind_of_failure(fleet, oracl
     assert "rolled-back" in lines["smoke"]
     assert "never-deployed" in lines["drift"] and "1 file(s)" in lines["drift"]
     assert "unreachable" in lines["down"]
+    footer = " ".join(status.stderr.split())
+    assert ("not all fine: 4 of 6 host(s) fine; drifted files: 1 (drift); unreachable: 1 (down)") in footer, footer
     as_json = json.loads(cli("status", "--group", "gpu", "--json").stdout)
-    assert outcomes(as_json)["down"] == "unreachable" and outcomes(as_json)["good2"] == "read"
+    assert outcomes(as_json)["down"] == "unreachable" and outcomes(as_json)["good2"] == "fine"
     assert {f["path"]: f["state"] for f in next(h for h in as_json["hosts"] if h["host"] == "drift")["files"]}[SPEC] \
         == "drifted"
 
     rolled = cli("rollback", "--group", "gpu", "--parallel", "2", "--json")
     assert rolled.exit_code == 1
+    # (drift: its push was refused, so nothing of ddtree-deploy's is there to roll back; its hand
+    # edit is its own, which status keeps calling drifted)
     assert outcomes(json.loads(rolled.stdout)) == {
-        "canary": "rolled back", "good1": "rolled back", "drift": "failed, host unchanged",
+        "canary": "rolled back", "good1": "rolled back", "drift": "already rolled back",
         "smoke": "already rolled back", "down": "unreachable", "good2": "rolled back"}
     for name in ("canary", "good1", "good2", "smoke"):
         assert files_of(fleet.hosts[name]) == pristine, name
+
+
+def test_fleet_status_counts_what_is_not_fine_and_exits_by_it(fleet, oracle):
+    """`status --group` printed `all ok`, exit 0, over a MIXED host and a drifted one (issue 28):
+    a host that answered is not a host that is fine. The footer counts each kind of trouble
+    and names its hosts; the exit code is 1 while any host needs attention, 0 once all are fine."""
+    pristine, patched = oracle
+    for i, name in enumerate(["fine", "mixed", "drifted"]):
+        fleet.add(name, i)
+    fleet.group("gpu", ["fine", "mixed", "drifted"])
+    assert cli("push", "--group", "gpu").exit_code == 0
+    fleet.hosts["mixed"].file(SPEC).write_bytes(pristine[SPEC])  # a file back to pristine under `deployed`
+    fleet.hosts["drifted"].file(UTILS).write_bytes(b"# a hot fix on the host\n")
+
+    status = cli("status", "--group", "gpu")
+    assert status.exit_code == 1, status.output
+    footer = " ".join(status.stderr.split())
+    assert "not all fine: 1 of 3 host(s) fine; MIXED: 1 (mixed); drifted files: 1 (drifted)" in footer, footer
+    doc = json.loads(cli("status", "--group", "gpu", "--json").stdout)
+    assert doc["exit_code"] == 1 and doc["ok"] is False
+    assert outcomes(doc) == {"fine": "fine", "mixed": "needs attention", "drifted": "needs attention"}
+    by = {h["host"]: h for h in doc["hosts"]}
+    assert [a["kind"] for a in by["mixed"]["attention"]] == ["mixed"] and by["fine"]["attention"] == []
+    assert [a["kind"] for a in by["drifted"]["attention"]] == ["drifted"]
+    one = cli("status", "--host", "drifted")
+    assert one.exit_code == 1 and one.stdout.splitlines()[-1].startswith(
+        f"drifted: needs attention: 1 file(s) changed outside ddtree-deploy ({UTILS} drifted)"), one.stdout
+
+    assert cli("push", "--host", "mixed").exit_code == 0  # completes the series
+    assert cli("rollback", "--host", "drifted").exit_code == 1  # refuses to overwrite the hand edit
+    fleet.hosts["drifted"].file(UTILS).write_bytes(patched[UTILS])
+    ok = cli("status", "--group", "gpu")
+    assert ok.exit_code == 0 and "all fine: 3 of 3 host(s) fine" in " ".join(ok.stderr.split()), ok.output
 
 
 def test_a_failed_canary_leaves_every_other_host_byte_identical(fleet, oracle):
@@ -211,6 +248,19 @@ def test_a_failed_canary_leaves_every_other_host_byte_identical(fleet, oracle):
     for n in "abc":
         assert tree_of(fleet.hosts[n]) == before[n], n  # every file byte-identical
         assert not fleet.hosts[n].state_dir.exists()  # not even connected to
+
+    # The way out of a bad push is a fleet rollback: the hosts it skipped were never pushed,
+    # so they are already where a rollback leaves them: no failure there ("no backups").
+    back = cli("rollback", "--host", "a", "--host", "b", "--host", "c", "--host", "canary", "--json")
+    assert back.exit_code == 0, back.output
+    doc = json.loads(back.stdout)
+    assert outcomes(doc) == {"a": "already rolled back", "b": "already rolled back", "c": "already rolled back",
+                             "canary": "already rolled back"}
+    assert doc["hosts"][0]["summary"] == ("nothing to roll back: no push ever switched a file on this host (no "
+                                          "journal, no backup)")
+    for n in "abc":
+        site = str(fleet.hosts[n].site)
+        assert {p: v for p, v in tree_of(fleet.hosts[n]).items() if p.startswith(site)} == before[n], n
 
 
 def test_max_failures_and_a_held_lock(fleet, oracle):

@@ -107,6 +107,46 @@ def test_hosts_list_reads_every_file_and_says_where(tmp_path):
     assert empty.exit_code == 0 and "ddtree-deploy hosts init NAME -i" in " ".join(empty.stderr.split())
 
 
+@pytest.mark.parametrize("extra, said", [
+    ('[smoke]\nlevels = ["compil"]\n', "smoke.levels: unknown level 'compil'"),
+    ('[serve]\nrestart = "systemctl restart sglang"\nurl = "http://127.0.0.1:30000"\n',
+     "serve.restart: must be a list of arguments, not the string 'systemctl restart sglang'"),
+    ('[smoke]\nlevels = ["compile", "launch"]\n', "smoke.levels: 'launch' needs a [smoke.launch] table"),
+])
+def test_hosts_list_shows_broken_what_push_refuses(tmp_path, extra, said):
+    """`hosts list` and `push` share one validator: a file push refuses before any connection
+    is listed BROKEN with push's own line (exit 2), never as fine (issue 28)."""
+    folder = tmp_path / "inv"
+    path = local_host(folder, "box", tmp_path / "state")
+    path.write_text(path.read_text() + extra)
+    pushed = cli("push", "--host", "box", "-i", str(folder))
+    assert pushed.exit_code == 2 and said in pushed.stderr, pushed.output
+    (refusal,) = [line for line in pushed.stderr.splitlines() if line.startswith("error: ")]
+    listed = cli("hosts", "list", "-i", str(folder))
+    assert listed.exit_code == 2, listed.output
+    assert f"  box  BROKEN: {refusal[len('error: '):]}" in listed.stdout, listed.stdout
+    assert listed.stderr.splitlines()[0] == refusal
+    doc = json.loads(cli("hosts", "list", "-i", str(folder), "--json").stdout)
+    assert [(e["name"], e["ok"]) for e in doc["inventory"]] == [("box", False)]
+    assert not (tmp_path / "state").exists()  # nothing connected to, nothing written
+
+
+def test_hosts_list_shows_a_group_member_without_a_file_as_push_refuses_it(tmp_path):
+    folder = tmp_path / "inv"
+    local_host(folder, "box", tmp_path / "state")
+    (folder / "groups.toml").write_text('[groups]\ngpu = ["box", "ghost"]\n')
+    pushed = cli("push", "--group", "gpu", "-i", str(folder))
+    assert pushed.exit_code == 2 and f"{folder / 'ghost.toml'}: no such inventory file" in pushed.stderr
+    listed = cli("hosts", "list", "-i", str(folder))
+    assert listed.exit_code == 2, listed.output
+    assert f"  group gpu: box, ghost  BROKEN: group gpu: member ghost: {folder / 'ghost.toml'}: no such inventory " \
+           "file" in listed.stdout, listed.stdout
+    doc = json.loads(cli("hosts", "list", "-i", str(folder), "--json").stdout)
+    assert doc["broken_groups"] == {"gpu": f"group gpu: member ghost: {folder / 'ghost.toml'}: no such inventory file"}
+    (folder / "groups.toml").write_text('[groups]\ngpu = ["box", "local"]\n')  # the built-in host needs no file
+    assert cli("hosts", "list", "-i", str(folder)).exit_code == 0
+
+
 # ---------------------------------------------------------------- -i on every command that reads hosts
 
 
@@ -179,3 +219,18 @@ def test_host_local_is_the_toolkits_own_python_and_says_the_way_out(tmp_path, mo
     hint = " ".join(r.stderr.split())
     assert "the built-in host 'local' runs ddtree-deploy's own Python" in hint
     assert "`ddtree-deploy hosts init NAME --local --python PATH`" in hint
+
+
+@pytest.mark.parametrize("given, marked", [
+    ([], True),  # python and the SSH host are examples: marked EDIT
+    (["--python", "/opt/v/bin/python"], True),  # the SSH host is still the example (the name)
+    (["--python", "/opt/v/bin/python", "--ssh-host", "gpu1.example.org"], False),
+    (["--local", "--python", "/opt/v/bin/python"], False),
+])
+def test_hosts_init_asks_to_edit_only_what_it_marked(tmp_path, given, marked):
+    r = cli("hosts", "init", "gpu1", *given, "-i", str(tmp_path / "inv"))
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "inv" / "gpu1.toml").read_text()
+    said = " ".join(r.stderr.split())
+    assert ("# EDIT: " in text) is marked
+    assert ("edit the values marked EDIT" in said) is marked and "check it: `ddtree-deploy status --host gpu1" in said

@@ -208,3 +208,29 @@ def test_bad_input_writes_nothing(tmp_path):
     assert (tmp_path / "full" / "x").read_text() == "keep"
     r = CliRunner().invoke(app, ["image", "--base", BASE, "--release", "0.4.0", "--out", str(tmp_path / "n")])
     assert r.exit_code == 2 and not (tmp_path / "n").exists(), r.output
+
+
+def test_build_with_a_docker_client_but_no_daemon_says_so_exit_3(tmp_path, monkeypatch):
+    """A real docker CLI whose daemon does not answer (this machine has one; elsewhere the
+    test makes the CLI talk to a socket nobody listens on): the cause is the daemon, exit 3
+    with the build context written, never "docker build failed ... a drifted sglang in the
+    base image" (exit 1) (issue 28)."""
+    import shutil
+
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker CLI on this machine")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").symlink_to(docker)
+    monkeypatch.setenv("PATH", str(bin_dir))  # docker alone: no podman or buildah to fall back to
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-daemon.sock'}")
+    r = CliRunner().invoke(app, ["image", "--base", BASE, "--release", RELEASE, "--out", str(tmp_path / "c"),
+                                 "--build", "--tag", "x:y", "--json"])
+    assert r.exit_code == 3, r.output
+    error = json.loads(r.stdout)["error"]
+    assert error["code"] == "no-builder"
+    assert error["message"].startswith(f"docker is installed ({bin_dir / 'docker'}) but cannot build: "), error
+    assert "daemon" in error["message"] and f"the build context is written at {tmp_path / 'c'}" in error["message"]
+    assert error["hint"].startswith("start the builder's daemon")
+    assert (tmp_path / "c" / "Dockerfile").exists()

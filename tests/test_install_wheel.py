@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,12 @@ from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.release import releases
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def tomllib_load(path: Path) -> dict:
+    import tomllib
+
+    return tomllib.loads(path.read_text())
 RELEASE = "0.5.12.post1"
 # What the build needs from the checkout; copied so the build never writes into it.
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ddtree_deploy", "patches", "payload", "hosts")
@@ -205,6 +212,38 @@ def test_installed_version_is_the_wheels(installed):
     r = _run(installed, "--version")
     wheel_version = installed["wheel"].name.split("-")[1]
     assert (r.returncode, r.stdout) == (0, f"ddtree-deploy {wheel_version}\n")
+
+
+def test_installed_demo_without_its_extra_names_the_one_pipx_line(installed, tmp_path):
+    """`python -m ddtree_deploy.demo` from a pipx install without SGLang's CPU dependencies
+    (issue 28: it asked for requirements files the wheel does not ship): exit 2 and one line
+    naming the `pipx inject` command that adds what is missing, the `demo` extra's own
+    requirements as the wheel's metadata declares them. The pipx venv is made here: the
+    wheel, the toolkit's dependencies without torch and torchvision, pipx's metadata file."""
+    venv, shared = tmp_path / "pipx-venv", tmp_path / "deps-without-torch"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    shared.mkdir()
+    for entry in Path(sysconfig.get_path("purelib")).iterdir():
+        if not entry.name.lower().startswith("torch"):
+            (shared / entry.name).symlink_to(entry)
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
+                                "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    (site / "deps.pth").write_text(f"{shared}\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", "--no-index", str(installed["wheel"])], check=True, timeout=120)
+    (venv / "pipx_metadata.json").write_text("{}\n")  # what pipx writes in each app's venv
+    r = subprocess.run([str(venv / "bin" / "python"), "-m", "ddtree_deploy.demo", "--release", "0.5.23"],
+                       cwd=installed["cwd"], env=installed["env"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    said = " ".join(r.stdout.split())
+    assert ("demo: torch==2.14.1, torchvision==0.29.1 not installed here; the sandbox host imports SGLang's CPU "
+            "dependencies from this Python environment: install them (the demo extra) where ddtree-deploy runs: "
+            "`pipx inject ddtree-deploy ") in said, said
+    line = said.split("`pipx inject ddtree-deploy ")[1].split("`")[0]
+    declared = tomllib_load(REPO / "pyproject.toml")["project"]["optional-dependencies"]["demo"]
+    assert line.split() == [shlex.quote(req) for req in declared]  # the wheel's metadata: the extra, whole
+    assert "requirements/" not in said and "pip install" not in said
 
 
 @pytest.mark.sshd

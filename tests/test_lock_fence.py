@@ -75,16 +75,21 @@ def check_status_is_true(h, oracle) -> dict:
     for path, data in files_now(h).items():
         assert data in (pristine[path], patched[path]), f"{path} is neither pristine nor patched"
         actual[path] = "patched" if data == patched[path] else "pristine"
-    doc = json.loads(ok("status", "--host", h.name, "--json").stdout)["hosts"][0]
+    read = cli("status", "--host", h.name, "--json")
+    doc = json.loads(read.stdout)["hosts"][0]
     states = {f["path"]: f["state"] for f in doc["files"]}
     assert states == actual, (states, actual)
     contradicts = (doc["phase"] in ("deployed", "switched") and "pristine" in actual.values()
                    or doc["phase"] == "rolled-back" and "patched" in actual.values())
     assert doc["mixed"] is contradicts, doc
+    # A host that answered is fine only when nothing needs a person: exit 1 otherwise.
+    assert read.exit_code == (1 if doc["attention"] else 0), read.output
+    assert ("mixed" in [a["kind"] for a in doc["attention"]]) is contradicts, doc["attention"]
     if contradicts:
         assert doc["explanation"].startswith("MIXED: the journal says"), doc["explanation"]
-        text = ok("status", "--host", h.name).stdout
+        text = cli("status", "--host", h.name).stdout
         assert f"phase: MIXED (journal: {doc['phase']})" in text
+        assert text.splitlines()[-1].startswith(f"{h.name}: needs attention: MIXED: "), text
     return doc
 
 
@@ -168,12 +173,15 @@ def test_status_calls_a_host_whose_files_contradict_its_journal_mixed(host, orac
     ok("push", "--host", host.name)
     host.file(ADDED).unlink()  # the added module gone: pristine for a file the series adds
     host.file(SPEC).write_bytes(pristine[SPEC])
-    doc = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
-    assert doc["phase"] == "deployed" and doc["mixed"] is True
+    read = cli("status", "--host", host.name, "--json")
+    assert read.exit_code == 1, read.output  # a host that answered is not a host that is fine
+    doc = json.loads(read.stdout)["hosts"][0]
+    assert doc["phase"] == "deployed" and doc["mixed"] is True and doc["outcome"] == "needs attention"
+    assert [a["kind"] for a in doc["attention"]] == ["mixed"]
     assert doc["explanation"].startswith("MIXED: the journal says deployed (push run ")
     assert "2 of its file(s) are pristine (not patched)" in doc["explanation"]
     assert f"ddtree-deploy push --host {host.name}" in doc["explanation"]
-    text = ok("status", "--host", host.name).stdout
+    text = cli("status", "--host", host.name).stdout
     assert "phase: MIXED (journal: deployed)" in text and "phase: deployed:" not in text
     ok("push", "--host", host.name)
     assert json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]["mixed"] is False
@@ -235,3 +243,35 @@ def test_a_guard_held_too_long_is_refused_not_waited_for(tmp_path, monkeypatch):
     assert reply["code"] == "locked" and "stayed held for 0.3 s" in reply["message"], reply
     assert (tmp_path / "state" / "lock").exists()  # nothing was released
     a.release()
+
+
+def test_an_agent_stuck_in_the_guard_is_named_by_lock_release_and_push(host, oracle):
+    """An agent stopped while it holds lock.guard (the test hook stops it inside its rename's
+    fenced step): `lock release --force` and a second `push` give the waiting agent's own
+    answer, which names that process and how to find it, within their read deadline (the
+    guard wait is shorter than it: here 10 s under a 30 s deadline, and 2 s when the
+    inventory's op_timeout is 6 s), never "deploy lock held by ? since ?" or "no answer ...
+    raise host.op_timeout" (issue 28 item 5)."""
+    pristine, patched = oracle
+    a = start_controller(host, "push", {"stop_in_guard_after_renames": 1})
+    pid = stopped_agent(host, a)
+    try:
+        released = cli("lock", "release", "--host", host.name, "--force")
+        assert released.exit_code == 1, released.output
+        said = " ".join(released.stderr.split())
+        assert f"lock.guard stayed held for 10 s by process {pid} (a ddtree-deploy host program, stopped): " \
+               "nothing was changed" in said, said
+        assert f"`ps -o pid,stat,etime,args -p {pid}`" in said and f"`kill -CONT {pid}`" in said, said
+        assert "op_timeout" not in said and "held by ?" not in said
+        host.inventory(smoke_levels=[], op_timeout=6)  # a short read deadline: the guard wait follows it
+        pushed = cli("push", "--host", host.name)
+        assert pushed.exit_code == 1, pushed.output
+        said = " ".join(pushed.stderr.split())
+        assert f"lock.guard stayed held for 2 s by process {pid} (a ddtree-deploy host program, stopped)" in said, said
+        assert "held by ?" not in said and "op_timeout" not in said
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    first = finish(a, "push")
+    assert first["code"] == 0, first
+    assert files_now(host) == {p: patched[p] for p in TARGETS}
+    assert not (host.state_dir / "lock").exists()

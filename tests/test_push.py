@@ -443,12 +443,26 @@ def test_push_runs_the_smoke_and_rolls_back_when_it_fails(host, oracle):
     assert doc["ok"] is False and doc["changed"] and doc["auto_rollback"]["done"] is True
     assert files_of(host) == pristine  # rolled back automatically, sha256-verified
     assert json.loads((host.state_dir / "journal.json").read_text())["phase"] == "rolled-back"
+    # The history and status say it was the push's own rollback, after which push, and why.
+    push_run = doc["run_id"]
+    entry = json.loads(ok("history", "--host", host.name, "--json").stdout)["hosts"][0]["entries"][0]
+    assert entry["event"] == "rollback" and entry["run_id"] != push_run
+    assert {k: entry["automatic"][k] for k in ("push_run", "cause", "step")} == {
+        "push_run": push_run, "cause": "smoke", "step": "import"}
+    assert entry["automatic"]["detail"] == doc["smoke"]["levels"][-1]["detail"][:300]
+    assert f"rollback (AUTOMATIC, after push run {push_run}: smoke failed at import)" in \
+        ok("history", "--host", host.name).stdout
+    said = json.loads(cli("status", "--host", host.name, "--json").stdout)["hosts"][0]["explanation"]
+    assert said.startswith(f"rolled back automatically after push run {push_run} (smoke failed at import) to "
+                           "backup "), said
 
     kept = cli("push", "--host", host.name, "--no-rollback")
     assert kept.exit_code == 1 and "KEPT" in kept.stdout and files_of(host) == patched
     journal = json.loads((host.state_dir / "journal.json").read_text())
     assert journal["phase"] == "switched" and journal["smoke"]["failed"] == "import"
-    status = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
+    read = cli("status", "--host", host.name, "--json")
+    status = json.loads(read.stdout)["hosts"][0]
+    assert read.exit_code == 1 and [a["kind"] for a in status["attention"]] == ["interrupted"], read.output
     assert status["phase"] == "switched"
     assert (f"files patched by run {journal['run_id']} (3 patched); the smoke has not passed (it failed at import): "
             f"run `ddtree-deploy smoke --host {host.name}` or `ddtree-deploy rollback --host {host.name}`"
@@ -495,11 +509,16 @@ def test_switched_until_the_smoke_passes(host, oracle):
     switched = deploy.push(h, SSHTransport(h), list(TARGETS), desire, smoke=True)
     assert switched.changed and switched.phase == "switched" and switched.smoke_pending == switched.run_id
     assert _journal(host)["phase"] == "switched" and files_of(host) == patched
-    status = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
+    read = cli("status", "--host", host.name, "--json")
+    status = json.loads(read.stdout)["hosts"][0]
+    assert read.exit_code == 1 and status["outcome"] == "needs attention", read.output  # switched: not deployed
     assert status["phase"] == "switched" and status["series"]["run_id"] == switched.run_id
     assert f"files patched by run {switched.run_id}" in status["explanation"]
     assert f"`ddtree-deploy smoke --host {host.name}`" in status["explanation"]
-    assert "phase: switched: files patched by run" in ok("status", "--host", host.name).stdout
+    human = cli("status", "--host", host.name)
+    assert human.exit_code == 1 and "phase: switched: files patched by run" in human.stdout
+    assert human.stdout.splitlines()[-1] == (f"{host.name}: needs attention: phase switched: files patched, not "
+                                             "deployed (the smoke or the server restart has not passed)")
 
     # A stale controller cannot mark somebody else's deploy: compare-and-set on the run id.
     with pytest.raises(DeployError, match="not switched of run someone-else") as stale:
@@ -556,9 +575,16 @@ def test_a_wrong_interpreter_is_named(host):
 
 def test_rollback_without_backups_or_with_an_unknown_id(host, oracle):
     pristine, _patched = oracle
+    # Never pushed: nothing to roll back, and that is where a rollback leaves it (no failure).
     none = cli("rollback", "--host", host.name)
-    assert none.exit_code == 1 and "no backups on the host" in none.stderr
+    assert none.exit_code == 0 and "nothing to roll back: no push ever switched a file" in none.stdout, none.output
     ok("push", "--host", host.name)
+    # Pushed, but its backups gone: nothing to restore the files from (an error, exit 1).
+    backups = host.state_dir / "backups"
+    kept = backups.rename(host.state_dir.parent / "backups-aside")
+    gone = cli("rollback", "--host", host.name)
+    assert gone.exit_code == 1 and "no backups on the host to restore from" in gone.stderr, gone.output
+    kept.rename(backups)
     unknown = cli("rollback", "--host", host.name, "--to", "20200101T000000.000000Z-nope")
     assert unknown.exit_code == 2 and "no backup '20200101T000000.000000Z-nope'; on the host: 20" in unknown.stderr
     assert not (host.state_dir / "lock").exists()  # released on the refusal, not left for EOF

@@ -28,6 +28,9 @@ from ddtree_deploy.settings.inventory import Host
 from ddtree_deploy.settings.serve_settings import parse_serve
 from ddtree_testkit import STANDIN_SERVER
 
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_host import alive as _alive, forking_command  # noqa: E402
+
 SPEC = "sglang/srt/speculative/spec_info.py"
 
 
@@ -202,7 +205,30 @@ def test_restart_command_failures(env, tmp_path):
     r = run(host, settings(port, [str(tmp_path / "no-such-program")]))
     assert r.failed == "restart" and "cannot run" in r.detail and "No such file" in r.detail
     r = run(host, settings(port, [sys.executable, "-c", "import time; time.sleep(30)"], restart_timeout_s=1))
-    assert r.failed == "restart" and r.detail == "the restart command did not finish within 1 s"
+    assert r.failed == "restart"
+    assert r.detail == "the restart command did not finish within 1 s: its process group was killed (1 process)"
+
+
+@pytest.mark.parametrize("step", ["restart", "drain"])
+def test_a_command_past_its_timeout_is_killed_with_its_whole_process_group(env, tmp_path, step):
+    """Each drain and restart command runs in a process group of its own; past its timeout the
+    whole group is killed and reaped (not only its first process), and the failure says how
+    many processes that was: nothing it started acts after the run."""
+    host, _site = env
+    port = free_port()
+    pids, marker = tmp_path / "pids", tmp_path / "restarted-late"
+    forking = forking_command(tmp_path, pids, marker)
+    table = ({"restart": forking, "restart_timeout_s": 2} if step == "restart" else
+             {"restart": ["true"], "drain": forking, "drain_timeout_s": 2})
+    r = run(host, settings(port, **table), proof=False)
+    assert r.failed == step, r.detail
+    # the command, its late child, the inner child and its own child: 4 processes
+    assert r.detail == f"the {step} command did not finish within 2 s: its process group was killed (4 processes)"
+    assert r.answer[step]["killed"] == 4 and r.answer[step]["left"] == []
+    started = [int(x) for x in pids.read_text().split()]
+    assert len(started) == 3 and not any(_alive(pid) for pid in started)
+    time.sleep(3.5)  # past the moment the late child would have acted
+    assert not marker.exists()
 
 
 def test_not_healthy_in_time_and_an_old_process_still_serving(env, tmp_path, reap):
@@ -238,3 +264,71 @@ def test_drain_runs_first_and_a_failed_drain_restarts_nothing(env, tmp_path, rea
     r = run(host, settings(port, restart, drain=[sys.executable, "-c", "raise SystemExit(3)"]), proof=False)
     assert (r.failed, r.detail) == ("drain", "the drain command exited 3: no output")
     assert not marks.exists()  # the restart never ran
+
+
+def test_the_smoke_programs_own_probe_is_never_taken_for_a_server(env, tmp_path):
+    """A probe the smoke program runs with the host's interpreter (here its cli level, held
+    for a while) is ddtree-deploy's own: `status` lists it apart, never as a (stale) server."""
+    from ddtree_deploy.remote.transport import ProgramSession
+    from ddtree_deploy.smoke.smoke_run import SMOKE_PROGRAM
+
+    host, _site = env
+    request = {"levels": ["cli"], "cli": {"argv": ["{python}", "-c", "import time; time.sleep(8)"], "expect": [],
+                                          "timeout_s": 60}}
+    with LocalTransport() as t, ProgramSession(t, host, SMOKE_PROGRAM) as smoke:
+        smoke.send(request)
+        deadline = time.monotonic() + 30
+        while True:  # the probe runs (the smoke program's child, with the host's interpreter)
+            answer = check(host)
+            probes = [p for p in answer.get("own") or () if "time.sleep(8)" in " ".join(p["cmdline"])]
+            if probes:
+                break
+            assert time.monotonic() < deadline, answer
+            time.sleep(0.2)
+        assert not any("time.sleep(8)" in " ".join(p["cmdline"]) for p in answer["processes"]), answer["processes"]
+        (probe,) = probes
+        assert probe["program"] == "smoke"
+        doc = serve_plan.serving(answer, "local")
+        assert f"pid {probe['pid']}: smoke" in doc["explanation"] and doc["state"] != "stale"
+        while smoke.read(time.monotonic() + 30).get("event") != "done":
+            pass
+
+
+def test_a_health_url_that_answers_without_http_is_not_healthy_yet(env, tmp_path):
+    """Whatever holds the port answers, but not with HTTP (http.client's BadStatusLine): not
+    healthy (yet), the wait goes on to its deadline; the serve program never aborts on it."""
+    import socket
+    import threading
+
+    host, _site = env
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def answer_garbage():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            try:
+                conn.recv(4096)
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6 not http\r\n")
+            finally:
+                conn.close()
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    try:
+        r = run(host, settings(port, ["true"], ready_timeout_s=1.5), proof=False)
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+    assert (r.failed, r.state) == ("health", "unhealthy"), r.detail
+    assert r.detail == ("the server was not healthy 1.5 s after the restart (last health status none: "
+                        "nothing answered)"), r.detail
+    assert r.answer["health"]["polls"] > 1

@@ -66,7 +66,7 @@ def test_gpu_host_settings_and_level_order():
      "add [smoke.launch] with model, draft_model, port..."),
     ('[smoke]\ntimout_s = 3\n',
      f"{SRC}: line 6: smoke.timout_s: unknown key (known keys here: import_exclude, launch, levels, timeout_s); "
-     "fix its spelling or remove it"),
+     "did you mean timeout_s? fix its spelling or remove it"),
     ('[smoke.launch]\nport = 70000\n',
      f"{SRC}: line 6: smoke.launch.port: must be an integer from 1 to 65535, not 70000; "
      "write a number without quotes, e.g. port = 1"),
@@ -238,7 +238,7 @@ FAM = "patches/x/family.toml"
     ("smoke = 3\n", f"{FAM}: line 2: smoke: must be a table, not 3; write it as a [smoke] table"),
     ('[smoke]\nbudget_flg = "--x"\n',
      f"{FAM}: line 3: smoke.budget_flg: unknown key (known keys here: budget_field, budget_flag, hybrid_report, "
-     "probe_args, topk_flag, worker_class, worker_module); fix its spelling or remove it"),
+     "probe_args, topk_flag, worker_class, worker_module); did you mean budget_flag? fix its spelling or remove it"),
     ('[smoke]\nbudget_flag = "budget"\n',
      f"{FAM}: line 3: smoke.budget_flag: must be a long option such as '--speculative-ddtree-budget', "
      "not 'budget'; write the flag the family's server takes, e.g. budget_flag = \"--speculative-ddtree-budget\""),

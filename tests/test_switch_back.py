@@ -79,13 +79,15 @@ def test_switch_back_failing_leaves_mixed_explained_then_rollback_restores(host,
         assert journal(host)["phase"] == "switching" and journal(host)["op"] == "push"
 
         # status (read-only, works while the folder is still immutable) explains every file.
-        doc = json.loads(ok("status", "--host", host.name, "--json").stdout)["hosts"][0]
+        read = cli("status", "--host", host.name, "--json")
+        assert read.exit_code == 1, read.output  # interrupted mid-switch: needs a person
+        doc = json.loads(read.stdout)["hosts"][0]
         states = {f["path"]: f["state"] for f in doc["files"]}
         assert states == {p: ("patched" if p in flipped else "pristine") for p in TARGETS}, states
         assert doc["phase"] == "switching"
         assert "1 patched, 2 pristine" in doc["explanation"], doc["explanation"]
         assert "rerun `push`" in doc["explanation"] and "`rollback`" in doc["explanation"], doc["explanation"]
-        human = ok("status", "--host", host.name).stdout
+        human = cli("status", "--host", host.name).stdout
         assert "phase: switching" in human, human
         for p in TARGETS:
             assert p in human, human

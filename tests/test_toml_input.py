@@ -54,8 +54,26 @@ def test_unknown_key_same_format_and_wording(tmp_path, test_family_dir):
     assert (fam["line"], fam["key"]) == ("3", "range")
     for m in (inv, fam):
         assert m["what"].startswith("unknown key (known keys here: ")
-        assert m["todo"] == "fix its spelling or remove it"
+    # A key spelled nearly like a known one is named (prot: port); else the plain advice.
+    assert inv["todo"] == "did you mean port? fix its spelling or remove it"
+    assert fam["todo"] == "fix its spelling or remove it"
     assert fam["what"] == "unknown key (known keys here: description, sglang, smoke)"
+
+
+@pytest.mark.parametrize("text, message", [
+    # A required key misspelt is said as the misspelling it is, never as "missing" (issue 28: pyhton).
+    ("[host]\npyhton = '/p'\n[ssh]\nhost = 'a'\n",
+     "hosts/h.toml: line 2: host.pyhton: unknown key: a misspelling of python (host.python is required); rename "
+     "it to python"),
+    ("[host]\npython = '/p'\n[ssh]\nhots = 'a'\n",
+     "hosts/h.toml: line 4: ssh.hots: unknown key: a misspelling of host (ssh.host is required); rename it to host"),
+    ("[host]\nsudo = false\n[ssh]\nhost = 'a'\n", "hosts/h.toml: line 1: host.python: missing (required); add "
+     'python = "/opt/venv/bin/python"'),
+])
+def test_a_misspelt_required_key_is_named_not_missing(text, message):
+    with pytest.raises(BadInput) as e:
+        parse_host(text, name="h", source="hosts/h.toml")
+    assert e.value.message == message
 
 
 def test_syntax_error_carries_tomllib_line(tmp_path, test_family_dir):
@@ -132,7 +150,8 @@ def test_smoke_tables_unknown_key_same_format_and_wording_as_the_inventory(tmp_p
     assert (fam["line"], fam["key"]) == ("3", "smoke.worker_klass")
     for m in (inv, launch, fam):
         assert m["what"].startswith("unknown key (known keys here: ")
-        assert m["todo"] == "fix its spelling or remove it"
+    assert (inv["todo"], launch["todo"], fam["todo"]) == tuple(
+        f"did you mean {k}? fix its spelling or remove it" for k in ("port", "model", "worker_class"))
     assert "draft_model, extra_args, gpu" in launch["what"] and "worker_class, worker_module)" in fam["what"]
 
 

@@ -10,7 +10,7 @@ Where the keys act:
 
 - the host agent: the whole object travels in the agent's ``init`` request (``hooks``) and
   the agent acts on its own keys (``exit_after_renames``, ``stop_after_renames``,
-  ``immutable_after_renames``, ``no_hard_links``, ``fill_after_staging``,
+  ``immutable_after_renames``, ``stop_in_guard_after_renames``, ``no_hard_links``, ``fill_after_staging``,
   ``stop_before_each_request``, ``exit_after_*`` / ``stop_after_*`` at its named steps);
 - ``smoke_heartbeat_s``: the smoke program's keep-alive interval during a push (20 s
   otherwise), so that a test sees a heartbeat in under a second.

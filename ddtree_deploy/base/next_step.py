@@ -100,11 +100,17 @@ def hosts_init(name: str, folder=None) -> str:
     return command("hosts", "init", name, *_folder(folder))
 
 
-def python_that_imports_sglang() -> str:
-    """A host whose ``python`` finds no sglang (the built-in ``local`` is the toolkit's own)."""
-    return ("set [host] python in the host's file to the interpreter that imports sglang (the built-in host "
-            "'local' runs ddtree-deploy's own Python; for another on this machine: "
-            + command("hosts", "init", "NAME", "--local", "--python", "PATH") + ")")
+def python_that_imports_sglang(source: str | None = None, *, local: bool = True) -> str:
+    """A host whose ``python`` finds no sglang. ``source``: its host file (None: the built-in
+    ``local``, which is the toolkit's own Python); ``local``: this machine (else reached by SSH:
+    the hint speaks of that host, never of this machine's built-in one)."""
+    if source is None:
+        return ("set [host] python in the host's file to the interpreter that imports sglang (the built-in host "
+                "'local' runs ddtree-deploy's own Python; for another on this machine: "
+                + command("hosts", "init", "NAME", "--local", "--python", "PATH") + ")")
+    where = "this machine" if local else "the host"
+    return (f"set host.python in {source} to the interpreter on {where} that imports sglang (the one its SGLang "
+            f"server runs with: ps -eo args | grep sglang on {where} shows it)")
 
 
 def lock_release(host: str, *, force: bool = False) -> str:

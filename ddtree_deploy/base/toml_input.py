@@ -13,6 +13,7 @@ file for it, bounded (a regular UTF-8 file under MAX_TOML_BYTES, else one BadInp
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -115,11 +116,23 @@ class TomlFile:
             value = value.get(part)
         return value
 
+    def missing(self, key: str, what: str, todo: str) -> BadInput:
+        """A required ``key`` that is not there, or, when its table holds a key spelled
+        nearly like it (``pyhton`` for ``python``), that misspelt key: said as what is wrong."""
+        parent, _, leaf = key.rpartition(".")
+        table = self.get(parent) if parent else self.data
+        near = difflib.get_close_matches(leaf, [k for k in table if k != leaf], n=1, cutoff=0.75) \
+            if isinstance(table, dict) else []
+        if near:
+            typo = f"{parent}.{near[0]}" if parent else near[0]
+            return self.bad(typo, f"unknown key: a misspelling of {leaf} ({key} is required)", f"rename it to {leaf}")
+        return self.bad(key, what, todo)
+
     def table(self, key: str, *, required: bool = False) -> dict:
         value = self.get(key)
         if value is None:
             if required:
-                raise self.bad(key, "missing", f"add a [{key}] table")
+                raise self.missing(key, "missing", f"add a [{key}] table")
             return {}
         if not isinstance(value, dict):
             raise self.bad(key, f"must be a table, not {value!r}", f"write it as a [{key}] table")
@@ -145,7 +158,7 @@ class TomlFile:
         leaf = key.rsplit(".", 1)[-1]
         if value is None:
             if required:
-                raise self.bad(key, "missing (required)", f'add {leaf} = "{example}"')
+                raise self.missing(key, "missing (required)", f'add {leaf} = "{example}"')
             return default
         if not isinstance(value, str) or not value.strip():
             raise self.bad(key, f"must be a non-empty string, not {value!r}",
@@ -232,8 +245,9 @@ class TomlFile:
         extra = sorted(set(table) - set(known)) if isinstance(table, dict) else []
         if extra:
             key = f"{where}.{extra[0]}" if where else extra[0]
+            near = difflib.get_close_matches(extra[0], known, n=1, cutoff=0.75)
             raise self.bad(key, f"unknown key (known keys here: {', '.join(known)})",
-                           "fix its spelling or remove it")
+                           (f"did you mean {near[0]}? " if near else "") + "fix its spelling or remove it")
 
 
 def read_text(path: str | os.PathLike, *, source: str | None = None, what: str = "TOML file") -> str:

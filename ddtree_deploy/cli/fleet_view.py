@@ -201,6 +201,14 @@ def print_counts(report: FleetReport) -> None:
     err.print(f"{'[green]all ok' if report.ok else '[red]not all ok'}[/]: {counts}", highlight=False)
 
 
+def print_status_footer(report: FleetReport) -> None:
+    """`status` on several hosts: how many are fine, each kind of trouble and its hosts."""
+    from ddtree_deploy.fleets.fleet import status_footer
+
+    err.print(f"{'[green]all fine' if report.ok else '[red]not all fine'}[/]: {_esc(status_footer(report))}",
+              highlight=False)
+
+
 def print_status_table(report: FleetReport) -> None:
     """`status` on a fleet: one table of every host, on stdout (it is the result)."""
     from rich.table import Table
@@ -212,7 +220,7 @@ def print_status_table(report: FleetReport) -> None:
     for col in cols:  # the host's name whole; the others wrap between words
         table.add_column(col, overflow="fold", no_wrap=col == "host")
     for r in report.results:
-        if r.kind.ok:
+        if r.kind in (Kind.READ, Kind.ATTENTION):  # it answered (what is not fine: the footer)
             row = status_row(r.doc)
             table.add_row(*(safe(c) for c in (r.host, row["version"], row["phase"], row["series"], row["drift"],
                                                row["lock"], row["serving"])))
@@ -221,7 +229,7 @@ def print_status_table(report: FleetReport) -> None:
     out.print(table)
 
 
-__all__ = ["FleetView", "HostView", "print_counts", "print_outcomes", "print_status_table"]
+__all__ = ["FleetView", "HostView", "print_counts", "print_outcomes", "print_status_footer", "print_status_table"]
 
 
 def render(command: str, hosts: list, json_output: bool, call: Callable, *, canary: str | None = None,
@@ -261,10 +269,10 @@ def render(command: str, hosts: list, json_output: bool, call: Callable, *, cana
         for r in report.results:
             for line in r.shown_lines():
                 _say(line)
-    if command == "status":  # its table (stdout) already says how each host ended
+    if command == "status":  # its table (stdout), then what is not fine, counted (the exit code follows it)
         if not json_output:
             print_status_table(report)
-        print_counts(report)
+        print_status_footer(report)
     else:
         print_outcomes(report)
     if json_output:

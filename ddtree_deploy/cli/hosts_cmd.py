@@ -7,6 +7,7 @@ ddtree_deploy/base/locations.py), so an installed toolkit needs no checkout to s
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -53,19 +54,31 @@ def list_hosts(
     Exit 2 when a host file (or groups.toml) is broken: it is listed with its error, the others as usual.
     """
     from ddtree_deploy.base.locations import example_inventory, hosts_origin
+    from ddtree_deploy.fleets.host_check import check_tables, group_problem
     from ddtree_deploy.settings.inventory import chosen_folder, hosts_dir, list_inventory, load_groups
 
     folder = hosts_dir()
     origin = "-i" if chosen_folder() is not None else hosts_origin()
-    listed = list_inventory(folder)
+    listed = []
+    for item in list_inventory(folder):  # the file, then the tables push checks: one validator for both
+        if item.host is not None:
+            try:
+                check_tables(item.host)
+            except BadInput as exc:
+                item = replace(item, host=None, error=exc)
+        listed.append(item)
     entries = [_entry(item) for item in listed]
     broken = [item.error for item in listed if item.error is not None]
     try:
         groups, groups_error = {k: list(v) for k, v in load_groups(folder).items()}, None
     except BadInput as exc:
         groups, groups_error = {}, exc
+    errors = {item.name: item.error for item in listed}
+    group_errors = {name: group_problem(name, members, errors) for name, members in groups.items()}
+    groups_error = groups_error or next((e for e in group_errors.values() if e is not None), None)
     if json_output:
         emit_json({"folder": str(folder), "origin": origin, "inventory": entries, "groups": groups,
+                   "broken_groups": {k: e.message for k, e in group_errors.items() if e is not None},
                    "example": str(example_inventory())})
     else:
         say(f"inventory folder: {folder} ({origin}): {len(entries)} host file(s)")
@@ -78,13 +91,14 @@ def list_hosts(
             else:
                 say(f"  {e['name']:<{width}}  BROKEN: {e['error']['message']}")
         for name, members in groups.items():
-            say(f"  group {name}: {', '.join(members)}")
+            problem = group_errors[name]
+            say(f"  group {name}: {', '.join(members)}" + (f"  BROKEN: {problem.message}" if problem else ""))
         if not entries:
             err.print(f"[dim]no host file here yet: write one with {safe(next_step.hosts_init('NAME', chosen_folder()))}"
                       f" (a commented file; an example: {safe(str(example_inventory()))})[/]", highlight=False)
     problem = groups_error or (broken[0] if broken else None)
     if problem is not None:  # listed first, then the first broken file is the run's error (exit 2)
-        raise BadInput(problem.message, hint=f"fix it: every command that reads it refuses it the same way"
+        raise BadInput(problem.message, hint=f"fix it: the commands that use it refuse it the same way"
                                              + (f" ({len(broken)} broken host files)" if len(broken) > 1 else ""))
 
 
@@ -144,8 +158,9 @@ def init_host(
     if siblings:  # several installs on one machine: each keeps its own state (hostprog/roots.py)
         err.print(f"[dim]the same machine as {safe(', '.join(h.name for h in siblings))}, another interpreter: "
                   "each install keeps its own lock, journal and backups in the state folder[/]", highlight=False)
-    err.print(f"[dim]edit the values marked EDIT, then check it: "
-              f"{safe(next_step.status(name, chosen_folder()))}[/]", highlight=False)
+    # Only where the template left an example value to replace (no --python, no --ssh-host).
+    todo = "edit the values marked EDIT, then check it" if "# EDIT: " in text else "check it"
+    err.print(f"[dim]{todo}: {safe(next_step.status(name, chosen_folder()))}[/]", highlight=False)
 
 
 __all__ = ["hosts_app"]

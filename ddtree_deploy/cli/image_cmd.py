@@ -23,7 +23,8 @@ def image(
     out_dir: Path = typer.Option(..., "--out", help="folder for the build context (new or empty)"),
     tag: Optional[str] = typer.Option(None, "--tag", "-t", help="image tag for --build"),
     build: bool = typer.Option(False, "--build", help="build it with docker, podman or buildah (the first "
-                               "found); exit 3 when none is installed"),
+                               "found that can build); exit 3 when none can (none installed, or docker's "
+                               "daemon down)"),
     python: str = typer.Option("python3", "--python", help="the image's interpreter that imports sglang"),
     state_dir: str = typer.Option("/var/lib/ddtree-deploy", "--state-dir", help="the agent's state folder in "
                                   "the image (journal, backup of the original files)"),

@@ -25,7 +25,7 @@ from enum import Enum
 from typing import Sequence
 
 from ddtree_deploy.base import next_step
-from ddtree_deploy.base.codes import BEFORE_CHANGE, UNREACHABLE, Code
+from ddtree_deploy.base.codes import BEFORE_CHANGE, UNREACHABLE, Code, Phase
 from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, DeployError
 
 
@@ -36,7 +36,8 @@ class Kind(str, Enum):
     ALREADY = "already deployed"
     ROLLED_BACK = "rolled back"  # the rollback command restored a backup
     ALREADY_ROLLED_BACK = "already rolled back"  # the rollback command found nothing to restore
-    READ = "read"  # status: the host answered
+    READ = "fine"  # status: the host answered and nothing in its state needs a person (``attention``)
+    ATTENTION = "needs attention"  # status: the host answered, but its state is not fine (``attention``)
     SMOKE_PASSED = "smoke passed"  # smoke: every level passed
     SMOKE_FAILED = "smoke failed"  # smoke: a level failed (the host's report says which)
     PLANNED = "dry run: would change"  # --dry-run: the plan has changes; nothing was changed
@@ -285,6 +286,69 @@ class FleetReport:
                 "hosts": [r.to_json() for r in self.results]}
 
 
+# ---------------------------------------------------------------- status: a host that answered is not a fine host
+
+#: What ``attention`` finds, in the order the footer counts them: (kind, words for the footer).
+ATTENTION_KINDS = (("mixed", "MIXED"), ("drifted", "drifted files"), ("interrupted", "a run not completed"),
+                   ("stale", "serving stale code"), ("unhealthy", "server not healthy"),
+                   ("restart-unrecorded", "a restart's end not recorded"))
+
+
+def attention(doc: dict, *, serve: bool, restart: dict | None = None) -> list[dict]:
+    """Pure: what in a host's status document needs a person, as [{kind, detail}] (empty: the
+    host is fine). ``serve``: the host has a ``[serve]`` table (its server must be healthy);
+    ``restart``: the journal's record of the newest server restart (its ``serve``)."""
+    out = []
+
+    def add(kind: str, detail: str) -> None:
+        out.append({"kind": kind, "detail": detail})
+
+    phase = doc.get("phase")
+    lock = doc.get("lock") or {}
+    busy = bool(lock) and not lock.get("stale")  # a live run is completing its switch or restart now
+    if doc.get("mixed"):
+        add("mixed", f"MIXED: its files contradict the journal ({phase})")
+    bad = [f for f in doc.get("files") or () if f.get("state") in ("drifted", "missing", "unsafe")]
+    if bad:
+        add("drifted", f"{len(bad)} file(s) changed outside ddtree-deploy ({bad[0]['path']} {bad[0]['state']}"
+                       + (", ..." if len(bad) > 1 else "") + ")")
+    if not doc.get("mixed") and not busy and phase in (Phase.STAGED, Phase.SWITCHING, Phase.SWITCHED):
+        add("interrupted", f"phase {phase}: " + ("files patched, not deployed (the smoke or the server restart has "
+                                                 "not passed)" if phase == Phase.SWITCHED else
+                                                 "a push or rollback was interrupted"))
+    serving = doc.get("serving") or {}
+    if serving.get("state") == "stale":
+        add("stale", "serving code older than the files: " + ", ".join(
+            f"pid {p.get('pid')}" for p in serving.get("processes") or () if p.get("stale")))
+    health = serving.get("health")
+    if serve and serving.get("state") == "unknown":
+        add("unhealthy", "its server could not be looked at")
+    elif serve and health is not None and health.get("status") != 200:
+        status = health.get("status")
+        add("unhealthy", f"server NOT healthy now ({health.get('url')}: "
+                         f"{status if status is not None else 'no answer'})")
+    if not busy and (restart or {}).get("state") == "restarting":
+        add("restart-unrecorded", f"the server restart of {restart.get('time')} has no recorded end")
+    return out
+
+
+def status_footer(report: "FleetReport") -> str:
+    """``status`` on several hosts: how many are fine, and each kind of trouble with its hosts
+    (a host that answered is not a host that is fine)."""
+    fine = [r.host for r in report.results if r.kind is Kind.READ]
+    parts = [f"{len(fine)} of {len(report.results)} host(s) fine"]
+    for kind, words in ATTENTION_KINDS:
+        hosts = [r.host for r in report.results if any(a["kind"] == kind for a in r.doc.get("attention") or ())]
+        if hosts:
+            parts.append(f"{words}: {len(hosts)} ({', '.join(hosts)})")
+    other: dict[str, list[str]] = {}
+    for r in report.results:
+        if r.kind not in (Kind.READ, Kind.ATTENTION):
+            other.setdefault(r.kind.value, []).append(r.host)
+    parts += [f"{kind}: {len(hosts)} ({', '.join(hosts)})" for kind, hosts in other.items()]
+    return "; ".join(parts)
+
+
 def status_row(doc: dict) -> dict:
     """One host's status document -> the fleet status table's columns."""
     files = doc.get("files") or []
@@ -316,6 +380,7 @@ def _serving_cell(serving: dict) -> str:
         f" {health or 'down'}" if health != "" else "")
 
 
-__all__ = ["FleetReport", "HostResult", "Kind", "Policy", "Schedule", "failed", "outcome_of_error", "push_policy",
+__all__ = ["ATTENTION_KINDS", "FleetReport", "HostResult", "Kind", "Policy", "Schedule", "attention", "failed",
+           "outcome_of_error", "push_policy", "status_footer",
            "select", "skipped", "spread_policy",
            "status_row"]

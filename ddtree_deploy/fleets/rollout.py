@@ -26,8 +26,17 @@ from ddtree_deploy.base import hooks, next_step
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import BadInput, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
-from ddtree_deploy.fleets.fleet import FleetReport, HostResult, Kind, Policy, push_policy, spread_policy
+from ddtree_deploy.fleets.fleet import (
+    FleetReport,
+    HostResult,
+    Kind,
+    Policy,
+    attention,
+    push_policy,
+    spread_policy,
+)
 from ddtree_deploy.fleets.fleet_run import run_fleet
+from ddtree_deploy.fleets.host_check import check_tables
 from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings import smoke_settings
@@ -276,11 +285,12 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         return AfterPush(report, kept=True, host=host.name, mark_error=note,
                          phase=Phase.SWITCHED if pending else None)
     progress(f"smoke failed at {report.failed.level}: rolling back to backup {outcome.backup_id}")
+    why = deploy.automatic_cause(pending or outcome.run_id, "smoke", report.failed.level, report.failed.detail)
     try:
         if held is not None:  # under the push's own lock: no other run acts between the switch and its undoing
-            undone = held.rollback(outcome.backup_id, release=True, progress=progress)
+            undone = held.rollback(outcome.backup_id, release=True, progress=progress, automatic=why)
         else:
-            undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress)
+            undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress, automatic=why)
     except DeployError as exc:
         return AfterPush(report, rollback_error=clause(exc, host.name), host=host.name)
     return AfterPush(report, rollback=undone, host=host.name, phase=Phase.ROLLED_BACK)
@@ -496,14 +506,16 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     """
     policy = push_policy_for(hosts, options)
     levels = list(options.levels) or None
-    # Per host: will smoke levels run after the switch? Then the switch journals `switched`,
-    # and only a passed smoke makes it `deployed`. A typo in [smoke] must not surface only
-    # after the switch: every table is checked here, for a dry run too (same errors).
-    smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels, source=h.source))
+    # Every host's [smoke] and [serve] tables are checked here, before any connection and for a
+    # dry run too (host_check: the check `hosts list` makes), so a typo never surfaces only after
+    # the switch. [serve]: the push ends with the server restarted on the new files, healthy,
+    # before the host is marked deployed.
+    serves = {h.name: check_tables(h, smoke=options.smoke) for h in hosts}
+    # Will smoke levels run after the switch? Then the switch journals `switched`, and only a
+    # passed smoke makes it `deployed`.
+    smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels,
+                                                                      source=h.source))
               and not options.dry_run for h in hosts}
-    # Per host: its [serve] table (checked here, a dry run too): the push ends with the
-    # server restarted on the new files, healthy, before the host is marked deployed.
-    serves = _serve_settings(hosts)
     want = Want(options.family)  # the family, the paths, the shared check: before any connection
 
     def one(h: Host, progress: Progress) -> HostResult:
@@ -599,7 +611,15 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
         desired = want.expected(h.name, read.facts) if want else None
         doc = deploy.describe(h.name, read.facts, desired, read.round_trips)
         doc["serving"] = serving
-        return _result(h.name, Kind.READ, doc, "", _drift_lines(h.name, doc, desired, read.facts) if diff else [])
+        # A host that answered is not a host that is fine: what needs a person decides its
+        # outcome (and the exit code); `status` says it last.
+        journal = read.facts.get("journal") or {}
+        restart = journal.get("serve") if isinstance(journal.get("serve"), dict) else None
+        doc["attention"] = attention(doc, serve=bool(h.serve), restart=restart)
+        lines = _drift_lines(h.name, doc, desired, read.facts) if diff else []
+        if not doc["attention"]:
+            return _result(h.name, Kind.READ, doc, "", lines)
+        return _result(h.name, Kind.ATTENTION, doc, "; ".join(a["detail"] for a in doc["attention"]), lines)
 
     return _fleet("status", hosts, policy, one, on_event)
 

@@ -28,6 +28,7 @@ from ddtree_deploy.base.codes import Phase
 from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import HostResult, Kind
+from ddtree_deploy.remote import inflight
 from ddtree_deploy.serve import serve_plan, serve_run
 from ddtree_deploy.session import deploy
 from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
@@ -64,11 +65,18 @@ class ServeGate:
             return False
         return self.again is None or not self.again.ok
 
+    @property
+    def unknown(self) -> bool:
+        """How the restart ended is not known here (Ctrl-C, a lost link, a missed deadline)."""
+        return self.interrupted or self.restart.state == serve_run.UNKNOWN
+
     def kind(self) -> Kind:
         if self.ok:
             return Kind.PUSHED
         if self.restart.ok:  # healthy, but the journal could not be marked
             return Kind.SWITCHED
+        if self.unknown and self.rollback is None:
+            return Kind.FAILED_UNKNOWN
         return Kind.FAILED_ROLLED_BACK if self.rollback is not None else Kind.FAILED_NOT_ROLLED_BACK
 
     def detail(self) -> str:
@@ -77,6 +85,11 @@ class ServeGate:
             return r.detail
         if r.ok:
             return f"server healthy on the new files, but the host is not marked deployed: {self.mark_error}"
+        if self.unknown:
+            how = "interrupted (Ctrl-C)" if self.interrupted else "UNKNOWN"
+            return (f"the server restart's outcome is {how}: {r.detail}; the files are switched (journal phase "
+                    f"`switched`: not deployed) and the server may be down or restarting: {next_step.status(r.host)} "
+                    f"shows how the restart ended, then {next_step.push_or_rollback(r.host)}")
         why = f"server {r.state} after the restart ({r.failed}): {r.detail}"
         if self.rollback is not None:
             back = f"rolled back: {self.rollback.summary}"
@@ -91,8 +104,6 @@ class ServeGate:
             return f"{why}; {back}"
         if self.kept:
             return f"{why}; new files KEPT (--no-rollback): {next_step.push_or_rollback(r.host)}"
-        if self.interrupted:
-            return f"{why}; {next_step.push_or_rollback(r.host)}"
         return f"{why}; the automatic rollback FAILED: {self.rollback_error}"
 
     def lines(self) -> list[str]:
@@ -133,13 +144,20 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
         except DeployError as exc:
             return ServeGate(restart, mark_error=clause(exc, host.name))
         return ServeGate(restart, marked=True)
-    if restart.failed == "interrupted":
+    if restart.failed == "interrupted" or inflight.cancelled.is_set():
         return ServeGate(restart, interrupted=True)
+    if restart.state == serve_run.UNKNOWN:
+        # Nobody knows how the server is (the link to the serve program was lost, or it missed
+        # its deadline): rolling back would be a guess, and the serve program goes on alone
+        # and records the restart's end itself (status shows it).
+        return ServeGate(restart)
     if not auto_rollback:
         return ServeGate(restart, kept=True)
-    progress(f"server not healthy: rolling back to backup {outcome.backup_id}")
+    progress(f"server {restart.state} after the restart ({restart.failed}): rolling back to backup "
+             f"{outcome.backup_id}")
+    why = deploy.automatic_cause(held.run_id or outcome.run_id, "serve", restart.failed, restart.detail)
     try:
-        undone = held.rollback(outcome.backup_id, progress=progress)
+        undone = held.rollback(outcome.backup_id, progress=progress, automatic=why)
     except DeployError as exc:
         return ServeGate(restart, rollback_error=clause(exc, host.name))
     progress("restart on the old files")
@@ -217,15 +235,34 @@ def _line(host: str, restart: serve_run.Restart) -> str:
     return f"{host}: {restart.line()}"
 
 
+def unhealthy_next(host: str, phase: str | None) -> str:
+    """What to do about a server left not healthy by a restart, by what the files are (the
+    journal's phase): the next step a failed `restart` (or a rollback's restart) names."""
+    if phase == Phase.SWITCHED:
+        return (f"the files are a push's whose server never passed its restart: {next_step.rollback(host)} puts "
+                f"the old code back, or fix the server and run {next_step.push(host)}")
+    if phase == Phase.DEPLOYED:
+        return (f"these files served healthy before: look at the server's own log; {next_step.rollback(host)} "
+                f"puts the old code back, {next_step.restart(host)} tries again")
+    return (f"the files are SGLang's own: look at the server's own log and the [serve] restart command; "
+            f"{next_step.restart(host)} tries again")
+
+
+def _unhealthy(result: HostResult, restart: serve_run.Restart, phase: str | None) -> HostResult:
+    """``result`` as a host whose server a restart left not healthy: said, with the next step."""
+    said = f"{restart.line()}; {unhealthy_next(result.host, phase)}"
+    return replace(result, kind=Kind.UNHEALTHY, doc={**result.doc, "ok": False}, exit_code=EXIT_FAILED, down=True,
+                   message=f"{result.message}; {said}" if result.message else said,
+                   lines=result.lines + (f"{result.host}: next: {unhealthy_next(result.host, phase)}",))
+
+
 def restarted_result(result: HostResult, restart: serve_run.Restart) -> HostResult:
     """A host's result after its server was restarted (a rollback's, or a push with nothing to
-    switch): as it was when healthy, else ``server NOT healthy`` (and down)."""
+    switch): as it was when healthy, else ``server NOT healthy`` (and down) with the next step."""
     doc = {**result.doc, "serve": {"restart": restart.to_json(), "down": not restart.ok}}
     lines = result.lines + (_line(result.host, restart),)
-    if restart.ok:
-        return replace(result, doc=doc, lines=lines)
-    return replace(result, kind=Kind.UNHEALTHY, doc={**doc, "ok": False}, lines=lines, exit_code=EXIT_FAILED,
-                   down=True, message=f"{result.message}; {restart.line()}" if result.message else restart.line())
+    result = replace(result, doc=doc, lines=lines)
+    return result if restart.ok else _unhealthy(result, restart, result.doc.get("phase"))
 
 
 def ensure_result(result: HostResult, host, settings: ServeSettings, connect: Callable[[Any], Any],
@@ -247,9 +284,8 @@ def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any],
                                              heartbeat=heartbeat)
     doc = {"host": host.name, "command": "restart", "run_id": held.run_id, "ok": restart.ok, "phase": held.phase,
            "restart": restart.to_json()}
-    kind = Kind.RESTARTED if restart.ok else Kind.UNHEALTHY
-    return HostResult(host.name, kind, doc, "" if restart.ok else restart.line(), 0 if restart.ok else EXIT_FAILED,
-                      (_line(host.name, restart),), down=not restart.ok), held
+    result = HostResult(host.name, Kind.RESTARTED, doc, "", 0, (_line(host.name, restart),))
+    return (result if restart.ok else _unhealthy(result, restart, held.phase)), held
 
 
 def serving_of(host, read: deploy.Reading) -> dict:
@@ -265,4 +301,4 @@ def serving_of(host, read: deploy.Reading) -> dict:
 
 
 __all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "look", "require_serve",
-           "restart_result", "restarted_result", "serving_of", "settings_of"]
+           "restart_result", "restarted_result", "serving_of", "settings_of", "unhealthy_next"]

@@ -32,7 +32,7 @@ from ddtree_deploy.hostprog.facts import Facts
 from ddtree_deploy.hostprog.fileops import AgentError, describe_os_error
 from ddtree_deploy.hostprog.history import History
 from ddtree_deploy.hostprog.journal import Journal
-from ddtree_deploy.hostprog.lock import Lock
+from ddtree_deploy.hostprog.lock import GUARD_WAIT_S, Lock
 from ddtree_deploy.hostprog.state import StateFolder
 
 AGENT_PROTOCOL = 1
@@ -84,6 +84,8 @@ class Agent(StateFolder, Lock, Facts, Journal, History, Apply):
 
     def op_init(self, request):
         self._set_state_dir(request.get("state_dir") or "~/.ddtree-deploy")
+        if request.get("guard_wait_s"):  # the controller's read deadline is shorter than lock.GUARD_WAIT_S
+            self.guard_wait_s = max(0.1, min(float(request["guard_wait_s"]), GUARD_WAIT_S))
         return {
             "protocol": AGENT_PROTOCOL,
             "python": "%d.%d.%d" % sys.version_info[:3],

@@ -84,6 +84,8 @@ class Apply(object):
         ended = None if began is None else time.time()
         # The apply's own run id: a push's automatic rollback runs under the push's lock (and
         # run id) but journals a run of its own, which its history line names.
+        if isinstance(request.get("automatic"), dict):  # a push's own rollback: why, and after which push
+            extra["automatic"] = request["automatic"]
         return self.record(request.get("kind") or "apply", run_id=request.get("run_id"), outcome=outcome,
                            phase=phase, series=journal.get("series"), series_id=journal.get("series_id"),
                            sglang_version=journal.get("sglang_version"), files=files, switch_began=began,
@@ -226,6 +228,7 @@ class Apply(object):
                             entry[4] = os.lstat(path).st_ino
                         entry[3] = True
                         purged.extend(purge_bytecode(path))
+                        self.hooks.at("stop_in_guard_after_renames", len(done))  # (a test: stuck in the guard)
                 except BaseException:
                     if tmp is not None:
                         remove_quietly(tmp)

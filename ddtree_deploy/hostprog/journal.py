@@ -93,6 +93,8 @@ class Journal(object):
             raise AgentError(Code.PROTOCOL, "served needs a serve record")
         with self.fenced("recording the server restart (%s)" % serve.get("state")):
             journal = wire.read_json(self._p("journal.json"))
+            if journal and serve.get("state") != RESTARTING and _ended_here(journal, serve.get("restart_run")):
+                return {"journal": journal, "already": True}  # the serve program recorded it: said once
             if journal:
                 journal["serve"] = serve
                 write_json_atomic(self._p("journal.json"), journal)
@@ -104,3 +106,38 @@ class Journal(object):
             if warning:
                 reply["history_warning"] = warning
         return reply
+
+    def record_restart_end(self, serve, holder=None, command=None):
+        """The serve program's own record of a restart's end (``serve``: its journal record),
+        so that a restart whose controller is gone (Ctrl-C, a cut link) does not stay
+        ``restarting`` for ever. Compare-and-set, under the guard: written only while the
+        journal still records this restart (``restart_run``) as ``restarting`` and no other
+        live run holds the deploy lock; then one ``restart`` line in the history. The
+        controller's own ``served`` for it afterwards finds it recorded (``already``).
+        -> True when written here, False when there was nothing to write."""
+        run = serve.get("restart_run")
+        with self.guarded():
+            held = self.read_lock()
+            if held is not None and held.get("run_id") != run and not held.get("stale"):
+                return False  # another run acts on the host now: its journal is not ours to write
+            journal = wire.read_json(self._p("journal.json"))
+            current = journal.get("serve") if isinstance(journal, dict) else None
+            if not isinstance(current, dict) or current.get("state") != RESTARTING or current.get("restart_run") != run:
+                return False
+            journal["serve"] = dict(serve, recorded_by=RECORDED_BY_HOST)
+            write_json_atomic(self._p("journal.json"), journal)
+        self.record("restart", holder=holder, run_id=run, command=command, outcome=serve.get("state"),
+                    phase=journal.get("phase"), series=journal.get("series"), series_id=journal.get("series_id"),
+                    serve=journal["serve"])
+        return True
+
+
+RESTARTING = "restarting"  # serve_run.RESTARTING: a restart whose end is not recorded yet
+RECORDED_BY_HOST = "serve program"  # the journal's serve record, written by the host's serve program
+
+
+def _ended_here(journal, run):
+    """The journal already holds the end of restart ``run``, recorded by the serve program."""
+    current = journal.get("serve") if isinstance(journal, dict) else None
+    return (isinstance(current, dict) and current.get("restart_run") == run and current.get("state") != RESTARTING
+            and current.get("recorded_by") == RECORDED_BY_HOST)

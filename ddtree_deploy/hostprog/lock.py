@@ -32,7 +32,10 @@ from ddtree_deploy.hostprog.fileops import (
 )
 from ddtree_deploy.hostprog.state import GUARD, STATE_MARKER
 
-GUARD_WAIT_S = 30.0  # a guard held longer is a stopped or hung agent: refuse, never wait for ever
+# A guard held longer is a stopped or hung agent: refuse, never wait for ever. Shorter than
+# any controller's read deadline (the controller's init may ask for less: ``guard_wait_s``),
+# so that this agent's answer, which names the process holding the guard, arrives.
+GUARD_WAIT_S = 10.0
 
 
 def holder_is_dead(owner):
@@ -80,7 +83,7 @@ class Lock(object):
             finally:
                 self._guard_depth -= 1
             return
-        fd = open_guard(self._p(GUARD))
+        fd = open_guard(self._p(GUARD), getattr(self, "guard_wait_s", None))
         self._guard_depth = 1
         try:
             yield
@@ -363,14 +366,15 @@ class Lock(object):
                         shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
 
 
-def open_guard(path):
-    """``path`` opened and flock'd exclusively, waiting at most GUARD_WAIT_S."""
+def open_guard(path, wait_s=None):
+    """``path`` opened and flock'd exclusively, waiting at most ``wait_s`` (GUARD_WAIT_S)."""
+    wait_s = GUARD_WAIT_S if wait_s is None else float(wait_s)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not a POSIX host: no guard (and no concurrent agents there)
         return fd
-    deadline = time.monotonic() + GUARD_WAIT_S
+    deadline = time.monotonic() + wait_s
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -380,8 +384,43 @@ def open_guard(path):
                 os.close(fd)
                 raise
         if time.monotonic() > deadline:
+            who = guard_holder(fd, path)
             os.close(fd)
-            raise AgentError(Code.LOCKED, "%s stayed held for %g s by another agent (stopped or hung mid-step): "
-                             "nothing was changed; find that process (`fuser %s`) and let it finish or stop it"
-                             % (path, GUARD_WAIT_S, path), holder=None, stale=False)
+            raise AgentError(Code.LOCKED, "%s stayed held for %g s by %s: nothing was changed; %s"
+                             % (path, wait_s, who[0], who[1]), holder=None, stale=False, guard_pid=who[2])
         time.sleep(0.01)
+
+
+def guard_holder(fd, path):
+    """Who holds the flock on ``path`` (open as ``fd``), from /proc/locks (Linux): (who, what to
+    do, pid or None). Another agent stopped (SIGSTOP, a debugger) or hung mid-step holds it."""
+    try:
+        st = os.fstat(fd)
+        with open("/proc/locks", "rb") as fh:
+            lines = fh.read(1 << 20).decode("ascii", "replace").splitlines()
+    except OSError:
+        lines = []
+    pid = None
+    for line in lines:
+        f = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" ("->" marks a waiter: skip it)
+        if len(f) >= 6 and f[1] == "FLOCK" and f[4].isdigit() and f[5].rsplit(":", 1)[-1] == str(st.st_ino):
+            pid = int(f[4])
+            break
+    if pid is None or pid == os.getpid():
+        return ("another agent (stopped or hung mid-step)",
+                "find it with `fuser %s` and let it finish or stop it" % path, None)
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            state = fh.read().decode("utf-8", "replace").rsplit(")", 1)[-1].split()[0]
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            argv = " ".join(a.decode("utf-8", "replace") for a in fh.read(4096).split(b"\0") if a)
+    except (OSError, IndexError):
+        state, argv = "?", "?"
+    stopped = {"T": "stopped", "t": "stopped by a debugger", "D": "waiting on the disk"}.get(state, "state " + state)
+    agent = "a ddtree-deploy host program" if "ddtree_agent" in argv else argv[:120]
+    who = "process %d (%s, %s)" % (pid, agent, stopped)
+    todo = ("see it with `ps -o pid,stat,etime,args -p %d`; let it finish%s, or stop it (`kill %d`: the run it "
+            "serves stops, and the deploy lock it may hold becomes stale)"
+            % (pid, " (`kill -CONT %d`)" % pid if state in ("T", "t") else "", pid))
+    return who, todo, pid

@@ -35,11 +35,15 @@ A serving process is one whose interpreter is ``python`` (its argv[0], as a supe
 systemd unit starts it, or the very file when ``python`` is no symlink), or whose command
 line, working folder or mapped files lie under the package root; child processes of one
 (SGLang's scheduler and detokenizer) are counted with it. The host programs of
-ddtree-deploy themselves are not servers. Each process's start time (``/proc/<pid>/stat``
-against ``/proc/uptime``: 10 ms resolution) is compared with the newest change (ctime) of
-the deployed files: a server started before it runs the code the files held before, and
-must be restarted. After a restart, the server is healthy only when the health URL answers
-200 and the process listening on its port started after the restart began.
+ddtree-deploy themselves are not servers, nor is what they start for themselves (a smoke
+probe, the launch level's or a tune's server, bench_serving: marked by ``smoke.OWN_ENV``),
+listed apart as ``own``. The drain and restart commands run in a process group of their
+own, killed and reaped whole past their timeout (``smoke.run_group``). Each process's start
+time (``/proc/<pid>/stat`` against ``/proc/uptime``: 10 ms resolution) is compared with the
+newest change (ctime) of the deployed files: a server started before it runs the code the
+files held before, and must be restarted. After a restart, the server is healthy only when
+the health URL answers 200 and the process listening on its port started after the restart
+began.
 """
 
 
@@ -125,14 +129,30 @@ def _maps(pid):
     return sorted(paths)
 
 
+def _own_program(pid):
+    """The host program of ddtree-deploy that started ``pid`` for itself (its OWN_ENV: a smoke
+    probe, the launch level's or a tune's server, bench_serving), else None (also when its
+    environment cannot be read: another user's)."""
+    try:
+        environ = _read("/proc/%d/environ" % pid, 1 << 20).split(b"\0")
+    except OSError:
+        return None
+    mark = (sa.OWN_ENV + "=").encode()
+    for item in environ:
+        if item.startswith(mark):
+            return item[len(mark):].decode("utf-8", "replace")[:40] or "?"
+    return None
+
+
 def scan(python, root, *, exclude=()):
-    """Every process on this host that runs from the package: ({pid: record}, unreadable)."""
+    """Every process on this host that runs from the package: ({pid: record}, unreadable,
+    {pid: record} of those ddtree-deploy's own host programs started: never servers)."""
     uptime, hz, now = _clock()
     python_real = os.path.realpath(python)
     # The process's executable identifies it only when host.python is no symlink (then it
     # is that very file, not a venv's link to an interpreter other installs share).
     exe_counts = python_real == os.path.normpath(os.path.abspath(python))
-    found, unreadable = {}, 0
+    found, unreadable, own = {}, 0, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -168,10 +188,15 @@ def scan(python, root, *, exclude=()):
         if not reasons:
             continue
         started = now - (uptime - int(fields[19]) / float(hz))
-        found[pid] = {"pid": pid, "ppid": int(fields[1]), "started": round(started, 3),
-                      "started_iso": _iso(started), "cmdline": [a[:ARG_CHARS] for a in argv[:MAX_ARGS]],
-                      "cwd": cwd, "matched": reasons}
-    return found, unreadable
+        rec = {"pid": pid, "ppid": int(fields[1]), "started": round(started, 3),
+               "started_iso": _iso(started), "cmdline": [a[:ARG_CHARS] for a in argv[:MAX_ARGS]],
+               "cwd": cwd, "matched": reasons}
+        program = _own_program(pid)
+        if program is not None:
+            own[pid] = dict(rec, program=program)
+        else:
+            found[pid] = rec
+    return found, unreadable, own
 
 
 def _iso(t):
@@ -197,7 +222,7 @@ def discover(request):
     """The serving processes (children grouped under their top process) and the last switch."""
     root = sa.package_root(request.get("package") or "sglang")
     python = request["python"]
-    found, unreadable = scan(python, root, exclude=(os.getpid(),))
+    found, unreadable, own = scan(python, root, exclude=(os.getpid(),))
     changed, which = files_changed(root, request.get("files"))
     tops = []
     for pid, rec in sorted(found.items()):
@@ -216,6 +241,7 @@ def discover(request):
     return {"package_root": root, "python": python, "files_changed": changed,
             "files_changed_iso": None if changed is None else _iso(changed), "newest_file": which,
             "processes": tops, "all_pids": sorted(found), "unreadable": unreadable,
+            "own": [own[pid] for pid in sorted(own)],
             "starts": {str(pid): rec["started"] for pid, rec in found.items()}}
 
 
@@ -275,16 +301,27 @@ class Failed(Exception):
 
 
 def _command(step, spec):
+    """The inventory's drain or restart argv, in a process group of its own (``run_group``):
+    past its timeout the whole group is killed and reaped, and the failure says how many
+    processes that was (a restart command's child left running could restart the server
+    after the run, outside its lock and unrecorded)."""
     argv = list(spec["argv"])
     timeout_s = float(spec.get("timeout_s", 300))
     started = time.monotonic()
     try:
-        rc, out = sa._run(argv, timeout_s)
+        ran = sa.run_group(argv, timeout_s)
     except sa.LevelFailed as exc:  # the program does not exist
         raise Failed(step, "%s command: %s" % (step, exc.detail), argv=argv)
+    rc, out, stopped = ran["rc"], ran["output"], ran["stopped"]
     done = {"argv": argv, "rc": rc, "seconds": round(time.monotonic() - started, 2), "output": sa._tail(out, 2000)}
+    if stopped is not None:
+        done["killed"], done["left"] = stopped["killed"], stopped["left"]
     if rc is None:
-        raise Failed(step, "the %s command did not finish within %g s" % (step, timeout_s), **{step: done})
+        why = "the %s command did not finish within %g s: its process group was killed (%d process%s)" % (
+            step, timeout_s, stopped["killed"], "" if stopped["killed"] == 1 else "es")
+        if stopped["left"]:
+            why += "; processes %s outlived TERM and KILL (another user's?)" % ", ".join(map(str, stopped["left"]))
+        raise Failed(step, why, **{step: done})
     if rc != 0:
         last = out.strip().splitlines()[-1] if out.strip() else "no output"
         raise Failed(step, "the %s command exited %d: %s" % (step, rc, last[:300]), **{step: done})
@@ -386,6 +423,45 @@ def _healthy_line(answer):
     return line
 
 
+# --------------------------------------------------------------------- the restart's own record
+
+
+def end_record(request, answer, seconds):
+    """The journal's record of how the restart ended (serve_run.Restart.record's fields)."""
+    proof = request.get("proof")
+    spec = request.get("record") or {}
+    return {"state": "healthy" if answer.get("ok") else "unhealthy", "run_id": spec.get("run_id"),
+            "restart_run": spec.get("restart_run"), "time": wire.now_iso(), "failed": answer.get("failed"),
+            "detail": str(answer.get("detail") or "")[:500],
+            "proof": None if not proof else ("tree" if proof.get("probe") is not None else "width"),
+            "pids": [p["pid"] for p in (answer.get("after") or {}).get("processes") or ()],
+            "seconds": round(seconds, 2)}
+
+
+def record_end(request, answer, seconds):
+    """Record the restart's end in the host's journal and history ourselves (``record``: the
+    state folder and the runs), so that it never stays ``restarting`` when the controller
+    that began it is gone: compare-and-set (Journal.record_restart_end), so a controller that
+    is still there finds it recorded and says it once. -> True (written here), False
+    (nothing to write), or why it could not be (a state folder this user cannot write: the
+    controller records it then)."""
+    spec = request.get("record")
+    if not isinstance(spec, dict) or not spec.get("state_dir"):
+        return False
+    try:
+        from ddtree_deploy.hostprog.agent import Agent
+
+        agent = Agent(spec["state_dir"])
+        agent.root = sa.package_root(request.get("package") or "sglang")
+        agent.need_state_dir()
+        if not os.path.isfile(agent._p("journal.json")):
+            return False
+        return agent.record_restart_end(end_record(request, answer, seconds), holder=spec.get("holder"),
+                                        command=spec.get("command"))
+    except Exception as exc:  # noqa: BLE001 - the record is evidence: it never fails the restart
+        return "not recorded here: %s: %s" % (type(exc).__name__, exc)
+
+
 # --------------------------------------------------------------------- main
 
 OPS = {"discover": discover, "check": check}
@@ -411,9 +487,12 @@ def main(argv=None):
         return 2
     op = request["op"]
     emitter = wire.Emitter(sys.stdout.buffer, float(request.get("heartbeat_s", wire.HEARTBEAT_S)))
+    started = time.monotonic()
     try:
         try:
             answer = LONG_OPS[op](request, emitter) if op in LONG_OPS else dict(OPS[op](request), ok=True)
+            if op == "restart":
+                answer["recorded"] = record_end(request, answer, time.monotonic() - started)
         except sa.LevelFailed as exc:  # no sglang package for this interpreter
             answer = {"ok": False, "error": exc.detail}
         except Exception as exc:  # a bug must still answer JSON, not a traceback

@@ -84,25 +84,60 @@ def _tail(text, limit=TAIL_CHARS):
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
+#: Set in the environment of every process a host program starts for itself (a probe
+#: interpreter, the launch level's or a tune's server, bench_serving): inherited by their
+#: children, it tells the serve program's discovery that they are ddtree-deploy's own, never
+#: a serving SGLang (serve.scan). The inventory's restart and drain commands do not get it:
+#: a server such a command starts is the one that serves.
+OWN_ENV = "DDTREE_DEPLOY_HOST_PROGRAM"
+OUTPUT_CAP = 16 << 20  # the most of a command's output read back (its end)
+
+
+def own_env(program):
+    """The environment of a process ``program`` starts for itself (OWN_ENV set)."""
+    return dict(os.environ, **{OWN_ENV: program})
+
+
+def run_group(argv, timeout_s, cwd=None, env=None, grace_s=5.0, own=None):
+    """Run argv (never a shell) as the leader of a process group of its own, with a deadline.
+
+    Past the deadline the WHOLE group is stopped (TERM, then KILL: ``stop_group``) and
+    reaped, not only its first process: a child left running could act after the run that
+    started it, outside its lock and unrecorded. ``own`` (the program's name): the command
+    is the host program's own (a probe), so whatever it left in its group is stopped even
+    when it ended in time; without it (the inventory's restart and drain commands) what
+    stays in the group after the leader's exit is left alone: it may be the server.
+    Output goes to an unnamed file, not a pipe, so a process that keeps the descriptor
+    (a server started in the background) never holds the wait open.
+
+    -> {"rc": exit code or None (timed out), "output": text, "stopped": stop_group's
+    report when the group was stopped, else None}. A program that cannot be started: LevelFailed.
+    """
+    if own:
+        env = own_env(own) if env is None else dict(env, **{OWN_ENV: own})
+    with tempfile.TemporaryFile() as out:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
+                                    env=env, start_new_session=True, close_fds=True)
+        except OSError as exc:
+            raise LevelFailed(f"cannot run {argv[0]!r}: {exc.strerror}")
+        stopped = None
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc is None or (own and group_pids(proc.pid)):
+            stopped = stop_group(proc, grace_s)
+        size = out.seek(0, os.SEEK_END)
+        out.seek(max(0, size - OUTPUT_CAP))
+        text = out.read().decode("utf-8", "replace")
+    return {"rc": rc, "output": text, "stopped": stopped}
+
+
 def _run(argv, timeout_s, cwd=None):
-    """Run argv (never a shell) with a deadline; (rc, combined output). rc None = timed out."""
-    try:
-        proc = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=timeout_s,
-            cwd=cwd,
-            # Its own session, so a timeout kills the whole tree, not only the leader.
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as exc:
-        out = exc.output or b""
-        return None, out.decode("utf-8", "replace")
-    except FileNotFoundError as exc:
-        raise LevelFailed(f"cannot run {argv[0]!r}: {exc.strerror}")
-    return proc.returncode, proc.stdout.decode("utf-8", "replace")
+    """A probe of this program's (``run_group``, own): (rc, combined output); rc None = timed out."""
+    done = run_group(argv, timeout_s, cwd, own="smoke")
+    return done["rc"], done["output"]
 
 
 # --------------------------------------------------------------------- compile
@@ -545,6 +580,7 @@ def _port_open(host, port):
 def _http(method, url, body=None, timeout=10.0):
     """(status, parsed JSON or text); status None when nothing answered."""
     # Imported here: only the launch level talks HTTP, and urllib costs the others ~0.1 s.
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -557,7 +593,9 @@ def _http(method, url, body=None, timeout=10.0):
             status, raw = resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read()
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+        # Nothing answered, or not with HTTP (a BadStatusLine from whatever holds the port,
+        # a URL urllib cannot use): no HTTP status, so not healthy (yet), never an abort.
         return None, None
     try:
         return status, json.loads(raw.decode("utf-8", "replace") or "null")
@@ -603,16 +641,19 @@ def group_pids(pgid):
 
 
 def stop_group(proc, grace_s):
-    """TERM the whole process group, then KILL what is left; report what happened."""
+    """TERM the whole process group, then KILL what is left, and reap the leader; report what
+    happened: ``killed`` (how many of the group's processes were stopped), ``left`` (the pids
+    that outlived TERM and KILL: another user's, e.g. under sudo)."""
     pgid = proc.pid  # start_new_session made the server its own group leader
     signals = []
+    found = set(group_pids(pgid))
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         if not group_pids(pgid) and proc.poll() is not None:
             break
         try:
             os.killpg(pgid, sig)
             signals.append(sig.name)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):  # none left, or none of them ours to signal
             break
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
@@ -623,14 +664,17 @@ def stop_group(proc, grace_s):
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
-    return {"pgid": pgid, "signals": signals, "left": group_pids(pgid), "exit_code": proc.poll()}
+    left = group_pids(pgid)
+    return {"pgid": pgid, "signals": signals, "killed": len(found - set(left)), "left": left,
+            "exit_code": proc.poll()}
 
 
-def start_server(spec, evidence):
+def start_server(spec, evidence, own="smoke"):
     """Start the server of ``spec`` (the launch level's, or one tune configuration's)
     detached in its own process group, its output appended to ``log_path``, after its
     preconditions: a GPU with ``min_free_mib`` free (unless ``gpu_check`` is false) and a
-    free port. -> the Popen; a failed precondition is a LevelFailed with a ``code``."""
+    free port. ``own``: the host program starting it (OWN_ENV). -> the Popen; a failed
+    precondition is a LevelFailed with a ``code``."""
     host, port = spec.get("host", "127.0.0.1"), int(spec["port"])
     if spec.get("gpu_check", True):
         evidence["gpus"] = check_gpus(int(spec.get("min_free_mib", 0)))
@@ -646,7 +690,7 @@ def start_server(spec, evidence):
         try:
             return subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True,
+                start_new_session=True, close_fds=True, env=own_env(own),
             )
         except OSError as exc:
             raise LevelFailed(f"cannot start {argv[0]!r}: {exc.strerror}", evidence, code=Code.START)

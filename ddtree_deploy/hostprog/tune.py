@@ -207,7 +207,7 @@ class Tuner(object):
             if problem:
                 raise RunFailed(problem + ": the sweep stops here", code=Code.SERIES_CHANGED)
             try:
-                proc = sa.start_server(dict(req, gpu_check=bool(req.get("gpu_check"))), {})
+                proc = sa.start_server(dict(req, gpu_check=bool(req.get("gpu_check"))), {}, own="tune")
                 sa.wait_ready(proc, dict(req, poll_s=0.5), stop=self._stop_if_aborted)
             except sa.LevelFailed as exc:
                 extra = {"exit_code": exc.evidence["exit_code"]} if "exit_code" in exc.evidence else {}
@@ -296,7 +296,7 @@ class Tuner(object):
         with open(log_path, "wb") as log:
             # Own session and a neutral folder: SGLang's bench imports the INSTALLED sglang.
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, close_fds=True, cwd=out_dir)
+                                     start_new_session=True, close_fds=True, cwd=out_dir, env=sa.own_env("tune"))
         deadline = time.monotonic() + float(bench.get("timeout_s", 3600))
         try:
             while child.poll() is None:
@@ -311,7 +311,7 @@ class Tuner(object):
                                     % (conc, bench.get("timeout_s")))
                 self.abort.wait(0.2)
         finally:
-            if child.poll() is None:
+            if child.poll() is None or sa.group_pids(child.pid):  # its workers too, even once it ended
                 sa.stop_group(child, 5.0)
         tail = sa.log_tail(log_path, 15)
         if proc.poll() is not None:

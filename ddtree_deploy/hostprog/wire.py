@@ -29,6 +29,7 @@ once and changes nothing. The names, each a step of the agent's apply:
                             after the preflight passed (a real ENOSPC it could not foresee)
 ``exit_after_renames``      N: exit 75 right after the N-th rename of a switch
 ``stop_after_renames``      N: SIGSTOP right after the N-th rename, outside the lock's guard
+``stop_in_guard_after_renames`` N: SIGSTOP right after the N-th rename, still holding the guard
 ``immutable_after_renames`` N: ``chattr +i`` the folder after the N-th rename (the next rename
                             and the switch back then really fail)
 ``no_hard_links``           true: ``link`` fails with EPERM, as on a file system without them

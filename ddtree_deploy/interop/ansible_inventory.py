@@ -6,7 +6,7 @@ host's variables are merged by its ``VariableManager`` (group_vars, host_vars, g
 precedence, ``all``) and templated by its ``Templar``: no hand-written parser. The
 mapping of variables to inventory keys is ansible_map.py (shared with the collection).
 
-ansible-core is an optional extra: ``pip install ddtree-deploy[ansible]``.
+ansible-core is an optional extra (``ddtree-deploy[ansible]``; base/install.add_extra says how to add it).
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ def _ansible():
         from ansible.template import Templar
         from ansible.vars.manager import VariableManager
     except ImportError:
+        from ddtree_deploy.base.install import add_extra
+
         raise BadInput("reading an Ansible inventory needs ansible-core, which is not installed",
-                       hint="pip install 'ddtree-deploy[ansible]'") from None
+                       hint=f"install it where ddtree-deploy runs: {add_extra('ansible')}") from None
     return InventoryManager, DataLoader, VariableManager, Templar
 
 

@@ -36,8 +36,14 @@ from ddtree_deploy.hostprog import bundle
 STAGE = "/tmp/ddtree-stage"
 DEFAULT_STATE_DIR = "/var/lib/ddtree-deploy"
 BUILDERS = ("docker", "podman", "buildah")  # tried in this order by --build
-#: Exit code of `image --build` when no container builder is installed (the context is written).
+#: Exit code of `image --build` when no container builder can build here (the context is
+#: written): none installed, or docker installed without a daemon that answers.
 EXIT_NO_BUILDER = 3
+#: Each builder's "can you build now?" question: docker is a client of a daemon, podman of its
+#: own service; buildah builds by itself. A CLI whose daemon is down must not be run as a build
+#: (its failure would read as a broken build context).
+PROBES = {"docker": ["version", "--format", "{{.Server.Version}}"], "podman": ["info", "--format", "{{.Host.Arch}}"]}
+PROBE_S = 30.0
 _PKG = PACKAGE_DIR
 
 
@@ -202,13 +208,42 @@ def build_argv(builder: tuple[str, str], folder: Path, tag: str | None) -> list[
     return [path, "build", *tagging, str(folder)]
 
 
+def builder_problem(builder: tuple[str, str]) -> str | None:
+    """Why ``builder`` cannot build now (its daemon does not answer: its own last line), else None."""
+    name, path = builder
+    probe = PROBES.get(name)
+    if probe is None:
+        return None
+    try:
+        proc = subprocess.run([path, *probe], capture_output=True, text=True, timeout=PROBE_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{name} {' '.join(probe[:1])} did not answer ({exc})"
+    if proc.returncode == 0:
+        return None
+    said = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines()[-1]
+    return f"{name} is installed ({path}) but cannot build: {said[:300]}"
+
+
 def build(ctx: Context, tag: str | None) -> list[str]:
-    """Run the first container builder found; DeployError when none is, or when the build fails."""
-    builder = find_builder()
+    """Run the first container builder found that can build now; DeployError (exit 3) when
+    none is installed or none can (docker without its daemon), or when the build fails."""
+    problems = []
+    builder = None
+    for name in BUILDERS:
+        path = shutil.which(name)
+        if path is None:
+            continue
+        problem = builder_problem((name, path))
+        if problem is None:
+            builder = (name, path)
+            break
+        problems.append(problem)
     if builder is None:
-        err = DeployError(f"no container builder found on PATH ({', '.join(BUILDERS)}); the build context is "
-                          f"written at {ctx.folder}", code=Code.NO_BUILDER,
-                          hint=f"build it where one is: docker build -t {tag or 'IMAGE'} {ctx.folder}")
+        why = "; ".join(problems) or f"no container builder found on PATH ({', '.join(BUILDERS)})"
+        err = DeployError(f"{why}; the build context is written at {ctx.folder}", code=Code.NO_BUILDER,
+                          hint=(f"start the builder's daemon (e.g. `sudo systemctl start docker`) and rerun, or "
+                                if problems else "") + f"build it where one is: docker build -t {tag or 'IMAGE'} "
+                          f"{ctx.folder}")
         err.exit_code = EXIT_NO_BUILDER
         raise err
     argv = build_argv(builder, ctx.folder, tag)

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddtree_deploy.base import next_step
-from ddtree_deploy.base.codes import Code
+from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import BadInput, DeployError, prefixed
 from ddtree_deploy.base.fsutil import NotARegularFile, check_regular, read_regular
 from ddtree_deploy.hostprog import bundle
+from ddtree_deploy.hostprog.lock import GUARD_WAIT_S
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.settings.inventory import (
     MAX_IDENTITY_BYTES,
@@ -62,6 +63,9 @@ DEFAULT_IO_TIMEOUT = 600.0  # seconds one SSH read may wait when the caller give
 MAX_REPLY_BYTES = 64 << 20
 _QUIET = logging.NullHandler()
 KEEPALIVE_S = 15  # SSH keepalive interval: a dead peer is noticed, an idle NAT entry kept
+#: Seconds a failed write waits for the program's exit status (it is there already when the
+#: program ended: the status comes before the channel's close).
+EXIT_STATUS_WAIT_S = 2.0
 
 
 class ReplyError(DeployError):
@@ -174,6 +178,11 @@ class Process:
         """Stop listening and leave the program to finish by itself (never killed)."""
         self.abort()
 
+    def ended(self, wait_s: float) -> tuple[int, str] | None:
+        """(exit code, stderr tail) when the program has ended, waiting up to ``wait_s`` for
+        its exit status; None when none came (it runs on, or the link died without one)."""
+        return None
+
     def close(self) -> tuple[int | None, str]:
         """Close stdin, wait (bounded), return (exit code or None, stderr tail)."""
         raise NotImplementedError
@@ -234,6 +243,14 @@ class _LocalProcess(Process):
     def abort(self) -> None:
         self.p.kill()
         self.close()
+
+    def ended(self, wait_s: float) -> tuple[int, str] | None:
+        try:
+            code = self.p.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return None
+        self._err.seek(0)
+        return code, self._err.read()[-2000:].decode(errors="replace")
 
     def detach(self) -> None:
         # Our ends closed, nothing waited for or killed: the program sees EOF / EPIPE.
@@ -313,6 +330,13 @@ class _SSHProcess(Process):
             self.chan.close()
         except Exception:
             pass
+
+    def ended(self, wait_s: float) -> tuple[int, str] | None:
+        # A channel the peer closed has its status event set: with an exit status (the
+        # program ended), or -1 (the link went without one).
+        if not self.chan.status_event.wait(wait_s) or self.chan.exit_status == -1:
+            return None
+        return self.chan.exit_status, self._stderr_tail()
 
     def close(self):
         try:
@@ -744,9 +768,34 @@ class ProgramSession:
             self.proc.write(data)
         except DeployError as exc:
             if exc.code == Code.CONNECTION_LOST:
-                exc.message = exc.message.replace("connection lost", f"connection lost {during}", 1)
-                exc.message += f"; {self.lost_state()}"
+                # The interpreter may not even have started: the shell's exit 127 closes the
+                # channel while the upload is still being written, and the write loses that race.
+                raise self._no_interpreter() or self._lost_during(exc, during) from None
             raise
+
+    def _lost_during(self, exc: DeployError, during: str) -> DeployError:
+        exc.message = exc.message.replace("connection lost", f"connection lost {during}", 1)
+        exc.message += f"; {self.lost_state()}"
+        return exc
+
+    def _no_interpreter(self) -> DeployError | None:
+        """The host's Python could not be run (the shell's exit 126/127 before any reply),
+        when that is why the link closed; else None. Waits briefly for the exit status:
+        OpenSSH sends it before it closes the channel, so a closed channel already has it."""
+        if self.received or self.proc is None:
+            return None
+        ended = self.proc.ended(EXIT_STATUS_WAIT_S)
+        if ended is None or ended[0] not in (126, 127):
+            return None
+        return self._python_error(*ended)
+
+    def _python_error(self, code: int, tail: str) -> DeployError:
+        """The shell could not run the interpreter (exit 126/127): nothing ran on the host."""
+        detail = tail.strip().splitlines()[-1] if tail.strip() else "no output"
+        return DeployError(
+            f"{self.label}: cannot run the host's Python {self.host.python!r} (exit {code}; {detail})",
+            code=Code.AGENT, hint=f"set host.python in {self.host.source or 'the inventory'} to an interpreter "
+            "on the host that has sglang installed (`command -v python3` there shows one)")
 
     def send(self, *docs: dict, during: str = "while sending a request") -> None:
         """JSON lines, in one write."""
@@ -764,8 +813,7 @@ class ProgramSession:
             line = self.proc.readline(deadline, what)
         except DeployError as exc:
             if exc.code == Code.CONNECTION_LOST and not isinstance(exc, ReplyError):
-                exc.message = exc.message.replace("connection lost", f"connection lost waiting for {during}", 1)
-                exc.message += f"; {self.lost_state()}"
+                raise self._no_interpreter() or self._lost_during(exc, f"waiting for {during}") from None
             raise
         if not line.endswith(b"\n"):
             raise self._stopped(during)
@@ -789,12 +837,7 @@ class ProgramSession:
                                code=Code.CONNECTION_LOST, hint=f"run {next_step.status(self.host.name)} to see "
                                "where the host stands, then rerun")
         if self.received == 0 and code in (126, 127):
-            # The shell could not run the interpreter: nothing ran on the host.
-            return DeployError(
-                f"{self.label}: cannot run the host's Python {self.host.python!r} (exit {code}; {detail})",
-                code=Code.AGENT,
-                hint=f"set host.python in {self.host.source or 'the inventory'} to an interpreter "
-                "on the host that has sglang installed (`command -v python3` there shows one)")
+            return self._python_error(code, tail)
         return DeployError(f"{self.label}: {self.program.name} stopped during {during} (exit {code}; {detail}); "
                            f"{self.lost_state()}",
                            code=self.program.stopped_code or self.program.code, hint=self.program.stopped_hint)
@@ -832,6 +875,11 @@ class AgentSession(ProgramSession):
         self.round_trips = 0
         self.unanswered: list[str] = []  # the ops sent whose replies have not been read yet
         self.holds_lock = False  # a lock reply said ok, no unlock reply since
+        # What this session's answered requests did on the host, for the line a lost link or
+        # Ctrl-C leaves (lost_state): the apply that switched files (its kind and the journal
+        # phase it left), and a server restart recorded as begun and not yet ended.
+        self.switched: tuple[str, str] | None = None
+        self.restarting = False
         # Seconds each round trip may take (None: the host's inventory op_timeout, else
         # DEFAULT_OP_TIMEOUT). A silent host fails the call, naming host and step.
         self.op_timeout = op_timeout
@@ -842,6 +890,10 @@ class AgentSession(ProgramSession):
             raise DeployError(f"{self.transport.label}: the agent session is closed", code=Code.CONNECTION_LOST)
         limit = timeout or self.op_timeout or self.host.op_timeout or DEFAULT_OP_TIMEOUT
         deadline = time.monotonic() + limit
+        # The agent gives up on a guard another agent holds (and says which process) well
+        # within this deadline, so that its answer arrives (lock.GUARD_WAIT_S at most).
+        requests = tuple(dict(r, guard_wait_s=min(GUARD_WAIT_S, limit / 3)) if r.get("op") == "init" else r
+                         for r in requests)
         ops = "+".join(str(r.get("op")) for r in requests)
         self.unanswered = [str(r.get("op")) for r in requests]
         self.send(*requests, during=f"while sending {ops}")
@@ -852,8 +904,7 @@ class AgentSession(ProgramSession):
             try:
                 replies.append(self.read(deadline, f"the reply to {op}", during=op))
                 self.unanswered.pop(0)
-                if op in ("lock", "unlock"):
-                    self.holds_lock = op == "lock" and bool(replies[-1].get("ok"))
+                self._note(request, replies[-1])
             except TimeoutError:
                 self.abort()
                 raise DeployError(
@@ -869,6 +920,21 @@ class AgentSession(ProgramSession):
 
     def one(self, request: dict) -> dict:
         return self.call(request)[0]
+
+    def _note(self, request: dict, reply: dict) -> None:
+        """Keep what an answered request did (lost_state says it if the link goes next); give a
+        refusal the hint only this session can word (it knows the host)."""
+        if isinstance(reply, dict) and reply.get("code") == Code.NO_SGLANG:
+            reply.setdefault("hint", next_step.python_that_imports_sglang(self.host.source, local=self.host.is_local))
+        op, ok = request.get("op"), bool(reply.get("ok"))
+        if op in ("lock", "unlock"):
+            self.holds_lock = op == "lock" and ok
+        elif op == "apply" and ok:
+            self.switched = (str(request.get("kind") or "apply"), str(request.get("final_phase")))
+        elif op == "mark" and ok and self.switched is not None:
+            self.switched = (self.switched[0], str(request.get("phase")))
+        elif op == "served" and ok:
+            self.restarting = (request.get("serve") or {}).get("state") == "restarting"
 
     def interrupted_state(self) -> str:
         self.waiting_for = "+".join(self.unanswered) or None
@@ -886,7 +952,14 @@ class AgentSession(ProgramSession):
                     "shows which")
         held = " (a deploy lock it took is released when the agent sees the link close)" \
             if self.holds_lock or "lock" in self.unanswered else ""
-        return f"no file on the host was changed{held}"
+        restart = ("; a server restart is under way (the server may be down or restarting): the host's serve "
+                   "program completes it and records its end" if self.restarting else "")
+        if self.switched is None:
+            return f"no file on the host was changed{restart}{held}"
+        kind, phase = self.switched
+        did = ("this run rolled the files back" if kind == "rollback" else f"this run's {kind} switched the files")
+        did += f" (journal phase `{phase}`" + (": not deployed)" if phase == Phase.SWITCHED else ")")
+        return f"{did}{restart}; nothing more was changed{held}"
 
 
 class AgentRefusedInput(AgentFailed):
@@ -909,7 +982,7 @@ def expect_ok(reply: dict, label: str, what: str) -> dict:
     cls = AgentRefusedInput if reply.get("code") in BAD_INPUT_CODES else AgentFailed
     failure = cls(prefixed(str(reply.get("message")), label, what), reply, code=reply.get("code") or Code.AGENT)
     if failure.code == Code.NO_SGLANG:  # the inventory's python is not the one that imports sglang
-        failure.hint = next_step.python_that_imports_sglang()
+        failure.hint = reply.get("hint") or next_step.python_that_imports_sglang()
     raise failure
 
 

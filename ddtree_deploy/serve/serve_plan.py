@@ -62,8 +62,11 @@ def proof_spec(settings: ServeSettings, family: FamilySmoke = FAMILY_SMOKE_DEFAU
 
 
 def restart_request(python: str, files: Sequence[str], settings: ServeSettings, *, proof: dict | None,
-                    heartbeat_s: float = HEARTBEAT_S) -> dict:
-    """Drain, restart, wait for health, prove (``proof``: ``proof_spec``'s, or None: health only)."""
+                    heartbeat_s: float = HEARTBEAT_S, record: Mapping[str, Any] | None = None) -> dict:
+    """Drain, restart, wait for health, prove (``proof``: ``proof_spec``'s, or None: health only).
+    ``record`` ({state_dir, restart_run, run_id, holder, command}): where and for which runs the
+    serve program records the restart's end itself (hostprog/serve.record_end), so that a
+    restart whose controller is gone does not stay ``restarting`` in the journal."""
     request = check_request(python, files, settings)
     request.update({
         "op": "restart",
@@ -75,6 +78,7 @@ def restart_request(python: str, files: Sequence[str], settings: ServeSettings, 
         "poll_s": settings.poll_s,
         "proof": proof,
         "heartbeat_s": heartbeat_s,
+        "record": dict(record) if record is not None else None,
     })
     return request
 
@@ -224,8 +228,13 @@ def serving(answer: Mapping[str, Any], host: str = "HOST", *, serve: bool = Fals
     if health is not None:
         status = health.get("status")
         text += f"; health {health.get('url')}: {status if status is not None else 'no answer'}"
+    own = list(answer.get("own") or ())
+    if own:  # what ddtree-deploy's smoke or tune program runs (or left): never a server
+        text += (f"; not servers: {len(own)} process(es) of ddtree-deploy's own host programs ("
+                 + ", ".join(f"pid {p.get('pid')}: {p.get('program')}" for p in own[:5]) + ")")
     return {"state": state, "explanation": text, "processes": procs, "files_changed": answer.get("files_changed_iso"),
-            "newest_file": answer.get("newest_file"), "health": health, "unreadable": answer.get("unreadable", 0)}
+            "newest_file": answer.get("newest_file"), "health": health, "unreadable": answer.get("unreadable", 0),
+            "own": own}
 
 
 def process_line(p: Mapping[str, Any]) -> str:

@@ -31,7 +31,13 @@ from ddtree_deploy.smoke.smoke_plan import START_S
 
 # Never sudo: the serve program reads /proc and runs the inventory's own restart command,
 # which names sudo itself when the host needs it (e.g. ["sudo", "-n", "systemctl", ...]).
-SERVE_PROGRAM = HostProgram("ddtree_deploy.hostprog.serve", "the serve program", Code.SERVE_AGENT)
+# One program, two jobs, each with what a lost link (or Ctrl-C) leaves on the host.
+SERVE_PROGRAM = HostProgram("ddtree_deploy.hostprog.serve", "the serve program", Code.SERVE_AGENT,
+                            lost_state="the serve program only reads: nothing on the host changed")
+SERVE_RESTART = HostProgram("ddtree_deploy.hostprog.serve", "the serve program", Code.SERVE_AGENT,
+                            lost_state="the serve program goes on alone: it completes the restart it was given "
+                            "(the server may be down or restarting meanwhile), waits for its health and records "
+                            "its end in the host's journal and history")
 CHECK_S = 60.0  # a discovery (and one health GET), at most
 SLICE_S = 0.5  # reads wait this long at most between looks at inflight.cancelled
 
@@ -149,17 +155,19 @@ def run_restart(host, transport, request: dict, *, progress: Progress = quiet,
     def ended(ok: bool, failed: str | None, detail: str, answer: dict | None = None) -> Restart:
         return Restart(host.name, ok, failed, detail, proof, answer, time.monotonic() - t0)
 
+    def interrupted() -> Restart:
+        return ended(False, "interrupted", f"during {step or 'the start'}, {time.monotonic() - t0:.0f} s after the "
+                     f"restart request; {SERVE_RESTART.lost_state}")
+
     try:
-        with transport, ProgramSession(transport, host, SERVE_PROGRAM) as session:
+        with transport, ProgramSession(transport, host, SERVE_RESTART) as session:
             session.send(request, during="while sending the restart request")
             last = time.monotonic()
             while True:
                 now = time.monotonic()
                 if inflight.cancelled.is_set():
                     session.detach()
-                    return ended(False, "interrupted", f"during {step or 'the start'}, "
-                                 f"{now - t0:.0f} s after the restart request; the host's state: "
-                                 f"{next_step.status(host.name)}")
+                    return interrupted()
                 if now >= t0 + limit or now >= last + (silence if step else START_S):
                     session.detach()
                     quiet = now >= last + (silence if step else START_S)
@@ -182,6 +190,8 @@ def run_restart(host, transport, request: dict, *, progress: Progress = quiet,
                 elif event == "done":
                     break
     except DeployError as exc:
+        if inflight.cancelled.is_set():  # Ctrl-C dropped the link under the read: not a lost link
+            return interrupted()
         return ended(False, "error", exc.message)
     if doc.get("error"):
         return ended(False, "error", f"the serve program failed: {doc['error']}", doc)
@@ -241,7 +251,9 @@ def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, h
     run); ``files``: the deployed files; ``proof``: ``serve_plan.proof_spec``'s, or None
     (health only). The lock stays held: the caller leaves the session. Returns the restart
     and, when its end could not be recorded, that error (the restart happened all the same)."""
-    request = serve_plan.restart_request(host.python, files, settings, proof=proof)
+    record = {"state_dir": host.state_dir, "restart_run": held.outcome.run_id, "run_id": run_id,
+              "holder": deploy.holder_name(), "command": held.outcome.command}
+    request = serve_plan.restart_request(host.python, files, settings, proof=proof, record=record)
     progress("journal: serve restarting")
     held.record_serve({"state": RESTARTING, "run_id": run_id, "restart_run": held.outcome.run_id,
                        "time": _now_iso()})
@@ -254,5 +266,5 @@ def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, h
     return result, None
 
 
-__all__ = ["HEALTHY", "INTERRUPTED", "RESTARTING", "Restart", "SERVE_PROGRAM", "UNHEALTHY", "UNKNOWN", "answer", "check",
-           "proof_family", "restart_held", "restart_locked", "run_restart"]
+__all__ = ["HEALTHY", "INTERRUPTED", "RESTARTING", "Restart", "SERVE_PROGRAM", "SERVE_RESTART", "UNHEALTHY",
+           "UNKNOWN", "answer", "check", "proof_family", "restart_held", "restart_locked", "run_restart"]

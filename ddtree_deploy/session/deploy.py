@@ -150,6 +150,9 @@ def _locked_error(host: Host, reply: dict) -> DeployError:
             code=Code.LOCKED,
             hint="wait for the tune to finish, or stop it (Ctrl-C on its controller)",
         )
+    if not h:  # the lock's guard, held too long by another agent: its own words name the process
+        return DeployError(f"{host.name}: {reply.get('message')}", code=Code.LOCKED,
+                           hint="rerun once that process has finished or been stopped")
     stale = " (its process is gone)" if reply.get("stale") else ""
     return DeployError(
         f"{host.name}: deploy lock held by {h.get('holder', '?')} since {h.get('time', '?')} "
@@ -260,14 +263,17 @@ class PushSession:
                           "record the restart")
         return reply.get("history_warning")
 
-    def rollback(self, to: str | None, *, release: bool = False, progress: Progress = quiet) -> Outcome:
+    def rollback(self, to: str | None, *, release: bool = False, progress: Progress = quiet,
+                 automatic: dict | None = None) -> Outcome:
         """Roll the host back to backup ``to`` under the lock this session holds, so that no
         other run acts on the host between this run's switch and its undoing: the
         ``rollback`` command's plan and apply (``_rollback_plan``, ``_switch``: the same
         verified switch), over this session. One round trip reads the host (under the lock),
         one applies; with ``release`` the unlock travels with the apply, else the lock stays
         held (the caller restarts the server on the restored files, then leaves). Returns the
-        rollback's own outcome (its run id is the one the journal records)."""
+        rollback's own outcome (its run id is the one the journal records). ``automatic``
+        (``automatic_cause``): why the push rolled itself back, recorded with the rollback in
+        the journal and the history."""
         if not self.locked or self._sess is None:
             raise DeployError(f"{self.host.name}: rollback: the deploy lock was already released", code=Code.PROTOCOL)
         t0, before = time.monotonic(), self._sess.round_trips
@@ -275,7 +281,7 @@ class PushSession:
         progress("discover (lock held)")
         facts = expect_ok(self._sess.one({"op": "facts", "paths": []}), self.host.name, "discover")
         out.sglang_version, out.phase = facts["sglang_version"], (facts["journal"] or {}).get("phase")
-        prepared = _rollback_plan(self.host, to)(facts, None, progress)
+        prepared = _rollback_plan(self.host, to, automatic)(facts, None, progress)
         self.locked = _switch(self._sess, self.host, out, prepared, dry_run=False, keep_lock=not release,
                               progress=progress, sending=[], caller_holds=True)
         out.backup_id = prepared.plan.backup_id
@@ -688,17 +694,25 @@ def _apply_push(host: Host, run_id: str, desired: Desired, plan: Plan, final_pha
 
 def rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
              break_lock: bool = False, replace_drifted: bool = False,
-             expect: Callable[[dict], Desired | None] | None = None, progress: Progress = quiet) -> Outcome:
+             expect: Callable[[dict], Desired | None] | None = None, progress: Progress = quiet,
+             automatic: dict | None = None) -> Outcome:
     """Restore a backup (the newest, or ``to``) through the same staged, verified switch as push."""
     with begin_rollback(host, transport, to=to, dry_run=dry_run, break_lock=break_lock, progress=progress,
-                        replace_drifted=replace_drifted, expect=expect) as done:
+                        replace_drifted=replace_drifted, expect=expect, automatic=automatic) as done:
         return done.outcome
+
+
+def automatic_cause(push_run: str | None, cause: str, step: str | None, detail: str) -> dict:
+    """Why a push rolls itself back (its smoke failed at a level; its server was not healthy, or
+    failed the proof, after the restart): the ``automatic`` record of its rollback, which the
+    journal and the history keep with it."""
+    return {"push_run": push_run, "cause": cause, "step": step, "detail": detail[:300]}
 
 
 def begin_rollback(host: Host, transport: Transport, *, to: str | None = None, dry_run: bool = False,
                    break_lock: bool = False, keep_lock: bool = False, replace_drifted: bool = False,
                    expect: Callable[[dict], Desired | None] | None = None,
-                   progress: Progress = quiet) -> PushSession:
+                   progress: Progress = quiet, automatic: dict | None = None) -> PushSession:
     """``rollback``, and with ``keep_lock`` a rollback that switched files returns its session
     still holding the lock (``locked``): the caller restarts the server on the restored
     files under it (``serve_run.restart_held``), then leaves the session (the unlock).
@@ -706,13 +720,14 @@ def begin_rollback(host: Host, transport: Transport, *, to: str | None = None, d
     bytes kept first in a backup of their own on the host; ``expect`` (facts -> the series'
     ``Desired``, or None) gives what their diff is shown against (as ``status --diff``). It
     runs on a first, unlocked read, as a push resolves its series: a release wheel it may
-    download never holds the host's lock."""
+    download never holds the host's lock. ``automatic``: the cause of a push's own rollback
+    (``automatic_cause``), kept with it in the journal and the history."""
     resolve = None
     if replace_drifted and expect is not None:
         def resolve(facts: dict, progress: Progress) -> Desired | None:
             progress("resolve the series (for the drifted files' diff)")
             return expect(facts)
-    session = _execute("rollback", host, transport, [], _rollback_plan(host, to, replace_drifted),
+    session = _execute("rollback", host, transport, [], _rollback_plan(host, to, replace_drifted, automatic),
                        dry_run=dry_run, break_lock=break_lock, progress=progress, keep_lock=keep_lock,
                        resolve=resolve, content=replace_drifted)
     session.outcome.backup_id = session.outcome.plan.backup_id if session.outcome.plan else None
@@ -720,13 +735,20 @@ def begin_rollback(host: Host, transport: Transport, *, to: str | None = None, d
 
 
 def _rollback_plan(host: Host, to: str | None,
-                   replace_drifted: bool = False) -> Callable[[dict, Desired | None, Progress], _Prepared]:
+                   replace_drifted: bool = False,
+                   automatic: dict | None = None) -> Callable[[dict, Desired | None, Progress], _Prepared]:
     """The rollback's ``prepare`` (facts read under the lock, and with ``--replace-drifted``
     what the series expects, resolved before the lock -> what to switch): one for the
     ``rollback`` command and the automatic rollback under a push's lock alike."""
 
     def prepare(facts: dict, expected: Desired | None, progress: Progress) -> _Prepared:
         _unsafe(host, facts)
+        if not facts["backups"] and not facts["journal"] and to is None:
+            # Never pushed (no journal, no backup): it is where a rollback leaves a host, so a
+            # fleet rollback over a host a stopped push skipped is no failure there.
+            return _Prepared(Plan("rollback", host.name, ()), noop="nothing to roll back: no push ever switched a "
+                             "file on this host (no journal, no backup)", dry="dry run: nothing to roll back (never "
+                             "pushed)", step="", request=lambda run_id: {}, done=lambda d: "")
         manifest = _choose_backup(host, facts["backups"], to)
         plan = plan_rollback(host.name, manifest, _hashes(facts), facts["journal"], replace_drifted=replace_drifted,
                              folder=_state_folder(facts))
@@ -745,7 +767,7 @@ def _rollback_plan(host: Host, to: str | None,
             noop=noop,
             dry=f"dry run: would restore {len(plan.changes)} file(s) from {bid}; nothing changed",
             step=f"stage + switch {len(plan.changes)} file(s) from backup {bid}",
-            request=lambda run_id: _apply_rollback(host, run_id, manifest, plan, facts["journal"]),
+            request=lambda run_id: _apply_rollback(host, run_id, manifest, plan, facts["journal"], automatic),
             done=lambda d: f"rolled back {len(plan.changes)} file(s) to backup {bid} (sha256 verified)",
             drifted_diff=_replaced_diff(expected, facts, plan),
         )
@@ -753,10 +775,15 @@ def _rollback_plan(host: Host, to: str | None,
     return prepare
 
 
-def _apply_rollback(host: Host, run_id: str, manifest: dict, plan: Plan, journal: dict | None) -> dict:
+def _apply_rollback(host: Host, run_id: str, manifest: dict, plan: Plan, journal: dict | None,
+                    automatic: dict | None = None) -> dict:
     journal = dict(journal or {})
     journal.pop("phase", None)
+    journal.pop("automatic", None)  # an earlier automatic rollback's cause says nothing about this one
+    if automatic is not None:
+        journal["automatic"] = automatic
     return {
+        **({"automatic": automatic} if automatic is not None else {}),
         "op": "apply",
         "kind": "rollback",
         "run_id": run_id,
@@ -774,7 +801,8 @@ def _apply_rollback(host: Host, run_id: str, manifest: dict, plan: Plan, journal
 
 def _choose_backup(host: Host, backups: list[dict], to: str | None) -> dict:
     if not backups:
-        raise DeployError(f"{host.name}: no backups on the host (nothing was ever pushed)", code=Code.NO_BACKUP)
+        raise DeployError(f"{host.name}: no backups on the host to restore from", code=Code.NO_BACKUP,
+                          hint=f"see what the files are with {next_step.status(host.name)}")
     if to is None:
         return backups[-1]  # ids start with a UTC timestamp: the last is the newest
     for b in backups:
@@ -918,7 +946,9 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
         return (f"files patched by run {run} ({tally}); the smoke has not passed{why}: "
                 f"{next_step.smoke_or_rollback(host)}{suffix}")
     if phase == Phase.ROLLED_BACK:
-        return f"rolled back to backup {journal.get('backup_id')} by run {run} ({tally}){restarted}{suffix}"
+        auto = journal.get("automatic") if isinstance(journal.get("automatic"), dict) else None
+        how = (f" automatically after push run {auto.get('push_run')} ({cause_words(auto)})" if auto else "")
+        return f"rolled back{how} to backup {journal.get('backup_id')} by run {run} ({tally}){restarted}{suffix}"
     if phase == Phase.STAGED:
         return (f"{op} run {run} stopped after staging, before any file changed ({tally}); "
                 f"rerun `{op}` to complete it{suffix}")
@@ -929,13 +959,21 @@ def explain(journal: dict | None, files: list[dict], host: str = "HOST") -> str:
     return f"journal phase {phase!r} ({tally}){suffix}"
 
 
+def cause_words(automatic: dict) -> str:
+    """An automatic rollback's cause in a few words: "smoke failed at import", "server health"."""
+    cause, step = automatic.get("cause"), automatic.get("step")
+    if cause == "smoke":
+        return f"smoke failed at {step}"
+    return f"server {step or cause} failed after the restart"
+
+
 def _restart_clause(serve: dict) -> str:
     """The journal's newest server restart, as a clause of ``explain`` ("" when none)."""
     state, when = serve.get("state"), serve.get("time")
     if not state:
         return ""
     if state == "healthy":
-        return f"; server restarted {when}, healthy"
+        return f"; server restarted {when}, healthy then"  # (now: the serving line's health, status' attention)
     if state == "restarting":
         return (f"; a server restart began {when} and its end was never recorded (interrupted, or the "
                 "connection lost): whether the server is healthy is unknown")
@@ -1020,6 +1058,6 @@ def not_pristine(host: str, facts: dict, files: dict[str, bytes | None]) -> Depl
                        code=Code.NOT_PRISTINE, hint=f"roll back first: {next_step.rollback(host, drifted=edited)}")
 
 
-__all__ = ["AgentFailed", "Outcome", "PushSession", "ask", "begin_push", "begin_rollback", "describe", "hold",
-           "not_pristine", "patched_paths", "explain", "mark", "pull", "push", "rollback", "status", "Reading",
-           "reading"]
+__all__ = ["AgentFailed", "Outcome", "PushSession", "ask", "automatic_cause", "cause_words", "begin_push",
+           "begin_rollback", "describe", "hold", "not_pristine", "patched_paths", "explain", "mark", "pull", "push",
+           "rollback", "status", "Reading", "reading"]

@@ -57,6 +57,11 @@ def lock_release(host: Host, transport: Transport, force: bool) -> dict:
 def entry_line(e: dict) -> str:
     """One history entry as one line (unescaped)."""
     what = e.get("event", "?")
+    auto = e.get("automatic")
+    if isinstance(auto, dict):  # a push's own rollback: after which push, and why
+        from ddtree_deploy.session.deploy import cause_words
+
+        what += f" (AUTOMATIC, after push run {auto.get('push_run') or '?'}: {cause_words(auto)})"
     if e.get("series"):
         sid = (e.get("series_id") or "")[:12]
         what += f" {e['series']}" + (f" ({sid})" if sid else "")

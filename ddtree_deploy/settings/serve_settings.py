@@ -21,7 +21,9 @@ is split, joined or expanded.
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -152,25 +154,52 @@ def _argv(doc: TomlFile, key: str, *, required: bool) -> tuple[str, ...] | None:
     return tuple(argv)
 
 
+# The URL's host: a DNS name (labels of letters, digits, '-', '_'; 63 characters each, 253 in
+# all), an IPv4 address or an IPv6 literal (in brackets in the URL). Anything else (a 1 MB
+# name, a label past 63) would make the host's HTTP client fail mid-restart: refused here.
+_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+                   r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$")
+MAX_URL_CHARS = 2048
+
+
+def _shown(raw: str) -> str:
+    """``raw`` as a message shows it: whole when short, else its start and its length."""
+    return repr(raw) if len(raw) <= 80 else f"{raw[:60]!r}... ({len(raw)} characters)"
+
+
 def _url(doc: TomlFile) -> str:
     key = "serve.url"
     raw = doc.string(key, required=True, example="http://127.0.0.1:30000")
     todo = 'write the server\'s base URL as seen on the host, e.g. url = "http://127.0.0.1:30000"'
+    shown = _shown(raw)
+    if len(raw) > MAX_URL_CHARS:
+        raise doc.bad(key, f"{shown} is longer than {MAX_URL_CHARS} characters: not a server's base URL", todo)
     if any(c.isspace() or ord(c) < 32 for c in raw):
-        raise doc.bad(key, f"{raw!r} holds spaces or control characters", todo)
+        raise doc.bad(key, f"{shown} holds spaces or control characters", todo)
     try:
         parts = urlsplit(raw)
         port = parts.port
     except ValueError as exc:
-        raise doc.bad(key, f"{raw!r} is not a URL ({exc})", todo) from None
+        raise doc.bad(key, f"{shown} is not a URL ({exc})", todo) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise doc.bad(key, f"{raw!r} is not an http:// or https:// URL with a host", todo)
+        raise doc.bad(key, f"{shown} is not an http:// or https:// URL with a host", todo)
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username or parts.password:
-        raise doc.bad(key, f"{raw!r} has a path, query or user part: give the base URL only "
+        raise doc.bad(key, f"{shown} has a path, query or user part: give the base URL only "
                       "(the health path is serve.health_path)", todo)
     if port == 0:
-        raise doc.bad(key, f"{raw!r}: port 0 is not a port", todo)
+        raise doc.bad(key, f"{shown}: port 0 is not a port", todo)
+    if not _host_ok(parts.hostname):
+        raise doc.bad(key, f"{shown}: {_shown(parts.hostname)} is not a host name or IP address (labels of "
+                      "letters, digits, '-', at most 63 characters each, 253 in all)", todo)
     return f"{parts.scheme}://{parts.netloc}"
+
+
+def _host_ok(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return bool(_NAME.match(name))
 
 
 __all__ = ["DEFAULT_HEALTH_PATH", "PROOFS", "ServeSettings", "has_serve", "parse_serve"]

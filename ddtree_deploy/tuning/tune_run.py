@@ -569,7 +569,9 @@ def _plot(outcome: TuneOutcome, out_dir: Path) -> None:
     try:
         from ddtree_deploy.tuning.tune_plot import plot_png
     except ImportError as exc:  # matplotlib is the optional [tune] extra
-        outcome.plot_note = f"no plot: {exc.name or 'matplotlib'} is not installed (pip install 'ddtree-deploy[tune]')"
+        from ddtree_deploy.base.install import add_extra
+
+        outcome.plot_note = f"no plot: {exc.name or 'matplotlib'} is not installed (install it: {add_extra('tune')})"
         return
     outcome.plot_path = plot_png(outcome.opts, outcome.records, out_dir / "tune.png", title=outcome.host)
 

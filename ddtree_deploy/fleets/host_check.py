@@ -1,0 +1,51 @@
+"""The one check of a host file before any connection: the file itself (inventory.py) and the
+command tables push uses, ``[smoke]`` (levels, the launch template) and ``[serve]``; and a
+group's members, each a host file. Push refuses what this refuses, and ``hosts list`` shows
+the same files broken with the same line: one validator for both (issue 28).
+
+Light on purpose (no transport): ``hosts list`` imports it.
+"""
+
+from __future__ import annotations
+
+from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.settings.inventory import Host, load_host
+from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
+from ddtree_deploy.smoke.smoke_plan import check_settings
+
+
+def check_tables(host: Host, *, smoke: bool = True) -> ServeSettings | None:
+    """``host``'s [smoke] (unless ``smoke`` is False: ``push --no-smoke`` runs none) and
+    [serve] tables, checked whole: BadInput (one line: file, line, key) for the first wrong
+    value. Returns the [serve] settings (None: no table)."""
+    if smoke:
+        check_settings(host)
+    return parse_serve(host.serve, source=host.source)
+
+
+def checked_host(name: str, *, smoke: bool = True) -> Host:
+    """A host file read and its tables checked (``check_tables``), as push does it."""
+    host = load_host(name)
+    check_tables(host, smoke=smoke)
+    return host
+
+
+def group_problem(group: str, members, listed: dict[str, BadInput | None]) -> BadInput | None:
+    """Why group ``group`` cannot be pushed (a member whose file is missing or broken, as push
+    would say it), else None. ``listed``: the folder's host files already checked (name ->
+    its error or None), so each is read once."""
+    for member in members:
+        if member in listed:
+            error = listed[member]
+        else:
+            try:
+                load_host(member)  # not in the folder: the built-in `local`, or a missing file
+                error = None
+            except BadInput as exc:
+                error = exc
+        if error is not None:
+            return BadInput(f"group {group}: member {member}: {error.message}", hint=error.hint)
+    return None
+
+
+__all__ = ["check_tables", "checked_host", "group_problem"]
