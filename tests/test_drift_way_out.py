@@ -53,9 +53,11 @@ def doc_command(args) -> str:
     return "snapshot pull" if args[0] == "snapshot" else args[0]
 
 
-def host_doc(*args: str) -> dict:
-    """A successful --json run's one host document, the envelope checked against the schema."""
-    result = ok(*args, "--json")
+def host_doc(*args: str, exit_code: int = 0) -> dict:
+    """A --json run's one host document (exit 0 unless said), the envelope checked against the
+    schema."""
+    result = cli(*args, "--json")
+    assert result.exit_code == exit_code, result.output
     return check_envelope(result.stdout, result.exit_code, doc_command(args))["hosts"][0]
 
 
@@ -89,7 +91,9 @@ def test_push_refuses_naming_the_backup_and_push_replace_drifted_gets_through(ho
     assert way_out(result) == ["push", "--host", host.name, "--replace-drifted"]
     assert "snapshot pull" not in error["hint"]  # it would refuse the patched files: not a way out here
     # status says the same: what to look at, and the two ways through.
-    said = one_line(host_doc("status", "--host", host.name)["explanation"])
+    drifted = host_doc("status", "--host", host.name, exit_code=1)  # a drifted host needs attention
+    assert drifted["outcome"] == "needs attention" and [a["kind"] for a in drifted["attention"]] == ["drifted"]
+    said = one_line(drifted["explanation"])
     assert f"`ddtree-deploy status --host {host.name} --diff` shows them" in said
     assert f"`ddtree-deploy push --host {host.name} --replace-drifted`" in said
 

@@ -66,9 +66,11 @@ def files(h: SandboxHost) -> dict:
     return {p: h.read(p) for p in TARGETS}
 
 
-def status(h: SandboxHost) -> dict:
-    """`status --json` of one install, its envelope checked against docs/json-schema.json."""
-    result = ok("status", "--host", h.name, "--json")
+def status(h: SandboxHost, exit_code: int = 0) -> dict:
+    """`status --json` of one install (exit 0 unless said: 1 when it needs attention), its
+    envelope checked against docs/json-schema.json."""
+    result = cli("status", "--host", h.name, "--json")
+    assert result.exit_code == exit_code, result.output
     return check_envelope(result.stdout, result.exit_code, "status")["hosts"][0]
 
 
@@ -205,8 +207,9 @@ def test_an_agent_killed_mid_switch_of_the_second_install_is_completed_by_the_re
     assert cli(command, "--host", "canary").exit_code == 1
     monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
     assert folder_of(canary) == canary.state_dir / "roots" / key_of(str(canary.site))
-    doc = status(canary)
+    doc = status(canary, exit_code=1)  # a run not completed needs attention
     assert doc["phase"] == "switching" and "interrupted while switching" in doc["explanation"]
+    assert doc["outcome"] == "needs attention" and "interrupted" in [a["kind"] for a in doc["attention"]]
     assert sorted(states(doc).values()).count("drifted") == 0 and files(canary) != before
     assert files(prod) == before_prod and status(prod)["phase"] == "deployed"
     ok(command, "--host", "canary")

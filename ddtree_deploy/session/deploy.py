@@ -281,7 +281,7 @@ class PushSession:
         progress("discover (lock held)")
         facts = expect_ok(self._sess.one({"op": "facts", "paths": []}), self.host.name, "discover")
         out.sglang_version, out.phase = facts["sglang_version"], (facts["journal"] or {}).get("phase")
-        prepared = _rollback_plan(self.host, to, automatic)(facts, None, progress)
+        prepared = _rollback_plan(self.host, to, automatic=automatic)(facts, None, progress)
         self.locked = _switch(self._sess, self.host, out, prepared, dry_run=False, keep_lock=not release,
                               progress=progress, sending=[], caller_holds=True)
         out.backup_id = prepared.plan.backup_id
