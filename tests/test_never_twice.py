@@ -35,15 +35,14 @@ import pytest
 from ddtree_deploy.engine.patch_apply import HunkStatus, apply_file_patch
 from ddtree_deploy.engine.patch_parse import FilePatch, parse_patch
 from ddtree_deploy.sandbox import pristine_files
+from ddtree_testkit.system_tools import require
 
 EAGLE = "sglang/srt/speculative/eagle_utils.py"
 SPEC = "sglang/srt/speculative/spec_info.py"
 TYPING = "from typing import TYPE_CHECKING, Callable, List, Optional, Tuple, Type, Union\n"
 
-pytestmark = [
-    pytest.mark.network,  # the wheels are fetched once into the cache, then offline
-    pytest.mark.skipif(not (shutil.which("patch") and shutil.which("diff")), reason="needs GNU patch and diff"),
-]
+pytestmark = pytest.mark.network  # the wheels are fetched once into the cache, then offline
+require("patch", "diff")  # the oracle and the diffs: a machine without them fails, never skips
 
 
 def _release_diff(tmp: Path, path: str, old: str, new: str, context: int = 3) -> str:

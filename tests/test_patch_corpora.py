@@ -20,7 +20,6 @@ corpus, every changed file of fifteen releases at fuzz 0, 1 and 2, is test_relea
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import zipfile
 from collections import Counter
@@ -35,16 +34,15 @@ from ddtree_deploy.engine.patch_parse import FilePatch, parse_patch
 from ddtree_deploy.engine.patch_verify import verify_round_trip
 from ddtree_deploy.engine.series import PatchEntry, families, load_family
 from ddtree_deploy.release import releases
+from ddtree_testkit.system_tools import require
 
 RELEASES = ("0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.16", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 BIG = ("sglang/srt/server_args.py", "sglang/srt/managers/scheduler.py",
        "sglang/srt/managers/schedule_batch.py", "sglang/srt/model_executor/model_runner.py")
 SPECULATIVE = "sglang/srt/speculative/"
 
-pytestmark = [
-    pytest.mark.network,  # nine wheels, fetched once into the cache, then offline
-    pytest.mark.skipif(shutil.which("diff") is None, reason="needs GNU diff"),
-]
+pytestmark = pytest.mark.network  # nine wheels, fetched once into the cache, then offline
+require("diff")  # the diffs: a machine without it fails, never skips
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,9 @@ from hypothesis import strategies as st
 from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.engine.patch_apply import HunkStatus, Mismatch, apply_file_patch
 from ddtree_deploy.engine.patch_parse import FilePatch, parse_patch, strip_path
+from ddtree_testkit.system_tools import require
+
+require("git", "patch")  # the oracles (git writes the modes): a machine without them fails, never skips
 
 REPO = Path(__file__).resolve().parent.parent
 SERIES_DIR = REPO / "patches" / "sglang-0.5.12"
@@ -235,7 +238,6 @@ def _drop_link(d: Path) -> None:
     (d / "link.py").unlink()
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git (it writes the modes)")
 @pytest.mark.parametrize("change,line,says", [
     (_new_link, 2, "the new file is a symlink ('new file mode 120000')"),
     (_new_executable, 2, "the new file is an executable file ('new file mode 100755')"),
@@ -250,7 +252,6 @@ def test_file_modes_other_than_a_regular_files_are_refused(tmp_path, change, lin
     assert "regular files (mode 100644) only" in msg
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git (it writes the modes)")
 def test_an_executable_files_content_change_is_fine(tmp_path):
     """index ... 100755: the file stays executable on the host (a deploy keeps a file's mode)."""
     text = _git_diff(tmp_path, lambda d: (d / "run.py").write_text("#!/bin/sh\necho bye\n"))
@@ -264,7 +265,6 @@ def _edit_spec(d: Path) -> None:
     (d / "spec_info.py").write_text("x = 1\ny = 2\n")
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 @pytest.mark.parametrize("args,line,says", [
     (["--color=always"], 1, "the patch holds terminal colour codes (ESC[...m), as git diff --color writes "
                             "them for a terminal; make it with git diff --no-color"),
@@ -278,7 +278,6 @@ def test_output_of_git_diff_options_is_named(tmp_path, args, line, says):
     assert msg.startswith(f"p.patch:{line}: {says}"), msg
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_one_component_custom_prefixes_read_like_a_and_b(tmp_path):
     """git diff --src-prefix=orig/ --dst-prefix=new/: one component each, stripped as patch -p1 does."""
     text = _git_diff(tmp_path, _edit_spec, "--src-prefix=orig/", "--dst-prefix=new/")
@@ -513,7 +512,6 @@ def test_never_applies_a_change_twice_minimal_case():
     assert res.text is None
 
 
-@pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch (the oracle)")
 def test_never_applies_a_change_twice_minimal_case_gnu_oracle(tmp_path: Path):
     """GNU patch -N sees hunk 1 reversed and skips the file: nothing may be written twice."""
     (tmp_path / "f").write_text(MIN_FILE)
@@ -555,7 +553,6 @@ def test_a_lookalike_of_the_new_side_is_ambiguous_never_already_applied():
     assert apply_file_patch(one(LOOK_PATCH), res.text).hunks[0].status is HunkStatus.ALREADY_APPLIED
 
 
-@pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch (the oracle)")
 def test_a_lookalike_of_the_new_side_gnu_oracle(tmp_path: Path):
     """GNU patch applies the minimal case at line 15 (offset 5): the real place is unpatched."""
     (tmp_path / "f.txt").write_text(_words("t1 t2 t3 t4 t5") + LOOK_FILE)
@@ -661,7 +658,6 @@ def test_removed_dash_dash_line_and_added_plus_plus_line_are_content():
     assert res.ok and res.text == "x\n++ b\ny\n"
 
 
-@pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch (the oracle)")
 def test_dash_dash_content_lines_agree_with_gnu_patch(tmp_path: Path):
     (tmp_path / "f").write_text("x\n-- a\ny\n")
     (tmp_path / "p.diff").write_text(DASH_PATCH)
@@ -841,11 +837,10 @@ def test_a_crlf_to_lf_patch_made_on_the_crlf_file_converts_it(tmp_path: Path):
     res = apply_file_patch(one(patch), text)
     assert res.ok and res.text == "a\r\nb\nc\nd\r\n"
     assert verify_round_trip(one(patch), text, res) is None
-    if shutil.which("patch"):
-        (tmp_path / "f").write_bytes(text.encode())
-        (tmp_path / "p.diff").write_bytes(patch.encode())
-        subprocess.run(["patch", "-p1", "-s", "-i", "p.diff"], cwd=tmp_path, check=True, timeout=30)
-        assert (tmp_path / "f").read_bytes().decode() == res.text
+    (tmp_path / "f").write_bytes(text.encode())
+    (tmp_path / "p.diff").write_bytes(patch.encode())
+    subprocess.run(["patch", "-p1", "-s", "-i", "p.diff"], cwd=tmp_path, check=True, timeout=30)
+    assert (tmp_path / "f").read_bytes().decode() == res.text
 
 
 def test_crlf_file_without_final_newline():

@@ -25,17 +25,15 @@ their own base at fuzz 0 / 1 / 2 and failed 396 / 1,918 / 3,815 files on the new
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
 from ddtree_deploy.base.errors import DeployError
 from ddtree_testkit import release_corpus
+from ddtree_testkit.system_tools import require
 
-pytestmark = [
-    pytest.mark.network,  # fifteen wheels, fetched once into the cache, then offline
-    pytest.mark.skipif(not (shutil.which("diff") and shutil.which("patch")), reason="needs GNU diff and patch"),
-]
+pytestmark = pytest.mark.network  # fifteen wheels, fetched once into the cache, then offline
+require("diff", "patch")  # the diffs and the oracle: a machine without them fails, never skips
 
 LOOKALIKE_EVERY = 4  # the test's sample of the lookalike cases (the bench: every file)
 
