@@ -25,18 +25,26 @@ lines can be checked against ``patch`` itself; see tests/test_patch_differential
   line followed by "\\ No newline at end of file" matches only a last line that
   lacks one, and a line with a newline never matches such a last line.
 * Never a change twice, never one skipped. Every hunk's old side and its new side are
-  looked for wherever the search reaches (below the lines earlier hunks froze, the
-  anchors above, fuzz levels 0 up to the fuzz in use; each side at its lowest level,
-  nearest first). Old side alone: applied there. New side alone: already-applied.
-  Both: failed as ambiguous, with both places (``nearest_line``, ``new_side_line``):
-  a lookalike of either side would otherwise decide (issue 21: a copy of a hunk's new
-  side nearer than its real place made it "already applied" and left the real place
-  unpatched), and no check after the fact can tell a lookalike from the real place.
-  A new side matched on no line at all (fuzz ignored them all) is no evidence. GNU
-  patch applies the forward match and checks "previously applied" on the first hunk
-  only; the differential test checks the rule by brute force on every case and names
-  where the tools differ. A file with some hunks already applied and others applied
-  now is ``FileResult.partly_applied``; the check layer refuses it unless asked.
+  looked for wherever the search reaches (below the lines earlier hunks froze, the anchors
+  above, fuzz levels 0 up to the fuzz in use; each side at its lowest level, nearest first).
+  Old side alone: applied there. New side alone: already-applied. Both: their places are
+  ranked (_Place): less fuzz is better, and the line the patch states (plus the offset the
+  hunks above landed at) is better than any other line, however near; a place outranks
+  another when it is no worse on both and better on one. The side whose place outranks
+  every place of the other decides; when neither does, the two rank alike and the hunk
+  fails as ambiguous with both places (``nearest_line``, ``new_side_line``, ``places``):
+  a lookalike of either side would otherwise decide (issue 21: a copy of a hunk's new side
+  nearer than its real place made it "already applied" and left the real place
+  unpatched), and no check after the fact can tell a lookalike from the real place. A
+  match of one side that compares only lines of the other's place (repeated lines) is
+  that place read twice, not a second place: the hunks above it decide (a file is patched
+  or not), and with none the hunk is ambiguous. A new side matched on no line at all
+  (fuzz ignored them all) is no evidence. GNU patch applies the forward match and checks
+  "previously applied" on the first hunk only; the differential test checks the rule by
+  brute force on every case and names where the tools differ; tests/test_release_corpus.py
+  measures it on SGLang's own release diffs (issue 28 item 6). A file with some hunks
+  already applied and others applied now is ``FileResult.partly_applied``; the check layer
+  refuses it unless asked.
 * Fuzz f ignores up to f context lines at each end of the hunk (never changed
   lines), limited by the hunk's context; lines kept from the file are the file's,
   so fuzzed context is never rewritten.
