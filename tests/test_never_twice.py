@@ -6,8 +6,11 @@ patch -N as the oracle. Each case is one the engine used to get wrong:
 - eagle_utils.py's 0.5.14 -> 0.5.16 change, checked against 0.5.16: every hunk is there
   already; the engine found 3 of the 18 again further down and wrote them a second time
   (sgl_build_tree_kernel_triton defined twice). GNU patch -N sees hunk 1 reversed and
-  skips the file. Since issue 21 those 3 hunks are ambiguous (old side below, new side at
-  its place): failed with both places, nothing written.
+  skips the file. Issue 21 made those 3 hunks ambiguous (old side below, new side at its
+  place); since issue 28 places are ranked and the new side at the line the patch states
+  (after the offsets of the hunks above) outranks the old side's copy further down: all 18
+  are already applied, as GNU patch says. Alone (no hunk above to set the offset) neither
+  side of those 3 is at the stated line, and they fail with both places.
 - spec_info.py's 0.5.12.post1 -> 0.5.13 change, hunk 1 (it adds `import torch`), on
   0.5.16: made with 4 and 5 lines of context, the outermost context differs in 0.5.16, so
   only a reverse match WITH fuzz recognises it. GNU patch -F1/-F2 -N says "previously
@@ -15,8 +18,10 @@ patch -N as the oracle. Each case is one the engine used to get wrong:
 - the same hunk (3 lines of context) on 0.5.16 whose `from typing import` line a user
   edited: at fuzz 2 the old side's middle lines match three lines below the expected
   place, and both GNU patch and the old engine add a second `import torch` there. The
-  new side matches one line below it (0.5.16 has a line more above): both sides are in
-  reach, so the hunk is ambiguous and fails (rule engine-ambiguous of the differential test).
+  new side matches one line below it (0.5.16 has a line more above), and the old side's
+  compared lines are lines of that match: one place read both ways, with no hunk above to
+  say whether the file is patched, so the hunk fails (rule engine-ambiguous of the
+  differential test).
 """
 
 from __future__ import annotations
@@ -30,15 +35,14 @@ import pytest
 from ddtree_deploy.engine.patch_apply import HunkStatus, apply_file_patch
 from ddtree_deploy.engine.patch_parse import FilePatch, parse_patch
 from ddtree_deploy.sandbox import pristine_files
+from ddtree_testkit.system_tools import require
 
 EAGLE = "sglang/srt/speculative/eagle_utils.py"
 SPEC = "sglang/srt/speculative/spec_info.py"
 TYPING = "from typing import TYPE_CHECKING, Callable, List, Optional, Tuple, Type, Union\n"
 
-pytestmark = [
-    pytest.mark.network,  # the wheels are fetched once into the cache, then offline
-    pytest.mark.skipif(not (shutil.which("patch") and shutil.which("diff")), reason="needs GNU patch and diff"),
-]
+pytestmark = pytest.mark.network  # the wheels are fetched once into the cache, then offline
+require("patch", "diff")  # the oracle and the diffs: a machine without them fails, never skips
 
 
 def _release_diff(tmp: Path, path: str, old: str, new: str, context: int = 3) -> str:
@@ -75,14 +79,11 @@ def test_eagle_utils_0_5_14_to_0_5_16_on_0_5_16_is_already_applied(tmp_path):
     (fp,) = parse_patch(patch, name="eagle.diff")
     assert len(fp.hunks) == 18
     res = apply_file_patch(fp, target)
-    # Hunks 4-6 have their old side further down too: ambiguous, failed with both places.
-    ambiguous = {4: (256, 226), 5: (363, 281), 6: (403, 389)}
-    for h in res.hunks:
-        if h.index in ambiguous:
-            assert (h.status, (h.nearest_line, h.new_side_line)) == (HunkStatus.FAILED, ambiguous[h.index])
-        else:
-            assert h.status is HunkStatus.ALREADY_APPLIED, h
-    assert res.text is None  # nothing is written: not the 3 hunks a second time, not anything
+    # Hunks 4-6 have their old side further down too, but their new side is where the patch
+    # (with the hunks above) puts them: that place outranks the copy, they are already there.
+    assert [h.status for h in res.hunks] == [HunkStatus.ALREADY_APPLIED] * 18
+    assert [res.hunks[k].line for k in (3, 4, 5)] == [226, 281, 389]
+    assert res.text == target  # nothing is written: not the 3 hunks a second time, not anything
     out, after = _gnu(tmp_path, EAGLE, target, patch, 0)
     assert "Reversed (or previously applied) patch detected" in out and after == target
     # and on 0.5.14 the same diff applies exactly, as GNU patch does it
@@ -115,11 +116,12 @@ def test_fuzz_never_adds_import_torch_a_second_time(tmp_path):
     (fp,) = parse_patch(patch, name="spec.diff")
     res = apply_file_patch(fp, target, fuzz=2)
     # 0.5.16 has one line more above (import warnings): the new side is one line lower than
-    # the patch says, with fuzz 2; the old side's fuzz-2 match is three lines lower. Both in
-    # reach: ambiguous, failed, nothing written.
+    # the patch says, with fuzz 2; the old side's fuzz-2 match is three lines lower, on lines
+    # of the new side's match: one place read both ways, and nothing above it tells which.
+    # Failed, nothing written.
     (h,) = res.hunks
     assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 7, 5)
-    assert "(fuzz 2)" in h.reason and res.text is None
+    assert "(fuzz 2)" in h.reason and "read both ways" in h.reason and res.text is None
     # GNU patch -F2 -N finds the forward match two lines lower first and adds it again:
     # the divergence is deliberate (the differential test's rule engine-ambiguous).
     out, after = _gnu(tmp_path, SPEC, target, patch, 2)
@@ -128,7 +130,8 @@ def test_fuzz_never_adds_import_torch_a_second_time(tmp_path):
 
 def test_a_later_hunk_alone_is_judged_at_its_place(tmp_path):
     """Every hunk of the eagle diff on 0.5.16, one at a time: its new side is found at its place;
-    it is already applied unless its old side is in reach too (hunks 4-6: ambiguous)."""
+    it is already applied unless its old side is in reach too (hunks 4-6: alone, no hunk above
+    sets the offset, so neither side is at the line the hunk states and they rank alike)."""
     patch = _release_diff(tmp_path, EAGLE, "0.5.14", "0.5.16")
     target = pristine_files("0.5.16", [EAGLE])[EAGLE].decode()
     (fp,) = parse_patch(patch, name="eagle.diff")

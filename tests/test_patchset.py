@@ -18,6 +18,9 @@ from hypothesis import strategies as st
 from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.engine.patch_apply import HunkStatus, Mismatch, apply_file_patch
 from ddtree_deploy.engine.patch_parse import FilePatch, parse_patch, strip_path
+from ddtree_testkit.system_tools import require
+
+require("git", "patch")  # the oracles (git writes the modes): a machine without them fails, never skips
 
 REPO = Path(__file__).resolve().parent.parent
 SERIES_DIR = REPO / "patches" / "sglang-0.5.12"
@@ -235,7 +238,6 @@ def _drop_link(d: Path) -> None:
     (d / "link.py").unlink()
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git (it writes the modes)")
 @pytest.mark.parametrize("change,line,says", [
     (_new_link, 2, "the new file is a symlink ('new file mode 120000')"),
     (_new_executable, 2, "the new file is an executable file ('new file mode 100755')"),
@@ -250,7 +252,6 @@ def test_file_modes_other_than_a_regular_files_are_refused(tmp_path, change, lin
     assert "regular files (mode 100644) only" in msg
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git (it writes the modes)")
 def test_an_executable_files_content_change_is_fine(tmp_path):
     """index ... 100755: the file stays executable on the host (a deploy keeps a file's mode)."""
     text = _git_diff(tmp_path, lambda d: (d / "run.py").write_text("#!/bin/sh\necho bye\n"))
@@ -264,7 +265,6 @@ def _edit_spec(d: Path) -> None:
     (d / "spec_info.py").write_text("x = 1\ny = 2\n")
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 @pytest.mark.parametrize("args,line,says", [
     (["--color=always"], 1, "the patch holds terminal colour codes (ESC[...m), as git diff --color writes "
                             "them for a terminal; make it with git diff --no-color"),
@@ -278,7 +278,6 @@ def test_output_of_git_diff_options_is_named(tmp_path, args, line, says):
     assert msg.startswith(f"p.patch:{line}: {says}"), msg
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_one_component_custom_prefixes_read_like_a_and_b(tmp_path):
     """git diff --src-prefix=orig/ --dst-prefix=new/: one component each, stripped as patch -p1 does."""
     text = _git_diff(tmp_path, _edit_spec, "--src-prefix=orig/", "--dst-prefix=new/")
@@ -440,20 +439,37 @@ def test_already_applied():
     assert [h.line for h in res.hunks] == [2, 18]
 
 
-def test_a_fuzzy_lookalike_of_the_old_side_makes_an_already_applied_hunk_ambiguous():
-    # The new side matches exactly at line 1; at fuzz 1 the old side also matches at line 6
-    # ("q b c r"). With fuzz 1 in use the search reaches both: the engine cannot tell whether
-    # line 6 is the real place (unpatched) or a lookalike, so it fails the hunk with both places
-    # rather than skip it (issue 21) or make the change a second time (issue 11).
+def test_an_exact_new_side_at_its_line_outranks_a_fuzzy_lookalike_of_the_old_side():
+    # The new side matches exactly at line 1, where the patch puts the hunk; at fuzz 1 the old
+    # side also matches, at line 6 ("q b c r"). Evidence is ranked (issue 28 item 6): less fuzz
+    # and the stated line both speak for line 1, so the change is there (it used to fail as
+    # ambiguous, and re-running a patch on a patched tree failed on such lookalikes).
     patch = "--- a/f\n+++ b/f\n@@ -1,4 +1,5 @@\n a\n b\n+X\n c\n d\n"
     text = "a\nb\nX\nc\nd\nq\nb\nc\nr\n"
-    (h,) = (res := apply_file_patch(one(patch), text, fuzz=1)).hunks
-    assert (h.status, h.ambiguous, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, True, 6, 1)
-    assert "old lines match at line 6 (fuzz 1) and its new lines at line 1" in h.reason
-    assert res.text is None and not res.ok
+    res = apply_file_patch(one(patch), text, fuzz=1)
+    assert (res.hunks[0].status, res.hunks[0].line, res.text) == (HunkStatus.ALREADY_APPLIED, 1, text)
     # at fuzz 0 the old side is nowhere: already applied
     res = apply_file_patch(one(patch), text)
     assert res.hunks[0].status is HunkStatus.ALREADY_APPLIED and res.text == text
+
+
+def test_a_fuzzy_old_side_at_its_line_and_an_exact_new_side_elsewhere_rank_alike():
+    # The old side matches at line 1, where the patch puts it, but only with fuzz 1 ("q b c r");
+    # the new side matches exactly, at line 5. One place has less fuzz, the other is at the
+    # stated line: neither outranks the other, so the hunk fails with both places (never
+    # skipped for a lookalike, never made twice).
+    patch = "--- a/f\n+++ b/f\n@@ -1,4 +1,5 @@\n a\n b\n+X\n c\n d\n"
+    text = "q\nb\nc\nr\na\nb\nX\nc\nd\n"
+    (h,) = (res := apply_file_patch(one(patch), text, fuzz=1)).hunks
+    assert (h.status, h.ambiguous, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, True, 1, 5)
+    assert "old lines match at line 1 (fuzz 1) and its new lines at line 5" in h.reason
+    assert res.text is None and not res.ok
+    # the evidence check --explain shows: both places, the hunk's lines and the file's there
+    old, new = h.places
+    assert (old.side, old.line, old.fuzz, old.offset, new.side, new.line, new.fuzz, new.offset) == (
+        "old", 1, 1, 0, "new", 5, 0, 4)
+    assert old.rows == ((" ", "a", "q"), (" ", "b", "b"), (" ", "c", "c"), (" ", "d", "r"))
+    assert new.rows[2] == ("+", "X", "X") and h.stated_line == 1
     # without the already-applied copy, the same hunk does land with fuzz 1 ("q b c r")
     res = apply_file_patch(one(patch), "q\nb\nc\nr\n", fuzz=1)
     assert (res.hunks[0].status, res.hunks[0].line, res.text) == (HunkStatus.FUZZ, 1, "q\nb\nX\nc\nr\n")
@@ -482,15 +498,20 @@ MIN_PATCH = ("--- a/f\n+++ b/f\n@@ -1,4 +1,4 @@\n-head\n+HEAD\n a\n b\n c\n"
 
 
 def test_never_applies_a_change_twice_minimal_case():
-    # Hunk 2's new side is at line 9, its old side free at line 2: ambiguous, nothing written.
+    # Hunk 2's new side is at line 9, where the patch (and hunk 1's offset) puts it; its old side
+    # is free at line 2, away from it: the stated line outranks it, so hunk 2 is already there
+    # (GNU patch -N says the same of the whole file); nothing is written twice.
     res = apply_file_patch(one(MIN_PATCH), MIN_FILE)
+    assert [h.status for h in res.hunks] == [HunkStatus.ALREADY_APPLIED] * 2
+    assert [h.line for h in res.hunks] == [1, 9] and res.text == MIN_FILE
+    # one line more between the hunks: neither side of hunk 2 is where the patch puts it any
+    # more, so they rank alike: failed with both places, nothing written
+    res = apply_file_patch(one(MIN_PATCH), MIN_FILE.replace("mid\n", "mid\nmore\n"))
     assert [h.status for h in res.hunks] == [HunkStatus.ALREADY_APPLIED, HunkStatus.FAILED]
-    assert res.hunks[0].line == 1
-    assert (res.hunks[1].nearest_line, res.hunks[1].new_side_line) == (2, 9)
+    assert (res.hunks[1].nearest_line, res.hunks[1].new_side_line) == (2, 10)
     assert res.text is None
 
 
-@pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch (the oracle)")
 def test_never_applies_a_change_twice_minimal_case_gnu_oracle(tmp_path: Path):
     """GNU patch -N sees hunk 1 reversed and skips the file: nothing may be written twice."""
     (tmp_path / "f").write_text(MIN_FILE)
@@ -516,9 +537,15 @@ def test_a_lookalike_of_the_new_side_is_ambiguous_never_already_applied():
     assert (h.status, h.line, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, None, 15, 6)
     assert h.reason.startswith("ambiguous: its old lines match at line 15 and its new lines at line 6")
     assert res.text is None and not res.ok
-    # on the file it was made against too: the lookalike is in reach wherever the hunk lands
-    (h,) = apply_file_patch(one(LOOK_PATCH), LOOK_FILE).hunks
-    assert (h.nearest_line, h.new_side_line) == (10, 1)
+    # on the file it was made against, the old side is at line 10, where the patch puts it: that
+    # outranks the lookalike (issue 28 item 6: a hunk on its own base release is never refused)
+    res = apply_file_patch(one(LOOK_PATCH), LOOK_FILE)
+    assert (res.hunks[0].status, res.hunks[0].line) == (HunkStatus.EXACT, 10)
+    assert res.text == LOOK_FILE.replace("c\nd\ne\nz", "C\nd\ne\nz")
+    # the lookalike above the stated line and the real place below it, at any distance: alike
+    for above in (1, 4, 7):
+        (h,) = apply_file_patch(one(LOOK_PATCH), _words("t " * above) + LOOK_FILE).hunks
+        assert (h.nearest_line, h.new_side_line) == (10 + above, 1 + above), above
     # without the lookalike the hunk applies where GNU patch applies it; patched, it is there
     clean = target.replace("C\n", "Q\n")
     res = apply_file_patch(one(LOOK_PATCH), clean)
@@ -526,7 +553,6 @@ def test_a_lookalike_of_the_new_side_is_ambiguous_never_already_applied():
     assert apply_file_patch(one(LOOK_PATCH), res.text).hunks[0].status is HunkStatus.ALREADY_APPLIED
 
 
-@pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch (the oracle)")
 def test_a_lookalike_of_the_new_side_gnu_oracle(tmp_path: Path):
     """GNU patch applies the minimal case at line 15 (offset 5): the real place is unpatched."""
     (tmp_path / "f.txt").write_text(_words("t1 t2 t3 t4 t5") + LOOK_FILE)
@@ -536,13 +562,19 @@ def test_a_lookalike_of_the_new_side_gnu_oracle(tmp_path: Path):
     assert "Hunk #1 succeeded at 15 (offset 5 lines)" in run.stdout, run.stdout
 
 
-def test_new_side_at_the_expected_place_and_old_side_elsewhere_is_ambiguous():
-    # One hunk, its expected place holds the new side; the old side is free further up. Which
-    # one is the real place is not in the text: failed with both places (issue 21).
+def test_a_side_at_the_stated_line_outranks_the_other_elsewhere():
+    # One hunk, the line it states holds its new side; the old side is free further up: the
+    # stated line outranks it, the change is there (issue 28 item 6; issue 21 failed it).
     patch = "--- a/f\n+++ b/f\n@@ -7,4 +7,5 @@\n p\n q\n+X\n r\n s\n"
     text = _words("p q r s t u p q X r s v")
     (h,) = apply_file_patch(one(patch), text).hunks
-    assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 1, 7)
+    assert (h.status, h.line) == (HunkStatus.ALREADY_APPLIED, 7)
+    # the mirror: the old side at the stated line, the new side further up: applied there
+    res = apply_file_patch(one(patch), _words("p q X r s u p q r s v"))
+    assert (res.hunks[0].status, res.hunks[0].line) == (HunkStatus.EXACT, 7)
+    # neither at the stated line (a line more on top): which one is real is not in the text
+    (h,) = apply_file_patch(one(patch), _words("top") + text).hunks
+    assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 2, 8)
     # either side alone decides
     assert apply_file_patch(one(patch), _words("t u t u t u p q X r s v")).hunks[0].status is HunkStatus.ALREADY_APPLIED
     assert apply_file_patch(one(patch), _words("p q r s t u")).hunks[0].status is HunkStatus.OFFSET
@@ -558,28 +590,61 @@ def test_fuzzy_reverse_match():
     assert res.text == text
     assert apply_file_patch(one(patch), text).hunks[0].status is HunkStatus.FAILED  # fuzz 0
     # At fuzz 2 the old side (an insertion with two lines of context) has no line left to
-    # compare, so it matches anywhere: with the new side found too, that is ambiguous.
-    (h,) = apply_file_patch(one(patch), text, fuzz=2).hunks
-    assert h.status is HunkStatus.FAILED and "at line 2 (fuzz 2)" in h.reason
-    # With the old side's middle lines below too ("k m n z"), fuzz 1 reaches both: fuzz must
-    # neither add X again nor call it applied.
-    (h,) = apply_file_patch(one(patch), text + _words("k m n z"), fuzz=1).hunks
-    assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 8, 2)
+    # compare, so it matches anywhere, with more fuzz than the new side at the stated line:
+    # outranked, the change is there as at fuzz 1.
+    res = apply_file_patch(one(patch), text, fuzz=2)
+    assert (res.hunks[0].status, res.hunks[0].line, res.hunks[0].fuzz) == (HunkStatus.ALREADY_APPLIED, 2, 1)
+    # With the old side's middle lines below too ("k m n z"), fuzz 1 reaches both: the new side
+    # is at the stated line, the old side's match is not, so X is there (never added again).
+    res = apply_file_patch(one(patch), text + _words("k m n z"), fuzz=1)
+    assert (res.hunks[0].status, res.hunks[0].line) == (HunkStatus.ALREADY_APPLIED, 2)
+    # a line more on top and neither is at the stated line: the two places rank alike
+    (h,) = apply_file_patch(one(patch), _words("top") + text + _words("k m n z"), fuzz=1).hunks
+    assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 9, 3)
 
 
 def test_both_sides_match_at_the_same_place_is_ambiguous():
-    # Repeated lines: old side "a a a" and new side "a a a a" both match in "a a a a": whether
-    # the line was added is not in the text (it used to be decided by the longer side).
+    # Repeated lines: old side "a a a" and new side "a a a a" both match in "a a a a", the old
+    # side on lines of the new side's match: one place read both ways, and no hunk above says
+    # whether the file is patched (GNU patch applies it; a rule keeping the longer reading
+    # would call it applied, one keeping the stated line would apply it: neither is in the text).
     patch = "--- a/f\n+++ b/f\n@@ -2,3 +2,4 @@\n a\n a\n a\n+a\n"
     (h,) = apply_file_patch(one(patch), _words("a a a a")).hunks
-    assert h.status is HunkStatus.FAILED and h.ambiguous
-    # a deletion of the first lines whose new side (one context line, anchored at the start)
-    # is there too: ambiguous as well (GNU patch applies it)
+    assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 2, 1) and h.ambiguous
+    # a deletion of the first lines whose new side (one context line, anchored at the start) is
+    # read inside the old side's place: the same lines read both ways, and no hunk above it says
+    # whether the file is patched: ambiguous (GNU patch applies it)
     patch = "--- a/f\n+++ b/f\n@@ -1,3 +1 @@\n-a\n-b\n a\n"
     (h,) = apply_file_patch(one(patch), _words("a b a a")).hunks
     assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 1, 1)
+    assert "one inside the other: the same lines read both ways" in h.reason
     # (a file that starts with the old side always starts with this new side: never applied)
     assert apply_file_patch(one(patch), _words("a c d")).hunks[0].status is HunkStatus.ALREADY_APPLIED
+
+
+# Issue 28 item 6, SGLang 0.5.13.post1 -> 0.5.14's metadata_kernel.py hunk 6 in small: seven
+# equal lines where the patch adds an eighth, with three lines of context: six of them are the
+# old side, all seven the new side, at the same line.
+REPEAT_FILE = _words("p q r s1 s2 s3 s4 s5 s6 T T T T T T T z")
+REPEAT_PATCH = ("--- a/f\n+++ b/f\n@@ -1,3 +1,3 @@\n p\n-q\n+Q\n r\n"
+                "@@ -10,6 +10,7 @@\n T\n T\n T\n+T\n T\n T\n T\n")
+
+
+def test_one_place_read_both_ways_follows_the_hunks_above_it():
+    # On the file it was made against: hunk 1 applies, so hunk 2 (both readings at line 10) is
+    # applied too; the engine used to fail it there, and a rule that keeps the longer reading
+    # would skip it (the file would get Q but no eighth T).
+    res = apply_file_patch(one(REPEAT_PATCH), REPEAT_FILE)
+    assert [h.status for h in res.hunks] == [HunkStatus.EXACT, HunkStatus.EXACT]
+    patched = REPEAT_FILE.replace("q\n", "Q\n").replace("T\nz", "T\nT\nz")
+    assert res.text == patched
+    # on the patched file: hunk 1 is there, so hunk 2 is too (never a ninth T)
+    res = apply_file_patch(one(REPEAT_PATCH), patched)
+    assert [h.status for h in res.hunks] == [HunkStatus.ALREADY_APPLIED] * 2 and res.text == patched
+    # hunk 2 alone: nothing above it tells, so it fails with both readings
+    alone = "--- a/f\n+++ b/f\n@@ -10,6 +10,7 @@\n T\n T\n T\n+T\n T\n T\n T\n"
+    (h,) = apply_file_patch(one(alone), REPEAT_FILE).hunks
+    assert (h.status, h.nearest_line, h.new_side_line) == (HunkStatus.FAILED, 10, 10)
 
 
 # issue 11 item 11: inside a hunk, lines are read by its counts.
@@ -593,7 +658,6 @@ def test_removed_dash_dash_line_and_added_plus_plus_line_are_content():
     assert res.ok and res.text == "x\n++ b\ny\n"
 
 
-@pytest.mark.skipif(shutil.which("patch") is None, reason="needs GNU patch (the oracle)")
 def test_dash_dash_content_lines_agree_with_gnu_patch(tmp_path: Path):
     (tmp_path / "f").write_text("x\n-- a\ny\n")
     (tmp_path / "p.diff").write_text(DASH_PATCH)
@@ -759,6 +823,24 @@ def test_crlf_file_with_crlf_patch():
     assert fp.crlf
     res = apply_file_patch(fp, crlf)
     assert res.ok and res.text == PATCHED.replace("\n", "\r\n")
+
+
+def test_a_crlf_to_lf_patch_made_on_the_crlf_file_converts_it(tmp_path: Path):
+    # SGLang 0.5.13.post1 -> 0.5.14 turned apertus.py from CRLF to LF: the diff's old lines end
+    # in CR (it was made on the CRLF file byte for byte), its new lines do not. The added lines
+    # end as the patch writes them, as GNU patch writes them; a patch made on an LF copy (no
+    # CR anywhere) still gets the file's CRLF (test_crlf_file_with_lf_patch_keeps_crlf).
+    from ddtree_deploy.engine.patch_verify import verify_round_trip
+
+    text = "a\r\nb\r\nc\r\nd\r\n"
+    patch = "--- a/f\n+++ b/f\n@@ -1,4 +1,4 @@\n a\r\n-b\r\n-c\r\n+b\n+c\n d\r\n"
+    res = apply_file_patch(one(patch), text)
+    assert res.ok and res.text == "a\r\nb\nc\nd\r\n"
+    assert verify_round_trip(one(patch), text, res) is None
+    (tmp_path / "f").write_bytes(text.encode())
+    (tmp_path / "p.diff").write_bytes(patch.encode())
+    subprocess.run(["patch", "-p1", "-s", "-i", "p.diff"], cwd=tmp_path, check=True, timeout=30)
+    assert (tmp_path / "f").read_bytes().decode() == res.text
 
 
 def test_crlf_file_without_final_newline():

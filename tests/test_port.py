@@ -442,3 +442,111 @@ def test_a_port_is_the_users_family_and_an_unfinished_one_is_never_picked_by_ran
     assert m.to_json()["rows"][0]["family"] == "sglang-0.5.13"
     assert m.to_json()["rows"][0]["family_origin"] == "user"
     assert _digest(patches) == toolkit
+
+
+# --- port --context: an ambiguous hunk made again with more context (issue 28 item 6) ---------
+
+WIDE = "sglang/srt/wide.py"
+
+
+def _lines(*words: str) -> str:
+    return "".join(f"{w} = 0\n" for w in words)
+
+
+# The release the family was made for: the change (c -> C) in its own place.
+SOURCE = _lines(*(f"p{i}" for i in range(1, 9)), "x4", "a", "b", "c", "d", "e", "z1", *(f"q{i}" for i in range(1, 9)))
+# A new release: a copy of the hunk's new side (with 3 lines of context) near the top, and the
+# real place moved down: the two rank alike (neither at the stated line, both exact).
+TARGET = _lines("k1", "k2", "k3", "x4", "a", "b", "C", "d", "e", "z1", "m1", "m2") + SOURCE
+
+
+def _wide_family(tmp_path: Path) -> Path:
+    fam = tmp_path / "wide-family"
+    fam.mkdir()
+    (fam / "family.toml").write_text('sglang = ">=1,<2"\n')
+    (fam / "series").write_text("0001-change.patch\n")
+    hunk = patch_write.diff_hunks(SOURCE, SOURCE.replace("c = 0", "C = 0"))[0][1]
+    (fam / "0001-change.patch").write_text(f"--- a/{WIDE}\n+++ b/{WIDE}\n" + hunk)
+    return fam
+
+
+def test_port_context_makes_an_ambiguous_hunk_again_with_more_context(tmp_path):
+    series = load_family(_wide_family(tmp_path))
+    # As written (3 lines of context) the hunk is ambiguous on the new release: a reject.
+    plain = port.port_series(series, {WIDE: TARGET.encode()}, version="1.5")
+    (reject,) = plain.rejects
+    assert reject.hunk.ambiguous and reject.reason.startswith("ambiguous: its old lines match at line 21")
+    # Made again from the family's release with 8 lines of context, it has one place: it lands,
+    # and the ported patch keeps that much context, so that check finds one place too.
+    wide = port.port_series(series, {WIDE: TARGET.encode()}, version="1.5", context=8,
+                            source={WIDE: SOURCE.encode()})
+    assert wide.ok and wide.entries[0].widened == ((WIDE, 1),)
+    (_, h), = wide.entries[0].results
+    assert (h.status, h.line) == (patch_apply.HunkStatus.OFFSET, 16)  # its 8 lines of context start at p3
+    assert wide.tree[WIDE] == TARGET.replace("p8 = 0\nx4 = 0\na = 0\nb = 0\nc = 0", "p8 = 0\nx4 = 0\na = 0\nb = 0\nC = 0")
+    text = wide.entries[0].text
+    (fp,) = patch_parse.parse_patch(text, name="0001-change.patch")
+    assert (fp.hunks[0].prefix_context, fp.hunks[0].suffix_context) == (8, 8)
+    res = patch_apply.apply_file_patch(fp, TARGET)
+    assert [r.status for r in res.hunks] == [patch_apply.HunkStatus.EXACT] and res.text == wide.tree[WIDE]
+    # GNU patch, the oracle, gives the same file from the ported patch
+    (tmp_path / "gnu" / WIDE).parent.mkdir(parents=True)
+    (tmp_path / "gnu" / WIDE).write_text(TARGET)
+    assert _gnu_patch(tmp_path / "gnu", text).returncode == 0
+    assert (tmp_path / "gnu" / WIDE).read_text() == wide.tree[WIDE]
+    # a source on which the hunk cannot be made again: the reject stays as it was
+    kept = port.port_series(series, {WIDE: TARGET.encode()}, version="1.5", context=8, source={WIDE: None})
+    assert [r.reason for r in kept.rejects] == [reject.reason] and kept.entries[0].widened == ()
+
+
+NPU = "sglang/srt/hardware_backend/npu/attention/ascend_torch_native_backend.py"
+
+
+@pytest.mark.network
+def test_port_offers_context_for_an_ambiguous_hunk_and_context_lands_it(patches, tmp_path, monkeypatch):
+    """Real code: a family for 0.5.13.x whose patch is hunk 3 of SGLang's own change to
+    ascend_torch_native_backend.py in 0.5.14 (made by GNU diff from 0.5.13.post1). On 0.5.14,
+    which has the change, its new side is at one place and its old side (3 lines of context)
+    still at another, neither where it states: port rejects it as ambiguous and says how to make
+    it again with more context; with --context 8 (from 0.5.13.post1, the newest release the family
+    covers) it has one place: already in 0.5.14, and the entry is dropped."""
+    import json
+
+    from ddtree_deploy.sandbox import pristine_files
+
+    for v in ("0.5.13.post1", "0.5.14"):
+        try:
+            releases.ensure_wheel(v)
+        except DeployError as exc:
+            pytest.skip(f"the {v} wheel is not cached and PyPI is unreachable: {exc.message}")
+    monkeypatch.setenv("DDTREE_DEPLOY_USER_PATCHES", str(tmp_path / "mine"))
+    for side, v in (("a", "0.5.13.post1"), ("b", "0.5.14")):
+        (tmp_path / side).write_bytes(pristine_files(v, [NPU])[NPU])
+    diff = subprocess.run(["diff", "-u", "--label", f"a/{NPU}", "--label", f"b/{NPU}", "a", "b"],
+                          cwd=tmp_path, capture_output=True, text=True).stdout
+    head, *hunks = diff.split("\n@@")
+    fam = tmp_path / "npu-family"
+    fam.mkdir()
+    (fam / "family.toml").write_text('sglang = ">=0.5.13,<0.5.14"\n')
+    (fam / "series").write_text("0001-npu.patch\n")
+    (fam / "0001-npu.patch").write_text(head + "\n@@" + hunks[2] + "\n")
+    runner = CliRunner()
+    res = runner.invoke(app, ["port", "--to", "0.5.14", "--family", str(fam), "--into", str(tmp_path / "p1"),
+                              "--tree", str(tmp_path / "t1")])
+    assert res.exit_code == 1, res.output
+    flat = " ".join(res.stderr.split())
+    assert "ambiguous: its old lines match at line 234 and its new lines at line 92" in flat, flat
+    assert "1 of them is ambiguous (both sides match)" in flat and "--context 8" in flat, flat
+    res = runner.invoke(app, ["port", "--to", "0.5.14", "--family", str(fam), "--into", str(tmp_path / "p2"),
+                              "--tree", str(tmp_path / "t2"), "--context", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    (entry,) = doc["entries"]
+    assert doc["context_from"] == "0.5.13.post1" and entry["widened"] == [{"path": NPU, "hunk": 1}]
+    assert [h["status"] for h in entry["hunks"]] == ["already-applied"] and not entry["written"]
+    assert "made again with 8 lines of context from SGLang 0.5.13.post1, it landed" in " ".join(res.stderr.split())
+    # --context-from alone is bad input, nothing written
+    res = runner.invoke(app, ["port", "--to", "0.5.14", "--family", str(fam), "--into", str(tmp_path / "p3"),
+                              "--tree", str(tmp_path / "t3"), "--context-from", "0.5.14"])
+    assert res.exit_code == 2 and "give --context N too" in res.stderr
+    assert not (tmp_path / "p3").exists()

@@ -27,6 +27,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "tests" / "data" / "models"
 PROBE_TAG = "PROBE-JSON:"
+# A STAND-IN for the memory SGLang measures (get_device_memory_capacity: on CPU the NUMA
+# node's MemTotal, which a VM with lazily initialised or hot-plugged memory changes while it
+# runs): a 24 GiB device, the same in every probe, so that what ServerArgs derives from it
+# (mem_fraction_static, chunked_prefill_size, DDTree's max_running_requests cap) compares
+# the series, not the machine (issue 28 item 7: 0.659 before vs 0.624 after in one CI run).
+DEVICE_MIB = 24_576.0
 # (family folder, the release its tests run on, the family's other release)
 FAMILIES = [("sglang-0.5.12", "0.5.12.post1", "0.5.12"),
             ("sglang-0.5.13", "0.5.13.post1", "0.5.13")]
@@ -237,6 +243,8 @@ def test_baseline_dflash_unpatched(baseline_probe):
 
 
 def test_dflash_unchanged_by_series(server_args_probe, baseline_probe):
+    # The memory both probes measured is the stand-in's, not this machine's free memory.
+    assert server_args_probe["mem_plan"] == baseline_probe["mem_plan"] == {"device_memory_mib": DEVICE_MIB}
     for case in ("dflash", "dflash_hybrid"):
         before, after = baseline_probe[case], server_args_probe[case]
         assert before["ok"] and after["ok"], (before, after)
@@ -395,9 +403,21 @@ def _outcome(build) -> dict:
     return {"ok": True, **{f: getattr(args, f, "<absent>") for f in _FIELDS}}
 
 
+def _pin_device_memory() -> None:
+    """Every ServerArgs in this process sees DEVICE_MIB (server_args imports the name itself)."""
+    from sglang.srt import server_args
+    from sglang.srt.utils import common
+
+    def fixed(device=None):
+        return DEVICE_MIB
+
+    common.get_device_memory_capacity = server_args.get_device_memory_capacity = fixed
+
+
 def _probe_server_args(models: Path, *unused: str) -> dict:
     import argparse
 
+    _pin_device_memory()
     from sglang.srt.server_args import ServerArgs
 
     llama, draft, hybrid = (str(models / n) for n in ("tiny-llama", "tiny-dflash-draft", "tiny-qwen3-next"))
@@ -606,6 +626,7 @@ def _probe_draft_row(models: Path, *unused: str) -> dict:
             return 4 + (args.speculative_num_draft_tokens or 0)
 
     llama, draft = (str(models / n) for n in ("tiny-llama", "tiny-dflash-draft"))
+    _pin_device_memory()
 
     def draft_write(context_len: int, extra: int, block: int) -> dict:
         pool = ReqToTokenPool(size=2, max_context_len=context_len + extra, device="cpu",

@@ -269,7 +269,12 @@ def test_ctrl_c_stops_the_server_and_releases_the_lock(tuned_host, tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err[-3000:]
-    assert took < 1.0, f"{took:.2f} s from Ctrl-C to the exit"  # #22: the prompt comes back within a second
+    # #22: the prompt comes back within a second (of the toolkit's own, on top of what this
+    # machine needs now for a Python process of the CLI's size to exit: ddtree_testkit.machine)
+    from ddtree_testkit.machine import within
+
+    fast, said = within(took, 1.0, "from Ctrl-C to the exit")
+    assert fast, said
     assert "took over a stale tune lock (run dead1" in err
     assert "interrupted: stopping the server on the host" in err
     for pid in pids(pid_file):

@@ -73,7 +73,7 @@ def _hunks_cell(hunks: tuple[HunkResult, ...]) -> str:
     return ", ".join(parts) or "-"
 
 
-def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
+def _render(report: CheckReport, snap: Snapshot, series: Series, explain: bool = False) -> None:
     from rich.table import Table
 
     from ddtree_deploy.cli.tables import show
@@ -110,12 +110,12 @@ def _render(report: CheckReport, snap: Snapshot, series: Series) -> None:
 
     show(err, table, narrow)
     for entry in report.entries:
-        _render_failures(entry, series)
+        _render_failures(entry, series, explain)
     for c in report.compile_errors:
         err.print(f"[bold red]does not compile:[/] {escape(str(c))}", highlight=False, soft_wrap=True)
 
 
-def _render_failures(entry: EntryCheck, series: Series) -> None:
+def _render_failures(entry: EntryCheck, series: Series, explain: bool = False) -> None:
     from ddtree_deploy.engine.series import show
 
     # Evidence quotes source lines: soft_wrap, so a narrow console or a CI log never
@@ -142,6 +142,9 @@ def _render_failures(entry: EntryCheck, series: Series) -> None:
             if h.ambiguous:  # both places are in the reason; no "nearest" to add
                 err.print(f"[red]{escape(patch_file)}:{h.patch_line}[/] hunk {h.index} {escape(h.header)} "
                           f"failed on {escape(f.path)}: {escape(h.reason)}", highlight=False, soft_wrap=True)
+                if explain:
+                    for line in side_by_side(h, max(err.width, 60)):
+                        err.print(escape(line), highlight=False, soft_wrap=True)
                 continue
             near = f" nearest match at line {h.nearest_line}" if h.nearest_line else ""
             why = f" ({escape(h.reason)})" if h.reason else ""
@@ -150,6 +153,37 @@ def _render_failures(entry: EntryCheck, series: Series) -> None:
             for m in h.mismatches[:5]:
                 actual = "(end of file)" if m.actual is None else repr(m.actual)
                 err.print(f"    line {m.line}: expected {m.expected!r}, found {escape(actual)}", highlight=False, soft_wrap=True)
+
+
+def side_by_side(h: HunkResult, width: int) -> list[str]:
+    """An ambiguous hunk's two places, the old side's left and the new side's right: each row
+    the file's line there, tagged as the hunk has it ('-' removed, '+' added, ' ' context) and
+    '~' where the file differs from the hunk (a context line fuzz ignored)."""
+    col = max((width - 7) // 2, 24)
+
+    def title(place) -> str:
+        notes = [f"{place.offset:+d}" if place.offset else "that line"] + ([f"fuzz {place.fuzz}"] if place.fuzz else [])
+        return f"{place.side} lines at line {place.line} ({', '.join(notes)})"
+
+    def cells(place) -> list[str]:
+        out = []
+        for k, (tag, want, have) in enumerate(place.rows):
+            text = "(end of file)" if have is None else have
+            out.append(f"{tag}{' ' if have == want else '~'}{place.line + k:>6} {text.expandtabs(4)}")
+        return out
+
+    def fit(text: str) -> str:
+        return text if len(text) <= col else text[:col - 1] + "…"
+
+    left, right = (cells(p) for p in h.places)
+    rows = [f"    the patch puts hunk {h.index} at line {h.stated_line}; its two places rank alike:",
+            f"    {fit(title(h.places[0])):<{col}} | {fit(title(h.places[1]))}"]
+    for k in range(max(len(left), len(right))):
+        a = left[k] if k < len(left) else ""
+        b = right[k] if k < len(right) else ""
+        rows.append(f"    {fit(a):<{col}} | {fit(b)}".rstrip())
+    rows.append("    ('-' removed by the hunk, '+' added, '~' the file differs from the hunk there)")
+    return rows
 
 
 def _write(directory: Path, report: CheckReport) -> None:
@@ -180,10 +214,14 @@ def check(
     allow_partly_applied: bool = typer.Option(
         False, "--allow-partly-applied",
         help="accept a file some of whose hunks are already there: apply the rest (default: fail)"),
+    explain: bool = typer.Option(
+        False, "--explain",
+        help="for a hunk refused as ambiguous, show both places side by side, as the file has them"),
 ) -> None:
     """Apply the series in memory and byte-compile the results; nothing leaves this machine."""
     ok = _check(snapshot=snapshot, release=release, family=family, fuzz=fuzz,
-                json_output=json_output, write=write, allow_partly_applied=allow_partly_applied)
+                json_output=json_output, write=write, allow_partly_applied=allow_partly_applied,
+                explain=explain)
     # Raised outside @handles_errors, which reports any other exception as a crash.
     if not ok:
         raise typer.Exit(EXIT_FAILED)
@@ -191,7 +229,8 @@ def check(
 
 @handles_errors
 def _check(*, snapshot: str | None, release: str | None, family: str | None, fuzz: int,
-           json_output: bool, write: Path | None, allow_partly_applied: bool = False) -> bool:
+           json_output: bool, write: Path | None, allow_partly_applied: bool = False,
+           explain: bool = False) -> bool:
     if write is not None:
         from ddtree_deploy.base.fsutil import require_writable_folder
 
@@ -207,7 +246,7 @@ def _check(*, snapshot: str | None, release: str | None, family: str | None, fuz
     report = check_series(series, snap.read_files(), fuzz=fuzz, allow_partly_applied=allow_partly_applied)
     if write is not None:
         _write(write, report)
-    _render(report, snap, series)
+    _render(report, snap, series, explain)
     counts = ", ".join(f"{n} {s}" for s, n in report.hunk_counts().items() if n)
     partly = sum(1 for e in report.entries for f in e.files if f.status == PARTLY)
     if partly:

@@ -55,7 +55,11 @@ PORT_HELP = (
     "Apply a family to a new release and write a refreshed family (re-anchored hunks, new context).\n\n"
     "Hunks that do not land are kept as they were and written to <patch>.rej with the nearest location and "
     "the differing lines; the working tree holds the release's files with every landed hunk applied.\n\n"
-    "Fix the rejects in the tree, then run `series refresh`. Exit 1 when any hunk was rejected."
+    "Fix the rejects in the tree, then run `series refresh`. Exit 1 when any hunk was rejected.\n\n"
+    "A hunk refused as ambiguous (its old and new lines both match, at places that rank alike) is made "
+    "again with more context with --context N: from the release the family applies to (the newest it "
+    "covers, or --context-from VERSION), the series applied there up to it and diffed around its change "
+    "alone; if that hunk lands, its file's section is written with that much context."
 )
 REFRESH_HELP = (
     "Regenerate a family's patch files from an edited working tree (quilt's refresh).\n\n"
@@ -74,14 +78,21 @@ def port_command(
     fuzz: int = typer.Option(0, "--fuzz", min=0, max=2, help="Also accept hunks that match with fuzz (0-2)."),
     tree: Optional[Path] = typer.Option(None, "--tree", help="Where to write the working tree "
                                                              "(default: build/port-<family>)."),
+    context: Optional[int] = typer.Option(None, "--context", min=4, max=50,
+                                          help="Make hunks refused as ambiguous again with this many "
+                                               "lines of context (4-50)."),
+    context_from: Optional[str] = typer.Option(None, "--context-from",
+                                               help="The release to make them from (default: the newest "
+                                                    "the family covers)."),
     json_output: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
 ) -> None:
-    _exit(_port(to_version=to_version, family=family, into=into, fuzz=fuzz, tree=tree, json_output=json_output))
+    _exit(_port(to_version=to_version, family=family, into=into, fuzz=fuzz, tree=tree, context=context,
+                context_from=context_from, json_output=json_output))
 
 
 @handles_errors
 def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: int, tree: Optional[Path],
-          json_output: bool) -> int:
+          json_output: bool, context: Optional[int] = None, context_from: Optional[str] = None) -> int:
     from packaging.version import InvalidVersion, Version
 
     source = load_family(family or _newest_family())
@@ -100,9 +111,12 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
 
     require_writable_folder(tree_dir, "--tree")  # both before any work: bad input, nothing written
     require_writable_folder(target.parent, "--into", given=target)
+    if context_from is not None and context is None:
+        raise BadInput("--context-from names where to make hunks again with more context; give --context N too",
+                       hint="e.g. --context 8 --context-from 0.5.12.post1")
 
     outcome = porting.port_family(source, to_version, into=target, tree_dir=tree_dir, fuzz=fuzz,
-                                  existing=families())
+                                  existing=families(), context=context, context_from=context_from)
     result = outcome.result
     if json_output:
         emit_json(_port_json(outcome))
@@ -114,6 +128,9 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
         status = "ok" if entry.ok else f"{len(entry.rejects)} rejected"
         note = "" if entry.text is not None or entry.kind == "add" else " (all already upstream: dropped)"
         err.print(f"  {escape(entry.entry)}: {len(landed)} hunk(s) landed, {status}{note}", highlight=False, soft_wrap=True)
+        for path, index in entry.widened:
+            err.print(f"    {escape(path)} hunk {index}: ambiguous as written; made again with {context} lines of "
+                      f"context from SGLang {outcome.context_from}, it landed", highlight=False, soft_wrap=True)
     info = read_family_info(outcome.family_dir)
     err.print(f"wrote family {escape(show(outcome.family_dir))} and working tree {escape(show(outcome.tree_dir))}", soft_wrap=True)
     if not result.ok:
@@ -124,6 +141,14 @@ def _port(*, to_version: str, family: Optional[str], into: Optional[str], fuzz: 
             err.print(f"  {escape(where)}: {escape(reject.entry)}: {escape(reject.describe()[0])}", highlight=False, soft_wrap=True)
         for rej in outcome.rej_files:
             err.print(f"  details: {escape(show(rej))}", highlight=False, soft_wrap=True)
+        ambiguous = sum(1 for r in result.rejects if r.hunk is not None and r.hunk.ambiguous)
+        if ambiguous and context is None:
+            # The offer: the ambiguous ones may land with more context, made from the family's release.
+            err.print(f"{ambiguous} of them {'is' if ambiguous == 1 else 'are'} ambiguous (both sides match): "
+                      f"to make {'it' if ambiguous == 1 else 'them'} again with more context from the release "
+                      f"{escape(source.name)} applies to, run again with --context 8 (and another --into, or "
+                      f"after removing {escape(show(outcome.family_dir))}): "
+                      f"{escape(next_step.port(source.name, to_version))} --context 8", highlight=False, soft_wrap=True)
         err.print(f"then: {escape(next_step.series_refresh(outcome.family_dir.name, show(outcome.tree_dir)))}",
                   highlight=False, soft_wrap=True)
     if not json_output:
@@ -141,6 +166,7 @@ def _port_json(outcome: "porting.PortOutcome") -> dict:
         "family_dir": str(outcome.family_dir),
         "family_origin": origin_of(outcome.family_dir),
         "tree": str(outcome.tree_dir),
+        "context_from": outcome.context_from,
         "entries": [
             {
                 "entry": e.entry,
@@ -149,7 +175,9 @@ def _port_json(outcome: "porting.PortOutcome") -> dict:
                 "hunks": [{"path": p, "index": h.index, "status": h.status.value, "line": h.line,
                            "offset": h.offset, "fuzz": h.fuzz} for p, h in e.results],
                 "rejects": [{"path": r.path, "hunk": r.hunk.index if r.hunk else None, "reason": r.reason,
-                             "tree_line": r.tree_line} for r in e.rejects],
+                             "tree_line": r.tree_line, "ambiguous": bool(r.hunk and r.hunk.ambiguous)}
+                            for r in e.rejects],
+                "widened": [{"path": p, "hunk": k} for p, k in e.widened],
             }
             for e in result.entries
         ],

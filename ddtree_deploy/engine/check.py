@@ -132,6 +132,10 @@ def _hunk_json(h: HunkResult) -> dict:
         "fuzz": h.fuzz,
         "nearest_line": h.nearest_line,
         "new_side_line": h.new_side_line,
+        "stated_line": h.stated_line,
+        "places": [{"side": p.side, "line": p.line, "fuzz": p.fuzz, "offset": p.offset,
+                    "rows": [{"tag": tag, "hunk": want, "file": have} for tag, want, have in p.rows]}
+                   for p in h.places],
         "reason": h.reason,
         "mismatches": [{"line": m.line, "expected": m.expected, "actual": m.actual} for m in h.mismatches],
     }

@@ -25,18 +25,26 @@ lines can be checked against ``patch`` itself; see tests/test_patch_differential
   line followed by "\\ No newline at end of file" matches only a last line that
   lacks one, and a line with a newline never matches such a last line.
 * Never a change twice, never one skipped. Every hunk's old side and its new side are
-  looked for wherever the search reaches (below the lines earlier hunks froze, the
-  anchors above, fuzz levels 0 up to the fuzz in use; each side at its lowest level,
-  nearest first). Old side alone: applied there. New side alone: already-applied.
-  Both: failed as ambiguous, with both places (``nearest_line``, ``new_side_line``):
-  a lookalike of either side would otherwise decide (issue 21: a copy of a hunk's new
-  side nearer than its real place made it "already applied" and left the real place
-  unpatched), and no check after the fact can tell a lookalike from the real place.
-  A new side matched on no line at all (fuzz ignored them all) is no evidence. GNU
-  patch applies the forward match and checks "previously applied" on the first hunk
-  only; the differential test checks the rule by brute force on every case and names
-  where the tools differ. A file with some hunks already applied and others applied
-  now is ``FileResult.partly_applied``; the check layer refuses it unless asked.
+  looked for wherever the search reaches (below the lines earlier hunks froze, the anchors
+  above, fuzz levels 0 up to the fuzz in use; each side at its lowest level, nearest first).
+  Old side alone: applied there. New side alone: already-applied. Both: their places are
+  ranked (_Place): less fuzz is better, and the line the patch states (plus the offset the
+  hunks above landed at) is better than any other line, however near; a place outranks
+  another when it is no worse on both and better on one. The side whose place outranks
+  every place of the other decides; when neither does, the two rank alike and the hunk
+  fails as ambiguous with both places (``nearest_line``, ``new_side_line``, ``places``):
+  a lookalike of either side would otherwise decide (issue 21: a copy of a hunk's new side
+  nearer than its real place made it "already applied" and left the real place
+  unpatched), and no check after the fact can tell a lookalike from the real place. A
+  match of one side that compares only lines of the other's place (repeated lines) is
+  that place read twice, not a second place: the hunks above it decide (a file is patched
+  or not), and with none the hunk is ambiguous. A new side matched on no line at all
+  (fuzz ignored them all) is no evidence. GNU patch applies the forward match and checks
+  "previously applied" on the first hunk only; the differential test checks the rule by
+  brute force on every case and names where the tools differ; tests/test_release_corpus.py
+  measures it on SGLang's own release diffs (issue 28 item 6). A file with some hunks
+  already applied and others applied now is ``FileResult.partly_applied``; the check layer
+  refuses it unless asked.
 * Fuzz f ignores up to f context lines at each end of the hunk (never changed
   lines), limited by the hunk's context; lines kept from the file are the file's,
   so fuzzed context is never rewritten.
@@ -53,7 +61,9 @@ Inputs past the parser's limits (MAX_PATCH_BYTES, MAX_HUNKS, MAX_HUNK_LINES,
 MAX_LINE_BYTES) are refused (BadInput) before any work.
 
 Line endings: a file whose every line ends in CRLF keeps CRLF (new lines get
-CRLF) whether the patch is LF or CRLF. A patch whose body lines all end in CRLF,
+CRLF) whether the patch is LF or CRLF; a hunk made against the CRLF file byte for byte
+(its old lines end in CR) writes its added lines as it gives them, so a patch that turns
+CRLF into LF (SGLang 0.5.14's apertus.py) does that. A patch whose body lines all end in CRLF,
 applied to a file with none, raises BadInput ("CRLF patch against LF file"):
 the patch file was mangled (editor, checkout setting), and converting it is the
 fix. Any other mix is matched byte for byte, as GNU patch and git apply do.
@@ -90,6 +100,18 @@ class Mismatch:
 
 
 @dataclass(frozen=True)
+class SidePlace:
+    """Where one side of an ambiguous hunk matches: what `check --explain` shows side by side."""
+
+    side: str  # "old" (what applying expects) or "new" (what applying leaves)
+    line: int  # 1-based line where the side's first line lands (in the result's numbering)
+    fuzz: int  # context lines it ignored at each end
+    offset: int  # line minus the line the patch states
+    rows: tuple[tuple[str, str, str | None], ...]  # per side line: (tag ' ', '-' or '+', the hunk's
+    # line, the file's line there: None past the end); fuzz may have ignored the outer context rows
+
+
+@dataclass(frozen=True)
 class HunkResult:
     index: int  # 1-based position of the hunk within its file patch
     header: str  # "@@ -a,b +c,d @@"
@@ -102,6 +124,8 @@ class HunkResult:
     mismatches: tuple[Mismatch, ...] = ()  # failed: the lines that differ there
     reason: str = ""  # failed for a reason other than mismatching lines (ambiguous, file absent...)
     new_side_line: int | None = None  # failed as ambiguous: where the new side matches (nearest_line: the old)
+    stated_line: int | None = None  # failed as ambiguous: the line the patch puts the hunk at (after earlier hunks)
+    places: tuple[SidePlace, ...] = ()  # failed as ambiguous: both places, old side first (check --explain)
 
     @property
     def ambiguous(self) -> bool:
@@ -222,6 +246,37 @@ def _pattern(h: Hunk, strip_cr: bool, new_side: bool = False) -> _Pattern:
     return _Pattern(side, not no_eol, h.prefix_context, h.suffix_context, changed)
 
 
+@dataclass(frozen=True)
+class _Place:
+    """Where one side of a hunk matches: its first line, the fuzz used, and the input lines the
+    match compared (``lo`` .. ``hi`` - 1, 1-based; fuzz leaves the outer context out).
+
+    Places are ranked by their evidence: less fuzz is better, and so is the line the patch
+    states (after the offset earlier hunks landed at) over any other line, however near. One
+    place outranks another when it is no worse on both counts and better on one; two places
+    neither of which outranks the other rank alike. How far from the stated line a place is
+    does not count: a real place moves with the file's drift, a lookalike lies anywhere, and
+    the distance tells the two apart no better than chance (issue 21's minimal case: the
+    lookalike 4 lines from the stated line, the real place 5).
+    """
+
+    line: int
+    fuzz: int
+    lo: int
+    hi: int
+
+    def outranks(self, other: _Place, first: int) -> bool:
+        mine, theirs = (self.fuzz, self.line != first), (other.fuzz, other.line != first)
+        return mine != theirs and mine[0] <= theirs[0] and mine[1] <= theirs[1]
+
+    def holds(self, other: _Place) -> bool:
+        """The other match compared only lines of this one (one that compared none: at one
+        of them): it is this place read again, not a place of its own."""
+        if other.lo >= other.hi:
+            return self.lo <= other.lo <= self.hi
+        return self.lo <= other.lo and other.hi <= self.hi
+
+
 class _Index:
     """How often, and (on demand) where, each distinct line body of the input occurs.
 
@@ -292,6 +347,9 @@ class _Applier:
         # hunk may change a line at or before it.
         self.copied = 0
         self.out = _Lines([], [])
+        # The verdict of the last hunk placed (EXACT for any applied one): what a hunk whose
+        # place reads both ways follows.
+        self.last: HunkStatus | None = None
 
     # -- matching
 
@@ -329,16 +387,20 @@ class _Applier:
         return (hi == n and self.src_open) == (sf == 0 and not pat.last_nl)
 
     def _locate(self, pat: _Pattern, first: int, fuzz: int, whole_file: bool = False,
-                evidence: bool = False, known: tuple[_Pattern, int] | None = None) -> int | None:
+                evidence: bool = False, known: tuple[_Pattern, int] | None = None,
+                outside: _Place | None = None, here_only: bool = False) -> int | None:
         """The 1-based line where the pattern lands at this fuzz level, or None (GNU's locate_hunk).
 
         ``evidence``: the pattern is a hunk's new side, looked for as proof that the change
         is there; a match that compares no line (fuzz ignored them all) proves nothing.
         ``known``: the other side and the line where it matched, whose lines are where it says.
+        ``outside``: the other side's place; a match whose compared lines all lie among its
+        lines is that place read again, not a place of its own, and is passed over.
+        ``here_only``: only the expected line (or the one place an anchor allows) is tried.
         """
         m, n = len(pat.bodies), len(self.src)
         if m == 0:  # nothing to match: a pure insertion lands where it says
-            return first if self.copied < first <= n + 1 else None
+            return first if self.copied < first <= n + 1 and self._free(pat, first, fuzz, outside) else None
         context = max(pat.prefix, pat.suffix)
         pf = fuzz + pat.prefix - context
         sf = fuzz + pat.suffix - context
@@ -353,19 +415,23 @@ class _Applier:
             if sf < 0 and (m != n or pat.prefix < self.copied):
                 return None
             ok = self.copied <= pat.prefix and 1 <= max_where and self._matches(pat, 1, 0, max(sf, 0))
-            return 1 if ok else None
+            return 1 if ok and self._free(pat, 1, fuzz, outside) else None
         pf = max(pf, 0)
         if sf < 0:  # anchored at the end of the file
             start = n - m + 1
             ok = start >= min_where and self._matches(pat, start, pf, 0)
-            return start if ok else None
+            return start if ok and self._free(pat, start, fuzz, outside) else None
         if m - sf <= pf:  # fuzz left no line to compare: the nearest allowed line
             if evidence or min_where > max_where:
                 return None
-            return min(max(first, min_where), max_where)
+            where = min(max(first, min_where), max_where)
+            return where if self._free(pat, where, fuzz, outside) else None
         # The expected line first: most hunks are there, and it needs no index.
-        if min_where <= first <= max_where and self._matches(pat, first, pf, sf):
+        if (min_where <= first <= max_where and self._matches(pat, first, pf, sf)
+                and self._free(pat, first, fuzz, outside)):
             return first
+        if here_only:
+            return None
         # Candidates: the places where the rarest compared line occurs, visited outward
         # from ``first`` (on equal distance the later line first), as GNU patch visits lines.
         index = self.index
@@ -384,26 +450,56 @@ class _Applier:
         if places is None:
             places = index.where(pat.bodies[k])
         for start in self._outward(places, k, first, min_where, max_where):
-            if self._matches(pat, start, pf, sf):
+            if self._matches(pat, start, pf, sf) and self._free(pat, start, fuzz, outside):
                 return start
         return None
 
+    @staticmethod
+    def _place(pat: _Pattern, start: int, fuzz: int) -> _Place:
+        """The side matched at ``start`` with ``fuzz``, and the lines that match compared."""
+        context = max(pat.prefix, pat.suffix)
+        pf = max(fuzz + pat.prefix - context, 0)
+        sf = max(fuzz + pat.suffix - context, 0)
+        return _Place(start, fuzz, start + pf, start + len(pat.bodies) - sf)
+
+    def _free(self, pat: _Pattern, start: int, fuzz: int, outside: _Place | None) -> bool:
+        return outside is None or not outside.holds(self._place(pat, start, fuzz))
+
     def _find(self, pat: _Pattern, first: int, levels: int, whole_file: bool = False,
-              evidence: bool = False, known: tuple[_Pattern, int] | None = None) -> tuple[int, int] | None:
-        """(line, fuzz) of the pattern at the lowest fuzz level 0..levels where it matches.
+              evidence: bool = False, known: tuple[_Pattern, int] | None = None,
+              outside: _Place | None = None) -> _Place | None:
+        """The pattern's place at the lowest fuzz level 0..levels where it matches (GNU's order).
 
         A line of the side's own that the input lacks rules out every level at once (fuzz
         ignores context lines only): the usual answer for the side that is not there.
         """
-        if self._matches_at_first(pat, first):
-            return first, 0
+        if self._matches_at_first(pat, first) and self._free(pat, first, 0, outside):
+            return self._place(pat, first, 0)
         for body in pat.changed:
             if not self._has_line(body):
                 return None
         for fuzz in range(levels + 1):
-            where = self._locate(pat, first, fuzz, whole_file, evidence, known)
+            where = self._locate(pat, first, fuzz, whole_file, evidence, known, outside)
             if where is not None:
-                return where, fuzz
+                return self._place(pat, where, fuzz)
+        return None
+
+    def _rival(self, a: _Place, pat: _Pattern, b: _Place, first: int, levels: int,
+               whole_file: bool = False, evidence: bool = False) -> _Place | None:
+        """A place of the other side (``pat``) outside ``a`` that ``a`` does not outrank, or None.
+
+        ``b`` is that side's first place outside ``a`` (lowest fuzz, nearest): every other
+        one has as much fuzz or more, so only one at the stated line with more fuzz can
+        rank where ``b`` does not; it is looked for there.
+        """
+        if not a.outranks(b, first):
+            return b
+        if b.line == first:
+            return None
+        for fuzz in range(b.fuzz + 1, levels + 1):
+            if self._locate(pat, first, fuzz, whole_file, evidence, outside=a, here_only=True) == first:
+                here = self._place(pat, first, fuzz)
+                return None if a.outranks(here, first) else here
         return None
 
     def _matches_at_first(self, pat: _Pattern, first: int) -> bool:
@@ -527,9 +623,10 @@ class _Applier:
             last_plus = max((r for r, (tag, _, _) in enumerate(runs) if tag != "-"), default=None)
             if last_plus is not None and runs[last_plus][0] != "+":
                 last_plus = None
+        own = self._own_eols(h)
         for r, (tag, count, added) in enumerate(runs):
             if tag == "+":
-                self._write_added(list(added), pos, no_eol=r == last_plus)
+                self._write_added(list(added), pos, no_eol=r == last_plus, own_eols=own)
             elif tag == "-":
                 self._copy_till(pos)
                 self.copied += count
@@ -538,15 +635,27 @@ class _Applier:
                 pos += count
         self.out_offset += h.new_len - h.old_len
 
-    def _write_added(self, added: list[str], after: int, *, no_eol: bool = False) -> None:
-        """Copy input lines up to ``after``, then the added lines (no_eol: the last has no newline)."""
+    def _own_eols(self, h: Hunk) -> bool:
+        """A CRLF file and a hunk made on it byte for byte (its old lines end in CR, as the file's
+        do): the added lines end as the patch writes them, so a change from CRLF to LF is made
+        like any other. A hunk without CRs (made on an LF copy) gets the file's CRLF."""
+        olds = h.old_lines[:-1] if h.old_no_eol else h.old_lines
+        return self.strip_cr and bool(olds) and all(t.endswith("\r") for t in olds)
+
+    def _write_added(self, added: list[str], after: int, *, no_eol: bool = False,
+                     own_eols: bool = False) -> None:
+        """Copy input lines up to ``after``, then the added lines (no_eol: the last has no newline;
+        own_eols: in a CRLF file, each ends in CRLF only if the patch gives it a CR)."""
         self._copy_till(after)
+        eols = [self.eol] * len(added)
         if self.strip_cr:
+            if own_eols:
+                eols = ["\r\n" if t.endswith("\r") else "\n" for t in added]
             added = [t[:-1] if t.endswith("\r") else t for t in added]
         if self.out.eols and self.out.eols[-1] == "":
             self.out.eols[-1] = self.eol  # a line now follows the old last line
         self.out.bodies.extend(added)
-        self.out.eols.extend([self.eol] * len(added))
+        self.out.eols.extend(eols)
         if no_eol:
             self.out.eols[-1] = ""
 
@@ -560,9 +669,14 @@ class _Applier:
         """The verdict of hunk h: both sides are looked for wherever the search reaches.
 
         Its old side alone found: applied there. Its new side alone found: already
-        applied. Both found: ambiguous, so failed with both places; a lookalike of either
-        side anywhere in reach would otherwise decide, and no check after the fact can tell
-        a lookalike from the real place (reversing the hunk finds the lookalike too).
+        applied. Both found at places of their own: the places are ranked
+        (``_Place.outranks``: less fuzz, the line the patch states); the side whose place
+        outranks every place of the other decides, and when neither does the hunk fails
+        with both (a lookalike of either side would otherwise decide, and no check after
+        the fact can tell a lookalike from the real place). One side read inside the
+        other's place (repeated lines: six of seven equal lines are the old side, all seven
+        the new) is one place read two ways: the file's earlier hunks decide which (a file
+        is patched or it is not), and with none the hunk fails with both readings.
         """
         fwd = _pattern(h, self.strip_cr)
         first = (h.old_start if h.old_len else h.old_start + 1) + self.in_offset
@@ -570,17 +684,51 @@ class _Applier:
         levels = min(self.fuzz, max(fwd.prefix, fwd.suffix))
         old = self._find(fwd, first, levels, whole)
         new = rev = None
-        # A deletion has nothing to recognise, nor has a hunk whose new side is empty.
-        if h.new_len > 0 and not whole:
+        # A deletion has nothing to recognise, nor has a hunk whose new side is empty, nor one
+        # that writes LF lines into this CRLF file (the file's lines all end in CRLF).
+        if h.new_len > 0 and not whole and not (
+                self._own_eols(h) and any(not t.endswith("\r") for t in h.added_lines)):
             rev = _pattern(h, self.strip_cr, new_side=True)
             new = self._find(rev, first, levels, evidence=True,
-                             known=(fwd, old[0]) if old is not None else None)
+                             known=(fwd, old.line) if old is not None else None, outside=old)
+            if old is not None and new is not None and new.holds(old):
+                # The old side's first place is a reading inside the new side's: its place of
+                # its own, if it has one, is further (the reading is weighed below).
+                old = self._find(fwd, first, levels, whole, outside=new)
+                if old is not None:
+                    new = self._find(rev, first, levels, evidence=True, outside=old)
         if old is not None and new is not None:
-            return self._ambiguous(index, h, old, new)
+            rival = self._rival(old, rev, new, first, levels, evidence=True)
+            if rival is None:
+                new = None
+            else:
+                rival2 = self._rival(new, fwd, old, first, levels, whole)
+                if rival2 is not None:
+                    # Places that rank alike: the old side's and a new side's place it does not
+                    # outrank, or else the new side's and an old side's place it does not outrank.
+                    pair = (old, rival) if not rival.outranks(old, first) else (rival2, new)
+                    return self._ambiguous(index, h, first, (fwd, pair[0]), (rev, pair[1]))
+                old = None
+        # The winning place may hold a reading of the other side that it does not outrank.
+        if old is not None and rev is not None:
+            twin = self._held(rev, old, first, levels, evidence=True)
+            if twin is not None:
+                if self.last is None:
+                    return self._ambiguous(index, h, first, (fwd, old), (rev, twin), same_place=True)
+                new = twin if self.last is HunkStatus.ALREADY_APPLIED else None
+        elif new is not None:
+            twin = self._held(fwd, new, first, levels, whole)
+            if twin is not None:
+                if self.last is None:
+                    return self._ambiguous(index, h, first, (fwd, twin), (rev, new), same_place=True)
+                if self.last is not HunkStatus.ALREADY_APPLIED:
+                    old, new = twin, None
         if new is not None:
-            return self._already(index, h, rev, first, *new)
+            self.last = HunkStatus.ALREADY_APPLIED
+            return self._already(index, h, rev, first, new.line, new.fuzz)
         if old is not None:
-            where, fuzz = old
+            self.last = HunkStatus.EXACT
+            where, fuzz = old.line, old.fuzz
             line = where + self.out_offset
             self.in_offset = where - (first - self.in_offset)
             self._apply(h, where)
@@ -595,20 +743,75 @@ class _Applier:
         return HunkResult(index, h.header, h.patch_line, HunkStatus.FAILED, None, 0, 0,
                           nearest, mismatches, reason)
 
-    def _ambiguous(self, index: int, h: Hunk, old: tuple[int, int], new: tuple[int, int]) -> HunkResult:
-        """Hunk h's old side and new side both match: failed, both places as evidence."""
-        (old_at, old_fuzz), (new_at, new_fuzz) = old, new
-        old_line, new_line = old_at + self.out_offset, new_at + self.out_offset
+    def _held(self, pat: _Pattern, holder: _Place, first: int, levels: int, whole_file: bool = False,
+              evidence: bool = False) -> _Place | None:
+        """A match of ``pat`` comparing lines of ``holder``'s place only, that ``holder`` does not
+        outrank: the place read as the other side. A match that compares no line reads nothing."""
+        for body in pat.changed:
+            if not self._has_line(body):
+                return None
+        m, n = len(pat.bodies), len(self.src.bodies)
+        context = max(pat.prefix, pat.suffix)
+        for fuzz in range(levels + 1):
+            pf, sf = fuzz + pat.prefix - context, fuzz + pat.suffix - context
+            if (pf < 0 and first - self.in_offset <= 1) or sf < 0:  # anchored: one place
+                where = self._locate(pat, first, fuzz, whole_file, evidence)
+                starts = [] if where is None else [where]
+            else:
+                pf, sf = max(pf, 0), max(sf, 0)
+                if m - sf <= pf:
+                    continue
+                # Starts whose compared lines lie in holder.lo .. holder.hi - 1, below the lines
+                # earlier hunks froze, found where the first compared line is (list.index: C).
+                lo = max(holder.lo - pf, self.copied + 1)
+                hi = min(holder.hi - (m - sf), n - (m - sf) + 1)
+                starts, body, bodies, at = [], pat.bodies[pf], self.src.bodies, lo - 1 + pf
+                while at < hi + pf:
+                    try:
+                        at = bodies.index(body, at, hi + pf)
+                    except ValueError:
+                        break
+                    if self._matches(pat, at - pf + 1, pf, sf):
+                        starts.append(at - pf + 1)
+                    at += 1
+            for start in starts:
+                twin = self._place(pat, start, fuzz)
+                if twin.lo < twin.hi and holder.holds(twin) and not holder.outranks(twin, first):
+                    return twin
+        return None
+
+    def _ambiguous(self, index: int, h: Hunk, first: int, old: tuple[_Pattern, _Place],
+                   new: tuple[_Pattern, _Place], same_place: bool = False) -> HunkResult:
+        """Hunk h's old side and new side both match at places that rank alike: failed, both as evidence."""
+        out = self.out_offset
+        (_, o), (_, n) = old, new
 
         def fuzzed(f: int) -> str:
             return f" (fuzz {f})" if f else ""
 
-        reason = (f"ambiguous: its old lines match at line {old_line}{fuzzed(old_fuzz)} and its new "
-                  f"lines at line {new_line}{fuzzed(new_fuzz)}, so the change may be there already or "
-                  "not; read both places, then drop the hunk if the change is in, or make the patch "
-                  "with more context (git diff -U5) so that it matches one place only")
+        why = ("one inside the other: the same lines read both ways (repeated lines), and no hunk above "
+               "it in this file tells whether the file is patched" if same_place else
+               "and neither place ranks above the other (less fuzz, or the line the patch puts it at: "
+               f"{first + out})")
+        reason = (f"ambiguous: its old lines match at line {o.line + out}{fuzzed(o.fuzz)} and its new "
+                  f"lines at line {n.line + out}{fuzzed(n.fuzz)}, {why}, so the change may be there "
+                  "already or not; read both places (check --explain shows them), then drop the hunk if "
+                  "the change is in, or make the patch with more context (git diff -U8, or port --context 8) "
+                  "so that it matches one place only")
+        places = tuple(self._side_place(side, pat, at, first, h) for side, (pat, at) in (("old", old), ("new", new)))
         return HunkResult(index, h.header, h.patch_line, HunkStatus.FAILED, None, 0, 0,
-                          old_line, (), reason, new_side_line=new_line)
+                          o.line + out, (), reason, new_side_line=n.line + out,
+                          stated_line=first + out, places=places)
+
+    def _side_place(self, side: str, pat: _Pattern, at: _Place, first: int, h: Hunk) -> SidePlace:
+        """One side's place as rows for --explain: the hunk's line and the file's line there."""
+        skip = "+" if side == "old" else "-"
+        tags = [tag for tag, _ in h.lines if tag != skip]
+        rows = []
+        for k, (tag, body) in enumerate(zip(tags, pat.bodies)):
+            idx = at.line - 1 + k
+            rows.append((tag, body, self._show(idx) if idx < len(self.src.bodies) else None))
+        return SidePlace(side, at.line + self.out_offset, at.fuzz, at.line - first, tuple(rows))
 
     def _already(self, index: int, h: Hunk, pat: _Pattern, first: int, where: int, fuzz: int) -> HunkResult:
         """Record hunk h as already applied with its new side at input line ``where``."""

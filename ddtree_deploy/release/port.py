@@ -38,7 +38,7 @@ from ddtree_deploy.base.locations import inside_install
 from ddtree_deploy.engine import patch_apply, patch_parse
 from ddtree_deploy.engine.patch_apply import HunkResult, HunkStatus
 from ddtree_deploy.engine.patch_parse import FilePatch
-from ddtree_deploy.engine.patch_write import blob_id, diff_hunks, opcodes
+from ddtree_deploy.engine.patch_write import CONTEXT, blob_id, diff_hunks, opcodes
 from ddtree_deploy.engine.series import (
     FAMILY_FILE,
     SERIES_FILE,
@@ -177,6 +177,7 @@ class EntryPort:
     text: str | None  # the regenerated patch (None for an add entry)
     results: tuple[tuple[str, HunkResult], ...]  # every hunk's outcome, (path, result)
     rejects: tuple[Reject, ...]
+    widened: tuple[tuple[str, int], ...] = ()  # (path, hunk): regenerated with more context (--context)
 
     @property
     def ok(self) -> bool:
@@ -293,36 +294,124 @@ def _reanchor(hunk_text: str, old_start: int, new_start: int) -> str:
     return f"@@ -{old} +{new} @@{m.group(3)}\n{body}"
 
 
-def port_series(series: Series, files: Mapping[str, bytes | None], *, version: str, fuzz: int = 0) -> PortResult:
+def port_series(series: Series, files: Mapping[str, bytes | None], *, version: str, fuzz: int = 0,
+                context: int | None = None, source: Mapping[str, bytes | None] | None = None) -> PortResult:
     """Apply ``series`` to a release's ``files`` (path -> bytes, None: absent) and regenerate it.
 
     Each patch is regenerated from the texts before and after it, so its hunks sit at
     the new release's line numbers with the new release's context. A hunk that does
     not land stays in the patch as it was (so ``check`` keeps failing on it until it
     is fixed) and becomes a ``Reject``.
+
+    ``context`` and ``source`` (the files of a release the family applies to, as ``files``):
+    a hunk refused as ambiguous (both its sides match at places that rank alike) is made
+    again from ``source`` with ``context`` lines of context (the series applied there up to
+    it, diffed around its change alone) and placed in its stead; if that one lands, the file's
+    section is regenerated with that much context, so that ``check`` sees one place too.
     """
     state: dict[str, str | None] = {}
+    origin: dict[str, str | None] = {}  # the same texts on ``source``, entry by entry
 
     def current(path: str) -> str | None:
         if path not in state:
             state[path] = _decode(files.get(path), path)
         return state[path]
 
+    def at_source(path: str) -> str | None:
+        if path not in origin:
+            origin[path] = _decode((source or {}).get(path), path)
+        return origin[path]
+
     ported = []
     for entry in series.entries:
         if isinstance(entry, AddEntry):
-            state[entry.dest] = _decode(entry.content, entry.source)
+            state[entry.dest] = origin[entry.dest] = _decode(entry.content, entry.source)
             ported.append(EntryPort(entry.name, "add", None, (), ()))
             continue
-        ported.append(_port_patch(entry, current, state, version, fuzz))
+        widen = None
+        if context is not None and source is not None:
+            widen = _Widen(context, {fp.path: at_source(fp.path) for fp in entry.file_patches})
+        ported.append(_port_patch(entry, current, state, version, fuzz, widen))
+        if widen is not None:
+            origin.update(widen.after())
     tree = {path: text for path, text in state.items() if text is not None}
     return PortResult(version=version, entries=tuple(ported), tree=tree)
 
 
-def _port_patch(entry: PatchEntry, current, state: dict, version: str, fuzz: int) -> EntryPort:
+class _Widen:
+    """One entry's hunks made again with more context, from a release the family applies to."""
+
+    def __init__(self, context: int, before: dict[str, str | None]):
+        self.context, self.before = context, before
+        self._after: dict[str, str | None] = {}
+
+    def hunk(self, fp: FilePatch, k: int):
+        """Hunk k (0-based) of ``fp`` with ``context`` lines of context, or None: the text with
+        hunks 0..k-1 applied and with 0..k applied, diffed (one hunk: that change alone)."""
+        text = self.before.get(fp.path)
+        if text is None and not fp.is_new:
+            return None
+        texts = []
+        for upto in (k, k + 1):
+            if not upto:  # no hunk applied yet: the text itself
+                texts.append(text or "")
+                continue
+            res = patch_apply.apply_file_patch(dataclasses.replace(fp, hunks=fp.hunks[:upto]), text)
+            if not res.ok or res.text is None:
+                return None
+            texts.append(res.text)
+        hunks = diff_hunks(texts[0], texts[1], context=self.context)
+        if len(hunks) != 1:
+            return None
+        head = f"--- a/{fp.path}\n+++ b/{fp.path}\n"
+        try:
+            (wide,) = patch_parse.parse_patch(head + hunks[0][1], name=fp.patch_name)
+        except BadInput:
+            return None
+        return wide.hunks[0]
+
+    def after(self) -> dict[str, str | None]:
+        """The source's texts after the entry (a file it could not apply to: unknown, None)."""
+        return self._after
+
+    def record(self, fp: FilePatch) -> None:
+        text = self.before.get(fp.path)
+        res = patch_apply.apply_file_patch(fp, text) if text is not None or fp.is_new else None
+        self._after[fp.path] = res.text if res is not None and res.ok else None
+
+
+def _widened(fp: FilePatch, before: str | None, results: list[HunkResult], widen: _Widen | None,
+             fuzz: int) -> tuple[FilePatch, str | None, list[HunkResult], list[int]] | None:
+    """The section with its ambiguous hunks made again with more context, if any then lands."""
+    if widen is None:
+        return None
+    widen.record(fp)
+    wider, done = list(fp.hunks), []
+    for k, h in enumerate(results):
+        if h.ambiguous:
+            wide = widen.hunk(fp, k)
+            if wide is not None:
+                wider[k] = wide
+                done.append(k)
+    if not done:
+        return None
+    fp2 = dataclasses.replace(fp, hunks=tuple(wider))
+    after, results2 = apply_partial(fp2, before, fuzz=fuzz)
+    landed = [k for k in done if results2[k].ok]
+    if not landed:
+        return None
+    # Keep the original of every widened hunk that still fails (its reject reads as written).
+    final = dataclasses.replace(fp, hunks=tuple(wider[k] if k in landed else fp.hunks[k]
+                                                for k in range(len(fp.hunks))))
+    after, results2 = apply_partial(final, before, fuzz=fuzz)
+    return final, after, results2, landed
+
+
+def _port_patch(entry: PatchEntry, current, state: dict, version: str, fuzz: int,
+                widen: _Widen | None = None) -> EntryPort:
     text = entry.file.read_text(encoding="utf-8")
     preamble, raws = _preamble_and_sections(text, entry.file_patches)
-    sections, results, rejects = [], [], []
+    sections, results, rejects, widened = [], [], [], []
     for fp, raw in zip(entry.file_patches, raws):
         before = current(fp.path)
         if before is None and not fp.is_new:
@@ -330,8 +419,16 @@ def _port_patch(entry: PatchEntry, current, state: dict, version: str, fuzz: int
             rejects.append(Reject(entry.name, fp.path, None, "".join(raw.hunks), None, reason))
             # Kept verbatim: the ported family must not pretend this file is handled.
             sections.append(_section_header(raw, is_new=False, old=None, new=None) + "".join(raw.hunks))
+            if widen is not None:
+                widen.record(fp)
             continue
         after, hunk_results = apply_partial(fp, before, fuzz=fuzz)
+        context = CONTEXT
+        wider = _widened(fp, before, hunk_results, widen, fuzz)
+        if wider is not None:
+            _, after, hunk_results, landed = wider
+            widened.extend((fp.path, k + 1) for k in landed)
+            context = widen.context
         results.extend((fp.path, h) for h in hunk_results)
         old = before or ""
         new = after if after is not None else old
@@ -347,14 +444,15 @@ def _port_patch(entry: PatchEntry, current, state: dict, version: str, fuzz: int
             rejects.append(Reject(entry.name, fp.path, h, hunk_text, tree_line, reason))
             verbatim.append((anchor, hunk_text, tree_line - anchor))
         state[fp.path] = new
-        regenerated = diff_hunks(old, new)
+        regenerated = diff_hunks(old, new, context=context)
         if not regenerated and not verbatim:
             continue  # every hunk of this file was already applied upstream
         sections.append(
             _section_header(raw, is_new=fp.is_new, old=before, new=new) + _merge_hunks(regenerated, verbatim)
         )
     body = preamble + "".join(sections)
-    return EntryPort(entry.name, "patch", body if sections else None, tuple(results), tuple(rejects))
+    return EntryPort(entry.name, "patch", body if sections else None, tuple(results), tuple(rejects),
+                     tuple(widened))
 
 
 def _stated_line(header: str) -> int:
@@ -534,10 +632,29 @@ class PortOutcome:
     family_dir: Path
     tree_dir: Path
     rej_files: tuple[Path, ...]
+    context_from: str | None = None  # the release hunks were made again from (--context)
+
+
+def source_release(series: Series, given: str | None = None) -> str:
+    """The release a family's hunks are made again from (port --context): ``given``, else the
+    newest release on PyPI the family covers (the cached listing when there is one)."""
+    if given is not None:
+        try:
+            Version(given)
+        except InvalidVersion:
+            raise BadInput(f"--context-from {given!r} is not a valid PEP 440 version", hint="e.g. 0.5.12.post1") from None
+        return given
+    listed = releases.list_releases(refresh=False)
+    covered = [r.version for r in listed if not r.yanked and series.info.covers(r.version)]
+    if not covered:
+        raise BadInput(f"family {series.name} ({series.specifier}) covers no SGLang release on PyPI",
+                       hint="name the release its patches apply to with --context-from VERSION")
+    return str(max(covered))
 
 
 def port_family(series: Series, version: str, *, into: Path, tree_dir: Path, fuzz: int = 0,
-                existing: Sequence[FamilyInfo] = ()) -> PortOutcome:
+                existing: Sequence[FamilyInfo] = (), context: int | None = None,
+                context_from: str | None = None) -> PortOutcome:
     """Port ``series`` to SGLang ``version``: a new family folder, .rej files, a working tree.
 
     All-or-nothing for the family folder: it is built beside its final place and
@@ -558,7 +675,11 @@ def port_family(series: Series, version: str, *, into: Path, tree_dir: Path, fuz
         raise BadInput(f"SGLang {version} is already covered by family {', '.join(covering)}",
                        hint="port to a release no family covers; use check for a covered one")
     files = release_files(version, series.touched_paths())
-    result = port_series(series, files, version=version, fuzz=fuzz)
+    source = None
+    if context is not None:
+        context_from = source_release(series, context_from)
+        source = release_files(context_from, series.touched_paths())
+    result = port_series(series, files, version=version, fuzz=fuzz, context=context, source=source)
 
     into.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=into.parent, prefix=f".{into.name}."))
@@ -586,7 +707,7 @@ def port_family(series: Series, version: str, *, into: Path, tree_dir: Path, fuz
         shutil.rmtree(staging, ignore_errors=True)
         raise
     write_tree(tree_dir, result.tree, {"family": into.name, "sglang": version, "from_family": series.name})
-    return PortOutcome(result, into, tree_dir, tuple(rej_files))
+    return PortOutcome(result, into, tree_dir, tuple(rej_files), context_from if context is not None else None)
 
 
 def refuse_install_write(path: Path, option: str) -> None:
@@ -716,6 +837,7 @@ __all__ = [
     "read_tree",
     "refresh_family",
     "release_files",
+    "source_release",
     "tree_version",
     "verify_refresh",
     "write_tree",
