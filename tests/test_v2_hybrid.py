@@ -164,6 +164,20 @@ SOURCE_FACTS = {
          "sglang/kernels/ops/attention/fla/fused_sigmoid_gating_recurrent.py"],
         [r"if step_idx != 0 and cache_idx >= 0:",
          r"step_offset = parent_step_idx \* HV \* K \* V"]),
+    # A budget schedule's narrower widths: the GDN/KDA kernel strides the pool's intermediate
+    # states by the pool's own pitch (every width exact) ...
+    "recurrent_kernel_strides_by_the_pool": (
+        ["sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py",
+         "sglang/kernels/ops/attention/fla/fused_sigmoid_gating_recurrent.py"],
+        [r"cache_stride_steps = intermediate_states_buffer\.stride\(0\) // \(HV \* K \* V\)"]),
+    # ... Mamba2's by the step's width (cache_steps = draft_token_num): ddtree_hybrid refuses
+    # several widths for Mamba2 (the probe's mamba2_widths case shows the wrong state).
+    "mamba2_ssm_strides_by_the_step_width": (
+        ["sglang/srt/layers/attention/mamba/mamba.py"],
+        [r"cache_steps=draft_token_num,"]),
+    "mamba2_ssm_kernel_offset": (
+        ["sglang/kernels/ops/mamba/triton_ops/mamba_ssm.py"],
+        [r"\+ cache_idx \* cache_steps \* nheads \* dim \* dstate"]),
     # The negative control: DFlash's own commit takes the chain step.
     "dflash_commit_is_the_chain_step": (
         ["sglang/srt/speculative/dflash_worker_v2.py"],
