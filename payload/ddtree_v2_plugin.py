@@ -17,6 +17,10 @@ names as the v1 families, so one launch command serves every family):
                                                (default 64, 1..1023)
     --speculative-ddtree-topk K                candidate tokens kept per draft position
                                                (default min(B, 8))
+    --speculative-ddtree-budget-schedule S     instead of the two above: a budget and top-K
+                                               per running-batch size, e.g.
+                                               1:128/8,8:64/4,32:16/2,64:chain
+                                               (ddtree_schedule; _resolve_schedule)
 
 Hybrid targets (Mamba2 / GDN / KDA layers) need no flag: the target's hybrid backend runs its
 tree-aware recurrent kernels (topk > 1) and EAGLE's verify commits the accepted node's state;
@@ -42,7 +46,8 @@ Also resolved: ``max_running_requests`` by the budget x vocab rule of every DDTr
 ``enable_mixed_chunk`` turned off with a log line (as SGLang does for UNO).
 
 Every refusal is one ``ValueError`` line naming the flags involved: among them the
-configurations EAGLE's CUDA tree ABI cannot carry (``ddtree_lineage.abi_problem``).
+configurations EAGLE's CUDA tree ABI cannot carry (``ddtree_lineage.abi_problem``), and the
+EAGLE-family options that would change what DDTREE samples (``_refuse_what_breaks_losslessness``).
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ verify width, EAGLE's depth, the off-chain count, the per-entry counters) comes 
 state (``_DDTreeWidth``). The draft block is the same at every width. Attention metadata is per
 step in eager mode (the backends read the width from the verify input); CUDA graphs are per
 width: at start-up each entry gets a target attention backend and graph runner of its own,
-captured for the graph batch sizes its batches pad to (``_ddtree_build_verify_states``, after
-EAGLE's adaptive runtime states), and the step swaps them in.
+captured for the graph batch sizes its batches pad to (``_ddtree_build_verify_states``, built as
+SGLang's EAGLE adaptive runtime states are), and the step swaps them in.
 
 Not supported (refused at start-up by the plugin's resolution, one line each): DFlash heads that
 are not per-position marginals (selector, Domino, LiLiCorr), the compact draft window
@@ -139,11 +139,10 @@ class _DDTreeWidth:
     the target attention backend + CUDA-graph runner that verify at its width (None: the
     target's own, the only ones in eager mode)."""
 
-    def __init__(self, index: int, entry, draft_depth: int):
+    def __init__(self, index: int, entry):
         self.index = int(index)
         self.threshold, self.budget, self.topk = entry.threshold, entry.budget, entry.topk
         self.width = verify_width(self.budget)
-        self.depth = lineage_depth(self.budget, self.topk, draft_depth)
         self.text = entry.text()
         self.attn_backend = None
         self.graph_runner = None
@@ -219,8 +218,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self._ddtree_steps = torch.zeros((), dtype=torch.int64, device=self.device)
         # One verify state per schedule entry, and per entry (steps, request-steps, committed
         # tokens) on the device, read only for /server_info.
-        self._ddtree_widths = [_DDTreeWidth(i, entry, self.ddtree_depth)
-                               for i, entry in enumerate(self.ddtree_entries)]
+        self._ddtree_widths = [_DDTreeWidth(i, entry) for i, entry in enumerate(self.ddtree_entries)]
         self._ddtree_active: Optional[_DDTreeWidth] = None
         self._ddtree_counts = torch.zeros((len(self._ddtree_widths), 3), dtype=torch.int64,
                                           device=self.device)

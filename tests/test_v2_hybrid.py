@@ -17,8 +17,11 @@ Three layers:
    same float64 model (requests finishing mid-path), the committed recurrent state after every
    step == a sequential run over the consumed tokens (GDN: also the prefix cache's track slot at
    every interval crossing), and the negative control (DFlash's chain
-   commit, ``accept_len - 1``) leaving greedy; the draft's backends built under topk 1; the
-   memory term through SGLang's own argument resolution.
+   commit, ``accept_len - 1``) leaving greedy; each run under a budget schedule of two entries
+   (GDN: widths 11 and the chain's 5; KDA: 11 and 7; Mamba2: one width, two top-Ks), the commit
+   seen at both;
+   Mamba2 at two widths shown wrong (why ddtree_hybrid refuses it); the draft's backends built
+   under topk 1; the memory term through SGLang's own argument resolution.
 
 NAMED STAND-INS: see tests/v2_hybrid_probe.py (the target forward TinyHybrid, the
 full-attention backend slot, the prefill, the track grid, the CUDA-only host lines on the way to

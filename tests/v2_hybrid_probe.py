@@ -535,7 +535,7 @@ def _lossless(kind_name):
                                             topk=None, block=5, via_forward=True,
                                             schedule=schedule)
     widths = {entry.budget + 1 for entry in w.ddtree_entries}
-    assert h.widths == widths and h.topks == {3, 2}, (
+    assert h.widths == widths and h.topks == {entry.topk for entry in w.ddtree_entries}, (
         "the recurrent commit did not run at every entry", h.widths, h.topks)
     assert h.track_checks >= 1 or not h.track, "no step crossed a track interval"
     # Tokens == greedy (checked per request by the loop), the state after every step checked.
@@ -567,10 +567,12 @@ def _lossless(kind_name):
 
 MAX_NEW = {"gdn": [6, 17, 11], "kda": [6, 17, 11], "mamba2": [14, 15, 12]}
 # The budget schedules of the lossless runs (three running requests: the second entry, fewer:
-# the first); the largest entry is what the pools hold (10, 3). GDN and KDA at two widths (11,
-# 7); Mamba2 at one width and two top-Ks, since its mixer strides the intermediate states by
-# the step's width (ddtree_hybrid refuses several widths; case_mamba2_widths shows why).
-HYBRID_SCHEDULES = {"gdn": "1:10/3,3:6/2", "kda": "1:10/3,3:6/2", "mamba2": "1:10/3,3:10/2"}
+# the first); the largest entry is what the pools hold (10, 3) and the backend is built under
+# (top-K 3: its tree path on). GDN at two widths with the chain (11, and 5 at top-K 1: a chain
+# through the tree path), KDA at two widths (11, 7); Mamba2 at one width and two top-Ks, since
+# its mixer strides the intermediate states by the step's width (ddtree_hybrid refuses several
+# widths; case_mamba2_widths shows why).
+HYBRID_SCHEDULES = {"gdn": "1:10/3,3:chain", "kda": "1:10/3,3:6/2", "mamba2": "1:10/3,3:10/2"}
 
 
 def case_mamba2_widths(_):
