@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 # The function that commits the accepted node's recurrent state (called by run_eagle_verify).
 COMMIT_HOOK = "sglang.srt.speculative.spec_utils.commit_mamba_states_after_verify"
@@ -73,7 +73,7 @@ KINDS = {
              "its conv states follow the verify window in order, so a tree verifies as a chain"),
         Kind("mamba1", "Mamba-1", "Mamba2AttnBackend (MambaMixer1)", False,
              "MambaMixer1 has no speculative target-verify path"),
-        Kind("registered", "registered linear attention", "a register_linear_attn_model() backend",
+        Kind("registered", "registered linear attention", "register_linear_attn_model() backend",
              False, "SGLang's registry does not say whether its backend has a tree path"),
     )
 }
@@ -87,14 +87,16 @@ def recurrent_kind(model_config: Any) -> Optional[tuple[Kind, Any]]:
     from sglang.srt import configs
     from sglang.srt.configs import hybrid_arch as arch
 
-    recurrent = arch.mambaish_config(model_config)
-    if recurrent is None:
-        return None
     hf = model_config.hf_config
     inkling = tuple(getattr(configs, n) for n in ("InklingModelConfig", "InklingMMConfig")
                     if hasattr(configs, n))
     if inkling and isinstance(hf, inkling):
-        return KINDS["inkling"], recurrent
+        # Before SGLang's predicates: Inkling's mamba2_cache_params reads the runtime context,
+        # which is not published while the arguments resolve (SGLang's own error otherwise).
+        return KINDS["inkling"], hf
+    recurrent = arch.mambaish_config(model_config)
+    if recurrent is None:
+        return None
     if arch.hybrid_gdn_config(model_config) is not None:
         return KINDS["gdn"], recurrent
     mamba2 = arch.mamba2_config(model_config)
@@ -174,12 +176,14 @@ def _verify_backend_of_linear_attn(view: Any) -> str:
     return "flashinfer" if decode == "flashinfer" else "triton"
 
 
-def check(view: Any, model_config: Any, budget: int) -> Optional[HybridTarget]:
+def check(view: Any, model_config: Any, budget: int,
+          widths: Sequence[int] = ()) -> Optional[HybridTarget]:
     """DDTREE's start-up gate for hybrid targets. ``view``: the resolved server arguments
     (a ResolvedView or anything with the same fields); ``model_config``: SGLang's
-    ModelConfig. Returns None for a pure-attention target, the HybridTarget when DDTREE can
-    serve it exactly, and raises ValueError (one line: the model, its recurrent config class,
-    the reason, what to use instead) otherwise."""
+    ModelConfig; ``budget``: the largest budget; ``widths``: the verify widths of a budget
+    schedule (none for one budget). Returns None for a pure-attention target, the HybridTarget
+    when DDTREE can serve it exactly, and raises ValueError (one line: the model, its recurrent
+    config class, the reason, what to use instead) otherwise."""
     found = recurrent_kind(model_config)
     if found is None:
         return None
@@ -196,6 +200,17 @@ def check(view: Any, model_config: Any, budget: int) -> Optional[HybridTarget]:
         refusals.append(
             f"--mamba-backend {view.mamba_backend} has no tree path (its selective_state_update "
             "refuses retrieve_parent_token); use --mamba-backend triton")
+    if kind.name == "mamba2" and len(set(widths)) > 1:
+        # MambaMixer2 hands selective_state_update cache_steps = the step's verify width, and
+        # the kernel strides the pool's intermediate SSM states by it, while the pool holds
+        # the largest width per request: a narrower step writes request b's states at b x its
+        # width and the commit reads them at b x the largest (tests/test_v2_hybrid.py shows the
+        # wrong state). GDN and KDA index the pool by its own stride: every width is exact.
+        refusals.append(
+            f"a budget schedule of several verify widths ({', '.join(map(str, sorted(set(widths))))})"
+            ": SGLang's MambaMixer2 strides the intermediate SSM states by the step's width, the "
+            "pool by the largest, so a narrower step would commit the wrong state; use one "
+            "--speculative-ddtree-budget (or schedule entries of one budget) for this model")
     if kind.name == "kda":
         verify = _verify_backend_of_linear_attn(view)
         if verify not in KDA_TREE_VERIFY_BACKENDS:

@@ -17,6 +17,10 @@ names as the v1 families, so one launch command serves every family):
                                                (default 64, 1..1023)
     --speculative-ddtree-topk K                candidate tokens kept per draft position
                                                (default min(B, 8))
+    --speculative-ddtree-budget-schedule S     instead of the two above: a budget and top-K
+                                               per running-batch size, e.g.
+                                               1:128/8,8:64/4,32:16/2,64:chain
+                                               (ddtree_schedule; _resolve_schedule)
 
 Hybrid targets (Mamba2 / GDN / KDA layers) need no flag: the target's hybrid backend runs its
 tree-aware recurrent kernels (topk > 1) and EAGLE's verify commits the accepted node's state;
@@ -42,7 +46,8 @@ Also resolved: ``max_running_requests`` by the budget x vocab rule of every DDTr
 ``enable_mixed_chunk`` turned off with a log line (as SGLang does for UNO).
 
 Every refusal is one ``ValueError`` line naming the flags involved: among them the
-configurations EAGLE's CUDA tree ABI cannot carry (``ddtree_lineage.abi_problem``).
+configurations EAGLE's CUDA tree ABI cannot carry (``ddtree_lineage.abi_problem``), and the
+EAGLE-family options that would change what DDTREE samples (``_refuse_what_breaks_losslessness``).
 """
 
 from __future__ import annotations
@@ -139,18 +144,47 @@ def ddtree_draft_block(server_args: Any) -> int:
 
 
 def ddtree_verify_width(server_args: Any) -> int:
-    """The target's verify width per request: B + 1."""
+    """The target's widest verify per request: B + 1 (with a schedule, its largest budget)."""
     return ddtree_budget(server_args) + 1
 
 
-def decode_reserve(server_args: Any) -> int:
+def ddtree_schedule(server_args: Any):
+    """The resolved entries (``ddtree_schedule.Entry``: threshold, budget, top-K), one per
+    range of running batch sizes: the schedule's, or one entry (1, B, K) for a single budget.
+    Raises when they disagree with the widths resolution declared (B = the largest budget)."""
+    from sglang.srt.speculative import ddtree_schedule as sched
+
+    budget, topk = ddtree_budget(server_args), ddtree_topk(server_args)
+    text = getattr(server_args, "speculative_ddtree_budget_schedule", None)
+    if callable(getattr(type(server_args), "resolve_once", None)):
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        text = getattr(resolving_view(server_args), "speculative_ddtree_budget_schedule", None)
+    if text is None:
+        return (sched.Entry(1, budget, topk),)
+    entries = sched.parse(text)
+    if any(e.budget is None or e.topk is None for e in entries) or (
+            max(e.budget for e in entries), max(e.topk for e in entries)) != (budget, topk):
+        raise ValueError(
+            f"DDTREE budget schedule {text!r} is not the one resolution declared (largest "
+            f"budget {budget}, top-K {topk}): these args were not resolved by the DDTREE plugin.")
+    return entries
+
+
+def decode_reserve(server_args: Any, batch_size: Optional[int] = None) -> int:
     """KV slots per request that ``DFlashDraftInputV2.prepare_for_decode`` keeps allocated
     past the committed length (hunk 0005): one step's lag (at most a draft block commits)
     plus the step's write window, ``ddtree_lineage.decode_reserve``; DFlash's own
-    ``2 x num_draft_tokens`` would be 2 x (B + 1)."""
+    ``2 x num_draft_tokens`` would be 2 x (B + 1). ``batch_size``: the batch being prepared,
+    which the worker then runs, so its schedule entry's budget (None: the largest)."""
+    from sglang.srt.speculative import ddtree_schedule as sched
     from sglang.srt.speculative.ddtree_lineage import decode_reserve as reserve
 
-    return reserve(ddtree_budget(server_args), ddtree_draft_block(server_args))
+    budget = ddtree_budget(server_args)
+    if batch_size is not None:
+        entries = ddtree_schedule(server_args)
+        budget = entries[sched.pick(entries, int(batch_size))].budget
+    return reserve(budget, ddtree_draft_block(server_args))
 
 
 # ---------------------------------------------------------------------------
@@ -182,8 +216,9 @@ def _positive_int(value: Any, flag: str, *, upper: Optional[int] = None) -> int:
 
 
 def resolve_server_args(args: Any) -> None:
-    """DDTREE's resolution: DFlash's (device, parallelism, draft path, draft block,
-    draft attention backend, running batch), then the tree's own numbers and gates."""
+    """DDTREE's resolution: what would change its law refused, DFlash's (device, parallelism,
+    draft path, draft block, draft attention backend, running batch), then the tree's own
+    numbers and gates: one budget for every batch, or a schedule of budgets per batch size."""
     from sglang.srt.arg_groups.overrides import (
         attention_backends_of,
         declare_resolution,
@@ -192,35 +227,54 @@ def resolve_server_args(args: Any) -> None:
         resolving_view,
     )
     from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+    from sglang.srt.speculative import ddtree_schedule as sched
 
     record = _record_of(args)
     cfg = resolving_view(record)
     source = "ddtree_v2_plugin"
+    _refuse_what_breaks_losslessness(record, cfg)
 
-    budget = cfg.speculative_ddtree_budget
-    # (The upper bound, MAX_BUDGET, is abi_problem's, below, with its reason and a fix.)
-    budget = DEFAULT_BUDGET if budget is None else _positive_int(
-        budget, "--speculative-ddtree-budget")
-    topk = cfg.speculative_ddtree_topk
-    if topk is not None:
-        _positive_int(topk, "--speculative-ddtree-topk")
-    # K > B keeps nothing more: a tree of B nodes has at most B siblings anywhere.
-    topk = min(DEFAULT_MAX_TOPK if topk is None else topk, budget)
-
-    if cfg.speculative_num_draft_tokens is not None and int(cfg.speculative_num_draft_tokens) != budget + 1:
-        raise ValueError(
-            "DDTREE: --speculative-num-draft-tokens is the verify width, "
-            f"--speculative-ddtree-budget + 1 = {budget + 1}, got "
-            f"{cfg.speculative_num_draft_tokens}; drop it (the draft block is "
-            "--speculative-dflash-block-size)."
-        )
+    schedule_text = getattr(cfg, "speculative_ddtree_budget_schedule", None)
+    parsed, text_fault = None, None
+    if schedule_text is not None:
+        for flag, value in (("--speculative-ddtree-budget", cfg.speculative_ddtree_budget),
+                            ("--speculative-ddtree-topk", cfg.speculative_ddtree_topk),
+                            ("--speculative-num-draft-tokens", cfg.speculative_num_draft_tokens),
+                            ("--speculative-eagle-topk", cfg.speculative_eagle_topk)):
+            if value is not None:
+                raise ValueError(
+                    f"DDTREE: {flag} {value} and {sched.FLAG} {schedule_text} both set the "
+                    f"tree; the schedule gives every batch size its budget and top-K: drop {flag}.")
+        try:
+            parsed = sched.parse(schedule_text)
+        except sched.ScheduleError as fault:
+            # Refused below, once the block and the memory are known, with a schedule that works.
+            parsed, text_fault = fault.repaired, fault
+        budget = topk = None
+    else:
+        budget = cfg.speculative_ddtree_budget
+        # (The upper bound, MAX_BUDGET, is abi_problem's, below, with its reason and a fix.)
+        budget = DEFAULT_BUDGET if budget is None else _positive_int(
+            budget, "--speculative-ddtree-budget")
+        topk = cfg.speculative_ddtree_topk
+        if topk is not None:
+            _positive_int(topk, "--speculative-ddtree-topk")
+        # K > B keeps nothing more: a tree of B nodes has at most B siblings anywhere.
+        topk = min(DEFAULT_MAX_TOPK if topk is None else topk, budget)
+        if cfg.speculative_num_draft_tokens is not None and int(cfg.speculative_num_draft_tokens) != budget + 1:
+            raise ValueError(
+                "DDTREE: --speculative-num-draft-tokens is the verify width, "
+                f"--speculative-ddtree-budget + 1 = {budget + 1}, got "
+                f"{cfg.speculative_num_draft_tokens}; drop it (the draft block is "
+                "--speculative-dflash-block-size)."
+            )
+        if cfg.speculative_eagle_topk is not None and int(cfg.speculative_eagle_topk) != topk:
+            raise ValueError(
+                f"DDTREE: --speculative-eagle-topk {cfg.speculative_eagle_topk} differs from the "
+                f"per-depth top-K {topk}; drop it and use --speculative-ddtree-topk."
+            )
     # The operator's own value, before DFlash's resolution declares its default 48.
     wanted_running = cfg.max_running_requests
-    if cfg.speculative_eagle_topk is not None and int(cfg.speculative_eagle_topk) != topk:
-        raise ValueError(
-            f"DDTREE: --speculative-eagle-topk {cfg.speculative_eagle_topk} differs from the "
-            f"per-depth top-K {topk}; drop it and use --speculative-ddtree-topk."
-        )
     if (cfg.disaggregation_mode or "null") != "null":
         raise ValueError(
             "DDTREE does not support prefill/decode disaggregation "
@@ -238,18 +292,30 @@ def resolve_server_args(args: Any) -> None:
             "DDTREE: the draft block must be >= 2 (the bonus token and one drafted "
             f"position), got {block} (--speculative-dflash-block-size or the draft config)."
         )
-    if block > budget + 1:
-        raise ValueError(
-            f"DDTREE: the draft block {block} exceeds the verify width {budget + 1} "
-            f"(--speculative-ddtree-budget {budget} + 1): the draft writes a whole block "
-            f"into each request's verify window; use --speculative-ddtree-budget >= {block - 1}."
-        )
-    from sglang.srt.speculative.ddtree_lineage import abi_problem
-
     vocab = int(model_config_of(record).vocab_size)
-    problem = abi_problem(budget, topk, block, vocab_size=vocab)
-    if problem is not None:
-        raise ValueError(problem)
+    if parsed is None:
+        if block > budget + 1:
+            raise ValueError(
+                f"DDTREE: the draft block {block} exceeds the verify width {budget + 1} "
+                f"(--speculative-ddtree-budget {budget} + 1): the draft writes a whole block "
+                f"into each request's verify window; use --speculative-ddtree-budget >= {block - 1}."
+            )
+        from sglang.srt.speculative.ddtree_lineage import abi_problem
+
+        problem = abi_problem(budget, topk, block, vocab_size=vocab)
+        if problem is not None:
+            raise ValueError(problem)
+        _size_running_batch(record, source, budget, vocab, wanted_running)
+        resolved = None
+    else:
+        resolved, running, log = _resolve_schedule(
+            parsed, text_fault, block, vocab, wanted_running,
+            _free_bytes(cfg.device, cfg.mem_fraction_static))
+        budget = max(entry.budget for entry in resolved)
+        topk = max(entry.topk for entry in resolved)
+        declare_resolution(record, source, max_running_requests=running,
+                           speculative_ddtree_budget_schedule=sched.format_schedule(resolved))
+        logger.warning("%s", log)
     declare_resolution(
         record,
         source,
@@ -260,7 +326,6 @@ def resolve_server_args(args: Any) -> None:
         speculative_eagle_topk=topk,
     )
 
-    _size_running_batch(record, source, budget, vocab, wanted_running)
     if resolving_view(record).enable_mixed_chunk:
         # A mixed prefill + verify step is not proven for a tree verify (supports_mixed_chunk
         # below says so); SGLang's validation would assert on it. Off, said once, as for UNO.
@@ -279,12 +344,231 @@ def resolve_server_args(args: Any) -> None:
         )
 
     # Hybrid targets (Mamba2 / GDN / KDA layers): served exactly where SGLang's backend has a
-    # tree path, refused with the reason otherwise (ddtree_hybrid, docs/patches-v2.md).
+    # tree path, refused with the reason otherwise (ddtree_hybrid, docs/patches-v2.md). The
+    # pools keep budget + 1 intermediate states per request at the schedule's largest budget.
     from sglang.srt.speculative import ddtree_hybrid
 
-    hybrid = ddtree_hybrid.check(view, model_config_of(record), budget)
+    hybrid = ddtree_hybrid.check(view, model_config_of(record), budget,
+                                 widths=[entry.width for entry in resolved or ()])
     if hybrid is not None:
         _size_for_recurrent_states(record, view, hybrid, budget, source)
+    if resolved is not None:
+        running = int(resolved_view(record).max_running_requests)
+        unreached = [entry for entry in resolved if entry.threshold > running]
+        if unreached:
+            kept = [entry for entry in resolved if entry.threshold <= running]
+            raise ValueError(sched.refusal(
+                unreached[0].text(), f"it starts at batch {unreached[0].threshold}, above "
+                f"max_running_requests {running} (the recurrent states' rule), so it would never "
+                "run", kept))
+
+
+# ---------------------------------------------------------------------------
+# Options SGLang's EAGLE path honours and DDTREE must not (each would change what DDTREE
+# samples, or is DFlash machinery the tree worker does not carry).
+
+#: Draft architectures whose head is not a per-position marginal (DDTree's tree is built from
+#: the draft's top-K log-probs per position): DFlash2's candidate selector (a beam over
+#: transitions) and LiLiCorr's reranking head (SGLang's models/dflash.py, models/lilicorr.py).
+SELECTOR_DRAFTS = ("DFlash2DraftModel", "DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel")
+LILICORR_DRAFTS = ("LiLiCorrDraftModel",)
+
+
+def _attn_dp_enabled(view: Any) -> bool:
+    try:  # 0.5.21+: attention-DP as the runtime computes it
+        from sglang.srt.runtime_context import attn_dp_enabled_of
+    except ImportError:  # 0.5.20: the flag itself
+        return bool(getattr(view, "enable_dp_attention", False))
+    return bool(attn_dp_enabled_of(view))
+
+
+def _refuse_what_breaks_losslessness(record: Any, cfg: Any) -> None:
+    """The options of SGLang's EAGLE family (``_handle_eagle_family`` checks them for EAGLE)
+    that DDTREE's resolution would otherwise accept silently: each one refused in one line,
+    before DFlash's own checks, so the message is DDTREE's."""
+    if getattr(cfg, "speculative_use_rejection_sampling", False):
+        raise ValueError(
+            "DDTREE: --speculative-use-rejection-sampling is EAGLE's top-K 1 chain sampler (it "
+            "needs the draft's proposal distribution over the target vocabulary, which DDTREE's "
+            "top-K draft does not have); DDTREE's tree sampling already follows the target's "
+            "distribution: drop the flag.")
+    for flag in ("--speculative-accept-threshold-single", "--speculative-accept-threshold-acc"):
+        value = getattr(cfg, flag[2:].replace("-", "_"), 1.0)
+        if value is not None and float(value) != 1.0:
+            raise ValueError(
+                f"DDTREE: {flag} {value} would accept draft tokens by a threshold, so sampled "
+                "output would no longer follow the target's distribution (the lossless verify "
+                "is at 1.0); drop the flag.")
+    if getattr(cfg, "speculative_draft_window_size", None) is not None:
+        raise ValueError(
+            f"DDTREE: --speculative-draft-window-size {cfg.speculative_draft_window_size} "
+            "(DFlash's compact draft cache) is not supported: the tree worker writes the draft "
+            "KV of every committed token; drop the flag.")
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    if _attn_dp_enabled(resolved_view(record)):
+        raise ValueError(
+            "DDTREE does not support data-parallel attention (--enable-dp-attention / "
+            "--attn-dp-size > 1): the tree verify and the draft's top-K head are not proven "
+            "across attention-DP ranks; drop the flag or use DFLASH.")
+    from sglang.srt.runtime_context import get_platform
+
+    platform = get_platform()
+    device = str(cfg.device or "")
+    if getattr(platform, "is_hip", False) or device in ("xpu", "npu"):
+        where = "ROCm" if getattr(platform, "is_hip", False) else device
+        raise ValueError(
+            f"DDTREE is not supported on {where}: SGLang's EAGLE verify there has no tree "
+            "sampling kernel and commits the argmax for sampled requests (their output would "
+            "not follow the target's distribution); use a CUDA GPU, or DFLASH.")
+    head = _draft_head(cfg)
+    if head is not None:
+        raise ValueError(
+            f"DDTREE needs a plain DFlash draft (per-position marginals), but the draft "
+            f"{cfg.speculative_draft_model_path} is {head}; use --speculative-algorithm DFLASH "
+            "for this draft.")
+
+
+def _draft_head(cfg: Any) -> Optional[str]:
+    """What kind of non-marginal head the draft carries (its config's architecture, or a
+    Domino projector), None for a plain DFlash draft or when the config cannot be read
+    (DFlash's own resolution reports an unreadable draft)."""
+    if cfg.speculative_draft_model_path is None:
+        return None
+    import json
+
+    try:
+        from sglang.srt.utils.hf_transformers_utils import get_config
+
+        hf = get_config(cfg.speculative_draft_model_path, trust_remote_code=cfg.trust_remote_code,
+                        revision=cfg.speculative_draft_model_revision,
+                        model_override_args=json.loads(cfg.json_model_override_args or "{}"))
+    except Exception:  # noqa: BLE001 - DFlash's resolution names the failure
+        return None
+    arch = (getattr(hf, "architectures", None) or [None])[0]
+    if arch in SELECTOR_DRAFTS:
+        return f"a {arch} (a candidate-selector head)"
+    if arch in LILICORR_DRAFTS:
+        return f"a {arch} (a LiLiCorr reranking head)"
+    dflash = getattr(hf, "dflash_config", None) or {}
+    projector = dflash.get("projector_type") if isinstance(dflash, dict) else None
+    if projector is None:
+        projector = getattr(hf, "projector_type", None)
+    if projector == "domino":
+        return "a Domino draft (projector_type domino)"
+    return None
+
+
+# ---------------------------------------------------------------------------
+# The budget schedule (--speculative-ddtree-budget-schedule): per entry the CUDA tree ABI and
+# the memory rule; a refusal names the entry and a schedule that passes every check.
+
+
+def _free_bytes(device: str, mem_fraction_static: Optional[float]) -> Optional[float]:
+    """The memory SGLang leaves outside its static pools (None when unknown: no GPU)."""
+    device_mib = _device_memory_mib(device)
+    if not device_mib or mem_fraction_static is None:
+        return None
+    return float(device_mib) * (1 << 20) * (1.0 - float(mem_fraction_static))
+
+
+def _resolve_schedule(parsed, text_fault, block: int, vocab: int, wanted: Optional[int],
+                      free_bytes: Optional[float]):
+    """(resolved entries, max_running_requests, the log line), or one ValueError line naming
+    the first faulty entry and a schedule that works (its faults mended one at a time, each
+    mend checked again, so the schedule named passes every check here)."""
+    from sglang.srt.speculative import ddtree_schedule as sched
+
+    entries = list(sched.resolve(parsed, block, DEFAULT_MAX_TOPK))
+    first = None if text_fault is None else (text_fault.entry, text_fault.why)
+    for _ in range(8 * sched.MAX_ENTRIES):
+        fault = _schedule_fault(entries, block, vocab, wanted, free_bytes)
+        if isinstance(fault, tuple) and len(fault) == 2:  # (max_running_requests, log): passes
+            if first is not None:
+                raise ValueError(sched.refusal(first[0], first[1], entries))
+            return tuple(entries), fault[0], fault[1]
+        entry, why, mended = fault
+        first = first or (entry, why)
+        if mended == entries:
+            break
+        entries = mended
+    raise ValueError(sched.refusal(first[0], first[1], entries).replace(
+        "; use ", "; no schedule close to it works here, e.g. not "))
+
+
+def _schedule_fault(entries, block, vocab, wanted, free_bytes):
+    """The first fault of resolved ``entries``: (entry text, why, entries mended); or, when
+    there is none, (max_running_requests, the log line)."""
+    from sglang.srt.speculative import ddtree_schedule as sched
+    from sglang.srt.speculative.ddtree_lineage import MAX_VERIFY_WIDTH, abi_problem, tree_capacity
+    from sglang.srt.speculative.ddtree_utils import (
+        DEFAULT_MAX_RUNNING_REQUESTS,
+        verify_request_cap,
+    )
+
+    def replaced(i, budget, topk):
+        out = list(entries)
+        out[i] = sched.Entry(entries[i].threshold, budget, min(topk, budget))
+        return out
+
+    # Per entry, the CUDA tree ABI and the draft block (as --speculative-ddtree-budget's).
+    for i, entry in enumerate(entries):
+        budget, topk = entry.budget, entry.topk
+        if block > budget + 1:
+            return (entry.text(), f"the draft block {block} exceeds its verify width {budget + 1}"
+                    " (the draft writes a whole block into each request's verify window)",
+                    replaced(i, block - 1, topk))
+        if abi_problem(budget, topk, block, vocab_size=vocab) is not None:
+            fit_k = min(topk, vocab)
+            fit_b = min(budget, MAX_VERIFY_WIDTH - 1, tree_capacity(fit_k, block - 1, budget))
+            why = ("its verify width is over the 1024 SGLang's CUDA tree builder takes"
+                   if budget + 1 > MAX_VERIFY_WIDTH else
+                   f"top-K {topk} exceeds the vocabulary ({vocab} tokens)" if topk > vocab else
+                   f"budget {budget} exceeds the distinct draft prefixes that top-K {topk} and "
+                   f"the draft block {block} allow (EAGLE's CUDA tree verify carries no padding)")
+            return entry.text(), why, replaced(i, max(fit_b, block - 1), fit_k)
+    last = entries[-1]
+    if wanted is not None and int(wanted) < last.threshold:
+        unreached = next(entry for entry in entries if entry.threshold > int(wanted))
+        return (unreached.text(), f"it starts at batch {unreached.threshold}, above "
+                f"--max-running-requests {wanted}, so it would never run",
+                [entry for entry in entries if entry.threshold <= int(wanted)])
+    running = int(wanted) if wanted is not None else max(DEFAULT_MAX_RUNNING_REQUESTS,
+                                                          last.threshold)
+    if free_bytes is None:
+        return running, (f"DDTREE: budget schedule {sched.format_schedule(entries)}, "
+                         f"max_running_requests = {running} (no device memory known: the "
+                         "budget x vocab rule not applied)")
+    # The memory rule per entry: every batch an entry serves verifies at its budget, so its
+    # budget x vocab must fit the largest of them. Unset, max_running_requests stops where the
+    # last entry's budget fits.
+    caps = [verify_request_cap(entry.budget, vocab, free_bytes) for entry in entries]
+    if wanted is None and caps[-1] >= last.threshold:
+        running = min(running, caps[-1])
+    for i, ((lo, hi), cap) in enumerate(zip(sched.ranges(entries, running), caps)):
+        if cap >= hi:
+            continue
+        need = hi if (wanted is not None or i + 1 < len(entries)) else lo
+        fit = entries[i].budget
+        while fit > block - 1 and verify_request_cap(fit, vocab, free_bytes) < need:
+            fit -= 1
+        upto = (f"--max-running-requests {hi}" if i + 1 == len(entries) and wanted is not None
+                else f"batch {need}")
+        why = (f"budget {entries[i].budget} x vocab {vocab} fits {cap} requests' verify buffers "
+               "(half the memory left outside --mem-fraction-static), but the entry serves up to "
+               f"{upto}")
+        if verify_request_cap(fit, vocab, free_bytes) >= need:
+            return entries[i].text(), why, replaced(i, fit, entries[i].topk)
+        if i + 1 < len(entries) and cap >= lo:  # end this entry's batches where it fits
+            out = entries[:i + 1] + [sched.Entry(cap + 1, entries[i + 1].budget,
+                                                 entries[i + 1].topk)]
+            out += [entry for entry in entries[i + 2:] if entry.threshold > cap + 1]
+            return entries[i].text(), why, out
+        return entries[i].text(), why, entries  # nothing close works: refused as it is
+    spans = "; ".join(f"{e.text()}: batches {lo}-{hi}, fits {cap}"
+                      for e, (lo, hi), cap in zip(entries, sched.ranges(entries, running), caps))
+    return running, (f"DDTREE: budget schedule {sched.format_schedule(entries)}, "
+                     f"max_running_requests = {running} (budget x vocab {vocab} per entry: {spans})")
 
 
 def _device_memory_mib(device: str) -> Optional[float]:
@@ -477,6 +761,7 @@ __all__ = [
     "VERIFY_ATTENTION_BACKENDS",
     "ddtree_budget",
     "ddtree_draft_block",
+    "ddtree_schedule",
     "ddtree_topk",
     "ddtree_verify_width",
     "decode_reserve",

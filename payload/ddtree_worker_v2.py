@@ -30,8 +30,18 @@ The draft runner sizes itself by the block through the plugin's
 ``DFlashWorkerV2.__init__`` took from ``speculative_num_draft_tokens`` (B + 1 here) for the
 block (``_ddtree_set_draft_block``).
 
-Not supported (refused at start-up with one line): DFlash heads that are not per-position
-marginals (selector, Domino, LiLiCorr), the compact draft window
+Budget schedule (``--speculative-ddtree-budget-schedule``): each decode step picks the entry of
+the batch it runs (``ddtree_schedule.pick`` on the batch size, the same batch hunk 0005 reserved
+KV for) and builds, verifies and commits that entry's tree; every other number of the step (the
+verify width, EAGLE's depth, the off-chain count, the per-entry counters) comes from that entry's
+state (``_DDTreeWidth``). The draft block is the same at every width. Attention metadata is per
+step in eager mode (the backends read the width from the verify input); CUDA graphs are per
+width: at start-up each entry gets a target attention backend and graph runner of its own,
+captured for the graph batch sizes its batches pad to (``_ddtree_build_verify_states``, built as
+SGLang's EAGLE adaptive runtime states are), and the step swaps them in.
+
+Not supported (refused at start-up by the plugin's resolution, one line each): DFlash heads that
+are not per-position marginals (selector, Domino, LiLiCorr), the compact draft window
 (``--speculative-draft-window-size``), data-parallel attention. Grammar-constrained requests go
 through EAGLE's grammar handling of the verify tree, with the scheduler's grammar barrier passed
 on (tests/test_v2_worker.py drives one under the overlap schedule).
@@ -54,6 +64,7 @@ import torch
 
 from sglang.srt.speculative import dflash_worker_v2 as _dfw
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative import ddtree_schedule
 from sglang.srt.speculative.ddtree_lineage import (
     decode_reserve,
     eagle_lineage,
@@ -123,6 +134,20 @@ class _DDTreeTopKHead:
         return self.logprobs[:rows].view(shape), self.tokens[:rows].view(shape)
 
 
+class _DDTreeWidth:
+    """One schedule entry's verify state: its tree (budget, top-K), EAGLE's widths for it, and
+    the target attention backend + CUDA-graph runner that verify at its width (None: the
+    target's own, the only ones in eager mode)."""
+
+    def __init__(self, index: int, entry):
+        self.index = int(index)
+        self.threshold, self.budget, self.topk = entry.threshold, entry.budget, entry.topk
+        self.width = verify_width(self.budget)
+        self.text = entry.text()
+        self.attn_backend = None
+        self.graph_runner = None
+
+
 class DDTreeWorkerV2(DFlashWorkerV2):
     """DFlash draft, DDTree tree, EAGLE tree verify; see the module docstring."""
 
@@ -131,16 +156,20 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     DDTREE_TREE_VERIFY = True
 
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
-        from sglang.srt.runtime_context import get_parallel, get_spec
+        from sglang.srt.runtime_context import get_spec
         from sglang.srt.speculative.ddtree_v2_plugin import (
             ddtree_budget,
             ddtree_draft_block,
+            ddtree_schedule,
             ddtree_topk,
         )
 
         spec = get_spec()
+        # The largest budget / top-K / width (what the target's buffers and graphs are sized
+        # by) and the schedule's entries (one entry (1, B, K) for a single budget).
         self.ddtree_budget = ddtree_budget(spec)
         self.ddtree_topk = ddtree_topk(spec)
+        self.ddtree_entries = ddtree_schedule(spec)
         draft_block = ddtree_draft_block(spec)
         self.ddtree_verify_width = verify_width(self.ddtree_budget)
         # The draft runner sizes itself by the block already (the plugin's
@@ -150,18 +179,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # Spec whose width is not B + 1, and the draft runner calls them while it builds.)
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self._ddtree_set_draft_block(draft_block)
-        if self.selector is not None or self.lilicorr is not None or self._is_domino:
-            raise ValueError(
-                "DDTREE needs a plain DFlash draft (per-position marginals); this draft "
-                "has a selector/Domino/LiLiCorr head: use --speculative-algorithm DFLASH."
-            )
-        if self.use_compact_draft_cache:
-            raise ValueError(
-                "DDTREE does not support --speculative-draft-window-size (the compact "
-                "draft cache); drop the flag."
-            )
-        if get_parallel().attn_dp_enabled:
-            raise ValueError("DDTREE does not support --enable-dp-attention; drop the flag.")
+        # (Selector / Domino / LiLiCorr drafts, the compact draft window and DP attention are
+        # refused by the plugin's resolution, before any model loads: tests/test_v2_server_args.)
         self._init_ddtree_state()
 
     def _ddtree_set_draft_block(self, block: int) -> None:
@@ -197,6 +216,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # on its path): a device counter, read only when the internal state is asked for.
         self._ddtree_offchain = torch.zeros((), dtype=torch.int64, device=self.device)
         self._ddtree_steps = torch.zeros((), dtype=torch.int64, device=self.device)
+        # One verify state per schedule entry, and per entry (steps, request-steps, committed
+        # tokens) on the device, read only for /server_info.
+        self._ddtree_widths = [_DDTreeWidth(i, entry) for i, entry in enumerate(self.ddtree_entries)]
+        self._ddtree_active: Optional[_DDTreeWidth] = None
+        self._ddtree_counts = torch.zeros((len(self._ddtree_widths), 3), dtype=torch.int64,
+                                          device=self.device)
 
     # ---------------------------------------------------------------------------------
     # Start-up: the draft's backends without the tree path, the target's with it (hybrid).
@@ -222,6 +247,64 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         with ddtree_hybrid.draft_spec_scope():
             super().init_cuda_graphs()
+        self._ddtree_build_verify_states()
+
+    def _ddtree_build_verify_states(self) -> None:
+        """CUDA graphs per schedule width (GPU start-up; not driven on CPU). The target was
+        built at the largest width, its graphs captured for every graph batch size; every
+        other entry gets, as EAGLE's adaptive runtime states are built, a target attention
+        backend of its own (fresh workspace: a graph runner writes its buffers' addresses into
+        its graphs) and a graph runner captured at its width for the graph batch sizes its
+        running batches pad to. Top-K stays the largest entry's, so hybrid targets keep their
+        recurrent tree path at every width (a top-K 1 chain is a tree it verifies)."""
+        import time
+
+        from sglang.srt.model_executor.cuda_graph_config import (
+            Backend,
+            Phase,
+            check_cuda_graph_backend,
+        )
+        from sglang.srt.model_executor.runner import DecodeCudaGraphRunner
+        from sglang.srt.runtime_context import get_exec, get_spec
+
+        runner = self.target_worker.model_runner
+        largest = self._ddtree_largest()
+        if len(self._ddtree_widths) == 1 or check_cuda_graph_backend(Phase.DECODE,
+                                                                     Backend.DISABLED):
+            return  # one width, or eager: one backend reads every step's width
+        captured = sorted(int(b) for b in (get_exec().graph.cuda_graph_bs_decode or ()))
+        # Batches above the largest graph run eagerly whatever their width.
+        spans = ddtree_schedule.ranges(self.ddtree_entries, captured[-1] if captured else 0)
+        original = (runner.attn_backend, runner.decode_cuda_graph_runner)
+        for state, (lo, hi) in zip(self._ddtree_widths, spans):
+            if state is largest:
+                state.attn_backend, state.graph_runner = original
+                continue
+            pads = sorted({next((c for c in captured if c >= b), None) for b in range(lo, hi + 1)}
+                          - {None})
+            state.attn_backend, state.graph_runner = original[0], None
+            if not pads:
+                continue  # its batches are above every graph: eager, the target's backend
+            tic = time.perf_counter()
+            with get_spec().override(speculative_num_draft_tokens=state.width,
+                                     speculative_ddtree_budget=state.budget), \
+                    get_exec().graph.override(cuda_graph_bs_decode=pads):
+                backup = runner.init_new_workspace
+                try:
+                    state.attn_backend = runner._get_attention_backend(init_new_workspace=True)
+                finally:
+                    runner.init_new_workspace = backup
+                state.graph_runner = DecodeCudaGraphRunner(
+                    runner, attn_backend=state.attn_backend, speculative_num_steps=1,
+                    speculative_num_draft_tokens=state.width)
+            logger.info("DDTREE verify state %s (width %d): graphs for batch sizes %s in %.1f s.",
+                        state.text, state.width, pads, time.perf_counter() - tic)
+        runner.attn_backend, runner.decode_cuda_graph_runner = original
+        self._ddtree_active = largest
+
+    def _ddtree_largest(self) -> "_DDTreeWidth":
+        """The entry whose width the target was built with (the largest budget)."""
+        return max(self._ddtree_widths, key=lambda state: (state.width, state.topk))
 
     def _defer_target_verify_gather(self):
         """DFlash defers the target-verify vocab gather (TP > 1) and finishes it in its own
@@ -285,13 +368,29 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 batch, on_publish, grammar_barrier, pp_proxy_tensors
             )
         draft_input = batch.spec_info
+        state = self._ddtree_select(batch)
         window = self._ddtree_draft(batch, draft_input)
         logprobs, tokens = window["logprobs"], window["tokens"]
         # Grammar-constrained requests: EAGLE's verify masks the target's logits over the tree
         # (GrammarTree.from_device), as it does for EAGLE trees; the draft stays unconstrained.
         return self._ddtree_verify_and_commit(
-            batch, draft_input, logprobs, tokens, window, on_publish, grammar_barrier
+            batch, draft_input, logprobs, tokens, window, on_publish, grammar_barrier, state
         )
+
+    def _ddtree_select(self, batch) -> "_DDTreeWidth":
+        """This step's schedule entry: the one of the batch it runs (its size, on the host:
+        the same batch prepare_for_decode reserved the entry's KV window for, hunk 0005), its
+        verify state made the target's. Under overlap the batch a step runs is the batch that
+        was planned for it, so a width change between planning and running cannot happen."""
+        state = self._ddtree_widths[ddtree_schedule.pick(self.ddtree_entries,
+                                                         len(batch.seq_lens))]
+        if state is not self._ddtree_active:
+            if state.attn_backend is not None:  # per-width CUDA graphs (GPU start-up)
+                runner = self.target_worker.model_runner
+                runner.attn_backend = state.attn_backend
+                runner.decode_cuda_graph_runner = state.graph_runner
+            self._ddtree_active = state
+        return state
 
     def _ddtree_draft(self, batch, draft_input) -> dict:
         """The DFlash draft block (as DFlashWorkerV2 runs it, plain head only), then the
@@ -405,15 +504,20 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             "kv_loc_plan": kv_loc_plan,
         }
 
-    def _ddtree_build(self, roots, logprobs, tokens):
-        """Tree (budget nodes, all real: finite_logprobs, and the plugin refused drafts that
-        cannot fill the budget) + its EAGLE lineage. Device-only."""
-        layout = build_ddtree(finite_logprobs(logprobs), tokens, roots, self.ddtree_budget)
+    def _ddtree_build(self, roots, logprobs, tokens, state=None):
+        """The entry's tree (its budget, all real nodes: finite_logprobs, and the plugin refused
+        drafts that cannot fill a budget) from the draft's top-K sliced to the entry's K (the
+        head keeps the largest K, sorted), + its EAGLE lineage. Device-only."""
+        state = state or self._ddtree_largest()
+        k = min(int(state.topk), int(tokens.shape[2]))
+        logprobs, tokens = logprobs[..., :k], tokens[..., :k]
+        layout = build_ddtree(finite_logprobs(logprobs), tokens, roots, state.budget)
         parent_list, top_scores_index, draft_tokens = eagle_lineage(layout, tokens)
         return layout, parent_list, top_scores_index, draft_tokens
 
     def _ddtree_verify_and_commit(
-        self, batch, draft_input, logprobs, tokens, window, on_publish, grammar_barrier=None
+        self, batch, draft_input, logprobs, tokens, window, on_publish, grammar_barrier=None,
+        state=None,
     ):
         from sglang.srt.managers.utils import GenerationBatchResult
         from sglang.srt.speculative.eagle_info import EagleDraftInput
@@ -424,12 +528,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
 
         bs = len(batch.seq_lens)
-        n = self.ddtree_verify_width
-        k = int(tokens.shape[2])
+        state = state or self._ddtree_select(batch)
+        n = state.width
         roots = draft_input.bonus_tokens.view(-1).to(torch.int64)
         layout, parent_list, top_scores_index, draft_tokens = self._ddtree_build(
-            roots, logprobs, tokens
+            roots, logprobs, tokens, state
         )
+        k = min(int(state.topk), int(tokens.shape[2]))
         # EAGLE's verify rebinds the batch's input ids, cache locs, spec_info and forward
         # mode; a shallow copy keeps the scheduler's batch as it was (UNO does the same).
         batch = copy.copy(batch)
@@ -443,7 +548,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             target_worker=self.target_worker,
             topk=k,
             # The CUDA builder's parent-list stride is k * (depth - 1) + 1 (ddtree_lineage).
-            num_steps=lineage_depth(n - 1, k, int(tokens.shape[1])),
+            num_steps=lineage_depth(state.budget, k, int(tokens.shape[1])),
             num_draft_tokens=n,
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,
@@ -466,6 +571,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         accept_lens = result.accept_lens  # committed tokens per request (root + accepted)
         new_seq_lens = result.new_seq_lens
         self._ddtree_count_offchain(result.accept_index, parent_list, top_scores_index, k)
+        counts = self._ddtree_counts[state.index]  # (steps, request-steps, committed tokens)
+        counts[0] += 1
+        counts[1] += bs
+        counts[2] += accept_lens.sum()
         if on_publish is not None:
             on_publish(new_seq_lens)
 
@@ -519,11 +628,21 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     # Reporting (/server_info internal_states; read on request, never in the decode step)
 
     def ddtree_internal_state(self) -> dict:
-        return {
+        report = {
             "ddtree_verify_width": int(self.ddtree_verify_width),
             "ddtree_worker_class": type(self).__name__,
             "ddtree_offchain_accepts": int(self._ddtree_offchain.item()),
         }
+        if len(self._ddtree_widths) > 1:
+            # Per schedule entry: its tree, the decode steps that ran it, and the mean tokens a
+            # request committed per step there (the bonus token and the accepted drafts).
+            counts = self._ddtree_counts.tolist()
+            report["ddtree_schedule"] = [
+                {"threshold": state.threshold, "budget": state.budget, "topk": state.topk,
+                 "verify_width": state.width, "steps": steps,
+                 "mean_accept_length": round(committed / rows, 4) if rows else None}
+                for state, (steps, rows, committed) in zip(self._ddtree_widths, counts)]
+        return report
 
 
 def add_ddtree_report(result, scheduler, *args, **kwargs):

@@ -45,6 +45,7 @@ CASES = [
     "worker_topk_method_two_ranks",
     "worker_builds_tree_input",
     "worker_tree_mamba_indices",
+    "worker_draft_runner_sized_by_block",
 ]
 # Run by scripts/gpu_check_series.sh with ``--device cuda`` (SGLang's CUDA tree kernels).
 GPU_CASES = [
@@ -59,6 +60,32 @@ GPU_CASES = [
     "greedy_kernel_matches_reference",
     "worker_builds_tree_input",
 ]
+
+
+def _models_dir():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent.parent / "tests" / "data" / "models"
+
+
+class _ModelsPath:
+    def __truediv__(self, name):
+        return _models_dir() / name
+
+
+_MODELS = _ModelsPath()
+
+
+def _v1_server_args(server_args_class, **kwargs):
+    """A ServerArgs of a v1 family's release (0.5.12 / 0.5.13) resolved on CPU: device "cpu"
+    first (DFlash's v1 resolution takes it), then "cuda" (construction touches no GPU)."""
+    last = None
+    for device in ("cpu", "cuda"):
+        try:
+            return server_args_class(device=device, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - try the next device
+            last = exc
+    raise last
 
 
 def _ancestors(parents: list[int], i: int) -> list[int]:
@@ -241,6 +268,11 @@ class _Probe:
             assert int(commit_lens[b]) == c and ncorrect[b] == c - 1
             assert int(new_bonus[b]) == emitted[c - 1]
             assert req.kv_committed_len == seq0[b] + c and req.spec_verify_ct == 1
+            # What the request owns after the commit is exactly its committed tokens' slots:
+            # one slot more and release_kv_cache would later free a slot the verify already
+            # gave back (or another request's).
+            assert req.kv_allocated_len == req.kv_committed_len, (
+                b, req.kv_allocated_len, req.kv_committed_len)
             assert int(batch.seq_lens[b]) == seq0[b] + c == int(batch.seq_lens_cpu[b])
             table = batch.req_to_token_pool.req_to_token[rows[b]].tolist()
             assert table[: seq0[b]] == prefix_table[b], "the prefix must not move"
@@ -260,6 +292,10 @@ class _Probe:
         ]
         # Every tree slot is either kept (on a committed path) or back in the allocator.
         free_after = set(batch.token_to_kv_pool_allocator.free_pages.tolist())
+        for b, req in enumerate(batch.reqs):
+            owned = batch.req_to_token_pool.req_to_token[rows[b], : req.kv_allocated_len].tolist()
+            assert len(set(owned)) == len(owned) and not set(owned) & free_after, (
+                "a request owns a freed or repeated KV slot", b, owned)
         tree_slots = set(loc)
         assert len(tree_slots) == bs * n
         assert free_after == (free_before - kept), "freed set differs"
@@ -955,6 +991,68 @@ class _Probe:
         assert vi.positions.tolist() == [p + d for p, row in zip([6, 9], depth) for d in row]
         vi.prepare_for_verify(batch, 1)
         assert batch.out_cache_loc.numel() == 2 * (budget + 1)
+
+    def worker_draft_runner_sized_by_block(self):
+        """The patched DFlashWorker.__init__ (tree mode), run to where the draft is loaded:
+        the draft runner (TpModelWorker) is built for the DRAFT block, not the target's verify
+        width, and the worker's block is the draft block. STAND-INS: the target worker (the
+        attributes __init__ reads), the draft TpModelWorker (records its server args and
+        returns a draft runner of the real draft config), and _resolve_mask_token_id, where
+        the probe stops (a tokenizer follows)."""
+        import types
+
+        from sglang.srt.speculative import dflash_worker
+        from sglang.srt.server_args import ServerArgs
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        from sglang.srt.utils.hf_transformers_utils import get_config
+
+        models = _MODELS
+        args = _v1_server_args(ServerArgs, model_path=str(models / "tiny-llama"),
+                               speculative_algorithm="DDTREE",
+                               speculative_draft_model_path=str(models / "tiny-dflash-draft"),
+                               speculative_ddtree_budget=24, speculative_dflash_block_size=8,
+                               skip_tokenizer_init=True)
+        assert (args.speculative_num_draft_tokens, args.speculative_dflash_block_size) == (25, 8)
+        seen = {}
+
+        class DraftWorker:  # STAND-IN for TpModelWorker
+            def __init__(self, *, server_args, **kwargs):
+                seen["draft_args"] = server_args
+                seen["is_draft_worker"] = kwargs.get("is_draft_worker")
+                hf = get_config(str(models / "tiny-dflash-draft"), trust_remote_code=False)
+                self.model_runner = types.SimpleNamespace(
+                    model_config=types.SimpleNamespace(hf_config=hf),
+                    model=types.SimpleNamespace(block_size=None))
+
+        class Stop(Exception):
+            pass
+
+        def stop(worker, **kwargs):
+            seen["block_size"] = worker.block_size
+            raise Stop
+
+        target = types.SimpleNamespace(
+            model_runner=types.SimpleNamespace(
+                spec_algorithm=SpeculativeAlgorithm.from_string("DDTREE"),
+                model_config=types.SimpleNamespace(context_len=2048), memory_pool_config=None),
+            get_memory_pool=lambda: (None, None), device="cpu")
+        dflash_worker.set_global_server_args_for_scheduler(args)  # as the scheduler has it
+        saved = (dflash_worker.TpModelWorker, dflash_worker.DFlashWorker._resolve_mask_token_id)
+        dflash_worker.TpModelWorker = DraftWorker
+        dflash_worker.DFlashWorker._resolve_mask_token_id = stop
+        try:
+            dflash_worker.DFlashWorker(args, gpu_id=0, tp_rank=0, dp_rank=None, moe_ep_rank=0,
+                                       attn_cp_rank=0, moe_dp_rank=0, nccl_port=0,
+                                       target_worker=target)
+        except Stop:
+            pass
+        finally:
+            dflash_worker.TpModelWorker, dflash_worker.DFlashWorker._resolve_mask_token_id = saved
+        assert seen["is_draft_worker"] is True
+        assert seen["draft_args"].speculative_num_draft_tokens == 8, (
+            "the draft runner is sized by", seen["draft_args"].speculative_num_draft_tokens)
+        assert args.speculative_num_draft_tokens == 25  # the target's own args untouched
+        assert seen["block_size"] == 8, seen["block_size"]
 
     def worker_tree_mamba_indices(self):
         """The worker's recurrent-state commit reads tree indices, not commit_len - 1."""

@@ -200,6 +200,26 @@ def test_every_configuration_is_checked(dry):
     assert all("distinct draft prefixes" in r["detail"] for r in refused[1:])
 
 
+def test_a_budget_schedule_runs_every_width_through_the_real_worker(dry):
+    # The plugin's own resolution (its rules on an H200's memory here), then per entry the
+    # payload's worker picking it for a batch of its threshold, its tree through the kernel
+    # checks and its mask through Triton's extend attention (graphs: CUDA only).
+    _, report, _ = dry
+    resolved = _named(report, "the plugin resolves the budget schedule")
+    assert len(resolved) == 1 and resolved[0]["status"] == "PASS", resolved
+    assert "max_running_requests = " in resolved[0]["detail"]
+    assert "decode reserve per entry" in resolved[0]["detail"]
+    assert "recurrent states per request" in resolved[0]["detail"]  # ddtree_hybrid's rule
+    widths = _named(report, "schedule width ")
+    assert [r["check"].split(":")[0] for r in widths] == [
+        "schedule width 9", "schedule width 7", "schedule width 5"], widths
+    assert all(r["status"] == "PASS" and "the worker's entry" in r["check"] for r in widths)
+    attention = [r for r in _named(report, "Triton extend attention") if "schedule entry" in
+                 r["check"]]
+    assert len(attention) == 3 and all(r["status"] == "PASS" for r in attention), attention
+    assert "no mask (the tree is a chain)" in attention[-1]["detail"]
+
+
 def test_the_hybrid_kernels_tree_path_is_checked_in_the_interpreter(dry):
     run, report, _ = dry
     hybrid = _hybrid_script()

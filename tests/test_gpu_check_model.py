@@ -9,9 +9,8 @@
 - The transcription's faults: a parent id found nowhere, a group outside the request's row, a
   cycle (the kernel would loop forever), a sibling cycle in the walk; raised for the stand-ins,
   recorded for the GPU check; C integer semantics.
-- ddtree.py repeats a few lines of the worker's step (payload/ddtree_worker_v2.py imports
-  SGLang); they are pinned to the worker's source, and the worker's own ``topk`` /
-  ``num_steps`` expressions are evaluated against the check's for every configuration.
+- The check runs the payload's own worker, plugin and hybrid modules (real_payload: named
+  stand-ins for the SGLang they import); a worker defect fails it.
 - The batch-0 host check describes a size-1 batch's stride as SGLang's matcher treats it.
 - csrc/shim/dlpack/dlpack.h (ours) has DLPack's values (compared with a real dlpack.h when
   one is installed: apache-tvm-ffi ships one).
@@ -129,37 +128,63 @@ def test_our_jit_flags_are_sglang_s(sources):
             "-gencode=arch=compute_90a,code=sm_90a"] == cmd[1:6]
 
 
-def test_the_worker_step_lines_the_check_repeats_are_the_worker_s():
-    worker = (dd.payload_dir() / "ddtree_worker_v2.py").read_text()
-    for line in dd.WORKER_LINES:
-        assert line in worker, (line, "update scripts/ddtree_gpu_check/ddtree.py to the worker")
-
-
-def _worker_verify_call():
-    """The keyword expressions of the worker's build_eagle_verify_input call, and the
-    assignments before it in the same function (payload/ddtree_worker_v2.py)."""
-    tree = ast.parse((dd.payload_dir() / "ddtree_worker_v2.py").read_text())
-    fn = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
-              and node.name == "_ddtree_verify_and_commit")
-    call = next(node for node in ast.walk(fn) if isinstance(node, ast.Call)
-                and getattr(node.func, "id", None) == "build_eagle_verify_input")
-    assigned = {node.targets[0].id: ast.unparse(node.value) for node in fn.body
-                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
-    return {kw.arg: ast.unparse(kw.value) for kw in call.keywords}, assigned
-
-
-def test_the_worker_s_topk_and_num_steps_are_the_check_s_for_every_configuration():
+def test_the_check_runs_the_payloads_own_worker_plugin_and_hybrid():
+    # No repeated worker lines: the check imports the payload files themselves (real_payload,
+    # under their installed names) and takes the verify arguments from the worker's own call.
+    mods = dd.real()
+    for name in ("ddtree_worker_v2", "ddtree_v2_plugin", "ddtree_hybrid", "ddtree_schedule"):
+        assert Path(getattr(mods, name).__file__) == dd.payload_dir() / f"{name}.py", name
     import ddtree_lineage as dl
 
-    keywords, assigned = _worker_verify_call()
-    assert assigned["n"] == "self.ddtree_verify_width" and assigned["k"] == "int(tokens.shape[2])"
-    for cfg in dd.configs() + dd.configs(small=True):
-        tokens = torch.zeros(1, cfg.block - 1, cfg.topk, dtype=torch.long)
-        scope = {"int": int, "tokens": tokens, "lineage_depth": dl.lineage_depth, "n": cfg.n,
-                 "k": int(tokens.shape[2])}
-        worker = (eval(keywords["topk"], scope), eval(keywords["num_steps"], scope))  # noqa: S307
-        assert worker == dd.worker_tree_args(dl, tokens, cfg.n), cfg
-        assert eval(keywords["num_draft_tokens"], scope) == cfg.n  # noqa: S307
+    for cfg in dd.configs(small=True):
+        inputs = dd.make_inputs(cfg, torch.device("cpu"), vocab=64, hidden=16, seed=1)
+        call = dd.worker_call(inputs, cfg)
+        assert (call["topk"], call["depth"], call["n"]) == (
+            cfg.topk, dl.lineage_depth(cfg.budget, cfg.topk, cfg.drafted), cfg.n), cfg
+        assert call["parent_list"].shape == (cfg.batch, cfg.topk * (call["depth"] - 1) + 1), cfg
+
+
+def test_a_worker_defect_fails_the_check(tmp_path):
+    # What the issue found: every worker defect passed the check that repeated the worker's
+    # lines. With the worker imported, a verify call one lineage level short (the old depth-L
+    # width, mutant W01) fails the tree check in its CPU path (the transcription's guard).
+    import shutil
+
+    copy = tmp_path / "payload"
+    shutil.copytree(dd.payload_dir(), copy)
+    worker = copy / "ddtree_worker_v2.py"
+    line = "num_steps=lineage_depth(state.budget, k, int(tokens.shape[1])),"
+    text = worker.read_text()
+    assert text.count(line) == 1
+    worker.write_text(text.replace(line, "num_steps=int(tokens.shape[1]),"))
+    from ddtree_gpu_check import real_payload
+
+    cfg = dd.configs(small=True)[1]  # budget 256: lineage depth 33, draft depth 15
+    ctx = checks_tree.Context(torch.device("cpu"), None, "not built here", None, None)
+    try:
+        mutated = real_payload.load(copy)
+        ctx.utils, ctx.lineage = mutated.ddtree_utils, mutated.ddtree_lineage
+        report = _Report()
+        real = dd.real
+        dd.real = lambda: mutated
+        try:
+            checks_tree.check_config(report, ctx, cfg, seed=1)
+        finally:
+            dd.real = real
+    finally:
+        real_payload.load(dd.payload_dir())  # the checkout's payload again
+    (status, name, detail), = report.records
+    assert status == "FAIL", detail
+    assert "host check" in detail, detail
+
+
+class _Report:
+    def __init__(self):
+        self.records = []
+
+    def record(self, status, name, detail=""):
+        self.records.append((status, name, detail))
+        return status == "PASS"
 
 
 def test_the_plugin_bounds_are_read_from_its_source():

@@ -17,8 +17,11 @@ Three layers:
    same float64 model (requests finishing mid-path), the committed recurrent state after every
    step == a sequential run over the consumed tokens (GDN: also the prefix cache's track slot at
    every interval crossing), and the negative control (DFlash's chain
-   commit, ``accept_len - 1``) leaving greedy; the draft's backends built under topk 1; the
-   memory term through SGLang's own argument resolution.
+   commit, ``accept_len - 1``) leaving greedy; each run under a budget schedule of two entries
+   (GDN: widths 11 and the chain's 5; KDA: 11 and 7; Mamba2: one width, two top-Ks), the commit
+   seen at both;
+   Mamba2 at two widths shown wrong (why ddtree_hybrid refuses it); the draft's backends built
+   under topk 1; the memory term through SGLang's own argument resolution.
 
 NAMED STAND-INS: see tests/v2_hybrid_probe.py (the target forward TinyHybrid, the
 full-attention backend slot, the prefill, the track grid, the CUDA-only host lines on the way to
@@ -164,6 +167,20 @@ SOURCE_FACTS = {
          "sglang/kernels/ops/attention/fla/fused_sigmoid_gating_recurrent.py"],
         [r"if step_idx != 0 and cache_idx >= 0:",
          r"step_offset = parent_step_idx \* HV \* K \* V"]),
+    # A budget schedule's narrower widths: the GDN/KDA kernel strides the pool's intermediate
+    # states by the pool's own pitch (every width exact) ...
+    "recurrent_kernel_strides_by_the_pool": (
+        ["sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py",
+         "sglang/kernels/ops/attention/fla/fused_sigmoid_gating_recurrent.py"],
+        [r"cache_stride_steps = intermediate_states_buffer\.stride\(0\) // \(HV \* K \* V\)"]),
+    # ... Mamba2's by the step's width (cache_steps = draft_token_num): ddtree_hybrid refuses
+    # several widths for Mamba2 (the probe's mamba2_widths case shows the wrong state).
+    "mamba2_ssm_strides_by_the_step_width": (
+        ["sglang/srt/layers/attention/mamba/mamba.py"],
+        [r"cache_steps=draft_token_num,"]),
+    "mamba2_ssm_kernel_offset": (
+        ["sglang/kernels/ops/mamba/triton_ops/mamba_ssm.py"],
+        [r"\+ cache_idx \* cache_steps \* nheads \* dim \* dstate"]),
     # The negative control: DFlash's own commit takes the chain step.
     "dflash_commit_is_the_chain_step": (
         ["sglang/srt/speculative/dflash_worker_v2.py"],

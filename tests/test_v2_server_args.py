@@ -104,6 +104,22 @@ CASES = {
                          "LightningAttentionBackend has no tree path"),
     "hybrid-short-conv": ({"model": "tiny-lfm2", "disable_radix_cache": True},
                           "(Lfm2Config, short convolution): SGLang's ShortConvAttnBackend has no tree path"),
+    # Every refused kind from a tiny real config (issue 30, 4): Mamba-1 (and Falcon-Mamba) must
+    # not be served as Mamba2, Inkling's short convolution, a registered linear attention.
+    "hybrid-mamba1": ({"model": "tiny-mamba", "disable_radix_cache": True},
+                      "(MambaConfig, Mamba-1): SGLang's Mamba2AttnBackend (MambaMixer1) has no tree "
+                      "path (MambaMixer1 has no speculative target-verify path)"),
+    "hybrid-falcon-mamba": ({"model": "tiny-falcon-mamba", "disable_radix_cache": True},
+                            "(FalconMambaConfig, Mamba-1): SGLang's Mamba2AttnBackend (MambaMixer1) "
+                            "has no tree path"),
+    "hybrid-inkling": ({"model": "tiny-inkling", "disable_radix_cache": True},
+                       "(InklingModelConfig, Inkling short convolution): SGLang's "
+                       "InklingShortConvAttnBackend has no tree path"),
+    # (A STAND-IN registration: register_linear_attn_model, as an out-of-tree model would call
+    # it, for configs carrying the probe's marker; see _register_linear_attn.)
+    "hybrid-registered": ({"model": "tiny-registered-linear", "disable_radix_cache": True},
+                          "(LlamaConfig, registered linear attention): SGLang's "
+                          "register_linear_attn_model() backend has no tree path"),
     "hybrid-kda-flashinfer-verify": ({"model": "tiny-kimi-linear", "disable_radix_cache": True,
                                      "linear_attn_verify_backend": "flashinfer"},
                                     "(KimiLinearConfig, Kimi Delta Attention): the KDA verify backend "
@@ -117,6 +133,100 @@ CASES = {
     "width-flag-mismatch": ({"speculative_num_draft_tokens": 16}, "--speculative-num-draft-tokens is the verify width"),
     "eagle-topk-mismatch": ({"speculative_eagle_topk": 2}, "use --speculative-ddtree-topk"),
     "disaggregation": ({"disaggregation_mode": "decode"}, "does not support prefill/decode disaggregation"),
+    # EAGLE-family verify options that would change what DDTREE samples, or DFlash machinery the
+    # tree worker does not carry: refused at resolution, before any model loads (issue 30, 3).
+    "rejection-sampling": ({"speculative_use_rejection_sampling": True},
+                           "--speculative-use-rejection-sampling is EAGLE's top-K 1 chain sampler"),
+    "accept-threshold-single": ({"speculative_accept_threshold_single": 0.6},
+                                "--speculative-accept-threshold-single 0.6 would accept draft "
+                                "tokens by a threshold"),
+    "accept-threshold-acc": ({"speculative_accept_threshold_acc": 0.5},
+                             "--speculative-accept-threshold-acc 0.5 would accept draft tokens"),
+    "draft-window": ({"speculative_draft_window_size": 64},
+                     "--speculative-draft-window-size 64 (DFlash's compact draft cache) is not "
+                     "supported"),
+    # (SGLang's own check, before DDTREE's: a sink needs a window, which DDTREE refuses above.)
+    "draft-sink": ({"speculative_draft_sink_size": 4}, "requires --speculative-draft-window-size"),
+    "dp-attention": ({"enable_dp_attention": True, "dp_size": 2, "tp_size": 2,
+                      "enable_dp_lm_head": True},
+                     "DDTREE does not support data-parallel attention"),
+    # (A STAND-IN platform fact: ROCm, where EAGLE's verify commits the argmax when sampling.)
+    "rocm": ({"_platform": {"is_hip": True}}, "DDTREE is not supported on ROCm"),
+    "selector-draft": ({"draft": "tiny-dflash2-draft"},
+                       "is a DFlash2DraftModel (a candidate-selector head)"),
+    "lilicorr-draft": ({"draft": "tiny-lilicorr-draft"},
+                       "is a LiLiCorrDraftModel (a LiLiCorr reranking head)"),
+    "domino-draft": ({"draft": "tiny-domino-draft"}, "is a Domino draft (projector_type domino)"),
+    # (SGLang's generic check, which DDTREE does not pass: refused by SGLang in one line.)
+    "block-verification": ({"speculative_use_block_verification": True},
+                           "--speculative-use-block-verification only supports"),
+    # The budget schedule (issue 30, 1): every entry held to the ABI and the memory rule.
+    "schedule-unsorted": ({"speculative_ddtree_budget_schedule": "1:64/8,32:16/2,8:32/4"},
+                          "entry '8:32/4': its batch threshold 8 comes after 32: thresholds must "
+                          "rise; use --speculative-ddtree-budget-schedule 1:64/8,8:32/4,32:16/2"),
+    "schedule-duplicate": ({"speculative_ddtree_budget_schedule": "1:64,8:32,8:16"},
+                           "entry '8:16': repeats the batch threshold 8; use "
+                           "--speculative-ddtree-budget-schedule 1:64/8,8:32/8"),
+    "schedule-first": ({"speculative_ddtree_budget_schedule": "4:64,16:16"},
+                       "entry '4:64': the first entry starts at batch 4"),
+    "schedule-garbage": ({"speculative_ddtree_budget_schedule": "1:64,x"},
+                         "entry 'x': is not THRESHOLD:BUDGET[/TOPK] or THRESHOLD:chain"),
+    "schedule-too-many": ({"speculative_ddtree_budget_schedule":
+                           ",".join(f"{t}:{b}" for t, b in zip(range(1, 10), range(64, 15, -6)))},
+                          "a schedule holds at most 8 entries"),
+    "schedule-abi-width": ({"speculative_ddtree_budget_schedule": "1:1024,8:64"},
+                           "entry '1:1024/8': its verify width is over the 1024 SGLang's CUDA "
+                           "tree builder takes; use --speculative-ddtree-budget-schedule "
+                           "1:1023/8,8:64/8"),
+    "schedule-abi-capacity": ({"speculative_ddtree_budget_schedule": "1:64/2,8:5",
+                               "speculative_dflash_block_size": 6},
+                              "entry '1:64/2': budget 64 exceeds the distinct draft prefixes that "
+                              "top-K 2 and the draft block 6 allow (EAGLE's CUDA tree verify "
+                              "carries no padding); use --speculative-ddtree-budget-schedule "
+                              "1:62/2,8:5/5"),
+    "schedule-block": ({"speculative_ddtree_budget_schedule": "1:64,8:8/2"},
+                       "entry '8:8/2': the draft block 16 exceeds its verify width 9"),
+    "schedule-unreached": ({"speculative_ddtree_budget_schedule": "1:64,64:chain",
+                            "max_running_requests": 48},
+                           "entry '64:15/1': it starts at batch 64, above --max-running-requests "
+                           "48, so it would never run; use --speculative-ddtree-budget-schedule 1:64/8"),
+    "schedule-with-budget": ({"speculative_ddtree_budget_schedule": "1:64", "speculative_ddtree_budget": 32},
+                             "--speculative-ddtree-budget 32 and --speculative-ddtree-budget-schedule"),
+    "schedule-memory": (dict(_H200, speculative_ddtree_budget_schedule="1:256/8,16:64/4"),
+                        "entry '1:256/8': budget 256 x vocab 151936 fits 14 requests' verify "
+                        "buffers"),
+    "schedule-memory-explicit": (dict(_H200, speculative_ddtree_budget_schedule="1:128/8,8:64/4",
+                                      max_running_requests=64),
+                                 "entry '8:64/4': budget 64 x vocab 151936 fits 57 requests' verify "
+                                 "buffers (half the memory left outside --mem-fraction-static), but "
+                                 "the entry serves up to --max-running-requests 64"),
+    # Accepted schedules: the widths, the caps per entry, max_running_requests.
+    "schedule": ({"speculative_ddtree_budget_schedule": "1:128/8,8:64/4,32:16/2,64:chain"},
+                 {"speculative_ddtree_budget": 128, "speculative_num_draft_tokens": 129,
+                  "speculative_eagle_topk": 8, "speculative_ddtree_topk": 8,
+                  "speculative_ddtree_budget_schedule": "1:128/8,8:64/4,32:16/2,64:15/1",
+                  "max_running_requests": 64}),
+    "schedule-h200": (dict(_H200, speculative_ddtree_budget_schedule="1:128/8,8:64/4,32:16/2,64:chain"),
+                      {"speculative_ddtree_budget_schedule": "1:128/8,8:64/4,32:16/2,64:15/1",
+                       "max_running_requests": 64}),
+    "schedule-h200-cap": (dict(_H200, speculative_ddtree_budget_schedule="1:512/8,2:256/8"),
+                          {"max_running_requests": 14, "speculative_num_draft_tokens": 513}),
+    "schedule-hybrid": ({"model": "tiny-qwen3-next", "disable_radix_cache": True,
+                         "speculative_ddtree_budget_schedule": "1:32/4,4:chain"},
+                        {"speculative_num_draft_tokens": 33, "speculative_eagle_topk": 4,
+                         "speculative_ddtree_budget_schedule": "1:32/4,4:15/1"}),
+    # Mamba2 at several widths: its mixer strides the SSM states by the step's width.
+    "schedule-hybrid-mamba2": ({"model": "tiny-nemotron-h", "disable_radix_cache": True,
+                                "speculative_ddtree_budget_schedule": "1:32/4,4:16/2"},
+                               "(NemotronHConfig, Mamba2): a budget schedule of several verify "
+                               "widths (17, 33): SGLang's MambaMixer2 strides the intermediate SSM "
+                               "states by the step's width"),
+    "schedule-hybrid-mamba2-one-width": ({"model": "tiny-nemotron-h", "disable_radix_cache": True,
+                                          "speculative_ddtree_budget_schedule": "1:32/4,4:32/2"},
+                                         {"speculative_num_draft_tokens": 33,
+                                          "speculative_ddtree_budget_schedule": "1:32/4,4:32/2"}),
+    # What SGLang itself turns off for a non-EAGLE algorithm, with a log line: harmless.
+    "adaptive-off": ({"speculative_adaptive": True}, {"speculative_adaptive": False}),
 }
 
 
@@ -223,6 +333,10 @@ def test_ddtree_refuses_with_one_line(resolved, name):
     assert got["type"] == "ValueError"
     assert "\n" not in got["error"].strip(), got["error"]
     assert CASES[name][1] in got["error"], got["error"]
+    # A schedule refusal names a schedule that works: the probe resolved it the same way.
+    if "use --speculative-ddtree-budget-schedule" in got["error"]:
+        assert "suggestion" in got, got["error"]
+        assert "error" not in got["suggestion"], got["suggestion"]
 
 
 def test_ddtree_is_dflash_everywhere_but_its_own_decisions(resolved):
@@ -320,6 +434,7 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
     from sglang.srt.utils import common
 
     measured = common.get_device_memory_capacity
+    _register_linear_attn()
     for name, overrides in json.loads(cases_json).items():
         overrides = dict(overrides)
         device_mib = overrides.pop("_device_memory_mib", None)
@@ -328,7 +443,8 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
             measured if device_mib is None else (lambda device=None, _m=device_mib: _m))
         kwargs = dict(model_path=str(models / overrides.pop("model", "tiny-llama")),
                       speculative_algorithm="DDTREE",
-                      speculative_draft_model_path=str(models / "tiny-dflash-draft"),
+                      speculative_draft_model_path=str(models / overrides.pop(
+                          "draft", "tiny-dflash-draft")),
                       device="cuda", skip_tokenizer_init=True)
         kwargs.update(overrides)
         # STAND-IN platform facts (the GPU generation SGLang's own checks ask about).
@@ -339,12 +455,25 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
                 args.resolve_once()
         except Exception as exc:  # the refusal, as the launcher would print it
             out[name] = {"type": type(exc).__name__, "error": str(exc)}
+            works = str(exc).rpartition("use --speculative-ddtree-budget-schedule ")[2]
+            if works != str(exc):  # the schedule the refusal names, resolved the same way
+                kwargs["speculative_ddtree_budget_schedule"] = works.strip().rstrip(".")
+                try:
+                    with override_platform(**kwargs.pop("_platform", {})):
+                        again = ServerArgs(**kwargs)
+                        again.resolve_once()
+                    out[name]["suggestion"] = {"schedule": kwargs[
+                        "speculative_ddtree_budget_schedule"], "resolved": again.resolved_dict()[
+                        "speculative_ddtree_budget_schedule"]}
+                except Exception as exc2:  # noqa: BLE001
+                    out[name]["suggestion"] = {"schedule": works, "error": str(exc2)}
             continue
         fields = args.resolved_dict()
         keep = ("speculative_algorithm", "speculative_ddtree_budget", "speculative_ddtree_topk",
                 "speculative_num_draft_tokens", "speculative_eagle_topk", "speculative_num_steps",
                 "speculative_dflash_block_size", "disable_overlap_schedule", "enable_mixed_chunk",
-                "attention_backend", "max_running_requests", "mem_fraction_static")
+                "attention_backend", "max_running_requests", "mem_fraction_static",
+                "speculative_ddtree_budget_schedule", "speculative_adaptive")
         result = {"fields": {k: fields.get(k) for k in keep}}
         if fields["speculative_algorithm"] == "DDTREE":
             result.update(_ddtree_facts(args, plugin, get_spec, publish))
@@ -355,6 +484,23 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
         out["_report_hook"] = _probe_report_hook(models)
         out["_no_marker"] = _probe_no_marker(models)
     return out
+
+
+def _register_linear_attn() -> None:
+    """An out-of-tree linear-attention model, registered the way SGLang documents
+    (``register_linear_attn_model``): Llama configs carrying the marker of the
+    tiny-registered-linear folder, on the KDA backend's class name."""
+    from sglang.srt.configs.linear_attn_model_registry import (
+        LinearAttnModelSpec,
+        register_linear_attn_model,
+    )
+    from transformers import LlamaConfig
+
+    register_linear_attn_model(LinearAttnModelSpec(
+        config_class=LlamaConfig,
+        backend_class_name="sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend",
+        config_predicate=lambda config: bool(getattr(config, "ddtree_test_registered_linear_attn",
+                                                     False))))
 
 
 def _ddtree_facts(args, plugin, get_spec, publish) -> dict:

@@ -42,7 +42,14 @@ Two layers:
      the control: the same run with a sampling walk that draws the bonus without the residual
      is rejected by the same statistics;
    - no host sync: the tree build + lineage + off-chain counter make no .item()/.tolist()/
-     .cpu() call; the /server_info report hook; the top-K head as the draft graph calls it.
+     .cpu() call; the /server_info report hook; the top-K head as the draft graph calls it;
+   - a budget schedule (issue 30): requests join and finish under the overlap schedule so the
+     batch crosses every threshold both ways (the width changing mid-request), each step at
+     the entry of its batch and inside the KV reserved for it, the per-entry report exact;
+     the negative control reusing the previous step's width state fails; the per-width CUDA
+     graph states built and swapped (stand-in graph runner); the off-chain counter where
+     ranks and parent indices differ; the draft's host planning bound as FlashInfer reads it
+     (every decode run); the sampling law at two widths, two targets, with its resolution.
 
 NAMED STAND-INS (see tests/v2_worker_probe.py and tests/v2_kernel_standins.py): the
 ``sgl_kernel`` CPU ops on this path (tree builder, greedy walk, cache-loc gathers, bonus fill;

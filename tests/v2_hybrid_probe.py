@@ -47,7 +47,7 @@ import traceback
 TAG = "V2HYBRID:"
 KIND_CASES = ("gdn", "kda", "mamba2")
 CASES = tuple(f"{kind}_lossless" for kind in KIND_CASES) + (
-    "draft_scope", "refusals", "memory", "memory_resolution")
+    "mamba2_widths", "draft_scope", "refusals", "memory", "memory_resolution")
 
 # How close the committed recurrent state must be to the float64 sequential run (the kernels
 # accumulate in float32; a wrong node's state is off by O(1)).
@@ -351,6 +351,8 @@ def make_harness():
             self.budget = self.topk = None
             self.chain_commit = False  # the negative control: commit accept_len - 1
             self.off_node_commits = 0  # steps where the accepted node != the chain step
+            self.widths = set()  # the verify widths the commit ran at
+            self.topks = set()  # and the trees' top-K
             self.state_checks = 0
             # The prefix cache's interval-crossing state (mamba_track_indices): each request
             # gets a track slot, and a crossing of TRACK_INTERVAL must leave there the state
@@ -402,14 +404,14 @@ def make_harness():
             self.kind.write_pool_state(rtp.mamba_pool, slot, got["states"][len(prompt)])
             return got["logits"]
 
-        def worker(self, target, budget, topk, block, rtp, kv, alloc):
+        def worker(self, target, budget, topk, block, rtp, kv, alloc, entries=None):
             from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
                 HybridLinearAttnBackend,
             )
             from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
             from sglang.srt.runtime_context import get_spec
 
-            w = super().worker(target, budget, topk, block, rtp, kv, alloc)
+            w = super().worker(target, budget, topk, block, rtp, kv, alloc, entries=entries)
             runner = w.model_runner
             runner.token_to_kv_pool = alloc.get_kvcache()  # the HybridLinearKVPool
             runner.model_config = _hybrid_model_config(vp, target, self.kind)
@@ -428,11 +430,11 @@ def make_harness():
             w._target_worker = HybridTargetWorker(runner, target,
                                                   self.kind.layer(rec_id, target.w[rec_id]))
             w._need_mamba_verify_commit = True  # DFlash's chain commit, for the control
-            self._install_commit(w, budget + 1)
+            self._install_commit(w)
             self._install_state_check(w, target, rtp)
             return w
 
-        def _install_commit(self, w, n):
+        def _install_commit(self, w):
             """Count the steps where the accepted node is not the chain step; in the negative
             control, commit DFlash's way instead (its _update_target_mamba_state_after_verify:
             the state of step accept_len - 1)."""
@@ -444,7 +446,9 @@ def make_harness():
 
             def commit(target_worker, batch, accept_lens, accept_index, draft_token_num,
                        *args, **kwargs):
-                bs = accept_lens.shape[0]
+                bs, n = accept_lens.shape[0], int(draft_token_num)  # this step's width
+                harness.widths.add(n)
+                harness.topks.add(int(batch.spec_info.topk))
                 last = accept_index[torch.arange(bs), accept_lens.long() - 1] - torch.arange(bs) * n
                 harness.off_node_commits += int((last != accept_lens.long() - 1).sum())
                 if harness.chain_commit:
@@ -523,8 +527,16 @@ def _lossless(kind_name):
 
         h.track = True
         spec_utils.mamba_track_grid = lambda page_size: TRACK_INTERVAL
-    reqs, steps, accepts, w = vp.run_decode(h, target, draft, prompts, max_new, budget=10,
-                                            topk=3, block=5, via_forward=True)
+    # Two widths: three running requests verify budget 6 / top-2 (width 7), fewer budget 10 /
+    # top-3 (width 11); the pools and the recurrent backend are built for the largest entry
+    # (h.budget, h.topk), as resolution declares them.
+    schedule = HYBRID_SCHEDULES[kind_name]
+    reqs, steps, accepts, w = vp.run_decode(h, target, draft, prompts, max_new, budget=None,
+                                            topk=None, block=5, via_forward=True,
+                                            schedule=schedule)
+    widths = {entry.budget + 1 for entry in w.ddtree_entries}
+    assert h.widths == widths and h.topks == {entry.topk for entry in w.ddtree_entries}, (
+        "the recurrent commit did not run at every entry", h.widths, h.topks)
     assert h.track_checks >= 1 or not h.track, "no step crossed a track interval"
     # Tokens == greedy (checked per request by the loop), the state after every step checked.
     assert h.state_checks >= steps, (h.state_checks, steps)
@@ -540,8 +552,8 @@ def _lossless(kind_name):
     # accept_len - 1) instead of the accepted node. The tokens must leave plain greedy.
     h2 = HybridHarness(kind_name)
     h2.budget, h2.topk, h2.chain_commit = 10, 3, True
-    reqs2, _, _, _ = vp.run_decode(h2, target, draft, prompts, max_new, budget=10, topk=3,
-                                   block=5, via_forward=True, check=False)
+    reqs2, _, _, _ = vp.run_decode(h2, target, draft, prompts, max_new, budget=None, topk=None,
+                                   block=5, via_forward=True, check=False, schedule=schedule)
     wrong = [list(r.output_ids) for r in reqs2]
     assert wrong != greedy, "committing accept_len - 1 left the tokens greedy: the test is blind"
     first = min(next(i for i, (a, b) in enumerate(zip(g, x)) if a != b)
@@ -554,6 +566,36 @@ def _lossless(kind_name):
 
 
 MAX_NEW = {"gdn": [6, 17, 11], "kda": [6, 17, 11], "mamba2": [14, 15, 12]}
+# The budget schedules of the lossless runs (three running requests: the second entry, fewer:
+# the first); the largest entry is what the pools hold (10, 3) and the backend is built under
+# (top-K 3: its tree path on). GDN at two widths with the chain (11, and 5 at top-K 1: a chain
+# through the tree path), KDA at two widths (11, 7); Mamba2 at one width and two top-Ks, since
+# its mixer strides the intermediate states by the step's width (ddtree_hybrid refuses several
+# widths; case_mamba2_widths shows why).
+HYBRID_SCHEDULES = {"gdn": "1:10/3,3:chain", "kda": "1:10/3,3:6/2", "mamba2": "1:10/3,3:10/2"}
+
+
+def case_mamba2_widths(_):
+    """Why DDTREE refuses a Mamba2 target a schedule of several widths: SGLang's MambaMixer2
+    hands selective_state_update cache_steps = the step's width while the pool's intermediate
+    states are laid out at the largest; the same run as mamba2_lossless at two widths (11, 7)
+    commits a wrong SSM state at the narrower one (the state check fails)."""
+    vp, HybridHarness = make_harness()
+    h = HybridHarness("mamba2")
+    torch = h.torch
+    target = _tiny_hybrid_class(vp)(torch, h.kind, seed=1)
+    draft = target.perturbed(0.03, seed=2)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, target.vocab, (m,), generator=gen).tolist() for m in (4, 9, 13)]
+    h.budget, h.topk = 10, 3
+    try:
+        vp.run_decode(h, target, draft, prompts, MAX_NEW["mamba2"], budget=None, topk=None,
+                      block=5, via_forward=True, schedule="1:10/3,3:6/2")
+    except AssertionError as exc:
+        assert "ssm state of request row" in str(exc), exc
+        return {"refused_because": str(exc)[:200]}
+    raise AssertionError("Mamba2 at two widths kept every state: ddtree_hybrid's refusal of "
+                         "several widths is no longer needed (drop it)")
 
 
 def case_gdn_lossless(_):

@@ -35,6 +35,8 @@ import sys
 
 TAG = "V2PROBE:"
 CASES = ("greedy_lossless", "overlap_lossless", "page16_lossless", "grammar_lossless",
+         "schedule_lossless", "schedule_stale_width_control", "verify_states",
+         "offchain_counter",
          "sampling_law", "sampling_control", "no_host_sync", "report", "topk_head")
 
 
@@ -69,6 +71,8 @@ class TinyTarget:
         torch = self.torch
         other = type(self).__new__(type(self))
         other.__dict__.update(self.__dict__)
+        other.__dict__.pop("_prefill_memo", None)
+        other.__dict__.pop("_causal_memo", None)
         g = torch.Generator().manual_seed(seed)
         noise = lambda t: t + torch.randn(t.shape, generator=g, dtype=t.dtype) * scale  # noqa
         other.emb, other.head = noise(self.emb), noise(self.head)
@@ -77,7 +81,15 @@ class TinyTarget:
 
     # -- plain causal forward (the sequential reference) --------------------------------
     def causal(self, ids):
-        """ids list -> (logits [T, V], hidden [T, H]) with full causal attention."""
+        """ids list -> (logits [T, V], hidden [T, H]) with full causal attention (memoised:
+        the sampling cases ask for the same few sequences thousands of times)."""
+        memo = self.__dict__.setdefault("_causal_memo", {})
+        key = tuple(int(i) for i in ids)
+        if key not in memo:
+            memo[key] = self._causal(key)
+        return memo[key]
+
+    def _causal(self, ids):
         torch = self.torch
         t = len(ids)
         x = self.emb[torch.tensor(ids)] + self.pos[:t]
@@ -100,6 +112,35 @@ class TinyTarget:
         return x + torch.tanh(x @ layer["up"]) @ layer["down"]
 
     # -- the same model over SGLang's KV pool ------------------------------------------
+    def forward_pool_batch(self, pool, ids, positions, locs, prefixes, mask):
+        """``forward_pool`` for a batch of requests in one pass (the verify of a large batch):
+        ids / positions / locs [B, m], prefixes: B tensors of prefix slots, mask [B, m, m].
+        Returns (logits [B * m, V], hidden [B * m, H])."""
+        torch = self.torch
+        bs, m = ids.shape
+        width = max([len(p) for p in prefixes] + [1])
+        prefix = torch.zeros(bs, width, dtype=torch.long)
+        seen = torch.zeros(bs, width, dtype=torch.bool)
+        for b, slots in enumerate(prefixes):
+            prefix[b, :len(slots)] = slots
+            seen[b, :len(slots)] = True
+        full = torch.cat([seen.unsqueeze(1).expand(bs, m, width), mask], 2)  # [B, m, P + m]
+        x = self.emb[ids] + self.pos[positions]  # [B, m, H]
+        for li, layer in enumerate(self.w):
+            k_new = (x @ layer["k"]).view(bs, m, self.heads, self.hd)
+            v_new = (x @ layer["v"]).view(bs, m, self.heads, self.hd)
+            pool.k_buffer[li][locs.reshape(-1)] = k_new.reshape(bs * m, self.heads, self.hd)
+            pool.v_buffer[li][locs.reshape(-1)] = v_new.reshape(bs * m, self.heads, self.hd)
+            q = (x @ layer["q"]).view(bs, m, self.heads, self.hd)
+            k = torch.cat([pool.k_buffer[li][prefix], k_new], 1)
+            v = torch.cat([pool.v_buffer[li][prefix], v_new], 1)
+            att = torch.einsum("bqhd,bkhd->bhqk", q, k) / self.hd**0.5
+            att = att.masked_fill(~full.unsqueeze(1), float("-inf")).softmax(-1)
+            out = torch.einsum("bhqk,bkhd->bqhd", att, v).reshape(bs, m, self.hidden)
+            x = x + out @ layer["o"]
+            x = x + torch.tanh(x @ layer["up"]) @ layer["down"]
+        return (x @ self.head).reshape(bs * m, -1), x.reshape(bs * m, -1)
+
     def forward_pool(self, pool, ids, positions, locs, prefix_slots, mask):
         """New tokens ids/positions written at KV slots `locs`, attending to the KV at
         `prefix_slots` (all visible) and to each other through mask [m, m] (True = see).
@@ -185,16 +226,29 @@ class Harness:
         slots = alloc.alloc(pages)
         rtp.req_to_token[row, :pages] = slots.to(rtp.req_to_token.dtype)
         req.kv.kv_committed_len, req.kv.kv_allocated_len = len(prompt), pages
+        used = slots[: len(prompt)].long()
+        # A prompt seen before (the sampling cases prefill one prompt many times): its KV
+        # copied into the new slots, as computing it again would write.
+        memo = target.__dict__.setdefault("_prefill_memo", {})
+        if tuple(prompt) in memo:
+            lg, rows = memo[tuple(prompt)]
+            for li, (k, v) in enumerate(rows):
+                kv.k_buffer[li][used], kv.v_buffer[li][used] = k, v
+            return lg
         lg, _ = target.forward_pool(
-            kv, torch.tensor(prompt), torch.arange(len(prompt)), slots[: len(prompt)].long(),
+            kv, torch.tensor(prompt), torch.arange(len(prompt)), used,
             torch.zeros(0, dtype=torch.long),
             torch.ones(len(prompt), len(prompt), dtype=torch.bool).tril(),
         )
+        memo[tuple(prompt)] = (lg, [(kv.k_buffer[li][used].clone(), kv.v_buffer[li][used].clone())
+                                    for li in range(target.layers)])
         return lg
 
     # -- the worker, built without __init__ (that loads a draft model on a GPU) -------------
-    def worker(self, target, budget, topk, block, req_to_token_pool, kv, allocator):
+    def worker(self, target, budget, topk, block, req_to_token_pool, kv, allocator,
+               entries=None):
         from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+        from sglang.srt.speculative.ddtree_schedule import Entry
         from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
 
         translator = KVIndexTranslator(
@@ -207,6 +261,9 @@ class Harness:
         w.ddtree_budget = budget
         w.ddtree_topk = topk
         w.ddtree_verify_width = budget + 1
+        # The resolved schedule as ddtree_v2_plugin.ddtree_schedule gives it (one entry for a
+        # single budget); budget / topk are its largest, as resolution declares them.
+        w.ddtree_entries = tuple(entries or (Entry(1, budget, topk),))
         w.model_runner = runner
         w._target_worker = StandInTargetWorker(runner)
         w.draft_model_runner = runner  # _draft_write_ids: the target's ids (shared pool)
@@ -314,6 +371,17 @@ class DraftRunnerStandIn:
             logits = _draft_marginals(self.draft, ctx, block - 1)  # [L, V]
             hidden.append(torch.cat([torch.zeros(1, self.pinv.shape[1], dtype=logits.dtype),
                                      logits @ self.pinv]))
+        # The host planning bound, read as FlashInfer's sync-free planner reads it for this
+        # mask-free DFLASH_VERIFY block (fast_prefill_plan: kv_indptr_host = cumsum of
+        # seq_lens_cpu) against the device's layout (DFlashVerifyInput.generate_attn_arg_
+        # prefill: cumsum of seq_lens + draft_token_num); seq_lens_sum sizes kv_indices.
+        assert fb.spec_info.draft_token_num == block, fb.spec_info.draft_token_num
+        host = torch.cumsum(fb.seq_lens_cpu[:bs].to(torch.int64), 0)
+        device = torch.cumsum(fb.seq_lens[:bs].to(torch.int64) + block, 0)
+        assert torch.equal(host, device), (
+            "the draft's host planning bound disagrees with its KV layout",
+            fb.seq_lens_cpu[:bs].tolist(), (fb.seq_lens[:bs] + block).tolist())
+        assert fb.seq_lens_sum >= int(device[-1]) - bs * block, fb.seq_lens_sum
         out = types.SimpleNamespace(hidden_states=torch.cat(hidden))
         return types.SimpleNamespace(logits_output=out, can_run_graph=False)
 
@@ -419,10 +487,17 @@ class StandInTargetWorker:
         seq = fb.seq_lens.tolist()
         mask = spec.custom_mask
         qlen_only = default_tree_mask_mode() == TreeMaskMode.QLEN_ONLY
-        logits, hidden, off = [], [], 0
+        masks, prefixes, off = [], [], 0
         for b in range(bs):
             row = int(fb.req_pool_indices[b])
             s = int(seq[b])
+            # The verify writes KV for positions s .. s + n - 1 of the request: every one must
+            # lie in the slots the allocator reserved for it (prepare_for_decode), or the step
+            # writes into slots that are not the request's (slot 0, another request's).
+            reserved = r.reserved(row) if callable(getattr(r, "reserved", None)) else None
+            assert reserved is None or s + n <= reserved, (
+                f"the verify writes KV past the slots reserved for request row {row}: positions "
+                f"{s}..{s + n - 1} at width {n}, {reserved} reserved")
             if qlen_only:
                 m = mask[b * n * n:(b + 1) * n * n].view(n, n)
             else:
@@ -430,21 +505,17 @@ class StandInTargetWorker:
                 assert bool(full[:, :s].all())
                 m = full[:, s:]
                 off += n * (s + n)
-            lg, hd = r.target.forward_pool(
-                r.token_to_kv_pool,
-                fb.input_ids[b * n:(b + 1) * n].long(),
-                fb.positions[b * n:(b + 1) * n].long(),
-                fb.out_cache_loc[b * n:(b + 1) * n].long(),
-                r.req_to_token_pool.req_to_token[row, :s].long(),
-                m.bool(),
-            )
-            logits.append(lg)
-            hidden.append(hd)
+            masks.append(m.bool())
+            prefixes.append(r.req_to_token_pool.req_to_token[row, :s].long())
+        # One pass over the batch (TinyTarget's per-request forward, batched: the sampling
+        # cases verify thousands of requests at once).
+        logits, hidden = r.target.forward_pool_batch(
+            r.token_to_kv_pool, fb.input_ids[: bs * n].long().view(bs, n),
+            fb.positions[: bs * n].long().view(bs, n), fb.out_cache_loc[: bs * n].long().view(bs, n),
+            prefixes, torch.stack(masks))
         # float32 logits, as SGLang's LogitsProcessor hands them to the verify (the CUDA
         # sampling kernel's host check takes nothing else); hidden states stay float64.
-        out = LogitsProcessorOutput(
-            next_token_logits=torch.cat(logits).float(), hidden_states=torch.cat(hidden)
-        )
+        out = LogitsProcessorOutput(next_token_logits=logits.float(), hidden_states=hidden)
         return _Out(out)
 
 
@@ -500,7 +571,8 @@ class Run:
 
 def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling=None,
                seed=0, check=True, first_token=None, kv_slots=4096, via_forward=False,
-               overlap=False, page_size=1, grammar=False):
+               overlap=False, page_size=1, grammar=False, schedule=None, joins=None,
+               worker_hook=None):
     """Decode ``prompts`` to ``max_new`` tokens each with the DDTree worker over SGLang's real
     batch/pool/allocator/cache objects, the way the scheduler drives a spec-v2 worker:
 
@@ -515,6 +587,14 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
       step k, as on a server. The draft input's own bonus tokens and lengths are POISONED
       (-1) before the resolve, so only what the relay carried can be used.
 
+    ``schedule`` (``--speculative-ddtree-budget-schedule`` text): the worker runs the
+    schedule's entries (``budget`` / ``topk`` are then its largest, as resolution declares),
+    the spec bag carries it as resolution leaves it, so prepare_for_decode reserves each
+    batch's entry; every step checks that the worker verified the entry of the batch it ran
+    (``ddtree_schedule.pick``, the oracle). ``joins`` ({request index: step}): a request joins
+    the running batch at that step (the others from the start), so the batch grows as well as
+    shrinks. ``worker_hook(w)`` may change the worker (the negative control).
+
     Every step checks the accepted depth of every request against a reference walk of the
     step's tree with plain sequential greedy decoding (``check``), and the window the step
     writes against the KV the allocator reserved; the run checks the off-chain counter
@@ -527,17 +607,28 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     from sglang.srt.runtime_context import get_spec
     from sglang.srt.sampling.sampling_params import SamplingParams
 
+    from sglang.srt.speculative import ddtree_schedule as sched
+
     r = Run()
     r.h, r.target, r.draft, r.prompts, r.max_new = h, target, draft, prompts, max_new
+    r.entries = (sched.resolve(sched.parse(schedule), block) if schedule is not None
+                 else (sched.Entry(1, budget, topk),))
+    if schedule is not None:
+        budget = max(e.budget for e in r.entries)
+        topk = max(e.topk for e in r.entries)
     r.budget, r.topk, r.block, r.sampling, r.check = budget, topk, block, sampling, check
     r.overlap, r.grammar = overlap, grammar
+    r.joins = dict(joins or {})
+    r.widths = []  # (batch size, the verify width the worker ran) per step
     bs = len(prompts)
     r.rtp, r.kv, r.alloc = h.pools(target, bs, kv_slots=kv_slots, page_size=page_size)
     free_slots0, free_rows0 = r.alloc.available_size(), r.rtp.available_size()
     r.cache = RadixCache(CacheInitParams(
         disable=True, req_to_token_pool=r.rtp, token_to_kv_pool_allocator=r.alloc,
         page_size=page_size))
-    w = r.w = h.worker(target, budget, topk, block, r.rtp, r.kv, r.alloc)
+    w = r.w = h.worker(target, budget, topk, block, r.rtp, r.kv, r.alloc, entries=r.entries)
+    if worker_hook is not None:
+        worker_hook(w)
     w.draft_model_runner.draft = draft
     w.via_forward = via_forward
     _record_steps(r)
@@ -551,6 +642,9 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
             req.grammar = ParityGrammar(prompt[-1], target.vocab)
         r.reqs.append(req)
     r.rows = r.rtp.alloc(r.reqs)
+    by_row = dict(zip(r.rows, r.reqs))
+    # What the allocator reserved for each request row (the target stand-in's window check).
+    w._target_worker.model_runner.reserved = lambda row: by_row[row].kv.kv_allocated_len
     r.gen = torch.Generator().manual_seed(seed)
     # Prefill (DFlashWorkerV2's own path on a server; here the target alone): prompt KV into
     # the real pool (whole pages), the first token, the prompt's hidden rows for the draft.
@@ -571,6 +665,8 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
         speculative_algorithm="DDTREE", speculative_ddtree_budget=budget,
         speculative_num_draft_tokens=budget + 1, speculative_dflash_block_size=block,
         speculative_eagle_topk=topk, speculative_ddtree_topk=topk,
+        speculative_ddtree_budget_schedule=(None if schedule is None
+                                            else sched.format_schedule(r.entries)),
     ):
         (_overlap_loop if overlap else _sync_loop)(r)
     assert r.alloc.available_size() == free_slots0, (r.alloc.available_size(), free_slots0)
@@ -579,6 +675,7 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     # a node that is not its parent's first child (recomputed from the accepted paths).
     assert int(w._ddtree_offchain) == r.offchain_steps, (int(w._ddtree_offchain), r.offchain_steps)
     assert int(w._ddtree_steps) == r.steps
+    w.probe_widths = r.widths  # (the requests of each step, the width it verified)
     return r.reqs, r.steps, r.accepts, w
 
 
@@ -632,17 +729,24 @@ def _prepare(r, batch, draft_input, active, lag):
     """prepare_for_decode (the family's 0005: block + max(B + 1, block) past the committed
     length the host sees), and the step's window within what it reserved: ``lag`` = each
     request's tokens committed on the device but not yet on the host."""
+    from sglang.srt.speculative import ddtree_schedule as sched
+
     draft_input.prepare_for_decode(batch)
-    reserve = r.block + max(r.budget + 1, r.block)
+    # The entry of this batch (the oracle: the schedule applied to the batch that will run).
+    width = r.entries[sched.pick(r.entries, len(active))].width
+    reserve = r.block + max(width, r.block)
     areqs = [r.reqs[i] for i in active]
     ahead = [q.kv.kv_allocated_len - q.kv.kv_committed_len for q in areqs]
-    # Exactly the reserve past the host's committed length, rounded up to whole pages: never
-    # short of the step's need, never DFlash's 2 x (B + 1).
+    # The reserve past the host's committed length, rounded up to whole pages: never short of
+    # the step's need, never more than the widest entry's (one budget: exactly the reserve),
+    # never DFlash's 2 x (B + 1). (An allocation never shrinks: a request that ran a wider
+    # entry before keeps what it had.)
     page = r.alloc.page_size
-    assert all(reserve <= a < reserve + page for a in ahead), (ahead, reserve, page)
+    widest = r.block + max(r.budget + 1, r.block)
+    assert all(reserve <= a < widest + page for a in ahead), (ahead, reserve, widest, page)
     for q, i in zip(areqs, active):
         true_len = q.kv.kv_committed_len + lag.get(i, 0)
-        assert true_len + max(r.budget + 1, r.block) <= q.kv.kv_allocated_len, (
+        assert true_len + max(width, r.block) <= q.kv.kv_allocated_len, (
             "the step writes past the reserved KV", true_len, q.kv.kv_allocated_len)
     batch.spec_info = draft_input
 
@@ -673,13 +777,19 @@ def _check_step(r, res, active, contexts, batch):
     decoding; the off-chain steps from the accepted paths; the harness's device-side truth."""
     from sglang.srt.speculative import ddtree_utils as du
 
+    from sglang.srt.speculative import ddtree_schedule as sched
+
     torch = r.h.torch
-    n = r.budget + 1
+    entry = r.entries[sched.pick(r.entries, len(active))]
+    n = res.speculative_num_draft_tokens  # the scheduler reads next_token_ids by it
+    r.widths.append((tuple(active), n))
     layout = r.trees[-1][0]
     verify = r.verifies[-1]
     acc = res.accept_lens.tolist()
     assert acc == (verify.accept_lens).tolist()
-    assert res.speculative_num_draft_tokens == n  # the scheduler reads next_token_ids by it
+    assert n == entry.width and layout.tokens.shape[1] == n, (
+        f"step {r.steps}: batch of {len(active)} verified at width {n}, its schedule entry "
+        f"{entry.text()} is width {entry.width}")
     assert torch.equal(res.new_seq_lens, batch.seq_lens + res.accept_lens.to(batch.seq_lens.dtype))
     if bool(du.offchain_accepted(layout, verify.accept_index.long()).any()):
         r.offchain_steps += 1
@@ -753,7 +863,7 @@ def _sync_loop(r):
                 new_seq_lens=torch.tensor(committed))
             _prepare(r, batch, draft_input, active, lag={})
             res = _forward(r, batch, draft_input, active)
-            out = res.next_token_ids.view(len(active), r.budget + 1)
+            out = res.next_token_ids.view(len(active), res.speculative_num_draft_tokens)
             acc = res.accept_lens.tolist()
             still = []
             for j, i in enumerate(active):
@@ -782,13 +892,17 @@ def _overlap_loop(r):
     # The prefill step's relay: its committed lengths and first tokens.
     fm.publish(everyone, torch.tensor([q.kv.kv_committed_len for q in r.reqs]))
     fm.stash(everyone, RelayPayload(bonus_tokens=torch.tensor([q.output_ids[-1] for q in r.reqs])))
-    active = list(range(len(r.reqs)))  # as the host knows it (results processed so far)
+    # As the host knows it (results processed so far); joiners enter at their step.
+    active = [i for i in range(len(r.reqs)) if i not in r.joins]
     finished = set()
     pending = None  # (requests, result) of the step launched but not yet processed
     lag = {}
     stale = extra = 0  # steps launched on stale host lengths; steps run for finished requests
+    launches = 0
     try:
-        while active or pending is not None:
+        while active or pending is not None or any(at >= launches for at in r.joins.values()):
+            active += [i for i, at in sorted(r.joins.items()) if at == launches]
+            launches += 1
             launched = None
             if active:
                 host = [r.reqs[i].kv.kv_committed_len for i in active]
@@ -817,7 +931,7 @@ def _overlap_loop(r):
                 done, res_prev = pending
                 if r.grammar:
                     _advance_grammar(r, pending)  # (a no-op when the barrier already ran)
-                out = res_prev.next_token_ids.view(len(done), r.budget + 1)
+                out = res_prev.next_token_ids.view(len(done), res_prev.speculative_num_draft_tokens)
                 acc = res_prev.accept_lens.tolist()
                 for j, i in enumerate(done):
                     lag[i] = lag.get(i, 0) - acc[j]
@@ -843,7 +957,7 @@ def _advance_grammar(r, pending):
     if pending is None or getattr(pending[1], "_grammar_done", False):
         return
     done, res = pending
-    out = res.next_token_ids.view(len(done), r.budget + 1)
+    out = res.next_token_ids.view(len(done), res.speculative_num_draft_tokens)
     for j, i in enumerate(done):
         for t in out[j, : int(res.accept_lens[j])].tolist():
             r.reqs[i].grammar.accept_token(t)
@@ -1014,6 +1128,163 @@ def case_grammar_lossless(h):
     assert any(f != list(q.output_ids) for f, q in zip(free, reqs)), "the grammar changed nothing"
 
 
+# The schedule run: three widths (13, 6 and the chain's 5 at block 5), crossed as requests join
+# (1 -> 3 -> 5 running) and finish (5 -> ... -> 1), under the overlap schedule.
+SCHEDULE = "1:12/3,3:5/2,5:chain"
+SCHEDULE_JOINS = {1: 2, 2: 2, 3: 4, 4: 4}
+
+
+def _schedule_run(h, worker_hook=None, check=True):
+    torch = h.torch
+    target = TinyTarget(torch, seed=1)
+    draft = target.perturbed(0.08, seed=2)
+    gen = torch.Generator().manual_seed(7)
+    plens, max_new = [5, 9, 4, 12, 7], [34, 14, 20, 8, 12]
+    prompts = [torch.randint(0, target.vocab, (m,), generator=gen).tolist() for m in plens]
+    return run_decode(h, target, draft, prompts, max_new, budget=None, topk=None, block=5,
+                      via_forward=True, overlap=True, schedule=SCHEDULE, joins=SCHEDULE_JOINS,
+                      worker_hook=worker_hook, check=check)
+
+
+def case_schedule_lossless(h):
+    """A budget schedule under the overlap schedule: requests join and finish so the running
+    batch crosses every threshold both ways, the width changing mid-request (request 0 runs
+    at all three); every step verified the entry of the batch it ran, inside the KV reserved
+    for that entry, and the tokens, KV, draft hidden rows, accepted depths, off-chain count
+    and freed slots are checked as in every run. The /server_info report gives each entry's
+    steps and mean accept length, equal to what the run saw."""
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+    from sglang.srt.speculative import ddtree_schedule as sched
+    from sglang.srt.speculative.ddtree_worker_v2 import add_ddtree_report
+
+    seen = {}
+
+    def count(w):
+        verify = w._ddtree_verify_and_commit
+
+        def counted(batch, *a, **k):
+            res = verify(batch, *a, **k)
+            i = sched.pick(w.ddtree_entries, len(batch.seq_lens))
+            steps, rows, committed = seen.get(i, (0, 0, 0))
+            seen[i] = (steps + 1, rows + len(batch.seq_lens), committed + int(res.accept_lens.sum()))
+            return res
+
+        w._ddtree_verify_and_commit = counted
+
+    reqs, steps, accepts, w = _schedule_run(h, worker_hook=count)
+    entries = sched.resolve(sched.parse(SCHEDULE), 5)
+    assert sorted(seen) == list(range(len(entries))), ("not every entry ran", seen)
+    report = add_ddtree_report(GetInternalStateReqOutput(internal_state={}),
+                               type("Scheduler", (), {"draft_worker": w})()).internal_state
+    assert report["ddtree_verify_width"] == 13, report
+    got = report["ddtree_schedule"]
+    assert [(e["threshold"], e["budget"], e["topk"], e["verify_width"]) for e in got] == [
+        (e.threshold, e.budget, e.topk, e.width) for e in entries], got
+    for i, entry in enumerate(got):
+        s_, rows, committed = seen[i]
+        assert entry["steps"] == s_ and entry["mean_accept_length"] == round(committed / rows, 4), (
+            entry, seen[i])
+    assert sum(e["steps"] for e in got) == steps
+    # Not vacuous: the width fell (requests joined) and rose (requests finished), and request 0
+    # ran at every width, changing width mid-request.
+    ns = [n for _, n in w.probe_widths]
+    assert any(b < a for a, b in zip(ns, ns[1:])) and any(b > a for a, b in zip(ns, ns[1:])), ns
+    assert {n for active, n in w.probe_widths if 0 in active} == {e.width for e in entries}, (
+        w.probe_widths)
+    print("V2SHOW:" + __import__("json").dumps({"server_info_internal_state": report}),
+          file=sys.stderr)
+
+
+def case_schedule_stale_width_control(h):
+    """The negative control: the worker reuses the previous step's width state (the entry of
+    the batch before, as a relay one step late would). Where the batch grew into a smaller
+    width, the verify writes past the KV reserved for the batch it runs: the run must fail."""
+    def stale(w):
+        select, last = w._ddtree_select, []
+
+        def previous(batch):
+            now = select(batch)
+            used = last[-1] if last else now
+            last.append(now)
+            return used
+
+        w._ddtree_select = previous
+
+    try:
+        _schedule_run(h, worker_hook=stale)
+    except AssertionError as exc:
+        # The real invariant broke (KV written outside the request's reservation), not the
+        # probe's own bookkeeping of which entry should have run.
+        assert "past the slots reserved" in str(exc), exc
+        return
+    raise AssertionError("reusing the previous step's width state passed every check")
+
+
+def case_verify_states(h):
+    """One verify state per width (GPU start-up, ``_ddtree_build_verify_states``): each entry
+    but the largest (the target's own, captured for every graph batch size) gets a fresh target
+    attention backend and a graph runner built while the spec bag says its width, for exactly
+    the graph batch sizes its running batches pad to; the spec bag and graph sizes are given
+    back; each step then swaps in the state of its batch's entry. STAND-INS (no GPU): the graph
+    runner class and the model runner's backend factory, which record what they were built
+    under; CUDA graphs reported on."""
+    torch = h.torch
+    from sglang.srt.model_executor import cuda_graph_config
+    from sglang.srt.model_executor import runner as runners
+    from sglang.srt.runtime_context import get_exec, get_spec
+    from sglang.srt.speculative import ddtree_schedule as sched
+
+    target = TinyTarget(torch, seed=1)
+    rtp, kv, alloc = h.pools(target, 4)
+    entries = sched.resolve(sched.parse(SCHEDULE), 5)
+    w = h.worker(target, 12, 3, 5, rtp, kv, alloc, entries=entries)
+    runner = w.target_worker.model_runner
+    built = []
+
+    class GraphRunner:  # STAND-IN for DecodeCudaGraphRunner
+        def __init__(self, model_runner, attn_backend, speculative_num_steps,
+                     speculative_num_draft_tokens):
+            assert model_runner is runner and speculative_num_steps == 1
+            self.backend, self.width = attn_backend, speculative_num_draft_tokens
+            built.append((speculative_num_draft_tokens, get_spec().speculative_num_draft_tokens,
+                          get_spec().speculative_ddtree_budget,
+                          list(get_exec().graph.cuda_graph_bs_decode)))
+
+    original = (runner.attn_backend, "the target's own graph runner")
+    runner.decode_cuda_graph_runner = original[1]
+    runner.init_new_workspace = "kept"
+    runner._get_attention_backend = lambda init_new_workspace: (
+        "backend", get_spec().speculative_num_draft_tokens, init_new_workspace)
+    saved = (runners.DecodeCudaGraphRunner, cuda_graph_config.check_cuda_graph_backend)
+    runners.DecodeCudaGraphRunner = GraphRunner
+    cuda_graph_config.check_cuda_graph_backend = lambda phase, backend: False  # graphs on
+    spec_before = (get_spec().speculative_num_draft_tokens, get_spec().speculative_ddtree_budget)
+    try:
+        with get_spec().override(speculative_algorithm="DDTREE", speculative_ddtree_budget=12,
+                                 speculative_num_draft_tokens=13), \
+                get_exec().graph.override(cuda_graph_bs_decode=[1, 2, 4, 8, 16]):
+            w._ddtree_build_verify_states()
+            assert list(get_exec().graph.cuda_graph_bs_decode) == [1, 2, 4, 8, 16]
+            assert get_spec().speculative_num_draft_tokens == 13
+    finally:
+        runners.DecodeCudaGraphRunner, cuda_graph_config.check_cuda_graph_backend = saved
+    assert (get_spec().speculative_num_draft_tokens,
+            get_spec().speculative_ddtree_budget) == spec_before
+    # 3:5/2 serves batches 3-4 (graph 4), the chain 5-16 (graphs 8, 16); 1:12/3 is the target's.
+    assert built == [(6, 6, 5, [4]), (5, 5, 4, [8, 16])], built
+    assert (runner.attn_backend, runner.decode_cuda_graph_runner) == original
+    assert runner.init_new_workspace == "kept"
+    largest, middle, chain = w._ddtree_widths
+    assert (largest.attn_backend, largest.graph_runner) == original
+    assert middle.attn_backend == ("backend", 6, True) and middle.graph_runner.width == 6
+    assert chain.attn_backend == ("backend", 5, True) and chain.graph_runner.width == 5
+    for bs, state in ((1, largest), (4, middle), (3, middle), (9, chain), (2, largest)):
+        batch = type("Batch", (), {"seq_lens": torch.zeros(bs)})()
+        assert w._ddtree_select(batch) is state
+        assert runner.attn_backend is state.attn_backend
+        assert runner.decode_cuda_graph_runner is state.graph_runner
+
+
 class _OneRank:
     """Stand-in tensor-parallel group of one rank (no torch.distributed on this machine)."""
 
@@ -1023,9 +1294,74 @@ class _OneRank:
         pass
 
 
-def _chi2_quantile(df, z=3.09):
-    # Wilson-Hilferty: the chi-square quantile at the normal quantile z (3.09: p = 0.001).
+# The sampling law test (issue 30, 4): several target models (seeds), two widths, a 12-token
+# vocabulary, LAW_TRIALS requests per (width, seed). Each run tests the t2 marginal and the
+# (t2, t3) joint by Pearson's chi-square at LAW_ALPHA per test (Bonferroni: the family of
+# 2 x widths x seeds tests stays below 1.2e-3). Block 4: a tree of budget 8 / top-3 (width 9)
+# and the chain (budget 3 / top-1, width 4).
+LAW_VOCAB = 12
+LAW_WIDTHS = ((8, 3), (3, 1))
+LAW_SEEDS = (4, 5)
+LAW_TRIALS = 2500
+LAW_ALPHA = 1e-4
+LAW_POWER = 0.9
+
+
+def _normal_quantile(p):
+    """The standard normal's quantile (Acklam's rational approximation, |error| < 1.2e-9)."""
+    import math
+
+    a = (-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+         1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00)
+    b = (-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
+         6.680131188771972e+01, -1.328068155288572e+01)
+    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
+         -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00)
+    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
+         3.754408661907416e+00)
+    if p < 0.02425:
+        q = math.sqrt(-2 * math.log(p))
+        return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / \
+            ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
+    if p > 1 - 0.02425:
+        return -_normal_quantile(1 - p)
+    q = p - 0.5
+    r = q * q
+    return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / \
+        (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
+
+
+def _chi2_quantile(df, alpha=LAW_ALPHA):
+    """Wilson-Hilferty: the chi-square quantile with upper tail ``alpha``."""
+    z = _normal_quantile(1 - alpha)
     return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def _power(df, noncentrality, alpha=LAW_ALPHA):
+    """P(noncentral chi-square(df, lambda) > the alpha quantile): Patnaik's scaled chi-square
+    and Wilson-Hilferty's normal for it."""
+    import math
+
+    c = _chi2_quantile(df, alpha)
+    k, lam = float(df), float(noncentrality)
+    scale, nu = (k + 2 * lam) / (k + lam), (k + lam) ** 2 / (k + 2 * lam)
+    z = ((c / scale / nu) ** (1 / 3) - (1 - 2 / (9 * nu))) / math.sqrt(2 / (9 * nu))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def detectable_bias(df, trials, power=LAW_POWER, alpha=LAW_ALPHA, spread=4.0):
+    """The smallest total-variation bias delta that the chi-square test over ``df`` + 1 cells
+    rejects with probability >= ``power``, in EVERY direction: for any law q at total variation
+    delta from p, sum (q - p)^2 / p >= delta^2 (1 / P+ + 1 / P-) >= 4 delta^2 (P+, P-: the
+    masses of the cells q raises and lowers), so the noncentrality is >= 4 N delta^2.
+    ``spread`` = 1 / P+ + 1 / P- of a given direction (e.g. mass moved between two tokens)
+    gives that direction's figure instead."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        enough = _power(df, spread * trials * mid * mid, alpha) >= power
+        lo, hi = (lo, mid) if enough else (mid, hi)
+    return hi
 
 
 def _chi2(observed, expected):
@@ -1037,10 +1373,11 @@ def _chi2(observed, expected):
     return sum((o - e) ** 2 / e for o, e in pairs), len(pairs) - 1
 
 
-def _sampling_run(h, walk, trials=400):
+def _sampling_run(h, walk, trials=LAW_TRIALS, budget=8, topk=3, seed=4):
     """``trials`` requests of 3 tokens after a fixed first token, sampled at temperature 1
-    through EAGLE's sampling branch with ``walk`` as its tree-sampling kernel. Returns the
-    (t2, t3) counts [6, 6], the target's law of them x trials, the accepts and the worker."""
+    through EAGLE's sampling branch with ``walk`` as its tree-sampling kernel, at one width
+    (``budget``, ``topk``, block 4) on the target of ``seed``. Returns the (t2, t3) counts
+    [V, V], the target's law of them x trials, the accepts and the worker."""
     torch = h.torch
     from sglang.srt.speculative import eagle_utils
 
@@ -1048,52 +1385,123 @@ def _sampling_run(h, walk, trials=400):
     # engine's "always greedy" switch, so eagle_sample takes its sampling branch.
     eagle_utils.tree_speculative_sampling_target_only = walk
     eagle_utils._is_cpu = False
-    target = TinyTarget(torch, vocab=6, hidden=16, seed=4, scale=0.6)
-    target.head = target.head * 0.1  # spread-out next-token laws (~0.4/0.4/0.2 at the root)
-    draft = target.perturbed(0.05, seed=5)  # agrees often, not always
+    vocab = LAW_VOCAB
+    target = TinyTarget(torch, vocab=vocab, hidden=16, seed=seed, scale=0.6)
+    target.head = target.head * 0.15  # spread-out next-token laws, a few likely tokens
+    draft = target.perturbed(0.05, seed=seed + 100)  # agrees often, not always
     prompt, first = [1, 4, 2, 5, 0], 3
-    torch.manual_seed(11)  # EAGLE's verify coins come from torch.rand
-    # K = 2: the root's two children carry ~80 % of the mass, so all-rejected nodes (and the
-    # residual draw) happen in a fair share of the trials.
+    torch.manual_seed(11 + seed)  # EAGLE's verify coins come from torch.rand
     reqs, steps, accepts, w = run_decode(
-        h, target, draft, [prompt] * trials, [3] * trials, budget=6, topk=2, block=4,
+        h, target, draft, [prompt] * trials, [3] * trials, budget=budget, topk=topk, block=4,
         sampling={"temperature": 1.0, "top_k": -1, "top_p": 1.0}, first_token=first,
-        kv_slots=trials * 40,
+        kv_slots=trials * 28,  # (SGLang's allocator concatenates its free list on every free)
     )
-    counts = torch.zeros(6, 6)
+    counts = torch.zeros(vocab, vocab)
     for req in reqs:
         out = list(req.output_ids)
         assert out[0] == first and len(out) == 3
         counts[out[1], out[2]] += 1
     p2 = torch.softmax(target.causal(prompt + [first])[0][-1], -1)
     expected = torch.stack([
-        p2[a] * torch.softmax(target.causal(prompt + [first, a])[0][-1], -1) for a in range(6)
+        p2[a] * torch.softmax(target.causal(prompt + [first, a])[0][-1], -1)
+        for a in range(vocab)
     ]) * trials
     return counts, expected, accepts, w
 
 
 def _law_statistics(counts, expected):
-    """[(name, statistic, its p = 0.001 quantile)] for the t2 marginal and the (t2, t3) joint."""
+    """[(name, statistic, its LAW_ALPHA quantile, df)] for the t2 marginal and the (t2, t3)
+    joint."""
     out = []
     for name, obs_t, exp_t in (("t2", counts.sum(1), expected.sum(1)),
                                ("(t2, t3)", counts.flatten(), expected.flatten())):
         stat, df = _chi2(obs_t, exp_t)
-        out.append((name, stat, _chi2_quantile(df)))
+        out.append((name, stat, _chi2_quantile(df), df))
     return out
+
+
+def _least_detectable_shift(expected, delta):
+    """The law ``expected`` moved by total variation ``delta`` in the direction the chi-square
+    test sees least: the cells split into two halves of (about) equal mass, one scaled up by
+    1 + delta / P+, the other down by 1 - delta / P- (noncentrality ~ 4 N delta^2)."""
+    import torch
+
+    flat = expected.flatten().double()
+    order = flat.argsort(descending=True)
+    up = torch.zeros(flat.shape, dtype=torch.bool)
+    mass, total = 0.0, float(flat.sum())
+    for i in order.tolist():  # greedy halves: the next cell to the lighter side
+        if mass < total / 2:
+            up[i] = True
+            mass += float(flat[i])
+    p_up, p_down = mass / total, 1 - mass / total
+    shifted = flat.clone()
+    shifted[up] *= 1 + delta / p_up
+    shifted[~up] *= 1 - delta / p_down
+    return shifted.view(expected.shape).to(expected.dtype)
 
 
 def case_sampling_law(h):
     """Target-only tree sampling through EAGLE's sampling branch: the law of the two tokens
-    the worker emits after a fixed first token equals the target's p(t2) p(t3 | t2)."""
+    the worker emits after a fixed first token equals the target's p(t2) p(t3 | t2), at two
+    widths (a tree and the chain), on several targets. The test's resolution is printed
+    (V2SHOW): the smallest total-variation bias it rejects with probability 0.9 in every
+    direction; and the same counts against the target's law moved by that bias (in the
+    direction it sees least) are rejected."""
+    import json
+
     import sgl_kernel
 
-    counts, expected, accepts, w = _sampling_run(h, sgl_kernel.tree_speculative_sampling_target_only)
-    for name, stat, bound in _law_statistics(counts, expected):
-        assert stat < bound, (name, stat, bound, counts.tolist(), expected.tolist())
-    # Not vacuous: drafts were accepted (also off the first-ranked chain) in many trials.
-    trials = int(counts.sum())
-    assert sum(1 for a in accepts if a >= 1) > trials // 4, accepts[:50]
-    assert int(w._ddtree_offchain) >= 1
+    shown, combined, runs = [], {}, []
+    for budget, topk in LAW_WIDTHS:
+        for seed in LAW_SEEDS:
+            counts, expected, accepts, w = _sampling_run(
+                h, sgl_kernel.tree_speculative_sampling_target_only, budget=budget, topk=topk,
+                seed=seed)
+            trials = int(counts.sum())
+            runs.append((counts, expected))
+            for name, stat, bound, df in _law_statistics(counts, expected):
+                assert stat < bound, (budget, topk, seed, name, stat, bound)
+                total = combined.setdefault(name, [0.0, 0, 0])
+                total[0] += stat
+                total[1] += df
+                total[2] += trials
+                shown.append({"width": budget + 1, "topk": topk, "seed": seed, "law": name,
+                              "trials": trials, "df": df, "chi2": round(stat, 1),
+                              "bound": round(bound, 1),
+                              "detects_tv_any_direction": round(detectable_bias(df, trials), 4)})
+            # Mass moved between the two likeliest second tokens: that direction's resolution.
+            p1, p2 = (expected.sum(1) / trials).sort(descending=True).values[:2].tolist()
+            shown[-2]["detects_tv_between_top_two"] = round(
+                detectable_bias(shown[-2]["df"], trials, spread=1 / p1 + 1 / p2), 4)
+            # Not vacuous: drafts were accepted in many trials (and off the chain in a tree).
+            assert sum(1 for a in accepts if a >= 1) > trials // 4, accepts[:50]
+            assert int(w._ddtree_offchain) >= 1 or topk == 1
+            # The resolution claimed is real: against the law moved by the detectable bias,
+            # the same counts are rejected (joint law: its delta; marginal: its own).
+            for (name, _, bound, df), (obs_t, exp_t) in zip(
+                    _law_statistics(counts, expected),
+                    ((counts.sum(1), expected.sum(1)), (counts.flatten(), expected.flatten()))):
+                moved = _least_detectable_shift(exp_t, 1.25 * detectable_bias(df, trials))
+                assert _chi2(obs_t, moved)[0] >= bound, (name, "a law off by the detectable "
+                                                         "bias was not rejected")
+    # Every run together (a bug in the walk biases every run): the sum of the statistics
+    # against the chi-square of the summed degrees of freedom; and its resolution, shown real
+    # the same way (each run's law moved by the combined test's detectable bias).
+    for name, (stat, df, trials) in combined.items():
+        bound = _chi2_quantile(df)
+        assert stat < bound, (name, "all runs", stat, bound)
+        delta = detectable_bias(df, trials)
+        moved = 0.0
+        for counts, expected in runs:
+            obs_t, exp_t = ((counts.sum(1), expected.sum(1)) if name == "t2"
+                            else (counts.flatten(), expected.flatten()))
+            moved += _chi2(obs_t, _least_detectable_shift(exp_t, 1.25 * delta))[0]
+        assert moved >= bound, (name, "all runs: a law off by the detectable bias passed")
+        shown.append({"law": name, "runs": len(runs), "trials": trials, "df": df,
+                      "chi2": round(stat, 1), "bound": round(bound, 1),
+                      "detects_tv_any_direction": round(delta, 4)})
+    print("V2SHOW:" + json.dumps({"sampling_law": shown}), file=sys.stderr)
 
 
 def case_sampling_control(h):
@@ -1121,7 +1529,7 @@ def case_sampling_control(h):
 
     counts, expected, _, _ = _sampling_run(h, no_residual)
     stats = _law_statistics(counts, expected)
-    assert any(stat >= bound for _, stat, bound in stats), stats
+    assert any(stat >= bound for _, stat, bound, _ in stats), stats
 
 
 class HostSyncCounter:
@@ -1182,6 +1590,50 @@ def case_no_host_sync(h):
     lp[1:, :, 2:] = float("-inf")
     layout, *_ = w._ddtree_build(torch.zeros(32, dtype=torch.long), lp, tok.view(32, 15, -1))
     assert bool(layout.valid.all())
+
+
+def case_offchain_counter(h):
+    """The off-chain counter counts steps whose accepted path holds a node of rank > 0 (not its
+    parent's first child), not steps that accepted deep paths: a step accepting only first-
+    ranked nodes to depth 3 counts nothing, one accepting a second-ranked child of the root
+    counts one (the greedy runs cannot tell ranks from parent indices: there, the two counts
+    agree step for step)."""
+    torch = h.torch
+    from sglang.srt.speculative import ddtree_utils as du
+
+    target = TinyTarget(torch, seed=1)
+    rtp, kv, alloc = h.pools(target, 2)
+    w = h.worker(target, 10, 3, 5, rtp, kv, alloc)
+    # A peaked draft (rank 0 far ahead at every depth): the tree holds the first-ranked chain
+    # to depth 4 and second-ranked children beside it.
+    logits = (-3.0 * torch.arange(24, dtype=torch.float32)).expand(2, 4, 24).contiguous()
+    from sglang.srt.speculative.ddtree_lineage import sharded_topk_logprobs
+
+    lp, tok = (x.view(2, 4, -1) for x in sharded_topk_logprobs(logits.view(-1, 24), 3))
+    layout, parent_list, sel, _ = w._ddtree_build(torch.zeros(2, dtype=torch.long), lp, tok)
+    n = layout.tokens.shape[1]
+    nxt, sib = layout.retrieve_next_token, layout.retrieve_next_sibling
+
+    def path(b, ranks):  # accept_index row: the root, then the ranks[i]-th child each level
+        node, row = 0, [b * n]
+        for rank in ranks:
+            node = int(nxt[b, node])
+            for _ in range(rank):
+                node = int(sib[b, node])
+            assert node > 0, (b, ranks)
+            row.append(b * n + node)
+        return row + [-1] * (5 - len(row))
+
+    steps = [([0, 0, 0], []),  # first-ranked chain to depth 3, the other request rejected all
+             ([1], []),        # a second-ranked child of the root
+             ([0, 1], [0])]    # a second-ranked grandchild under the first-ranked child
+    want = 0
+    for first, second in steps:
+        accept_index = torch.tensor([path(0, first), path(1, second)], dtype=torch.int32)
+        want += int(bool(du.offchain_accepted(layout, accept_index.long()).any()))
+        w._ddtree_count_offchain(accept_index, parent_list, sel, 3)
+        assert int(w._ddtree_offchain) == want, (first, second, int(w._ddtree_offchain), want)
+    assert want == 2 and int(w._ddtree_steps) == 3
 
 
 def case_report(h):

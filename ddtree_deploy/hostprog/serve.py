@@ -420,6 +420,8 @@ def _healthy_line(answer):
                                                               tree["worker_class"])
         if tree.get("offchain_accepts"):
             line += ", %d off-chain accepts" % tree["offchain_accepts"]
+        if tree.get("schedule"):
+            line += ", schedule widths %s" % "/".join(str(e["verify_width"]) for e in tree["schedule"])
     return line
 
 

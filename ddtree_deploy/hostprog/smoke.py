@@ -775,7 +775,28 @@ def prove_served(spec, base, evidence):
     tree = spec.get("tree")
     if tree and tree.get("prompts"):
         _tree_requests(tree, base, float(spec.get("probe_timeout_s", 120)), evidence)
+        # A budget schedule: one batch per threshold, so every width verifies at least once.
+        status, info = _http("GET", base + "/server_info", timeout=30)
+        for threshold in schedule_thresholds(info if status == 200 else None):
+            _tree_requests(dict(tree, prompts=_cycled(tree["prompts"], threshold)), base,
+                           float(spec.get("probe_timeout_s", 120)), evidence)
+            evidence.setdefault("schedule_batches", []).append(threshold)
     _server_info_proof(spec, base, evidence)
+
+
+def schedule_thresholds(info):
+    """The batch thresholds of the server's --speculative-ddtree-budget-schedule ([] without
+    one): THRESHOLD:BUDGET[/TOPK] entries, comma-separated (the payload's grammar; only the
+    thresholds are read here)."""
+    text = info.get("speculative_ddtree_budget_schedule") if isinstance(info, dict) else None
+    if not isinstance(text, str):
+        return []
+    heads = [part.split(":", 1)[0].strip() for part in text.split(",")]
+    return [int(head) for head in heads if head.isdigit()]
+
+
+def _cycled(prompts, count):
+    return [prompts[i % len(prompts)] for i in range(max(int(count), 1))]
 
 
 def _server_info_proof(spec, base, evidence):
@@ -812,7 +833,9 @@ def _tree_requests(tree, base, timeout_s, evidence):
         raise LevelFailed(f"POST /generate with {len(prompts)} prompts (the tree check) answered {status}",
                           {"reply": _tail(str(reply))})
     tokens = sum(int(((r or {}).get("meta_info") or {}).get("completion_tokens") or 0) for r in reply)
-    evidence["tree_requests"] = {"prompts": len(prompts), "completion_tokens": tokens}
+    sent = evidence.setdefault("tree_requests", {"prompts": 0, "completion_tokens": 0})
+    sent["prompts"] += len(prompts)
+    sent["completion_tokens"] += tokens
 
 
 # The keys the server reports under /server_info internal_states[i] (CONTRACTS.md).
@@ -860,8 +883,36 @@ def judge_tree_report(tree, info, endpoint, sent):
                           f"{sent.get('prompts', 0)} more prompts ({sent.get('completion_tokens', 0)} tokens): no "
                           "verify step accepted a path off the first-ranked chain, so no tree verify was "
                           "seen", {"internal_states": states})
-    return {"verify_width": budget + 1, "budget": budget, "worker_class": states[0]["ddtree_worker_class"],
-            "offchain_accepts": sum(counts)}
+    judged = {"verify_width": budget + 1, "budget": budget, "worker_class": states[0]["ddtree_worker_class"],
+              "offchain_accepts": sum(counts)}
+    schedule = _judge_schedule(tree, states, where, sent)
+    if schedule:
+        judged["schedule"] = schedule
+    return judged
+
+
+def _judge_schedule(tree, states, where, sent):
+    """A budget schedule's report (``ddtree_schedule`` beside the three keys): every entry's
+    verify width is its budget + 1 and, where batches were sent for it, every width verified
+    at least one step. [] without a schedule."""
+    out = []
+    for i, state in enumerate(states):
+        entries = state.get("ddtree_schedule")
+        if entries is None:
+            continue
+        for entry in entries if isinstance(entries, list) else [entries]:
+            if not isinstance(entry, dict) or entry.get("verify_width") != (entry.get("budget") or 0) + 1:
+                raise LevelFailed(f"{where}[{i}].ddtree_schedule entry {entry!r}: its verify width is not its "
+                                  "budget + 1", {"internal_states": states})
+            steps = entry.get("steps")
+            if tree.get("prompts") and (not isinstance(steps, int) or steps < 1):
+                raise LevelFailed(f"{where}[{i}].ddtree_schedule: the entry from batch {entry.get('threshold')} "
+                                  f"(width {entry['verify_width']}) verified {steps!r} steps after "
+                                  f"{sent.get('prompts', 0)} prompts: not every width of the schedule ran",
+                                  {"internal_states": states})
+            out.append({key: entry.get(key) for key in
+                        ("threshold", "verify_width", "steps", "mean_accept_length")})
+    return out
 
 
 def _scan_log(path, offset, needle):
@@ -888,6 +939,9 @@ def _launch_detail(evidence):
     if tree:
         parts.append(f"tree verify: width {tree['verify_width']} = budget {tree['budget']} + 1, "
                      f"{tree['worker_class']}, {tree['offchain_accepts']} off-chain accepts")
+        if tree.get("schedule"):
+            parts.append("schedule widths " + "/".join(str(e["verify_width"]) for e in tree["schedule"])
+                         + " ran " + "/".join(str(e["steps"]) for e in tree["schedule"]) + " steps")
     return ", ".join(parts)
 
 

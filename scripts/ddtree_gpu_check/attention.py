@@ -129,15 +129,26 @@ def shapes(on_gpu: bool):
                   torch.float32, 1e-4)]
 
 
-def _tree(utils, shape: Shape, device, seed: int):
+def width_shape(cfg: dd.Config, on_gpu: bool) -> Shape:
+    """The attention shape of a schedule width (checks_schedule): its tree, GPU or interpreter
+    sizes."""
+    if on_gpu:
+        return Shape(f"{cfg.label}, width {cfg.n}", cfg, 32, 8, 128, 1000, torch.bfloat16, 3e-2)
+    return Shape(f"{cfg.label}, width {cfg.n} (interpreter)", cfg, 4, 2, 16, 20, torch.float32,
+                 1e-4)
+
+
+def _tree(utils, shape: Shape, device, seed: int, layout=None):
+    """DDTree's tree for the shape (or ``layout``, one the worker built) and prefix lengths."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     cfg = shape.cfg
     logits = torch.randn(cfg.batch, cfg.drafted, 64, generator=gen) * 3
-    logprobs, tokens = utils.topk_logprobs(logits, cfg.topk)
     roots = torch.randint(0, 64, (cfg.batch,), generator=gen)
     prefix = torch.randint(1, shape.max_prefix, (cfg.batch,), generator=gen)
-    layout = utils.build_ddtree(logprobs.to(device), tokens.to(device), roots.to(device),
-                                cfg.budget)
+    if layout is None:
+        logprobs, tokens = utils.topk_logprobs(logits, cfg.topk)
+        layout = utils.build_ddtree(logprobs.to(device), tokens.to(device), roots.to(device),
+                                    cfg.budget)
     return layout, prefix.to(device), gen
 
 
@@ -159,11 +170,13 @@ def dense_reference(q, k, v, k_buf, v_buf, kv_indptr, kv_indices, prefix, rows, 
     return out
 
 
-def check_attention(report, ea_module, utils, device, shape: Shape, seed: int) -> bool:
+def check_attention(report, ea_module, utils, device, shape: Shape, seed: int,
+                    layout=None) -> bool:
     name = (f"Triton extend attention with the tree mask vs dense reference: {shape.label} "
             f"(batch {shape.cfg.batch}, {shape.cfg.n} verify tokens, {shape.heads}/"
             f"{shape.kv_heads} heads, dim {shape.head_dim}, {str(shape.dtype)[6:]})")
-    layout, prefix, gen = _tree(utils, shape, device, seed)
+    utils = utils or dd.real().ddtree_utils
+    layout, prefix, gen = _tree(utils, shape, device, seed, layout)
     bs, n, dt = shape.cfg.batch, shape.cfg.n, shape.dtype
     total = int(prefix.sum())
     slots = total + 64
@@ -190,12 +203,17 @@ def check_attention(report, ea_module, utils, device, shape: Shape, seed: int) -
     ref = dense_reference(q, k, v, k_buf, v_buf, kv_indptr, kv_indices, prefix,
                           layout.tree_mask, n, sm_scale)
     causal = torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(bs, n, n)
-    chain = dense_reference(q, k, v, k_buf, v_buf, kv_indptr, kv_indices, prefix, causal, n,
+    # The wrong mask the comparison must tell apart: a chain's (causal), or, where the tree
+    # is a chain (a top-K 1 schedule entry), every node seeing every node.
+    is_chain = bool(torch.equal(layout.tree_mask.bool(), causal))
+    wrong = torch.ones_like(causal) if is_chain else causal
+    chain = dense_reference(q, k, v, k_buf, v_buf, kv_indptr, kv_indices, prefix, wrong, n,
                             sm_scale)
     err = float((o.float() - ref).abs().max())
-    power = float((chain - ref).abs().max())  # how far a wrong (causal) mask would land
-    detail = (f"max |triton - reference| {err:.2e} (tolerance {shape.atol:.0e}); a causal mask "
-              f"instead of the tree's would be off by {power:.2e}")
+    power = float((chain - ref).abs().max())  # how far the wrong mask would land
+    detail = (f"max |triton - reference| {err:.2e} (tolerance {shape.atol:.0e}); "
+              f"{'no mask (the tree is a chain)' if is_chain else 'a causal mask'} instead of "
+              f"the tree's would be off by {power:.2e}")
     if not err <= shape.atol:
         return report.record("FAIL", name, detail)
     if not power > 10 * shape.atol:

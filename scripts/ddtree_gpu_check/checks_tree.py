@@ -66,17 +66,17 @@ def _differ(a, b, fields=TREE_FIELDS) -> list:
     return [f for f in fields if not torch.equal(getattr(a, f), getattr(b, f))]
 
 
-def build_config(ctx: Context, cfg: dd.Config, seed: int, mode: int = dd.FULL_MASK):
-    """The worker's lineage for cfg, its kernel arguments and fresh buffers."""
+def build_config(ctx: Context, cfg: dd.Config, seed: int, mode: int = dd.FULL_MASK,
+                 worker=None, state=None):
+    """The worker's own lineage for cfg and its verify call's arguments (dd.worker_call: the
+    payload's DDTreeWorkerV2), and fresh buffers."""
     inputs = dd.make_inputs(cfg, ctx.device, vocab=VOCAB, hidden=HIDDEN, seed=seed)
     with torch.no_grad():
-        logprobs, tokens = dd.head(ctx.lineage, inputs, cfg)
-        layout, parent_list, sel, draft = dd.tree(ctx.utils, ctx.lineage, logprobs, tokens,
-                                                 inputs.roots, cfg)
-    topk, depth = dd.worker_tree_args(ctx.lineage, tokens, cfg.n)
+        call = dd.worker_call(inputs, cfg, worker, state)
     bufs = dd.VerifyBuffers.allocate(cfg, inputs.seq_lens_sum, ctx.device, mode)
     bufs.reset()
-    return inputs, layout, parent_list, sel, draft, topk, depth, bufs
+    return (inputs, call["layout"], call["parent_list"], call["top_scores_index"],
+            call["draft_tokens"], call["topk"], call["depth"], bufs, call["n"])
 
 
 def host_checks(ctx: Context, compiled, transcribed, *args) -> tuple:
@@ -107,8 +107,8 @@ def host_checks(ctx: Context, compiled, transcribed, *args) -> tuple:
 
 
 def check_config(report, ctx: Context, cfg: dd.Config, seed: int,
-                 mode: int = dd.FULL_MASK) -> bool:
-    name = f"tree kernel + lineage vs DDTree: {cfg}" + (", QLEN_ONLY" if mode else "")
+                 mode: int = dd.FULL_MASK, worker=None, state=None, label=None) -> bool:
+    name = (label or f"tree kernel + lineage vs DDTree: {cfg}") + (", QLEN_ONLY" if mode else "")
     if ctx.missing_kernels():
         return report.record("FAIL", name, ctx.missing_kernels())
     refused = dd.plugin_problem(ctx.lineage, cfg)
@@ -116,12 +116,14 @@ def check_config(report, ctx: Context, cfg: dd.Config, seed: int,
         return report.record("FAIL", name, f"the plugin refuses this configuration, so it is "
                                            f"not fed to the kernel: {refused}")
     try:
-        inputs, layout, parent_list, sel, _draft, topk, depth, bufs = build_config(
-            ctx, cfg, seed, mode)
+        inputs, layout, parent_list, sel, _draft, topk, depth, bufs, n = build_config(
+            ctx, cfg, seed, mode, worker, state)
     except Exception as exc:  # the payload crashed
         return report.record("FAIL", name, f"the worker's tree/lineage raised "
                                            f"{type(exc).__name__}: {exc}")
-    n = cfg.n
+    if n != cfg.n:
+        return report.record("FAIL", name, f"the worker verifies {n} tokens per request, not "
+                                           f"budget {cfg.budget} + 1")
     padding = int((~layout.valid).sum())
     shapes = (f"parent_list {list(parent_list.shape)}, top_scores_index {list(sel.shape)}, "
               f"topk {topk}, depth {depth}, draft_token_num {n}")
@@ -324,8 +326,8 @@ def check_greedy_verify(report, ctx: Context, cfg: dd.Config, seed: int) -> bool
     name = f"verify_tree_greedy on the built tree == DDTree greedy walk: {cfg}"
     if ctx.missing_kernels():
         return report.record("FAIL", name, ctx.missing_kernels())
-    inputs, layout, parent_list, sel, draft, topk, depth, bufs = build_config(ctx, cfg, seed)
-    n, bs = cfg.n, cfg.batch
+    inputs, layout, parent_list, sel, draft, topk, depth, bufs, n = build_config(ctx, cfg, seed)
+    bs = cfg.batch
     model, violations = km.simulate(parent_list.cpu(), sel.cpu(), inputs.seq_lens.cpu(), topk,
                                     depth, n, dd.FULL_MASK, bufs.tree_mask.cpu())
     if violations:

@@ -1,35 +1,29 @@
-"""The worker's DDTree step as the GPU check runs it, from the payload's own modules.
+"""The worker's DDTree step as the GPU check runs it: the payload's own worker.
 
-``payload/ddtree_utils.py`` and ``payload/ddtree_lineage.py`` are imported as top-level
-modules (as the tests do; on a host they are ``sglang.srt.speculative.*``), so the check
-exercises exactly what the v2 family installs. ``payload/ddtree_worker_v2.py`` itself imports
-SGLang and cannot be imported here: the few lines of its step the check repeats are named in
-``WORKER_LINES``, and tests/test_gpu_check_model.py pins them to the worker's source and
-evaluates the worker's own ``topk`` / ``num_steps`` expressions against ``worker_tree_args``,
-so a change to the worker's call (another ``num_steps``, another lineage signature) fails that
-test instead of silently checking something else.
+The check imports ``payload/ddtree_worker_v2.py`` itself (real_payload: the installed module
+names, named stand-ins for the SGLang it cannot have) and runs its code: the top-K head
+(``_DDTreeTopKHead``), the schedule entry of a batch (``_ddtree_select``), the tree and lineage
+(``_ddtree_build``), and ``_ddtree_verify_and_commit`` up to its ``build_eagle_verify_input``
+call, whose arguments (parent list, selected index, topk, num_steps, num_draft_tokens) the check
+hands SGLang's compiled tree kernel. A worker defect there is a defect the check sees.
 
-One step (``_DDTreeTopKHead`` + ``_ddtree_build`` + ``build_eagle_verify_input``):
-  head     logits = hidden @ lm_head.T, top-K log-probs per drafted position
-           (``sharded_topk_logprobs``, one rank), [bs, block - 1, K]
-  tree     ``build_ddtree(finite_logprobs(logprobs), tokens, roots, budget)``: always full
-  lineage  ``eagle_lineage(layout, tokens)`` -> parent_list [bs, K * (D - 1) + 1],
-           top_scores_index [bs, B], draft_tokens [bs, B]
-  verify   SGLang's tree kernel with topk = K, depth = D = ``lineage_depth(B, K, block - 1)``
-           (the worker's ``num_steps``) and draft_token_num = B + 1, into preallocated
+One step:
+  head     the worker's head over the LM head, top-K log-probs per drafted position
+  tree     the worker's build_ddtree over finite_logprobs (always full) + eagle_lineage
+  verify   SGLang's tree kernel with the worker's topk, num_steps and width, into preallocated
            buffers (the mask as the Triton backend's uint8 FULL_MASK buffer, filled with 1
            first, as ``eagle_utils.build_tree_kernel_efficient`` does)
 
 The configurations (``configs``) are ones the v2 plugin accepts (tests/test_v2_server_args.py
 resolves each through SGLang's own argument pipeline); ``refused_configs`` are ones it refuses
 through ``ddtree_lineage.abi_problem``, which the check shows refused and never feeds to the
-kernel.
+kernel. ``SCHEDULE`` is the budget schedule the check resolves with the plugin's own rules and
+runs width by width.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,19 +33,6 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The worker's lines this module repeats (payload/ddtree_worker_v2.py).
-WORKER_LINES = (
-    "logits = torch.matmul(hs, self.weight[: self.num_org].T)",
-    "values, ids = sharded_topk_logprobs(",
-    "layout = build_ddtree(finite_logprobs(logprobs), tokens, roots, self.ddtree_budget)",
-    "parent_list, top_scores_index, draft_tokens = eagle_lineage(layout, tokens)",
-    "n = self.ddtree_verify_width",
-    "k = int(tokens.shape[2])",
-    "topk=k,",
-    "num_steps=lineage_depth(n - 1, k, int(tokens.shape[1])),",
-    "num_draft_tokens=n,",
-    "tree_mask_mode=default_tree_mask_mode(),",
-)
 DFLASH_DEFAULT_BLOCK = 16  # SGLang's DFlash draft block when the draft's config names none
 PAD_CELLS = 4096  # mask cells past the batch's, filled with SENTINEL: a write there is seen
 SENTINEL = 7
@@ -68,18 +49,21 @@ def payload_dir() -> Path:
     return repo_dir("payload")
 
 
-def payload(name: str):
-    folder = str(payload_dir())
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    return importlib.import_module(name)
+def real():
+    """The payload's modules, loaded under their installed names (real_payload)."""
+    from . import real_payload
+
+    return real_payload.load(payload_dir())
 
 
-def worker_tree_args(lineage, tokens, n: int) -> Tuple[int, int]:
-    """(topk, num_steps) as the worker passes them to ``build_eagle_verify_input``: K, the
-    width of the draft's top-K, and ``lineage_depth(n - 1, K, L)`` (WORKER_LINES)."""
-    k = int(tokens.shape[2])
-    return k, int(lineage.lineage_depth(n - 1, k, int(tokens.shape[1])))
+def worker_for(cfg: "Config", lm_head, device, entries=None):
+    """The payload's worker for cfg (one budget), or for resolved schedule ``entries``."""
+    from . import real_payload
+
+    mods = real()
+    entries = entries or (mods.ddtree_schedule.Entry(1, cfg.budget, min(cfg.topk,
+                                                                         cfg.budget)),)
+    return real_payload.RealWorker(mods, device, entries, cfg.block, lm_head, max_bs=cfg.batch)
 
 
 @dataclass(frozen=True)
@@ -162,7 +146,7 @@ def plugin_problem(lineage, cfg: Config) -> Optional[str]:
 
 @dataclass
 class Inputs:
-    hidden: "object"  # [bs * (block - 1), hidden] float32
+    hidden: "object"  # [bs * block, hidden] float32: the draft block's rows
     lm_head: "object"  # [V, hidden] float32
     roots: "object"  # [bs] int64
     seq_lens: "object"  # [bs] int64
@@ -175,25 +159,23 @@ def make_inputs(cfg: Config, device, *, vocab: int, hidden: int, seed: int,
     if lm_head is None:
         lm_head = (torch.randn(vocab, hidden, generator=gen) / hidden ** 0.5).to(device)
     bs = cfg.batch
-    hs = (torch.randn(bs * cfg.drafted, hidden, generator=gen) * 3).to(device)
+    # The draft block's rows (the bonus position too): what the worker's head is handed.
+    hs = (torch.randn(bs * cfg.block, hidden, generator=gen) * 3).to(device)
     roots = torch.randint(1, lm_head.shape[0], (bs,), generator=gen).to(device)
     seq_lens = torch.randint(1, max_seq, (bs,), generator=gen)
     return Inputs(hs, lm_head, roots, seq_lens.to(device), int(seq_lens.sum()))
 
 
-def head(lineage, inputs: Inputs, cfg: Config):
-    """The worker's ``_DDTreeTopKHead``: logits over the LM head, top-K per drafted position."""
-    logits = torch.matmul(inputs.hidden, inputs.lm_head.T)
-    values, ids = lineage.sharded_topk_logprobs(logits, cfg.topk)
-    shape = (cfg.batch, cfg.drafted, values.shape[1])
-    return values.view(shape), ids.view(shape)
-
-
-def tree(utils, lineage, logprobs, tokens, roots, cfg: Config):
-    """The worker's ``_ddtree_build``."""
-    layout = utils.build_ddtree(lineage.finite_logprobs(logprobs), tokens, roots, cfg.budget)
-    parent_list, top_scores_index, draft_tokens = lineage.eagle_lineage(layout, tokens)
-    return layout, parent_list, top_scores_index, draft_tokens
+def worker_call(inputs: Inputs, cfg: Config, worker=None, state=None) -> dict:
+    """The worker's head, tree and verify call on ``inputs`` (real_payload.RealWorker):
+    {"logprobs", "tokens", "layout", "parent_list", "top_scores_index", "draft_tokens",
+    "topk", "depth", "n"} as the worker hands them to SGLang's verify."""
+    worker = worker or worker_for(cfg, inputs.lm_head, inputs.hidden.device)
+    state = state or worker.select(cfg.batch)
+    logprobs, tokens = worker.head(inputs.hidden)
+    out = worker.verify_call(inputs.roots, logprobs, tokens, state)
+    out.update(logprobs=logprobs, tokens=tokens)
+    return out
 
 
 @dataclass
@@ -235,21 +217,24 @@ def verify_tensors(kernels, parent_list, top_scores_index, seq_lens, bufs: Verif
                                             *bufs.kernel_args(), topk, depth, n, bufs.mode)
 
 
-def step(utils, lineage, kernels, inputs: Inputs, cfg: Config, bufs: Optional[VerifyBuffers],
-         marks=None) -> dict:
-    """One DDTree step; ``marks(name)`` is called after each phase (timing events)."""
+def step(worker, kernels, inputs: Inputs, cfg: Config, bufs: Optional[VerifyBuffers],
+         call: dict, marks=None) -> dict:
+    """One DDTree step through the worker's head and _ddtree_build, SGLang's tree kernel with
+    the worker's verify arguments (``call``: topk, depth, n from ``worker_call``: Python ints,
+    the same every step); ``marks(name)`` is called after each phase (timing events)."""
     mark = marks or (lambda name: None)
-    logprobs, tokens = head(lineage, inputs, cfg)
+    state = worker.select(cfg.batch)
+    logprobs, tokens = worker.head(inputs.hidden)
     mark("head")
-    layout, parent_list, sel, draft = tree(utils, lineage, logprobs, tokens, inputs.roots, cfg)
+    layout, parent_list, sel, draft = worker.build(inputs.roots, logprobs, tokens, state)
     mark("tree")
-    topk, depth = worker_tree_args(lineage, tokens, cfg.n)
     out = {"logprobs": logprobs, "tokens": tokens, "layout_tokens": layout.tokens,
            "parents": layout.parents, "valid": layout.valid, "parent_list": parent_list,
            "top_scores_index": sel, "draft_tokens": torch.cat(
                (inputs.roots.unsqueeze(1), draft), dim=1).flatten()}
     if bufs is not None:
-        verify_tensors(kernels, parent_list, sel, inputs.seq_lens, bufs, topk, depth, cfg.n)
+        verify_tensors(kernels, parent_list, sel, inputs.seq_lens, bufs, call["topk"],
+                       call["depth"], call["n"])
         out.update(tree_mask=bufs.tree_mask, positions=bufs.positions, retrieve=bufs.retrieve)
     mark("verify")
     return out

@@ -42,6 +42,13 @@ class Report:
         print("", file=self.stream, flush=True)
         self._save()
 
+    def note(self, text: str) -> None:
+        """A line that is no check (what the run cannot check, and says so), kept in the JSON
+        report's info under "notes"."""
+        self.info.setdefault("notes", []).append(text)
+        print(f"NOTE  {text}", file=self.stream, flush=True)
+        self._save()
+
     def counts(self) -> dict:
         return {s: sum(r["status"] == s for r in self.results) for s in STATUSES}
 

@@ -183,7 +183,10 @@ def run_checks(report: Report, args) -> None:
     on_gpu = device.type == "cuda"
     from . import checks_tree, ddtree as dd
 
-    utils, lineage = dd.payload("ddtree_utils"), dd.payload("ddtree_lineage")
+    # The payload's own modules, under their installed names (the worker and the plugin need
+    # stand-ins for SGLang: real_payload).
+    mods = dd.real()
+    utils, lineage = mods.ddtree_utils, mods.ddtree_lineage
     kernels, why = _build(report, args, release_root, device)
     ctx = checks_tree.Context(device, kernels, why, utils, lineage)
 
@@ -209,10 +212,27 @@ def run_checks(report: Report, args) -> None:
         traceback.print_exc(file=sys.stderr)
         report.record("FAIL", "Triton extend attention loads from the carried files",
                       f"{type(exc).__name__}: {exc}")
+        ea = None
     else:
         for i, shape in enumerate(attention.shapes(on_gpu)):
             _guard(report, f"attention: {shape.label}", attention.check_attention, report, ea,
                    utils, device, shape, seed=300 + i)
+
+    # SGLang's tree sampling kernel (target-only sampling walk): its JIT source includes
+    # <flashinfer/sampling.cuh>, which neither the wheel nor the lent machine carries.
+    report.note("SGLang's tree sampling kernel (kernels/jit/csrc/speculative/sampling.cuh) is "
+                "not built: it includes <flashinfer/sampling.cuh>, which neither SGLang's wheel "
+                "nor the lent machine has, so the CUDA sampling walk is checked nowhere (its "
+                "transcription, kernel_model.tree_speculative_sampling_target_only, is checked "
+                "against DDTree's sampling reference and the target's law on CPU)")
+    # A budget schedule: the plugin resolves it, the worker runs every width (tree kernel,
+    # attention, and on CUDA each width's step captured and replayed as a CUDA graph).
+    from . import checks_schedule
+
+    entries, block = checks_schedule.resolve(report, mods, device, on_gpu)
+    for i in range(len(entries or ())):
+        _guard(report, f"schedule width {entries[i].width}", checks_schedule.check_width,
+               report, ctx, entries, i, block, ea, seed=400 + i)
 
     from . import hybrid
 
@@ -222,11 +242,11 @@ def run_checks(report: Report, args) -> None:
     from . import step
 
     if on_gpu:
-        runner = step.StepRunner(utils, lineage, kernels, device, configs[0])
+        runner = step.StepRunner(kernels, device, configs[0])
         _guard(report, "step without host sync", step.check_sync_free, report, runner)
         _guard(report, "step in a CUDA graph", step.check_graph, report, runner)
         del runner
-        _guard(report, "timings", step.timings, report, utils, lineage, kernels, device)
+        _guard(report, "timings", step.timings, report, kernels, device)
     else:
         report.record("SKIP", "DDTree step without a host sync", "CUDA only")
         report.record("SKIP", "DDTree step captured in a CUDA graph, replayed == eager",
@@ -234,7 +254,7 @@ def run_checks(report: Report, args) -> None:
         import io
 
         quiet = Report("timings table, CPU", stream=io.StringIO())
-        step.timings(quiet, utils, lineage, None, device, batches=(1, 2), budgets=(16,),
+        step.timings(quiet, None, device, batches=(1, 2), budgets=(16,),
                      warmup=1, iters=2)
         report.record("SKIP", "per-step timings, batch 1..64 x budget 16..256",
                       "CUDA only (the table's code ran here on CPU at batch 1-2, budget 16, "

@@ -34,18 +34,24 @@ PHASES = ("head", "tree", "verify")
 
 
 class StepRunner:
-    def __init__(self, utils, lineage, kernels, device, cfg: dd.Config, lm_head=None,
-                 vocab: int = VOCAB, hidden: int = HIDDEN, seed: int = 0):
-        self.utils, self.lineage, self.kernels = utils, lineage, kernels
-        self.device, self.cfg = device, cfg
+    """The payload's worker (dd.worker_for) stepping on fixed inputs: its head, its tree and
+    lineage, SGLang's kernel with the arguments of its own verify call. ``entries``: a
+    resolved budget schedule (cfg is then one of its entries, run at cfg.batch)."""
+
+    def __init__(self, kernels, device, cfg: dd.Config, lm_head=None, vocab: int = VOCAB,
+                 hidden: int = HIDDEN, seed: int = 0, entries=None):
+        self.kernels, self.device, self.cfg = kernels, device, cfg
         self.inputs = dd.make_inputs(cfg, device, vocab=vocab, hidden=hidden, seed=seed,
                                      lm_head=lm_head)
+        self.worker = dd.worker_for(cfg, self.inputs.lm_head, device, entries)
+        with torch.no_grad():
+            self.call = dd.worker_call(self.inputs, cfg, self.worker)
         self.bufs = dd.VerifyBuffers.allocate(cfg, self.inputs.seq_lens_sum, device)
 
     def __call__(self, marks=None, bufs=None) -> dict:
         with torch.no_grad():
-            return dd.step(self.utils, self.lineage, self.kernels, self.inputs, self.cfg,
-                           bufs or self.bufs, marks)
+            return dd.step(self.worker, self.kernels, self.inputs, self.cfg, bufs or self.bufs,
+                           self.call, marks)
 
     def new_values(self, seed: int) -> None:
         """Other hidden states and roots, the same lengths in another order (in place)."""
@@ -194,7 +200,7 @@ def time_cell(runner: StepRunner, warmup: int, iters: int, graph: bool) -> dict:
     return result
 
 
-def timings(report, utils, lineage, kernels, device, *, batches=BATCHES, budgets=BUDGETS,
+def timings(report, kernels, device, *, batches=BATCHES, budgets=BUDGETS,
             vocab: int = VOCAB, warmup: int = 3, iters: int = 20) -> bool:
     on_gpu = device.type == "cuda"
     gen = torch.Generator(device="cpu").manual_seed(5)
@@ -203,8 +209,7 @@ def timings(report, utils, lineage, kernels, device, *, batches=BATCHES, budgets
     for budget in budgets:
         for bs in batches:
             cfg = dd.Config("timing", budget, 8, dd.DFLASH_DEFAULT_BLOCK, bs)
-            runner = StepRunner(utils, lineage, kernels, device, cfg, lm_head=lm_head,
-                                vocab=vocab)
+            runner = StepRunner(kernels, device, cfg, lm_head=lm_head, vocab=vocab)
             try:
                 t = time_cell(runner, warmup, iters, graph=on_gpu)
                 verify = f"{t['verify']:.3f}"
