@@ -34,7 +34,16 @@ def _render(command: str, hosts: List[Host], json_output: bool, call: Callable, 
     from ddtree_deploy.cli.fleet_view import render
 
     render(command, hosts, json_output, call, canary=canary,
-           single=(lambda r: _print_status(r.doc)) if command == "status" else None)
+           single=(lambda r: _print_any_status(r.doc)) if command == "status" else None)
+
+
+def _print_any_status(doc: dict) -> None:
+    if doc.get("kind") == "container":  # a [container] host (issue 32)
+        from ddtree_deploy.cli.container_view import print_container_status
+
+        print_container_status(doc)
+        return
+    _print_status(doc)
 
 
 @app.command("push")
