@@ -168,7 +168,7 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
     proof = serve_plan.proof_spec(serve, family_smoke(series))
     progress("health + DDTree proof")
     verified = _verify(session, serve, proof, heartbeat)
-    failed = None if verified["ok"] else (verified["failed"], verified["detail"])
+    failed = None if verified["healthy"] else (verified["failed"], verified["detail"])
     if failed is None:
         progress("speed analysis")
         # ---- the speed analysis gate (issue 29 phase 2): its single call site ----
@@ -197,7 +197,7 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
                        f"NOT be put back: {clause(exc, h.name)}", lines, exc)
     doc.update(rolled_back=undone["journal"], verify_after_rollback=again)
     said = (f"{step} failed: {detail}; rolled back: {undone['how']}; the old image serves again: "
-            + ("healthy" if again["ok"] else f"NOT healthy ({again['detail']})"))
+            + ("healthy" if again["healthy"] else f"NOT healthy ({again['detail']})"))
     return _result(h.name, Kind.FAILED_ROLLED_BACK, doc, said, lines + [f"{h.name}: {said}"])
 
 
@@ -235,8 +235,8 @@ def rollback_host(h, connect: Connect, serve: ServeSettings, *, dry_run: bool = 
             undone = session.call({"op": "restore", "run_id": run_id, "command": "rollback"}, timeout_s=SWITCH_S)
             again = _verify(session, serve, None, heartbeat, switched=False)
             doc.update(journal=undone["journal"], verify=again)
-            line = f"rolled back: {undone['how']}; " + ("healthy" if again["ok"] else f"NOT healthy ({again['detail']})")
-            return _result(h.name, Kind.ROLLED_BACK if again["ok"] else Kind.UNHEALTHY, doc, line,
+            line = f"rolled back: {undone['how']}; " + ("healthy" if again["healthy"] else f"NOT healthy ({again['detail']})")
+            return _result(h.name, Kind.ROLLED_BACK if again["healthy"] else Kind.UNHEALTHY, doc, line,
                            [f"{h.name}: {line}"])
         journal = answer["journal"]
         progress(f"switch the container to the kept image {plan.image.get('tag')}")
@@ -248,7 +248,7 @@ def rollback_host(h, connect: Connect, serve: ServeSettings, *, dry_run: bool = 
         progress("health")
         verified = _verify(session, serve, None, heartbeat)
         doc["verify"] = verified
-        if verified["ok"]:
+        if verified["healthy"]:
             kept = session.call({"op": "keep", "run_id": run_id, "phase": Phase.ROLLED_BACK})
             doc["journal"] = kept["journal"]
             line = (f"rolled back: container {s.name} runs the kept image {plan.image.get('tag')} "
@@ -257,7 +257,7 @@ def rollback_host(h, connect: Connect, serve: ServeSettings, *, dry_run: bool = 
         undone = session.call({"op": "restore", "run_id": run_id, "command": "rollback"}, timeout_s=SWITCH_S)
         again = _verify(session, serve, None, heartbeat, switched=False)
         line = (f"the kept image was not healthy ({verified['detail']}): the deployed container is back: "
-                f"{undone['how']}; " + ("healthy" if again["ok"] else f"NOT healthy ({again['detail']})"))
+                f"{undone['how']}; " + ("healthy" if again["healthy"] else f"NOT healthy ({again['detail']})"))
         doc.update(journal=undone["journal"], verify_after_undo=again)
         return _result(h.name, Kind.UNHEALTHY, doc, line, [f"{h.name}: {line}",
                                                            f"{h.name}: next: {next_step.status(h.name)}"])

@@ -359,7 +359,7 @@ class Containers(StateFolder, Lock, History):
 
     def op_verify(self, request):
         """The switched container runs and is healthy (a 200 from its health URL), and with a
-        ``proof`` serves DDTree: {ok, failed, detail, health, proof}. Recorded in the journal."""
+        ``proof`` serves DDTree: {healthy, failed, detail, health, proof}. Recorded in the journal."""
         self._need()
         name = self.c["name"]
         journal = self.read_journal() or {}
@@ -369,7 +369,8 @@ class Containers(StateFolder, Lock, History):
         started = time.monotonic()
         deadline = started + timeout_s
         self.emitter.current = "health"
-        answer = {"ok": False, "failed": None, "detail": "", "health": None, "proof": None, "container": None}
+        # ``healthy``, not ``ok``: the request itself was answered (``ok`` is the op's, set by handle).
+        answer = {"healthy": False, "failed": None, "detail": "", "health": None, "proof": None, "container": None}
         status, polls = None, 0
         try:
             while True:
@@ -407,13 +408,13 @@ class Containers(StateFolder, Lock, History):
                     answer["proof"] = evidence
                 except sa.LevelFailed as exc:
                     answer.update(failed="proof", detail=exc.detail, proof=dict(evidence, **exc.evidence))
-            answer["ok"] = answer["failed"] is None
-            if answer["ok"]:
+            answer["healthy"] = answer["failed"] is None
+            if answer["healthy"]:
                 answer["detail"] = _healthy_line(answer)
         finally:
             self.emitter.current = None
         if self.locked and journal:
-            record = {"state": "healthy" if answer["ok"] else "unhealthy", "time": wire.now_iso(),
+            record = {"state": "healthy" if answer["healthy"] else "unhealthy", "time": wire.now_iso(),
                       "failed": answer["failed"], "detail": answer["detail"][:500],
                       "proof": None if not request.get("proof") else "tree" if request["proof"].get("probe") else "width",
                       "run_id": journal.get("run_id")}
