@@ -262,3 +262,89 @@ def test_refusals_are_one_line_and_change_nothing(box, sshd, engine, tmp_path, c
         assert "docker is installed" in r.stderr and "does not answer" in r.stderr
     else:
         assert r.returncode == 3 and "docker is not installed" in r.stderr, r.stdout + r.stderr
+
+
+def _wait_unlocked(name: str, timeout: float = 120) -> dict:
+    """The host's status document once no run holds its lock (the container program, left
+    alone by an interrupted run, finishes its step first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = json.loads(cli("status", "--host", name, "--json").stdout)["hosts"][0]
+        if not doc.get("lock"):
+            return doc
+        assert time.monotonic() < deadline, f"{name}: the lock was never released: {doc.get('lock')}"
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("step", ["build", "switch", "verify", "keep"])
+def test_ctrl_c_at_every_step_leaves_a_state_status_explains_and_a_rerun_finishes(box, step, oracle, tmp_path,
+                                                                                    monkeypatch):
+    """The container program stops before each request (the hook ``stop_before_each_request``);
+    when it holds ``step``'s request, Ctrl-C reaches the CLI, then the program goes on alone."""
+    _, patched = oracle
+    b = box(f"ct-int-{step}")
+    log = tmp_path / "requests.log"
+    monkeypatch.setenv("DDTREE_DEPLOY_TEST_HOOKS", json.dumps({"stop_before_each_request": str(log)}))
+    proc = subprocess.Popen([sys.executable, "-m", "ddtree_deploy", "push", "--host", b.name], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "200"})
+    monkeypatch.delenv("DDTREE_DEPLOY_TEST_HOOKS")
+    seen, pid = 0, None
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        lines = log.read_text().splitlines() if log.exists() else []
+        if len(lines) == seen:
+            time.sleep(0.05)
+            continue
+        pid, op = lines[seen].split()
+        pid, seen = int(pid), seen + 1
+        _wait_stopped(pid)
+        if op == step:
+            break
+        os.kill(pid, signal.SIGCONT)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    os.kill(pid, signal.SIGCONT)  # the program handles the request it holds, alone, then sees the link gone
+    assert proc.returncode == 130, out + err
+    assert f"{b.name}: interrupted waiting for {step}" in err, err
+    doc = _wait_unlocked(b.name)
+    if step == "build":  # the container was never touched
+        assert doc["phase"] == "never-deployed" and doc["outcome"] == "fine", doc
+    elif step == "keep":
+        assert doc["phase"] == "deployed" and doc["outcome"] == "fine", doc
+    else:  # switched and never ended: said, with the two ways on
+        assert doc["phase"] == "switched" and doc["outcome"] == "needs attention", doc
+        assert "never ended" in doc["explanation"] and "to finish it" in doc["explanation"]
+    r = cli("push", "--host", b.name)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("checked and kept now" in r.stdout) == (step in ("switch", "verify")), r.stdout
+    doc = _wait_unlocked(b.name)
+    assert doc["phase"] == "deployed" and doc["outcome"] == "fine", doc
+    assert b.serving_sha() == sha256(patched[SPEC])
+
+
+def _wait_stopped(pid: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"process {pid} never stopped"
+        time.sleep(0.02)
+
+
+def test_a_program_killed_mid_switch_is_explained_and_finished(box, oracle, monkeypatch):
+    """The container program dies between the old container's rename aside and the new one's
+    creation: no container has the name; status says where the old one is; push puts it back
+    and completes."""
+    _, patched = oracle
+    b = box("ct-kill")
+    monkeypatch.setenv("DDTREE_DEPLOY_TEST_HOOKS", json.dumps({"exit_after_rename": True}))
+    r = cli("push", "--host", b.name)
+    monkeypatch.delenv("DDTREE_DEPLOY_TEST_HOOKS")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert b.inspect() is None and b.inspect(b.name + "-ddtree-prev") is not None
+    st = cli("status", "--host", b.name)
+    assert st.returncode == 1, st.stdout + st.stderr
+    assert "stopped during its switch" in st.stdout and f"kept aside, stopped, as {b.name}-ddtree-prev" in st.stdout
+    r = cli("push", "--host", b.name)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the old container, kept aside as" in r.stdout
+    assert b.serving_sha() == sha256(patched[SPEC])

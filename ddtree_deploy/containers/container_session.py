@@ -67,8 +67,8 @@ class ContainerSession(ProgramSession):
         op = str(request.get("op"))
         if op == "init":
             request = dict(request, guard_wait_s=min(GUARD_WAIT_S, timeout_s / 3))
-        self.step = op
         self.send(request, during=f"while sending {op}")
+        self.step = self.waiting_for = op  # sent: a Ctrl-C from now on leaves this step to the program
         self.round_trips += 1
         deadline = time.monotonic() + timeout_s
         while True:
