@@ -200,7 +200,7 @@ def plan_push(host: str, answer: dict, desired: Desired) -> PushPlan:
                         f"{journal.get('run_id')}, image {short(found.get('image'))}")
     if not journal and labels.get(SERIES_ID_LABEL) == desired.series_id:
         return PushPlan("already", None, f"the image already carries {desired.series} ({desired.series_id[:12]}) "
-                        "(its labels: built by `ddtree-deploy image`)")
+                        "(by its labels)")
     if _ours(answer) and phase == Phase.DEPLOYED:
         prev = journal.get("previous") or {}
         if not (answer.get("kept") or {}).get(prev.get("id")):

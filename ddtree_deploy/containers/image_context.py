@@ -135,7 +135,7 @@ def context_files(series: Series, desired: Desired, base: str, *, state_dir: str
             files[f"ddtree/series/payload/{Path(entry.dest).name}"] = entry.content
     files["Dockerfile"] = dockerfile_text(base, labels, state_dir, python).encode()
     files["labels.json"] = (json.dumps(labels, indent=1) + "\n").encode()
-    files[".dockerignore"] = b"labels.json\n"
+    files[".dockerignore"] = b"labels.json\nk8s.yaml\n"  # --k8s writes its manifest beside the context
     return files, labels
 
 

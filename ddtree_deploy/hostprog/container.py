@@ -322,6 +322,8 @@ class Containers(StateFolder, Lock, History):
             journal[key] = request.get(key)
         journal = self.write_journal(journal, Phase.SWITCHING)
         self.emitter.current = "switch"
+        if self.c.get("compose_file"):
+            return self._compose_switch(journal, before, to["id"])
         created = None
         try:
             with self.fenced("stopping the container"):
@@ -336,14 +338,57 @@ class Containers(StateFolder, Lock, History):
                 run(cli.start_argv(self.engine, name))
         except AgentError as exc:
             undone = self._put_back(created, aside, name)
-            self.write_journal(dict(before) if before else journal, before.get("phase") or Phase.ROLLED_BACK)
+            self._journal_back(before)
             raise AgentError(exc.code, "%s; %s" % (exc.message, undone))
         finally:
             self.emitter.current = None
+        return self._switched(journal)
+
+    def _switched(self, journal):
         journal["switch"]["started"] = time.time()
         journal = self.write_journal(journal, Phase.SWITCHED)
-        self.record("switch", outcome="ok", container=name, phase=Phase.SWITCHED, switch=_brief_switch(journal))
+        self.record("switch", outcome="ok", container=self.c["name"], phase=Phase.SWITCHED,
+                    switch=_brief_switch(journal))
         return {"journal": journal}
+
+    def _journal_back(self, before):
+        """The journal as it was before a switch that was undone in the same op."""
+        with self.fenced("restoring the journal"):
+            if before:
+                write_json_atomic(self._p("journal.json"), before)
+            elif os.path.exists(self._p("journal.json")):
+                os.remove(self._p("journal.json"))
+
+    # -- compose: the service recreated by `compose up -d` with the image overridden (no aside)
+
+    def _compose_up(self, image):
+        """``compose up -d`` of the service with ``image`` (an override file of ours names it)."""
+        override = self._p("compose.override.json")
+        with self.fenced("writing the compose override"):
+            write_json_atomic(override, json.loads(cli.compose_override(self.c["service"], image)))
+            run(cli.compose_up_argv(self.engine, self.c["compose_file"], override, self.c["service"]),
+                timeout_s=float(self.c.get("stop_timeout_s") or 30) + 600)
+        found = self.inspect_one("container", self.c["name"])
+        if found is None:
+            raise AgentError(Code.ENGINE_FAILED, "compose up ran, but no container is named %s: set container.name "
+                             "to the name compose gives the service's container" % self.c["name"])
+        return found["Id"]
+
+    def _compose_switch(self, journal, before, image):
+        journal["switch"]["aside"] = None
+        try:
+            journal["switch"]["to_container"] = self._compose_up(image)
+        except AgentError as exc:
+            try:
+                self._compose_up(journal["switch"]["from_image"])
+                undone = "the service was brought up again with the old image"
+            except AgentError as again:
+                undone = "bringing the service up again with the old image FAILED too: %s" % again.message
+            self._journal_back(before)
+            raise AgentError(exc.code, "%s; %s" % (exc.message, undone))
+        finally:
+            self.emitter.current = None
+        return self._switched(journal)
 
     def _put_back(self, created, aside, name):
         """After a failed switch: the new container removed, the old one renamed back and started."""
@@ -454,6 +499,26 @@ class Containers(StateFolder, Lock, History):
                               automatic=request.get("automatic"))
         return {"journal": journal, "history_warning": warning}
 
+    def _restore_container(self, sw, name, aside):
+        """The old container back under ``name``: the one kept aside, else one created from the
+        recorded configuration with the old image; started. -> how, in words."""
+        names = self.names()
+        if name in names:
+            doc = self.inspect_one("container", name) or {}
+            if aside in names or doc.get("Image") == sw["to_image"] or doc.get("Id") == sw.get("to_container"):
+                run(cli.rm_argv(self.engine, name))
+            else:
+                raise AgentError(Code.CHANGED, "container %s (%s) is neither this run's nor the one it kept aside: "
+                                 "nothing was changed" % (name, str(doc.get("Id"))[:12]))
+        if aside and aside in names:
+            run(cli.rename_argv(self.engine, aside, name))
+            how = "the old container, kept aside as %s, is back" % aside
+        else:
+            run(cli.create_argv(self.engine, name, sw["from_image"], sw["config"]))
+            how = "a container of the old image was created with the recorded configuration"
+        run(cli.start_argv(self.engine, name))
+        return how
+
     def op_restore(self, request):
         """Undo the journal's switch: the old container back under its name (the one kept aside,
         or one created from the recorded configuration with the old image), started."""
@@ -463,24 +528,14 @@ class Containers(StateFolder, Lock, History):
             raise AgentError(Code.CHANGED, "no switch to undo: %s" % _brief(journal))
         sw = journal["switch"]
         name, aside = self.c["name"], sw["aside"]
-        names = self.names()
         self.emitter.current = "restore"
         try:
             with self.fenced("undoing the switch"):
-                if name in names:
-                    doc = self.inspect_one("container", name) or {}
-                    if aside in names or doc.get("Image") == sw["to_image"] or doc.get("Id") == sw.get("to_container"):
-                        run(cli.rm_argv(self.engine, name))
-                    else:
-                        raise AgentError(Code.CHANGED, "container %s (%s) is neither this run's nor the one it kept "
-                                         "aside: nothing was changed" % (name, str(doc.get("Id"))[:12]))
-                if aside in names:
-                    run(cli.rename_argv(self.engine, aside, name))
-                    how = "the old container, kept aside as %s, is back" % aside
+                if self.c.get("compose_file"):
+                    self._compose_up(sw["from_image"])
+                    how = "the service was brought up again with the old image (compose up -d)"
                 else:
-                    run(cli.create_argv(self.engine, name, sw["from_image"], sw["config"]))
-                    how = "a container of the old image was created with the recorded configuration"
-                run(cli.start_argv(self.engine, name))
+                    how = self._restore_container(sw, name, aside)
         finally:
             self.emitter.current = None
         back = (sw.get("before") or {})

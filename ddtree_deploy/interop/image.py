@@ -116,7 +116,7 @@ def builder_problem(builder: tuple[str, str]) -> str | None:
     return f"{name} is installed ({path}) but cannot build: {said[:300]}"
 
 
-def build(ctx: Context, tag: str | None) -> list[str]:
+def build(ctx: Context, tag: str | None, push_to: str | None = None) -> list[str]:
     """Run the first container builder found that can build now; DeployError (exit 3) when
     none is installed or none can (docker without its daemon), or when the build fails."""
     problems = []
@@ -145,5 +145,35 @@ def build(ctx: Context, tag: str | None) -> list[str]:
                           code=Code.BUILD_FAILED,
                           hint="a drifted or different sglang in the base image is named by the "
                           "'ddtree-deploy image: error:' line of the RUN step")
+    if push_to:
+        push(builder, tag, push_to)
     return argv
+
+
+def push_argvs(builder: tuple[str, str], tag: str, ref: str) -> list[list[str]]:
+    """``--push-to REF``: the built image tagged REF, then pushed there by the same builder."""
+    _name, path = builder
+    return [[path, "tag", tag, ref], [path, "push", ref]]
+
+
+def push(builder: tuple[str, str], tag: str, ref: str) -> None:
+    for argv in push_argvs(builder, tag, ref):
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode != 0:
+            said = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines()[-1]
+            raise DeployError(f"{builder[0]} {argv[1]} {ref} failed: {said[:300]}; the image is built here as {tag}",
+                              code=Code.BUILD_FAILED, hint="log in to the registry (`docker login HOST`) and push "
+                              f"it: {builder[0]} push {ref}")
+
+
+def check_push_to(ref: str | None, build_asked: bool, tag: str | None) -> None:
+    """``--push-to`` is a registry reference, and only with ``--build --tag`` (bad input before anything)."""
+    if ref is None:
+        return
+    if not build_asked or not tag:
+        raise BadInput(f"--push-to {ref}: needs --build and --tag (the image built here is pushed there)",
+                       hint="without a registry, a [container] host builds the image on the host itself: "
+                       "push --host HOST")
+    if "/" not in ref or any(c.isspace() for c in ref) or ref.startswith(("/", "-")):
+        raise BadInput(f"--push-to {ref!r}: a registry image reference, e.g. registry.example.org/team/sglang:tag")
 
