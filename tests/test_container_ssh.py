@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,11 +25,13 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.base.digests import sha256
+from ddtree_deploy.release import releases
 from ddtree_deploy.sandbox import SSHServer, free_port
 from ddtree_testkit import containers as ct
 from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, deploy_series_oracle
 
 IMAGE = "localhost/ddtree-test/sglang:0.5.12.post1"
+IMAGE13 = "localhost/ddtree-test/sglang:0.5.13"
 BUDGET = 8
 REPO = Path(__file__).resolve().parent.parent
 
@@ -99,6 +102,9 @@ class Box:
                         "--label", "team=inference", "--env", "SGLANG_TEST=1", "--restart", "on-failure:2",
                         image or self.image, *self.argv)
         return out.stdout.decode().strip()
+
+    def image_id(self) -> str:
+        return ct.podman(self.env, "image", "inspect", "--format", "{{.Id}}", self.image).stdout.decode().strip()
 
     def inspect(self, name: str | None = None) -> dict | None:
         proc = ct.podman(self.env, "container", "inspect", name or self.name, check=False)
@@ -254,14 +260,29 @@ def test_refusals_are_one_line_and_change_nothing(box, sshd, engine, tmp_path, c
               IMAGE.rsplit(":", 1)[0] + ":debian", "sleep", "600")
     r = cli("push", "--host", not_sglang.name)
     assert r.returncode == 1 and "is not an SGLang container" in r.stderr, r.stdout + r.stderr
-    # docker's CLI is installed here without a daemon: the engine does not answer (exit 3).
+    # An image whose SGLang is a release no family covers (0.5.13's real files; the test series
+    # covers 0.5.12 only): exit 2, before any lock.
+    wheel13 = releases.ensure_wheel("0.5.13")
+    ctx = ct.sglang_layer(wheel13, [SPEC, UTILS], tmp_path / "layer13")
+    ct.podman(engine, "build", "--build-arg", f"BASE={IMAGE.rsplit(':', 1)[0]}:debian", "-t", IMAGE13, str(ctx))
+    newer = box("ct-uncovered", image=IMAGE13)
+    r = cli("push", "--host", newer.name, "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 2 and doc["error"]["code"] == "uncovered-release", r.stdout
+    assert "runs SGLang 0.5.13, a release no family covers" in doc["error"]["message"]
+    assert not (newer.state_dir / "lock").exists() and newer.inspect()["Image"] == newer.image_id()
+    # An engine the host does not have, or whose daemon does not answer: exit 3, the right cause.
     docker = box("ct-docker", run=False, container={"engine": "docker"})
     r = cli("push", "--host", docker.name)
-    if Path("/usr/local/bin/docker").exists() or subprocess.run(["which", "docker"]).returncode == 0:
-        assert r.returncode == 3, r.stdout + r.stderr
-        assert "docker is installed" in r.stderr and "does not answer" in r.stderr
+    assert r.returncode == 3, r.stdout + r.stderr
+    if shutil.which("docker"):  # this machine has docker's CLI without a daemon
+        assert "docker is installed" in r.stderr and "but does not answer" in r.stderr, r.stderr
     else:
-        assert r.returncode == 3 and "docker is not installed" in r.stderr, r.stdout + r.stderr
+        assert "docker is not installed" in r.stderr, r.stderr
+    with SSHServer(tmp_path / "sshd-bare", env={**engine, "PATH": "/nonexistent"}) as bare:
+        nowhere = Box(bare, engine, tmp_path / "nowhere", "ct-nowhere")
+        r = cli("status", "--host", str(nowhere.inventory))
+        assert r.returncode == 3 and "podman is not installed on" in r.stderr, r.stdout + r.stderr
 
 
 def _wait_unlocked(name: str, timeout: float = 120) -> dict:
