@@ -220,7 +220,8 @@ def test_push_builds_recreates_proves_then_rollback_runs_the_kept_image(box, ora
 
 def test_a_failing_new_image_is_rolled_back_and_the_old_one_serves_again(box, oracle):
     pristine, _ = oracle
-    b = box("ct-fail", unhealthy_with=ADDED)  # the series adds ADDED: the new image never becomes ready
+    # The series adds ADDED: the new image never becomes ready (8 s is its whole chance).
+    b = box("ct-fail", unhealthy_with=ADDED, serve={"ready_timeout_s": 8})
     b.wait_healthy()
     before = b.inspect()
     r = cli("push", "--host", b.name)

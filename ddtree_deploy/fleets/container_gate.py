@@ -201,7 +201,7 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
     doc.update(rolled_back=undone["journal"], verify_after_rollback=again)
     said = (f"{step} failed: {detail}; rolled back: {undone['how']}; the old image serves again: "
             + ("healthy" if again["healthy"] else f"NOT healthy ({again['detail']})"))
-    return _result(h.name, Kind.FAILED_ROLLED_BACK, doc, said, lines + [f"{h.name}: {said}"])
+    return _result(h.name, Kind.FAILED_ROLLED_BACK, doc, said, lines)  # its first line says it (shown_lines)
 
 
 def _verify(session: ContainerSession, serve: ServeSettings, proof: dict | None, heartbeat: Heartbeat | None, *,
