@@ -28,6 +28,7 @@ from ddtree_deploy.base.digests import sha256
 from ddtree_deploy.release import releases
 from ddtree_deploy.sandbox import SSHServer, free_port
 from ddtree_testkit import containers as ct
+from envelope_check import check_envelope
 from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, deploy_series_oracle
 
 IMAGE = "localhost/ddtree-test/sglang:0.5.12.post1"
@@ -169,8 +170,8 @@ def test_status_of_a_container_host_never_deployed(box):
     assert "phase: never-deployed: never deployed by ddtree-deploy" in out
     assert f"pristine  {SPEC}" in out and f"pristine  {UTILS}" in out and f"missing   {ADDED}" not in out
     assert f"health http://127.0.0.1:{b.port}/health_generate: 200" in out
-    doc = json.loads(cli("status", "--host", b.name, "--json").stdout)
-    host = doc["hosts"][0]
+    r = cli("status", "--host", b.name, "--json")
+    host = check_envelope(r.stdout, r.returncode, "status")["hosts"][0]
     assert host["outcome"] == "fine" and host["container"]["image"] == b.inspect()["Image"]
 
 
@@ -204,8 +205,9 @@ def test_push_builds_recreates_proves_then_rollback_runs_the_kept_image(box, ora
     assert st.returncode == 0, st.stdout + st.stderr
     assert "phase: deployed: deployed sglang-0.5.12 by run" in st.stdout
     assert f"patched   {SPEC}" in st.stdout and f"patched   {ADDED}" in st.stdout
-    again = cli("push", "--host", b.name)
-    assert again.returncode == 0 and "already deployed" in again.stdout, again.stdout + again.stderr
+    again = cli("push", "--host", b.name, "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert check_envelope(again.stdout, 0, "push")["hosts"][0]["outcome"] == "already deployed"
 
     back = cli("rollback", "--host", b.name)
     assert back.returncode == 0, back.stdout + back.stderr
@@ -214,8 +216,15 @@ def test_push_builds_recreates_proves_then_rollback_runs_the_kept_image(box, ora
     assert b.serving_sha() == sha256(pristine[SPEC])
     st = cli("status", "--host", b.name)
     assert st.returncode == 0 and "phase: rolled-back" in st.stdout, st.stdout + st.stderr
+    again = cli("rollback", "--host", b.name, "--json")
+    assert check_envelope(again.stdout, again.returncode, "rollback")["hosts"][0]["outcome"] == "already rolled back"
+    # The container's own history and lock, through the container program (history, lock status).
     history = cli("history", "--host", b.name)
-    assert history.returncode in (0, 1)
+    assert history.returncode == 0, history.stdout + history.stderr
+    events = [line.split()[1] for line in history.stdout.splitlines()[1:] if not line.startswith("      ")]
+    assert events[:4] == ["rollback", "switch", "push", "switch"], history.stdout
+    lock = cli("lock", "status", "--host", b.name)
+    assert lock.returncode == 0 and f"{b.name}: lock free" in lock.stdout, lock.stdout + lock.stderr
 
 
 def test_a_failing_new_image_is_rolled_back_and_the_old_one_serves_again(box, oracle):
@@ -261,6 +270,9 @@ def test_refusals_are_one_line_and_change_nothing(box, sshd, engine, tmp_path, c
               IMAGE.rsplit(":", 1)[0] + ":debian", "sleep", "600")
     r = cli("push", "--host", not_sglang.name)
     assert r.returncode == 1 and "is not an SGLang container" in r.stderr, r.stdout + r.stderr
+    # What does not take a container host says so (exit 2, nothing sent).
+    r = cli("restart", "--host", missing.name)
+    assert r.returncode == 2 and "`restart` does not take a [container] host" in r.stderr, r.stdout + r.stderr
     # An image whose SGLang is a release no family covers (0.5.13's real files; the test series
     # covers 0.5.12 only): exit 2, before any lock.
     wheel13 = releases.ensure_wheel("0.5.13")
@@ -268,7 +280,7 @@ def test_refusals_are_one_line_and_change_nothing(box, sshd, engine, tmp_path, c
     ct.podman(engine, "build", "--build-arg", f"BASE={IMAGE.rsplit(':', 1)[0]}:debian", "-t", IMAGE13, str(ctx))
     newer = box("ct-uncovered", image=IMAGE13)
     r = cli("push", "--host", newer.name, "--json")
-    doc = json.loads(r.stdout)
+    doc = check_envelope(r.stdout, r.returncode, "push")
     assert r.returncode == 2 and doc["error"]["code"] == "uncovered-release", r.stdout
     assert "runs SGLang 0.5.13, a release no family covers" in doc["error"]["message"]
     assert not (newer.state_dir / "lock").exists() and newer.inspect()["Image"] == newer.image_id()

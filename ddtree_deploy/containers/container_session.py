@@ -19,7 +19,7 @@ from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.base.progress import Heartbeat
 from ddtree_deploy.hostprog.lock import GUARD_WAIT_S
 from ddtree_deploy.remote import inflight
-from ddtree_deploy.remote.transport import HostProgram, ProgramSession
+from ddtree_deploy.remote.transport import CONTAINER_PROGRAM, ProgramSession
 from ddtree_deploy.settings.container_settings import ContainerSettings
 
 #: Exit code of a container host whose engine is not installed or does not answer (the
@@ -30,11 +30,7 @@ SLICE_S = 0.5  # reads wait this long at most between looks at inflight.cancelle
 READ_S = 120.0  # init, inspect, lock, keep: at most
 SWITCH_S = 600.0  # stop (its timeout) + rename + create + start, at most
 
-PROGRAM = HostProgram(
-    "ddtree_deploy.hostprog.container", "the container program", Code.CONTAINER_AGENT,
-    stopped_code=Code.CONNECTION_LOST, stopped_hint=f"run {next_step.status()} to see where the host stands",
-    lost_state="the container program goes on alone: it completes the step it was given (the journal says how "
-    "far) and releases the deploy lock")
+PROGRAM = CONTAINER_PROGRAM
 
 # What each step leaves when the link goes during it (the container program finishes it).
 LEAVES = {

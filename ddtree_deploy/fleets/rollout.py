@@ -40,6 +40,7 @@ from ddtree_deploy.fleets.host_check import check_tables
 from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings import smoke_settings
+from ddtree_deploy.settings.container_settings import refuse_container
 from ddtree_deploy.settings.inventory import Host
 from ddtree_deploy.smoke import smoke_plan, smoke_report, smoke_run
 
@@ -730,6 +731,8 @@ def restart(hosts: Sequence[Host], connect: Connect, *, canary: str | None = Non
     place), recorded in the journal and the history. Fleets roll in waves (canary first)."""
     from ddtree_deploy.fleets import serve_gate
 
+    for h in hosts:
+        refuse_container(h, "restart")
     serves = serve_gate.require_serve(hosts)
     policy = restart_policy_for(hosts, canary=canary, parallel=parallel, max_failures=max_failures)
 
@@ -751,6 +754,7 @@ def smoke_hosts(hosts: Sequence[Host], connect: Connect, *, levels: Sequence[str
     nothing deployed: ``failed, host unchanged``). Its document is the one-host smoke report."""
     levels = list(levels or []) or None
     for h in hosts:
+        refuse_container(h, "smoke")
         smoke_plan.choose_levels(smoke_settings.parse_settings(h.smoke, source=h.source), levels, source=h.source)
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
 
@@ -769,6 +773,7 @@ def smoke_hosts(hosts: Sequence[Host], connect: Connect, *, levels: Sequence[str
 def smoke_one(host: Host, connect: Connect, *, levels: Sequence[str] | None = None,
               on_event: Listener = _ignore) -> smoke_report.SmokeReport:
     """``ddtree-deploy smoke`` on one host (raises its ``DeployError``)."""
+    refuse_container(host, "smoke")
     return smoke_host(host, lambda: connect(host), levels=levels or None,
                       progress=lambda step: on_event(Event(EventKind.STEP, host.name, step)),
                       heartbeat=lambda lvl, s: on_event(Event(EventKind.HEARTBEAT, host.name, f"smoke {lvl}",

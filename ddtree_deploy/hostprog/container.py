@@ -12,7 +12,7 @@ Ops (each answer ``{"ok": true, ...}`` or ``{"ok": false, "code", "message"}``):
 
     init      state folder, container, engine: is the engine installed, does it answer
     inspect   read-only: the container, its image, the sglang inside, the journal, the lock
-    lock / unlock
+    lock / unlock, lock_status / lock_release, history (lock.py's and history.py's own ops)
     build     under the lock: tag the base image (kept: rollback runs it), build the new image
               from the build context sent (``ddtree-deploy image``'s, FROM that tag)
     switch    stop the container, rename it aside, create one of the same name from its run
@@ -601,7 +601,9 @@ def _healthy_line(answer):
 
 
 OPS = {"init": "op_init", "inspect": "op_inspect", "lock": "op_lock", "unlock": "op_unlock", "build": "op_build",
-       "switch": "op_switch", "verify": "op_verify", "keep": "op_keep", "restore": "op_restore"}
+       "switch": "op_switch", "verify": "op_verify", "keep": "op_keep", "restore": "op_restore",
+       # `history` and `lock status/release` (session/hostlog.py): the agent's own jobs, on this state
+       "history": "op_history", "lock_status": "op_lock_status", "lock_release": "op_lock_release"}
 
 
 def handle(program, request):

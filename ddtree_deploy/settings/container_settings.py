@@ -117,4 +117,14 @@ def refuse_tables(host) -> None:
                       "the health gate proves DDTree on the real server)", "remove the [smoke] table")
 
 
-__all__ = ["ContainerSettings", "ENGINES", "parse_container", "refuse_tables"]
+def refuse_container(host, command: str) -> None:
+    """``command`` does not take a ``[container]`` host: one line, exit 2, nothing sent."""
+    if host.container is not None:
+        from ddtree_deploy.base.errors import BadInput
+
+        raise BadInput(f"{host.source or host.name}: container: `{command}` does not take a [container] host (its "
+                       "SGLang runs in a container: push and rollback recreate it, status reads it, history and "
+                       "lock read its state)", hint="run it against a host whose SGLang is installed on the host")
+
+
+__all__ = ["ContainerSettings", "ENGINES", "parse_container", "refuse_container", "refuse_tables"]
