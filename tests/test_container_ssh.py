@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from ddtree_deploy.release import releases
 from ddtree_deploy.sandbox import SSHServer, free_port
 from ddtree_testkit import containers as ct
 from envelope_check import check_envelope
+from serve_host import StandinProbes
 from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, deploy_series_oracle
 
 IMAGE = "localhost/ddtree-test/sglang:0.5.12.post1"
@@ -70,7 +70,7 @@ def cli_env(sshd, tmp_path, monkeypatch):
     return dict(os.environ)
 
 
-class Box:
+class Box(StandinProbes):
     """One container host: a container of the test image serving the stand-in, its inventory."""
 
     def __init__(self, sshd: SSHServer, env: dict, root: Path, name: str, *, image: str = IMAGE,
@@ -110,26 +110,6 @@ class Box:
     def inspect(self, name: str | None = None) -> dict | None:
         proc = ct.podman(self.env, "container", "inspect", name or self.name, check=False)
         return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
-
-    def info(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=5) as r:
-            return json.loads(r.read())
-
-    def serving_sha(self) -> str | None:
-        return self.info()["stand_in_package"]["sha256"]
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health_generate", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def wait_healthy(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.healthy():
-            assert time.monotonic() < deadline, f"{self.name}: the stand-in never became healthy"
-            time.sleep(0.1)
 
     def remove(self) -> None:
         for n in (self.name, self.name + "-ddtree-prev"):

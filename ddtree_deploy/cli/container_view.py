@@ -37,13 +37,9 @@ def print_container_status(doc: dict) -> None:
     health = doc.get("health")
     if health:
         say(f"  health {health['url']}: {health['status'] if health['status'] is not None else 'no answer'}")
-    lock = doc.get("lock")
-    if lock:
-        stale = " (stale: its process is gone)" if lock.get("stale") else ""
-        say(f"  lock: held by {lock.get('holder')} since {lock.get('time')} (run {lock.get('run_id')}, "
-            f"{lock.get('command')}){stale}")
-    else:
-        say("  lock: free")
+    from ddtree_deploy.cli.deploy_cmd import print_lock
+
+    print_lock(doc.get("lock"))
 
 
 __all__ = ["print_container_status"]

@@ -120,15 +120,10 @@ def push_host(h, connect: Connect, want: Want, serve: ServeSettings, *, dry_run:
         doc = {"host": h.name, "kind": "container", "command": "push", "series": desired.series,
                "series_id": desired.series_id, "sglang_version": desired.sglang_version, "plan": plan.action,
                "reason": plan.reason, "container": answer.get("container"), "image": answer.get("image")}
-        if plan.action == "already":
-            return _result(h.name, Kind.ALREADY, doc, plan.reason, [f"{h.name}: {plan.reason}"])
-        if dry_run:
-            return _result(h.name, Kind.PLANNED, doc, plan.reason, [f"{h.name}: dry run: {plan.reason}"])
-        run_id = new_run_id()
-        doc["run_id"] = run_id
-        progress("lock")
-        session.call({"op": "lock", "run_id": run_id, "holder": holder_name(), "command": "push",
-                      "break_lock": break_lock})
+        run_id = _lock_unless_done(h, session, "push", doc, Kind.ALREADY if plan.action == "already" else None,
+                                   plan.reason, dry_run=dry_run, break_lock=break_lock, progress=progress)
+        if isinstance(run_id, HostResult):
+            return run_id
         lines: list[str] = []
         if plan.action == "undo-first":
             progress("put the old container back (an earlier run stopped mid-switch)")
@@ -191,9 +186,7 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
     progress(f"{step} failed: putting the old container back")
     why = automatic_cause(run_id, "analysis" if step == "analysis" else "serve", step, detail)
     try:
-        undone = session.call({"op": "restore", "run_id": run_id, "command": "push", "automatic": why},
-                              timeout_s=SWITCH_S)
-        again = _verify(session, serve, None, heartbeat, switched=False)
+        undone, again = _undo(session, serve, run_id, "push", heartbeat, automatic=why)
     except DeployError as exc:
         doc["rollback_error"] = exc.message
         return _result(h.name, Kind.FAILED_NOT_ROLLED_BACK, doc, f"{step} failed: {detail}; the old container could "
@@ -202,6 +195,28 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
     said = (f"{step} failed: {detail}; rolled back: {undone['how']}; the old image serves again: "
             + ("healthy" if again["healthy"] else f"NOT healthy ({again['detail']})"))
     return _result(h.name, Kind.FAILED_ROLLED_BACK, doc, said, lines)  # its first line says it (shown_lines)
+
+
+def _lock_unless_done(h, session: ContainerSession, command: str, doc: dict, done: Kind | None, reason: str, *,
+                      dry_run: bool, break_lock: bool, progress: Progress) -> HostResult | str:
+    """Nothing to do (``done``: the result), a dry run (its plan), else the run id once locked."""
+    if done is not None:
+        return _result(h.name, done, doc, reason, [f"{h.name}: {reason}"])
+    if dry_run:
+        return _result(h.name, Kind.PLANNED, doc, reason, [f"{h.name}: dry run: {reason}"])
+    run_id = doc["run_id"] = new_run_id()
+    progress("lock")
+    session.call({"op": "lock", "run_id": run_id, "holder": holder_name(), "command": command,
+                  "break_lock": break_lock})
+    return run_id
+
+
+def _undo(session: ContainerSession, serve: ServeSettings, run_id: str, command: str, heartbeat: Heartbeat | None,
+          automatic: dict | None = None) -> tuple[dict, dict]:
+    """Undo the journal's switch (the old container back), then its health: (restore's answer, verify's)."""
+    undone = session.call({"op": "restore", "run_id": run_id, "command": command, "automatic": automatic},
+                          timeout_s=SWITCH_S)
+    return undone, _verify(session, serve, None, heartbeat, switched=False)
 
 
 def _verify(session: ContainerSession, serve: ServeSettings, proof: dict | None, heartbeat: Heartbeat | None, *,
@@ -225,18 +240,14 @@ def rollback_host(h, connect: Connect, serve: ServeSettings, *, dry_run: bool = 
         plan = cplan.plan_rollback(h.name, answer)
         doc = {"host": h.name, "kind": "container", "command": "rollback", "plan": plan.action, "reason": plan.reason,
                "container": answer.get("container")}
-        if plan.action == "nothing":
-            return _result(h.name, Kind.ALREADY_ROLLED_BACK, doc, plan.reason, [f"{h.name}: {plan.reason}"])
-        if dry_run:
-            return _result(h.name, Kind.PLANNED, doc, plan.reason, [f"{h.name}: dry run: {plan.reason}"])
-        run_id = new_run_id()
-        doc["run_id"] = run_id
-        session.call({"op": "lock", "run_id": run_id, "holder": holder_name(), "command": "rollback",
-                      "break_lock": break_lock})
+        run_id = _lock_unless_done(h, session, "rollback", doc,
+                                   Kind.ALREADY_ROLLED_BACK if plan.action == "nothing" else None, plan.reason,
+                                   dry_run=dry_run, break_lock=break_lock, progress=progress)
+        if isinstance(run_id, HostResult):
+            return run_id
         if plan.action == "undo":
             progress("put the old container back")
-            undone = session.call({"op": "restore", "run_id": run_id, "command": "rollback"}, timeout_s=SWITCH_S)
-            again = _verify(session, serve, None, heartbeat, switched=False)
+            undone, again = _undo(session, serve, run_id, "rollback", heartbeat)
             doc.update(journal=undone["journal"], verify=again)
             line = f"rolled back: {undone['how']}; " + ("healthy" if again["healthy"] else f"NOT healthy ({again['detail']})")
             return _result(h.name, Kind.ROLLED_BACK if again["healthy"] else Kind.UNHEALTHY, doc, line,
@@ -257,8 +268,7 @@ def rollback_host(h, connect: Connect, serve: ServeSettings, *, dry_run: bool = 
             line = (f"rolled back: container {s.name} runs the kept image {plan.image.get('tag')} "
                     f"({cplan.short(plan.image.get('id'))}): {verified['detail']}")
             return _result(h.name, Kind.ROLLED_BACK, doc, line, [f"{h.name}: {line}"])
-        undone = session.call({"op": "restore", "run_id": run_id, "command": "rollback"}, timeout_s=SWITCH_S)
-        again = _verify(session, serve, None, heartbeat, switched=False)
+        undone, again = _undo(session, serve, run_id, "rollback", heartbeat)
         line = (f"the kept image was not healthy ({verified['detail']}): the deployed container is back: "
                 f"{undone['how']}; " + ("healthy" if again["healthy"] else f"NOT healthy ({again['detail']})"))
         doc.update(journal=undone["journal"], verify_after_undo=again)

@@ -625,16 +625,7 @@ def serve(stdin, stdout):
     out = wire.Emitter(stdout, HEARTBEAT_S)
     program = Containers(out)
     try:
-        for request in wire.request_lines(stdin):
-            if request is wire.NOT_JSON:
-                out.emit({"ok": False, "code": Code.PROTOCOL, "message": "request is not JSON"})
-                break
-            if request.get("hooks"):
-                program.hooks.update(request["hooks"])
-            if request.get("heartbeat_s"):
-                out.interval_s = float(request["heartbeat_s"])
-            program.hooks.before_request(request)
-            out.emit(handle(program, request))
+        wire.answer_lines(stdin, out, program.hooks, lambda request: handle(program, request))
     finally:
         program.release()
         out.close()

@@ -1,20 +1,11 @@
 """`ddtree-deploy image`: a container build context that applies the series inside the image.
 
-The context (``--out DIR``)::
-
-    Dockerfile                  FROM the base image; COPY ddtree/; RUN apply.py; rm the staging
-    ddtree/apply.py             the in-image client (ddtree_deploy/interop/image_apply.py)
-    ddtree/agent.py             the toolkit's stdlib host agent: the very source a push ships (hostprog.bundle)
-    ddtree/lib/ddtree_deploy/   session/plan.py and the package modules it imports: the same drift check as push
-    ddtree/apply-request.json   the agent request push would send (patched bytes, backup, journal)
-    ddtree/series.json          series name, sha256, SGLang version, targets (pristine/patched sha256)
-    ddtree/series/              the series itself (family.toml, series, patches, payload): provenance
-    labels.json                 the image labels, for tooling
-
-The context itself is containers/image_context.py's (a ``[container]`` host's push builds the
-same one on its host): the patched bytes are ``push``'s, checked here against the release's
-pristine files from the verified wheel. ``build`` is the only function that runs a
-container tool.
+The context (``--out DIR``: Dockerfile, ``ddtree/`` with the in-image client, the host agent,
+the plan modules, the apply request, the series; labels.json) is containers/image_context.py's,
+made in memory (a ``[container]`` host's push builds the same one on its host) and written here:
+the patched bytes are ``push``'s, checked against the release's pristine files from the
+verified wheel. ``build`` (and ``push`` for ``--push-to``) are the only functions that run a
+container tool; ``--k8s`` is k8s.py's.
 """
 
 from __future__ import annotations
