@@ -101,3 +101,13 @@ def test_plain_commands_and_names():
         "docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", "img", "-c", "print(1)", "a/b.py"]
     assert cli.probe_argv("/usr/bin/docker", "docker") == ["/usr/bin/docker", "version", "--format",
                                                            "{{.Server.Version}}"]
+
+
+def test_compose_recreates_the_service_with_the_image_overridden():
+    assert cli.compose_up_argv("/usr/bin/docker", "/opt/sglang/compose.yaml", "/s/compose.override.json", "sglang") == [
+        "/usr/bin/docker", "compose", "-f", "/opt/sglang/compose.yaml", "-f", "/s/compose.override.json", "up", "-d",
+        "--no-deps", "--force-recreate", "sglang"]
+    import json
+
+    assert json.loads(cli.compose_override("sglang", "sha256:" + "b" * 64)) == {
+        "services": {"sglang": {"image": "sha256:" + "b" * 64}}}
