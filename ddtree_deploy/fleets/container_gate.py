@@ -5,7 +5,8 @@ the series checked against the image's release (the family by its version) -> un
 deploy lock: build the patched image on the host FROM the image before the series (tagged and
 kept) with ``ddtree-deploy image``'s own context -> switch (the old container stopped and kept
 aside, a twin with the same run configuration created from the new image and started) ->
-health + DDTree proof on the real server -> [the speed analysis: ``analysis_gate``] -> keep
+health + DDTree proof on the real server -> [the speed analysis: ``analysis_gate``, against
+``analysis_baseline`` taken before the switch] -> keep
 (the aside removed, journal ``deployed``). A failure at any step after the switch puts the
 old container back (the same container, so the same configuration) and waits for its health.
 
@@ -38,14 +39,25 @@ Connect = Callable[[Any], Any]
 VERIFY_SLACK_S = 120.0
 
 
-def analysis_gate(host, serve: ServeSettings, verified: dict, *, progress: Progress = quiet) -> str | None:
+def analysis_baseline(host, serve: ServeSettings, *, progress: Progress = quiet) -> Any:
+    """The speed gate's baseline: the OLD container's served figures, measured before the switch
+    (issue 29, phase 2). None: no ``[analysis]`` table, or not wired yet. Its one call site is in
+    ``_push_steps``, right before the switch; wiring it: ``bake.measure_baseline`` (branch speed2)
+    with the serve program's scraper (``metrics_run.Scraper``: HTTP to ``serve.url`` from the
+    host, which a container host has as any [serve] host) and ``host.analysis``."""
+    return None
+
+
+def analysis_gate(host, serve: ServeSettings, baseline: Any, verified: dict, *,
+                  progress: Progress = quiet) -> str | None:
     """THE SPEED ANALYSIS of a container push, between its proof and its keep (issue 29, phase 2).
 
-    The one call site (``_push_steps``) hands over the host, its ``[serve]`` table and the
-    verify step's answer; a failure is returned as one line (why the new image is not kept:
-    the caller puts the old container back, cause ``analysis``), None when it passes or no
-    ``[analysis]`` table asks for it. Not wired yet: the bake/analysis-gate module is another
-    branch's (speed2); wiring it is one call here, with ``host.analysis``.
+    Its one call site (``_push_steps``) hands over the host, its ``[serve]`` table, the
+    baseline (``analysis_baseline``'s) and the verify step's answer; a failure is returned as one
+    line (why the new image is not kept: the caller puts the old container back, cause
+    ``analysis``), None when it passes or no ``[analysis]`` table asks for it. Not wired yet:
+    wiring it is ``bake.bake(scraper, settings, baseline)`` (branch speed2) here, returning
+    its ``failure`` when it did not pass.
     """
     return None
 
@@ -153,6 +165,8 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
                              timeout_s=s.build_timeout_s + VERIFY_SLACK_S, heartbeat=heartbeat)
         image = built["image"]
         lines.append(f"{h.name}: built {tag} ({cplan.short(image['id'])}) FROM {kept} ({cplan.short(plan.base)})")
+        # ---- the speed analysis gate's baseline (issue 29 phase 2): the old container, before the switch ----
+        baseline = analysis_baseline(h, serve, progress=progress)
         progress("switch the container to the new image")
         session.call({"op": "switch", "run_id": run_id, "command": "push", "kind": "push",
                       "image": {"id": image["id"], "tag": tag}, "from_tag": kept,
@@ -161,6 +175,7 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
         lines.append(f"{h.name}: container {s.name} recreated from {tag} with its run configuration; the old one "
                      "kept aside until the new one is proven")
     else:  # finish: an earlier run's switch stands, this run checks and keeps it
+        baseline = None  # the old container is aside: its figures were the earlier run's to take
         run_id = (answer.get("journal") or {}).get("run_id") or run_id
         lines.append(f"{h.name}: {plan.reason}")
     proof = serve_plan.proof_spec(serve, family_smoke(series))
@@ -170,7 +185,7 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
     if failed is None:
         progress("speed analysis")
         # ---- the speed analysis gate (issue 29 phase 2): its single call site ----
-        why = analysis_gate(h, serve, verified, progress=progress)
+        why = analysis_gate(h, serve, baseline, verified, progress=progress)
         if why is not None:
             failed = ("analysis", why)
     doc["verify"] = verified
@@ -278,4 +293,4 @@ def rollback_host(h, connect: Connect, serve: ServeSettings, *, dry_run: bool = 
     return _open(h, connect, steps)
 
 
-__all__ = ["analysis_gate", "push_host", "rollback_host", "status_host"]
+__all__ = ["analysis_baseline", "analysis_gate", "push_host", "rollback_host", "status_host"]
