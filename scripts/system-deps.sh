@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The system tools `make test` and `make demo` need, checked before anything else runs:
 #   sshd (openssh-server: a real sshd on loopback), GNU patch (the oracle), git, rsync
-#   (the push benchmark's baseline), make.
+#   (the push benchmark's baseline), make; podman with runc (its runtime here: crun fails on
+#   these machines' cgroup layout), catatonit (podman's --init) and debootstrap (the test
+#   image's Debian tree): the [container] tests run real containers.
 # Missing ones are installed with apt when this runs as root on a machine with apt-get;
 # otherwise (or with DDTREE_DEPLOY_NO_SYSTEM_INSTALL=1, or --check) it stops with one line
 # saying exactly what to install, exit 1. Used by the Makefile and by .ci/run.
@@ -25,6 +27,10 @@ fi
 command -v git >/dev/null 2>&1 || need git git
 command -v rsync >/dev/null 2>&1 || need rsync rsync
 command -v make >/dev/null 2>&1 || need make make
+command -v podman >/dev/null 2>&1 || need podman podman
+command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || need runc runc
+[ -x /usr/libexec/podman/catatonit ] || command -v catatonit >/dev/null 2>&1 || need "catatonit (podman --init)" catatonit
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need debootstrap debootstrap
 
 [ ${#packages[@]} -eq 0 ] && exit 0
 

@@ -57,7 +57,34 @@ def alive(pid: int) -> bool:
         return False
 
 
-class Served:
+class StandinProbes:
+    """What a test reads of a stand-in server listening on ``self.port`` of this machine."""
+
+    name: str
+    port: int
+
+    def info(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=5) as r:
+            return json.loads(r.read())
+
+    def serving_sha(self) -> str | None:
+        return self.info()["stand_in_package"]["sha256"]
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health_generate", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def wait_healthy(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            assert time.monotonic() < deadline, f"{self.name}: the stand-in never became healthy"
+            time.sleep(0.1)
+
+
+class Served(StandinProbes):
     """A sandbox host whose stand-in server runs under its own supervisord."""
 
     def __init__(self, sshd, root: Path, name: str, *, unhealthy_with: str | None = None, ready_after: float = 0.0,
@@ -80,25 +107,6 @@ class Served:
     def name(self) -> str:
         return self.host.name
 
-    def info(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/server_info", timeout=5) as r:
-            return json.loads(r.read())
-
-    def serving_sha(self) -> str | None:
-        return self.info()["stand_in_package"]["sha256"]
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health_generate", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def wait_healthy(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.healthy():
-            assert time.monotonic() < deadline, f"{self.name}: the stand-in never became healthy"
-            time.sleep(0.1)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from ddtree_deploy.base import codes
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.hostprog import bundle, state
 
-PROGRAMS = [f"ddtree_deploy.hostprog.{name}" for name in ("agent", "smoke", "serve", "tune")]
+PROGRAMS = [f"ddtree_deploy.hostprog.{name}" for name in ("agent", "smoke", "serve", "tune", "container")]
 HOST_MODULES = sorted({m for p in PROGRAMS for m in bundle.shipped(p)} - {"ddtree_deploy.base.codes"})
 AGENT_MODULES = [m for m in bundle.shipped("ddtree_deploy.hostprog.agent") if m != "ddtree_deploy.base.codes"]
 

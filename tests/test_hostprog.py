@@ -23,7 +23,7 @@ import pytest
 from ddtree_deploy.hostprog import bundle
 
 ROOM = Path(bundle.__file__).parent
-PROGRAMS = [f"ddtree_deploy.hostprog.{name}" for name in ("agent", "smoke", "serve", "tune")]
+PROGRAMS = [f"ddtree_deploy.hostprog.{name}" for name in ("agent", "smoke", "serve", "tune", "container")]
 OLDEST = (3, 8)  # the oldest Python a host may have (README: Host programs)
 # Strings the smoke program runs as scripts in a child interpreter on the host.
 CHILD_SCRIPTS = ("_IMPORT_CHILD", "_VALIDATE_CHILD", "_RELEASE_HELPERS")
@@ -149,6 +149,8 @@ EXCHANGES = {
     "serve": ('{"op": "fly", "python": "/usr/bin/python3"}\n', 2,
               lambda last: last == {"event": "done", "ok": False, "error": "bad request: \"unknown op 'fly'\""}),
     "tune": ('{"op": "end"}\n', 0, lambda last: last == {"event": "bye"}),
+    "container": ('{"op": "fly"}\n', 0,
+                  lambda last: last == {"ok": False, "code": "protocol", "message": "unknown op 'fly'"}),
 }
 
 

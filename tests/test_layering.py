@@ -31,6 +31,7 @@ ORDER = (
     "session",
     "tuning",
     "serve",
+    "containers",  # [container] hosts: the image build context, the container program's session
     "fleets",
     "interop",
     "sandbox",  # loopback sshd and host environments, for the demo and the tests

@@ -17,7 +17,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "system-deps.sh"
-TOOLS = ("bash", "env", "id", "grep", "make", "git", "rsync", "patch", "sshd")
+TOOLS = ("bash", "env", "id", "grep", "make", "git", "rsync", "patch", "sshd", "podman", "runc", "catatonit",
+         "debootstrap")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddtree_deploy.sandbox import sshd as sshd_host  # noqa: E402
@@ -52,6 +53,12 @@ def test_a_missing_tool_is_one_line_saying_what_to_install(tmp_path):
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("missing system tools: rsync (rsync); install them first: ")
     assert "apt-get install -y rsync " in lines[0]
+
+
+def test_a_missing_podman_is_one_line_naming_the_package(tmp_path):
+    r = _run(_bin(tmp_path, hide=("podman",)), DDTREE_DEPLOY_NO_SYSTEM_INSTALL="1")
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "podman (podman)" in r.stderr and "apt-get install -y podman" in r.stderr
 
 
 def test_a_missing_sshd_names_openssh_server(tmp_path):

@@ -74,6 +74,14 @@ class Code:
     # image (image.py)
     NO_BUILDER = "no-builder"
     BUILD_FAILED = "build-failed"
+    # [container] hosts (hostprog/container.py, containers/): refusals before any change
+    NO_ENGINE = "no-engine"  # the engine's CLI (docker, podman) is not installed on the host
+    ENGINE_DOWN = "engine-down"  # installed, but its daemon (or service) does not answer
+    NO_CONTAINER = "no-container"  # no container of that name on the host
+    NOT_SGLANG = "not-sglang"  # the container's interpreter finds no sglang package
+    UNCOVERED = "uncovered-release"  # the image's SGLang is a release no family covers
+    ENGINE_FAILED = "engine-failed"  # an engine command (build, create, start, rename...) failed
+    CONTAINER_AGENT = "container-agent"  # the container program failed or answered garbage
     # a run stopped by Ctrl-C or SIGTERM (inflight.py, the CLI's envelope)
     INTERRUPTED = "interrupted"
 
@@ -91,7 +99,8 @@ AGENT_CODES = frozenset({
 BEFORE_CHANGE = frozenset({
     Code.AUTH, Code.HOST_KEY, Code.LOCKED, Code.DRIFT, Code.OTHER_SERIES, Code.CHECK_FAILED, Code.NO_VERSION,
     Code.BAD_INPUT, Code.NO_BACKUP, Code.PREFLIGHT, Code.PERMISSION, Code.NO_SPACE, Code.UNSAFE_FILE,
-    Code.BAD_STATE_DIR, Code.CHANGED,
+    Code.BAD_STATE_DIR, Code.CHANGED, Code.NO_ENGINE, Code.ENGINE_DOWN, Code.NO_CONTAINER, Code.NOT_SGLANG,
+    Code.UNCOVERED,
 })
 UNREACHABLE = frozenset({Code.CONNECT})
 

@@ -12,6 +12,9 @@ Where the keys act:
   the agent acts on its own keys (``exit_after_renames``, ``stop_after_renames``,
   ``immutable_after_renames``, ``stop_in_guard_after_renames``, ``no_hard_links``, ``fill_after_staging``,
   ``stop_before_each_request``, ``exit_after_*`` / ``stop_after_*`` at its named steps);
+- the container program (a ``[container]`` host): the object travels in its ``init`` request
+  too; it acts on ``exit_after_rename`` (killed between the old container's rename aside and
+  the new one's creation);
 - ``smoke_heartbeat_s``: the smoke program's keep-alive interval during a push (20 s
   otherwise), so that a test sees a heartbeat in under a second.
 

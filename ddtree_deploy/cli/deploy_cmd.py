@@ -34,7 +34,16 @@ def _render(command: str, hosts: List[Host], json_output: bool, call: Callable, 
     from ddtree_deploy.cli.fleet_view import render
 
     render(command, hosts, json_output, call, canary=canary,
-           single=(lambda r: _print_status(r.doc)) if command == "status" else None)
+           single=(lambda r: _print_any_status(r.doc)) if command == "status" else None)
+
+
+def _print_any_status(doc: dict) -> None:
+    if doc.get("kind") == "container":  # a [container] host (issue 32)
+        from ddtree_deploy.cli.container_view import print_container_status
+
+        print_container_status(doc)
+        return
+    _print_status(doc)
 
 
 @app.command("push")
@@ -150,14 +159,18 @@ def _print_status(doc: dict) -> None:
         say(f"  serving: {serving['explanation']}")
         for p in serving.get("processes") or ():
             say(f"    {process_line(p)}")
-    lock = doc["lock"]
+    print_lock(doc["lock"])
+    _print_installs(doc)
+
+
+def print_lock(lock: dict | None) -> None:
+    """A status block's lock line (host text, printed inert)."""
     if lock:
         stale = " (stale: its process is gone)" if lock.get("stale") else ""
         say(f"  lock: held by {lock.get('holder')} since {lock.get('time')} (run {lock.get('run_id')}, "
             f"{lock.get('command')}){stale}")
     else:
         say("  lock: free")
-    _print_installs(doc)
 
 
 def _print_installs(doc: dict) -> None:
@@ -174,4 +187,4 @@ def _print_installs(doc: dict) -> None:
         say(f"    {root} (python {i.get('python') or '?'}): sglang {i.get('sglang_version') or '?'}, {what}{lock}")
 
 
-__all__ = ["push", "rollback", "status"]
+__all__ = ["print_lock", "push", "rollback", "status"]

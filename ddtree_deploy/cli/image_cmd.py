@@ -29,22 +29,50 @@ def image(
     state_dir: str = typer.Option("/var/lib/ddtree-deploy", "--state-dir", help="the agent's state folder in "
                                   "the image (journal, backup of the original files)"),
     force: bool = typer.Option(False, "--force", help="replace the content of a non-empty --out folder"),
+    push_to: Optional[str] = typer.Option(None, "--push-to", help="with --build --tag: tag the built image as "
+                                          "this registry reference and push it there (a registry you are "
+                                          "logged in to; a [container] host needs none: push builds there)"),
+    k8s: Optional[Path] = typer.Option(None, "--k8s", help="with --tag: a Deployment or LeaderWorkerSet "
+                                       "manifest, rendered into DIR/k8s.yaml with the tag as the SGLang "
+                                       "container's image, the series labels and a readiness probe on "
+                                       "/health_generate, validated against the Kubernetes API schemas (the "
+                                       "k8s extra)"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Write a Dockerfile build context FROM --base that applies the series inside the image."""
     from ddtree_deploy.interop import image as img
 
+    img.check_push_to(push_to, build, tag)
+    if k8s is not None and not (tag or push_to):
+        from ddtree_deploy.base.errors import BadInput
+
+        raise BadInput(f"--k8s {k8s}: needs --tag (or --push-to): the image reference the cluster pulls")
+    manifest = None
+    if k8s is not None:  # read and checked before anything is written
+        from ddtree_deploy.interop import k8s as kube
+
+        manifest = kube.load(k8s)
+        kube.validate(manifest, k8s, "the manifest")
     ctx = img.write_context(base, release, out_dir, family=family, state_dir=state_dir, python=python,
                             force=force)
+    rendered = None
+    if manifest is not None:
+        rendered = kube.render_file(k8s, out_dir / "k8s.yaml", base=base, image=push_to or tag,
+                                    series=ctx.series, series_id=ctx.series_id)
+        err.print(f"[dim]{safe(rendered['kind'])} {safe(str(rendered['name']))}: {safe(rendered['path'])} (valid "
+                  f"against Kubernetes {rendered['kubernetes']})[/]", highlight=False)
     err.print(f"[dim]{safe(ctx.series)} ({ctx.series_id[:12]}) for SGLang {safe(ctx.sglang_version)}: "
               f"{len(ctx.files)} file(s); build context {safe(str(ctx.folder))}[/]", highlight=False)
-    argv = img.build(ctx, tag) if build else None
+    argv = img.build(ctx, tag, push_to) if build else None
     if json_output:
         emit_json({"context": str(ctx.folder), "dockerfile": str(ctx.dockerfile), "series": ctx.series,
                    "series_id": ctx.series_id, "sglang_version": ctx.sglang_version, "labels": ctx.labels,
-                   "files": list(ctx.files), "built": argv is not None, "build_command": argv, "tag": tag})
+                   "files": list(ctx.files), "built": argv is not None, "build_command": argv, "tag": tag,
+                   "pushed_to": push_to if argv is not None else None, "k8s": rendered})
         return
     say(str(ctx.dockerfile))
+    if rendered is not None:
+        say(rendered["path"])
     if argv is None:
         err.print(f"[dim]build it: docker build -t {safe(tag or 'IMAGE')} {safe(str(ctx.folder))}[/]",
                   highlight=False)

@@ -82,9 +82,11 @@ def pull(
     from ddtree_deploy.remote.transport import transport_for
     from ddtree_deploy.session import deploy
     from ddtree_deploy.session.desired import Want
+    from ddtree_deploy.settings.container_settings import refuse_container
     from ddtree_deploy.settings.inventory import load_host
 
     h = load_host(host)
+    refuse_container(h, "snapshot pull")
     paths = Want(family).paths
     err.print(f"[dim]{safe(h.name)}:[/] reading {len(paths)} file(s)")
     facts, files = deploy.pull(h, transport_for(h, trust_new_host=trust_new_host), paths)

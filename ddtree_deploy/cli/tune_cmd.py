@@ -20,6 +20,7 @@ from ddtree_deploy.cli.app import app, emit_host, err, handles_errors, out, say
 from ddtree_deploy.cli.options import inventory_option
 from ddtree_deploy.cli.text import safe
 from ddtree_deploy.remote.transport import transport_for
+from ddtree_deploy.settings.container_settings import refuse_container
 from ddtree_deploy.settings.inventory import load_host
 from ddtree_deploy.tuning import tune
 
@@ -87,6 +88,7 @@ def tune_cmd(
         itl_margin_pct=itl_margin, repeats=repeats)
     tune.check_options(opts, yes=yes)
     h = load_host(host)
+    refuse_container(h, "tune")
     sample = _prompts(h, prompts_file, dataset)
     if sample is not None:  # the operator's prompts: the dataset (random ids only when asked for)
         opts = replace(opts, dataset="prompts", dataset_path=None, prompts=sample.source,

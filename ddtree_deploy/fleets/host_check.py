@@ -9,6 +9,7 @@ Light on purpose (no transport): ``hosts list`` imports it.
 from __future__ import annotations
 
 from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.settings.container_settings import refuse_tables
 from ddtree_deploy.settings.inventory import Host, load_host
 from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
 from ddtree_deploy.smoke.smoke_plan import check_settings
@@ -18,9 +19,23 @@ def check_tables(host: Host, *, smoke: bool = True) -> ServeSettings | None:
     """``host``'s [smoke] (unless ``smoke`` is False: ``push --no-smoke`` runs none) and
     [serve] tables, checked whole: BadInput (one line: file, line, key) for the first wrong
     value. Returns the [serve] settings (None: no table)."""
+    if host.container is not None:
+        return container_serve(host)
     if smoke:
         check_settings(host)
     return parse_serve(host.serve, source=host.source)
+
+
+def container_serve(host: Host) -> ServeSettings:
+    """A ``[container]`` host's ``[serve]`` (required: its url is the health gate) without
+    ``restart`` or ``drain``, and no ``[smoke]`` table; BadInput (one line) else."""
+    refuse_tables(host)
+    serve = parse_serve(host.serve, source=host.source, container=True)
+    if serve is None:
+        raise BadInput(f"{host.source or host.name}: serve: a [container] host needs a [serve] table with url (the "
+                       "server's base URL as seen on the host): its push waits there for the new container's health",
+                       hint='add [serve] with url = "http://127.0.0.1:30000"')
+    return serve
 
 
 def checked_host(name: str, *, smoke: bool = True) -> Host:
@@ -48,4 +63,4 @@ def group_problem(group: str, members, listed: dict[str, BadInput | None]) -> Ba
     return None
 
 
-__all__ = ["check_tables", "checked_host", "group_problem"]
+__all__ = ["check_tables", "checked_host", "container_serve", "group_problem"]

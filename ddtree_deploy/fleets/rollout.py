@@ -40,6 +40,7 @@ from ddtree_deploy.fleets.host_check import check_tables
 from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings import smoke_settings
+from ddtree_deploy.settings.container_settings import refuse_container
 from ddtree_deploy.settings.inventory import Host
 from ddtree_deploy.smoke import smoke_plan, smoke_report, smoke_run
 
@@ -519,6 +520,9 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     want = Want(options.family)  # the family, the paths, the shared check: before any connection
 
     def one(h: Host, progress: Progress) -> HostResult:
+        if h.container is not None:  # [container]: the image is the unit (container_gate)
+            return _container_push(h, connect, options, want, serves[h.name], progress, on_event)
+
         def heartbeat(level: str, seconds: float) -> None:
             what = level if level.startswith("server ") else f"smoke {level}"  # serve_run's: "server health"
             on_event(Event(EventKind.HEARTBEAT, h.name, what, seconds=seconds))
@@ -574,6 +578,8 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
     want = _series_or_none(None, on_event) if replace_drifted else None  # what a drifted file's diff is against
 
     def one(h: Host, progress: Progress) -> HostResult:
+        if h.container is not None:  # [container]: the kept image runs again (container_gate)
+            return _container_rollback(h, connect, serves[h.name], dry_run, break_lock, progress, on_event)
         # [serve]: a rollback that switched files keeps its lock for the restart on them.
         serve = serves[h.name] if not dry_run else None
         with deploy.begin_rollback(h, connect(h), to=to, dry_run=dry_run, break_lock=break_lock,
@@ -599,12 +605,14 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
     """Per host: version, phase, series, per-file state, backups, lock, serving processes. Reads only.
     ``diff`` (``status --diff``): each drifted file against what the series expects (drift.py)."""
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
-    _serve_settings(hosts)  # a broken [serve] table stops here, before any connection
+    serves = _serve_settings(hosts)  # a broken [serve] table stops here, before any connection
     want = _series_or_none(family, on_event)
 
     def one(h: Host, progress: Progress) -> HostResult:
         from ddtree_deploy.fleets.serve_gate import serving_of
 
+        if h.container is not None:  # [container]: the container, its image, the sglang inside
+            return _container_status(h, connect, want, serves[h.name], progress)
         progress("read state")
         with deploy.reading(h, connect(h), want.paths if want else [], content=diff) as read:
             serving = serving_of(h, read)  # over the same connection
@@ -682,6 +690,32 @@ def _ensure_serving(h: Host, settings, connect: Connect, outcome: deploy.Outcome
                                     outcome, progress=progress, heartbeat=heartbeat)
 
 
+# ---------------------------------------------------------------- [container] hosts (issue 32)
+# The work is container_gate's: push builds and switches the image, rollback runs the kept one.
+
+
+def _container_push(h: Host, connect: Connect, options: PushOptions, want: Want, serve, progress: Progress,
+                    on_event: Listener) -> HostResult:
+    from ddtree_deploy.fleets import container_gate
+
+    return container_gate.push_host(h, connect, want, serve, dry_run=options.dry_run, break_lock=options.break_lock,
+                                    progress=progress, heartbeat=_beats(h, on_event))
+
+
+def _container_rollback(h: Host, connect: Connect, serve, dry_run: bool, break_lock: bool, progress: Progress,
+                        on_event: Listener) -> HostResult:
+    from ddtree_deploy.fleets import container_gate
+
+    return container_gate.rollback_host(h, connect, serve, dry_run=dry_run, break_lock=break_lock,
+                                        progress=progress, heartbeat=_beats(h, on_event))
+
+
+def _container_status(h: Host, connect: Connect, want: Want | None, serve, progress: Progress) -> HostResult:
+    from ddtree_deploy.fleets import container_gate
+
+    return container_gate.status_host(h, connect, want, serve, progress=progress)
+
+
 def restart_policy_for(hosts: Sequence[Host], *, canary: str | None, parallel: int | None,
                        max_failures: int) -> Policy:
     """Restarts roll in waves: the canary alone, then ``parallel`` hosts at a time, each wave
@@ -697,6 +731,8 @@ def restart(hosts: Sequence[Host], connect: Connect, *, canary: str | None = Non
     place), recorded in the journal and the history. Fleets roll in waves (canary first)."""
     from ddtree_deploy.fleets import serve_gate
 
+    for h in hosts:
+        refuse_container(h, "restart")
     serves = serve_gate.require_serve(hosts)
     policy = restart_policy_for(hosts, canary=canary, parallel=parallel, max_failures=max_failures)
 
@@ -718,6 +754,7 @@ def smoke_hosts(hosts: Sequence[Host], connect: Connect, *, levels: Sequence[str
     nothing deployed: ``failed, host unchanged``). Its document is the one-host smoke report."""
     levels = list(levels or []) or None
     for h in hosts:
+        refuse_container(h, "smoke")
         smoke_plan.choose_levels(smoke_settings.parse_settings(h.smoke, source=h.source), levels, source=h.source)
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
 
@@ -736,6 +773,7 @@ def smoke_hosts(hosts: Sequence[Host], connect: Connect, *, levels: Sequence[str
 def smoke_one(host: Host, connect: Connect, *, levels: Sequence[str] | None = None,
               on_event: Listener = _ignore) -> smoke_report.SmokeReport:
     """``ddtree-deploy smoke`` on one host (raises its ``DeployError``)."""
+    refuse_container(host, "smoke")
     return smoke_host(host, lambda: connect(host), levels=levels or None,
                       progress=lambda step: on_event(Event(EventKind.STEP, host.name, step)),
                       heartbeat=lambda lvl, s: on_event(Event(EventKind.HEARTBEAT, host.name, f"smoke {lvl}",

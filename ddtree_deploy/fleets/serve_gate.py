@@ -37,6 +37,10 @@ from ddtree_deploy.settings.smoke_settings import FAMILY_SMOKE_DEFAULT, family_s
 
 def settings_of(host) -> ServeSettings | None:
     """The host's ``[serve]`` (None: none), checked: bad input stops here, before any connection."""
+    if host.container is not None:  # [container]: [serve] required, without restart (host_check)
+        from ddtree_deploy.fleets.host_check import container_serve
+
+        return container_serve(host)
     return parse_serve(host.serve, source=host.source)
 
 

@@ -99,16 +99,8 @@ class Agent(StateFolder, Lock, Facts, Journal, History, Apply):
 def serve(stdin, stdout, hooks=None):
     """Answer one JSON line per request line until EOF; always release the lock at the end."""
     agent = Agent(hooks=hooks)
-    out = wire.Emitter(stdout)
     try:
-        for request in wire.request_lines(stdin):
-            if request is wire.NOT_JSON:
-                out.emit({"ok": False, "code": Code.PROTOCOL, "message": "request is not JSON"})
-                break
-            if request.get("hooks"):
-                agent.hooks.update(request["hooks"])
-            agent.hooks.before_request(request)
-            out.emit(agent.handle(request))
+        wire.answer_lines(stdin, wire.Emitter(stdout), agent.hooks, agent.handle)
     finally:
         agent.release()
 

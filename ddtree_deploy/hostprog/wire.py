@@ -161,6 +161,22 @@ def request_lines(stream):
             yield NOT_JSON
 
 
+def answer_lines(stream, emitter, hooks, handle):
+    """A request loop (the agent's, the container program's): one answer per request line on
+    ``stream`` until its end, through ``emitter``; a line that is not JSON ends it. A request's
+    ``hooks`` (a test's faults) update ``hooks`` first; ``stop_before_each_request`` acts."""
+    from ddtree_deploy.base.codes import Code
+
+    for request in request_lines(stream):
+        if request is NOT_JSON:
+            emitter.emit({"ok": False, "code": Code.PROTOCOL, "message": "request is not JSON"})
+            break
+        if request.get("hooks"):
+            hooks.update(request["hooks"])
+        hooks.before_request(request)
+        emitter.emit(handle(request))
+
+
 def read_request(argv=None):
     """The one request's bytes: the file named by the only argument, else one line of stdin."""
     argv = sys.argv[1:] if argv is None else argv

@@ -113,6 +113,15 @@ AGENT = HostProgram("ddtree_deploy.hostprog.agent", "the agent", Code.AGENT, sto
                     stopped_hint=f"run {next_step.status()} to see where the host stands, then rerun")
 
 
+#: A [container] host's program (hostprog/container.py): the engine CLI on the host, and the
+#: lock, journal and history of the container (containers/container_session.py runs it).
+CONTAINER_PROGRAM = HostProgram(
+    "ddtree_deploy.hostprog.container", "the container program", Code.CONTAINER_AGENT,
+    stopped_code=Code.CONNECTION_LOST, stopped_hint=f"run {next_step.status()} to see where the host stands",
+    lost_state="the container program goes on alone: it completes the step it was given (the journal says how "
+    "far) and releases the deploy lock")
+
+
 def agent_source() -> bytes:
     return AGENT.source()
 
@@ -991,6 +1000,7 @@ __all__ = [
     "AgentFailed",
     "AgentSession",
     "BOOTSTRAP",
+    "CONTAINER_PROGRAM",
     "HostKeyRefused",
     "HostProgram",
     "ProgramSession",

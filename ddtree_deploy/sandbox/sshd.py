@@ -153,8 +153,11 @@ def _toml_value(v) -> str:
 class SSHServer:
     """OpenSSH's sshd on 127.0.0.1:<free port>, with generated keys; killed on exit."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, env: dict[str, str] | None = None):
         self.dir = Path(workdir)
+        # Environment of every session (sshd's SetEnv): what a host's own login would set
+        # (the container tests: podman's configuration files).
+        self.env = dict(env or {})
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.user = os.environ.get("USER") or __import__("getpass").getuser()
@@ -211,6 +214,7 @@ class SSHServer:
                 "MaxSessions 50",
                 "LogLevel ERROR",
                 "Subsystem sftp internal-sftp",
+                *([f"SetEnv {' '.join(f'{k}={v}' for k, v in sorted(self.env.items()))}"] if self.env else []),
                 "",
             ])
         )

@@ -9,8 +9,12 @@ text the CLI prints (escaped there: every field comes from the host).
 
 from __future__ import annotations
 
+import time
+
+from ddtree_deploy.base.codes import Code
+from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.hostprog.history import history_entry_ok
-from ddtree_deploy.remote.transport import AgentSession, Transport, expect_ok
+from ddtree_deploy.remote.transport import CONTAINER_PROGRAM, AgentSession, ProgramSession, Transport, expect_ok
 from ddtree_deploy.settings.inventory import Host
 
 #: Seconds one of these (read-only, tiny) round trips may take.
@@ -18,10 +22,28 @@ OP_TIMEOUT = 30.0
 
 
 def _call(host: Host, transport: Transport, request: dict, what: str) -> dict:
+    if host.container is not None:  # [container]: the container program keeps that host's lock and history
+        return _container_call(host, transport, request, what)
     with transport, AgentSession(transport, host, host.op_timeout or OP_TIMEOUT) as sess:
         init, reply = sess.call({"op": "init", "state_dir": host.state_dir}, request)
         expect_ok(init, host.name, "agent start")
         return expect_ok(reply, host.name, what)
+
+
+def _container_call(host: Host, transport: Transport, request: dict, what: str) -> dict:
+    init = {"op": "init", "state_dir": host.state_dir, "container": host.container.to_request()}
+    limit = host.op_timeout or OP_TIMEOUT
+    with transport, ProgramSession(transport, host, CONTAINER_PROGRAM, label=transport.label) as sess:
+        sess.send(init, request, during=f"while sending {request['op']}")
+        deadline = time.monotonic() + limit
+        try:
+            replies = [sess.read(deadline, f"the reply to {op}", during=op) for op in ("init", request["op"])]
+        except TimeoutError:
+            sess.abort()
+            raise DeployError(f"{host.name}: no answer from the container program after {limit:g} s",
+                              code=Code.TIMEOUT) from None
+    expect_ok(replies[0], host.name, "container program start")
+    return expect_ok(replies[1], host.name, what)
 
 
 def history(host: Host, transport: Transport, limit: int) -> dict:

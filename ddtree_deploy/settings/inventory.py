@@ -19,6 +19,7 @@ from ddtree_deploy.base import next_step
 from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.base.locations import repo_dir
 from ddtree_deploy.base.toml_input import TomlFile, read_text
+from ddtree_deploy.settings.container_settings import ContainerSettings, parse_container
 
 DEFAULT_STATE_DIR = "~/.ddtree-deploy"
 DEFAULT_KEEP_BACKUPS = 5
@@ -67,6 +68,7 @@ class Host:
     # Seconds one agent round trip may take; None: 120 s for push/rollback, 30 s for reads.
     op_timeout: float | None = None
     source: str | None = None  # the inventory file, for messages
+    container: ContainerSettings | None = None  # [container]: its SGLang runs in a container (container_settings)
 
     @property
     def is_local(self) -> bool:
@@ -236,10 +238,11 @@ def parse_host(text: str, *, name: str, source: str) -> Host:
     smoke = doc.located("smoke")
     serve = doc.located("serve")  # checked by serve_settings, before any command that restarts connects
     analysis = doc.located("analysis")  # checked by analysis_settings, likewise
-    doc.unknown("", {"transport", "host", "ssh", "smoke", "serve", "analysis"})
+    container = parse_container(doc)  # checked whole now: a broken [container] is a broken host file
+    doc.unknown("", {"transport", "host", "ssh", "smoke", "serve", "analysis", "container"})
     return Host(name=name, python=python, ssh=ssh, state_dir=state_dir, keep_backups=keep,
                 sudo=sudo, smoke=smoke, source=source, op_timeout=op_timeout, serve=serve,
-                analysis=analysis)
+                analysis=analysis, container=container)
 
 
 def path_parent(source: str) -> str:

@@ -74,11 +74,13 @@ def has_serve(table: Any) -> bool:
     return bool(table)
 
 
-def parse_serve(table: Any, *, source: str | None) -> ServeSettings | None:
+def parse_serve(table: Any, *, source: str | None, container: bool = False) -> ServeSettings | None:
     """``[serve]`` -> ServeSettings (None: no table), or one BadInput line naming the key.
 
     ``table``: ``host.serve`` as the inventory keeps it (a ``toml_input.Table`` that
     remembers its file, so the message names the key's line), or a plain dict.
+    ``container``: the host has a ``[container]`` table: the push recreates its container,
+    so ``restart`` and ``drain`` have no place (``restart`` is then the empty tuple).
     """
     doc = _doc(table, source=source)
     if not doc.get("serve"):
@@ -88,7 +90,12 @@ def parse_serve(table: Any, *, source: str | None) -> ServeSettings | None:
         return None
     doc.table("serve")
     doc.unknown("serve", _KEYS)
-    restart = _argv(doc, "serve.restart", required=True)
+    if container:
+        for key in ("restart", "drain", "drain_wait_s", "drain_timeout_s"):
+            if doc.get(f"serve.{key}") is not None:
+                raise doc.bad(f"serve.{key}", "has no place on a [container] host: its push recreates the container "
+                              "(the restart) and waits for serve.url", f"remove {key}")
+    restart = () if container else _argv(doc, "serve.restart", required=True)
     url = _url(doc)
     health_path = doc.string("serve.health_path", default=DEFAULT_HEALTH_PATH, example=DEFAULT_HEALTH_PATH)
     if not health_path.startswith("/") or any(c.isspace() or ord(c) < 32 for c in health_path) or "#" in health_path:
