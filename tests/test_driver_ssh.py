@@ -22,6 +22,7 @@ from ddtree_deploy.sandbox.hostenv import make_python_env
 from ddtree_testkit import standin_nvidia_smi as standin
 
 sys.path.insert(0, str(Path(__file__).parent))
+from envelope_check import check_envelope  # noqa: E402
 from sshd_host import DEPLOY_FAMILY, DEPLOY_SERIES, SPEC, UTILS, cli, host  # noqa: E402,F401  (host: one per test, on the sshd below)
 
 _BIN: dict[str, Path] = {}
@@ -83,8 +84,9 @@ def host_0523(sshd, tmp_path, monkeypatch):
     return h
 
 
-def one_json(result) -> dict:
-    doc = json.loads(result.stdout)
+def one_json(result, command: str | None = None) -> dict:
+    """The one host's entry of a --json run, its envelope checked against docs/json-schema.json."""
+    doc = check_envelope(result.stdout, result.exit_code, command) if command else json.loads(result.stdout)
     (entry,) = doc["hosts"]
     return entry
 
@@ -99,7 +101,7 @@ def test_status_says_the_driver_its_cuda_and_the_lane_it_allows(host, smi):
     # The test registry (tests/data/deploy_series) covers 0.5.12 only: the newest it covers.
     assert ("  driver: 570.124.06 (CUDA 12.8): the cu129 lane only (SGLang up to 0.5.19); "
             "newest release DDTree covers here: 0.5.12.post1") in result.stdout.splitlines()
-    doc = one_json(cli("status", "--host", host.name, "--json"))["driver"]
+    doc = one_json(cli("status", "--host", host.name, "--json"), "status")["driver"]
     assert doc == {
         "state": "found", "version": "570.124.06", "cuda": "12.8", "cuda_from": "nvidia-smi",
         "gpus": ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], "lane": "cu129",
@@ -121,7 +123,7 @@ def test_status_without_nvidia_smi_says_no_driver_was_found(host, smi):
     assert result.exit_code == 0, result.output
     assert ("  driver: none found (no nvidia-smi on the host: a CPU or demo host); push proceeds with a warning"
             in result.stdout.splitlines())
-    assert one_json(cli("status", "--host", host.name, "--json"))["driver"]["state"] == "none"
+    assert one_json(cli("status", "--host", host.name, "--json"), "status")["driver"]["state"] == "none"
 
 
 def test_status_with_output_that_is_no_driver_version_says_what_was_read(host, smi):
@@ -146,7 +148,7 @@ def test_push_of_a_release_the_driver_cannot_run_is_refused_before_any_change(ho
             "CUDA 13 (driver 580+); the newest release DDTree covers on this host is 0.5.19; nothing was changed")
     assert line in result.output, result.output.splitlines()
     untouched(host_0523, before)
-    doc = one_json(cli("push", "--host", host_0523.name, "--json"))
+    doc = one_json(cli("push", "--host", host_0523.name, "--json"), "push")
     assert doc["error"]["code"] == "driver-too-old" and doc["error"]["message"] == line
     assert "--force-driver" in doc["error"]["hint"]
     untouched(host_0523, before)
@@ -157,7 +159,7 @@ def test_push_where_nvidia_smi_prints_no_driver_is_refused_saying_what_it_read(h
     before = files_of(host)
     result = cli("push", "--host", host.name, "--json")
     assert result.exit_code == 2, result.output
-    error = one_json(result)["error"]
+    error = one_json(result, "push")["error"]
     assert error["code"] == "driver-unreadable"
     assert error["message"] == (f"{host.name}: cannot read a driver version in nvidia-smi's output: "
                                 "'??, NVIDIA H100'; it printed '??, NVIDIA H100'; nothing was changed")
@@ -182,7 +184,7 @@ def test_push_on_a_host_without_nvidia_smi_proceeds_with_a_warning_line(host, sm
     standin.remove(smi)
     result = cli("push", "--host", host.name, "--json")
     assert result.exit_code == 0, result.output
-    assert one_json(result)["driver_warning"] == (f"{host.name}: no NVIDIA driver found (no nvidia-smi on the "
+    assert one_json(result, "push")["driver_warning"] == (f"{host.name}: no NVIDIA driver found (no nvidia-smi on the "
                                                   "host): pushing without the driver check")
 
 
@@ -190,5 +192,5 @@ def test_push_on_a_driver_that_runs_the_release_says_nothing_of_it(host, smi):
     standin.install(smi, driver="570.124.06", cuda="12.8")
     result = cli("push", "--host", host.name, "--json")
     assert result.exit_code == 0, result.output
-    entry = one_json(result)
+    entry = one_json(result, "push")
     assert "driver_warning" not in entry and entry["outcome"] == "pushed"
