@@ -101,6 +101,15 @@ def lane_label(release: str) -> str:
     return "+".join(lane.tag for lane in lanes_of(release)) or "?"
 
 
+def lane_words(release: str) -> str:
+    """A release's lane for people: "cu130 (CUDA 13.0: NVIDIA driver 580+)"; "no CUDA lane
+    recorded" before 0.5.11."""
+    lanes = lanes_of(release)
+    if not lanes:
+        return "no CUDA lane recorded"
+    return ", ".join(f"{lane.tag} (CUDA {lane.cuda}: NVIDIA driver {floor_text(lane.major)})" for lane in lanes)
+
+
 def first_release_of_major(major: int) -> str | None:
     """The oldest known release whose oldest lane is CUDA ``major`` (0.5.20 for 13)."""
     for release in KNOWN_RELEASES:
@@ -300,6 +309,7 @@ __all__ = [
     "driver_line",
     "first_release_of_major",
     "lane_label",
+    "lane_words",
     "lane_summary",
     "lanes_of",
     "newest_covered",
