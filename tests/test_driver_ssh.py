@@ -194,3 +194,41 @@ def test_push_on_a_driver_that_runs_the_release_says_nothing_of_it(host, smi):
     assert result.exit_code == 0, result.output
     entry = one_json(result, "push")
     assert "driver_warning" not in entry and entry["outcome"] == "pushed"
+
+
+# ---------------------------------------------------------------- image --base, for target hosts
+
+
+def test_image_for_hosts_refuses_a_base_their_driver_cannot_run(host, smi, tmp_path):
+    standin.install(smi, driver="570.124.06", cuda="12.8")
+    out = tmp_path / "ctx"
+    base = "lmsysorg/sglang:v0.5.12.post1-cu130"  # the tag says CUDA 13
+    refused = cli("image", "--base", base, "--release", "0.5.12.post1", "--out", str(out), "--host", host.name)
+    assert refused.exit_code == 2, refused.output
+    assert (f"--base {base} needs CUDA 13.0 (driver 580+), from its tag: {host.name}'s driver 570.124.06 supports "
+            "CUDA 12.8; the newest release DDTree covers on those hosts is 0.5.12.post1; nothing was written"
+            ) in " ".join(refused.output.split())
+    assert not out.exists()
+    forced = cli("image", "--base", base, "--release", "0.5.12.post1", "--out", str(out), "--host", host.name,
+                 "--force-driver", "--json")
+    assert forced.exit_code == 0, forced.output
+    doc = check_envelope(forced.stdout, 0, "image")
+    assert doc["labels"]["io.ddtree-deploy.cuda"] == "13.0" and doc["labels"]["io.ddtree-deploy.cuda.source"] == "tag"
+    assert doc["drivers"] == {host.name: "570.124.06"} and "writing it anyway (--force-driver)" in forced.stderr
+
+
+def test_image_for_hosts_whose_driver_runs_the_base_records_its_cuda(host, smi, tmp_path):
+    standin.install(smi, driver="570.124.06", cuda="12.8")
+    r = cli("image", "--base", "lmsysorg/sglang:v0.5.12.post1-cu129", "--release", "0.5.12.post1",
+            "--out", str(tmp_path / "ctx"), "--host", host.name, "--json")
+    assert r.exit_code == 0, r.output
+    labels = check_envelope(r.stdout, 0, "image")["labels"]
+    assert (labels["io.ddtree-deploy.cuda"], labels["io.ddtree-deploy.cuda.source"]) == ("12.9", "tag")
+    assert 'io.ddtree-deploy.cuda="12.9"' in (tmp_path / "ctx" / "Dockerfile").read_text()
+    # A host without nvidia-smi is not refused: one line says its driver was not checked.
+    standin.remove(smi)
+    r = cli("image", "--base", "lmsysorg/sglang:v0.5.12.post1-cu130", "--release", "0.5.12.post1",
+            "--out", str(tmp_path / "ctx2"), "--host", host.name)
+    assert r.exit_code == 0, r.output
+    assert (f"{host.name}: no NVIDIA driver found (no nvidia-smi on the host): --base not checked against it"
+            in " ".join(r.stderr.split()))

@@ -83,6 +83,11 @@ class Facts(object):
             reply["driver"] = gpu_driver.probe()
         return reply
 
+    def op_driver(self, request):
+        """Read-only: the host's NVIDIA driver alone (``image --host``: a host whose SGLang, if
+        any, runs in a container; no package root or state folder needed)."""
+        return {"driver": gpu_driver.probe()}
+
     def stat_file(self, rel, content=False):
         path = self.target(rel)
         try:

@@ -30,6 +30,7 @@ adds (a host's own version).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -129,6 +130,21 @@ def floor_text(major: int) -> str:
     """How a message names the driver CUDA ``major`` needs: "580+", "525.60.13+"."""
     branch, minor, patch = DRIVER_FLOOR[major]
     return f"{branch}+" if (minor, patch) == (0, 0) else f"{branch}.{minor:02d}.{patch:02d}+"
+
+
+_TAG_CUDA = re.compile(r"(?:^|[-_.])cu(\d{2})(\d)(?:$|[-_.])")
+
+
+def cuda_of_image(base: str, release: str) -> tuple[str, str]:
+    """(CUDA version, where it was read) of a base image: its tag's ``cuNNN`` (``v0.5.19-cu129``:
+    "12.9", "tag"), else the release's oldest lane ("release lane"); ("", "unknown") for a
+    release this table does not record."""
+    tag = base.rsplit("/", 1)[-1].partition(":")[2].partition("@")[0]
+    m = _TAG_CUDA.search(tag)
+    if m:
+        return f"{int(m.group(1))}.{m.group(2)}", "tag"
+    lanes = lanes_of(release)
+    return (lanes[0].cuda, "release lane") if lanes else ("", "unknown")
 
 
 # ---------------------------------------------------------------- the host's driver
@@ -304,6 +320,7 @@ __all__ = [
     "Driver",
     "Lane",
     "cuda_of_branch",
+    "cuda_of_image",
     "driver_from_fact",
     "driver_json",
     "driver_line",

@@ -57,6 +57,14 @@ def check(host: str, facts: dict, *, force: bool = False) -> DriverVerdict:
                    hint=f"upgrade the host's NVIDIA driver, or install a release its driver runs, {_FORCE_HINT}")
 
 
+def read_driver(host, transport) -> Driver | None:
+    """One host's driver alone, over an open transport (the agent's ``driver`` op: no SGLang
+    needed on the host's interpreter): what ``image --host`` checks a base image against."""
+    from ddtree_deploy.session.deploy import ask
+
+    return driver_from_fact(ask(host, transport, {"op": "driver"}).get("driver"))
+
+
 def status_of(facts: dict) -> dict:
     """status's ``driver`` object for a host (docs/json.md, ``$defs/driver``), its ``line``
     (what status prints) included."""
@@ -66,4 +74,4 @@ def status_of(facts: dict) -> dict:
     return doc
 
 
-__all__ = ["FORCE", "DriverVerdict", "check", "status_of"]
+__all__ = ["FORCE", "DriverVerdict", "check", "read_driver", "status_of"]
