@@ -177,3 +177,29 @@ def test_probe_of_a_failing_or_silent_nvidia_smi(tmp_path):
     slow.chmod(0o755)
     got = gpu_driver.probe(timeout_s=0.5, which=lambda _name: str(slow))
     assert got["found"] and got["driver"] is None and got["error"] == "nvidia-smi did not answer within 0.5 s"
+
+
+# ---------------------------------------------------------------- status's line, per state
+
+
+def test_status_line_per_driver_state(tmp_path):
+    infos = registry(tmp_path, **{"v1": ">=0.5.12,<0.5.14", "v2": ">=0.5.20,<0.5.24"})
+
+    def line(driver, release="0.5.23"):
+        return cl.driver_line(cl.driver_json(driver, release, infos), release)
+
+    assert line(drv("570.124.06", "12.8")) == (
+        "driver: 570.124.06 (CUDA 12.8): the cu129 lane only (SGLang up to 0.5.19); SGLang 0.5.23 here needs "
+        "CUDA 13 (driver 580+); newest release DDTree covers here: 0.5.13.post1")
+    assert line(drv("580.65.06")) == ("driver: 580.65.06 (CUDA 13.0 by the driver table): every SGLang lane "
+                                      "(cu130: SGLang 0.5.20+); newest release DDTree covers here: 0.5.23")
+    assert line(drv("520.61.05", "11.8")) == ("driver: 520.61.05 (CUDA 11.8): no SGLang CUDA lane (0.5.11+ needs "
+                                              "CUDA 12: driver 525.60.13+); SGLang 0.5.23 here needs CUDA 13 "
+                                              "(driver 580+)")
+    assert line(Driver(found=False)).startswith("driver: none found (no nvidia-smi on the host")
+    assert line(None) == "driver: not read (the host's agent did not report it)"
+    doc = cl.driver_json(cl.driver_from_fact({"found": True, "driver": None, "error": "nvidia-smi failed (exit 9)",
+                                              "read": "NVIDIA-SMI has failed"}), "0.5.23", infos)
+    assert (doc["state"], doc["lane"], doc["newest_covered"], doc["release_runs"]) == ("unreadable", None, None, None)
+    assert cl.driver_line(doc, "0.5.23") == ("driver: unreadable: nvidia-smi failed (exit 9); it printed "
+                                             "'NVIDIA-SMI has failed'; push refuses this host without --force-driver")

@@ -192,7 +192,7 @@ class Driver:
 
     def newest_lane(self) -> Lane | None:
         """The newest SGLang CUDA lane this driver runs."""
-        ok = [lane for lane in (CU129, CU130) if self.runs_major(lane.major)]
+        ok = [lane for _spec, lanes in LANES for lane in lanes if self.runs_major(lane.major)]
         return ok[-1] if ok else None
 
 
@@ -256,15 +256,15 @@ def refusal(host: str, release: str, driver: Driver, families: Sequence) -> str 
 
 
 def lane_summary(driver: Driver) -> str:
-    """Which SGLang lane the driver allows, in words: "the cu129 lane (SGLang up to 0.5.19)"."""
+    """Which SGLang lanes the driver allows, in words: "the cu129 lane only (SGLang up to 0.5.19)"."""
     lane = driver.newest_lane()
+    oldest = LANES[0][1][0]
     if lane is None:
-        return "no SGLang CUDA lane (0.5.11+ needs CUDA 12: driver 525.60.13+)"
-    last = last_release_of_major(lane.major)
-    first = first_release_of_major(lane.major)
-    if lane is CU130:
-        return f"every SGLang lane (cu130: SGLang {first}+)"
-    return f"the {lane.tag} lane only (SGLang up to {last})"
+        return (f"no SGLang CUDA lane ({first_release_of_major(oldest.major)}+ needs CUDA {oldest.major}: "
+                f"driver {floor_text(oldest.major)})")
+    if lane == LANES[-1][1][-1]:  # the newest lane: every release from its first on
+        return f"every SGLang lane ({lane.tag}: SGLang {first_release_of_major(lane.major)}+)"
+    return f"the {lane.tag} lane only (SGLang up to {last_release_of_major(lane.major)})"
 
 
 def driver_json(driver: Driver | None, release: str | None, families: Sequence) -> dict:
