@@ -22,7 +22,7 @@ import shutil
 import subprocess
 
 QUERY = ["--query-gpu=driver_version,name", "--format=csv,noheader"]
-TIMEOUT_S = 15.0
+TIMEOUT_S = 10.0  # each read; two stay inside status's 30 s agent deadline (op_timeout)
 
 # A Linux driver version: the branch (3 digits, 4 one day), then one or two dotted parts
 # (570.124.06, 580.65.06, 535.86.10; some data-center builds have two parts, 550.54).
