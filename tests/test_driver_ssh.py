@@ -151,6 +151,8 @@ def test_push_of_a_release_the_driver_cannot_run_is_refused_before_any_change(ho
     doc = one_json(cli("push", "--host", host_0523.name, "--json"), "push")
     assert doc["error"]["code"] == "driver-too-old" and doc["error"]["message"] == line
     assert "--force-driver" in doc["error"]["hint"]
+    dry = cli("push", "--host", host_0523.name, "--dry-run")  # says what a push would do: the same refusal
+    assert dry.exit_code == 2 and line in dry.output, dry.output
     untouched(host_0523, before)
 
 
