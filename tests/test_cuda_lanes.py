@@ -203,3 +203,31 @@ def test_status_line_per_driver_state(tmp_path):
     assert (doc["state"], doc["lane"], doc["newest_covered"], doc["release_runs"]) == ("unreadable", None, None, None)
     assert cl.driver_line(doc, "0.5.23") == ("driver: unreadable: nvidia-smi failed (exit 9); it printed "
                                              "'NVIDIA-SMI has failed'; push refuses this host without --force-driver")
+
+
+# ---------------------------------------------------------------- image --base against target drivers
+
+
+def test_image_base_check_names_every_host_that_cannot_run_it(tmp_path, monkeypatch):
+    from ddtree_deploy.base.errors import BadInput
+    from ddtree_deploy.interop.image import check_base_for_drivers
+
+    registry(tmp_path, **{"v1": ">=0.5.12,<0.5.14", "v2-cuda12": ">=0.5.14,<0.5.20", "v2": ">=0.5.20,<0.5.24"})
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(tmp_path))
+    drivers = {"a": drv("580.65.06", "13.0"), "b": drv("570.124.06", "12.8"), "c": Driver(found=False),
+               "d": cl.driver_from_fact({"found": True, "driver": "??"})}
+    with pytest.raises(BadInput) as refused:
+        check_base_for_drivers("lmsysorg/sglang:v0.5.23", "0.5.23", drivers)
+    assert refused.value.code == "driver-too-old" and "\n" not in refused.value.message
+    assert refused.value.message == (
+        "--base lmsysorg/sglang:v0.5.23 needs CUDA 13.0 (driver 580+), from its release lane: b's driver "
+        "570.124.06 supports CUDA 12.8; d: cannot read a driver version in nvidia-smi's output: '??'; the newest "
+        "release DDTree covers on those hosts is 0.5.19; nothing was written")
+    # A CUDA 12 base runs on a and b; d still cannot be judged; c has no driver to judge (a warning).
+    with pytest.raises(BadInput, match="^--base lmsysorg/sglang:v0.5.19-cu129 needs CUDA 12.9 "):
+        check_base_for_drivers("lmsysorg/sglang:v0.5.19-cu129", "0.5.19", drivers)
+    said = check_base_for_drivers("lmsysorg/sglang:v0.5.19-cu129", "0.5.19", {k: drivers[k] for k in "abc"})
+    assert said == ["c: no NVIDIA driver found (no nvidia-smi on the host): --base not checked against it"]
+    forced = check_base_for_drivers("lmsysorg/sglang:v0.5.23", "0.5.23", drivers, force=True)
+    assert forced[-1].endswith("; writing it anyway (--force-driver)") and len(forced) == 2
+    assert check_base_for_drivers("lmsysorg/sglang:v0.5.23", "0.5.23", {}) == []

@@ -23,7 +23,8 @@ from ddtree_testkit import standin_nvidia_smi as standin
 
 sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
-from sshd_host import DEPLOY_FAMILY, DEPLOY_SERIES, SPEC, UTILS, cli, host  # noqa: E402,F401  (host: one per test, on the sshd below)
+# host: one per test, on this module's sshd (below)
+from sshd_host import DEPLOY_FAMILY, DEPLOY_SERIES, SPEC, UTILS, cli, host  # noqa: E402,F401
 
 _BIN: dict[str, Path] = {}
 
