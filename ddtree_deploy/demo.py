@@ -44,6 +44,7 @@ from pathlib import Path
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.locations import PACKAGE_DATA, REPO_ROOT, in_checkout
 from ddtree_deploy.release import releases
+from ddtree_deploy.release.cuda_lanes import lane_words
 from ddtree_deploy.sandbox import SSHServer, make_host_env
 
 # Tiny model CONFIGS (no weights): enough for the cli level's validation.
@@ -118,6 +119,8 @@ def choose(listed, infos, requested: str | None = None) -> Choice:
         pypi = ("the newest on PyPI" if version == newest
                 else f"PyPI's newest, {newest}, is covered by no family yet")
         why = f"SGLang {requested}: the newest release a DDTree family covers ({pypi})"
+    # The CUDA build line SGLang ships this release for, and the driver a GPU host needs for it.
+    why += f"; CUDA lane {lane_words(requested)}"
     covers = ",".join(sorted(map(str, family.specifier), key=lambda spec: spec.startswith("<")))  # low end first
     why += (f"; family {family.name}, because it covers {covers} (as push picks it on a "
             f"real host, by the host's SGLang version): {family.description}")

@@ -124,8 +124,10 @@ def test_matrix_is_readable_at_80_columns(tmp_path):
     from ddtree_deploy.engine.series import family_folder, load_family
 
     entries = len(load_family(family_folder("sglang-0.5.20")).entries)
-    assert rows["0.5.23"] == ["="] * entries + ["ok", "ok"], rows  # every entry exact, compiles, ok
-    assert rows["0.5.20"][0] == "+2", rows  # an offset, in its own few characters
+    # The CUDA lane beside the release (cu130: 0.5.20 on), then every entry exact, compiles, ok.
+    assert all(cells[0] == "cu130" for cells in rows.values()), rows
+    assert rows["0.5.23"] == ["cu130"] + ["="] * entries + ["ok", "ok"], rows
+    assert rows["0.5.20"][1] == "+2", rows  # an offset, in its own few characters
     assert "  1 0001-spec-fields-ddtree-flags.patch" in done.stderr.splitlines()
     assert "= exact" in done.stderr and "matrix: 4 release(s): 4 ok; exit 0" in done.stdout
 

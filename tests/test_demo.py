@@ -91,6 +91,7 @@ def test_on_pypis_listing_the_demo_picks_0_5_23_and_the_v2_family():
     choice = demo.choose(listed, families())
     assert (choice.version, choice.family.name) == ("0.5.23", "sglang-0.5.20")
     assert choice.why.startswith("SGLang 0.5.23: the newest release a DDTree family covers ("), choice.why
+    assert "; CUDA lane cu130 (CUDA 13.0: NVIDIA driver 580+); family sglang-0.5.20" in choice.why, choice.why
     assert "family sglang-0.5.20, because it covers " in choice.why and "v2 DFlash worker" in choice.why
 
 
@@ -117,7 +118,8 @@ def test_release_picks_that_family_and_its_smoke_probe():
     cuda builds ServerArgs without a GPU) and every module of it imports on CPU."""
     old, new = demo.choose([], families(), "0.5.12.post1"), demo.choose([], families(), "0.5.23")
     assert (old.family.name, new.family.name) == ("sglang-0.5.12", "sglang-0.5.20")
-    assert old.why.startswith("SGLang 0.5.12.post1: asked for with --release; family sglang-0.5.12, because")
+    assert old.why.startswith("SGLang 0.5.12.post1: asked for with --release; CUDA lane cu129 (CUDA 12.9: "
+                              "NVIDIA driver 525.60.13+); family sglang-0.5.12, because")
     for choice, device, excluded in ((old, "cpu", 2), (new, "cuda", 0)):
         smoke = tomllib.loads(demo.smoke_table(choice))["smoke"]
         assert smoke["launch"]["extra_args"][:2] == ["--device", device]

@@ -157,6 +157,8 @@ def test_dockerfile_structure_and_labels(context):
     assert labels["io.ddtree-deploy.series.sha256"] == doc["series_id"] and len(doc["series_id"]) == 64
     assert labels["io.ddtree-deploy.sglang.version"] == RELEASE
     assert labels["org.opencontainers.image.base.name"] == BASE
+    # The base's CUDA: v0.5.12.post1 has no -cuNNN in its tag, so the release's lane (cu129).
+    assert (labels["io.ddtree-deploy.cuda"], labels["io.ddtree-deploy.cuda.source"]) == ("12.9", "release lane")
     for k, v in labels.items():
         assert f"{k}={json.dumps(v)}" in text
     # The stage: the toolkit's agent as a push ships it, the series, the request.

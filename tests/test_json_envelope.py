@@ -353,6 +353,18 @@ def test_envelope(command, kind, request, tmp_path, monkeypatch):
         assert doc["imported_hosts"] == ["node1"]
 
 
+@pytest.mark.sshd
+def test_status_carries_the_driver_object(host):
+    """status's ``driver`` ($defs/driver): here a sandbox host without nvidia-smi, so ``none``;
+    a read driver, an unreadable one and the refused push: tests/test_driver_ssh.py (a stand-in
+    nvidia-smi on the sessions' PATH), each checked with the same check_envelope."""
+    r = CliRunner().invoke(app, ["status", "--host", host.name, "--json"])
+    doc = check_envelope(r.stdout, r.exit_code, "status")
+    driver = doc["hosts"][0]["driver"]
+    assert driver["state"] == "none" and driver["version"] is None and driver["lane"] is None
+    assert driver["line"].startswith("driver: none found (no nvidia-smi on the host")
+
+
 #: The per-host fields of the one-host commands whose shape issue 24 (item 7) unified: each in
 #: the host's ``hosts`` entry, none at the top level.
 HOST_FIELDS = {"smoke": {"levels", "python", "outcome", "elapsed_s"},

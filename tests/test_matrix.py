@@ -176,12 +176,13 @@ def test_markdown_and_json_carry_every_row_column_and_failure():
     m = Matrix((_row("0.5.12", Coverage.IN_RANGE), _row("0.5.12.post1", Coverage.IN_RANGE, ok=False),
                 ReleaseRow("0.5.11", None, Coverage.NO_FAMILY, why="no family's range contains it")))
     md = m.to_markdown()
-    assert "| release | family | 0001 | 0002 | compile | verdict | why |" in md
-    assert "| 0.5.12.post1 | f | exact | failed | skipped | failed |" in md
-    assert "| 0.5.11 | - | no family | no family | - | no family | no family's range contains it |" in md
+    assert "| release | cuda | family | 0001 | 0002 | compile | verdict | why |" in md
+    assert "| 0.5.12.post1 | cu129 | f | exact | failed | skipped | failed |" in md
+    assert "| 0.5.11 | cu129 | - | no family | no family | - | no family | no family's range contains it |" in md
     assert "- 0.5.12.post1 [f] 0002-b.patch: sglang/a.py hunk 1 (patch line 9)" in md
     doc = json.loads(json.dumps(m.to_json()))
     assert doc["failed"] == ["0.5.12.post1"] and doc["exit_code"] == 1
+    assert [r["cuda_lane"] for r in doc["rows"]] == ["cu129", "cu129", "cu129"]
     assert doc["columns"] == ["0001-a.patch", "0002-b.patch"]
     assert [r["verdict"] for r in doc["rows"]] == ["ok", "failed", "no family"]
 
@@ -337,7 +338,7 @@ def test_cli_matrix_json_markdown_and_exit_codes(ci_wheels, test_family_env, tmp
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert [r["verdict"] for r in doc["rows"]] == ["ok", "ok", "uncovered"]
-    assert "| 0.5.13 | sglang-0.5.12 | offset +6 | failed |" in md.read_text()
+    assert "| 0.5.13 | cu129 | sglang-0.5.12 | offset +6 | failed |" in md.read_text()
     res = runner.invoke(app, ["matrix", "--from", "0.5.12", "--to", "0.5.13", "--offline", "--jobs", "1",
                               "--strict"])
     assert res.exit_code == 1
@@ -425,7 +426,7 @@ def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_i
     assert broken["import"][0] == "failed" and "ddtree_no_such_module_for_this_test" in broken["import"][1]
     assert broken["cli"][0] == "skipped"
     assert rows["0.5.12.post1"].verdict == "failed" and m.exit_code == 1
-    assert "| 0.5.12.post1 | bad |" in m.to_markdown() and "import failed" in m.to_markdown()
+    assert "| 0.5.12.post1 | cu129 | bad |" in m.to_markdown() and "import failed" in m.to_markdown()
 
 
 # --- never ok for a change a release already has (issue 11 item 10) --------------------

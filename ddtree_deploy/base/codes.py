@@ -58,6 +58,9 @@ class Code:
     NOT_DEPLOYED = "not-deployed"
     SMOKE_AGENT = "smoke-agent"
     UNKNOWN_FAMILY = "unknown-family"
+    # the host's NVIDIA driver, read before a push (release/cuda_lanes.py, session/driver_gate.py)
+    DRIVER_TOO_OLD = "driver-too-old"  # the driver cannot run the host's SGLang release's CUDA lane
+    DRIVER_UNREADABLE = "driver-unreadable"  # nvidia-smi answered, but not with a driver version
     # restarting the host's server (serve_run.py)
     SERVE_AGENT = "serve-agent"  # the serve program failed or answered garbage
     # the host programs' own (hostprog/smoke.py's launch level, hostprog/tune.py): a host failure, not the series'
@@ -100,7 +103,7 @@ BEFORE_CHANGE = frozenset({
     Code.AUTH, Code.HOST_KEY, Code.LOCKED, Code.DRIFT, Code.OTHER_SERIES, Code.CHECK_FAILED, Code.NO_VERSION,
     Code.BAD_INPUT, Code.NO_BACKUP, Code.PREFLIGHT, Code.PERMISSION, Code.NO_SPACE, Code.UNSAFE_FILE,
     Code.BAD_STATE_DIR, Code.CHANGED, Code.NO_ENGINE, Code.ENGINE_DOWN, Code.NO_CONTAINER, Code.NOT_SGLANG,
-    Code.UNCOVERED,
+    Code.UNCOVERED, Code.DRIVER_TOO_OLD, Code.DRIVER_UNREADABLE,
 })
 UNREACHABLE = frozenset({Code.CONNECT})
 

@@ -24,6 +24,9 @@ FAMILY_HELP = "family folder or name under the patches folder (default: the one 
 REPLACE_DRIFTED_HELP = ("replace files edited outside ddtree-deploy too (refused without it): their bytes are "
                         "kept first, as found, in a backup of their own on the host (drifted/ in its state "
                         "folder, listed by status); their diff is printed (with --dry-run: nothing changes)")
+FORCE_DRIVER_HELP = ("push even where the host's NVIDIA driver cannot run its SGLang release's CUDA lane "
+                     "(refused without it, before any change: docs/deploy.md, \"The host's driver\"), or "
+                     "nvidia-smi's answer is no driver version; the refusal becomes a warning line")
 
 
 def _connect(trust_new_host: bool) -> Callable[[Host], object]:
@@ -60,6 +63,7 @@ def push(
     break_lock: bool = typer.Option(False, "--break-lock", help="take the deploy lock even if another run holds it"),
     replace_drifted: bool = typer.Option(False, "--replace-drifted", help=REPLACE_DRIFTED_HELP),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
+    force_driver: bool = typer.Option(False, "--force-driver", help=FORCE_DRIVER_HELP),
     no_smoke: bool = typer.Option(False, "--no-smoke", help="switch only: run no smoke level afterwards"),
     no_rollback: bool = typer.Option(False, "--no-rollback", help="keep the new files when a smoke level fails"),
     level: Optional[List[str]] = typer.Option(None, "--level", "-l",
@@ -79,7 +83,7 @@ def push(
     options = rollout.PushOptions(family=family, dry_run=dry_run, break_lock=break_lock, smoke=not no_smoke,
                                   levels=tuple(level or ()), auto_rollback=not no_rollback, canary=canary,
                                   parallel=parallel, max_failures=max_failures, diff=diff,
-                                  replace_drifted=replace_drifted)
+                                  replace_drifted=replace_drifted, force_driver=force_driver)
     _render("push", hosts, json_output,
             lambda view: rollout.push(hosts, _connect(trust_new_host), options, on_event=view),
             canary=rollout.push_policy_for(hosts, options).canary)
@@ -136,6 +140,7 @@ def _print_status(doc: dict) -> None:
     say(f"{doc['host']}: sglang {doc['sglang_version']} at {doc['package_root']}")
     if doc.get("state_home"):
         say(f"  state: {doc['state_home']}")
+    _print_driver(doc)
     phase = f"MIXED (journal: {doc['phase']})" if doc.get("mixed") else doc["phase"]
     say(f"  phase: {phase}: {doc['explanation']}")
     if doc["series"]:
@@ -161,6 +166,13 @@ def _print_status(doc: dict) -> None:
             say(f"    {process_line(p)}")
     print_lock(doc["lock"])
     _print_installs(doc)
+
+
+def _print_driver(doc: dict) -> None:
+    """The host's NVIDIA driver, the CUDA it supports and the SGLang lane that allows (one line)."""
+    driver = doc.get("driver")
+    if driver:
+        say(f"  {driver['line']}")
 
 
 def print_lock(lock: dict | None) -> None:

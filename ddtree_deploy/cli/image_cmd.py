@@ -4,7 +4,7 @@ the series inside the image with the toolkit's own host agent (see ddtree_deploy
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -37,10 +37,23 @@ def image(
                                        "container's image, the series labels and a readiness probe on "
                                        "/health_generate, validated against the Kubernetes API schemas (the "
                                        "k8s extra)"),
+    host: Optional[List[str]] = typer.Option(None, "--host", "-H", help="a host the image is for: its NVIDIA "
+                                             "driver (nvidia-smi, over SSH) must run the base's CUDA; repeatable"),
+    group: Optional[List[str]] = typer.Option(None, "--group", "-g", help="the hosts of an inventory group, as "
+                                              "--host"),
+    force_driver: bool = typer.Option(False, "--force-driver", help="write it even where a --host's driver "
+                                      "cannot run the base's CUDA (refused without it, before anything is "
+                                      "written)"),
+    trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in "
+                                        "known_hosts"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Write a Dockerfile build context FROM --base that applies the series inside the image."""
     from ddtree_deploy.interop import image as img
+
+    drivers = _target_drivers(host or [], group or [], trust_new_host)
+    for line in img.check_base_for_drivers(base, release, drivers, force=force_driver):
+        err.print(f"[yellow]{safe(line)}[/]", highlight=False)
 
     img.check_push_to(push_to, build, tag)
     if k8s is not None and not (tag or push_to):
@@ -68,7 +81,9 @@ def image(
         emit_json({"context": str(ctx.folder), "dockerfile": str(ctx.dockerfile), "series": ctx.series,
                    "series_id": ctx.series_id, "sglang_version": ctx.sglang_version, "labels": ctx.labels,
                    "files": list(ctx.files), "built": argv is not None, "build_command": argv, "tag": tag,
-                   "pushed_to": push_to if argv is not None else None, "k8s": rendered})
+                   "pushed_to": push_to if argv is not None else None, "k8s": rendered,
+                   "drivers": {name: (d.version if d is not None and d.readable else None)
+                               for name, d in drivers.items()}})
         return
     say(str(ctx.dockerfile))
     if rendered is not None:
@@ -76,6 +91,18 @@ def image(
     if argv is None:
         err.print(f"[dim]build it: docker build -t {safe(tag or 'IMAGE')} {safe(str(ctx.folder))}[/]",
                   highlight=False)
+
+
+def _target_drivers(host: List[str], group: List[str], trust_new_host: bool) -> dict:
+    """host name -> its NVIDIA driver (cuda_lanes.Driver), read over SSH; {} without --host/--group."""
+    if not host and not group:
+        return {}
+    from ddtree_deploy.fleets.rollout import select_hosts
+    from ddtree_deploy.remote.transport import transport_for
+    from ddtree_deploy.session.driver_gate import read_driver
+
+    hosts = select_hosts(host, group)
+    return {h.name: read_driver(h, transport_for(h, trust_new_host=trust_new_host)) for h in hosts}
 
 
 __all__ = ["image"]

@@ -60,11 +60,11 @@ def _render_table(family: str | None, header: list[str], body: list[list[str]], 
     from ddtree_deploy.cli.tables import show
 
     # The "why" column is long prose: printed under the table, one line per release.
-    # The family is the table's title, not a column.
-    header, whys = [header[0], *header[2:-1]], [(row[0], row[-1]) for row in body]
-    body = [[row[0], *row[2:-1]] for row in body]
+    # The family is the table's title, not a column; the release's CUDA lane stays beside it.
+    header, whys = [*header[:2], *header[3:-1]], [(row[0], row[-1]) for row in body]
+    body = [[*row[:2], *row[3:-1]] for row in body]
     title = f"DDTree family {family} vs SGLang releases" if family else "SGLang releases no family judges"
-    verdict_at, cells_from, cells_to = len(header) - 1, 1, header.index("compile")
+    verdict_at, cells_from, cells_to = len(header) - 1, 2, header.index("compile")
 
     def table_of(head: list[str], cell: Callable[[str], str], **style) -> Table:
         table = Table(title=escape(title), **style)
@@ -84,7 +84,8 @@ def _render_table(family: str | None, header: list[str], body: list[list[str]], 
         return table
 
     def narrow():  # entries numbered, cells in a few characters, no borders; the legend follows
-        numbered = [header[0], *(str(n) for n in range(1, cells_to)), *header[cells_to:]]
+        numbered = [*header[:cells_from], *(str(n) for n in range(1, cells_to - cells_from + 1)),
+                    *header[cells_to:]]
         yield table_of(numbered, _compact, box=None, pad_edge=False, collapse_padding=True, padding=(0, 1),
                        title_justify="left")
         for n, entry in enumerate(entries, 1):

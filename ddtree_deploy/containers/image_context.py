@@ -28,6 +28,7 @@ from pathlib import Path
 from ddtree_deploy import __version__
 from ddtree_deploy.base.locations import PACKAGE_DIR
 from ddtree_deploy.engine.series import AddEntry, PatchEntry, Series
+from ddtree_deploy.release.cuda_lanes import cuda_of_image
 from ddtree_deploy.hostprog import bundle
 from ddtree_deploy.session.deploy import _apply_push, new_run_id
 from ddtree_deploy.session.plan import Desired, plan_push
@@ -39,7 +40,10 @@ _PKG = PACKAGE_DIR
 
 
 def labels_for(base: str, series: str, series_id: str, version: str) -> dict[str, str]:
-    """OCI annotation keys (org.opencontainers.image.*) plus our own, reverse-DNS namespaced."""
+    """OCI annotation keys (org.opencontainers.image.*) plus our own, reverse-DNS namespaced;
+    ``io.ddtree-deploy.cuda``: the base's CUDA, from its tag's ``cuNNN`` or else the release's
+    CUDA lane (``.source`` says which: release/cuda_lanes.py), what a host's driver must run."""
+    cuda, source = cuda_of_image(base, version)
     return {
         "org.opencontainers.image.title": f"SGLang {version} with DDTree ({series})",
         "org.opencontainers.image.description": f"{base} with the DDTree series {series} applied by ddtree-deploy",
@@ -48,6 +52,8 @@ def labels_for(base: str, series: str, series_id: str, version: str) -> dict[str
         "io.ddtree-deploy.series": series,
         "io.ddtree-deploy.series.sha256": series_id,
         "io.ddtree-deploy.sglang.version": version,
+        "io.ddtree-deploy.cuda": cuda,
+        "io.ddtree-deploy.cuda.source": source,
         "io.ddtree-deploy.tool.version": __version__,
     }
 

@@ -37,7 +37,7 @@ from ddtree_deploy.fleets.fleet import (
 )
 from ddtree_deploy.fleets.fleet_run import run_fleet
 from ddtree_deploy.fleets.host_check import check_tables
-from ddtree_deploy.session import deploy
+from ddtree_deploy.session import deploy, driver_gate
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings import smoke_settings
 from ddtree_deploy.settings.container_settings import refuse_container
@@ -470,6 +470,7 @@ class PushOptions:
     log_dir: Any = None  # where a failed launch's server log is copied (tests)
     diff: bool = False  # --diff: each host's unified diff (from its current files) in its result
     replace_drifted: bool = False  # --replace-drifted: drifted files replaced, their bytes kept on the host
+    force_driver: bool = False  # --force-driver: push where the host's driver cannot run its release
 
 
 def _fleet(command: str, hosts: Sequence[Host], policy: Policy, one: Callable[[Host, Progress], HostResult],
@@ -517,7 +518,9 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels,
                                                                       source=h.source))
               and not options.dry_run for h in hosts}
-    want = Want(options.family)  # the family, the paths, the shared check: before any connection
+    # The family, the paths, the shared check: before any connection (and, per host on its first
+    # read, the driver check: driver_gate.py).
+    want = Want(options.family, force_driver=options.force_driver)
 
     def one(h: Host, progress: Progress) -> HostResult:
         if h.container is not None:  # [container]: the image is the unit (container_gate)
@@ -543,7 +546,7 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
                                    held=pushed, heartbeat=heartbeat, serve=serve, smoke=options.smoke)
         _warn_broken_lock(outcome, on_event)
         doc = outcome.to_json()
-        lines = _summary_lines(outcome, show_plan=options.dry_run or outcome.changed)
+        lines = _driver_lines(want, h.name, doc) + _summary_lines(outcome, show_plan=options.dry_run or outcome.changed)
         if outcome.diff:  # --diff: after the plan, before the smoke, as it happened
             lines += outcome.diff.splitlines()
         if not smokes[h.name] and (serve is None or after is None):
@@ -614,11 +617,12 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
         if h.container is not None:  # [container]: the container, its image, the sglang inside
             return _container_status(h, connect, want, serves[h.name], progress)
         progress("read state")
-        with deploy.reading(h, connect(h), want.paths if want else [], content=diff) as read:
+        with deploy.reading(h, connect(h), want.paths if want else [], content=diff, driver=True) as read:
             serving = serving_of(h, read)  # over the same connection
         desired = want.expected(h.name, read.facts) if want else None
         doc = deploy.describe(h.name, read.facts, desired, read.round_trips)
         doc["serving"] = serving
+        doc["driver"] = driver_gate.status_of(read.facts)  # its NVIDIA driver and the CUDA lane it allows
         # A host that answered is not a host that is fine: what needs a person decides its
         # outcome (and the exit code); `status` says it last.
         journal = read.facts.get("journal") or {}
@@ -630,6 +634,16 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
         return _result(h.name, Kind.ATTENTION, doc, "; ".join(a["detail"] for a in doc["attention"]), lines)
 
     return _fleet("status", hosts, policy, one, on_event)
+
+
+def _driver_lines(want: Want, host: str, doc: dict) -> list[str]:
+    """A push's driver warning (no nvidia-smi on the host, or --force-driver past a refusal):
+    its line first, and in the document as ``driver_warning``."""
+    verdict = want.drivers.get(host)
+    if verdict is None or verdict.warning is None:
+        return []
+    doc["driver_warning"] = verdict.warning
+    return [verdict.warning]
 
 
 def _series_or_none(family: str | None, on_event: Listener) -> Want | None:

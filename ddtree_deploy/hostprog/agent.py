@@ -41,7 +41,7 @@ AGENT_PROTOCOL = 1
 OPS = {
     "init": "op_init",
     "lock": "op_lock", "unlock": "op_unlock", "lock_status": "op_lock_status", "lock_release": "op_lock_release",
-    "facts": "op_facts",
+    "facts": "op_facts", "driver": "op_driver",
     "apply": "op_apply",
     "mark": "op_mark", "served": "op_served",
     "history": "op_history", "switches": "op_switches",

@@ -3,8 +3,9 @@
 ``facts`` answers the SGLang version and package root (found without importing sglang),
 the sha256 (and, asked, the bytes) of each named file and of every file the journal and
 the backups name, the journal, the backups, the kept edits and the deploy lock: all of this
-root's state folder (roots.py), never another's; and, as a list for people, which other
-installs keep state in the same state folder (``installs``). ``target`` is the one way
+root's state folder (roots.py), never another's; as a list for people, which other
+installs keep state in the same state folder (``installs``); and, asked (``driver``), the
+host's NVIDIA driver as nvidia-smi says it (gpu_driver.py: a push's first read, status). ``target`` is the one way
 from a package-relative path to a file: nothing outside the package root, never through
 a symlink.
 """
@@ -15,7 +16,7 @@ import os
 import sys
 
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.hostprog import roots, wire
+from ddtree_deploy.hostprog import gpu_driver, roots, wire
 from ddtree_deploy.hostprog.fileops import TMP_TAG, AgentError
 
 
@@ -66,7 +67,7 @@ class Facts(object):
                 # One symlinked target must not hide the others: report it, by name.
                 files[rel] = {"unsafe": exc.message}
         lock_owner = self.read_lock() if self.state_dir else None
-        return {
+        reply = {
             "sglang_version": version,
             "version_source": how,
             "package_root": self.root,
@@ -78,6 +79,14 @@ class Facts(object):
             "state_home": self.home_dir() if self.state_dir else None,
             "installs": self.list_installs() if self.state_dir else [],
         }
+        if request.get("driver"):  # only when asked: nvidia-smi can take seconds
+            reply["driver"] = gpu_driver.probe()
+        return reply
+
+    def op_driver(self, request):
+        """Read-only: the host's NVIDIA driver alone (``image --host``: a host whose SGLang, if
+        any, runs in a container; no package root or state folder needed)."""
+        return {"driver": gpu_driver.probe()}
 
     def stat_file(self, rel, content=False):
         path = self.target(rel)

@@ -15,11 +15,14 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import Version
+
 from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.fsutil import require_writable_folder
 from ddtree_deploy.containers.image_context import DEFAULT_STATE_DIR, context_files
 from ddtree_deploy.hostprog.engine_cli import PROBES
+from ddtree_deploy.release.cuda_lanes import cuda_of_image
 
 BUILDERS = ("docker", "podman", "buildah")  # tried in this order by --build
 #: Exit code of `image --build` when no container builder can build here (the context is
@@ -73,6 +76,43 @@ def write_context(base: str, release: str, out: Path, *, family: str | None = No
         (out / rel).write_bytes(data)
     return Context(out, out / "Dockerfile", desired.series, desired.series_id, release, labels,
                    tuple(t.path for t in desired.targets))
+
+
+def check_base_for_drivers(base: str, release: str, drivers: dict, *, force: bool = False) -> list[str]:
+    """Whether every target host's driver (name -> cuda_lanes.Driver) runs the base image's CUDA
+    (its tag's ``cuNNN``, else the release's lane). BadInput (exit 2, before anything is
+    written) naming the hosts that cannot, unless ``force``; the warning lines to print (a
+    host without nvidia-smi, a refusal forced past)."""
+    from ddtree_deploy.engine.series import families
+    from ddtree_deploy.release.cuda_lanes import DRIVER_FLOOR, floor_text, newest_covered
+
+    cuda, source = cuda_of_image(base, release)
+    if not cuda or not drivers:
+        return []
+    major = int(cuda.split(".")[0])
+    warnings = [f"{name}: no NVIDIA driver found (no nvidia-smi on the host): --base not checked against it"
+                for name, d in drivers.items() if d is not None and not d.found]
+    cannot = {name: d for name, d in drivers.items() if d is not None and d.found and
+              (not d.readable or (major in DRIVER_FLOOR and not d.runs_major(major)))}
+    if not cannot:
+        return warnings
+    said = "; ".join(f"{name}'s driver {d.version} supports CUDA {d.cuda}" if d.readable
+                     else f"{name}: {d.error}" for name, d in cannot.items())
+    floor = f" (driver {floor_text(major)})" if major in DRIVER_FLOOR else ""
+    line = (f"--base {base} needs CUDA {cuda}{floor}, from its {'tag' if source == 'tag' else 'release lane'}: "
+            f"{said}")
+    if force:
+        return [*warnings, f"{line}; writing it anyway (--force-driver)"]
+    # The newest release every refused host runs and a family covers (their oldest driver's).
+    newest = [newest_covered(d, families()) for d in cannot.values() if d.readable]
+    where = ""
+    if newest and None in newest:
+        where = "; no release DDTree covers runs on every one of those hosts"
+    elif newest:
+        where = f"; the newest release DDTree covers on those hosts is {min(newest, key=Version)}"
+    raise BadInput(f"{line}{where}; nothing was written", code=Code.DRIVER_TOO_OLD,
+                   hint="choose a base those drivers run (a -cu129 tag for CUDA 12: SGLang up to 0.5.19), upgrade "
+                        "the hosts' NVIDIA drivers, or write it anyway with --force-driver")
 
 
 def find_builder(which=shutil.which) -> tuple[str, str] | None:

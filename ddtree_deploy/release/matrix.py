@@ -26,6 +26,7 @@ from packaging.version import Version
 from ddtree_deploy.engine.check import ALREADY, FAILED, PARTLY, SKIPPED, EntryCheck, FileCheck
 from ddtree_deploy.engine.patch_apply import HunkStatus
 from ddtree_deploy.engine.series import FamilyInfo, pick_family
+from ddtree_deploy.release.cuda_lanes import lane_label
 from ddtree_deploy.release.release_facts import ReleaseFacts
 
 
@@ -257,6 +258,7 @@ class ReleaseRow:
         return {
             "version": self.version,
             "family": self.family,
+            "cuda_lane": lane_label(self.version),
             "coverage": self.coverage.value,
             "verdict": self.verdict,
             "cells": [{"entry": c.entry, "status": c.status.value, "note": c.note} for c in self.cells],
@@ -368,8 +370,9 @@ class Matrix:
         """Header and rows of strings for a text table (the markdown report renders it)."""
         columns = self.columns()
         smoked = any(row.smoke for row in self.rows)
-        header = ["release", "family", *map(short_entry, columns), "compile", *(["import"] if smoked else []),
-                  "verdict", "why"]
+        # "cuda": the release's CUDA lane (cuda_lanes.py): cu129 up to 0.5.19, cu130 from 0.5.20.
+        header = ["release", "cuda", "family", *map(short_entry, columns), "compile",
+                  *(["import"] if smoked else []), "verdict", "why"]
         body = []
         for row in self.rows:
             by_entry = {c.entry: c for c in row.cells}
@@ -378,7 +381,8 @@ class Matrix:
                 cell = by_entry.get(name)
                 cells.append(cell.short() if cell else ("no family" if row.family is None else "-"))
             smoke = [row.smoke_text()] if smoked else []
-            body.append([row.version, row.family or "-", *cells, row.compile_text(), *smoke, row.verdict, row.why])
+            body.append([row.version, lane_label(row.version), row.family or "-", *cells, row.compile_text(), *smoke,
+                         row.verdict, row.why])
         return header, body
 
     def details(self) -> list[str]:

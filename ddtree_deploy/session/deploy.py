@@ -313,9 +313,14 @@ class PushSession:
         self.close()
 
 
-def _discover(sess: AgentSession, host: Host, paths: list[str], content: bool = False) -> dict:
-    """One round trip without the lock: init, facts (what to resolve the series from)."""
-    init, facts = sess.call(_init(host), {"op": "facts", "paths": paths, "content": content})
+def _discover(sess: AgentSession, host: Host, paths: list[str], content: bool = False,
+              driver: bool = False) -> dict:
+    """One round trip without the lock: init, facts (what to resolve the series from;
+    ``driver``, a push's: the host's NVIDIA driver too, for its driver check)."""
+    request = {"op": "facts", "paths": paths, "content": content}
+    if driver:
+        request["driver"] = True
+    init, facts = sess.call(_init(host), request)
     expect_ok(init, host.name, "agent start")
     return expect_ok(facts, host.name, "discover")
 
@@ -393,7 +398,7 @@ def _switch(sess: AgentSession, host: Host, out: Outcome, prepared: _Prepared, *
 def _execute(command: str, host: Host, transport: Transport, paths: list[str],
              prepare: Callable[[dict, object, Progress], _Prepared], *, dry_run: bool, break_lock: bool,
              progress: Progress, resolve: Callable[[dict, Progress], object] | None = None,
-             keep_lock: bool = False, content: bool = False) -> PushSession:
+             keep_lock: bool = False, content: bool = False, driver: bool = False) -> PushSession:
     """Discover, resolve, lock + discover, plan in memory, apply + unlock: the one path of
     push and rollback.
 
@@ -418,7 +423,7 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
         resolved = None
         if resolve is not None:
             progress("discover")
-            first = _discover(sess, host, paths if dry_run else [], content and dry_run)
+            first = _discover(sess, host, paths if dry_run else [], content and dry_run, driver)
             resolved = resolve(first, progress)
         if resolve is not None and dry_run:
             facts, lock = first, None
@@ -590,7 +595,8 @@ def _push(host: Host, transport: Transport, paths: list[str], desire: Callable[[
         )
 
     session = _execute("push", host, transport, paths, prepare, dry_run=dry_run, break_lock=break_lock,
-                       progress=progress, resolve=resolve, keep_lock=keep_lock, content=diff or replace_drifted)
+                       progress=progress, resolve=resolve, keep_lock=keep_lock, content=diff or replace_drifted,
+                       driver=True)
     outcome = session.outcome
     if outcome.phase == Phase.SWITCHED and not dry_run and outcome.smoke_pending is None:
         outcome.smoke_pending = outcome.run_id if outcome.changed else seen.get("run_id")
@@ -833,12 +839,17 @@ class Reading:
 
 
 @contextmanager
-def reading(host: Host, transport: Transport, paths: list[str] = (), content: bool = False) -> Iterator[Reading]:
+def reading(host: Host, transport: Transport, paths: list[str] = (), content: bool = False,
+            driver: bool = False) -> Iterator[Reading]:
     """A read-only agent session (takes no lock): [init, facts] in one round trip; the caller
     may ``ask`` more on it (the serving processes' record) before it closes. ``content``
-    (``status --diff``): the facts carry the files' bytes too."""
+    (``status --diff``): the facts carry the files' bytes too; ``driver`` (status): the
+    host's NVIDIA driver as nvidia-smi says it."""
     with transport, _session(transport, host, write=False) as sess:
-        init, facts = sess.call(_init(host), {"op": "facts", "paths": list(paths), "content": content})
+        request = {"op": "facts", "paths": list(paths), "content": content}
+        if driver:
+            request["driver"] = True
+        init, facts = sess.call(_init(host), request)
         expect_ok(init, host.name, "agent start")
         expect_ok(facts, host.name, "discover")
         yield Reading(facts, transport, sess, host)

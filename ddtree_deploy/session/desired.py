@@ -30,6 +30,8 @@ from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.engine.check import check_series
 from ddtree_deploy.engine.series import AddEntry, PatchEntry, Series, choose_series, load_family, require_finished
 from ddtree_deploy.release.snapshot import all_touched_paths, fresh_release_snapshot, load_snapshot, snapshot_root
+from ddtree_deploy.session import driver_gate
+from ddtree_deploy.session.driver_gate import DriverVerdict
 from ddtree_deploy.session.plan import Desired, Target
 
 
@@ -123,9 +125,14 @@ class Want:
     whose range covers its SGLang version. ``paths``: what every host reports in its first
     read. ``resolve`` (host, facts) -> ``Desired`` is what the deploy session calls on that
     unlocked read; it records the series it chose per host in ``chosen`` (the smoke needs it).
+    ``resolve`` first checks the host's NVIDIA driver against its release's CUDA lane
+    (driver_gate.py: refused in one line, or with ``force_driver`` a warning); what it said
+    of each host is in ``drivers``. ``expected`` (status) resolves without that check.
     """
 
-    def __init__(self, family: str | None = None):
+    def __init__(self, family: str | None = None, *, force_driver: bool = False):
+        self.force_driver = force_driver
+        self.drivers: dict[str, DriverVerdict] = {}
         self._forced: Series | None = None
         if family:
             series = load_family(family)
@@ -149,6 +156,10 @@ class Want:
         return choose_series(version)
 
     def resolve(self, host_name: str, facts: dict) -> Desired:
+        self.drivers[host_name] = driver_gate.check(host_name, facts, force=self.force_driver)
+        return self._resolve(host_name, facts)
+
+    def _resolve(self, host_name: str, facts: dict) -> Desired:
         series = self.series_for(facts)
         self.chosen[host_name] = series
         return self.check(host_name, series, facts, self.forced,
@@ -158,7 +169,7 @@ class Want:
         """``resolve`` for a status: None when the series does not resolve (status still
         reports what the journal knows)."""
         try:
-            return self.resolve(host_name, facts)
+            return self._resolve(host_name, facts)
         except DeployError:
             return None
 
