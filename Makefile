@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 $(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/sglang-v2-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# torch 2.14.1 + torchvision 0.29.1: the pair that imports SGLang's utils (see README).
+	# torch 2.14.1 + torchvision 0.29.1: the pair that imports SGLang's utils (see docs/getting-started.md).
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
 	$(PIP) install -q -r requirements/sglang-cpu.txt
 	$(PIP) install -q --no-deps -r requirements/sglang-v2-cpu.txt
@@ -23,7 +23,7 @@ system-deps:
 	@bash scripts/system-deps.sh
 
 # The suite in TEST_WORKERS parallel pytest-xdist workers (most of a test's time is waiting on
-# subprocesses, sshd and deadlines, so more workers than cores pays; see README "Tests"), whole
+# subprocesses, sshd and deadlines, so more workers than cores pays; see docs/testing.md), whole
 # modules per worker (their module fixtures are built once), the long modules first (the order
 # tests/conftest.py gives), and the 30 slowest tests listed.
 # pytest exits 5 when it collects no test: that is a failure here, never a pass.
@@ -50,7 +50,7 @@ ANSIBLE_GALAXY ?= $(if $(wildcard $(VENV)/bin/ansible-galaxy),$(VENV)/bin/ansibl
 collection:
 	$(ANSIBLE_GALAXY) collection build ansible/ddtree --output-path $(COLLECTION_OUT) --force
 
-# The GPU check (README "GPU checks"). gpu-check-dry, on any machine with the venv: extract
+# The GPU check (docs/gpu-checks.md). gpu-check-dry, on any machine with the venv: extract
 # SGLang's files from the release wheel into GPU_CARRY (git-ignored), run every check's CPU
 # path and measure what travels (< 64 MiB). gpu-check, on the lent GPU machine: no venv, its
 # own python3 (torch, Triton, nvcc); carry GPU_CARRY with the command. 540 s leaves the

@@ -1,6 +1,6 @@
 """How many SSH connections each command opens, counted for real (issue 24, item 9).
 
-The docs state these numbers (README "Deploying", docs/deploy.md, docs/smoke.md); here every
+The docs state these numbers (docs/deploy.md, docs/smoke.md); here every
 SSH connection the CLI opens to a real sshd on loopback is counted where it is made: each
 ``SSHTransport.open`` that connected (the one place the toolkit opens a connection; a
 transport opened twice connects once). A TCP relay counting accepted connections was tried

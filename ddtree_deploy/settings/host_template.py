@@ -3,7 +3,7 @@
 What it writes parses as it stands (tests/test_hosts_cmd.py reads it back with the
 inventory's own parser, and again with every commented key line switched on), so a first
 ``status --host NAME`` already works once the values marked EDIT are right. The keys and
-their meaning: docs/deploy.md (the inventory), docs/smoke.md ([smoke]), README "Serving"
+their meaning: docs/inventory.md (the inventory), docs/smoke.md ([smoke]), docs/serving.md
 ([serve]); the GPU example the project keeps is hosts/ct200.toml.
 """
 
@@ -34,7 +34,7 @@ def render(name: str, *, ssh_host: str | None = None, user: str | None = None, p
     edit = "EDIT: " if python is None else ""
     lines = [
         f"# Host {name}: written by {next_step.hosts_init(name)}. Check it: {next_step.status(name)}.",
-        "# Keys: docs/deploy.md (inventory), docs/smoke.md ([smoke]), README \"Serving\" ([serve]).",
+        "# Keys: docs/inventory.md (inventory), docs/smoke.md ([smoke]), docs/serving.md ([serve]).",
     ]
     if local:
         lines += [_key("transport", "local", "this machine itself: no [ssh] table", on=True), ""]
