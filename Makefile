@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install system-deps demo test bench matrix collection clean gpu-check gpu-check-dry
+.PHONY: install system-deps lint demo test bench matrix collection clean gpu-check gpu-check-dry
 
 $(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/sglang-v2-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +22,22 @@ install: $(VENV)/.installed
 system-deps:
 	@bash scripts/system-deps.sh
 
-# The suite in TEST_WORKERS parallel pytest-xdist workers (most of a test's time is waiting on
-# subprocesses, sshd and deadlines, so more workers than cores pays; see docs/testing.md), whole
+# The lint and type gate (pyproject.toml [tool.ruff], [tool.mypy]: what each checks and why).
+# `make test` runs the same two commands first, and fails on either.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+# The lint and type gate first (as `make lint`), then the suite in TEST_WORKERS parallel
+# pytest-xdist workers (most of a test's time is waiting on subprocesses, sshd and deadlines,
+# so more workers than cores pays; see docs/testing.md), whole
 # modules per worker (their module fixtures are built once), the long modules first (the order
 # tests/conftest.py gives), and the 30 slowest tests listed.
 # pytest exits 5 when it collects no test: that is a failure here, never a pass.
 TEST_WORKERS ?= 4
 test: system-deps install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc
 
 demo: system-deps install

@@ -144,15 +144,15 @@ def release_wheel(release_version: str) -> Path:
 
 
 def _make_read_only(root: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    for dirpath, dirnames, _ in os.walk(root, topdown=False):
+    for dirpath, _dirnames, _ in os.walk(root, topdown=False):
         os.chmod(dirpath, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
 
 
 def _make_writable(root: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chmod(dirpath, stat.S_IRWXU)
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), stat.S_IRUSR | stat.S_IWUSR)

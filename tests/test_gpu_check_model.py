@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import ast
 import re
 import sys
 from pathlib import Path

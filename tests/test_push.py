@@ -16,8 +16,12 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from ddtree_deploy.session.plan import Desired
 
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.engine.series import load_family

@@ -21,7 +21,6 @@ from typer.testing import CliRunner
 
 from ddtree_deploy.base import hooks
 from ddtree_deploy.cli import app
-from ddtree_deploy.session import deploy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_smoke_ssh import FAMILY, STANDIN, make_host, sshd  # noqa: E402,F401  (sshd: the module's fixture)

@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.base.hooks import TEST_HOOKS_ENV
-from ddtree_deploy.session import deploy
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sshd_host import ADDED, SPEC, UTILS, chattr, cli, host, ok, oracle, sshd, temp_files  # noqa: E402,F401  (shared fixtures)

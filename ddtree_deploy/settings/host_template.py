@@ -14,12 +14,12 @@ import json
 from ddtree_deploy.base import next_step
 
 
-def _value(v) -> str:
+def _value(v: object) -> str:
     # A TOML basic string is JSON-compatible for the values written here (paths, names).
     return str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, int) else json.dumps(str(v))
 
 
-def _key(name: str, value, note: str, *, on: bool, width: int = 40) -> str:
+def _key(name: str, value: object, note: str, *, on: bool, width: int = 40) -> str:
     """``name = value   # note``; ``on`` False: commented out (an example to switch on).
     A list value is written as a TOML array."""
     text = "[" + ", ".join(_value(v) for v in value) + "]" if isinstance(value, list) else _value(value)
