@@ -1,4 +1,4 @@
-"""Fixtures shared by the whole suite: real SGLang release files, real test data.
+"""Fixtures shared by the whole suite: real SGLang release files, real test data, the sshd.
 
     release_version   "0.5.12.post1", the baseline release the series is made against
     release_wheel     Path of its cached wheel, verified against PyPI's sha256
@@ -7,6 +7,10 @@
                       (the folder that contains sglang/, like site-packages)
     data_dir          tests/data
     test_family_dir   tests/data/patches/test-0.5.12, a small real series
+    sshd              a real OpenSSH sshd on loopback for the module (tests/sshd_host.py)
+    oracle            (pristine, patched) bytes of the small deploy series, GNU patch's
+    host              a fresh sandbox host per test that pushes the small deploy series
+    served            a host whose stand-in server runs under supervisord (tests/serve_host.py)
 
 Tests that need the network only to fill the wheel cache take ``release_wheel``;
 once the cache holds the wheel and PyPI's listing, they run offline.
@@ -35,7 +39,22 @@ from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.release import releases
 
 BASELINE_RELEASE = "0.5.12.post1"
-DATA = Path(__file__).resolve().parent / "data"
+TESTS = Path(__file__).resolve().parent
+DATA = TESTS / "data"
+
+# The helper modules beside the tests (sshd_host, serve_host, the probes) import as top-level
+# modules from every test module: this folder on sys.path once, here, for any import mode
+# (pytest's default puts it there for conftest.py; the modules no longer each insert it).
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+# The fixtures the sshd tests share, registered for every module: a real sshd per module,
+# GNU patch's result for the small deploy series, a fresh host per test (sshd_host.py) and a
+# host whose stand-in server runs under supervisord (serve_host.py). A module's own fixture of
+# the same name wins (test_container_ssh's sshd with its engine, test_lock_cmd's host), and
+# `from sshd_host import sshd` in a module still works as before.
+from serve_host import served  # noqa: E402,F401
+from sshd_host import host, oracle, sshd  # noqa: E402,F401
 
 # The runner's terminal is no input to any test: an xdist worker starts with COLUMNS=80 and
 # LINES=24 where a plain run has neither, and the CLI's consoles (ddtree_deploy/cli/app.py)

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from ddtree_deploy.cli import app
 from ddtree_deploy.remote import transport
-from sshd_host import DEPLOY_SERIES, SPEC, UTILS, sshd  # noqa: F401  (shared fixtures)
+from sshd_host import DEPLOY_SERIES, SPEC, UTILS
 
 pytestmark = pytest.mark.sshd
 

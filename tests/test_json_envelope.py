@@ -32,9 +32,7 @@ from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.cli import app
 from ddtree_deploy.release import releases
 
-sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import ENVELOPE_KEYS, check_envelope  # noqa: E402
-from sshd_host import host, sshd  # noqa: E402,F401  (shared fixtures: a real sshd, one host per test)
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX_FAMILY = REPO / "tests" / "data" / "matrix_family"

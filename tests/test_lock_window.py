@@ -27,10 +27,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
-from serve_host import served  # noqa: E402,F401  (the served fixture)
-from sshd_host import ADDED, cli, host, oracle, sshd  # noqa: E402,F401  (shared fixtures)
+from sshd_host import ADDED, cli  # noqa: E402
 
 pytestmark = pytest.mark.sshd
 CONSOLE = Path(sys.executable).parent / "ddtree-deploy"
