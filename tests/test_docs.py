@@ -194,6 +194,16 @@ def test_every_option_is_described_in_docs():
     assert undocumented == [], "options --help lists that no docs/ page describes: " + ", ".join(undocumented)
 
 
+def test_the_top_level_options_are_described_in_docs():
+    load_commands()
+    root = typer.main.get_command(app)
+    options = [o for param in root.params if param.param_type_name == "option" and not param.hidden
+               for o in (*param.opts, *param.secondary_opts) if o.startswith("--") and o != "--help"]
+    assert {"--version", "--install-completion", "--show-completion"} <= set(options), options
+    text = "\n".join(p.read_text() for p in sorted(DOCS.rglob("*.md")))
+    assert [o for o in options if not mentions(text, o)] == [], "top-level options no docs/ page describes"
+
+
 def test_the_option_walk_sees_every_command():
     # The walk reaches the nested groups (a walk that found nothing would pass the two above).
     commands = cli_commands()
