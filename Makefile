@@ -74,4 +74,4 @@ gpu-check-dry: install
 	$(PY) scripts/gpu_check.py --dry-run --prepare --carry $(GPU_CARRY)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build/gpu-check
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build/gpu-check
