@@ -38,24 +38,20 @@ README_LIMIT = 10_000  # bytes: the front door stays short (issue 33 item 1)
 
 
 def prose(text: str) -> list[tuple[int, str]]:
-    """(line number, line) outside fenced and indented code blocks, inline code removed."""
-    lines, fence, previous_blank = [], False, True
+    """(line number, line) outside fenced and indented code blocks, inline code removed.
+    An indented block starts with a line indented by four after a blank line (a list item's
+    continuation is not: the docs indent those by less) and ends at a line that is not."""
+    lines, fence, code, blank = [], False, False, True
     for number, line in enumerate(text.splitlines(), 1):
         if line.lstrip().startswith("```"):
             fence = not fence
             continue
-        indented = line.startswith("    ") and previous_blank_or_code(lines, previous_blank)
-        previous_blank = not line.strip()
-        if fence or indented:
-            continue
-        lines.append((number, re.sub(r"`[^`]*`", "", line)))
+        if line.strip():
+            code = line.startswith("    ") and (code or blank)
+        blank = not line.strip()
+        if not (fence or code):
+            lines.append((number, re.sub(r"`[^`]*`", "", line)))
     return lines
-
-
-def previous_blank_or_code(lines: list, previous_blank: bool) -> bool:
-    # An indented line is code after a blank line (a list item's continuation is not: the
-    # docs do not indent continuations by four).
-    return previous_blank or bool(lines and lines[-1][1] == "")
 
 
 def slug(heading: str) -> str:
