@@ -42,6 +42,13 @@ BASELINE_RELEASE = "0.5.12.post1"
 TESTS = Path(__file__).resolve().parent
 DATA = TESTS / "data"
 
+
+# The runner's terminal is no input to any test: an xdist worker starts with COLUMNS=80 and
+# LINES=24 where a plain run has neither, and the CLI's consoles (ddtree_deploy/cli/app.py)
+# take their width when first imported. Tests that want a width set it themselves.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 # The helper modules beside the tests (sshd_host, serve_host, the probes) import as top-level
 # modules from every test module: this folder on sys.path once, here, for any import mode
 # (pytest's default puts it there for conftest.py; the modules no longer each insert it).
@@ -52,15 +59,10 @@ if str(TESTS) not in sys.path:
 # GNU patch's result for the small deploy series, a fresh host per test (sshd_host.py) and a
 # host whose stand-in server runs under supervisord (serve_host.py). A module's own fixture of
 # the same name wins (test_container_ssh's sshd with its engine, test_lock_cmd's host), and
-# `from sshd_host import sshd` in a module still works as before.
+# `from sshd_host import sshd` in a module still works as before. Imported after the lines
+# above: sshd_host imports the CLI, whose consoles take their width when first imported.
 from serve_host import served  # noqa: E402,F401
 from sshd_host import host, oracle, sshd  # noqa: E402,F401
-
-# The runner's terminal is no input to any test: an xdist worker starts with COLUMNS=80 and
-# LINES=24 where a plain run has neither, and the CLI's consoles (ddtree_deploy/cli/app.py)
-# take their width when first imported. Tests that want a width set it themselves.
-for _name in ("COLUMNS", "LINES"):
-    os.environ.pop(_name, None)
 
 # Process-wide callables some library replaces on import (ansible-core: sys.intern, where
 # torch._dynamo, imported later by transformers in the same process, then refuses to load;
