@@ -4,12 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install system-deps demo test bench matrix collection clean gpu-check gpu-check-dry
+.PHONY: install system-deps lint demo test bench matrix collection clean gpu-check gpu-check-dry
 
 $(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/sglang-v2-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# torch 2.14.1 + torchvision 0.29.1: the pair that imports SGLang's utils (see README).
+	# torch 2.14.1 + torchvision 0.29.1: the pair that imports SGLang's utils (see docs/getting-started.md).
 	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
 	$(PIP) install -q -r requirements/sglang-cpu.txt
 	$(PIP) install -q --no-deps -r requirements/sglang-v2-cpu.txt
@@ -22,13 +22,22 @@ install: $(VENV)/.installed
 system-deps:
 	@bash scripts/system-deps.sh
 
-# The suite in TEST_WORKERS parallel pytest-xdist workers (most of a test's time is waiting on
-# subprocesses, sshd and deadlines, so more workers than cores pays; see README "Tests"), whole
+# The lint and type gate (pyproject.toml [tool.ruff], [tool.mypy]: what each checks and why).
+# `make test` runs the same two commands first, and fails on either.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+# The lint and type gate first (as `make lint`), then the suite in TEST_WORKERS parallel
+# pytest-xdist workers (most of a test's time is waiting on subprocesses, sshd and deadlines,
+# so more workers than cores pays; see docs/testing.md), whole
 # modules per worker (their module fixtures are built once), the long modules first (the order
 # tests/conftest.py gives), and the 30 slowest tests listed.
 # pytest exits 5 when it collects no test: that is a failure here, never a pass.
 TEST_WORKERS ?= 4
 test: system-deps install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc
 
 demo: system-deps install
@@ -50,7 +59,7 @@ ANSIBLE_GALAXY ?= $(if $(wildcard $(VENV)/bin/ansible-galaxy),$(VENV)/bin/ansibl
 collection:
 	$(ANSIBLE_GALAXY) collection build ansible/ddtree --output-path $(COLLECTION_OUT) --force
 
-# The GPU check (README "GPU checks"). gpu-check-dry, on any machine with the venv: extract
+# The GPU check (docs/gpu-checks.md). gpu-check-dry, on any machine with the venv: extract
 # SGLang's files from the release wheel into GPU_CARRY (git-ignored), run every check's CPU
 # path and measure what travels (< 64 MiB). gpu-check, on the lent GPU machine: no venv, its
 # own python3 (torch, Triton, nvcc); carry GPU_CARRY with the command. 540 s leaves the
@@ -65,4 +74,4 @@ gpu-check-dry: install
 	$(PY) scripts/gpu_check.py --dry-run --prepare --carry $(GPU_CARRY)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build/gpu-check
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache build/gpu-check

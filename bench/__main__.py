@@ -10,7 +10,7 @@ import importlib
 import sys
 import time
 
-# In the order the README presents them.
+# In the order docs/benchmarks.md presents them.
 MODULES = ["check_bench", "ddtree_bench", "ddtree_verify_bench", "patchset_bench", "release_corpus_bench", "push_bench",
            "smoke_bench", "matrix_bench", "fleet_bench", "ansible_bench", "analysis_bench"]
 

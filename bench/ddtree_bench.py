@@ -184,7 +184,7 @@ def topk_table() -> None:
         for bs in (1, 8, 32):
             logits = torch.randn(bs, DEPTH, vocab, generator=gen).to(device)
             for k in (16, 256):
-                ms = _median_ms(lambda: du.topk_logprobs(logits, k), device, 3)
+                ms = _median_ms(lambda logits=logits, k=k: du.topk_logprobs(logits, k), device, 3)
                 print(f"  {vocab:>7} {bs:>5} {k:>4} {ms:>9.3f}", flush=True)
             del logits
 

@@ -1,7 +1,7 @@
 """Real containers on this machine for the tests (tests/test_container_ssh.py): Debian's podman
 with Debian's runc, images built from a local root filesystem (no registry is reachable).
 
-What it took (README "Containers, tested with podman"):
+What it took (docs/containers.md):
 
 - ``apt-get install -y podman runc debootstrap`` (scripts/system-deps.sh does it as root);
 - runc as the runtime: podman's default, crun, fails on this kernel's cgroup layout

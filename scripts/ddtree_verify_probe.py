@@ -242,7 +242,6 @@ class _Probe:
 
     def run_and_check_verify(self, batch, layout, logits, target, commit_limit=None):
         """Prepare + verify on a real batch, then compare everything with brute force."""
-        torch = self.torch
         bs, n = layout.tokens.shape
         free_before = set(batch.token_to_kv_pool_allocator.free_pages.tolist())
         seq0 = batch.seq_lens.tolist()
@@ -367,7 +366,7 @@ class _Probe:
         torch = self.torch
         gen = torch.Generator().manual_seed(3)
         vocab = 16
-        for trial in range(4):
+        for _trial in range(4):
             bs = 2
             batch = self.batch([7, 11], max_new_tokens=2, vocab=vocab)
             layout = self.layout(gen, bs, depth=5, budget=12, vocab=vocab, k=12)
@@ -402,7 +401,7 @@ class _Probe:
         self._single_rank_tp_group()  # the CUDA sampling path broadcasts over TP
         gen = torch.Generator().manual_seed(5)
         vocab = 16
-        for trial in range(6):
+        for _trial in range(6):
             bs = 3
             # top_k = 1: the target distribution is one-hot at its argmax, so the lossless
             # sampling walk (ddtree_utils.sample_accept on CPU) must equal the greedy walk.
@@ -558,7 +557,6 @@ class _Probe:
             ([0.35, 0.25, 0.2, 0.12, 0.08], 5, 1.0, 0.5),
             ([0.3, 0.3, 0.2, 0.1, 0.1], 3, 0.9, 0.4),
         ]
-        gen = torch.Generator().manual_seed(21)
         for target, top_k, top_p, min_p in cases:
             vocab = len(target)
             batch = self.batch([2] * copies, sampling=(top_k, top_p, 1.0, min_p), vocab=vocab)

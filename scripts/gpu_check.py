@@ -3,7 +3,7 @@
 
     python3 scripts/gpu_check.py [--dry-run] [--prepare] [--carry DIR] [--out DIR]
 
-See scripts/ddtree_gpu_check/ (run.py for the order of the checks) and README "GPU checks".
+See scripts/ddtree_gpu_check/ (run.py for the order of the checks) and docs/gpu-checks.md.
 """
 
 import sys

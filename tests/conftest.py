@@ -1,4 +1,4 @@
-"""Fixtures shared by the whole suite: real SGLang release files, real test data.
+"""Fixtures shared by the whole suite: real SGLang release files, real test data, the sshd.
 
     release_version   "0.5.12.post1", the baseline release the series is made against
     release_wheel     Path of its cached wheel, verified against PyPI's sha256
@@ -7,6 +7,10 @@
                       (the folder that contains sglang/, like site-packages)
     data_dir          tests/data
     test_family_dir   tests/data/patches/test-0.5.12, a small real series
+    sshd              a real OpenSSH sshd on loopback for the module (tests/sshd_host.py)
+    oracle            (pristine, patched) bytes of the small deploy series, GNU patch's
+    host              a fresh sandbox host per test that pushes the small deploy series
+    served            a host whose stand-in server runs under supervisord (tests/serve_host.py)
 
 Tests that need the network only to fill the wheel cache take ``release_wheel``;
 once the cache holds the wheel and PyPI's listing, they run offline.
@@ -35,13 +39,30 @@ from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.release import releases
 
 BASELINE_RELEASE = "0.5.12.post1"
-DATA = Path(__file__).resolve().parent / "data"
+TESTS = Path(__file__).resolve().parent
+DATA = TESTS / "data"
+
 
 # The runner's terminal is no input to any test: an xdist worker starts with COLUMNS=80 and
 # LINES=24 where a plain run has neither, and the CLI's consoles (ddtree_deploy/cli/app.py)
 # take their width when first imported. Tests that want a width set it themselves.
 for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
+
+# The helper modules beside the tests (sshd_host, serve_host, the probes) import as top-level
+# modules from every test module: this folder on sys.path once, here, for any import mode
+# (pytest's default puts it there for conftest.py; the modules no longer each insert it).
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+# The fixtures the sshd tests share, registered for every module: a real sshd per module,
+# GNU patch's result for the small deploy series, a fresh host per test (sshd_host.py) and a
+# host whose stand-in server runs under supervisord (serve_host.py). A module's own fixture of
+# the same name wins (test_container_ssh's sshd with its engine, test_lock_cmd's host), and
+# `from sshd_host import sshd` in a module still works as before. Imported after the lines
+# above: sshd_host imports the CLI, whose consoles take their width when first imported.
+from serve_host import served  # noqa: E402,F401
+from sshd_host import host, oracle, sshd  # noqa: E402,F401
 
 # Process-wide callables some library replaces on import (ansible-core: sys.intern, where
 # torch._dynamo, imported later by transformers in the same process, then refuses to load;
@@ -144,15 +165,15 @@ def release_wheel(release_version: str) -> Path:
 
 
 def _make_read_only(root: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-    for dirpath, dirnames, _ in os.walk(root, topdown=False):
+    for dirpath, _dirnames, _ in os.walk(root, topdown=False):
         os.chmod(dirpath, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
 
 
 def _make_writable(root: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chmod(dirpath, stat.S_IRWXU)
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), stat.S_IRUSR | stat.S_IWUSR)

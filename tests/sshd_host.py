@@ -3,11 +3,12 @@
 The sshd and the hosts themselves are ddtree_deploy.sandbox (the demo and the benchmarks
 use them too): SSHServer (OpenSSH on loopback), SandboxHost, make_python_env. Here only
 what the tests add: the small real series under tests/data/deploy_series, GNU patch's
-result for it (the oracle), and the module-wide sshd + one-host-per-test fixtures that
-test_push.py, test_history.py and test_switch_back.py import, with the CLI helpers below
-(cli, ok) and the fault helpers (temp_files, chattr) test_deploy_safety.py shares:
+result for it (the oracle), and the module-wide sshd + one-host-per-test fixtures, which
+tests/conftest.py registers for every test module (importing them here by name, as modules
+did before, still works), with the CLI helpers below (cli, ok) and the fault helpers
+(temp_files, chattr) the deploy tests share:
 
-    from sshd_host import host, oracle, sshd  # noqa: F401  (shared fixtures)
+    from sshd_host import ADDED, SPEC, UTILS, cli, ok
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,6 @@ from ddtree_deploy.session.deploy import _apply_push
 from ddtree_deploy.session.plan import Desired, Target, plan_push
 from ddtree_deploy.settings.inventory import Host
 
-sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import make_python_env  # noqa: E402
 
 SPEC = "sglang/srt/speculative/spec_info.py"

@@ -31,7 +31,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SSHServer  # noqa: E402
 
 from ddtree_deploy import __version__  # noqa: E402
@@ -170,10 +169,12 @@ def test_documented_inventories_are_the_same_hosts(tmp_path):
 
 
 def test_readmes_give_the_documented_commands():
-    """The READMEs' ansible-playbook lines are commands docs/ansible.md gives (and the tests run)."""
+    """The READMEs' ansible-playbook lines (the collection's README gives some; the toolkit's
+    front door may link instead) are commands docs/ansible.md gives (and the tests run)."""
     for readme in (REPO / "README.md", COLLECTION / "README.md"):
         lines = re.findall(r"^ {4}(ansible-playbook .*)$", readme.read_text(), re.M)
-        assert lines and [c for c in lines if shlex.split(c, comments=True) not in documented_commands()] == [], readme
+        assert lines or readme.parent == REPO, readme
+        assert [c for c in lines if shlex.split(c, comments=True) not in documented_commands()] == [], readme
 
 
 def oracle(pristine: dict[str, bytes | None], tmp: Path, family: Path) -> dict[str, bytes]:

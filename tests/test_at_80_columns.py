@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sshd_host import DEPLOY_SERIES, SPEC, UTILS, sshd  # noqa: F401  (shared fixtures)
+from sshd_host import DEPLOY_SERIES, SPEC, UTILS
 
 pytestmark = pytest.mark.sshd
 

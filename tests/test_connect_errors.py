@@ -29,12 +29,6 @@ from ddtree_deploy.smoke.smoke_run import run_on_host
 SOURCE = "hosts/box.toml"
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
-        yield server
-
-
 # The connect budget of every case that must get past the connection (to the host key, the
 # login, the interpreter): a loopback handshake, but on a loaded 2-core machine it can take
 # seconds; 5 s used to turn those cases into "timed out connecting" (issue 28 item 7). Only the

@@ -1,6 +1,6 @@
 """How many SSH connections each command opens, counted for real (issue 24, item 9).
 
-The docs state these numbers (README "Deploying", docs/deploy.md, docs/smoke.md); here every
+The docs state these numbers (docs/deploy.md, docs/smoke.md); here every
 SSH connection the CLI opens to a real sshd on loopback is counted where it is made: each
 ``SSHTransport.open`` that connected (the one place the toolkit opens a connection; a
 transport opened twice connects once). A TCP relay counting accepted connections was tried
@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from ddtree_deploy.cli import app
 from ddtree_deploy.remote import transport
-from sshd_host import DEPLOY_SERIES, SPEC, UTILS, sshd  # noqa: F401  (shared fixtures)
+from sshd_host import DEPLOY_SERIES, SPEC, UTILS
 
 pytestmark = pytest.mark.sshd
 

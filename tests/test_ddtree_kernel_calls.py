@@ -17,13 +17,13 @@ import types
 from pathlib import Path
 
 import pytest
+
+from ddtree_testkit import payload
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "payload"))
-sys.path.insert(0, str(REPO / "tests"))
 
-import ddtree_utils as du  # noqa: E402
+du = payload("ddtree_utils")  # payload/ddtree_utils.py, as SGLang imports it
 import v2_kernel_standins as ks  # noqa: E402
 
 

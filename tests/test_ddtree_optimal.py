@@ -55,7 +55,7 @@ def _prefix_forest(logprobs, depth_limit, k):
 
 def _best_value(logprobs, depth_limit, k, budget, cap):
     children, depth, score = _prefix_forest(logprobs, depth_limit, k)
-    best, best_chain = -1.0, None
+    best = -1.0
     for tree in _rooted_subtrees(children, budget):
         if cap is not None:
             per_depth = [0] * (depth_limit + 1)

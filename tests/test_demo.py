@@ -135,7 +135,7 @@ def test_demo_models_are_the_checkouts_tiny_configs():
 
 
 def test_make_demo_passes_release_through():
-    """README: `make demo RELEASE=0.5.12.post1` is the v1 demo; plain `make demo` chooses."""
+    """docs/getting-started.md: `make demo RELEASE=0.5.12.post1` is the v1 demo; plain `make demo` chooses."""
     import subprocess
 
     from ddtree_testkit.system_tools import require

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -33,8 +32,7 @@ from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host
 
-sys.path.insert(0, str(Path(__file__).parent))
-from ddtree_deploy.sandbox import SSHServer, make_python_env  # noqa: E402
+from ddtree_deploy.sandbox import make_python_env  # noqa: E402
 from sshd_host import ADDED, SPEC, UTILS, chattr, temp_files  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY  # noqa: E402
 
@@ -42,12 +40,6 @@ pytestmark = pytest.mark.sshd
 
 TARGETS = [SPEC, UTILS, ADDED]
 SPECDIR = "sglang/srt/speculative"
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    with SSHServer(tmp_path_factory.mktemp("sshd11")) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

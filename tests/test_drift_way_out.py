@@ -14,14 +14,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
 from pathlib import Path
 
-import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
-from sshd_host import ADDED, SPEC, UTILS, cli, host, ok, oracle, sshd  # noqa: E402,F401  (shared fixtures)
+from sshd_host import ADDED, SPEC, UTILS, cli, ok  # noqa: E402
 
 TARGETS = (SPEC, UTILS, ADDED)
 EDIT = b"# a hot fix, made by hand on the GPU host\n"

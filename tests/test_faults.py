@@ -16,9 +16,7 @@ The number of faults injected and recovered is printed (run with -s) and asserte
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,7 +29,6 @@ from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host
 
-sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SSHServer  # noqa: E402
 from link_faults import CutProxy  # noqa: E402
 from sshd_host import ADDED, SPEC, UTILS  # noqa: E402

@@ -25,7 +25,6 @@ from ddtree_deploy.cli import app
 from ddtree_deploy.fleets.fleet import Kind
 from ddtree_deploy.fleets.rollout import EventKind
 
-sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SandboxHost as TestHost, SSHServer, free_port  # noqa: E402
 from sshd_host import ADDED, SPEC, UTILS, deploy_series_oracle  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY, DEPLOY_SERIES as DATA  # noqa: E402

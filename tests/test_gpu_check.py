@@ -9,7 +9,7 @@ machine. The tests read its JSON report and its output.
 
 What the GPU run proves that this cannot (SGLang's kernels executing on CUDA, the
 sync-free step, CUDA-graph replay, timings, the hybrid kernels in bf16 at budgets 64 and 256)
-is listed in README "GPU checks"; on CPU the tree kernel is represented by our transcription of
+is listed in docs/gpu-checks.md; on CPU the tree kernel is represented by our transcription of
 it (scripts/ddtree_gpu_check/kernel_model.py, pinned to the kernel's lines by
 tests/test_gpu_check_model.py) and SGLang's host checks run as compiled, at batch 0 (tree.cuh
 returns before any launch), beside their transcription.

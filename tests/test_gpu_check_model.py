@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import ast
 import re
 import sys
 from pathlib import Path
@@ -29,12 +28,10 @@ import torch
 
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.release import releases
+from ddtree_testkit import payload
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
-
-sys.path.insert(0, str(REPO / "payload"))
-sys.path.insert(0, str(REPO / "tests"))
 
 from ddtree_gpu_check import checks_tree  # noqa: E402
 from ddtree_gpu_check import ddtree as dd  # noqa: E402
@@ -134,7 +131,7 @@ def test_the_check_runs_the_payloads_own_worker_plugin_and_hybrid():
     mods = dd.real()
     for name in ("ddtree_worker_v2", "ddtree_v2_plugin", "ddtree_hybrid", "ddtree_schedule"):
         assert Path(getattr(mods, name).__file__) == dd.payload_dir() / f"{name}.py", name
-    import ddtree_lineage as dl
+    dl = payload("ddtree_lineage")
 
     for cfg in dd.configs(small=True):
         inputs = dd.make_inputs(cfg, torch.device("cpu"), vocab=64, hidden=16, seed=1)
@@ -188,7 +185,7 @@ class _Report:
 
 
 def test_the_plugin_bounds_are_read_from_its_source():
-    import ddtree_lineage as dl
+    dl = payload("ddtree_lineage")
 
     c = dd.plugin_constants()
     assert c == {"DEFAULT_BUDGET": 64, "DEFAULT_MAX_TOPK": 8, "MAX_BUDGET": 1023}
@@ -196,7 +193,7 @@ def test_the_plugin_bounds_are_read_from_its_source():
 
 
 def test_the_configurations_are_accepted_and_the_refused_ones_named_refused():
-    import ddtree_lineage as dl
+    dl = payload("ddtree_lineage")
 
     accepted = dd.configs()
     for cfg in accepted:

@@ -12,8 +12,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -22,9 +20,8 @@ from ddtree_deploy.hostprog.agent import Agent
 from ddtree_deploy.hostprog.state import foreign_content
 from ddtree_deploy.hostprog.wire import boot_id, process_start
 
-sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SandboxHost  # noqa: E402
-from sshd_host import ADDED, SPEC, UTILS, cli, host, ok, oracle, sshd  # noqa: E402,F401  (shared with test_push.py)
+from sshd_host import ADDED, SPEC, UTILS, cli, ok  # noqa: E402
 
 
 def history(h: SandboxHost, *extra: str) -> dict:

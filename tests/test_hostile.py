@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -21,8 +20,6 @@ from typer.testing import CliRunner
 
 from ddtree_deploy.cli import app
 
-sys.path.insert(0, str(Path(__file__).parent))
-from ddtree_deploy.sandbox import SSHServer  # noqa: E402
 from sshd_host import SPEC, UTILS  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY  # noqa: E402
 
@@ -37,12 +34,6 @@ def payload(canary: Path) -> str:
 
 def backticks(canary: Path) -> str:
     return "`touch${IFS}$(printf${IFS}" + str(canary).replace("/", "\\x2f") + ")`"
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
-        yield server
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ A host has no ddtree-deploy and perhaps an old interpreter, so every module a pr
 ships with (hostprog.bundle.shipped) may import only the standard library and modules
 shipped with it: checked on the source (every import, inside functions and try/except
 ImportError fallbacks too, and the child scripts the smoke program runs), on the grammar
-(Python 3.8, the oldest a host may have: README, "Host programs") and by running each
+(Python 3.8, the oldest a host may have: docs/architecture.md) and by running each
 bundle in an interpreter that cannot import this package at all (``python -S -I``), under
 Python 3.8 itself when this machine has one.
 """
@@ -24,7 +24,7 @@ from ddtree_deploy.hostprog import bundle
 
 ROOM = Path(bundle.__file__).parent
 PROGRAMS = [f"ddtree_deploy.hostprog.{name}" for name in ("agent", "smoke", "serve", "tune", "container")]
-OLDEST = (3, 8)  # the oldest Python a host may have (README: Host programs)
+OLDEST = (3, 8)  # the oldest Python a host may have (docs/architecture.md)
 # Strings the smoke program runs as scripts in a child interpreter on the host.
 CHILD_SCRIPTS = ("_IMPORT_CHILD", "_VALIDATE_CHILD", "_RELEASE_HELPERS")
 

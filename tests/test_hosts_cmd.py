@@ -208,7 +208,7 @@ def test_hosts_list_at_80_columns_through_the_console_script(tmp_path):
 
 
 def test_host_local_is_the_toolkits_own_python_and_says_the_way_out(tmp_path, monkeypatch):
-    """README: `--host local` runs ddtree-deploy's own Python as the host's; where that Python
+    """docs/inventory.md: `--host local` runs ddtree-deploy's own Python as the host's; where that Python
     has no sglang (the project venv here: SGLang lives in the hosts' envs), one line says so
     and the hint names a local host file with its own python."""
     monkeypatch.setenv("HOME", str(tmp_path))  # its state folder, ~/.ddtree-deploy, stays here

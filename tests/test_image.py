@@ -27,7 +27,6 @@ from ddtree_deploy.cli import app
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.remote.transport import agent_source
 
-sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import make_python_env  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

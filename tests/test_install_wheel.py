@@ -194,7 +194,7 @@ def test_installed_port_writes_the_users_family_outside_site_packages(installed)
     assert r.returncode == 1, r.stdout + r.stderr  # some hunks do not land on 0.5.14
     mine = installed["data"] / "ddtree-deploy" / "patches" / "sglang-0.5.14"
     assert (mine / "family.toml").is_file() and list(mine.glob("*.rej")), r.stderr
-    assert r.stdout.startswith(f"port ") and f"family sglang-0.5.14 (yours, in {mine.parent};" in r.stdout, r.stdout
+    assert r.stdout.startswith("port ") and f"family sglang-0.5.14 (yours, in {mine.parent};" in r.stdout, r.stdout
     r = _run(installed, "check", "--release", "0.5.14")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "no finished family covers SGLang 0.5.14: sglang-0.5.14 (yours" in " ".join(r.stderr.split())

@@ -23,10 +23,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
 from link_faults import StallProxy  # noqa: E402
-from sshd_host import DEPLOY_SERIES, SPEC, UTILS, oracle, sshd  # noqa: E402,F401  (shared fixtures)
+from sshd_host import DEPLOY_SERIES, SPEC, UTILS  # noqa: E402
 
 from ddtree_testkit.machine import within  # noqa: E402
 

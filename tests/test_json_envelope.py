@@ -32,9 +32,7 @@ from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.cli import app
 from ddtree_deploy.release import releases
 
-sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import ENVELOPE_KEYS, check_envelope  # noqa: E402
-from sshd_host import host, sshd  # noqa: E402,F401  (shared fixtures: a real sshd, one host per test)
 
 REPO = Path(__file__).resolve().parent.parent
 MATRIX_FAMILY = REPO / "tests" / "data" / "matrix_family"
@@ -82,7 +80,7 @@ class Ctx:
         pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in server")
         from serve_host import Served
 
-        self.host  # the module's sshd, and the environment the host commands read
+        _ = self.host  # the module's sshd, and the environment the host commands read
         s = Served(self.request.getfixturevalue("sshd"), self.tmp, "served")
         s.sup.start()
         self.request.addfinalizer(s.sup.stop)
@@ -155,7 +153,7 @@ def _push_then(*argv):
 
 
 def _port_ok(c: Ctx):
-    c.small_family
+    _ = c.small_family  # built on first use: the family port reads
     return ["port", "--to", "0.5.13", "--family", "sglang-0.5.12", "--into", "ported", "--tree", str(c.tmp / "tree")]
 
 

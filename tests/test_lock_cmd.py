@@ -9,8 +9,6 @@ import itertools
 import json
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -18,18 +16,11 @@ from typer.testing import CliRunner
 from ddtree_deploy.cli import app
 from ddtree_deploy.hostprog.wire import boot_id, process_start
 
-sys.path.insert(0, str(Path(__file__).parent))
-from ddtree_deploy.sandbox import SandboxHost as TestHost, SSHServer  # noqa: E402
+from ddtree_deploy.sandbox import SandboxHost as TestHost  # noqa: E402
 from sshd_host import SPEC, UTILS  # noqa: E402
 
 pytestmark = pytest.mark.sshd
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
-        yield server
 
 
 @pytest.fixture

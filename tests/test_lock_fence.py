@@ -27,9 +27,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
-from sshd_host import ADDED, SPEC, UTILS, cli, host, ok, oracle, sshd  # noqa: E402,F401  (shared fixtures)
+from sshd_host import ADDED, SPEC, UTILS, cli, ok  # noqa: E402
 
 pytestmark = pytest.mark.sshd
 CONSOLE = Path(sys.executable).parent / "ddtree-deploy"

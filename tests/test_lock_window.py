@@ -27,10 +27,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
-from serve_host import served  # noqa: E402,F401  (the served fixture)
-from sshd_host import ADDED, cli, host, oracle, sshd  # noqa: E402,F401  (shared fixtures)
+from sshd_host import ADDED, cli  # noqa: E402
 
 pytestmark = pytest.mark.sshd
 CONSOLE = Path(sys.executable).parent / "ddtree-deploy"
@@ -107,7 +105,7 @@ def test_a_failed_smoke_rolls_back_under_the_push_lock(host, oracle, tmp_path):
     assert h["auto_rollback"]["done"] is True and h["auto_rollback"]["outcome"]["round_trips"] == 2
     # lock+facts, apply (the switch), [smoke], facts, apply+unlock (the rollback): one agent session.
     assert probed == ["facts", "apply", "facts", "apply", "unlock"], probed
-    assert h["round_trips"] == 5 and h["connections"] == 1  # deploy.py's table, README, docs/deploy.md
+    assert h["round_trips"] == 5 and h["connections"] == 1  # deploy.py's table, docs/deploy.md
     assert {p: host.read(p) for p in pristine} == pristine
     journal = json.loads((host.state_dir / "journal.json").read_text())
     assert journal["phase"] == "rolled-back" and journal["run_id"] == h["auto_rollback"]["outcome"]["run_id"]

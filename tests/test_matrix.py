@@ -390,7 +390,6 @@ def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_i
     compiles but imports a module that does not exist. Real wheels, real venvs, the real
     smoke program; dflash_worker.py is left out of the import level on CPU because the
     unpatched release cannot import it here either (sgl_kernel is CUDA-only)."""
-    from ddtree_deploy.release import port
 
     try:
         releases.ensure_wheel("0.5.12")

@@ -75,7 +75,7 @@ def test_the_series_on_every_release(wheels):
     stats = Counter()
     for info in families():
         series = load_family(info.folder)
-        for version, wheel in wheels.items():
+        for _version, wheel in wheels.items():
             report = check_series(series, _files(wheel, series.touched_paths()))
             for entry in report.entries:
                 for f in entry.files:

@@ -351,13 +351,13 @@ def test_an_entry_already_in_the_release_is_dropped_from_the_ported_series(relea
 
 @pytest.mark.network
 def test_port_writes_its_tree_where_the_readme_says_refresh_reads_it(patches, release_wheel, wheel_0513, tmp_path):
-    """README's `series refresh --from build/port-<family>` is the folder `port` writes by
+    """docs/releases.md's `series refresh --from build/port-<family>` is the folder `port` writes by
     default (build/ is DDTREE_DEPLOY_BUILD here), and the hint port prints says the same."""
     import re
 
     from ddtree_deploy.base import next_step
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "releases.md").read_text()
     family, tree = re.search(r"ddtree-deploy series refresh --family (\S+) --from (\S+)", readme).groups()
     assert tree == f"build/port-{family}" and family == "sglang-0.5.13"
     res = CliRunner().invoke(app, ["port", "--to", "0.5.13", "--family", "sglang-0.5.12"])

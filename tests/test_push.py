@@ -13,11 +13,14 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from ddtree_deploy.session.plan import Desired
 
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.engine.series import load_family
@@ -26,9 +29,8 @@ from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host
 
-sys.path.insert(0, str(Path(__file__).parent))
 from ddtree_deploy.sandbox import SandboxHost as TestHost  # noqa: E402
-from sshd_host import ADDED, SPEC, UTILS, cli, host, ok, oracle, sshd  # noqa: E402,F401  (shared fixtures)
+from sshd_host import ADDED, SPEC, UTILS, cli, ok  # noqa: E402
 from sshd_host import DEPLOY_FAMILY as FAMILY, DEPLOY_SERIES as DATA  # noqa: E402
 
 # The `sshd` marker: every test that takes the sshd fixture (tests/conftest.py); the plan and

@@ -12,19 +12,15 @@ keep-alive interval is 20 s on real hosts; the test hook ``smoke_heartbeat_s`` m
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from ddtree_deploy.base import hooks
 from ddtree_deploy.cli import app
-from ddtree_deploy.session import deploy
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_smoke_ssh import FAMILY, STANDIN, make_host, sshd  # noqa: E402,F401  (sshd: the module's fixture)
+from test_smoke_ssh import FAMILY, STANDIN, make_host  # noqa: E402
 from ddtree_deploy.sandbox import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]

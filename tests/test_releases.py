@@ -7,8 +7,10 @@ digest logic run for real without depending on the internet.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import re
 import shutil
 import threading
 import zipfile
@@ -195,6 +197,34 @@ def test_an_unreachable_index_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("DDTREE_DEPLOY_PYPI", "http://127.0.0.1:9/pypi")  # discard port: refused
     with pytest.raises(DeployError, match="cannot reach the package index"):
         releases.ensure_wheel("0.5.12.post1")
+
+
+# The network's failures, each said one way (releases._network, the one place that says them).
+
+
+def test_an_index_http_error_names_its_status(index):
+    _, root = index
+    (root / "pypi" / "sglang" / "json").unlink()
+    with pytest.raises(DeployError, match=r"/pypi/sglang/json: HTTP 404 from the package index$") as exc:
+        releases.list_releases(refresh=True)
+    assert exc.value.code != "network"  # the index answered: not an offline machine
+
+
+def test_a_wheel_the_index_does_not_serve_is_an_http_error(index, release_version, release_wheel):
+    _, root = index
+    (root / "packages" / release_wheel.name).unlink()
+    with pytest.raises(DeployError, match=rf"{re.escape(release_wheel.name)}: HTTP 404$"):
+        releases.ensure_wheel(release_version)
+    assert not list(releases.wheel_cache().iterdir())  # nothing cached, no temp file
+
+
+def test_a_download_that_cannot_connect_is_a_network_error(index, release_version):
+    release = releases.find_release(release_version, releases.list_releases(refresh=True))
+    unreachable = dataclasses.replace(releases.choose_wheel(release), url="http://127.0.0.1:9/w.whl")  # discard port
+    with pytest.raises(DeployError, match=r"^http://127.0.0.1:9/w.whl: download failed \(") as exc:
+        releases.download(unreachable)
+    assert exc.value.code == "network" and exc.value.hint == "check the network and run again"
+    assert not list(releases.wheel_cache().iterdir())
 
 
 def test_list_releases_uses_the_cached_listing_when_asked(index):

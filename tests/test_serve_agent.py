@@ -28,7 +28,6 @@ from ddtree_deploy.settings.inventory import Host
 from ddtree_deploy.settings.serve_settings import parse_serve
 from ddtree_testkit import STANDIN_SERVER
 
-sys.path.insert(0, str(Path(__file__).parent))
 from serve_host import alive as _alive, forking_command  # noqa: E402
 
 SPEC = "sglang/srt/speculative/spec_info.py"

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
-from serve_host import BUDGET, Served, alive, forking_command, served  # noqa: E402,F401  (the served fixture)
-from sshd_host import ADDED, SPEC, UTILS, cli, sshd  # noqa: E402,F401
+from serve_host import BUDGET, Served, alive, forking_command  # noqa: E402
+from sshd_host import ADDED, SPEC, UTILS, cli  # noqa: E402
 
 pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in server as a GPU host's "
                     "supervisor would")

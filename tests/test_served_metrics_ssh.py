@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -30,8 +28,7 @@ from ddtree_testkit import STANDIN_SERVER
 from ddtree_testkit.standin_metrics import Model, write_names
 from ddtree_testkit.supervised import Supervised
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import SPEC, UTILS, sshd  # noqa: E402,F401  (the module's sshd)
+from sshd_host import SPEC, UTILS  # noqa: E402
 
 pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in as a GPU host's would")
 pytestmark = pytest.mark.sshd

@@ -85,4 +85,4 @@ def test_smoke_after_a_real_push_json_and_text(local_host):
     code, stdout, stderr = invoke("--host", str(inv), "--level", "compile")
     assert code == 1
     assert stdout.splitlines()[0] == "h1: smoke FAILED"
-    assert f"compile  failed" in stdout and f"{spec_info}:" in stdout
+    assert "compile  failed" in stdout and f"{spec_info}:" in stdout

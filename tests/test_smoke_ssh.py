@@ -32,7 +32,7 @@ from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.session.plan import Desired, Target
 from ddtree_deploy.settings.inventory import load_host
 
-from ddtree_deploy.sandbox import SSHServer, SandboxHost, free_port, hostenv as sglang_host
+from ddtree_deploy.sandbox import SandboxHost, free_port, hostenv as sglang_host
 from ddtree_testkit import STANDIN_SERVER
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
@@ -60,12 +60,6 @@ def smoke_table(levels, launch_extra=""):
         ready_timeout_s = 20
         term_grace_s = 3
     """).replace("'", '"') + launch_extra
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
-        yield server
 
 
 def make_host(sshd, root: Path, name: str, levels, launch_extra="") -> tuple[SandboxHost, object]:

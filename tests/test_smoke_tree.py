@@ -32,7 +32,7 @@ from ddtree_deploy.settings import smoke_settings
 from ddtree_deploy.settings.inventory import load_host
 from ddtree_deploy.smoke import smoke_plan, smoke_run
 
-from ddtree_deploy.sandbox import SSHServer, SandboxHost, hostenv as sglang_host
+from ddtree_deploy.sandbox import SandboxHost, hostenv as sglang_host
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
 
@@ -88,12 +88,6 @@ def patched(series) -> dict[str, bytes]:
     report = check_series(series, {p: found.get(p) for p in wanted})
     assert report.ok
     return {p: f.patched for p, f in report.patched.items()}
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
-        yield server
 
 
 def sandbox_tree_host(sshd, root: Path, name: str, overlay: dict[str, bytes], *, version: str,

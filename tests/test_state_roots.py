@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,9 +25,8 @@ from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings.inventory import load_host
 
-sys.path.insert(0, str(Path(__file__).parent))
 from envelope_check import check_envelope  # noqa: E402
-from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, cli, ok, sshd  # noqa: E402,F401  (shared sshd)
+from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, cli, ok  # noqa: E402
 
 TARGETS = (SPEC, UTILS, ADDED)
 

@@ -20,16 +20,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ddtree_deploy.base.hooks import TEST_HOOKS_ENV
-from ddtree_deploy.session import deploy
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sshd_host import ADDED, SPEC, UTILS, chattr, cli, host, ok, oracle, sshd, temp_files  # noqa: E402,F401  (shared fixtures)
+from sshd_host import ADDED, SPEC, UTILS, chattr, cli, ok, temp_files  # noqa: E402
 
 pytestmark = pytest.mark.sshd
 

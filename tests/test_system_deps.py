@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ SCRIPT = REPO / "scripts" / "system-deps.sh"
 TOOLS = ("bash", "env", "id", "grep", "make", "git", "rsync", "patch", "sshd", "podman", "runc", "catatonit",
          "debootstrap")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddtree_deploy.sandbox import sshd as sshd_host  # noqa: E402
 
 

@@ -23,7 +23,6 @@ from ddtree_deploy.settings.smoke_settings import FamilySmoke, LaunchSettings
 from ddtree_deploy.tuning import tune, tune_run
 from ddtree_deploy.tuning.tune import Config, Measure, Record, TuneOptions
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddtree_testkit import standin_tune_server as model  # noqa: E402  (the stand-in's documented model)
 
 REPO = Path(__file__).resolve().parent.parent

@@ -32,7 +32,7 @@ from ddtree_deploy.smoke import smoke_plan
 from ddtree_deploy.tuning import tune, tune_run
 
 # The sshd, the pushed host and the inventory helpers of the end-to-end tune test.
-from test_tune_ssh import alive, pids, sshd, tuned_host, wait_for, write_inventory  # noqa: F401
+from test_tune_ssh import alive, pids, tuned_host, wait_for, write_inventory  # noqa: F401  (tuned_host: a fixture)
 
 # Markers per test: the last test (the deadline rule) is pure.
 

@@ -32,7 +32,7 @@ from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host
 
 from envelope_check import check_envelope  # tests/envelope_check.py: the --json contract
-from ddtree_deploy.sandbox import SSHServer, SandboxHost, free_port, hostenv as sglang_host
+from ddtree_deploy.sandbox import SandboxHost, free_port, hostenv as sglang_host
 from ddtree_testkit import STANDIN_TUNE_SERVER
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
@@ -80,12 +80,6 @@ def launch_table(model: Path, port: int, extra: list[str]) -> str:
         ready_timeout_s = 30
         term_grace_s = 3
     """)
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    with SSHServer(tmp_path_factory.mktemp("sshd")) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -141,18 +141,15 @@ def _variant(tmp_path: Path, *, drop: tuple[str, ...] = (), worker_source: str |
 @pytest.fixture(scope="module")
 def unpatched_cannot():
     """What the unpatched release cannot import in a CPU env, per (version, modules): the
-    same answer for every variant below (they differ in payload files the release lacks),
-    so its import probe (torch and SGLang imported whole) runs once per module."""
+    same answer for every variant below (they differ in payload files the release lacks)
+    and for the `matrix --import` run above it (matrix_import.unimportable_release keeps
+    the answer per wheel and modules), so its import probe (torch and SGLang imported
+    whole) runs once per process."""
     from ddtree_deploy.release import releases
-    from ddtree_deploy.release.matrix_import import unimportable
-
-    answers: dict[tuple, dict[str, str]] = {}
+    from ddtree_deploy.release.matrix_import import unimportable_release
 
     def cannot(version: str, python: Path, modules: list[str]) -> dict[str, str]:
-        key = (releases.ensure_wheel(version).name, tuple(sorted(modules)))
-        if key not in answers:
-            answers[key] = unimportable(python, modules, 300)
-        return answers[key]
+        return unimportable_release(releases.ensure_wheel(version), python, modules, 300)
 
     return cannot
 
@@ -233,3 +230,22 @@ def test_tree_verdict_rules():
     assert tree_verdict(cuda_only, budget=32, cannot={})[0] == "failed"
     forgot = {**cuda_only, "missing": "sglang.srt.speculative.ddtree_worker_v2"}
     assert tree_verdict(forgot, budget=32, cannot=cannot)[0] == "failed"
+
+
+def test_the_unpatched_import_probe_runs_once_per_wheel_and_modules(tmp_path):
+    """matrix_import.unimportable_release: the probe runs on the first call (a real
+    interpreter, a real failed import); a second call for the same wheel and modules answers
+    without running anything (its interpreter does not even exist); other modules run it."""
+    import sys
+
+    from ddtree_deploy.release.matrix_import import unimportable_release
+
+    wheel = tmp_path / "sglang-0.0.0.test-py3-none-any.whl"  # only its name is the key
+    first = unimportable_release(wheel, Path(sys.executable), ["json", "ddtree_no_such_module"], 60)
+    assert list(first) == ["ddtree_no_such_module"] and "ModuleNotFoundError" in first["ddtree_no_such_module"]
+    first.clear()  # the caller's copy: the kept answer is not touched
+    gone = tmp_path / "no-such-python"
+    assert unimportable_release(wheel, gone, ["ddtree_no_such_module", "json"], 60) == {
+        "ddtree_no_such_module": "ModuleNotFoundError: No module named 'ddtree_no_such_module'"}
+    with pytest.raises(FileNotFoundError):  # other modules: the probe runs (and cannot, here)
+        unimportable_release(wheel, gone, ["json"], 60)

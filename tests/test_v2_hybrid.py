@@ -42,11 +42,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "payload"))
-sys.path.insert(0, str(REPO / "tests"))
+from ddtree_testkit import payload
 
-import ddtree_hybrid as hy  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+
+hy = payload("ddtree_hybrid")  # payload/ddtree_hybrid.py, as SGLang imports it
 
 PROBE = REPO / "tests" / "v2_hybrid_probe.py"
 GPU_SCRIPT = REPO / "scripts" / "gpu_check_hybrid.py"

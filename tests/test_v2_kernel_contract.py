@@ -32,8 +32,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "payload"))
-sys.path.insert(0, str(REPO / "tests"))
 
 
 JIT = "sglang/kernels/jit"

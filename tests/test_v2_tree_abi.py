@@ -21,18 +21,17 @@ lines those transcriptions rely on are pinned by tests/test_v2_kernel_contract.p
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
+
+from ddtree_testkit import payload
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "payload"))
-sys.path.insert(0, str(REPO / "tests"))
 
-import ddtree_lineage as dl  # noqa: E402
-import ddtree_utils as du  # noqa: E402
+dl = payload("ddtree_lineage")  # payload/ddtree_lineage.py, as SGLang imports it
+du = payload("ddtree_utils")  # payload/ddtree_utils.py, as SGLang imports it
 import v2_kernel_standins as ks  # noqa: E402
 
 FLAGS = ("--speculative-ddtree-budget", "--speculative-ddtree-topk",

@@ -390,7 +390,6 @@ def make_harness():
 
         def prefill(self, target, kv, alloc, rtp, req, row, prompt, page_size=1):
             assert page_size == 1, "hybrid targets are served at page size 1 (ddtree_hybrid)"
-            torch = self.torch
             slots = alloc.alloc(len(prompt))
             rtp.req_to_token[row, : len(prompt)] = slots.to(rtp.req_to_token.dtype)
             req.kv.kv_committed_len = req.kv.kv_allocated_len = len(prompt)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
 
 STANDIN = True
 

@@ -7,6 +7,8 @@ the file / line / thing that is wrong, and an optional hint saying what to do.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ddtree_deploy.base.codes import Code
 
 EXIT_OK = 0
@@ -27,7 +29,7 @@ class DeployError(Exception):
         if code is not None:
             self.code = code
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, "hint": self.hint}}
 
 

@@ -15,14 +15,14 @@ class NotARegularFile(OSError):
     says which, in words for a one-line message."""
 
 
-def check_regular(path: str | os.PathLike, limit: int) -> None:
+def check_regular(path: str | os.PathLike[str], limit: int) -> None:
     """``read_regular``'s checks without reading: ``NotARegularFile`` (or the OSError of the
     open) unless ``path`` is a regular file of at most ``limit`` bytes."""
     fd = _open_checked(path, limit)
     os.close(fd)
 
 
-def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
     """The bytes of ``path``, which must be a regular file of at most ``limit`` bytes.
 
     Opened without blocking (a FIFO never hangs the open), checked on the open descriptor
@@ -47,7 +47,7 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
         os.close(fd)
 
 
-def _open_checked(path: str | os.PathLike, limit: int) -> int:
+def _open_checked(path: str | os.PathLike[str], limit: int) -> int:
     fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 TEST_HOOKS_ENV = "DDTREE_DEPLOY_TEST_HOOKS"
 
 
-def hooks() -> dict:
+def hooks() -> dict[str, Any]:
     """The hooks a test set ({} when none): the agent's ``init`` request carries them."""
     raw = os.environ.get(TEST_HOOKS_ENV)
     return json.loads(raw) if raw else {}

@@ -30,7 +30,7 @@ def extra_requirements(extra: str, requires: list[str] | None = None) -> list[st
         from ddtree_deploy.base.locations import REPO_ROOT, in_checkout
 
         if in_checkout() and (REPO_ROOT / "pyproject.toml").is_file():
-            from ddtree_deploy.base.toml_input import tomllib
+            from ddtree_deploy.base.toml_input import tomllib  # 3.11's, or tomli on 3.10
 
             with open(REPO_ROOT / "pyproject.toml", "rb") as fh:
                 declared = tomllib.load(fh).get("project", {}).get("optional-dependencies", {})

@@ -17,7 +17,7 @@ def command(*args: str) -> str:
     return "`" + " ".join((PROG, *args)) + "`"
 
 
-def _folder(folder) -> list[str]:
+def _folder(folder: object) -> list[str]:
     """``-i DIR`` when the command was given one, so the hint reads the same folder."""
     return ["-i", str(folder)] if folder is not None else []
 
@@ -46,7 +46,7 @@ def smoke(host: str) -> str:
     return command("smoke", "--host", host)
 
 
-def status(host: str | None = None, folder=None) -> str:
+def status(host: str | None = None, folder: object = None) -> str:
     return command("status", "--host", host, *_folder(folder)) if host else command("status")
 
 
@@ -90,12 +90,12 @@ def series_refresh(family: str, tree: str) -> str:
     return command("series", "refresh", "--family", family, "--from", tree, "--resolved")
 
 
-def hosts_list(folder=None) -> str:
+def hosts_list(folder: object = None) -> str:
     """The hosts of the inventory folder (and where it is)."""
     return command("hosts", "list", *_folder(folder))
 
 
-def hosts_init(name: str, folder=None) -> str:
+def hosts_init(name: str, folder: object = None) -> str:
     """Write a commented host file for ``name`` where the toolkit reads hosts."""
     return command("hosts", "init", name, *_folder(folder))
 

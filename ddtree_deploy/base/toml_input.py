@@ -18,13 +18,13 @@ import math
 import os
 import re
 import sys
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal, overload
 
 from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.base.fsutil import NotARegularFile, check_regular, read_regular
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    import tomllib as tomllib  # re-exported: install.py reads pyproject.toml with it
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
@@ -128,7 +128,7 @@ class TomlFile:
             return self.bad(typo, f"unknown key: a misspelling of {leaf} ({key} is required)", f"rename it to {leaf}")
         return self.bad(key, what, todo)
 
-    def table(self, key: str, *, required: bool = False) -> dict:
+    def table(self, key: str, *, required: bool = False) -> dict[str, Any]:
         value = self.get(key)
         if value is None:
             if required:
@@ -152,6 +152,16 @@ class TomlFile:
                            "use one of those")
         return value
 
+    # Each getter with a default (or required=True) always gives a value: the overloads say
+    # so, and callers get `str` where they passed one, `str | None` where they did not.
+    @overload
+    def string(self, key: str, *, required: Literal[True], default: None = None, example: str = ...) -> str: ...
+    @overload
+    def string(self, key: str, *, required: bool = False, default: str, example: str = ...) -> str: ...
+    @overload
+    def string(self, key: str, *, required: bool = False, default: None = None,
+               example: str = ...) -> str | None: ...
+
     def string(self, key: str, *, required: bool = False, default: str | None = None,
                example: str = "...") -> str | None:
         value = self.get(key)
@@ -167,6 +177,11 @@ class TomlFile:
             raise self.bad(key, "must not contain NUL or newline characters", "write it on one line")
         return value
 
+    @overload
+    def integer(self, key: str, *, default: int, lo: int, hi: int) -> int: ...
+    @overload
+    def integer(self, key: str, *, default: None, lo: int, hi: int) -> int | None: ...
+
     def integer(self, key: str, *, default: int | None, lo: int, hi: int) -> int | None:
         value = self.get(key)
         if value is None:
@@ -174,7 +189,12 @@ class TomlFile:
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
             raise self.bad(key, f"must be an integer from {lo} to {hi}, not {value!r}",
                            f"write a number without quotes, e.g. {key.rsplit('.', 1)[-1]} = {lo}")
-        return value
+        return int(value)
+
+    @overload
+    def seconds(self, key: str, *, default: float, hi: float = ...) -> float: ...
+    @overload
+    def seconds(self, key: str, *, default: None, hi: float = ...) -> float | None: ...
 
     def seconds(self, key: str, *, default: float | None, hi: float = MAX_SECONDS) -> float | None:
         """A finite number of seconds, above 0 and at most ``hi`` (TOML's inf and nan are refused:
@@ -187,6 +207,11 @@ class TomlFile:
                            f"write a number without quotes, e.g. {key.rsplit('.', 1)[-1]} = 30")
         return float(value)
 
+    @overload
+    def number(self, key: str, *, default: float, zero: bool = False, hi: float = ...) -> float: ...
+    @overload
+    def number(self, key: str, *, default: None, zero: bool = False, hi: float = ...) -> float | None: ...
+
     def number(self, key: str, *, default: float | None, zero: bool = False, hi: float = 1e9) -> float | None:
         """A finite positive number (``zero``: or 0) of at most ``hi``, e.g. GiB of free memory."""
         value = self.get(key)
@@ -197,6 +222,11 @@ class TomlFile:
                            f"not {value!r}",
                            f"write a number without quotes, e.g. {key.rsplit('.', 1)[-1]} = {0 if zero else 1}")
         return float(value)
+
+    @overload
+    def file(self, key: str, *, default: str, limit: int, example: str = ...) -> str: ...
+    @overload
+    def file(self, key: str, *, default: None, limit: int, example: str = ...) -> str | None: ...
 
     def file(self, key: str, *, default: str | None, limit: int, example: str = "~/.ssh/...") -> str | None:
         """A local file's path (``~`` allowed), as written. When the file is there it must be a
@@ -250,7 +280,7 @@ class TomlFile:
                            (f"did you mean {near[0]}? " if near else "") + "fix its spelling or remove it")
 
 
-def read_text(path: str | os.PathLike, *, source: str | None = None, what: str = "TOML file") -> str:
+def read_text(path: str | os.PathLike[str], *, source: str | None = None, what: str = "TOML file") -> str:
     """A TOML input's text: a regular UTF-8 file of at most MAX_TOML_BYTES, or one BadInput
     line (``/dev/zero``, a folder, a Latin-1 file: never a traceback, never read for ever)."""
     source = source or str(path)
@@ -280,14 +310,14 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
 
 
-class Table(dict):
+class Table(dict[str, Any]):
     """A table read from a TomlFile, that remembers the file and its own key (``located``)."""
 
     def __init__(self, values: Any = (), *, doc: TomlFile | None = None, key: str = ""):
         super().__init__(values)  # (dataclasses.asdict rebuilds it from pairs: no file then)
         self.doc, self.key = doc, key
 
-    def __reduce__(self):  # pickled or deep-copied: a plain dict (the file stays behind)
+    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:  # pickled or deep-copied: a plain dict (the file stays behind)
         return (dict, (dict(self),))
 
 

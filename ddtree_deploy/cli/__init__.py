@@ -20,7 +20,7 @@ import sys
 importlib.import_module("ddtree_deploy.cli.app")
 globals().pop("app", None)
 
-# Command modules register on import. Keep this list in README order.
+# Command modules register on import. Keep this list in the order of docs/commands.md.
 MODULES = (
     "check_cmd",
     "snapshot_cmd",

@@ -98,7 +98,7 @@ def list_hosts(
                       f" (a commented file; an example: {safe(str(example_inventory()))})[/]", highlight=False)
     problem = groups_error or (broken[0] if broken else None)
     if problem is not None:  # listed first, then the first broken file is the run's error (exit 2)
-        raise BadInput(problem.message, hint=f"fix it: the commands that use it refuse it the same way"
+        raise BadInput(problem.message, hint="fix it: the commands that use it refuse it the same way"
                                              + (f" ({len(broken)} broken host files)" if len(broken) > 1 else ""))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 # ddtree_deploy.release.port is imported inside the commands: every CLI start would otherwise pay for it.
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.markup import escape
@@ -17,6 +17,8 @@ from ddtree_deploy.base import next_step
 from ddtree_deploy.base.errors import EXIT_FAILED, BadInput
 from ddtree_deploy.base.locations import repo_dir
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
+if TYPE_CHECKING:  # the annotation only: the module itself loads inside the commands
+    from ddtree_deploy.release import port as porting
 from ddtree_deploy.engine.series import (
     families,
     family_folder,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from ddtree_deploy.base.digests import sha256_or_none
 from ddtree_deploy.base.errors import BadInput
@@ -106,7 +106,7 @@ class CheckReport:
         counts = Counter(h.status.value for e in self.entries for f in e.files for h in f.hunks)
         return {s.value: counts.get(s.value, 0) for s in HunkStatus}
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "family": self.family,
@@ -121,7 +121,7 @@ class CheckReport:
         }
 
 
-def _hunk_json(h: HunkResult) -> dict:
+def _hunk_json(h: HunkResult) -> dict[str, Any]:
     return {
         "index": h.index,
         "header": h.header,
@@ -141,7 +141,7 @@ def _hunk_json(h: HunkResult) -> dict:
     }
 
 
-def _entry_json(e: EntryCheck) -> dict:
+def _entry_json(e: EntryCheck) -> dict[str, Any]:
     return {
         "name": e.name,
         "line": e.line,
@@ -161,7 +161,7 @@ def _entry_json(e: EntryCheck) -> dict:
     }
 
 
-def _patched_json(p: PatchedFile) -> dict:
+def _patched_json(p: PatchedFile) -> dict[str, Any]:
     return {
         "path": p.path,
         "created": p.original is None,

@@ -77,6 +77,7 @@ from itertools import repeat
 from operator import eq
 from dataclasses import dataclass
 from enum import Enum
+from typing import Iterator
 
 from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.engine.patch_parse import FilePatch, Hunk
@@ -518,7 +519,7 @@ class _Applier:
         """Matching lines with the pattern's first line at 1-based ``start`` (counted in C)."""
         bodies, lo = pat.bodies, start - 1
         seg = self.src.bodies[lo:lo + len(bodies)]
-        hits = sum(map(eq, seg, bodies))
+        hits: int = sum(map(eq, seg, bodies))
         if pat.last_nl and not self.src_open:
             return hits  # every line on both sides ends: bodies alone decide
         # Newlines: only the input's last line can lack one, and only the pattern's last
@@ -529,7 +530,7 @@ class _Applier:
         return hits
 
     @staticmethod
-    def _outward(places: list[int], k: int, first: int, lo: int, hi: int):
+    def _outward(places: list[int], k: int, first: int, lo: int, hi: int) -> Iterator[int]:
         """Starts (place - k + 1) within lo..hi, nearest ``first`` first (on a tie the later)."""
         shift = k - 1
         # Only places whose start lies in lo..hi: the ones above ``first`` from the first
@@ -546,11 +547,12 @@ class _Applier:
                 down = None
             if up is None and down is None:
                 return
-            if down is None or (up is not None and up - first <= first - down):
+            if up is not None and (down is None or up - first <= first - down):
                 right += 1
                 yield up
-            else:
+            else:  # up is None or farther: down is a place (both None returned above)
                 left -= 1
+                assert down is not None
                 yield down
 
     def _nearest(self, pat: _Pattern, first: int) -> tuple[int, tuple[Mismatch, ...]]:
@@ -697,7 +699,7 @@ class _Applier:
                 old = self._find(fwd, first, levels, whole, outside=new)
                 if old is not None:
                     new = self._find(rev, first, levels, evidence=True, outside=old)
-        if old is not None and new is not None:
+        if old is not None and new is not None and rev is not None:  # a new place implies its pattern
             rival = self._rival(old, rev, new, first, levels, evidence=True)
             if rival is None:
                 new = None
@@ -716,14 +718,14 @@ class _Applier:
                 if self.last is None:
                     return self._ambiguous(index, h, first, (fwd, old), (rev, twin), same_place=True)
                 new = twin if self.last is HunkStatus.ALREADY_APPLIED else None
-        elif new is not None:
+        elif new is not None and rev is not None:
             twin = self._held(fwd, new, first, levels, whole)
             if twin is not None:
                 if self.last is None:
                     return self._ambiguous(index, h, first, (fwd, twin), (rev, new), same_place=True)
                 if self.last is not HunkStatus.ALREADY_APPLIED:
                     old, new = twin, None
-        if new is not None:
+        if new is not None and rev is not None:
             self.last = HunkStatus.ALREADY_APPLIED
             return self._already(index, h, rev, first, new.line, new.fuzz)
         if old is not None:

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import itemgetter
+from typing import Any, Callable
 
 from ddtree_deploy.base.errors import BadInput
 
@@ -34,10 +35,10 @@ class _Once:
     """A value computed on first access and kept in the instance (functools.cached_property
     without its lock, which Python 3.11 takes on every first access)."""
 
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
         self.fn, self.name = fn, fn.__name__
 
-    def __get__(self, obj, owner=None):
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
         value = obj.__dict__[self.name] = self.fn(obj)
@@ -106,7 +107,7 @@ class FilePatch:
     header_line: int  # 1-based line of the "--- " header in the patch file
     source_path: str | None  # stripped; None for /dev/null (new file)
     target_path: str | None  # stripped; None for /dev/null (deletion)
-    hunks: tuple = field(default_factory=tuple)  # engine-internal parsed hunks
+    hunks: tuple[Any, ...] = field(default_factory=tuple[Any, ...])  # engine-internal parsed hunks
     crlf: bool = False  # every body line of the section ends in CRLF
 
     @property

@@ -21,6 +21,7 @@ after a last line that had no newline, that line got one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from ddtree_deploy.engine.patch_apply import FileResult, HunkStatus, is_crlf_text, join_lines, split_lines
 from ddtree_deploy.engine.patch_parse import FilePatch, Hunk
@@ -43,7 +44,7 @@ class RoundTripError:
                 f"{self.line} does not give the original back: {self.problem}")
 
 
-def _stripped(texts) -> list[str]:
+def _stripped(texts: Iterable[str]) -> list[str]:
     """Hunk texts as a CRLF file's line bodies (the engine compares them without their CR)."""
     return [t[:-1] if t.endswith("\r") else t for t in texts]
 
@@ -69,6 +70,7 @@ def verify_round_trip(fp: FilePatch, original: str | None, result: FileResult) -
     for k, (h, r) in enumerate(zip(fp.hunks, result.hunks), 1):
         if r.status not in _APPLIED:
             continue
+        assert r.line is not None  # an applied hunk has its line
         start = r.line - 1
         if start < pos:
             return RoundTripError(k, h.header, h.patch_line, r.line, "it starts inside the hunk above")

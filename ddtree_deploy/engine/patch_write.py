@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
-from typing import Sequence
+from typing import Any, Sequence
 
 CONTEXT = 3  # lines of context around each regenerated hunk, as git and diff -u
 NO_EOL = "\\ No newline at end of file\n"
@@ -71,7 +71,7 @@ def opcodes(a: Sequence[str], b: Sequence[str]) -> list[tuple[str, int, int, int
     indented (a blank line counts as deeply indented), the lowest on a tie. On the
     DDTree series this gives the very hunks ``git diff`` wrote.
     """
-    ops = [["equal", 0, 0, 0, 0]]  # an empty block above the first, so every change has one
+    ops: list[list[Any]] = [["equal", 0, 0, 0, 0]]  # an empty block above the first, so every change has one
     ops += [list(op) for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()]
     for k in range(1, len(ops) - 1):
         op, above, below = ops[k], ops[k - 1], ops[k + 1]

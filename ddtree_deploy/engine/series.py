@@ -421,8 +421,9 @@ def load_family(folder: Path | str, *, payload_dir: Path | None = None) -> Serie
         where = f"{show(series_file)}:{number}"
         tokens = text.split()
         if tokens[0] == "add":
-            entry: Entry = _load_add(tokens, number, where, payload_dir)
-            key = f"add -> {entry.dest}"
+            add = _load_add(tokens, number, where, payload_dir)
+            entry: Entry = add
+            key = f"add -> {add.dest}"
         elif len(tokens) == 1:
             entry = _load_patch(folder, tokens[0], number, where)
             key = entry.name

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Sequence
+from typing import Any, Sequence
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import BEFORE_CHANGE, UNREACHABLE, Code, Phase
@@ -74,7 +74,7 @@ class Policy:
     # left down keeps its place, so never more than ``parallel`` servers are down at once.
     waves: bool = False
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"canary": self.canary, "parallel": self.parallel, "max_failures": self.max_failures,
                 "waves": self.waves}
 
@@ -214,7 +214,7 @@ class HostResult:
 
     host: str
     kind: Kind
-    doc: dict
+    doc: dict[str, Any]
     message: str = ""  # the error or skip reason, one line
     exit_code: int = 0  # the error's own exit code (2 for bad input), else 1 when not ok
     lines: tuple[str, ...] = ()  # what the single-host command prints on stdout for this host
@@ -237,7 +237,7 @@ class HostResult:
         why = self.message[len(self.host) + 2:] if self.message.startswith(f"{self.host}: ") else self.message
         return (head + (f": {why}" if why else ""), *self.lines)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**self.doc, "host": self.host, "ok": self.kind.ok, "outcome": self.kind.value,
                 "elapsed_s": None if self.elapsed is None else round(self.elapsed, 3),
                 "wave": self.wave, "started_s": None if self.started is None else round(self.started, 3)}
@@ -280,7 +280,7 @@ class FleetReport:
             out[r.kind.value] = out.get(r.kind.value, 0) + 1
         return out
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"command": self.command, "ok": self.ok, "policy": self.policy.to_json(),
                 "stopped": self.stop_reason, "counts": self.counts(), "seconds": round(self.seconds, 3),
                 "hosts": [r.to_json() for r in self.results]}
@@ -294,7 +294,7 @@ ATTENTION_KINDS = (("mixed", "MIXED"), ("drifted", "drifted files"), ("interrupt
                    ("restart-unrecorded", "a restart's end not recorded"))
 
 
-def attention(doc: dict, *, serve: bool, restart: dict | None = None) -> list[dict]:
+def attention(doc: dict[str, Any], *, serve: bool, restart: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Pure: what in a host's status document needs a person, as [{kind, detail}] (empty: the
     host is fine). ``serve``: the host has a ``[serve]`` table (its server must be healthy);
     ``restart``: the journal's record of the newest server restart (its ``serve``)."""
@@ -327,7 +327,7 @@ def attention(doc: dict, *, serve: bool, restart: dict | None = None) -> list[di
         status = health.get("status")
         add("unhealthy", f"server NOT healthy now ({health.get('url')}: "
                          f"{status if status is not None else 'no answer'})")
-    if not busy and (restart or {}).get("state") == "restarting":
+    if not busy and restart and restart.get("state") == "restarting":
         add("restart-unrecorded", f"the server restart of {restart.get('time')} has no recorded end")
     return out
 
@@ -349,7 +349,7 @@ def status_footer(report: "FleetReport") -> str:
     return "; ".join(parts)
 
 
-def status_row(doc: dict) -> dict:
+def status_row(doc: dict[str, Any]) -> dict[str, Any]:
     """One host's status document -> the fleet status table's columns."""
     files = doc.get("files") or []
     bad = [f["path"] for f in files if f["state"] in ("drifted", "missing", "unsafe")]
@@ -369,7 +369,7 @@ def status_row(doc: dict) -> dict:
             "serving": _serving_cell(serving)}
 
 
-def _serving_cell(serving: dict) -> str:
+def _serving_cell(serving: dict[str, Any]) -> str:
     """status' table: the serving processes in a few words (``serve_plan.serving``'s state)."""
     state = serving.get("state")
     if not state:

@@ -231,7 +231,7 @@ def require_serve(hosts) -> dict:
         if serves[h.name] is None:
             raise BadInput(f"{h.source or h.name}: serve: no [serve] table: nothing says how this host's server "
                            "restarts", hint='add [serve] with restart = ["...", ...] and url = '
-                           '"http://127.0.0.1:PORT" (README: Serving)')
+                           '"http://127.0.0.1:PORT" (docs/serving.md)')
     return serves
 
 

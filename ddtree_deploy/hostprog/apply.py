@@ -122,7 +122,7 @@ class Apply(object):
             if exc.code == Code.LOST_LOCK:
                 raise self.after_lost_lock(AgentError(Code.LOST_LOCK, "its apply"), previous, [])
             raise
-        for f, path in targets:
+        for f, _path in targets:
             current = self.stat_file(f["path"])
             have = current["sha256"] if current else None
             if have != f["expect"]:
@@ -386,7 +386,7 @@ class Apply(object):
                 entry = (blobs or {}).get(f["path"]) or {}
                 blob = self._p("backups", request["from_backup"], entry.get("blob") or "")
                 sizes.append(os.path.getsize(blob) if os.path.isfile(blob) else 0)
-        for (f, path), size in zip(targets, sizes):
+        for (_f, path), size in zip(targets, sizes):
             add(os.path.dirname(path), size)  # the temporary copy beside the target
             add(self._p(), size)  # the staged copy
         for f, path in targets:  # the kept copy of each drifted file it replaces
@@ -399,7 +399,7 @@ class Apply(object):
                         add(self._p(), os.path.getsize(self.target(entry["path"])))
                     except OSError:
                         add(self._p(), len(entry.get("data") or "") * 3 // 4)
-        for dev, (nbytes, inodes, folder) in sorted(need.items()):
+        for _dev, (nbytes, inodes, folder) in sorted(need.items()):
             st = os.statvfs(folder)
             free = st.f_frsize * (st.f_bfree if os.geteuid() == 0 else st.f_bavail)
             wanted = nbytes + SPACE_MARGIN

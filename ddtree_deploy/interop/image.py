@@ -164,7 +164,7 @@ def build(ctx: Context, tag: str | None, push_to: str | None = None) -> list[str
     if builder is None:
         why = "; ".join(problems) or f"no container builder found on PATH ({', '.join(BUILDERS)})"
         err = DeployError(f"{why}; the build context is written at {ctx.folder}", code=Code.NO_BUILDER,
-                          hint=(f"start the builder's daemon (e.g. `sudo systemctl start docker`) and rerun, or "
+                          hint=("start the builder's daemon (e.g. `sudo systemctl start docker`) and rerun, or "
                                 if problems else "") + f"build it where one is: docker build -t {tag or 'IMAGE'} "
                           f"{ctx.folder}")
         err.exit_code = EXIT_NO_BUILDER

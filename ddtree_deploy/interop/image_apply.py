@@ -105,7 +105,7 @@ def main(argv=None):
             fail("the image's sglang at %s is %s, but the series %s was checked against the pristine %s release; "
                  "build FROM an image of SGLang %s, or rerun `ddtree-deploy image --release %s`"
                  % (root, version, meta["series"], meta["sglang_version"], meta["sglang_version"], version))
-        for rel, info in facts["files"].items():
+        for info in facts["files"].values():
             if info and "unsafe" in info:
                 fail(info["unsafe"])
         current = {p: (facts["files"].get(p) or {}).get("sha256") for p in paths}

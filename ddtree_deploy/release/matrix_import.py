@@ -96,6 +96,23 @@ print(json.dumps(failed))
 """
 
 
+# What an unpatched release cannot import on this machine depends on the release's wheel, the
+# modules asked and this interpreter's packages (every env made here reads them through its
+# .pth), not on the env: asked again in one process (the tree-level cases of a test module
+# after a `matrix --import` of the same release), the first answer is the answer, and the
+# probe (torch and SGLang imported whole, tens of seconds) runs once.
+_UNIMPORTABLE: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
+
+
+def unimportable_release(wheel: Path, python: Path, modules: Sequence[str], timeout_s: float) -> dict[str, str]:
+    """``unimportable`` for the env ``make_env(dest, wheel)`` made, once per wheel and modules
+    in this process (a copy: callers may change theirs)."""
+    key = (wheel.name, tuple(sorted(modules)))
+    if key not in _UNIMPORTABLE:
+        _UNIMPORTABLE[key] = unimportable(python, modules, timeout_s)
+    return dict(_UNIMPORTABLE[key])
+
+
 def unimportable(python: Path, modules: Sequence[str], timeout_s: float) -> dict[str, str]:
     """Modules of the *unpatched* release that this CPU env cannot import, with the error.
 
@@ -245,7 +262,7 @@ def smoke_release(version: str, wheel: Path, series: Series, *, fuzz: int = 0, t
     with tempfile.TemporaryDirectory(prefix=f"ddtree-import-{version}-", dir=work_dir) as tmp:
         python, site = make_env(Path(tmp) / "env", wheel)
         existing = [module_name(p) for p in wanted if found.get(p) is not None and module_name(p)]
-        cannot = unimportable(python, existing, timeout_s)
+        cannot = unimportable_release(wheel, python, existing, timeout_s)
         for p in report.patched.values():
             target = site.joinpath(*p.path.split("/"))
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -290,4 +307,4 @@ def smoke_releases(jobs: Sequence[tuple[str, Path, Series]], *, fuzz: int = 0,
     return out
 
 
-__all__ = ["ImportSmoke", "make_env", "smoke_release", "smoke_releases", "tree_verdict"]
+__all__ = ["ImportSmoke", "make_env", "smoke_release", "smoke_releases", "tree_verdict", "unimportable_release"]

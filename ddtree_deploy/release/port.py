@@ -62,7 +62,7 @@ def line_map(old: str, new: str):
 
     def to_new(line: int) -> int:
         index = line - 1
-        for tag, i1, i2, j1, j2 in blocks:
+        for tag, i1, i2, j1, _j2 in blocks:
             if i1 <= index < i2 or (i1 == i2 == index):
                 return j1 + (index - i1 if tag == "equal" else 0) + 1
         return len(b) + 1

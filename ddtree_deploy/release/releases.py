@@ -113,23 +113,32 @@ def _project_cache(project: str) -> Path:
     return cache_dir() / "pypi" / f"{project}.json"
 
 
+@contextmanager
+def _network(url: str, *, failed: str, hint: str, answered_by: str = "") -> Iterator[None]:
+    """The one place a network failure inside the block becomes a DeployError: an HTTP error
+    status as ``<url>: HTTP <code><answered_by>``; no connection, a timeout or a cut stream
+    as ``<url>: <failed> (<reason>)`` with ``hint`` and code ``network`` (callers and tests
+    tell "offline" by that code)."""
+    import urllib.error  # only the network functions need it: keep CLI start-up light
+
+    try:
+        yield
+    except urllib.error.HTTPError as exc:
+        raise DeployError(f"{url}: HTTP {exc.code}{answered_by}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise DeployError(f"{url}: {failed} ({getattr(exc, 'reason', exc)})", hint=hint,
+                          code=Code.NETWORK) from None
+
+
 def fetch_project(project: str = PROJECT, *, index: str | None = None) -> dict:
     """GET the project's JSON document from the index and cache it. Network."""
-    import urllib.error  # only the network functions need it: keep CLI start-up light
     import urllib.request
 
     url = _project_url(project, index)
-    try:
+    with _network(url, failed="cannot reach the package index", answered_by=" from the package index",
+                  hint="check the network; wheels already in the cache work offline"):
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
             body = resp.read()
-    except urllib.error.HTTPError as exc:
-        raise DeployError(f"{url}: HTTP {exc.code} from the package index") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise DeployError(
-            f"{url}: cannot reach the package index ({getattr(exc, 'reason', exc)})",
-            hint="check the network; wheels already in the cache work offline",
-            code=Code.NETWORK,
-        ) from None
     try:
         doc = json.loads(body)
     except ValueError:
@@ -241,7 +250,6 @@ def download(file: ReleaseFile, dest_dir: Path | None = None, progress: Download
 
     ``progress`` (else the listener of an enclosing ``reporting_downloads``) hears the bytes
     received."""
-    import urllib.error
     import urllib.request
 
     report = _report(progress)
@@ -251,26 +259,18 @@ def download(file: ReleaseFile, dest_dir: Path | None = None, progress: Download
     fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=f".{file.filename}.")
     digest = hasher()
     try:
-        with os.fdopen(fd, "wb") as fh:
-            try:
-                received = 0
-                if report is not None:
-                    report(file, 0)
-                with urllib.request.urlopen(file.url, timeout=TIMEOUT_S) as resp:
-                    for chunk in iter(lambda: resp.read(_CHUNK), b""):
-                        digest.update(chunk)
-                        fh.write(chunk)
-                        received += len(chunk)
-                        if report is not None:
-                            report(file, received)
-            except urllib.error.HTTPError as exc:
-                raise DeployError(f"{file.url}: HTTP {exc.code}") from None
-            except (urllib.error.URLError, OSError) as exc:
-                raise DeployError(
-                    f"{file.url}: download failed ({getattr(exc, 'reason', exc)})",
-                    hint="check the network and run again",
-                    code=Code.NETWORK,
-                ) from None
+        with os.fdopen(fd, "wb") as fh, \
+                _network(file.url, failed="download failed", hint="check the network and run again"):
+            received = 0
+            if report is not None:
+                report(file, 0)
+            with urllib.request.urlopen(file.url, timeout=TIMEOUT_S) as resp:
+                for chunk in iter(lambda: resp.read(_CHUNK), b""):
+                    digest.update(chunk)
+                    fh.write(chunk)
+                    received += len(chunk)
+                    if report is not None:
+                        report(file, received)
         if digest.hexdigest() != file.sha256:
             raise DeployError(
                 f"{file.filename}: sha256 {digest.hexdigest()} differs from the registry's {file.sha256}",

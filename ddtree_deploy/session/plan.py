@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, Sequence
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code
@@ -84,7 +85,7 @@ class Plan:
     def noop(self) -> bool:
         return not self.changes
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "host": self.host,
@@ -130,7 +131,7 @@ class StateFolder:
         return f"{self.home}/drifted/" if self.home else "drifted/ in the host's state folder"
 
 
-def drift_error(host: str, bad: list[tuple[str, FileState]], source: str, *, command: str,
+def drift_error(host: str, bad: Sequence[tuple[str, FileState]], source: str, *, command: str,
                 folder: StateFolder = StateFolder(), also: str = "") -> DeployError:
     """The drift refusal: which files, where the originals are, and the one command through
     (``command --replace-drifted``); ``also``: another way, where one works."""
@@ -142,7 +143,7 @@ def drift_error(host: str, bad: list[tuple[str, FileState]], source: str, *, com
                        f"{folder.originals}", code=Code.DRIFT, hint=hint)
 
 
-def plan_push(host: str, desired: Desired, current: dict[str, str | None], journal: dict | None = None, *,
+def plan_push(host: str, desired: Desired, current: dict[str, str | None], journal: dict[str, Any] | None = None, *,
               replace_drifted: bool = False, folder: StateFolder = StateFolder()) -> Plan:
     """Every target goes to its patched version; refuse if any is drifted or missing
     (``replace_drifted``: replace those too, their edited bytes kept first: ``Plan.drifted``).
@@ -182,12 +183,12 @@ def plan_push(host: str, desired: Desired, current: dict[str, str | None], journ
     return Plan("push", host, tuple(steps), drifted=_present(bad, current))
 
 
-def _present(bad: list[tuple[str, FileState]], current: dict[str, str | None]) -> tuple[str, ...]:
+def _present(bad: Sequence[tuple[str, FileState]], current: dict[str, str | None]) -> tuple[str, ...]:
     """The drifted files that have bytes to keep (a missing one has none)."""
     return tuple(path for path, _state in bad if current.get(path) is not None)
 
 
-def plan_rollback(host: str, manifest: dict, current: dict[str, str | None], journal: dict | None, *,
+def plan_rollback(host: str, manifest: dict[str, Any], current: dict[str, str | None], journal: dict[str, Any] | None, *,
                   replace_drifted: bool = False, folder: StateFolder = StateFolder()) -> Plan:
     """Every file of the backup goes back to its backed-up version.
 

@@ -121,7 +121,7 @@ class AnalysisSettings:
         found = next((t for t in self.thresholds if t.figure == figure), None)
         return found if found is not None and (found.relative_pct is not None or found.absolute is not None) else None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"window_s": self.window_s, "interval_s": self.interval_s, "samples": self.samples,
                 "min_samples": self.min_samples, "margin": self.margin,
                 "thresholds": {t.figure: {"relative_pct": t.relative_pct, "absolute": t.absolute}

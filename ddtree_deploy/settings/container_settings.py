@@ -24,7 +24,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
 from ddtree_deploy.base.toml_input import Table, TomlFile
+
+if TYPE_CHECKING:  # inventory.py imports this module: the annotation only
+    from ddtree_deploy.settings.inventory import Host
 
 ENGINES = ("docker", "podman")
 DEFAULT_PYTHON = "python3"
@@ -56,7 +61,7 @@ class ContainerSettings:
         Absolute, so that no state folder can lie inside or above it."""
         return f"/container:{self.engine}/{self.name}"
 
-    def to_request(self) -> dict:
+    def to_request(self) -> dict[str, Any]:
         """What the container program is told (hostprog/container.py's ``init``)."""
         return {"engine": self.engine, "name": self.name, "python": self.python,
                 "compose_file": self.compose_file, "service": self.service, "stop_timeout_s": self.stop_timeout_s}
@@ -108,7 +113,7 @@ def _seconds(doc: TomlFile, key: str, default: float) -> float:
     return doc.seconds(f"container.{key}", default=default, hi=MAX_SECONDS)
 
 
-def refuse_tables(host) -> None:
+def refuse_tables(host: Host) -> None:
     """A ``[container]`` host's other tables: ``[smoke]`` has no meaning there (one line)."""
     if host.smoke:
         doc = host.smoke.doc if isinstance(host.smoke, Table) and host.smoke.doc is not None else \
@@ -117,7 +122,7 @@ def refuse_tables(host) -> None:
                       "the health gate proves DDTree on the real server)", "remove the [smoke] table")
 
 
-def refuse_container(host, command: str) -> None:
+def refuse_container(host: Host, command: str) -> None:
     """``command`` does not take a ``[container]`` host: one line, exit 2, nothing sent."""
     if host.container is not None:
         from ddtree_deploy.base.errors import BadInput

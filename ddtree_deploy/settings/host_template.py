@@ -3,7 +3,7 @@
 What it writes parses as it stands (tests/test_hosts_cmd.py reads it back with the
 inventory's own parser, and again with every commented key line switched on), so a first
 ``status --host NAME`` already works once the values marked EDIT are right. The keys and
-their meaning: docs/deploy.md (the inventory), docs/smoke.md ([smoke]), README "Serving"
+their meaning: docs/inventory.md (the inventory), docs/smoke.md ([smoke]), docs/serving.md
 ([serve]); the GPU example the project keeps is hosts/ct200.toml.
 """
 
@@ -14,12 +14,12 @@ import json
 from ddtree_deploy.base import next_step
 
 
-def _value(v) -> str:
+def _value(v: object) -> str:
     # A TOML basic string is JSON-compatible for the values written here (paths, names).
     return str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, int) else json.dumps(str(v))
 
 
-def _key(name: str, value, note: str, *, on: bool, width: int = 40) -> str:
+def _key(name: str, value: object, note: str, *, on: bool, width: int = 40) -> str:
     """``name = value   # note``; ``on`` False: commented out (an example to switch on).
     A list value is written as a TOML array."""
     text = "[" + ", ".join(_value(v) for v in value) + "]" if isinstance(value, list) else _value(value)
@@ -34,7 +34,7 @@ def render(name: str, *, ssh_host: str | None = None, user: str | None = None, p
     edit = "EDIT: " if python is None else ""
     lines = [
         f"# Host {name}: written by {next_step.hosts_init(name)}. Check it: {next_step.status(name)}.",
-        "# Keys: docs/deploy.md (inventory), docs/smoke.md ([smoke]), README \"Serving\" ([serve]).",
+        "# Keys: docs/inventory.md (inventory), docs/smoke.md ([smoke]), docs/serving.md ([serve]).",
     ]
     if local:
         lines += [_key("transport", "local", "this machine itself: no [ssh] table", on=True), ""]

@@ -123,7 +123,7 @@ def load_groups(directory: Path | None = None) -> dict[str, tuple[str, ...]]:
     return parse_groups(doc.data, source=str(path), text=text)
 
 
-def parse_groups(data: dict, *, source: str, text: str = "") -> dict[str, tuple[str, ...]]:
+def parse_groups(data: dict[str, Any], *, source: str, text: str = "") -> dict[str, tuple[str, ...]]:
     """``groups.toml``'s values -> group name -> members (``text`` lets messages name the line)."""
     doc = TomlFile.of(data, source=source, text=text)
     extra = sorted(set(data) - {"groups"})
@@ -277,7 +277,7 @@ def list_inventory(directory: Path | None = None) -> list[Listed]:
     return listed
 
 
-def machine_of(host: Host) -> tuple:
+def machine_of(host: Host) -> tuple[Any, ...]:
     """Which machine a host file reaches, as written (``local``, or the SSH host, user and
     port): two files with the same one and the same ``python`` are one install under two names."""
     return ("local",) if host.ssh is None else ("ssh", host.ssh.host, host.ssh.user, host.ssh.port)

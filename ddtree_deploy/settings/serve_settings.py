@@ -95,7 +95,7 @@ def parse_serve(table: Any, *, source: str | None, container: bool = False) -> S
             if doc.get(f"serve.{key}") is not None:
                 raise doc.bad(f"serve.{key}", "has no place on a [container] host: its push recreates the container "
                               "(the restart) and waits for serve.url", f"remove {key}")
-    restart = () if container else _argv(doc, "serve.restart", required=True)
+    restart = () if container else _argv(doc, "serve.restart", required=True) or ()  # required: never None
     url = _url(doc)
     health_path = doc.string("serve.health_path", default=DEFAULT_HEALTH_PATH, example=DEFAULT_HEALTH_PATH)
     if not health_path.startswith("/") or any(c.isspace() or ord(c) < 32 for c in health_path) or "#" in health_path:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.base.toml_input import Table, TomlFile
 
 LEVELS = ("compile", "import", "cli", "launch")
@@ -104,7 +105,7 @@ def parse_family_smoke(table: Any, *, where: str | None = None) -> FamilySmoke:
     return FamilySmoke(**values)
 
 
-def family_smoke(series) -> FamilySmoke:
+def family_smoke(series: Any) -> FamilySmoke:
     """The loaded series' ``[smoke]`` settings (validated when its family.toml was read)."""
     found = getattr(series.info, "smoke", None)
     return found if isinstance(found, FamilySmoke) else FAMILY_SMOKE_DEFAULT
@@ -136,7 +137,7 @@ class LaunchSettings:
     # launch level is planned (a template value not set) to name the key's line too.
     doc: TomlFile | None = field(default=None, compare=False, repr=False)
 
-    def bad(self, key: str, what: str, todo: str, *, source: str | None = None):
+    def bad(self, key: str, what: str, todo: str, *, source: str | None = None) -> BadInput:
         """The one TOML message for a ``smoke.launch`` key found wrong after parsing."""
         doc = self.doc or TomlFile.of({}, source=source or "<inventory>")
         return doc.bad(key, what, todo)

@@ -7,6 +7,7 @@ never calls ``deploy`` (what happens around a smoke is ``rollout``'s).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code
@@ -102,8 +103,7 @@ def _ssh_target(host) -> str:
     return f"{ssh.user + '@' if ssh.user else ''}{ssh.host}" + (f" -p {ssh.port}" if ssh.port and ssh.port != 22 else "")
 
 
-def _keep_log(host_name: str, text: str, log_dir) -> "Path":
-    from pathlib import Path
+def _keep_log(host_name: str, text: str, log_dir) -> Path:
 
     from ddtree_deploy.base.locations import cache_dir
 

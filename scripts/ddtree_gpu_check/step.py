@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, List, Optional
+from typing import List
 
 import torch
 

@@ -9,7 +9,7 @@ module: restart
 short_description: Restart a host's serving SGLang through ddtree-deploy, gated on its health
 description:
   - "Runs C(ddtree-deploy restart --json) on the controller: under the host's deploy lock, the host's C([serve]) restart command (an argv, never a shell), then the health wait and, where DDTree is deployed, the DDTree proof from C(/server_info); recorded in the host's journal and history."
-  - "The C([serve]) table comes from C(ddtree_serve), a mapping (restart, url, ready_timeout_s, proof, budget, drain...); see docs/deploy.md."
+  - "The C([serve]) table comes from C(ddtree_serve), a mapping (restart, url, ready_timeout_s, proof, budget, drain...); see docs/serving.md."
   - "C(changed) when the restart command ran (handler-friendly: notify it from a task that changed the files); failed when the server was not healthy in time or failed the proof. Check mode reports C(changed) and restarts nothing. Use C(serial) for waves: a push of hosts with a C([serve]) table restarts them itself."
 version_added: "0.1.0"
 author: ddtree-deploy
