@@ -103,7 +103,8 @@ def broken_links() -> list[str]:
 
 
 def test_every_relative_link_resolves():
-    assert broken_links() == []
+    broken = broken_links()
+    assert not broken, "\n".join(broken)
 
 
 def test_the_link_check_finds_a_broken_link_and_anchor(tmp_path, monkeypatch):
@@ -178,7 +179,7 @@ def test_every_command_has_a_row_naming_each_of_its_options():
             continue
         missing += [f"docs/commands.md: the `{command}` row does not name {o}"
                     for o in options if not mentions(rows[command], o)]
-    assert missing == []
+    assert not missing, "\n".join(missing)
 
 
 def test_every_option_is_described_in_docs():

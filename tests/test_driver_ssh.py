@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,10 +20,9 @@ from ddtree_deploy.sandbox import SandboxHost, SSHServer
 from ddtree_deploy.sandbox.hostenv import make_python_env
 from ddtree_testkit import standin_nvidia_smi as standin
 
-sys.path.insert(0, str(Path(__file__).parent))
-from envelope_check import check_envelope  # noqa: E402
-# host: one per test, on this module's sshd (below)
-from sshd_host import DEPLOY_FAMILY, DEPLOY_SERIES, SPEC, UTILS, cli, host  # noqa: E402,F401
+from envelope_check import check_envelope
+# host (conftest.py's): one per test, on this module's sshd (below)
+from sshd_host import DEPLOY_FAMILY, DEPLOY_SERIES, SPEC, UTILS, cli
 
 _BIN: dict[str, Path] = {}
 
