@@ -104,6 +104,7 @@ def test_the_live_line_gives_the_models_figures_and_since_when_the_code_runs(ser
     # The text form: the same line, under the serving block; the host's last line unchanged.
     text = cli("status", "--host", s.name, "--window", "1")
     assert text.exit_code == 0, text.output
+    print(text.stdout)
     lines = text.stdout.splitlines()
     shown = [line for line in lines if line.startswith("  live: ")]
     assert len(shown) == 1 and shown[0].startswith(f"  live: DDTree B={BUDGET}/K={TOPK}: accept length "), lines
