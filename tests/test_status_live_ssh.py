@@ -147,3 +147,15 @@ def test_a_fleet_reads_its_hosts_at_once_each_with_its_line(served, tmp_path):
     text = cli("status", "--host", a.name, "--host", b.name, "--window", "1").stdout
     assert re.search(rf"^{a.name}: live: DDTree B={BUDGET}/K={TOPK}: accept length ", text, re.M), text
     assert re.search(rf"^{b.name}: live: no figures: .*--enable-metrics", text, re.M), text
+
+
+def test_a_server_that_is_down_says_so_in_the_line_and_status_still_reads_the_host(served):
+    s = served("live5")
+    port = s.port
+    s.sup.stop()  # supervisord and its server gone: nothing listens on the [serve] url
+    doc, code = status_json("--host", s.name, "--window", "1")
+    live = doc["hosts"][0]["live"]
+    assert live["figures"]["available"] is False and live["since"] is None
+    assert live["figures"]["why"].startswith(f"http://127.0.0.1:{port}/metrics: nothing answered ("), live
+    assert live["line"].endswith("; no serving process found")
+    assert doc["hosts"][0]["phase"] is not None  # the host's own state is read as ever
