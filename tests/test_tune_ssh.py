@@ -499,7 +499,8 @@ def test_apply_writes_the_schedule_on_the_v2_family_and_says_what_no_speculation
                            "budget schedule")
     # The results file keeps the per-concurrency table and the plan.
     closing = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
-    assert closing["best_per_concurrency"] == doc["best_per_concurrency"] and closing["schedule_plan"]["notes"] == [note]
+    assert closing["best_per_concurrency"] == doc["best_per_concurrency"]
+    assert closing["schedule_plan"]["notes"] == [note]
     # The inventory: budget and topk gone, the schedule in; it loads; the payload parses it.
     text = inventory.read_text()
     assert 'budget_schedule = "1:16/2,32:8/2"' in text and "budget = 64" not in text

@@ -330,5 +330,5 @@ def live_of(host, read: deploy.Reading, serving: dict, *, window_s: float):
     return live.Live(window_s=window_s, figures=figures, since=live.since_of(serving, journal), url=settings.url)
 
 
-__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "live_of", "look", "require_serve",
-           "restart_result", "restarted_result", "serving_of", "settings_of", "unhealthy_next"]
+__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "live_of", "look",
+           "require_serve", "restart_result", "restarted_result", "serving_of", "settings_of", "unhealthy_next"]

@@ -136,7 +136,8 @@ def apply_launch(path: Path, *, budget: int | None = None, topk: int | None = No
     what = {"as": "schedule" if schedule is not None else "budget", "budget": budget, "topk": topk,
             "schedule": schedule}
     if after == before:
-        return {"written": False, "file": str(path), "diff": "", **what, "why": "the inventory already has these values"}
+        return {"written": False, "file": str(path), "diff": "", **what,
+                "why": "the inventory already has these values"}
     tmp = path.with_name(f".{path.name}.tune-tmp")
     tmp.write_text(after, encoding="utf-8")
     os.chmod(tmp, path.stat().st_mode & 0o7777)
