@@ -80,7 +80,8 @@ def since_of(serving: Mapping[str, Any] | None, journal: Mapping[str, Any] | Non
     record = (journal or {}).get("serve")
     record = record if isinstance(record, Mapping) else {}
     ours = oldest.get("pid") is not None and oldest.get("pid") in (record.get("pids") or ())
-    return Since(started=oldest.get("started_iso"), pid=oldest.get("pid"), current=not oldest.get("stale"),
+    current = not any(p.get("stale") for p in procs)  # one process on older bytes: the server is not current
+    return Since(started=oldest.get("started_iso"), pid=oldest.get("pid"), current=current,
                  decided_by=oldest.get("decided_by"),
                  restart_run=record.get("restart_run") if ours else None,
                  restart_state=record.get("state") if ours else None,
