@@ -88,7 +88,7 @@ class Served(StandinProbes):
     """A sandbox host whose stand-in server runs under its own supervisord."""
 
     def __init__(self, sshd, root: Path, name: str, *, unhealthy_with: str | None = None, ready_after: float = 0.0,
-                 serve: dict | None = None):
+                 serve: dict | None = None, args: tuple[str, ...] = ()):
         self.host = sshd.add_host(name, root / name, files=[SPEC, UTILS])
         self.port = free_port()
         argv = [str(self.host.python), str(STANDIN_SERVER), "--model-path", "/models/target",
@@ -96,6 +96,7 @@ class Served(StandinProbes):
                 "--port", str(self.port), "--package-file", SPEC, "--ready-after", str(ready_after)]
         if unhealthy_with:
             argv += ["--unhealthy-with", unhealthy_with]
+        argv += list(args)  # e.g. --enable-metrics and its traffic (tests/test_status_live_ssh.py)
         self.sup = Supervised(root / name / "supervisor", "sglang", argv)
         self.inventory = self.host.inventory(smoke_levels=[])
         table = {"restart": self.sup.restart_argv, "url": f"http://127.0.0.1:{self.port}",

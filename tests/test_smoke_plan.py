@@ -238,7 +238,7 @@ FAM = "patches/x/family.toml"
     ("smoke = 3\n", f"{FAM}: line 2: smoke: must be a table, not 3; write it as a [smoke] table"),
     ('[smoke]\nbudget_flg = "--x"\n',
      f"{FAM}: line 3: smoke.budget_flg: unknown key (known keys here: budget_field, budget_flag, hybrid_report, "
-     "probe_args, topk_flag, worker_class, worker_module); did you mean budget_flag? fix its spelling or remove it"),
+     "probe_args, schedule_flag, topk_flag, worker_class, worker_module); did you mean budget_flag? fix its spelling or remove it"),
     ('[smoke]\nbudget_flag = "budget"\n',
      f"{FAM}: line 3: smoke.budget_flag: must be a long option such as '--speculative-ddtree-budget', "
      "not 'budget'; write the flag the family's server takes, e.g. budget_flag = \"--speculative-ddtree-budget\""),

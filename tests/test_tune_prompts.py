@@ -184,11 +184,25 @@ def test_the_best_at_every_concurrency_and_its_schedule():
     assert [(b["concurrency"], b["config"]) for b in best] == [(1, "ddtree-b128-k8"), (8, "ddtree-b64-k4"),
                                                                (32, "dflash"), (64, "none")]
     assert best[0]["ratio"] == {"dflash": 1.4, "none": pytest.approx(140 / 60)}
-    assert tune.schedule_string(best) == "1:128/8,8:64/4,32:chain,64:none"
+    # The payload's schedule has no entry without speculation: at 64 it serves the fastest thing it
+    # can (the chain, 1,000 tok/s; B=16 is 950 and the wider trees are past the ITL limit), said
+    # with its cost, and that entry merges with 32's.
+    plan = tune.plan(opts, records)
+    assert plan.text == "1:128/8,8:64/4,32:chain" and plan.differ
+    assert [(r["concurrency"], r["best"], r["served"]) for r in plan.rows] == [
+        (1, "ddtree-b128-k8", "ddtree-b128-k8"), (8, "ddtree-b64-k4", "ddtree-b64-k4"), (32, "dflash", "dflash"),
+        (64, "none", "dflash")]
+    assert plan.notes == ("concurrency 64: no speculation was fastest (1,100.0 tok/s), which the payload's schedule "
+                          "cannot express (it has no entry without speculation): the schedule serves DFlash chain "
+                          "there (1,000.0 tok/s, -9.1% against no speculation)",)
     lines = tune.table_lines(opts, records)
-    assert "best per concurrency (schedule 1:128/8,8:64/4,32:chain,64:none):" in lines
-    assert tune.summary(opts, records)["schedule"] == "1:128/8,8:64/4,32:chain,64:none"
+    assert "best per concurrency (schedule 1:128/8,8:64/4,32:chain):" in lines
+    assert f"  note: {plan.notes[0]}" in lines
+    summary = tune.summary(opts, records)
+    assert summary["schedule"] == "1:128/8,8:64/4,32:chain" and summary["schedule_plan"] == plan.to_json()
+    assert summary["best_per_concurrency"] == best  # the per-concurrency table, kept whole (64: none)
     assert tune.summary_line(opts, records)["kind"] == "summary"
+    assert tune.summary_line(opts, records)["schedule_plan"]["notes"] == list(plan.notes)
 
 
 def test_the_table_has_a_column_pair_per_category():

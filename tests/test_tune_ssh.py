@@ -174,11 +174,14 @@ def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, 
     lines = (out / "results.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["kind"] == "header" and len(lines) == 1 + len(runs) + 1
     closing = json.loads(lines[-1])  # the summary: the best at the one concurrency, the schedule it implies
-    assert closing["kind"] == "summary" and closing["schedule"] == "4:8/2" == doc["schedule"]
+    # (the payload's schedule: its first threshold is 1, so one concurrency is one entry for every batch)
+    assert closing["kind"] == "summary" and closing["schedule"] == "1:8/2" == doc["schedule"]
     png = (out / "tune.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     # --apply: budget and topk written, everything else of the file kept byte for byte.
-    assert doc["apply"]["written"] and "+budget = 8" in doc["apply"]["diff"]
+    assert doc["apply"]["written"] and "+budget = 8" in doc["apply"]["diff"] and doc["apply"]["as"] == "budget"
+    assert doc["apply"]["why_as"] == ("auto: the same configuration is fastest at every concurrency swept: the "
+                                      "choice at concurrency 4")
     after = inventory.read_text()
     assert after == original.replace("budget = 64   # what the host runs today",
                                      "budget = 8   # what the host runs today").rstrip("\n") + "\ntopk = 2\n" \
@@ -453,3 +456,69 @@ def test_0_5_23_runs_sglang_benchmark_serving(tuned_host_0_5_23, tmp_path):
     assert sorted(row["categories"]) == ["chat", "code"] and row["category_accept"]["code"] > 1.0
     logs = list((h["test_host"].state_dir / "tune").rglob("*.bench.log"))
     assert logs and not any("deprecated" in p.read_text() for p in logs)  # the module itself, not the shim
+
+
+# ---------------------------------------------------------------- --apply writes the budget schedule
+
+
+def test_apply_writes_the_schedule_on_the_v2_family_and_says_what_no_speculation_costs(tuned_host_0_5_23, tmp_path):
+    """The v2 family (SGLang 0.5.23) takes --speculative-ddtree-budget-schedule. The tune stand-in's
+    model (ddtree_testkit/standin_tune_server.py): at one request the deep tree (B=16) wins, at 32
+    no speculation does (each verify costs W x C: B=8 serves ~35% fewer tokens/s there in the
+    model's steady state); --itl-margin wide so the trees count everywhere.
+    auto writes the schedule, carrying 32 with the fastest tree there and saying what it costs; the
+    inventory reads back, the payload's own parser takes the schedule, and the launch sends it."""
+    import importlib.util
+
+    from ddtree_deploy.settings.smoke_settings import family_smoke, parse_settings
+    from ddtree_deploy.smoke import smoke_plan
+
+    h = tuned_host_0_5_23
+    inventory, _ = write_inventory(h, [])
+    out = tmp_path / "out"
+    proc = run_cli(["tune", "--host", str(inventory), "--baseline", "none", "--budgets", "8,16", "--topk", "2",
+                    "--concurrency", "1,32", "--requests", "64", "--input-len", "16", "--output-len", "24",
+                    "--itl-margin", "400", "--repeats", "0", "--out", str(out), "--apply", "--json"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = check_envelope(proc.stdout, proc.returncode, "tune")["hosts"][0]
+    best = {row["concurrency"]: row["config"] for row in doc["best_per_concurrency"]}
+    assert best == {1: "ddtree-b16-k2", 32: "none"}, doc["best_per_concurrency"]
+    assert doc["schedule"] == "1:16/2,32:8/2"
+    [note] = doc["schedule_plan"]["notes"]
+    assert note.startswith("concurrency 32: no speculation was fastest (") and \
+        "the schedule serves DDTree B=8 K=2 there (" in note and "% against no speculation)" in note, note
+    a = doc["apply"]
+    assert a["written"] and a["as"] == "schedule" and a["schedule"] == "1:16/2,32:8/2" and a["notes"] == [note]
+    assert a["why_as"] == ("auto: the winners differ across concurrencies and the family sglang-0.5.20 takes a "
+                           "budget schedule")
+    # The results file keeps the per-concurrency table and the plan.
+    closing = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
+    assert closing["best_per_concurrency"] == doc["best_per_concurrency"]
+    assert closing["schedule_plan"]["notes"] == [note]
+    # The inventory: budget and topk gone, the schedule in; it loads; the payload parses it.
+    text = inventory.read_text()
+    assert 'budget_schedule = "1:16/2,32:8/2"' in text and "budget = 64" not in text
+    launch = parse_settings(load_host(str(inventory)).smoke, source=str(inventory)).launch
+    assert (launch.budget_schedule, launch.budget, launch.topk) == ("1:16/2,32:8/2", None, None)
+    spec = importlib.util.spec_from_file_location("payload_schedule_ssh", REPO / "payload" / "ddtree_schedule.py")
+    payload = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = payload
+    spec.loader.exec_module(payload)
+    assert payload.format_schedule(payload.parse(launch.budget_schedule)) == "1:16/2,32:8/2"
+    argv = smoke_plan.launch_argv(launch, family=family_smoke(load_family(REPO / "patches" / "sglang-0.5.20")))
+    assert argv[-2:] == ["--speculative-ddtree-budget-schedule", "1:16/2,32:8/2"]
+    assert "--speculative-ddtree-budget" not in argv and "{budget}" not in " ".join(argv)
+    assert f"--apply: {inventory}:" in proc.stderr and '+budget_schedule = "1:16/2,32:8/2"' in proc.stderr  # the diff
+
+
+def test_apply_as_schedule_on_a_v1_family_is_bad_input_before_any_launch(tuned_host, tmp_path):
+    h = tuned_host
+    pid_file = tmp_path / "server.pids"
+    inventory, _ = write_inventory(h, ["--pid-file", str(pid_file)])
+    before = inventory.read_text()
+    proc = run_cli(tune_args(inventory, tmp_path / "out", "--apply", "--apply-as", "schedule"))
+    assert proc.returncode == 2, proc.stderr
+    assert ("--apply-as schedule: gpu1 runs sglang-0.5.12, whose server takes no budget schedule (the v2 family, "
+            "SGLang 0.5.20 - 0.5.23, does); nothing launched") in proc.stderr
+    assert proc.stderr.count("error:") == 1 and not pid_file.exists() and not (tmp_path / "out").exists()
+    assert inventory.read_text() == before

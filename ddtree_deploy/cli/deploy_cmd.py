@@ -16,6 +16,7 @@ import typer
 from ddtree_deploy.cli.app import app, handles_errors, say
 from ddtree_deploy.cli.options import GROUP_HELP, HOSTS_HELP, inventory_option
 from ddtree_deploy.remote.transport import transport_for
+from ddtree_deploy.serve.live import DEFAULT_WINDOW_S as LIVE_WINDOW_S
 from ddtree_deploy.settings.inventory import Host
 
 HOST_HELP = HOSTS_HELP  # (serve_cmd imports it from here)
@@ -124,15 +125,22 @@ def status(
                               "series expects there (unified diff)"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP),
+    window: float = typer.Option(LIVE_WINDOW_S, "--window", metavar="SECONDS",
+                                 help="a host with [serve]: its live DDTree line measures the server over this "
+                                      f"window, two scrapes of /metrics this far apart (default {LIVE_WINDOW_S:g} "
+                                      "s; 0: no live line)"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
-    """Per host: SGLang version, phase, deployed series, per-file state, backups, lock holder."""
+    """Per host: SGLang version, phase, deployed series, per-file state, backups, lock holder,
+    and for a host with [serve] the live DDTree line (accept length, tokens/s, ITL)."""
     from ddtree_deploy.fleets import rollout
+    from ddtree_deploy.serve.live import check_window
 
+    window_s = check_window(window)  # bad input before any host is read
     hosts = rollout.select_hosts(host or [], group or [])
     _render("status", hosts, json_output,
             lambda view: rollout.status(hosts, _connect(trust_new_host), family=family, parallel=parallel,
-                                        diff=diff, on_event=view))
+                                        diff=diff, window_s=window_s, on_event=view))
 
 
 def _print_status(doc: dict) -> None:
@@ -164,6 +172,7 @@ def _print_status(doc: dict) -> None:
         say(f"  serving: {serving['explanation']}")
         for p in serving.get("processes") or ():
             say(f"    {process_line(p)}")
+    _print_live(doc)
     print_lock(doc["lock"])
     _print_installs(doc)
 
@@ -173,6 +182,13 @@ def _print_driver(doc: dict) -> None:
     driver = doc.get("driver")
     if driver:
         say(f"  {driver['line']}")
+
+
+def _print_live(doc: dict) -> None:
+    """The host's live DDTree line (``serve/live.py``, rendered there; host text, printed inert)."""
+    live = doc.get("live")
+    if live:
+        say(f"  live: {live['line']}")
 
 
 def print_lock(lock: dict | None) -> None:

@@ -229,7 +229,16 @@ def print_status_table(report: FleetReport) -> None:
     out.print(table)
 
 
-__all__ = ["FleetView", "HostView", "print_counts", "print_outcomes", "print_status_footer", "print_status_table"]
+def print_live_lines(report: FleetReport) -> None:
+    """`status` on a fleet: each serving host's live DDTree line under the table (stdout)."""
+    for r in report.results:
+        live = r.doc.get("live") if r.kind in (Kind.READ, Kind.ATTENTION) else None
+        if live:
+            out.print(f"{safe(r.host)}: live: {safe(live['line'])}", highlight=False)
+
+
+__all__ = ["FleetView", "HostView", "print_counts", "print_live_lines", "print_outcomes", "print_status_footer",
+           "print_status_table"]
 
 
 def render(command: str, hosts: list, json_output: bool, call: Callable, *, canary: str | None = None,
@@ -272,6 +281,7 @@ def render(command: str, hosts: list, json_output: bool, call: Callable, *, cana
     if command == "status":  # its table (stdout), then what is not fine, counted (the exit code follows it)
         if not json_output:
             print_status_table(report)
+            print_live_lines(report)
         print_status_footer(report)
     else:
         print_outcomes(report)

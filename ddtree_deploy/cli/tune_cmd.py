@@ -23,6 +23,7 @@ from ddtree_deploy.remote.transport import transport_for
 from ddtree_deploy.settings.container_settings import refuse_container
 from ddtree_deploy.settings.inventory import load_host
 from ddtree_deploy.tuning import tune
+from ddtree_deploy.tuning.tune_apply import check_apply_as
 
 
 def _ints(text: str, option: str, what: str, hi: int) -> tuple[int, ...]:
@@ -67,8 +68,14 @@ def tune_cmd(
                                                                "results.jsonl and tune.png"),
     resume: bool = typer.Option(False, "--resume", help="continue the sweep in --out, skipping finished "
                                                         "configurations"),
-    apply: bool = typer.Option(False, "--apply", help="write the chosen budget/top-K into the inventory's "
-                                                      "[smoke.launch] (comments kept; the diff is shown)"),
+    apply: bool = typer.Option(False, "--apply", help="write the result into the inventory's [smoke.launch] "
+                                                      "(comments kept; the diff is shown): see --apply-as"),
+    apply_as: Optional[str] = typer.Option(None, "--apply-as", metavar="auto|schedule|budget",
+                                           help="with --apply: schedule = the per-concurrency winners as "
+                                                "budget_schedule (the payload's --speculative-ddtree-budget-"
+                                                "schedule), budget = the choice at --at as budget/topk, auto "
+                                                "(default) = the schedule when the winners differ across "
+                                                "concurrencies and the host's family takes one, else the budget"),
     yes: bool = typer.Option(False, "--yes", help=f"allow a grid over {tune.MAX_GRID} launches"),
     trust_new_host: bool = typer.Option(False, "--trust-new-host", help="record an unknown host key in known_hosts"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
@@ -87,6 +94,9 @@ def tune_cmd(
         output_len=output_len, dataset=name, dataset_path=path, seed=seed, at=at,
         itl_margin_pct=itl_margin, repeats=repeats)
     tune.check_options(opts, yes=yes)
+    if apply_as is not None and not apply:
+        raise BadInput(f"--apply-as {apply_as}: only with --apply (it says what --apply writes)")
+    mode = check_apply_as(apply_as or "auto")
     h = load_host(host)
     refuse_container(h, "tune")
     sample = _prompts(h, prompts_file, dataset)
@@ -97,7 +107,7 @@ def tune_cmd(
         err.print(f"[dim]{safe(h.name)}:[/] prompts {safe(sample.describe())}", highlight=False)
     outcome = tune_run.tune_host(
         h, lambda: transport_for(h, trust_new_host=trust_new_host), opts, out_dir=out_dir, resume=resume,
-        yes=yes, apply=apply,
+        yes=yes, apply=apply, apply_as=mode,
         progress=lambda step: err.print(f"[dim]{safe(h.name)}:[/] {safe(step)}", highlight=False),
         heartbeat=lambda key, s: err.print(f"[dim]{safe(h.name)}: {safe(key)}: still running ({s:.0f} s)[/]",
                                            highlight=False),
@@ -122,11 +132,23 @@ def tune_cmd(
     if outcome.stopped:
         say(f"sweep stopped early: {outcome.stopped}")
     if outcome.apply is not None:
-        a = outcome.apply
-        say(f"--apply: wrote budget {a['budget']} and topk {a['topk']} into {a['file']}" if a["written"]
-            else f"--apply: nothing written ({a.get('why')})")
+        for line in apply_lines(outcome.apply):
+            say(line)
     if outcome.stopped:
         raise typer.Exit(1)
+
+
+def apply_lines(a: dict) -> list[str]:
+    """What ``--apply`` did, in the words of its result (tune_run.apply_choice)."""
+    if not a["written"]:
+        return [f"--apply: nothing written ({a.get('why')})"]
+    if a.get("as") == "schedule":
+        head = (f"--apply: wrote budget_schedule = \"{a['schedule']}\" into {a['file']} (budget and topk removed: "
+                f"the server takes one or the other)")
+    else:
+        head = f"--apply: wrote budget {a['budget']} and topk {a['topk']} into {a['file']}"
+    return [f"{head}; {a['why_as']}" if a.get("why_as") else head,
+            *(f"--apply: note: {note}" for note in a.get("notes") or ())]
 
 
 def _prompts(h, given: Optional[Path], dataset: Optional[str]):
@@ -158,4 +180,4 @@ def _dataset(value: str) -> tuple[str, Optional[str]]:
     raise BadInput(f"--dataset: {value!r} is not 'random' or 'sharegpt-file=PATH'")
 
 
-__all__ = ["tune_cmd"]
+__all__ = ["apply_lines", "tune_cmd"]

@@ -604,9 +604,11 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
 
 
 def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None, parallel: int | None = None,
-           diff: bool = False, on_event: Listener = _ignore) -> FleetReport:
+           diff: bool = False, window_s: float = 0.0, on_event: Listener = _ignore) -> FleetReport:
     """Per host: version, phase, series, per-file state, backups, lock, serving processes. Reads only.
-    ``diff`` (``status --diff``): each drifted file against what the series expects (drift.py)."""
+    ``diff`` (``status --diff``): each drifted file against what the series expects (drift.py).
+    ``window_s`` (``status --window``): a host with ``[serve]`` gets its live DDTree line
+    (``live``), its server's figures over that window (0: none)."""
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
     serves = _serve_settings(hosts)  # a broken [serve] table stops here, before any connection
     want = _series_or_none(family, on_event)
@@ -619,10 +621,15 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
         progress("read state")
         with deploy.reading(h, connect(h), want.paths if want else [], content=diff, driver=True) as read:
             serving = serving_of(h, read)  # over the same connection
+            if h.serve and window_s > 0:
+                progress(f"the server's figures over {window_s:g} s")
+            live = _live(h, read, serving, window_s)
         desired = want.expected(h.name, read.facts) if want else None
         doc = deploy.describe(h.name, read.facts, desired, read.round_trips)
         doc["serving"] = serving
         doc["driver"] = driver_gate.status_of(read.facts)  # its NVIDIA driver and the CUDA lane it allows
+        if live is not None:
+            doc["live"] = live.to_json()
         # A host that answered is not a host that is fine: what needs a person decides its
         # outcome (and the exit code); `status` says it last.
         journal = read.facts.get("journal") or {}
@@ -682,6 +689,13 @@ def _serve_settings(hosts: Sequence[Host]) -> dict:
     from ddtree_deploy.fleets.serve_gate import settings_of
 
     return {h.name: settings_of(h) for h in hosts}
+
+
+def _live(h: Host, read, serving: dict, window_s: float):
+    """status: the host's live DDTree line (serve_gate.live_of), or None."""
+    from ddtree_deploy.fleets.serve_gate import live_of
+
+    return live_of(h, read, serving, window_s=window_s)
 
 
 def _beats(h: Host, on_event: Listener) -> Heartbeat:

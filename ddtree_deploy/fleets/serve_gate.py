@@ -304,5 +304,31 @@ def serving_of(host, read: deploy.Reading) -> dict:
                 "unreadable": 0}
 
 
-__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "look", "require_serve",
-           "restart_result", "restarted_result", "serving_of", "settings_of", "unhealthy_next"]
+def live_of(host, read: deploy.Reading, serving: dict, *, window_s: float):
+    """``status``'s live DDTree line (``serve/live.py``) over the status connection: two scrapes
+    of the server's ``/metrics`` ``window_s`` apart (read-only on the host, no lock), and since
+    when it runs its code. None: the host has no ``[serve]`` (nothing says where its server
+    listens) or ``window_s`` is 0 (``--window 0``). A failure to scrape is said in the line,
+    never fatal: status reads the host whatever its server does."""
+    from ddtree_deploy.release.metric_names import names_for
+    from ddtree_deploy.serve import live, metrics_run
+    from ddtree_deploy.serve.figures import Unavailable
+
+    settings = settings_of(host)
+    if settings is None or window_s <= 0:
+        return None
+    journal = read.facts.get("journal") or {}
+    release = read.facts.get("sglang_version") or journal.get("sglang_version")
+    try:
+        if not release:
+            raise BadInput("the host's SGLang version is not known: no pinned metric names to read")
+        names_for(release)  # an unpinned release is said, not scraped with guessed names
+        figures = metrics_run.served_figures(host, read.transport, url=settings.url, release=release,
+                                             window_s=window_s)
+    except DeployError as exc:
+        figures = Unavailable(f"the server's figures could not be read: {clause(exc, host.name)}")
+    return live.Live(window_s=window_s, figures=figures, since=live.since_of(serving, journal), url=settings.url)
+
+
+__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "live_of", "look",
+           "require_serve", "restart_result", "restarted_result", "serving_of", "settings_of", "unhealthy_next"]

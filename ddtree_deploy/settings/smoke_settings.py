@@ -41,6 +41,10 @@ class FamilySmoke:
     # (a family serving hybrid targets names it; the import and cli levels then show the
     # recurrent tree path): None for a family without one.
     hybrid_report: tuple[str, str] | None = None
+    # The flag of the family's per-batch-size budget schedule (payload/ddtree_schedule.py's
+    # grammar; the v2 family's --speculative-ddtree-budget-schedule): None for a family whose
+    # server takes none ([smoke.launch] budget_schedule is refused there).
+    schedule_flag: str | None = None
 
 
 FAMILY_SMOKE_DEFAULT = FamilySmoke()
@@ -74,7 +78,7 @@ def parse_family_smoke(table: Any, *, where: str | None = None) -> FamilySmoke:
     doc.table("smoke")
     doc.unknown("smoke", _FAMILY_SMOKE_KEYS)
     values: dict[str, Any] = {}
-    for key in ("budget_flag", "topk_flag"):
+    for key in ("budget_flag", "topk_flag", "schedule_flag"):
         flag = doc.get(f"smoke.{key}")
         if flag is not None:
             if not isinstance(flag, str) or not _FLAG.fullmatch(flag):
@@ -126,6 +130,11 @@ class LaunchSettings:
     port: int = 30188
     extra_args: tuple[str, ...] = ()
     command: tuple[str, ...] | None = None  # argv template; None = sglang.launch_server
+    # A per-batch-size budget schedule (``1:128/8,8:64/4,32:chain``: the payload's grammar,
+    # settings/budget_schedule.py), sent with the family's ``schedule_flag`` instead of the
+    # budget and top-K flags (the server refuses a schedule beside them). Written by
+    # ``tune --apply`` (tuning/tune_apply.py); never beside ``budget`` / ``topk``.
+    budget_schedule: str | None = None
     gpu: bool = True
     min_free_gib: float = 0.0
     ready_timeout_s: float = 900.0
@@ -215,5 +224,28 @@ def _parse_launch(doc: TomlFile) -> LaunchSettings:
         term_grace_s=doc.seconds(k + "term_grace_s", default=d.term_grace_s),
         probe_prompt=doc.string(k + "probe_prompt", default=d.probe_prompt, example=d.probe_prompt),
         max_new_tokens=doc.integer(k + "max_new_tokens", default=d.max_new_tokens, lo=1, hi=4096),
+        budget_schedule=_budget_schedule(doc, k + "budget_schedule"),
         doc=doc if doc.lines else None,
     )
+
+
+def _budget_schedule(doc: TomlFile, key: str) -> str | None:
+    """``[smoke.launch] budget_schedule``, checked with the payload's own grammar (the text the
+    server will parse), in the canonical form; never beside ``budget`` / ``topk``."""
+    text = doc.string(key, example="1:128/8,8:64/4,32:chain")
+    if text is None:
+        return None
+    from ddtree_deploy.settings import budget_schedule
+
+    try:
+        entries = budget_schedule.parse(text)
+    except budget_schedule.ScheduleError as exc:
+        raise doc.bad(key, f"entry {exc.entry!r}: {exc.why}",
+                      f'write e.g. budget_schedule = "{budget_schedule.format_schedule(exc.repaired)}" '
+                      "(docs/patches-v2.md: The budget schedule)") from None
+    for other in ("budget", "topk"):
+        if doc.get(key.rsplit(".", 1)[0] + "." + other) is not None:
+            raise doc.bad(key, f"set beside {other}: the server refuses a schedule beside "
+                          "--speculative-ddtree-budget / -topk (each entry carries its own)",
+                          f"remove {other} from [smoke.launch], or remove budget_schedule")
+    return str(budget_schedule.format_schedule(entries))

@@ -155,7 +155,10 @@ def launch_argv(launch: LaunchSettings, *, source: str | None = None,
     values = {"model": launch.model, "draft_model": launch.draft_model, "budget": launch.budget,
               "topk": launch.topk, "host": launch.host, "port": launch.port}
     argv: list[str] = []
-    for arg in launch.command or default_command(launch, family):
+    template = tuple(launch.command or default_command(launch, family))
+    if launch.budget_schedule is not None:
+        template = with_schedule(template, launch, family, source=source)
+    for arg in template:
         if arg == "{extra_args}":
             argv.extend(launch.extra_args)
             continue
@@ -175,6 +178,29 @@ def launch_argv(launch: LaunchSettings, *, source: str | None = None,
 
         argv.append(TEMPLATE_PLACEHOLDER.sub(fill, arg))
     return argv
+
+
+def with_schedule(template: Sequence[str], launch: LaunchSettings, family: FamilySmoke, *,
+                  source: str | None = None) -> tuple[str, ...]:
+    """A launch template for ``[smoke.launch] budget_schedule``: the family's budget and top-K
+    options (and their values) taken out, since the server refuses a schedule beside them, and
+    the family's schedule flag with the schedule added after the template's arguments."""
+    if family.schedule_flag is None:
+        raise launch.bad("smoke.launch.budget_schedule", "this host's DDTree family takes no budget schedule (its "
+                         "family.toml [smoke] names no schedule_flag; the v2 family, SGLang 0.5.20 - 0.5.23, does)",
+                         "remove budget_schedule and set budget (and topk) instead", source=source)
+    drop = {family.budget_flag, family.topk_flag, family.schedule_flag}
+    out: list[str] = []
+    skip = False
+    for arg in template:
+        if skip:
+            skip = False
+            continue
+        if arg.split("=", 1)[0] in drop:
+            skip = "=" not in arg  # ``--flag value``: the value goes too
+            continue
+        out.append(arg)
+    return (*out, family.schedule_flag, launch.budget_schedule)
 
 
 def module_name(rel_path: str) -> str | None:

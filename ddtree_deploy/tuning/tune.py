@@ -18,8 +18,9 @@ A configuration is one server launch: ``none`` (no speculation), ``dflash`` (the
 chain) or ``ddtree`` with a budget and a per-depth top-K. Each launch is measured at
 every ``--concurrency`` with SGLang's own benchmark; the choice is made at one
 concurrency (``--at``, default the highest), and ``best_per_concurrency`` gives the best
-configuration at every concurrency swept (baselines included), with the per-batch-size
-schedule it implies (``schedule_string``: ``1:128/8,8:64/4,32:chain``).
+configuration at every concurrency swept (baselines included), and ``plan`` the payload's
+per-batch-size budget schedule it implies (``1:128/8,8:64/4,32:chain``, written with the
+payload's own grammar: settings/budget_schedule.py), with what the schedule cannot carry.
 
 The prompts: the operator's sample (``--prompts``, tuning/prompts.py), measured per
 category, or random token ids (``random``, labelled as such: they say nothing about
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.settings import budget_schedule
 
 BASELINES = ("dflash", "none")
 MAX_GRID = 64  # launches allowed without --yes: each is a model load (minutes on a GPU)
@@ -528,7 +530,8 @@ def table_lines(opts: TuneOptions, records: Sequence[Record]) -> list[str]:
                          f"{row['itl_p99_ms']:>7.1f} {acc:>6}{ratios}{per}")
     best = best_per_concurrency(opts, records)
     if best:
-        lines.append(f"best per concurrency (schedule {schedule_string(best) or '-'}):")
+        implied = plan(opts, records)
+        lines.append(f"best per concurrency (schedule {implied.text or '-'}):")
         for row in best:
             if row["config"] is None:
                 lines.append(f"  concurrency {row['concurrency']:>5}: nothing measured")
@@ -536,6 +539,7 @@ def table_lines(opts: TuneOptions, records: Sequence[Record]) -> list[str]:
             ratios = ", ".join(f"{v:.2f}x vs {b}" for b, v in row["ratio"].items() if v)
             lines.append(f"  concurrency {row['concurrency']:>5}: {row['label']:<22} {row['output_tps']:>9.1f} tok/s"
                          + (f"  ({ratios})" if ratios else ""))
+        lines += [f"  note: {note}" for note in implied.notes]
     return lines
 
 
@@ -549,15 +553,17 @@ def schedule_part(config: Config) -> str:
         else "none"
 
 
-def best_per_concurrency(opts: TuneOptions, records: Sequence[Record]) -> list[dict]:
+def best_per_concurrency(opts: TuneOptions, records: Sequence[Record], *, exclude: Sequence[str] = ()) -> list[dict]:
     """For every concurrency swept, the fastest configuration there, baselines included: the
     same rule as the choice (a DDTree configuration counts only when its p99 ITL is within
-    ``itl_margin_pct`` of the first baseline's at that concurrency), applied at each one."""
-    done = firsts(records)
+    ``itl_margin_pct`` of the first baseline's at that concurrency), applied at each one.
+    ``exclude``: kinds left out (``("none",)``: the fastest a budget schedule can serve)."""
+    done = {c: r for c, r in firsts(records).items() if c.kind not in exclude}
+    every = firsts(records)  # the baselines' figures for the ITL limit and the ratios
     out = []
     for conc in opts.concurrency:
         base_cfg = Config(opts.baselines[0]) if opts.baselines else None
-        base = done.get(base_cfg) if base_cfg else None
+        base = every.get(base_cfg) if base_cfg else None
         base_m = base.at(conc) if base is not None and base.ok else None
         limit = base_m.itl_p99_ms * (1 + opts.itl_margin_pct / 100) if base_m is not None and base_m.itl_p99_ms \
             else None
@@ -574,7 +580,7 @@ def best_per_concurrency(opts: TuneOptions, records: Sequence[Record]) -> list[d
             out.append({"concurrency": conc, "config": None})
             continue
         c, m = eligible[0]
-        ratio = {b: (m.output_tps / done[Config(b)].tps(conc) if Config(b) in done and done[Config(b)].tps(conc)
+        ratio = {b: (m.output_tps / every[Config(b)].tps(conc) if Config(b) in every and every[Config(b)].tps(conc)
                      else None) for b in opts.baselines}
         out.append({"concurrency": conc, "config": c.key, "label": c.label, "kind": c.kind, "budget": c.budget,
                     "topk": c.topk, "output_tps": m.output_tps, "itl_p99_ms": m.itl_p99_ms, "ratio": ratio,
@@ -582,10 +588,78 @@ def best_per_concurrency(opts: TuneOptions, records: Sequence[Record]) -> list[d
     return out
 
 
-def schedule_string(best: Sequence[Mapping[str, Any]]) -> str:
-    """The per-batch-size schedule the table implies, as the payload's
-    ``--speculative-ddtree-budget-schedule`` reads it: ``1:128/8,8:64/4,32:chain``."""
-    return ",".join(f"{row['concurrency']}:{row['schedule']}" for row in best if row.get("config"))
+# The payload's schedule (payload/ddtree_schedule.py) serves a tree per running-batch range:
+# THRESHOLD:BUDGET/TOPK or THRESHOLD:chain, the first threshold 1. ``plan`` writes the table
+# into it with the payload's own writer (``budget_schedule.from_table``: runs of equal winners
+# merge, the first concurrency becomes threshold 1) and says what it could not carry: where no
+# speculation was fastest (the schedule has no entry without speculation) that concurrency
+# gets the fastest configuration the schedule can serve there, by the same rule, and a note
+# says what it costs; where nothing qualified, the entry before it carries on, said so.
+
+
+@dataclass(frozen=True)
+class SchedulePlan:
+    """The schedule a sweep implies: its text (None: nothing the schedule can serve), the
+    per-concurrency rows it was built from, and what it could not carry."""
+
+    text: str | None
+    rows: tuple[dict, ...]  # per concurrency: concurrency, best (key), served (key in the schedule), note
+    notes: tuple[str, ...]
+    differ: bool  # the fastest configuration is not the same at every concurrency swept
+    why_none: str | None = None  # why ``text`` is None
+
+    def to_json(self) -> dict:
+        return {"schedule": self.text, "rows": [dict(r) for r in self.rows], "notes": list(self.notes),
+                "winners_differ": self.differ, "why_none": self.why_none}
+
+
+_NEIGHBOUR = ("another entry of the schedule serves that load (the one before it; for the lowest concurrency, "
+              "the first entry, which starts at batch 1)")
+
+
+def _tps(x: Any) -> str:
+    return f"{x:,.1f}" if isinstance(x, (int, float)) else "?"
+
+
+def plan(opts: TuneOptions, records: Sequence[Record]) -> SchedulePlan:
+    best = best_per_concurrency(opts, records)
+    servable = {row["concurrency"]: row for row in best_per_concurrency(opts, records, exclude=("none",))}
+    table: list[tuple[int, object]] = []
+    rows, notes = [], []
+    for row in best:
+        conc = row["concurrency"]
+        served = row
+        note = None
+        if row["config"] is None:
+            served, note = None, f"concurrency {conc}: nothing measured there; {_NEIGHBOUR}"
+        elif row["kind"] == "none":
+            alt = servable.get(conc) or {}
+            if alt.get("config") is None:
+                served, note = None, (f"concurrency {conc}: no speculation was fastest ({_tps(row['output_tps'])} "
+                                      "tok/s) and no speculative configuration qualified there; the payload's "
+                                      f"schedule has no entry without speculation: {_NEIGHBOUR}")
+            else:
+                served = alt
+                loss = (alt["output_tps"] / row["output_tps"] - 1) * 100 if row["output_tps"] else None
+                note = (f"concurrency {conc}: no speculation was fastest ({_tps(row['output_tps'])} tok/s), which "
+                        "the payload's schedule cannot express (it has no entry without speculation): the schedule "
+                        f"serves {alt['label']} there ({_tps(alt['output_tps'])} tok/s"
+                        + (f", {loss:+.1f}% against no speculation" if loss is not None else "") + ")")
+        if served is not None:
+            table.append((conc, "chain" if served["kind"] == "dflash" else (served["budget"], served["topk"])))
+        rows.append({"concurrency": conc, "best": row["config"], "served": served["config"] if served else None,
+                     "note": note})
+        if note:
+            notes.append(note)
+    differ = len({row["config"] for row in best if row["config"] is not None}) > 1
+    if not table:
+        return SchedulePlan(None, tuple(rows), tuple(notes), differ,
+                            why_none="no configuration the schedule can serve was measured at any concurrency")
+    try:
+        text = budget_schedule.from_table(table)
+    except budget_schedule.ScheduleError as exc:  # e.g. more distinct winners than entries allowed
+        return SchedulePlan(None, tuple(rows), tuple(notes), differ, why_none=str(exc))
+    return SchedulePlan(text, tuple(rows), tuple(notes), differ)
 
 
 # ------------------------------------------------------------------ the results file
@@ -647,10 +721,11 @@ def _short(value: Any) -> str:
 
 def summary(opts: TuneOptions, records: Sequence[Record]) -> dict:
     """The --json document's body (the caller adds host, files, apply)."""
-    best = best_per_concurrency(opts, records)
+    implied = plan(opts, records)
     return {"options": {**asdict(opts), "choose_at": opts.choose_at}, "dataset_label": opts.dataset_label,
             "runs": [r.to_json() for r in records],
-            "best_per_concurrency": best, "schedule": schedule_string(best),
+            "best_per_concurrency": best_per_concurrency(opts, records), "schedule": implied.text,
+            "schedule_plan": implied.to_json(),
             "ranking": {str(k): v for k, v in ranking(opts, records).items()},
             "choice": choose(opts, records).to_json(),
             "failed": [r.config.key for r in records if not r.ok],
@@ -661,9 +736,10 @@ def summary_line(opts: TuneOptions, records: Sequence[Record]) -> dict:
     """The results file's closing line (one per finished or resumed sweep; the last one holds):
     the best configuration at each concurrency and the per-batch-size schedule it implies,
     for the payload's ``--speculative-ddtree-budget-schedule``."""
-    best = best_per_concurrency(opts, records)
-    return {"kind": "summary", "choice": choose(opts, records).to_json(), "best_per_concurrency": best,
-            "schedule": schedule_string(best)}
+    implied = plan(opts, records)
+    return {"kind": "summary", "choice": choose(opts, records).to_json(),
+            "best_per_concurrency": best_per_concurrency(opts, records), "schedule": implied.text,
+            "schedule_plan": implied.to_json()}
 
 
 def pruned(opts: TuneOptions, records: Sequence[Record]) -> list[str]:

@@ -134,10 +134,12 @@ def launch_argv(target: Target, config: tune.Config, *, source: str | None = Non
     """
     fam = target.family
     if config.kind == "ddtree":
-        return smoke_plan.launch_argv(replace(target.launch, budget=config.budget, topk=config.topk),
-                                 source=source, family=fam)
+        return smoke_plan.launch_argv(replace(target.launch, budget=config.budget, topk=config.topk,
+                                              budget_schedule=None), source=source, family=fam)
+    # (a schedule the inventory holds never reaches a sweep's launch: each measures one tree)
     filled = smoke_plan.launch_argv(replace(target.launch, budget=target.launch.budget or 1,
-                                       topk=target.launch.topk or 1), source=source, family=fam)
+                                            topk=target.launch.topk or 1, budget_schedule=None),
+                                    source=source, family=fam)
     if config.kind == "dflash":
         argv = _drop_flags(filled, lambda f: f in (fam.budget_flag, fam.topk_flag)
                            or f.startswith("--speculative-ddtree-"))
@@ -442,7 +444,8 @@ def append_record(path: Path, record: tune.Record) -> None:
 
 
 def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | None = None,
-              resume: bool = False, yes: bool = False, apply: bool = False, patches_dir=None,
+              resume: bool = False, yes: bool = False, apply: bool = False, apply_as: str = "auto",
+              patches_dir=None,
               progress: Progress = quiet, heartbeat=None, heartbeat_s: float = smoke_plan.HEARTBEAT_S,
               deadlines: Mapping[str, float] | None = None,
               sample: prompts.PromptSample | None = None) -> TuneOutcome:
@@ -450,10 +453,13 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
 
     ``heartbeat_s``: how often the tune program beats during a run (the silence limit
     follows from it); ``deadlines``: seconds per step kind, replacing ``run_deadlines``'s;
-    ``sample``: the prompt file ``opts`` was made from (``opts.dataset == "prompts"``)."""
+    ``sample``: the prompt file ``opts`` was made from (``opts.dataset == "prompts"``);
+    ``apply_as``: what ``apply`` writes (tune_apply.decide: auto, schedule, budget)."""
     from ddtree_deploy.session import deploy
+    from ddtree_deploy.tuning.tune_apply import check_apply_as
 
     tune.check_options(opts, yes=yes)
+    check_apply_as(apply_as)
     check_host(host, apply=apply)
     out_dir = Path(out_dir) if out_dir is not None else default_out(host.name)
     require_writable_folder(out_dir, "--out")  # before any connection: a bad folder is bad input
@@ -462,6 +468,11 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
         raise BadInput(f"{results}: a results file is already there: pass --resume to continue that sweep, "
                        "or --out another folder")
     target = inspect_host(host, make_transport, patches_dir=patches_dir, progress=progress)
+    if apply and apply_as == "schedule" and target.family.schedule_flag is None:
+        # Known only now (the family is the deployed series'): still before anything launches.
+        raise BadInput(f"--apply-as schedule: {host.name} runs {target.series.get('name')}, whose server takes no "
+                       "budget schedule (the v2 family, SGLang 0.5.20 - 0.5.23, does); nothing launched",
+                       hint="use --apply-as budget (or auto) to write the one budget")
     launch = target.launch
     identity = {"series": target.series.get("name"), "series_id": target.series.get("id"),
                 "sglang": target.sglang_version, "model": launch.model, "draft_model": launch.draft_model,
@@ -551,7 +562,7 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
                           stopped=stopped)
     _plot(outcome, out_dir)
     if apply and stopped is None:
-        outcome.apply = apply_choice(host, outcome.choice)
+        outcome.apply = apply_choice(host, opts, records, target, apply_as)
     return outcome
 
 
@@ -576,11 +587,18 @@ def _plot(outcome: TuneOutcome, out_dir: Path) -> None:
     outcome.plot_path = plot_png(outcome.opts, outcome.records, out_dir / "tune.png", title=outcome.host)
 
 
-def apply_choice(host, choice: tune.Choice) -> dict:
-    """Write the chosen budget/top-K into the host's inventory, and say exactly what changed."""
-    from ddtree_deploy.tuning.tune_apply import apply_launch
+def apply_choice(host, opts: tune.TuneOptions, records, target: Target, apply_as: str = "auto") -> dict:
+    """Write the sweep's result into the host's inventory (tune_apply.decide: the schedule or the
+    one budget), and say exactly what changed, why that form, and what the schedule could not carry."""
+    from ddtree_deploy.tuning.tune_apply import apply_launch, decide
 
-    if choice.best is None:
-        return {"written": False, "why": "no DDTree configuration qualified; the inventory is unchanged"}
-    return apply_launch(Path(host.source), budget=choice.best.budget, topk=choice.best.topk)
-
+    plan, choice = tune.plan(opts, records), tune.choose(opts, records)
+    decision = decide(apply_as, plan, choice, schedule_flag=target.family.schedule_flag,
+                      family=str(target.series.get("name")))
+    said = {"apply_as": apply_as, "why_as": decision.why, "notes": list(plan.notes) if decision.write == "schedule"
+            else []}
+    if decision.write == "nothing":
+        return {"written": False, "why": decision.why, "as": None, **said}
+    if decision.write == "schedule":
+        return {**apply_launch(Path(host.source), schedule=plan.text), **said}
+    return {**apply_launch(Path(host.source), budget=choice.best.budget, topk=choice.best.topk), **said}
