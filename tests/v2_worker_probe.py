@@ -32,6 +32,7 @@ NAMED STAND-INS:
 from __future__ import annotations
 
 import sys
+import types
 
 TAG = "V2PROBE:"
 CASES = ("greedy_lossless", "overlap_lossless", "page16_lossless", "grammar_lossless",
@@ -189,7 +190,25 @@ class Harness:
         from sglang.srt.runtime_context import get_parallel
 
         # No torch.distributed here: a one-rank group stands in for the TP groups.
-        get_parallel().override_permanently(tp_group=_OneRank(), attn_tp_group=_OneRank())
+        # A CPU answer to a CUDA-only host line: 0.5.19's FutureMap._resolve_spec_extras calls
+        # indices.record_stream(...) unguarded (0.5.20+ guard it), which a CPU tensor refuses;
+        # a CPU tensor has no stream to record, so recording is a no-op there.
+        record = torch.Tensor.record_stream
+
+        def _record_stream(tensor, stream):
+            return None if tensor.device.type == "cpu" else record(tensor, stream)
+
+        torch.Tensor.record_stream = _record_stream
+        groups = dict(tp_group=_OneRank(), attn_tp_group=_OneRank())
+        if hasattr(type(get_parallel()), "override_permanently"):  # 0.5.20 and later
+            get_parallel().override_permanently(**groups)
+        else:  # 0.5.19 and older: only the scoped override, held open for the probe's life
+            self._parallel_scope = get_parallel().override(**groups)
+            self._parallel_scope.__enter__()
+            # (0.5.19 reads these widths from a stamp or the live groups: one rank each.)
+            get_parallel().stamp_derived_widths(
+                moe_ep_size=1, moe_tp_size=1, attn_tp_size=1, attn_dp_size=1, attn_dcp_size=1,
+                dcp_enabled=False)
 
     # -- real SGLang pieces ----------------------------------------------------------------
     def pools(self, target, bs, kv_slots=4096, max_context_len=512, page_size=1):
@@ -423,6 +442,8 @@ class StandInRunner:
         self.watermark_state = None
         self.prefill_attention_backend_str = "torch_native"
         self.ngram_embedding_manager = _Disabled()
+        # (0.5.19's ForwardBatch.init_new asks the runner's ParallelState: one rank, no DCP.)
+        self.ps = types.SimpleNamespace(attn_dcp_size=1, attn_dcp_rank=0)
 
 
 class _Disabled:
@@ -691,14 +712,29 @@ def _record_steps(r):
         r.trees.append(out)
         return out
 
+    sample, sampled = ewc.eagle_sample, []
+
+    def recording_sample(*a, **k):  # 0.5.19's run_eagle_verify returns no accept_index
+        out = sample(*a, **k)
+        sampled.append(out[2])
+        return out
+
     def recording_verify(*a, **k):
+        sampled.clear()
         out = verify(*a, **k)
+        if getattr(out, "accept_index", None) is None:
+            out.accept_index = sampled[-1]
         r.verifies.append(out)
         return out
 
     w._ddtree_build = recording_build
     ewc.run_eagle_verify = recording_verify
-    r.restore = lambda: setattr(ewc, "run_eagle_verify", verify)
+    ewc.eagle_sample = recording_sample
+
+    def restore():
+        ewc.run_eagle_verify, ewc.eagle_sample = verify, sample
+
+    r.restore = restore
 
 
 def _new_batch(r, active, seq_lens):
@@ -844,7 +880,12 @@ def _commit(r, i, new):
         _check_request(r.h, r.target, r.w, r.kv, r.rtp, r.rows[i], prompt, req, r.sampling,
                        grammar=r.grammar)
     req.kv.kv_committed_len = min(req.kv.kv_committed_len, len(prompt) + len(req.output_ids))
-    release_kv_cache(req, r.cache, checkpoint=False)
+    import inspect
+
+    if "checkpoint" in inspect.signature(release_kv_cache).parameters:  # 0.5.20+
+        release_kv_cache(req, r.cache, checkpoint=False)
+    else:  # 0.5.19: the same release, spelled is_insert
+        release_kv_cache(req, r.cache, is_insert=False)
     return True
 
 
@@ -1039,10 +1080,11 @@ def w_window(h, w, batch, block):
     seq = batch.seq_lens
     pos = seq.unsqueeze(1) + torch.arange(block)
     locs = rtp.req_to_token[batch.req_pool_indices.unsqueeze(1), pos].long()
-    plan = w.model_runner.kv_index_translator.plan(
+    translator = w.model_runner.kv_index_translator
+    plan = translator.plan(  # 0.5.20+; 0.5.19 writes at the cache locations (no plan)
         req_pool_indices=batch.req_pool_indices, seq_lens=seq, seq_lens_cpu=batch.seq_lens_cpu,
         write_virtual=locs.reshape(-1), read_extent=block,
-    )
+    ) if hasattr(translator, "plan") else None
     return {"cache_loc_2d": locs, "positions_2d": pos, "kv_loc_plan": plan}
 
 
