@@ -50,7 +50,7 @@ import ddtree_hybrid as hy  # noqa: E402
 
 PROBE = REPO / "tests" / "v2_hybrid_probe.py"
 GPU_SCRIPT = REPO / "scripts" / "gpu_check_hybrid.py"
-RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
+RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PROBE_RELEASE = "0.5.23"
 
 

@@ -1427,6 +1427,19 @@ def _sampling_run(h, walk, trials=LAW_TRIALS, budget=8, topk=3, seed=4):
     # engine's "always greedy" switch, so eagle_sample takes its sampling branch.
     eagle_utils.tree_speculative_sampling_target_only = walk
     eagle_utils._is_cpu = False
+    if not hasattr(eagle_utils, "sgl_build_tree_kernel_efficient"):
+        # 0.5.19 routes its tree builder by the same switch (0.5.20+ build in spec_tree.py):
+        # with it off, the CUDA name, bound to the same stand-in of the CUDA builder.
+        eagle_utils.sgl_build_tree_kernel_efficient = (
+            eagle_utils.sgl_build_tree_kernel_efficient_cpu)
+    import inspect
+
+    if "get_tp_group()" in inspect.getsource(eagle_utils.eagle_sample):
+        # 0.5.19's sampling branch imports parallel_state's TP group getter itself (0.5.20+
+        # ask the runtime context, which holds the one-rank group): the same one-rank stand-in.
+        import sglang.srt.distributed as distributed
+
+        distributed.get_tp_group = _OneRank
     vocab = LAW_VOCAB
     target = TinyTarget(torch, vocab=vocab, hidden=16, seed=seed, scale=0.6)
     target.head = target.head * 0.15  # spread-out next-token laws, a few likely tokens
