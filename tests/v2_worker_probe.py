@@ -1427,13 +1427,24 @@ def _sampling_run(h, walk, trials=LAW_TRIALS, budget=8, topk=3, seed=4):
     # engine's "always greedy" switch, so eagle_sample takes its sampling branch.
     eagle_utils.tree_speculative_sampling_target_only = walk
     eagle_utils._is_cpu = False
-    if not hasattr(eagle_utils, "sgl_build_tree_kernel_efficient"):
+    import inspect
+
+    restore = []
+
+    if "from sgl_kernel import" in inspect.getsource(eagle_utils.eagle_sample):
+        # 0.5.19 imports the sampling walk from sgl_kernel inside eagle_sample (0.5.20+ at
+        # the module's top): the same walk, where that import finds it.
+        import sgl_kernel
+
+        bound = sgl_kernel.tree_speculative_sampling_target_only
+        sgl_kernel.tree_speculative_sampling_target_only = walk
+        restore.append(lambda: setattr(sgl_kernel, "tree_speculative_sampling_target_only", bound))
+    if (hasattr(eagle_utils, "sgl_build_tree_kernel_efficient_cpu")
+            and not hasattr(eagle_utils, "sgl_build_tree_kernel_efficient")):
         # 0.5.19 routes its tree builder by the same switch (0.5.20+ build in spec_tree.py):
         # with it off, the CUDA name, bound to the same stand-in of the CUDA builder.
         eagle_utils.sgl_build_tree_kernel_efficient = (
             eagle_utils.sgl_build_tree_kernel_efficient_cpu)
-    import inspect
-
     if "get_tp_group()" in inspect.getsource(eagle_utils.eagle_sample):
         # 0.5.19's sampling branch imports parallel_state's TP group getter itself (0.5.20+
         # ask the runtime context, which holds the one-rank group): the same one-rank stand-in.
@@ -1451,6 +1462,8 @@ def _sampling_run(h, walk, trials=LAW_TRIALS, budget=8, topk=3, seed=4):
         sampling={"temperature": 1.0, "top_k": -1, "top_p": 1.0}, first_token=first,
         kv_slots=trials * 28,  # (SGLang's allocator concatenates its free list on every free)
     )
+    for undo in restore:
+        undo()
     counts = torch.zeros(vocab, vocab)
     for req in reqs:
         out = list(req.output_ids)
@@ -1566,10 +1579,12 @@ def case_sampling_control(h):
     import sgl_kernel
     import torch
 
+    walk = sgl_kernel.tree_speculative_sampling_target_only  # the stand-in, before the run binds
+
     def no_residual(predicts, accept_index, accept_token_num, candidates, retrive_index,
                     retrive_next_token, retrive_next_sibling, uniform_samples,
                     uniform_samples_for_final_sampling, target_probs, draft_probs, **kw):
-        sgl_kernel.tree_speculative_sampling_target_only(
+        walk(
             predicts, accept_index, accept_token_num, candidates, retrive_index,
             retrive_next_token, retrive_next_sibling, uniform_samples,
             uniform_samples_for_final_sampling, target_probs, draft_probs, **kw)
