@@ -374,10 +374,17 @@ def per_slot_state_bytes(recurrent_config: Any, attn_tp_size: int) -> int:
     """One state slot's bytes (conv + SSM state, every recurrent layer, this rank's share), as
     SGLang sizes it (``mamba2_cache_params.mamba_cache_per_req``). Usable before the runtime
     context is published: the parallel width is supplied for the duration of the read."""
+    from sglang.srt import runtime_context
     from sglang.srt.runtime_context import get_parallel
 
-    with get_parallel().override(attn_tp_size=int(attn_tp_size),
-                                 enable_cp_tp_group_sharing=False):
+    widths = {"attn_tp_size": int(attn_tp_size)}
+    # Seam (API difference): the CP/TP group-sharing switch, which picks the group the state
+    # is split over, is a parallel field from 0.5.20; 0.5.19 splits over attention TP only.
+    known = getattr(runtime_context, "_parallel_fields", None)
+    known = known() if callable(known) else getattr(runtime_context, "_PARALLEL_FIELDS", ())
+    if "enable_cp_tp_group_sharing" in known:
+        widths["enable_cp_tp_group_sharing"] = False
+    with get_parallel().override(**widths):
         params = recurrent_config.mamba2_cache_params
     return int(params.mamba_cache_per_req)
 
