@@ -605,12 +605,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         accept_lens = result.accept_lens  # committed tokens per request (root + accepted)
         new_seq_lens = result.new_seq_lens
-        accept_index = getattr(result, "accept_index", None)
-        if accept_index is not None:  # 0.5.20+ return EAGLE's accept_index
-            self._ddtree_count_offchain(accept_index, parent_list, top_scores_index, k)
-        else:  # 0.5.19: the accepted tokens, at the front after the path compaction
-            self._ddtree_count_offchain_by_tokens(result.next_token_ids, accept_lens,
-                                                  tokens[..., :k], n)
+        accept_index = getattr(result, "accept_index", None)  # 0.5.20+; 0.5.19 returns none
+        self._ddtree_count_offchain(
+            accept_index, parent_list, top_scores_index, k,
+            accepted=None if accept_index is not None else self._ddtree_offchain_by_tokens(
+                result.next_token_ids, accept_lens, tokens[..., :k], n))
         counts = self._ddtree_counts[state.index]  # (steps, request-steps, committed tokens)
         counts[0] += 1
         counts[1] += bs
@@ -655,29 +654,35 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             extra_keep_alive_refs=result.extra_keep_alive_refs,
         )
 
-    def _ddtree_count_offchain(self, accept_index, parent_list, top_scores_index, k) -> None:
-        """Device-side: +1 when some request's accepted path holds a node of rank > 0."""
-        bs, n = top_scores_index.shape[0], top_scores_index.shape[1] + 1
-        node = (accept_index.to(torch.int64) - (torch.arange(bs, device=accept_index.device)
-                                                * n).unsqueeze(1))
-        ok = (accept_index >= 0) & (node > 0)
-        ranks = top_scores_index.gather(1, (node - 1).clamp(min=0, max=n - 2)) % k
+    def _ddtree_count_offchain(self, accept_index, parent_list, top_scores_index, k,
+                               accepted=None) -> None:
+        """Device-side: +1 when some request's accepted path holds a node of rank > 0.
+        ``accepted``: (accepted, rank > 0) per path position where the release returns no
+        accept_index (``_ddtree_offchain_by_tokens``)."""
+        if accepted is None:
+            bs, n = top_scores_index.shape[0], top_scores_index.shape[1] + 1
+            node = (accept_index.to(torch.int64) - (torch.arange(bs, device=accept_index.device)
+                                                    * n).unsqueeze(1))
+            ok = (accept_index >= 0) & (node > 0)
+            ranks = top_scores_index.gather(1, (node - 1).clamp(min=0, max=n - 2)) % k
+        else:
+            ok, ranks = accepted
         self._ddtree_offchain += (ok & (ranks > 0)).any().to(torch.int64)
         self._ddtree_steps += 1
 
-    def _ddtree_count_offchain_by_tokens(self, next_token_ids, accept_lens, tokens, n) -> None:
-        """The same count where ``run_eagle_verify`` returns no accept_index (0.5.19): the node
-        of rank r at depth d carries the draft's token ``tokens[b, d - 1, r]`` and the K tokens
-        of one depth are distinct, so an accepted path left the first-ranked chain exactly when
-        one of its draft tokens (the front of ``next_token_ids``, ``accept_lens - 1`` of them
-        per request: the bonus is the target's) is not that depth's rank-0 token. Device-only."""
+    @staticmethod
+    def _ddtree_offchain_by_tokens(next_token_ids, accept_lens, tokens, n):
+        """(accepted, rank > 0) per draft depth where ``run_eagle_verify`` returns no
+        accept_index (0.5.19): the node of rank r at depth d carries the draft's token
+        ``tokens[b, d - 1, r]`` and the K tokens of one depth are distinct, so an accepted node
+        is off the first-ranked chain exactly when its token (the front of ``next_token_ids``
+        after the path compaction, ``accept_lens - 1`` drafts per request: the bonus is the
+        target's) is not its depth's rank-0 token. Device-only, [bs, depth] each."""
         bs, depth = tokens.shape[0], tokens.shape[1]
         front = next_token_ids[: bs * n].view(bs, n)[:, :depth].to(torch.int64)  # [bs, depth]
         accepted = (torch.arange(depth, device=front.device).unsqueeze(0)
                     < (accept_lens.to(torch.int64) - 1).unsqueeze(1))
-        off = accepted & (front != tokens[:, :, 0].to(torch.int64))
-        self._ddtree_offchain += off.any().to(torch.int64)
-        self._ddtree_steps += 1
+        return accepted, (front != tokens[:, :, 0].to(torch.int64)).to(torch.int64)
 
     # ---------------------------------------------------------------------------------
     # Reporting (/server_info internal_states; read on request, never in the decode step)

@@ -223,7 +223,8 @@ def test_worker_file_carries_the_tree_marker_and_no_host_sync_in_decode():
     marker = [n for n in cls.body if isinstance(n, ast.Assign)
               and any(getattr(t, "id", None) == "DDTREE_TREE_VERIFY" for t in n.targets)]
     assert marker and marker[0].value.value is True
-    decode = {"_ddtree_build", "_ddtree_verify_and_commit", "_ddtree_count_offchain"}
+    decode = {"_ddtree_build", "_ddtree_verify_and_commit", "_ddtree_count_offchain",
+              "_ddtree_offchain_by_tokens"}
     for fn in cls.body:
         if isinstance(fn, ast.FunctionDef) and fn.name in decode:
             calls = {n.func.attr for n in ast.walk(fn)
