@@ -368,6 +368,12 @@ def make_harness():
             else:  # 0.5.19: the scoped override, held open for the harness's life
                 self._ranks_scope = get_parallel().override(**ranks)
                 self._ranks_scope.__enter__()
+                # 0.5.19's parallel linear layers ask parallel_state's TP group themselves
+                # (0.5.20+ ask the runtime context): the same one-rank group.
+                from sglang.srt.layers import linear
+
+                if hasattr(linear, "get_tp_group"):
+                    linear.get_tp_group = _OneRankGroup
             from v2_hybrid_kinds import KINDS
 
             self.kind = KINDS[kind_name](self.torch)
