@@ -83,7 +83,7 @@ def recurrent_kind(model_config: Any) -> Optional[tuple[Kind, Any]]:
     """(kind, the config SGLang builds the recurrent cache from) of a target, or None for a
     pure-attention target. ``model_config``: SGLang's ``ModelConfig``. Follows the order in
     which ``attention_registry`` picks the linear-attention backend, with SGLang's own
-    predicates (``configs/hybrid_arch.py``, the same in 0.5.20 - 0.5.23)."""
+    predicates (``configs/hybrid_arch.py``: the same in 0.5.19 - 0.5.23 but for GLM-5 Next)."""
     from sglang.srt import configs
     from sglang.srt.configs import hybrid_arch as arch
 
@@ -111,8 +111,11 @@ def recurrent_kind(model_config: Any) -> Optional[tuple[Kind, Any]]:
         if mamba1 and isinstance(mamba2, mamba1):
             return KINDS["mamba1"], recurrent
         return KINDS["mamba2"], recurrent
-    if arch.kimi_linear_config(model_config) is not None or arch.glm5_next_config(
-            model_config) is not None:
+    # Seam (API difference): GLM-5 Next's predicate arrives with 0.5.20; 0.5.14 - 0.5.19 have
+    # only Kimi Linear on the KDA backend.
+    glm5_next = getattr(arch, "glm5_next_config", None)
+    if arch.kimi_linear_config(model_config) is not None or (
+            glm5_next is not None and glm5_next(model_config) is not None):
         return KINDS["kda"], recurrent
     if arch.hybrid_lightning_config(model_config) is not None:
         return KINDS["lightning"], recurrent
@@ -371,10 +374,17 @@ def per_slot_state_bytes(recurrent_config: Any, attn_tp_size: int) -> int:
     """One state slot's bytes (conv + SSM state, every recurrent layer, this rank's share), as
     SGLang sizes it (``mamba2_cache_params.mamba_cache_per_req``). Usable before the runtime
     context is published: the parallel width is supplied for the duration of the read."""
+    from sglang.srt import runtime_context
     from sglang.srt.runtime_context import get_parallel
 
-    with get_parallel().override(attn_tp_size=int(attn_tp_size),
-                                 enable_cp_tp_group_sharing=False):
+    widths = {"attn_tp_size": int(attn_tp_size)}
+    # Seam (API difference): the CP/TP group-sharing switch, which picks the group the state
+    # is split over, is a parallel field from 0.5.20; 0.5.19 splits over attention TP only.
+    known = getattr(runtime_context, "_parallel_fields", None)
+    known = known() if callable(known) else getattr(runtime_context, "_PARALLEL_FIELDS", ())
+    if "enable_cp_tp_group_sharing" in known:
+        widths["enable_cp_tp_group_sharing"] = False
+    with get_parallel().override(**widths):
         params = recurrent_config.mamba2_cache_params
     return int(params.mamba_cache_per_req)
 

@@ -148,6 +148,44 @@ class _DDTreeWidth:
         self.graph_runner = None
 
 
+# ---------------------------------------------------------------------------------------------
+# Seams: one per API difference between the releases the v2 families cover (0.5.19 - 0.5.23;
+# docs/patches-v2.md, "Families before 0.5.20"). Each follows DFlashWorkerV2 of the release
+# it runs in, found by what the release has, never by its version number.
+
+
+def _plan_kv_locs(target_runner, **plan):
+    """The draft block's KV-location plan: 0.5.20+ translate virtual KV ids through the
+    runner's ``kv_index_translator.plan`` (a KVLocPlan, bound to the ForwardBatch); 0.5.19's
+    translator has no ``plan`` (ForwardBatch.init_new rebinds write locations itself) and its
+    DFlashWorkerV2 writes the draft KV at the target's cache locations directly (None)."""
+    plan_fn = getattr(getattr(target_runner, "kv_index_translator", None), "plan", None)
+    return None if plan_fn is None else plan_fn(**plan)
+
+
+def _token_count_fields(tokens: int, device) -> dict:
+    """ForwardBatch's non-padded token counts as DFlashWorkerV2 of this release fills them:
+    0.5.20+ carry ``num_token_non_padded`` (when enabled) and its global host twin; 0.5.19's
+    draft block carries neither."""
+    enabled = getattr(_dfw, "enable_num_token_non_padded", None)
+    if enabled is None:
+        return {}
+    return {
+        "num_token_non_padded": (torch.full((), tokens, dtype=torch.int32, device=device)
+                                 if enabled() else None),
+        "global_num_token_non_padded_cpu": tokens,
+    }
+
+
+def _draft_tp_scope(worker):
+    """The draft's TP scope: 0.5.20+ run the draft under ``draft_tp_context`` (its own
+    parallel layout); 0.5.19's draft runs in the target's TP group (no scope)."""
+    scope = getattr(_dfw, "draft_tp_context", None)
+    if scope is None:
+        return contextlib.nullcontext()
+    return scope(worker.draft_parallel_layout)
+
+
 class DDTreeWorkerV2(DFlashWorkerV2):
     """DFlash draft, DDTree tree, EAGLE tree verify; see the module docstring."""
 
@@ -434,7 +472,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             noise = noise * self._noise_embed_scale
         positions = positions_2d.reshape(-1)
         cache_loc = cache_loc_2d.reshape(-1)
-        kv_loc_plan = self.target_worker.model_runner.kv_index_translator.plan(
+        kv_loc_plan = _plan_kv_locs(
+            self.target_worker.model_runner,
             req_pool_indices=batch.req_pool_indices,
             seq_lens=prefix_lens,
             seq_lens_cpu=(
@@ -469,16 +508,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             spec_algorithm=dfw.SpeculativeAlgorithm.DFLASH,
             spec_info=self._draft_block_spec_info,
             capture_hidden_mode=dfw.CaptureHiddenMode.NULL,
-            num_token_non_padded=(
-                torch.full((), bs * block, dtype=torch.int32, device=device)
-                if dfw.enable_num_token_non_padded()
-                else None
-            ),
-            global_num_token_non_padded_cpu=bs * block,
             can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
+            **_token_count_fields(bs * block, device),
         )
-        kv_loc_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
-        with torch.inference_mode(), dfw.draft_tp_context(self.draft_parallel_layout):
+        if kv_loc_plan is not None:
+            kv_loc_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        with torch.inference_mode(), _draft_tp_scope(self):
             draft_out = self.draft_model_runner.forward(forward_batch)
             if self._ddtree_head is not None and draft_out.can_run_graph:
                 logprobs, tokens = self._ddtree_head.read(bs)  # filled inside the graph
@@ -570,7 +605,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         accept_lens = result.accept_lens  # committed tokens per request (root + accepted)
         new_seq_lens = result.new_seq_lens
-        self._ddtree_count_offchain(result.accept_index, parent_list, top_scores_index, k)
+        accept_index = getattr(result, "accept_index", None)  # 0.5.20+; 0.5.19 returns none
+        self._ddtree_count_offchain(
+            accept_index, parent_list, top_scores_index, k,
+            accepted=None if accept_index is not None else self._ddtree_offchain_by_tokens(
+                result.next_token_ids, accept_lens, tokens[..., :k], n))
         counts = self._ddtree_counts[state.index]  # (steps, request-steps, committed tokens)
         counts[0] += 1
         counts[1] += bs
@@ -587,7 +626,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         width = min(n, int(self.block_size))
         # (Rows past bs * n are TP/EP alignment padding.)
         hidden = hidden[: bs * n].view(bs, n, -1)[:, :width]
-        cache_loc_2d = self._draft_write_ids(window["kv_loc_plan"]).view(bs, -1)[:, :width]
+        cache_loc_2d = (window["cache_loc_2d"] if window["kv_loc_plan"] is None
+                        else self._draft_write_ids(window["kv_loc_plan"]).view(bs, -1))[:, :width]
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=hidden.reshape(-1, hidden.shape[-1]),
             cache_loc=cache_loc_2d.reshape(-1),
@@ -614,15 +654,35 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             extra_keep_alive_refs=result.extra_keep_alive_refs,
         )
 
-    def _ddtree_count_offchain(self, accept_index, parent_list, top_scores_index, k) -> None:
-        """Device-side: +1 when some request's accepted path holds a node of rank > 0."""
-        bs, n = top_scores_index.shape[0], top_scores_index.shape[1] + 1
-        node = (accept_index.to(torch.int64) - (torch.arange(bs, device=accept_index.device)
-                                                * n).unsqueeze(1))
-        ok = (accept_index >= 0) & (node > 0)
-        ranks = top_scores_index.gather(1, (node - 1).clamp(min=0, max=n - 2)) % k
+    def _ddtree_count_offchain(self, accept_index, parent_list, top_scores_index, k,
+                               accepted=None) -> None:
+        """Device-side: +1 when some request's accepted path holds a node of rank > 0.
+        ``accepted``: (accepted, rank > 0) per path position where the release returns no
+        accept_index (``_ddtree_offchain_by_tokens``)."""
+        if accepted is None:
+            bs, n = top_scores_index.shape[0], top_scores_index.shape[1] + 1
+            node = (accept_index.to(torch.int64) - (torch.arange(bs, device=accept_index.device)
+                                                    * n).unsqueeze(1))
+            ok = (accept_index >= 0) & (node > 0)
+            ranks = top_scores_index.gather(1, (node - 1).clamp(min=0, max=n - 2)) % k
+        else:
+            ok, ranks = accepted
         self._ddtree_offchain += (ok & (ranks > 0)).any().to(torch.int64)
         self._ddtree_steps += 1
+
+    @staticmethod
+    def _ddtree_offchain_by_tokens(next_token_ids, accept_lens, tokens, n):
+        """(accepted, rank > 0) per draft depth where ``run_eagle_verify`` returns no
+        accept_index (0.5.19): the node of rank r at depth d carries the draft's token
+        ``tokens[b, d - 1, r]`` and the K tokens of one depth are distinct, so an accepted node
+        is off the first-ranked chain exactly when its token (the front of ``next_token_ids``
+        after the path compaction, ``accept_lens - 1`` drafts per request: the bonus is the
+        target's) is not its depth's rank-0 token. Device-only, [bs, depth] each."""
+        bs, depth = tokens.shape[0], tokens.shape[1]
+        front = next_token_ids[: bs * n].view(bs, n)[:, :depth].to(torch.int64)  # [bs, depth]
+        accepted = (torch.arange(depth, device=front.device).unsqueeze(0)
+                    < (accept_lens.to(torch.int64) - 1).unsqueeze(1))
+        return accepted, (front != tokens[:, :, 0].to(torch.int64)).to(torch.int64)
 
     # ---------------------------------------------------------------------------------
     # Reporting (/server_info internal_states; read on request, never in the decode step)

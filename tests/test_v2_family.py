@@ -1,10 +1,14 @@
-"""The v2 family (patches/sglang-0.5.20/) against every release it claims, with real wheels.
+"""The v2 families against every release they claim, with real wheels: ``sglang-0.5.20``
+(0.5.20 - 0.5.23) and ``sglang-0.5.19`` (0.5.19, the last CUDA 12 lane; the same payload, the
+spec fields in server_args.py).
 
 - ``ddtree-deploy check --release V`` (the CLI, as a user runs it) applies and compiles the
-  whole series on 0.5.20, 0.5.21, 0.5.22 and 0.5.23, without fuzz; GNU ``patch -F0`` (the
-  oracle) lands the same hunks and gives the same bytes.
-- ``matrix`` over 0.5.20 - 0.5.23 says ``ok`` with this family on each release, and
-  ``matrix --import`` on 0.5.23 passes the import, cli and tree levels in a throwaway venv.
+  whole series on each release, without fuzz (0.5.19 and 0.5.23: every hunk exact); GNU
+  ``patch -F0`` (the oracle) lands the same hunks and gives the same bytes, and so does
+  ``git apply`` (no fuzz by design).
+- ``matrix`` over each family's range says ``ok`` with that family on each release, and
+  ``matrix --import`` on each family's newest release passes the import, cli and tree levels
+  in a throwaway venv.
 - Never silently linear: the tree level (ddtree_deploy/release/matrix_import.py) fails a series
   that registers DDTREE without the worker, and one whose worker does not tree-verify.
 """
@@ -22,38 +26,51 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 FAMILY = REPO / "patches" / "sglang-0.5.20"
 RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
+# Every v2 family: its releases (each one checked), releases just outside its range, and the
+# releases whose hunks are all exact (the others land at offsets).
+FAMILIES = {
+    "sglang-0.5.20": (RELEASES, ("0.5.19", "0.5.24", "0.5.13.post1", "0.5.12.post1"), ("0.5.23",)),
+    "sglang-0.5.19": (("0.5.19",), ("0.5.18", "0.5.20", "0.5.19rc0"), ("0.5.19",)),
+}
+PER_RELEASE = [(family, version) for family, (releases, _, _) in FAMILIES.items()
+               for version in releases]
 
 # `sglang_env` on the tests that run the release in a venv (matrix --import, the tree level);
 # the others read the wheels (check, GNU patch, matrix) or are pure.
 
 
-def test_family_range_is_the_releases_it_is_proven_on():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_range_is_the_releases_it_is_proven_on(family):
     from packaging.version import Version
 
     from ddtree_deploy.engine.series import load_family
 
-    spec = load_family(FAMILY).info.specifier
-    assert all(Version(v) in spec for v in RELEASES)
-    for outside in ("0.5.19", "0.5.24", "0.5.13.post1", "0.5.12.post1"):
-        assert Version(outside) not in spec, outside
+    releases, outside, _ = FAMILIES[family]
+    spec = load_family(REPO / "patches" / family).info.specifier
+    assert all(Version(v) in spec for v in releases)
+    for version in outside:
+        assert Version(version) not in spec, version
 
 
-@pytest.mark.parametrize("version", RELEASES)
-def test_check_release_applies_and_compiles(version, tmp_path):
+@pytest.mark.parametrize("family,version", PER_RELEASE)
+def test_check_release_applies_and_compiles(family, version, tmp_path):
     from ddtree_deploy.sandbox import release_wheel
 
     release_wheel(version)  # cached once (sha256-checked against PyPI)
     done = subprocess.run(
-        [sys.executable, "-m", "ddtree_deploy", "check", "--release", version, "--family", "sglang-0.5.20",
-         "--json"], capture_output=True, text=True, timeout=600, cwd=REPO,
+        [sys.executable, "-m", "ddtree_deploy", "check", "--release", version, "--json"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
         env={**_env(), "DDTREE_DEPLOY_SNAPSHOT": str(tmp_path / "snapshot")})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["ok"] is True
-    assert report["family"] == "sglang-0.5.20" and report["compile_errors"] == []
+    # No --family: the release picks its family by the ranges.
+    assert report["family"] == family and report["compile_errors"] == []
     counts = report["hunks"]
     assert counts["fuzz"] == 0 and counts["failed"] == 0 and counts["already-applied"] == 0, counts
     assert counts["exact"] + counts["offset"] == 5, counts
+    if version in FAMILIES[family][2]:
+        assert counts["exact"] == 5, counts
 
 
 def _env() -> dict:
@@ -62,44 +79,48 @@ def _env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("DDTREE_DEPLOY_")}
 
 
-@pytest.mark.parametrize("version", RELEASES)
-def test_gnu_patch_agrees_with_the_check_layer(version, tmp_path):
+@pytest.mark.parametrize("family,version", PER_RELEASE)
+def test_gnu_patch_and_git_apply_agree_with_the_check_layer(family, version, tmp_path):
     from ddtree_deploy.sandbox import pristine_files
 
     from ddtree_deploy.engine.check import check_series
     from ddtree_deploy.engine.series import PatchEntry, load_family
 
-    series = load_family(FAMILY)
+    series = load_family(REPO / "patches" / family)
     pristine = pristine_files(version)
     report = check_series(series, {p: pristine.get(p) for p in series.touched_paths()})
     assert report.ok
-    for entry in series.entries:
-        if isinstance(entry, PatchEntry):
+    patches = [entry for entry in series.entries if isinstance(entry, PatchEntry)]
+    for tool in ("patch", "git"):
+        tree = tmp_path / tool
+        for entry in patches:
             for fp in entry.file_patches:
-                (tmp_path / fp.path).parent.mkdir(parents=True, exist_ok=True)
-                (tmp_path / fp.path).write_bytes(pristine[fp.path])
-    for entry in series.entries:
-        if isinstance(entry, PatchEntry):
-            done = subprocess.run(["patch", "-p1", "-F0", "-N", "--no-backup-if-mismatch", "-i", str(entry.file)],
-                                  cwd=tmp_path, capture_output=True, text=True)
-            assert done.returncode == 0, done.stdout + done.stderr
+                (tree / fp.path).parent.mkdir(parents=True, exist_ok=True)
+                (tree / fp.path).write_bytes(pristine[fp.path])
+        for entry in patches:
+            argv = (["patch", "-p1", "-F0", "-N", "--no-backup-if-mismatch", "-i", str(entry.file)]
+                    if tool == "patch" else
+                    ["git", "apply", "--unsafe-paths", "-p1", "--directory=.", str(entry.file)])
+            done = subprocess.run(argv, cwd=tree, capture_output=True, text=True)
+            assert done.returncode == 0, (tool, done.stdout + done.stderr)
             assert "fuzz" not in done.stdout, done.stdout
-    for entry in series.entries:
-        if isinstance(entry, PatchEntry):
+        for entry in patches:
             for fp in entry.file_patches:
-                assert (tmp_path / fp.path).read_bytes() == report.patched[fp.path].patched, fp.path
+                assert (tree / fp.path).read_bytes() == report.patched[fp.path].patched, (tool, fp.path)
 
 
-def test_matrix_says_ok_on_every_release_of_the_range(monkeypatch):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_matrix_says_ok_on_every_release_of_the_range(family, monkeypatch):
     from ddtree_deploy.release.matrix_run import run_matrix
 
     for name in ("DDTREE_DEPLOY_PATCHES", "DDTREE_DEPLOY_PAYLOAD"):
         monkeypatch.delenv(name, raising=False)
-    m = run_matrix(from_version=RELEASES[0], to_version=RELEASES[-1], offline=True, jobs=1)
+    releases = FAMILIES[family][0]
+    m = run_matrix(from_version=releases[0], to_version=releases[-1], offline=True, jobs=1)
     rows = {r.version: r for r in m.rows}
-    assert set(RELEASES) <= set(rows)
-    for version in RELEASES:
-        assert rows[version].family == "sglang-0.5.20", version
+    assert set(releases) <= set(rows)
+    for version in releases:
+        assert rows[version].family == family, version
         assert rows[version].verdict == "ok", (version, rows[version].why)
 
 
@@ -108,14 +129,17 @@ def test_matrix_says_ok_on_every_release_of_the_range(monkeypatch):
 
 
 @pytest.mark.sglang_env
-def test_matrix_import_passes_the_tree_level_on_0_5_23(monkeypatch):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_matrix_import_passes_the_tree_level_on_the_newest_release(family, monkeypatch):
     from ddtree_deploy.release.matrix_run import run_matrix
 
     for name in ("DDTREE_DEPLOY_PATCHES", "DDTREE_DEPLOY_PAYLOAD"):
         monkeypatch.delenv(name, raising=False)
-    m = run_matrix(from_version="0.5.23", to_version="0.5.23", offline=True, jobs=1, import_smoke=True)
-    row = next(r for r in m.rows if r.version == "0.5.23")
+    newest = FAMILIES[family][0][-1]
+    m = run_matrix(from_version=newest, to_version=newest, offline=True, jobs=1, import_smoke=True)
+    row = next(r for r in m.rows if r.version == newest)
     levels = {lv: (st, d) for lv, st, d in row.smoke}
+    assert row.family == family
     assert [lv for lv, _, _ in row.smoke] == ["import", "cli", "tree"]
     assert all(st == "passed" for st, _ in levels.values()), levels
     assert "verify width 33 = budget 32 + 1" in levels["tree"][1]

@@ -1,15 +1,16 @@
-"""DDTree on hybrid targets (attention + Mamba2 / GDN / KDA layers) on the v2 family (SGLang
-0.5.20 - 0.5.23): payload/ddtree_hybrid.py, the plugin's hybrid gate and the worker's start-up.
+"""DDTree on hybrid targets (attention + Mamba2 / GDN / KDA layers) on the v2 families (SGLang
+0.5.19 - 0.5.23): payload/ddtree_hybrid.py, the plugin's hybrid gate and the worker's start-up.
 
 Three layers:
 
 1. In this interpreter (no SGLang): the recurrent memory term of ``max_running_requests``
    (B + 1 intermediate states per running request) and its refusal text.
-2. The sources, in each release's wheel (0.5.20 - 0.5.23): the SGLang lines the design rests on
+2. The sources, in each release's wheel (0.5.19 - 0.5.23): the SGLang lines the design rests on
    (the tree-aware commit that EAGLE's verify runs before moving the accepted path, the hybrid
    backend's ``topk > 1`` switch, the kinds without a tree path refusing it, the chain commit of
    DFlash the negative control uses, the host checks the probe answers).
-3. In a host environment with the real 0.5.23 wheel plus the v2 family's series
+3. In a host environment with the real release wheel plus its v2 family's series, once per
+   family (0.5.23 with sglang-0.5.20, 0.5.19 with sglang-0.5.19)
    (tests/v2_hybrid_probe.py, run with ``SGLANG_USE_CPU_ENGINE=1 TRITON_INTERPRET=1``): for GDN,
    KDA and Mamba2 (SGLang's own MambaMixer2), the worker's whole decode step on SGLang's hybrid
    pools and backends with the Triton recurrent kernels in Triton's CPU interpreter: tokens ==
@@ -50,8 +51,10 @@ hy = payload("ddtree_hybrid")  # payload/ddtree_hybrid.py, as SGLang imports it
 
 PROBE = REPO / "tests" / "v2_hybrid_probe.py"
 GPU_SCRIPT = REPO / "scripts" / "gpu_check_hybrid.py"
-RELEASES = ("0.5.20", "0.5.21", "0.5.22", "0.5.23")
+RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PROBE_RELEASE = "0.5.23"
+# The release each v2 family's hybrid probe runs on (one probe per family).
+PROBE_TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19"}
 
 
 def _probe_module():
@@ -208,9 +211,23 @@ def test_the_sources_the_hybrid_design_rests_on(release, fact):
         assert re.search(pattern, text), f"{release} {fact}: {pattern!r} not found in {paths}"
 
 
-def test_mamba2_picks_its_gpu_with_a_device_context_the_probe_gives_torch_cpu():
-    text = _source(PROBE_RELEASE, ["sglang/kernels/ops/mamba/triton_ops/mamba_ssm.py"])
+@pytest.mark.parametrize("release", list(PROBE_TARGETS))
+def test_mamba2_picks_its_gpu_with_a_device_context_the_probe_gives_torch_cpu(release):
+    text = _source(release, ["sglang/kernels/ops/mamba/triton_ops/mamba_ssm.py"])
     assert "with torch.get_device_module(x.device).device(x.device.index):" in text
+
+
+def test_the_probe_answers_0_5_19s_hard_coded_cuda_pool_line():
+    # tests/v2_hybrid_probe.py's _cuda_allocations_on_cpu: 0.5.19's MambaPool writes the device
+    # of its speculative caches out as "cuda" (the intermediate SSM states, the conv windows and
+    # their sliding-window buffer), every one a torch.zeros; 0.5.23 passes the pool's device.
+    old = _source("0.5.19", ["sglang/srt/mem_cache/memory_pool.py"]).splitlines()
+    new = _source("0.5.23", ["sglang/srt/mem_cache/memory_pool.py"])
+    at = [n for n, line in enumerate(old) if 'device="cuda"' in line]
+    assert len(at) == 3 and 'device="cuda"' not in new
+    for n in at:
+        assert any("torch.zeros(" in line for line in old[n - 12:n]), old[n]
+    assert any("intermediate_ssm_state_cache = torch.zeros(" in line for line in old[at[1] - 12:at[1]])
 
 
 def _gpu_script():
@@ -221,16 +238,19 @@ def _gpu_script():
     return module
 
 
-def test_the_probe_answers_exactly_the_cuda_only_host_checks_it_names():
+@pytest.mark.parametrize("release", list(PROBE_TARGETS))
+def test_the_probe_answers_exactly_the_cuda_only_host_checks_it_names(release):
     # The CPU runs (tests/v2_hybrid_probe.py, the GPU script's --device cpu) hand the commit's
     # scatter launchers CPU tensors whose is_cuda answers True: that must be the ONLY device
     # check on their way to the Triton kernel.
-    text = _source(PROBE_RELEASE, ["sglang/kernels/ops/mamba/mamba_state_scatter_triton.py"])
+    text = _source(release, ["sglang/kernels/ops/mamba/mamba_state_scatter_triton.py"])
     for name in _gpu_script().SHIMMED_LAUNCHERS:
         body = text.split(f"def {name}(", 1)[1].split("\ndef ", 1)[0]
-        checks = re.findall(r"if not \(dst\.is_cuda or dst\.is_xpu\)", body)
+        # 0.5.23: `if not (dst.is_cuda or dst.is_xpu)`; 0.5.19 asks src too (the shim hands
+        # both as tensors whose is_cuda answers True).
+        checks = re.findall(r"if not .*\b(?:dst|src)\.is_cuda\b.*:", body)
         assert len(checks) == 1, (name, checks)
-        assert "is_cuda" not in body.replace("dst.is_cuda", ""), name
+        assert "is_cuda" not in re.sub(r"\b(?:dst|src)\.is_cuda\b", "", body), name
         assert re.search(r"_kernel\[grid\]\(", body), name
 
 
@@ -238,17 +258,19 @@ def test_the_probe_answers_exactly_the_cuda_only_host_checks_it_names():
 # 3. the real release, on CPU, with the Triton kernels interpreted
 
 
-@pytest.fixture(scope="module")
-def probe_results(tmp_path_factory) -> dict:
+@pytest.fixture(scope="module", params=list(PROBE_TARGETS))
+def probe_results(tmp_path_factory, request) -> dict:
     from test_v2_worker import _family_overlay
 
     from ddtree_deploy.sandbox import make_host_env, run_python
     import v2_kernel_standins as ks
 
-    overlay = _family_overlay(tmp_path_factory.mktemp("series"))
+    release = request.param
+    overlay = _family_overlay(tmp_path_factory.mktemp("series"), release,
+                              REPO / "patches" / PROBE_TARGETS[release])
     assert "sglang/srt/speculative/ddtree_hybrid.py" in overlay
     env = make_host_env(tmp_path_factory.mktemp("host") / "v2", overlay=overlay,
-                        version=PROBE_RELEASE)
+                        version=release)
     standin = ks.install_as_sgl_kernel(tmp_path_factory.mktemp("standin"))
     probe = _probe_module()
     run = run_python(

@@ -1,12 +1,13 @@
-"""DDTREE server arguments on the REAL patched SGLang 0.5.23, on CPU (the v2 family).
+"""DDTREE server arguments on the REAL patched SGLang, on CPU (the v2 families).
 
-The family (patches/sglang-0.5.20/) is applied in memory by the toolkit's check layer to the
-0.5.23 wheel's own files, overlaid on a host environment (ddtree_deploy/sandbox/hostenv.py), and its
+Once per v2 family, on its newest release: 0.5.23 with patches/sglang-0.5.20/, 0.5.19 with
+patches/sglang-0.5.19/ (the spec fields in server_args.py). The family is applied in memory by
+the toolkit's check layer to the release wheel's own files, overlaid on a host environment (ddtree_deploy/sandbox/hostenv.py), and its
 interpreter runs the probe at the bottom of this file: real ``ServerArgs`` on the tiny
 config-only model folders of tests/data/models, resolved by SGLang's own pipeline
 (``resolve_once``), then published to the runtime context as a scheduler would. ``device``
 is "cuda" (DFLASH, and so DDTREE, refuses "cpu"); nothing here touches a GPU. A pristine
-0.5.23 environment runs DFLASH as the baseline, and DDTREE there is an unknown algorithm.
+environment of the same release runs DFLASH as the baseline, and DDTREE there is an unknown algorithm.
 
 No stand-in: the worker class is imported for real (0.5.23's v2 DFlash worker imports on CPU).
 """
@@ -25,6 +26,19 @@ FAMILY = REPO / "patches" / "sglang-0.5.20"
 MODELS = REPO / "tests" / "data" / "models"
 RELEASE = "0.5.23"
 PROBE_TAG = "PROBE-JSON:"
+# The release each v2 family is probed on (its newest): one probe per family.
+TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19"}
+# Cases whose option or model the older release lacks, and what that release answers instead
+# (SGLang's own error, DDTREE or not: 0.5.19 has no draft sink or block verification, and its
+# ModelConfig cannot read a Mamba-1 config at all, with DFLASH as with DDTREE).
+ELSEWHERE = {
+    "0.5.19": {
+        "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
+        "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
+        "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
+        "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
+    },
+}
 
 pytestmark = pytest.mark.sglang_env
 
@@ -283,13 +297,22 @@ def _probe(env, what: str, *args: str) -> dict:
     return json.loads(lines[-1][len(PROBE_TAG):])
 
 
+@pytest.fixture(scope="module", params=list(TARGETS))
+def release(request) -> str:
+    if os.environ.get("DDTREE_V2_HOST_ENV") and request.param != RELEASE:
+        pytest.skip("the mutant runner's one env is 0.5.23's")
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def patched_env(tmp_path_factory):
+def patched_env(tmp_path_factory, release):
     from ddtree_deploy.sandbox import make_host_env
 
     reuse = os.environ.get("DDTREE_V2_HOST_ENV")  # the mutant runner's one env
+    family = REPO / "patches" / TARGETS[release]
     return make_host_env(Path(reuse) if reuse else tmp_path_factory.mktemp("v2") / "patched",
-                         overlay=_family_overlay(RELEASE), version=RELEASE, reuse=bool(reuse), read_only=not reuse)
+                         overlay=_family_overlay(release, family), version=release,
+                         reuse=bool(reuse), read_only=not reuse)
 
 
 @pytest.fixture(scope="module")
@@ -327,9 +350,13 @@ def test_ddtree_resolves(resolved, name):
 
 
 @pytest.mark.parametrize("name", REFUSALS)
-def test_ddtree_refuses_with_one_line(resolved, name):
+def test_ddtree_refuses_with_one_line(resolved, release, name):
     got = resolved[name]
     assert "error" in got, f"{name} was accepted: {got.get('fields')}"
+    instead = ELSEWHERE.get(release, {}).get(name)
+    if instead is not None:  # the release itself lacks the option or the model kind
+        assert instead in got["error"], got["error"]
+        return
     assert got["type"] == "ValueError"
     assert "\n" not in got["error"].strip(), got["error"]
     assert CASES[name][1] in got["error"], got["error"]
@@ -402,12 +429,12 @@ def test_launch_server_help_lists_the_flags(patched_env):
     assert "--speculative-ddtree-allow-hybrid-unsafe" not in run.stdout
 
 
-def test_pristine_release_baseline(tmp_path):
-    # The same probe on the unpatched 0.5.23: DFLASH resolves as DFlash (verify width = the
+def test_pristine_release_baseline(tmp_path, release):
+    # The same probe on the unpatched release: DFLASH resolves as DFlash (verify width = the
     # block, topk 1) and DDTREE is unknown, so the cases above measure the family.
     from ddtree_deploy.sandbox import make_host_env
 
-    env = make_host_env(tmp_path / "pristine", version=RELEASE, read_only=True)
+    env = make_host_env(tmp_path / "pristine", version=release, read_only=True)
     got = _probe(env, "resolve", json.dumps({"dflash": {"speculative_algorithm": "DFLASH"}, "ddtree": {}}))
     dflash = got["dflash"]["fields"]
     assert dflash["speculative_num_draft_tokens"] == 16 and dflash["speculative_eagle_topk"] == 1

@@ -1,4 +1,6 @@
-"""DDTree on SGLang's v2 worker (payload/ddtree_worker_v2.py) against the REAL SGLang 0.5.23.
+"""DDTree on SGLang's v2 worker (payload/ddtree_worker_v2.py) against the REAL SGLang, once per
+v2 family: 0.5.23 (patches/sglang-0.5.20/) and 0.5.19 (patches/sglang-0.5.19/, where the payload's
+seams take 0.5.19's spellings: no KV-location plan, no accept_index from run_eagle_verify).
 
 Two layers:
 
@@ -8,7 +10,7 @@ Two layers:
    the full-vocabulary top-K; ``decode_reserve`` is what the overlap scheduler needs. (The
    lineage against EAGLE's CUDA tree ABI: tests/test_v2_tree_abi.py; the stand-ins against
    the release's sources and Triton kernels: tests/test_v2_kernel_contract.py.)
-2. In a host environment with the real 0.5.23 wheel plus the v2 family's series (GNU patch)
+2. In a host environment with the real release wheel plus its v2 family's series (GNU patch)
    (tests/v2_worker_probe.py, run by the host interpreter with ``SGLANG_USE_CPU_ENGINE=1`` and
    ``TRITON_INTERPRET=1``): the worker's whole decode step (``DDTreeWorkerV2.forward_batch_
    generation``: the DFlash block as a real ``ForwardBatch`` over the request's window, the
@@ -91,6 +93,8 @@ import v2_kernel_standins as ks  # noqa: E402
 PROBE = REPO / "tests" / "v2_worker_probe.py"
 FAMILY = REPO / "patches" / "sglang-0.5.20"
 RELEASE = "0.5.23"
+# The release each v2 family's probe runs on: one probe per family.
+TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19"}
 # The v2 payload as the family installs it (sglang/srt/speculative/<name>.py).
 PAYLOAD = ("ddtree_utils", "ddtree_lineage", "ddtree_worker_v2", "ddtree_v2_plugin")
 
@@ -218,7 +222,8 @@ def test_worker_file_carries_the_tree_marker_and_no_host_sync_in_decode():
     marker = [n for n in cls.body if isinstance(n, ast.Assign)
               and any(getattr(t, "id", None) == "DDTREE_TREE_VERIFY" for t in n.targets)]
     assert marker and marker[0].value.value is True
-    decode = {"_ddtree_build", "_ddtree_verify_and_commit", "_ddtree_count_offchain"}
+    decode = {"_ddtree_build", "_ddtree_verify_and_commit", "_ddtree_count_offchain",
+              "_ddtree_offchain_by_tokens"}
     for fn in cls.body:
         if isinstance(fn, ast.FunctionDef) and fn.name in decode:
             calls = {n.func.attr for n in ast.walk(fn)
@@ -230,9 +235,10 @@ def test_worker_file_carries_the_tree_marker_and_no_host_sync_in_decode():
 # 2. the real release
 
 
-def _family_overlay(work: Path) -> dict[str, bytes]:
+def _family_overlay(work: Path, release: str = RELEASE, family: Path = FAMILY) -> dict[str, bytes]:
     """The v2 family's series on the release's files: every patch with GNU patch (exact hunks,
     no fuzz), every ``add`` entry copied; returns {site-packages path: bytes}."""
+    FAMILY, RELEASE = family, release  # noqa: N806 (the module's defaults, per call)
     import shutil
     import subprocess
 
@@ -264,15 +270,19 @@ def _family_overlay(work: Path) -> dict[str, bytes]:
     return {rel: (work / rel).read_bytes() for rel in sorted(targets)}
 
 
-@pytest.fixture(scope="module")
-def probe_results(tmp_path_factory) -> dict:
+@pytest.fixture(scope="module", params=list(TARGETS))
+def probe_results(tmp_path_factory, request) -> dict:
     from ddtree_deploy.sandbox import make_host_env, run_python
 
-    overlay = _family_overlay(tmp_path_factory.mktemp("series"))
+    release = request.param
+    reuse = os.environ.get("DDTREE_V2_HOST_ENV")  # the mutant runner's one env (0.5.23's)
+    if reuse and release != RELEASE:
+        pytest.skip("the mutant runner's one env is 0.5.23's")
+    overlay = _family_overlay(tmp_path_factory.mktemp("series"), release,
+                              REPO / "patches" / TARGETS[release])
     assert {f"sglang/srt/speculative/{name}.py" for name in PAYLOAD} <= set(overlay)
-    reuse = os.environ.get("DDTREE_V2_HOST_ENV")  # the mutant runner's one env
     env = make_host_env(Path(reuse) if reuse else tmp_path_factory.mktemp("host") / "v2",
-                        overlay=overlay, version=RELEASE, reuse=bool(reuse), read_only=not reuse)
+                        overlay=overlay, version=release, reuse=bool(reuse), read_only=not reuse)
     standin = ks.install_as_sgl_kernel(tmp_path_factory.mktemp("standin"))
     probe = _probe_module()
     run = run_python(

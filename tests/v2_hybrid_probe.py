@@ -247,6 +247,25 @@ def vp_module():
     return sys.modules["v2_worker_probe"]
 
 
+@__import__("contextlib").contextmanager
+def _cuda_allocations_on_cpu(torch):
+    """CPU answers to CUDA-only host lines: 0.5.19's MambaPool allocates its speculative caches
+    (intermediate SSM states, conv windows) with ``device="cuda"`` written out (0.5.20+ pass
+    the pool's device); while the pool is built, ``torch.zeros(..., device="cuda")`` allocates
+    on the CPU. Pinned by
+    tests/test_v2_hybrid.py (test_the_probe_answers_0_5_19s_hard_coded_cuda_pool_line)."""
+    zeros = torch.zeros
+
+    def cpu_zeros(*args, device=None, **kwargs):
+        return zeros(*args, device="cpu" if device == "cuda" else device, **kwargs)
+
+    torch.zeros = cpu_zeros
+    try:
+        yield
+    finally:
+        torch.zeros = zeros
+
+
 def _bind_gpu_recurrent_kernels():
     """SGLANG_USE_CPU_ENGINE=1 binds the recurrent backends to sgl_kernel's compiled CPU ops
     (absent here; torch.ops names are looked up at import). Give those torch.ops names raising
@@ -342,9 +361,19 @@ def make_harness():
             # SGLang's parallel layers (MambaMixer2) read this rank's place in its group.
             from sglang.srt.runtime_context import get_parallel
 
-            get_parallel().override_permanently(tp_rank=0, attn_tp_rank=0,
-                                                tp_group=_OneRankGroup(),
-                                                attn_tp_group=_OneRankGroup())
+            ranks = dict(tp_rank=0, attn_tp_rank=0, tp_group=_OneRankGroup(),
+                         attn_tp_group=_OneRankGroup())
+            if hasattr(type(get_parallel()), "override_permanently"):  # 0.5.20 and later
+                get_parallel().override_permanently(**ranks)
+            else:  # 0.5.19: the scoped override, held open for the harness's life
+                self._ranks_scope = get_parallel().override(**ranks)
+                self._ranks_scope.__enter__()
+                # 0.5.19's parallel linear layers ask parallel_state's TP group themselves
+                # (0.5.20+ ask the runtime context): the same one-rank group.
+                from sglang.srt.layers import linear
+
+                if hasattr(linear, "get_tp_group"):
+                    linear.get_tp_group = _OneRankGroup
             from v2_hybrid_kinds import KINDS
 
             self.kind = KINDS[kind_name](self.torch)
@@ -371,13 +400,15 @@ def make_harness():
 
             rec = [i for i, w in enumerate(target.PATTERN) if w == "rec"]
             full = [i for i, w in enumerate(target.PATTERN) if w != "rec"]
-            rtp = HybridReqToTokenPool(
-                size=bs + 2, mamba_size=2 * bs + 2, mamba_spec_state_size=bs + 2,
-                max_context_len=max_context_len, device="cpu", enable_memory_saver=False,
-                cache_params=self.kind.cache_params(rec), mamba_layer_ids=rec,
-                enable_mamba_extra_buffer=False,
-                speculative_num_draft_tokens=self.budget + 1, speculative_eagle_topk=self.topk,
-            )
+            with _cuda_allocations_on_cpu(torch):
+                rtp = HybridReqToTokenPool(
+                    size=bs + 2, mamba_size=2 * bs + 2, mamba_spec_state_size=bs + 2,
+                    max_context_len=max_context_len, device="cpu", enable_memory_saver=False,
+                    cache_params=self.kind.cache_params(rec), mamba_layer_ids=rec,
+                    enable_mamba_extra_buffer=False,
+                    speculative_num_draft_tokens=self.budget + 1,
+                    speculative_eagle_topk=self.topk,
+                )
             kv = HybridLinearKVPool(
                 size=kv_slots, dtype=torch.float64, page_size=1, head_num=target.heads,
                 head_dim=target.hd, full_attention_layer_ids=full, device="cpu",
@@ -414,7 +445,11 @@ def make_harness():
             runner = w.model_runner
             runner.token_to_kv_pool = alloc.get_kvcache()  # the HybridLinearKVPool
             runner.model_config = _hybrid_model_config(vp, target, self.kind)
-            runner.server_args = type("Args", (), {"enable_mis": False})()
+            # (What the backends read of the runner's ServerArgs: 0.5.19 also reads unified
+            # memory and the Mamba extra buffer there; 0.5.20+ from the runtime context.)
+            runner.server_args = type("Args", (), {
+                "enable_mis": False, "enable_unified_memory": False,
+                "enable_mamba_extra_buffer": staticmethod(lambda: False)})()
             runner.linear_attn_backends = resolve_linear_attn_backends()
             # Built as the scheduler builds the target's backends: under the resolved DDTREE
             # spec (topk = K > 1 switches the recurrent backend's tree path on).
@@ -451,10 +486,14 @@ def make_harness():
                 last = accept_index[torch.arange(bs), accept_lens.long() - 1] - torch.arange(bs) * n
                 harness.off_node_commits += int((last != accept_lens.long() - 1).sum())
                 if harness.chain_commit:
-                    return w._update_target_mamba_state_after_verify(
-                        batch=batch, seq_lens_pre_verify=batch.seq_lens,
-                        seq_lens_post_verify=batch.seq_lens + accept_lens,
-                        commit_lens=accept_lens)
+                    import inspect
+
+                    chain = w._update_target_mamba_state_after_verify
+                    lens = dict(batch=batch, seq_lens_pre_verify=batch.seq_lens,
+                                commit_lens=accept_lens)
+                    if "seq_lens_post_verify" in inspect.signature(chain).parameters:  # 0.5.20+
+                        lens["seq_lens_post_verify"] = batch.seq_lens + accept_lens
+                    return chain(**lens)
                 return real(target_worker, batch, accept_lens, accept_index, draft_token_num,
                             *args, **kwargs)
 

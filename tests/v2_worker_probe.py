@@ -32,6 +32,7 @@ NAMED STAND-INS:
 from __future__ import annotations
 
 import sys
+import types
 
 TAG = "V2PROBE:"
 CASES = ("greedy_lossless", "overlap_lossless", "page16_lossless", "grammar_lossless",
@@ -189,7 +190,25 @@ class Harness:
         from sglang.srt.runtime_context import get_parallel
 
         # No torch.distributed here: a one-rank group stands in for the TP groups.
-        get_parallel().override_permanently(tp_group=_OneRank(), attn_tp_group=_OneRank())
+        # A CPU answer to a CUDA-only host line: 0.5.19's FutureMap._resolve_spec_extras calls
+        # indices.record_stream(...) unguarded (0.5.20+ guard it), which a CPU tensor refuses;
+        # a CPU tensor has no stream to record, so recording is a no-op there.
+        record = torch.Tensor.record_stream
+
+        def _record_stream(tensor, stream):
+            return None if tensor.device.type == "cpu" else record(tensor, stream)
+
+        torch.Tensor.record_stream = _record_stream
+        groups = dict(tp_group=_OneRank(), attn_tp_group=_OneRank())
+        if hasattr(type(get_parallel()), "override_permanently"):  # 0.5.20 and later
+            get_parallel().override_permanently(**groups)
+        else:  # 0.5.19 and older: only the scoped override, held open for the probe's life
+            self._parallel_scope = get_parallel().override(**groups)
+            self._parallel_scope.__enter__()
+            # (0.5.19 reads these widths from a stamp or the live groups: one rank each.)
+            get_parallel().stamp_derived_widths(
+                moe_ep_size=1, moe_tp_size=1, attn_tp_size=1, attn_dp_size=1, attn_dcp_size=1,
+                dcp_enabled=False)
 
     # -- real SGLang pieces ----------------------------------------------------------------
     def pools(self, target, bs, kv_slots=4096, max_context_len=512, page_size=1):
@@ -423,6 +442,8 @@ class StandInRunner:
         self.watermark_state = None
         self.prefill_attention_backend_str = "torch_native"
         self.ngram_embedding_manager = _Disabled()
+        # (0.5.19's ForwardBatch.init_new asks the runner's ParallelState: one rank, no DCP.)
+        self.ps = types.SimpleNamespace(attn_dcp_size=1, attn_dcp_rank=0)
 
 
 class _Disabled:
@@ -691,14 +712,29 @@ def _record_steps(r):
         r.trees.append(out)
         return out
 
+    sample, sampled = ewc.eagle_sample, []
+
+    def recording_sample(*a, **k):  # 0.5.19's run_eagle_verify returns no accept_index
+        out = sample(*a, **k)
+        sampled.append(out[2])
+        return out
+
     def recording_verify(*a, **k):
+        sampled.clear()
         out = verify(*a, **k)
+        if getattr(out, "accept_index", None) is None:
+            out.accept_index = sampled[-1]
         r.verifies.append(out)
         return out
 
     w._ddtree_build = recording_build
     ewc.run_eagle_verify = recording_verify
-    r.restore = lambda: setattr(ewc, "run_eagle_verify", verify)
+    ewc.eagle_sample = recording_sample
+
+    def restore():
+        ewc.run_eagle_verify, ewc.eagle_sample = verify, sample
+
+    r.restore = restore
 
 
 def _new_batch(r, active, seq_lens):
@@ -844,7 +880,12 @@ def _commit(r, i, new):
         _check_request(r.h, r.target, r.w, r.kv, r.rtp, r.rows[i], prompt, req, r.sampling,
                        grammar=r.grammar)
     req.kv.kv_committed_len = min(req.kv.kv_committed_len, len(prompt) + len(req.output_ids))
-    release_kv_cache(req, r.cache, checkpoint=False)
+    import inspect
+
+    if "checkpoint" in inspect.signature(release_kv_cache).parameters:  # 0.5.20+
+        release_kv_cache(req, r.cache, checkpoint=False)
+    else:  # 0.5.19: the same release, spelled is_insert
+        release_kv_cache(req, r.cache, is_insert=False)
     return True
 
 
@@ -1039,10 +1080,11 @@ def w_window(h, w, batch, block):
     seq = batch.seq_lens
     pos = seq.unsqueeze(1) + torch.arange(block)
     locs = rtp.req_to_token[batch.req_pool_indices.unsqueeze(1), pos].long()
-    plan = w.model_runner.kv_index_translator.plan(
+    translator = w.model_runner.kv_index_translator
+    plan = translator.plan(  # 0.5.20+; 0.5.19 writes at the cache locations (no plan)
         req_pool_indices=batch.req_pool_indices, seq_lens=seq, seq_lens_cpu=batch.seq_lens_cpu,
         write_virtual=locs.reshape(-1), read_extent=block,
-    )
+    ) if hasattr(translator, "plan") else None
     return {"cache_loc_2d": locs, "positions_2d": pos, "kv_loc_plan": plan}
 
 
@@ -1385,6 +1427,30 @@ def _sampling_run(h, walk, trials=LAW_TRIALS, budget=8, topk=3, seed=4):
     # engine's "always greedy" switch, so eagle_sample takes its sampling branch.
     eagle_utils.tree_speculative_sampling_target_only = walk
     eagle_utils._is_cpu = False
+    import inspect
+
+    restore = []
+
+    if "from sgl_kernel import" in inspect.getsource(eagle_utils.eagle_sample):
+        # 0.5.19 imports the sampling walk from sgl_kernel inside eagle_sample (0.5.20+ at
+        # the module's top): the same walk, where that import finds it.
+        import sgl_kernel
+
+        bound = sgl_kernel.tree_speculative_sampling_target_only
+        sgl_kernel.tree_speculative_sampling_target_only = walk
+        restore.append(lambda: setattr(sgl_kernel, "tree_speculative_sampling_target_only", bound))
+    if (hasattr(eagle_utils, "sgl_build_tree_kernel_efficient_cpu")
+            and not hasattr(eagle_utils, "sgl_build_tree_kernel_efficient")):
+        # 0.5.19 routes its tree builder by the same switch (0.5.20+ build in spec_tree.py):
+        # with it off, the CUDA name, bound to the same stand-in of the CUDA builder.
+        eagle_utils.sgl_build_tree_kernel_efficient = (
+            eagle_utils.sgl_build_tree_kernel_efficient_cpu)
+    if "get_tp_group()" in inspect.getsource(eagle_utils.eagle_sample):
+        # 0.5.19's sampling branch imports parallel_state's TP group getter itself (0.5.20+
+        # ask the runtime context, which holds the one-rank group): the same one-rank stand-in.
+        import sglang.srt.distributed as distributed
+
+        distributed.get_tp_group = _OneRank
     vocab = LAW_VOCAB
     target = TinyTarget(torch, vocab=vocab, hidden=16, seed=seed, scale=0.6)
     target.head = target.head * 0.15  # spread-out next-token laws, a few likely tokens
@@ -1396,6 +1462,8 @@ def _sampling_run(h, walk, trials=LAW_TRIALS, budget=8, topk=3, seed=4):
         sampling={"temperature": 1.0, "top_k": -1, "top_p": 1.0}, first_token=first,
         kv_slots=trials * 28,  # (SGLang's allocator concatenates its free list on every free)
     )
+    for undo in restore:
+        undo()
     counts = torch.zeros(vocab, vocab)
     for req in reqs:
         out = list(req.output_ids)
@@ -1511,10 +1579,12 @@ def case_sampling_control(h):
     import sgl_kernel
     import torch
 
+    walk = sgl_kernel.tree_speculative_sampling_target_only  # the stand-in, before the run binds
+
     def no_residual(predicts, accept_index, accept_token_num, candidates, retrive_index,
                     retrive_next_token, retrive_next_sibling, uniform_samples,
                     uniform_samples_for_final_sampling, target_probs, draft_probs, **kw):
-        sgl_kernel.tree_speculative_sampling_target_only(
+        walk(
             predicts, accept_index, accept_token_num, candidates, retrive_index,
             retrive_next_token, retrive_next_sibling, uniform_samples,
             uniform_samples_for_final_sampling, target_probs, draft_probs, **kw)
