@@ -36,7 +36,7 @@ from ddtree_deploy.fleets.fleet import (
     spread_policy,
 )
 from ddtree_deploy.fleets.fleet_run import run_fleet
-from ddtree_deploy.fleets.host_check import check_tables
+from ddtree_deploy.fleets.host_check import analysis_settings, check_tables
 from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings import smoke_settings
@@ -189,7 +189,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
                levels: Sequence[str] | None = None, auto_rollback: bool = True, log_dir=None,
                progress: Progress = quiet, held: deploy.PushSession | None = None,
                heartbeat: Heartbeat | None = None, serve=None,
-               smoke: bool = True) -> AfterPush:
+               smoke: bool = True, analysis=None, baseline=None, no_analysis: bool = False) -> AfterPush:
     """Run the host's smoke levels after a push switched files; roll back if one fails.
 
     ``outcome`` is ``deploy.push``'s; nothing runs when it changed nothing (a dry run,
@@ -211,7 +211,9 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
 
     ``serve`` (the host's ``serve_settings.ServeSettings``, with ``held``): once the smoke
     passed (or none runs: ``smoke`` False is ``--no-smoke``), the server is restarted and
-    must be healthy and serve DDTree before the mark (``serve_gate.gate_push``).
+    must be healthy and serve DDTree before the mark (``serve_gate.gate_push``); with
+    ``analysis`` (the host's ``[analysis]``) it then bakes against ``baseline`` and is promoted
+    only when not slower (``no_analysis``: ``--no-analysis``, skipped and said).
     """
 
     def mark(phase: str, smoke_doc: dict | None = None) -> None:
@@ -229,7 +231,8 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         from ddtree_deploy.fleets import serve_gate
 
         gate = serve_gate.gate_push(host, serve, held, lambda _h: make_transport(), outcome, series,
-                                    auto_rollback=auto_rollback, progress=progress, heartbeat=heartbeat)
+                                    auto_rollback=auto_rollback, progress=progress, heartbeat=heartbeat,
+                                    analysis=analysis, baseline=baseline, no_analysis=no_analysis)
         phase = (Phase.DEPLOYED if gate.marked else Phase.ROLLED_BACK if gate.rollback is not None
                  else Phase.SWITCHED)
         return AfterPush(report, skipped=skipped, host=host.name, marked=gate.marked, phase=phase, serve=gate)
@@ -470,6 +473,8 @@ class PushOptions:
     log_dir: Any = None  # where a failed launch's server log is copied (tests)
     diff: bool = False  # --diff: each host's unified diff (from its current files) in its result
     replace_drifted: bool = False  # --replace-drifted: drifted files replaced, their bytes kept on the host
+    analysis: bool = True  # False: --no-analysis (the speed gate skipped, said in the outcome)
+    analysis_overrides: tuple = ()  # --analysis KEY=VALUE pairs, laid over each host's [analysis]
 
 
 def _fleet(command: str, hosts: Sequence[Host], policy: Policy, one: Callable[[Host, Progress], HostResult],
@@ -512,6 +517,8 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     # the switch. [serve]: the push ends with the server restarted on the new files, healthy,
     # before the host is marked deployed.
     serves = {h.name: check_tables(h, smoke=options.smoke) for h in hosts}
+    # [analysis] with the --analysis overrides (the speed gate after the restart): checked here too.
+    analyses = {h.name: analysis_settings(h, options.analysis_overrides) for h in hosts}
     # Will smoke levels run after the switch? Then the switch journals `switched`, and only a
     # passed smoke makes it `deployed`.
     smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels,
@@ -532,6 +539,13 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
         # before the host's lock is taken; a switch that awaits its smoke comes back with
         # the lock still held, so the smoke, the mark or the rollback follow here in order.
         serve = serves[h.name] if not options.dry_run else None
+        speed = analyses[h.name] if serve is not None else None
+        baseline = None
+        if speed is not None and options.analysis:  # the old server's speed, just before the switch
+            from ddtree_deploy.fleets.serve_gate import baseline_before_switch
+
+            baseline = baseline_before_switch(h, serve, speed, connect, partial(want.resolve, h.name),
+                                              progress=progress)
         with deploy.begin_push(h, connect(h), want.paths, partial(want.resolve, h.name),
                                dry_run=options.dry_run, break_lock=options.break_lock,
                                smoke=smokes[h.name] or serve is not None, diff=options.diff,
@@ -540,7 +554,8 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
             if pushed.locked:
                 after = after_push(h, lambda: connect(h), outcome, want.chosen[h.name], levels=levels,
                                    auto_rollback=options.auto_rollback, log_dir=options.log_dir, progress=progress,
-                                   held=pushed, heartbeat=heartbeat, serve=serve, smoke=options.smoke)
+                                   held=pushed, heartbeat=heartbeat, serve=serve, smoke=options.smoke,
+                                   analysis=speed, baseline=baseline, no_analysis=not options.analysis)
         _warn_broken_lock(outcome, on_event)
         doc = outcome.to_json()
         lines = _summary_lines(outcome, show_plan=options.dry_run or outcome.changed)

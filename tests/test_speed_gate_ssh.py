@@ -1,0 +1,184 @@
+"""The speed gate in push (issue 29 phase 2): a push is promoted only when the new code serves
+no slower than the code it replaced, on the same host, under the same traffic.
+
+Real parts: sandbox hosts over a real OpenSSH sshd on loopback (ddtree_deploy.sandbox), SGLang
+0.5.12.post1's real files and the small real series (tests/sshd_host.py), the server under a
+real supervisord (tests/serve_host.py), the serve program's ``metrics`` op, the controller's
+parse and ``analysis.analyse``. The server is the named STAND-IN for SGLang
+(ddtree_testkit/standin_server.py ``--enable-metrics``, its synthetic speed model and its own
+clients as live traffic; no GPU here). Its "slow build": the series' added module carries the
+stand-in's marker ``# ddtree-standin: slowdown=0.10`` (the stand-in reads that file at start),
+so a server restarted on the pushed files serves 10% slower, as a real slower build would.
+
+Windows are short (1 s, 4 a side) so the file stays fast; the gate's defaults are held to
+their noise figures by tests/test_analysis.py and bench/analysis_bench.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from envelope_check import check_envelope  # noqa: E402
+from serve_host import Served  # noqa: E402
+from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, cli, sshd  # noqa: E402,F401
+
+from ddtree_testkit.standin_metrics import write_names  # noqa: E402
+
+pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in as a GPU host's would")
+pytestmark = pytest.mark.sshd
+
+RELEASE = "0.5.12.post1"
+SLOW_MARK = "# ddtree-standin: slowdown=0.10\n"
+# Short windows: 1 s each, 4 a side (the table's floor is a 1 s interval and 3 samples).
+ANALYSIS = "\n[analysis]\nwindow_s = 4\ninterval_s = 1\nmin_samples = 3\n"
+
+
+@pytest.fixture
+def gate(sshd, tmp_path, monkeypatch):
+    """``gate.host(name, noise=0.0)``: a Served host whose stand-in exports the pinned metrics of
+    0.5.12.post1 with 4 synthetic clients, and whose inventory has [serve] and [analysis];
+    ``gate.series(slow)``: the deploy series, or its slow build (the added module marked)."""
+    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
+    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
+    names = tmp_path / "names.json"
+    write_names(names, RELEASE)
+    slow = tmp_path / "slow_series"
+    shutil.copytree(DEPLOY_SERIES, slow)
+    with open(slow / "payload" / "ddtree_deploy_test_marker.py", "a") as fh:
+        fh.write(SLOW_MARK)
+    made: list[Served] = []
+
+    class Gate:
+        @staticmethod
+        def series(is_slow: bool) -> None:
+            monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str((slow if is_slow else DEPLOY_SERIES) / "patches"))
+
+        @staticmethod
+        def host(name: str, noise: float = 0.0) -> Served:
+            argv = ["--enable-metrics", "--metric-names", str(names), "--traffic", "4", "--traffic-tokens", "48",
+                    "--accept-length", "3.0", "--noise", str(noise), "--noise-period-s", "1", "--seed",
+                    str(len(made))]
+            s = Served(sshd, tmp_path, name, extra_argv=argv, package_file=ADDED, tables=ANALYSIS)
+            s.sup.start()
+            made.append(s)
+            s.wait_healthy()
+            return s
+
+    Gate.series(False)
+    yield Gate
+    for s in made:
+        s.sup.stop()
+
+
+def slowdown(s: Served) -> float:
+    """The slowdown the serving stand-in runs with (read from its package file at start)."""
+    return 0.10 if SLOW_MARK.strip() in (s.host.read(ADDED) or b"").decode() else 0.0
+
+
+def history(s: Served) -> list[dict]:
+    r = cli("history", "--host", s.name, "--json")
+    return check_envelope(r.stdout, r.exit_code, "history")["hosts"][0]["entries"]
+
+
+def test_a_slower_push_is_rolled_back_by_the_analysis_and_the_old_code_serves_again(gate):
+    s = gate.host("slow1")
+    gate.series(True)
+    pid_before = s.sup.pid()
+    r = cli("push", "--host", s.name)
+    print(r.stdout)
+    assert r.exit_code == 1, r.output
+    assert "speed analysis: slower than the baseline: output tokens/s" in r.stdout, r.stdout
+    assert "below the baseline's" in r.stdout and "(limit -5%" in r.stdout
+    assert "rolled back:" in r.stdout and "restarted on the old files: healthy" in r.stdout
+    # The old code serves again: the added module (the slow build) is gone, a new server runs.
+    assert s.host.read(ADDED) is None and s.healthy() and s.sup.pid() != pid_before
+    assert s.info()["stand_in_package"]["sha256"] is None
+    journal = json.loads((s.host.state_dir / "journal.json").read_text())
+    assert journal["phase"] == "rolled-back"
+    entries = history(s)
+    auto = next(e for e in entries if e["event"] == "rollback")["automatic"]
+    assert auto["cause"] == "analysis" and auto["step"] == "fail" and "output tokens/s" in auto["detail"]
+    verdict = next(e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "verdict")
+    assert verdict["outcome"] == "rolled back" and verdict["speed"]["verdict"] == "fail"
+    assert verdict["speed"]["after"]["output_tps"] < 0.95 * verdict["speed"]["before"]["output_tps"]
+    assert "windows" not in verdict["speed"]  # a rolled-back bake is never a later baseline
+
+    # --no-analysis: the same slow build is promoted, and the outcome says the gate was skipped.
+    r = cli("push", "--host", s.name, "--no-analysis")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().splitlines()[-1] == f"{s.name}: speed analysis skipped (--no-analysis)", r.stdout
+    assert slowdown(s) == 0.10 and s.info()["stand_in_package"]["sha256"] is not None
+
+
+def test_an_equal_build_passes_every_time_with_the_noise_turned_up_and_history_shows_before_after(gate):
+    s = gate.host("equal1", noise=0.05)
+    for attempt in range(2):  # push (promoted), roll back (the old code), and again
+        r = cli("push", "--host", s.name)
+        print(r.stdout)
+        assert r.exit_code == 0, (attempt, r.output)
+        last = r.stdout.strip().splitlines()[-1]
+        assert last.startswith(f"{s.name}: serving DDTree B=8: accept length") and last.endswith(": promoted"), last
+        assert "(was " in last and "tok/s" in last
+        assert slowdown(s) == 0.0 and s.host.read(ADDED) is not None
+        rb = cli("rollback", "--host", s.name)
+        assert rb.exit_code == 0, rb.output
+    entries = history(s)
+    verdicts = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "verdict"]
+    assert [e["outcome"] for e in verdicts] == ["promoted", "promoted"]
+    assert all(e["speed"]["before"]["output_tps"] and e["speed"]["after"]["output_tps"] for e in verdicts)
+    assert len(verdicts[0]["speed"]["windows"]) == 4  # kept: the next push's baseline when its old server idles
+    baselines = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "baseline"]
+    assert len(baselines) == 2 and baselines[0]["speed"]["baseline"]["source"] == "live"
+    text = cli("history", "--host", s.name).stdout
+    assert "speed" in text and "(was " in text and ": promoted" in text, text
+
+
+def test_a_server_that_dies_during_the_bake_is_rolled_back(gate):
+    s = gate.host("dies1")
+    first = s.sup.pid()
+
+    def kill_after_restart() -> None:  # the new server: healthy, proven, then gone mid-bake
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pid = s.sup.pid()
+            if pid is not None and pid != first and s.healthy():
+                time.sleep(1.5)
+                subprocess.run([*s.sup.ctl, "stop", "sglang"], capture_output=True, timeout=60)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_after_restart, daemon=True)
+    killer.start()
+    r = cli("push", "--host", s.name)
+    killer.join(5)
+    print(r.stdout)
+    assert r.exit_code == 1, r.output
+    assert "speed analysis: the server stopped answering during the bake" in r.stdout, r.stdout
+    assert "rolled back:" in r.stdout and "restarted on the old files: healthy" in r.stdout
+    assert s.host.read(ADDED) is None and s.healthy()
+    auto = next(e for e in history(s) if e["event"] == "rollback")["automatic"]
+    assert auto["cause"] == "analysis" and auto["step"] == "server died"
+
+
+def test_a_fleet_stops_after_a_failed_canary_analysis(gate):
+    a, b = gate.host("canary1"), gate.host("wave1")
+    gate.series(True)
+    r = cli("push", "--host", a.name, "--host", b.name, "--canary", a.name, "--json")
+    doc = check_envelope(r.stdout, r.exit_code, "push")
+    assert r.exit_code == 1, r.output
+    by = {h["host"]: h for h in doc["hosts"]}
+    assert by[a.name]["outcome"] == "failed, rolled back"
+    speed = by[a.name]["serve"]["analysis"]
+    assert speed["outcome"] == "rolled back" and speed["verdict"]["outcome"] == "fail"
+    assert speed["verdict"]["baseline"]["output_tps"] and speed["verdict"]["new"]["output_tps"]
+    assert by[b.name]["outcome"] == "skipped"  # never started: the canary failed
+    assert b.host.read(ADDED) is None and not (b.host.state_dir / "journal.json").exists()
