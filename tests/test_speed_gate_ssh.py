@@ -38,8 +38,8 @@ pytestmark = pytest.mark.sshd
 
 RELEASE = "0.5.12.post1"
 SLOW_MARK = "# ddtree-standin: slowdown=0.10\n"
-# Short windows: 1 s each, 4 a side (the table's floor is a 1 s interval and 3 samples).
-ANALYSIS = "\n[analysis]\nwindow_s = 4\ninterval_s = 1\nmin_samples = 3\n"
+# Short windows: 1 s each, 3 a side (the table's floor is a 1 s interval and 3 samples).
+ANALYSIS = "\n[analysis]\nwindow_s = 3\ninterval_s = 1\nmin_samples = 3\n"
 
 
 @pytest.fixture
@@ -135,11 +135,18 @@ def test_an_equal_build_passes_every_time_with_the_noise_turned_up_and_history_s
     verdicts = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "verdict"]
     assert [e["outcome"] for e in verdicts] == ["promoted", "promoted"]
     assert all(e["speed"]["before"]["output_tps"] and e["speed"]["after"]["output_tps"] for e in verdicts)
-    assert len(verdicts[0]["speed"]["windows"]) == 4  # kept: the next push's baseline when its old server idles
+    assert len(verdicts[0]["speed"]["windows"]) == 3  # kept: the next push's baseline when its old server idles
     baselines = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "baseline"]
     assert len(baselines) == 2 and baselines[0]["speed"]["baseline"]["source"] == "live"
+    # restart and rollback: one short window before and after each, in the history too
+    assert cli("restart", "--host", s.name).exit_code == 0
+    entries = history(s)
+    around = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "around"]
+    assert [e["command"] for e in around] == ["restart", "rollback", "rollback"], around
+    assert all(e["speed"]["before"]["output_tps"] and e["speed"]["after"]["output_tps"] for e in around)
     text = cli("history", "--host", s.name).stdout
-    assert "speed" in text and "(was " in text and ": promoted" in text, text
+    print(text)
+    assert "speed" in text and "(was " in text and ": promoted" in text and "after: DDTree B=8" in text, text
 
 
 def test_a_server_that_dies_during_the_bake_is_rolled_back(gate):
@@ -182,3 +189,45 @@ def test_a_fleet_stops_after_a_failed_canary_analysis(gate):
     assert speed["verdict"]["baseline"]["output_tps"] and speed["verdict"]["new"]["output_tps"]
     assert by[b.name]["outcome"] == "skipped"  # never started: the canary failed
     assert b.host.read(ADDED) is None and not (b.host.state_dir / "journal.json").exists()
+
+
+def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the_job(gate):
+    """Ctrl-C while the new server bakes: exit 130 within a second (the toolkit's own second,
+    ddtree_testkit.machine), the host left `switched` with the new server healthy and not
+    promoted (status says so), and a rerun of push bakes it against the baseline this run
+    recorded before its switch, and promotes it."""
+    from ddtree_testkit.machine import within
+
+    s = gate.host("ctrlc1")
+    console = Path(sys.executable).parent / "ddtree-deploy"
+    proc = subprocess.Popen([str(console), "push", "--host", s.name, "--analysis", "window_s=8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    journal = s.host.state_dir / "journal.json"
+    deadline = time.monotonic() + 60
+    while True:  # restarted healthy on the new files: the bake's scrapes are under way
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        serve = json.loads(journal.read_text()).get("serve", {}) if journal.exists() else {}
+        if serve.get("state") == "healthy":
+            break
+        time.sleep(0.1)
+    time.sleep(2.0)
+    t0 = time.monotonic()
+    proc.send_signal(subprocess.signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    fast, said = within(took, 1.0, "from Ctrl-C during the bake to the exit")
+    print(f"\nCtrl-C during the bake: exit {proc.returncode} after {took:.2f} s\n{err[-1500:]}")
+    assert proc.returncode == 130 and fast, (proc.returncode, said, err[-2000:])
+    assert "Traceback" not in err
+    # switched, healthy on the new files, not promoted: what status explains
+    st = check_envelope(cli("status", "--host", s.name, "--json").stdout, 1, "status")["hosts"][0]
+    assert st["phase"] == "switched" and st["serving"]["health"]["status"] == 200, st
+    assert s.host.read(ADDED) is not None
+    # the rerun: nothing to switch, the bake judged against this run's own baseline, promoted
+    r = cli("push", "--host", s.name)
+    print(r.stdout)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().splitlines()[-1].endswith(": promoted"), r.stdout
+    verdict = next(e for e in history(s) if e["event"] == "speed" and e["speed"]["stage"] == "verdict")
+    assert verdict["speed"]["baseline_source"] == "live" and verdict["outcome"] == "promoted"
+    assert json.loads(journal.read_text())["phase"] == "deployed"

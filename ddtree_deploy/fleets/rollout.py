@@ -590,6 +590,7 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
                        hint="without --to, each host restores its own newest backup")
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
     serves = _serve_settings(hosts)
+    analyses = {h.name: analysis_settings(h) for h in hosts}  # [analysis]: the figures before/after, checked now
     want = _series_or_none(None, on_event) if replace_drifted else None  # what a drifted file's diff is against
 
     def one(h: Host, progress: Progress) -> HostResult:
@@ -597,6 +598,12 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
             return _container_rollback(h, connect, serves[h.name], dry_run, break_lock, progress, on_event)
         # [serve]: a rollback that switched files keeps its lock for the restart on them.
         serve = serves[h.name] if not dry_run else None
+        speed = analyses[h.name] if serve is not None else None
+        before = None
+        if speed is not None:  # the server's figures before the switch back (the history's before/after)
+            from ddtree_deploy.fleets.serve_gate import figures_before_rollback
+
+            before = figures_before_rollback(h, serve, speed, connect, progress=progress)
         with deploy.begin_rollback(h, connect(h), to=to, dry_run=dry_run, break_lock=break_lock,
                                    keep_lock=serve is not None, replace_drifted=replace_drifted,
                                    expect=partial(want.expected, h.name) if want else None,
@@ -606,7 +613,7 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
             result = _result(h.name, kind, outcome.to_json(), outcome.summary,
                              _summary_lines(outcome, show_plan=dry_run or outcome.changed))
             if held.locked:
-                result = _after_rollback(h, serve, held, connect, result, progress, on_event)
+                result = _after_rollback(h, serve, held, connect, result, progress, on_event, speed, before)
         _warn_broken_lock(outcome, on_event)
         if outcome.round_trips != result.doc.get("round_trips"):  # the restart's, on the same session
             result = replace(result, doc={**result.doc, "round_trips": outcome.round_trips})
@@ -690,10 +697,12 @@ def _beats(h: Host, on_event: Listener) -> Heartbeat:
 
 
 def _after_rollback(h: Host, settings, held: deploy.PushSession, connect: Connect, result: HostResult,
-                    progress: Progress, on_event: Listener) -> HostResult:
+                    progress: Progress, on_event: Listener, analysis=None, before=None) -> HostResult:
     from ddtree_deploy.fleets import serve_gate
 
-    restart = serve_gate.after_rollback(h, settings, held, connect, progress=progress, heartbeat=_beats(h, on_event))
+    restart = serve_gate.after_rollback(h, settings, held, connect, progress=progress, heartbeat=_beats(h, on_event),
+                                        measure=serve_gate.figures_measure(h, connect, settings, analysis),
+                                        before=before)
     return serve_gate.restarted_result(result, restart)
 
 
@@ -749,11 +758,13 @@ def restart(hosts: Sequence[Host], connect: Connect, *, canary: str | None = Non
     for h in hosts:
         refuse_container(h, "restart")
     serves = serve_gate.require_serve(hosts)
+    analyses = {h.name: analysis_settings(h) for h in hosts}  # [analysis]: the figures before/after, checked now
     policy = restart_policy_for(hosts, canary=canary, parallel=parallel, max_failures=max_failures)
 
     def one(h: Host, progress: Progress) -> HostResult:
         result, held = serve_gate.restart_result(h, serves[h.name], connect, break_lock=break_lock,
-                                                 progress=progress, heartbeat=_beats(h, on_event))
+                                                 progress=progress, heartbeat=_beats(h, on_event),
+                                                 analysis=analyses[h.name])
         _warn_broken_lock(held, on_event)
         return result
 

@@ -303,17 +303,49 @@ def _settled_baseline(held: deploy.PushSession, run_id: str | None, baseline: sp
 
 
 def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any], *,
-                   progress: Progress = quiet, heartbeat: Heartbeat | None = None) -> serve_run.Restart:
+                   progress: Progress = quiet, heartbeat: Heartbeat | None = None,
+                   measure: Callable[[str | None], Any] | None = None, before: Any = None) -> serve_run.Restart:
     """``rollback`` switched files back and still holds the lock (``held``,
     ``deploy.begin_rollback``): restart the server on them under it (health only: the files
-    are SGLang's own again). A restart whose end could not be recorded raises that error."""
+    are SGLang's own again). A restart whose end could not be recorded raises that error.
+    ``measure`` (``[analysis]``): the figures after the restart, recorded in the history
+    with ``before`` (the window the caller took before the rollback's switch)."""
     progress("restart the server")
     journal_files = [s.path for s in held.outcome.plan.steps] if held.outcome.plan else []
     restart, unrecorded = serve_run.restart_held(host, connect, settings, held, held.outcome.run_id, journal_files,
                                                  proof=None, progress=progress, heartbeat=heartbeat)
     if unrecorded is not None:
         raise unrecorded
+    if measure is not None and restart.ok:
+        after = serve_run.measure_quietly(measure, held.outcome.sglang_version, progress, "after the rollback")
+        serve_run.record_around(held, before, after, progress)
     return restart
+
+
+def figures_measure(host, connect: Callable[[Any], Any], settings: ServeSettings,
+                    analysis: AnalysisSettings | None) -> Callable[[str | None], Any] | None:
+    """With ``[analysis]``: release -> one window of ``interval_s`` of the host's server (the
+    figures before/after a restart or a rollback, for the history); else None (none taken)."""
+    if analysis is None:
+        return None
+
+    def measure(release: str | None):
+        transport = connect(host)
+        with transport:
+            return metrics_run.served_figures(host, transport, url=settings.url, release=release or "",
+                                              window_s=analysis.interval_s)
+    return measure
+
+
+def figures_before_rollback(host, settings: ServeSettings | None, analysis: AnalysisSettings | None,
+                            connect: Callable[[Any], Any], *, progress: Progress = quiet) -> Any:
+    """The server's figures just before a rollback switches (``[analysis]`` and ``[serve]``), or None."""
+    measure = figures_measure(host, connect, settings, analysis) if settings is not None else None
+    if measure is None:
+        return None
+    with deploy.reading(host, connect(host), []) as read:
+        release = read.facts.get("sglang_version")
+    return serve_run.measure_quietly(measure, release, progress, "before the rollback")
 
 
 def ensure_serving(host, settings: ServeSettings, connect: Callable[[Any], Any], files, *,
@@ -410,10 +442,13 @@ def ensure_result(result: HostResult, host, settings: ServeSettings, connect: Ca
 
 
 def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any], *, break_lock: bool = False,
-                   progress: Progress = quiet, heartbeat: Heartbeat | None = None) -> tuple[HostResult, deploy.Outcome]:
-    """``restart`` on one host: (its result, the lock session's outcome: a broken lock, a history warning)."""
+                   progress: Progress = quiet, heartbeat: Heartbeat | None = None,
+                   analysis: AnalysisSettings | None = None) -> tuple[HostResult, deploy.Outcome]:
+    """``restart`` on one host: (its result, the lock session's outcome: a broken lock, a history
+    warning). With ``analysis`` (``[analysis]``) the figures before and after go to the history."""
     restart, held = serve_run.restart_locked(host, connect, settings, break_lock=break_lock, progress=progress,
-                                             heartbeat=heartbeat)
+                                             heartbeat=heartbeat,
+                                             measure=figures_measure(host, connect, settings, analysis))
     doc = {"host": host.name, "command": "restart", "run_id": held.run_id, "ok": restart.ok, "phase": held.phase,
            "restart": restart.to_json()}
     result = HostResult(host.name, Kind.RESTARTED, doc, "", 0, (_line(host.name, restart),))
@@ -432,5 +467,6 @@ def serving_of(host, read: deploy.Reading) -> dict:
                 "unreadable": 0}
 
 
-__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "look", "require_serve",
+__all__ = ["ServeGate", "after_rollback", "baseline_before_switch", "ensure_result", "ensure_serving",
+           "figures_before_rollback", "figures_measure", "gate_push", "look", "require_serve",
            "restart_result", "restarted_result", "serving_of", "settings_of", "unhealthy_next"]

@@ -222,24 +222,58 @@ def proof_family(journal: dict | None, patches_dir=None):
 
 def restart_locked(host, connect: Callable[[Any], Any], settings: ServeSettings, *, prove: bool = True,
                    break_lock: bool = False, progress: Progress = quiet,
-                   heartbeat: Heartbeat | None = None) -> tuple[Restart, deploy.Outcome]:
+                   heartbeat: Heartbeat | None = None,
+                   measure: Callable[[str | None], Any] | None = None) -> tuple[Restart, deploy.Outcome]:
     """Take the host's deploy lock, restart its server, wait for health (and, with ``prove``
     on a host whose journal says DDTree is in place, the DDTree proof), record it, unlock.
 
     The lock keeps a push or rollback from switching files under the restart. Returns the
     restart and the lock session's outcome (its run id, a broken lock, a history warning).
+    ``measure`` (the host has ``[analysis]``): one short window of the server's figures,
+    taken before the restart and after it, recorded in the history (``record_around``).
     """
     with deploy.hold(host, connect(host), "restart", break_lock=break_lock, progress=progress) as held:
         journal = held.facts.get("journal") or {}
         proof = None
         if prove and journal.get("phase") in (Phase.DEPLOYED, Phase.SWITCHED):
             proof = serve_plan.proof_spec(settings, proof_family(journal))
+        release = held.facts.get("sglang_version")
+        before = measure_quietly(measure, release, progress, "before the restart")
         result, unrecorded = restart_held(host, connect, settings, held, journal.get("run_id"),
                                           list(journal.get("files") or ()), proof=proof, progress=progress,
                                           heartbeat=heartbeat)
         if unrecorded is not None:
             raise unrecorded
+        if measure is not None and result.ok:
+            record_around(held, before, measure_quietly(measure, release, progress, "after the restart"), progress)
     return result, held.outcome
+
+
+def measure_quietly(measure: Callable[[str | None], Any] | None, release: str | None, progress: Progress, when: str):
+    """One window of the server's figures (``measure(release)``), or None: none asked, or it
+    could not be read (said, never fatal: the figures are evidence, not a step of the restart)."""
+    if measure is None:
+        return None
+    progress(f"the server's figures {when}")
+    try:
+        return measure(release)
+    except DeployError as exc:
+        if inflight.cancelled.is_set():
+            raise
+        progress(f"the server's figures {when} could not be read: {exc.message}")
+        return None
+
+
+def record_around(held: deploy.PushSession, before, after, progress: Progress) -> None:
+    """The history's ``speed`` line of a restart or a rollback (bake.around_record), under the
+    lock ``held`` holds; a failure to write it is said, never fatal."""
+    from ddtree_deploy.serve.bake import around_record
+
+    try:
+        warning = held.record_speed(around_record(before, after))
+        held.outcome.history_warning = held.outcome.history_warning or warning
+    except DeployError as exc:
+        progress(f"the server's figures were not recorded: {exc.message}")
 
 
 def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, held: deploy.PushSession,
@@ -267,4 +301,5 @@ def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, h
 
 
 __all__ = ["HEALTHY", "INTERRUPTED", "RESTARTING", "Restart", "SERVE_PROGRAM", "SERVE_RESTART", "UNHEALTHY",
-           "UNKNOWN", "answer", "check", "proof_family", "restart_held", "restart_locked", "run_restart"]
+           "UNKNOWN", "answer", "check", "measure_quietly", "proof_family", "record_around", "restart_held",
+           "restart_locked", "run_restart"]
