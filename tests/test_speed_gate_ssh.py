@@ -188,6 +188,10 @@ def test_a_fleet_stops_after_a_failed_canary_analysis(gate):
     assert speed["outcome"] == "rolled back" and speed["verdict"]["outcome"] == "fail"
     assert speed["verdict"]["baseline"]["output_tps"] and speed["verdict"]["new"]["output_tps"]
     assert by[b.name]["outcome"] == "skipped"  # never started: the canary failed
+    # the outcome table (stderr): each host's baseline and new figures beside its outcome
+    table = " ".join(r.stderr.split())
+    print(r.stderr)
+    assert "speed (baseline -> new)" in table and "tok/s (-" in table and ": rolled back" in table, r.stderr
     assert b.host.read(ADDED) is None and not (b.host.state_dir / "journal.json").exists()
 
 

@@ -528,7 +528,8 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
 
     def one(h: Host, progress: Progress) -> HostResult:
         if h.container is not None:  # [container]: the image is the unit (container_gate)
-            return _container_push(h, connect, options, want, serves[h.name], progress, on_event)
+            return _container_push(h, connect, options, want, serves[h.name], progress, on_event,
+                                   analyses[h.name] if options.analysis else None)
 
         def heartbeat(level: str, seconds: float) -> None:
             what = level if level.startswith("server ") else f"smoke {level}"  # serve_run's: "server health"
@@ -719,11 +720,11 @@ def _ensure_serving(h: Host, settings, connect: Connect, outcome: deploy.Outcome
 
 
 def _container_push(h: Host, connect: Connect, options: PushOptions, want: Want, serve, progress: Progress,
-                    on_event: Listener) -> HostResult:
+                    on_event: Listener, analysis=None) -> HostResult:
     from ddtree_deploy.fleets import container_gate
 
     return container_gate.push_host(h, connect, want, serve, dry_run=options.dry_run, break_lock=options.break_lock,
-                                    progress=progress, heartbeat=_beats(h, on_event))
+                                    progress=progress, heartbeat=_beats(h, on_event), analysis=analysis)
 
 
 def _container_rollback(h: Host, connect: Connect, serve, dry_run: bool, break_lock: bool, progress: Progress,

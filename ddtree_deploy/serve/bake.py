@@ -224,6 +224,29 @@ def entry_words(speed: dict) -> str:
     return "after: " + compared_line(after, before)
 
 
+def speed_cell(doc: dict | None) -> str:
+    """A host's speed analysis (``Bake.to_json``) in a fleet's outcome table: its baseline and
+    new figures (the medians) and how it ended; "" when none ran."""
+    if not isinstance(doc, dict):
+        return ""
+    if doc.get("skipped"):
+        return f"skipped ({doc['skipped']})"
+    verdict = doc.get("verdict") or {}
+    base, new = verdict.get("baseline") or {}, verdict.get("new") or {}
+    parts = []
+    for key, label, unit, fmt in (("output_tps", "", " tok/s", "{:,.0f}"), ("accept_length", "accept ", "", "{:.1f}"),
+                                  ("itl_p99_ms", "p99 ITL ", " ms", "{:,.0f}")):
+        b, n = base.get(key), new.get(key)
+        if b is None and n is None:
+            continue
+        was = fmt.format(b) if b is not None else "?"
+        now = fmt.format(n) if n is not None else "?"
+        change = f" ({(n / b - 1) * 100:+.1f}%)" if key == "output_tps" and b and n is not None else ""
+        parts.append(f"{label}{was} -> {now}{unit}{change}")
+    said = ", ".join(parts) or (doc.get("died") or "no figures")
+    return f"{said}: {doc.get('outcome')}"
+
+
 __all__ = ["Bake", "Baseline", "LIVE", "NONE", "PROMOTED", "RECORD", "ROLLED_BACK", "SKIPPED", "Sampler",
            "around_record", "bake", "entry_words", "measure_baseline", "pending_baseline", "recorded_baseline",
-           "sample", "skipped", "stopped"]
+           "sample", "skipped", "speed_cell", "stopped"]
