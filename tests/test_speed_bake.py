@@ -34,6 +34,10 @@ def window(tps: float, *, idle: bool = False, i: int = 0) -> ServedFigures:
                          aborted=0, request_rate=10.0, error_rate=0.0)
 
 
+WARM_UP = ServedFigures(window_s=1.0, release="0.5.12.post1", algorithm="DDTREE", budget=8, accept_length=1.5,
+                        output_tps=100.0, running=4, itl_p99_ms=80.0, requests=1, request_rate=1.0, error_rate=0.0)
+
+
 def sampler_of(*sides):
     """A sampler that answers each call with the next side's windows (and counts its calls)."""
     calls = []
@@ -49,11 +53,17 @@ def busy(tps: float, n: int = 6) -> list:
     return [window(tps, i=i) for i in range(n)]
 
 
+def restarted(tps: float, n: int = 6) -> list:
+    """A server just restarted: its first window (gauges from zero), then ``n`` busy ones."""
+    return [WARM_UP] + busy(tps, n)
+
+
 def test_a_live_baseline_then_a_slower_bake_fails_naming_the_figure_and_the_baseline():
-    take = sampler_of(busy(1000), busy(880))
+    take = sampler_of(busy(1000), restarted(880))
     base = bake.measure_baseline(take, SETTINGS)
     assert base.source == bake.LIVE and len(base.windows) == 6 and take.calls == [(1, 7)]
     speed = bake.bake(take, SETTINGS, base)
+    assert take.calls == [(1, 7), (1, 8)] and len(speed.windows) == 6 and WARM_UP not in speed.windows
     assert not speed.ok and speed.outcome == bake.ROLLED_BACK and speed.cause == "fail"
     assert speed.why().startswith("slower than the baseline: output tokens/s 880 is 12.0% below the baseline's "
                                   "1,000 (limit -5%"), speed.why()
@@ -63,7 +73,7 @@ def test_a_live_baseline_then_a_slower_bake_fails_naming_the_figure_and_the_base
 
 
 def test_an_equal_bake_is_promoted_and_its_line_is_the_before_after_line():
-    take = sampler_of(busy(1000), busy(1000))
+    take = sampler_of(busy(1000), restarted(1000))  # the warm-up window is not judged
     speed = bake.bake(take, SETTINGS, bake.measure_baseline(take, SETTINGS))
     assert speed.ok and speed.outcome == bake.PROMOTED
     assert speed.line().startswith("serving DDTree B=8: accept length 3.0 (was 3.0), 1,000 tok/s (was 1,000, +0.0%)")
@@ -72,7 +82,7 @@ def test_an_equal_bake_is_promoted_and_its_line_is_the_before_after_line():
 
 
 def test_an_idle_old_server_falls_back_to_the_last_promoted_bake_in_the_history():
-    promoted = bake.bake(sampler_of(busy(1000), busy(1000)), SETTINGS,
+    promoted = bake.bake(sampler_of(restarted(1000)), SETTINGS,
                          bake.measure_baseline(sampler_of(busy(1000)), SETTINGS))
     entries = [  # newest first, as the agent answers
         {"event": "speed", "run_id": "r3", "time": "t3", "speed": {"stage": "verdict", "outcome": "rolled back"}},
@@ -85,12 +95,12 @@ def test_an_idle_old_server_falls_back_to_the_last_promoted_bake_in_the_history(
     idle = [window(0, idle=True) for _ in range(6)]
     base = bake.measure_baseline(sampler_of(idle), SETTINGS, recorded=recorded)
     assert base is recorded and "the old server had no traffic: the baseline is push run r1's bake" in base.note
-    speed = bake.bake(sampler_of(busy(880)), SETTINGS, base)
+    speed = bake.bake(sampler_of(restarted(880)), SETTINGS, base)
     assert not speed.ok and "below the baseline's 1,000" in speed.why()
     # nothing recorded: a baseline of none, and the bake is inconclusive (counted as a failure)
     none = bake.measure_baseline(sampler_of(idle), SETTINGS)
     assert none.source == bake.NONE and "the old server had 0 windows with traffic" in none.note
-    speed = bake.bake(sampler_of(busy(1000)), SETTINGS, none)
+    speed = bake.bake(sampler_of(restarted(1000)), SETTINGS, none)
     assert not speed.ok and speed.cause == "inconclusive" and "history holds no promoted deploy" in speed.why()
 
 
@@ -105,14 +115,14 @@ def test_a_run_finds_its_own_baseline_after_ctrl_c():
 
 def test_a_server_that_stops_answering_fails_the_bake_and_says_why():
     gone = Unavailable("http://127.0.0.1:1/metrics did not answer: connection refused")
-    speed = bake.bake(sampler_of(busy(1000)[:2] + [gone]), SETTINGS, bake.measure_baseline(sampler_of(busy(1000)),
+    speed = bake.bake(sampler_of(restarted(1000)[:3] + [gone]), SETTINGS, bake.measure_baseline(sampler_of(busy(1000)),
                                                                                           SETTINGS))
     assert not speed.ok and speed.cause == "server died"
     assert speed.why() == "the server stopped answering during the bake: " + gone.line
 
 
 def test_the_fleet_table_cell_and_the_history_words():
-    speed = bake.bake(sampler_of(busy(880)), SETTINGS, bake.measure_baseline(sampler_of(busy(1000)), SETTINGS))
+    speed = bake.bake(sampler_of(restarted(880)), SETTINGS, bake.measure_baseline(sampler_of(busy(1000)), SETTINGS))
     cell = bake.speed_cell(speed.to_json())
     assert cell.startswith("1,000 -> 880 tok/s (-12.0%), accept 3.0 -> 3.0, p99 ITL 8 -> 9 ms") and \
         cell.endswith(": rolled back"), cell

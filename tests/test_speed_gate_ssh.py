@@ -51,16 +51,20 @@ def gate(sshd, tmp_path, monkeypatch):
     monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
     names = tmp_path / "names.json"
     write_names(names, RELEASE)
-    slow = tmp_path / "slow_series"
-    shutil.copytree(DEPLOY_SERIES, slow)
-    with open(slow / "payload" / "ddtree_deploy_test_marker.py", "a") as fh:
-        fh.write(SLOW_MARK)
+    builds = {"equal": DEPLOY_SERIES}
+    for name, line in (("slow", SLOW_MARK),):
+        builds[name] = tmp_path / f"{name}_series"
+        shutil.copytree(DEPLOY_SERIES, builds[name])
+        with open(builds[name] / "payload" / "ddtree_deploy_test_marker.py", "a") as fh:
+            fh.write(line)
     made: list[Served] = []
 
     class Gate:
         @staticmethod
-        def series(is_slow: bool) -> None:
-            monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str((slow if is_slow else DEPLOY_SERIES) / "patches"))
+        def series(build) -> None:
+            """True: the slow build; False: the series as it is."""
+            name = {True: "slow", False: "equal"}.get(build, build)
+            monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(builds[name] / "patches"))
 
         @staticmethod
         def host(name: str, noise: float = 0.0) -> Served:
@@ -131,6 +135,8 @@ def test_an_equal_build_passes_every_time_with_the_noise_turned_up_and_history_s
         assert slowdown(s) == 0.0 and s.host.read(ADDED) is not None
         rb = cli("rollback", "--host", s.name)
         assert rb.exit_code == 0, rb.output
+        assert rb.stdout.strip().splitlines()[-1].startswith(f"{s.name}: serving DDTree B=8: accept length"), \
+            rb.stdout
     entries = history(s)
     verdicts = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "verdict"]
     assert [e["outcome"] for e in verdicts] == ["promoted", "promoted"]
@@ -138,8 +144,10 @@ def test_an_equal_build_passes_every_time_with_the_noise_turned_up_and_history_s
     assert len(verdicts[0]["speed"]["windows"]) == 3  # kept: the next push's baseline when its old server idles
     baselines = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "baseline"]
     assert len(baselines) == 2 and baselines[0]["speed"]["baseline"]["source"] == "live"
-    # restart and rollback: one short window before and after each, in the history too
-    assert cli("restart", "--host", s.name).exit_code == 0
+    # restart and rollback: one short window before and after each, said and in the history
+    r = cli("restart", "--host", s.name)
+    assert r.exit_code == 0, r.output
+    assert f"{s.name}: serving DDTree B=8: accept length 3.0 (was 3.0)" in r.stdout, r.stdout
     entries = history(s)
     around = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "around"]
     assert [e["command"] for e in around] == ["restart", "rollback", "rollback"], around
@@ -204,7 +212,7 @@ def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the
 
     s = gate.host("ctrlc1")
     console = Path(sys.executable).parent / "ddtree-deploy"
-    proc = subprocess.Popen([str(console), "push", "--host", s.name, "--analysis", "window_s=8"],
+    proc = subprocess.Popen([str(console), "push", "--host", s.name, "--analysis", "window_s=5"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     journal = s.host.state_dir / "journal.json"
     deadline = time.monotonic() + 60
@@ -214,7 +222,7 @@ def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the
         if serve.get("state") == "healthy":
             break
         time.sleep(0.1)
-    time.sleep(2.0)
+    time.sleep(1.0)
     t0 = time.monotonic()
     proc.send_signal(subprocess.signal.SIGINT)
     out, err = proc.communicate(timeout=60)

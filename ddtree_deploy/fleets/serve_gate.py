@@ -263,8 +263,12 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
     are switched and await their promotion (the new code serves: that run's own baseline, in
     the history, is the one). One read-only round trip decides."""
     progress("read state (for the speed baseline)")
-    with deploy.reading(host, connect(host), []) as read:
-        facts = read.facts
+    try:
+        with deploy.reading(host, connect(host), []) as read:
+            facts = read.facts
+    except DeployError as exc:  # read-only: nothing was changed
+        exc.host_unchanged = True
+        raise
     journal = facts.get("journal") or {}
     if journal.get("phase") == Phase.SWITCHED:
         return None
@@ -275,8 +279,12 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
             desired = None  # the push itself says why, under its lock
         if desired is None or desired.series_id == journal.get("series_id"):
             return None
-    return speed_bake.measure_baseline(_sampler(host, connect, settings, facts.get("sglang_version")), analysis,
-                                       progress=progress)
+    try:
+        return speed_bake.measure_baseline(_sampler(host, connect, settings, facts.get("sglang_version")), analysis,
+                                           progress=progress)
+    except DeployError as exc:  # the scrape could not run: before the lock, nothing was changed
+        exc.host_unchanged = True  # read by fleet.outcome_of_error
+        raise
 
 
 def _settled_baseline(held: deploy.PushSession, run_id: str | None, baseline: speed_bake.Baseline | None,
@@ -318,22 +326,25 @@ def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, conn
         raise unrecorded
     if measure is not None and restart.ok:
         after = serve_run.measure_quietly(measure, held.outcome.sglang_version, progress, "after the rollback")
-        serve_run.record_around(held, before, after, progress)
+        restart = replace(restart, speed=serve_run.record_around(held, before, after, progress))
     return restart
 
 
 def figures_measure(host, connect: Callable[[Any], Any], settings: ServeSettings,
                     analysis: AnalysisSettings | None) -> Callable[[str | None], Any] | None:
     """With ``[analysis]``: release -> one window of ``interval_s`` of the host's server (the
-    figures before/after a restart or a rollback, for the history); else None (none taken)."""
+    figures before/after a restart or a rollback, for the history); else None (none taken).
+    The window is the second of two: a server restarted a moment ago has gauges that still
+    start from zero in the first (its first window after a restart read half its accept length)."""
     if analysis is None:
         return None
 
     def measure(release: str | None):
         transport = connect(host)
         with transport:
-            return metrics_run.served_figures(host, transport, url=settings.url, release=release or "",
-                                              window_s=analysis.interval_s)
+            windows = metrics_run.sample_windows(host, transport, url=settings.url, release=release or "",
+                                                 interval_s=analysis.interval_s, scrapes=3)
+        return windows[-1]
     return measure
 
 
@@ -395,8 +406,11 @@ def require_serve(hosts) -> dict:
     return serves
 
 
-def _line(host: str, restart: serve_run.Restart) -> str:
-    return f"{host}: {restart.line()}"
+def _lines(host: str, restart: serve_run.Restart) -> tuple[str, ...]:
+    said = (f"{host}: {restart.line()}",)
+    if restart.speed and restart.speed.get("line"):  # [analysis]: the figures after, against before
+        said += (f"{host}: serving {restart.speed['line']}",)
+    return said
 
 
 def unhealthy_next(host: str, phase: str | None) -> str:
@@ -424,7 +438,7 @@ def restarted_result(result: HostResult, restart: serve_run.Restart) -> HostResu
     """A host's result after its server was restarted (a rollback's, or a push with nothing to
     switch): as it was when healthy, else ``server NOT healthy`` (and down) with the next step."""
     doc = {**result.doc, "serve": {"restart": restart.to_json(), "down": not restart.ok}}
-    lines = result.lines + (_line(result.host, restart),)
+    lines = result.lines + _lines(result.host, restart)
     result = replace(result, doc=doc, lines=lines)
     return result if restart.ok else _unhealthy(result, restart, result.doc.get("phase"))
 
@@ -451,7 +465,7 @@ def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any],
                                              measure=figures_measure(host, connect, settings, analysis))
     doc = {"host": host.name, "command": "restart", "run_id": held.run_id, "ok": restart.ok, "phase": held.phase,
            "restart": restart.to_json()}
-    result = HostResult(host.name, Kind.RESTARTED, doc, "", 0, (_line(host.name, restart),))
+    result = HostResult(host.name, Kind.RESTARTED, doc, "", 0, _lines(host.name, restart))
     return (result if restart.ok else _unhealthy(result, restart, held.phase)), held
 
 

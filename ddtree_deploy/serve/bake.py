@@ -186,10 +186,15 @@ class Bake:
 
 
 def bake(sampler: Sampler, settings: AnalysisSettings, baseline: Baseline, *, progress: Progress = quiet) -> Bake:
-    """The new server's windows, judged against ``baseline`` (see the module doc)."""
-    progress(f"speed analysis: the new server bakes {settings.samples} windows of {settings.interval_s:g} s")
-    windows = tuple(sample(sampler, settings))
-    gone = stopped(windows)
+    """The new server's windows, judged against ``baseline`` (see the module doc). One more
+    window than the baseline's is taken and the first is dropped: a server restarted a moment
+    ago averages its gauges from zero there (the stand-in's first window reads half its accept
+    length), which is the restart, not the build."""
+    progress(f"speed analysis: the new server bakes {settings.samples} windows of {settings.interval_s:g} s "
+             "(after one of warm-up)")
+    taken = tuple(sampler(settings.interval_s, settings.samples + 2))
+    gone = stopped(taken)
+    windows = taken[1:]
     verdict = analysis.analyse(baseline.windows, windows, settings)
     return Bake(baseline, windows, verdict, died=gone.line if gone is not None else None)
 

@@ -14,7 +14,7 @@ it is ``serve_gate``'s.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ddtree_deploy.base import next_step
@@ -65,6 +65,7 @@ class Restart:
     proof: str | None = None  # "tree" / "width": the DDTree proof asked; None: health only
     answer: dict | None = field(default=None, compare=False)
     seconds: float = 0.0
+    speed: dict | None = field(default=None, compare=False)  # [analysis]: the figures before/after (bake.around_record)
 
     @property
     def state(self) -> str:
@@ -98,7 +99,7 @@ class Restart:
         return {"ok": self.ok, "state": self.state, "failed": self.failed, "detail": self.detail, "proof": self.proof,
                 "seconds": round(self.seconds, 2), "restart": a.get("restart"), "drain": a.get("drain"),
                 "health": a.get("health"), "tree": (a.get("proof") or {}).get("tree"),
-                "before": _pids(a.get("before")), "after": _pids(a.get("after"))}
+                "before": _pids(a.get("before")), "after": _pids(a.get("after")), "speed": self.speed}
 
 
 def _pids(discovery: dict | None) -> list[dict] | None:
@@ -245,7 +246,9 @@ def restart_locked(host, connect: Callable[[Any], Any], settings: ServeSettings,
         if unrecorded is not None:
             raise unrecorded
         if measure is not None and result.ok:
-            record_around(held, before, measure_quietly(measure, release, progress, "after the restart"), progress)
+            around = record_around(held, before, measure_quietly(measure, release, progress, "after the restart"),
+                                   progress)
+            result = replace(result, speed=around)
     return result, held.outcome
 
 
@@ -264,16 +267,18 @@ def measure_quietly(measure: Callable[[str | None], Any] | None, release: str | 
         return None
 
 
-def record_around(held: deploy.PushSession, before, after, progress: Progress) -> None:
+def record_around(held: deploy.PushSession, before, after, progress: Progress) -> dict:
     """The history's ``speed`` line of a restart or a rollback (bake.around_record), under the
-    lock ``held`` holds; a failure to write it is said, never fatal."""
+    lock ``held`` holds; a failure to write it is said, never fatal. Returns the record."""
     from ddtree_deploy.serve.bake import around_record
 
+    record = around_record(before, after)
     try:
-        warning = held.record_speed(around_record(before, after))
+        warning = held.record_speed(record)
         held.outcome.history_warning = held.outcome.history_warning or warning
     except DeployError as exc:
         progress(f"the server's figures were not recorded: {exc.message}")
+    return record
 
 
 def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, held: deploy.PushSession,
