@@ -212,7 +212,7 @@ def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the
 
     s = gate.host("ctrlc1")
     console = Path(sys.executable).parent / "ddtree-deploy"
-    proc = subprocess.Popen([str(console), "push", "--host", s.name, "--analysis", "window_s=5"],
+    proc = subprocess.Popen([str(console), "push", "--host", s.name, "--analysis", "window_s=4"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     journal = s.host.state_dir / "journal.json"
     deadline = time.monotonic() + 60

@@ -325,25 +325,27 @@ def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, conn
     if unrecorded is not None:
         raise unrecorded
     if measure is not None and restart.ok:
-        after = serve_run.measure_quietly(measure, held.outcome.sglang_version, progress, "after the rollback")
+        after = serve_run.measure_quietly(measure, held.outcome.sglang_version, progress, "after the rollback",
+                                          restarted=True)
         restart = replace(restart, speed=serve_run.record_around(held, before, after, progress))
     return restart
 
 
 def figures_measure(host, connect: Callable[[Any], Any], settings: ServeSettings,
-                    analysis: AnalysisSettings | None) -> Callable[[str | None], Any] | None:
-    """With ``[analysis]``: release -> one window of ``interval_s`` of the host's server (the
-    figures before/after a restart or a rollback, for the history); else None (none taken).
-    The window is the second of two: a server restarted a moment ago has gauges that still
-    start from zero in the first (its first window after a restart read half its accept length)."""
+                    analysis: AnalysisSettings | None) -> Callable[[str | None, bool], Any] | None:
+    """With ``[analysis]``: (release, restarted) -> one window of ``interval_s`` of the host's
+    server (the figures before/after a restart or a rollback, for the history); else None
+    (none taken). After a restart (``restarted``) the window is the second of two: a server
+    restarted a moment ago averages its gauges from zero in the first (the stand-in's first
+    window after a restart read half its accept length)."""
     if analysis is None:
         return None
 
-    def measure(release: str | None):
+    def measure(release: str | None, restarted: bool):
         transport = connect(host)
         with transport:
             windows = metrics_run.sample_windows(host, transport, url=settings.url, release=release or "",
-                                                 interval_s=analysis.interval_s, scrapes=3)
+                                                 interval_s=analysis.interval_s, scrapes=3 if restarted else 2)
         return windows[-1]
     return measure
 
@@ -356,7 +358,7 @@ def figures_before_rollback(host, settings: ServeSettings | None, analysis: Anal
         return None
     with deploy.reading(host, connect(host), []) as read:
         release = read.facts.get("sglang_version")
-    return serve_run.measure_quietly(measure, release, progress, "before the rollback")
+    return serve_run.measure_quietly(measure, release, progress, "before the rollback", restarted=False)
 
 
 def ensure_serving(host, settings: ServeSettings, connect: Callable[[Any], Any], files, *,

@@ -224,7 +224,7 @@ def proof_family(journal: dict | None, patches_dir=None):
 def restart_locked(host, connect: Callable[[Any], Any], settings: ServeSettings, *, prove: bool = True,
                    break_lock: bool = False, progress: Progress = quiet,
                    heartbeat: Heartbeat | None = None,
-                   measure: Callable[[str | None], Any] | None = None) -> tuple[Restart, deploy.Outcome]:
+                   measure: Callable[[str | None, bool], Any] | None = None) -> tuple[Restart, deploy.Outcome]:
     """Take the host's deploy lock, restart its server, wait for health (and, with ``prove``
     on a host whose journal says DDTree is in place, the DDTree proof), record it, unlock.
 
@@ -239,27 +239,30 @@ def restart_locked(host, connect: Callable[[Any], Any], settings: ServeSettings,
         if prove and journal.get("phase") in (Phase.DEPLOYED, Phase.SWITCHED):
             proof = serve_plan.proof_spec(settings, proof_family(journal))
         release = held.facts.get("sglang_version")
-        before = measure_quietly(measure, release, progress, "before the restart")
+        before = measure_quietly(measure, release, progress, "before the restart", restarted=False)
         result, unrecorded = restart_held(host, connect, settings, held, journal.get("run_id"),
                                           list(journal.get("files") or ()), proof=proof, progress=progress,
                                           heartbeat=heartbeat)
         if unrecorded is not None:
             raise unrecorded
         if measure is not None and result.ok:
-            around = record_around(held, before, measure_quietly(measure, release, progress, "after the restart"),
+            around = record_around(held, before, measure_quietly(measure, release, progress, "after the restart",
+                                                                 restarted=True),
                                    progress)
             result = replace(result, speed=around)
     return result, held.outcome
 
 
-def measure_quietly(measure: Callable[[str | None], Any] | None, release: str | None, progress: Progress, when: str):
-    """One window of the server's figures (``measure(release)``), or None: none asked, or it
+def measure_quietly(measure: Callable[[str | None, bool], Any] | None, release: str | None, progress: Progress,
+                    when: str, *, restarted: bool):
+    """One window of the server's figures (``measure(release, restarted)``: ``restarted``, a
+    server restarted a moment ago, whose first window is warm-up), or None: none asked, or it
     could not be read (said, never fatal: the figures are evidence, not a step of the restart)."""
     if measure is None:
         return None
     progress(f"the server's figures {when}")
     try:
-        return measure(release)
+        return measure(release, restarted)
     except DeployError as exc:
         if inflight.cancelled.is_set():
             raise
