@@ -981,7 +981,7 @@ def cause_words(automatic: dict) -> str:
     if cause == "smoke":
         return f"smoke failed at {step}"
     if cause == "analysis":  # the speed gate: slower than the baseline, not proven, or the server died
-        return f"speed analysis: {step or 'failed'}"
+        return "speed analysis failed" if step in (None, "analysis") else f"speed analysis: {step}"
     return f"server {step or cause} failed after the restart"
 
 
