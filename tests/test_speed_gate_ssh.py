@@ -233,7 +233,9 @@ def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the
     assert "Traceback" not in err
     # switched, healthy on the new files, not promoted: what status explains
     st = check_envelope(cli("status", "--host", s.name, "--json").stdout, 1, "status")["hosts"][0]
+    print(st["explanation"])
     assert st["phase"] == "switched" and st["serving"]["health"]["status"] == 200, st
+    assert "healthy" in st["explanation"] and f"ddtree-deploy push --host {s.name}" in st["explanation"], st
     assert s.host.read(ADDED) is not None
     # the rerun: nothing to switch, the bake judged against this run's own baseline, promoted
     r = cli("push", "--host", s.name)
