@@ -67,10 +67,10 @@ def gate(sshd, tmp_path, monkeypatch):
             monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(builds[name] / "patches"))
 
         @staticmethod
-        def host(name: str, noise: float = 0.0) -> Served:
+        def host(name: str, noise: float = 0.0, metrics: bool = True) -> Served:
             argv = ["--enable-metrics", "--metric-names", str(names), "--traffic", "4", "--traffic-tokens", "48",
                     "--accept-length", "3.0", "--noise", str(noise), "--noise-period-s", "1", "--seed",
-                    str(len(made))]
+                    str(len(made))] if metrics else []
             s = Served(sshd, tmp_path, name, extra_argv=argv, package_file=ADDED, tables=ANALYSIS)
             s.sup.start()
             made.append(s)
@@ -115,6 +115,15 @@ def test_a_slower_push_is_rolled_back_by_the_analysis_and_the_old_code_serves_ag
     assert verdict["outcome"] == "rolled back" and verdict["speed"]["verdict"] == "fail"
     assert verdict["speed"]["after"]["output_tps"] < 0.95 * verdict["speed"]["before"]["output_tps"]
     assert "windows" not in verdict["speed"]  # a rolled-back bake is never a later baseline
+
+    # A server without --enable-metrics cannot be judged: the push is refused before its switch.
+    bare = gate.host("bare1", metrics=False)
+    r = cli("push", "--host", bare.name)
+    assert r.exit_code == 1, r.output
+    said = " ".join(r.output.split())
+    assert "the speed analysis ([analysis]) cannot measure this server: " in said and "answered 404" in said, said
+    assert "nothing was changed" in said and "or push with --no-analysis" in said, said
+    assert bare.host.read(ADDED) is None and not (bare.host.state_dir / "journal.json").exists()
 
     # --no-analysis: the same slow build is promoted, and the outcome says the gate was skipped.
     r = cli("push", "--host", s.name, "--no-analysis")

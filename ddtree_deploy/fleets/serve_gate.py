@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ddtree_deploy.base import next_step
-from ddtree_deploy.base.codes import Phase
+from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import HostResult, Kind
@@ -280,11 +280,17 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
         if desired is None or desired.series_id == journal.get("series_id"):
             return None
     try:
-        return speed_bake.measure_baseline(_sampler(host, connect, settings, facts.get("sglang_version")), analysis,
-                                           progress=progress)
+        baseline = speed_bake.measure_baseline(_sampler(host, connect, settings, facts.get("sglang_version")),
+                                               analysis, progress=progress)
     except DeployError as exc:  # the scrape could not run: before the lock, nothing was changed
         exc.host_unchanged = True  # read by fleet.outcome_of_error
         raise
+    bare = speed_bake.without_metrics(baseline.windows)
+    if bare is not None:  # the new server, launched the same way, could not be judged either
+        raise DeployError(f"{host.name}: the speed analysis ([analysis]) cannot measure this server: {bare.why}; "
+                          "nothing was changed", code=Code.FAILED_UNCHANGED,
+                          hint=f"{bare.hint or 'launch the server with --enable-metrics'}, or push with --no-analysis")
+    return baseline
 
 
 def _settled_baseline(held: deploy.PushSession, run_id: str | None, baseline: speed_bake.Baseline | None,

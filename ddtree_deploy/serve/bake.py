@@ -26,7 +26,14 @@ from typing import Callable, Iterable, Sequence
 
 from ddtree_deploy.base.progress import Progress, quiet
 from ddtree_deploy.serve import analysis
-from ddtree_deploy.serve.figures import ServedFigures, Unavailable, compared_line, figures_from_json, figures_line
+from ddtree_deploy.serve.figures import (
+    ENABLE_FLAG,
+    ServedFigures,
+    Unavailable,
+    compared_line,
+    figures_from_json,
+    figures_line,
+)
 from ddtree_deploy.settings.analysis_settings import AnalysisSettings
 
 Window = ServedFigures | Unavailable
@@ -40,6 +47,13 @@ SKIPPED = "--no-analysis"
 def sample(sampler: Sampler, settings: AnalysisSettings) -> list[Window]:
     """One side's windows: ``settings.samples`` of ``interval_s`` each."""
     return list(sampler(settings.interval_s, settings.samples + 1))
+
+
+def without_metrics(windows: Sequence[Window]) -> Unavailable | None:
+    """The server answers, but exports no figures (no ``/metrics``: launched without
+    ``--enable-metrics``): why, else None. A gate that cannot measure the old server cannot
+    measure the new one launched the same way: the push is refused before its switch."""
+    return next((w for w in windows if isinstance(w, Unavailable) and f"without {ENABLE_FLAG}" in w.why), None)
 
 
 def stopped(windows: Sequence[Window]) -> Unavailable | None:
@@ -254,4 +268,4 @@ def speed_cell(doc: dict | None) -> str:
 
 __all__ = ["Bake", "Baseline", "LIVE", "NONE", "PROMOTED", "RECORD", "ROLLED_BACK", "SKIPPED", "Sampler",
            "around_record", "bake", "entry_words", "measure_baseline", "pending_baseline", "recorded_baseline",
-           "sample", "skipped", "speed_cell", "stopped"]
+           "sample", "skipped", "speed_cell", "stopped", "without_metrics"]
