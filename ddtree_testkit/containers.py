@@ -122,6 +122,11 @@ def sglang_layer(wheel: Path, files: list[str], out: Path) -> Path:
     here = Path(__file__).resolve().parent
     for name in ("standin_server.py", "standin_metrics.py"):
         shutil.copy(here / name, standin / name)
+    # The pinned metric names of the wheel's release, for the stand-in's --metric-names (the
+    # speed gate's container test): the stand-in cannot import the toolkit's table itself.
+    from ddtree_testkit.standin_metrics import write_names
+
+    write_names(standin / "metric_names.json", wheel.name.split("-")[1])
     (out / "Dockerfile").write_text(f"ARG BASE\nFROM $BASE\nCOPY site/ /{SITE}/\nCOPY standin/ /{STANDIN_DIR}/\n")
     return out
 

@@ -88,21 +88,22 @@ class Served(StandinProbes):
     """A sandbox host whose stand-in server runs under its own supervisord."""
 
     def __init__(self, sshd, root: Path, name: str, *, unhealthy_with: str | None = None, ready_after: float = 0.0,
-                 serve: dict | None = None, args: tuple[str, ...] = ()):
+                 serve: dict | None = None, extra_argv: list[str] | None = None, package_file: str = SPEC,
+                 tables: str = ""):
         self.host = sshd.add_host(name, root / name, files=[SPEC, UTILS])
         self.port = free_port()
         argv = [str(self.host.python), str(STANDIN_SERVER), "--model-path", "/models/target",
                 "--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", str(BUDGET),
-                "--port", str(self.port), "--package-file", SPEC, "--ready-after", str(ready_after)]
+                "--port", str(self.port), "--package-file", package_file, "--ready-after", str(ready_after)]
         if unhealthy_with:
             argv += ["--unhealthy-with", unhealthy_with]
-        argv += list(args)  # e.g. --enable-metrics and its traffic (tests/test_status_live_ssh.py)
+        argv += list(extra_argv or ())  # e.g. the speed model: --enable-metrics --traffic N (test_speed_gate_ssh)
         self.sup = Supervised(root / name / "supervisor", "sglang", argv)
         self.inventory = self.host.inventory(smoke_levels=[])
         table = {"restart": self.sup.restart_argv, "url": f"http://127.0.0.1:{self.port}",
                  "ready_timeout_s": 20, "poll_s": 0.2, "budget": BUDGET, **(serve or {})}
         with open(self.inventory, "a") as fh:
-            fh.write("\n[serve]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
+            fh.write("\n[serve]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()) + tables)
 
     @property
     def name(self) -> str:

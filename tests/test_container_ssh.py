@@ -74,7 +74,8 @@ class Box(StandinProbes):
     """One container host: a container of the test image serving the stand-in, its inventory."""
 
     def __init__(self, sshd: SSHServer, env: dict, root: Path, name: str, *, image: str = IMAGE,
-                 unhealthy_with: str | None = None, serve: dict | None = None, container: dict | None = None):
+                 unhealthy_with: str | None = None, serve: dict | None = None, container: dict | None = None,
+                 extra_argv: list[str] | None = None, tables: str = ""):
         self.sshd, self.env, self.name, self.image = sshd, env, name, image
         self.port = free_port()
         self.argv = ["python3", "/opt/standin/standin_server.py", "--model-path", "/models/target",
@@ -82,6 +83,7 @@ class Box(StandinProbes):
                      "--port", str(self.port), "--package-file", SPEC]
         if unhealthy_with:
             self.argv += ["--unhealthy-with", unhealthy_with]
+        self.argv += list(extra_argv or ())  # e.g. the speed model (test_a_slower_image_is_put_back_by_the_analysis)
         self.state_dir = root / "state"
         table = {"engine": "podman", "name": name, "stop_timeout_s": 5, **(container or {})}
         serve_table = {"url": f"http://127.0.0.1:{self.port}", "ready_timeout_s": 20, "poll_s": 0.2,
@@ -95,7 +97,7 @@ class Box(StandinProbes):
         lines += ["", "[serve]"] + [f"{k} = {json.dumps(v)}" for k, v in serve_table.items()]
         s.hosts_dir.mkdir(parents=True, exist_ok=True)
         self.inventory = s.hosts_dir / f"{name}.toml"
-        self.inventory.write_text("\n".join(lines) + "\n")
+        self.inventory.write_text("\n".join(lines) + "\n" + tables)
 
     def run(self, image: str | None = None) -> str:
         """`podman run` the serving container (its run configuration: what a push must carry)."""
@@ -362,3 +364,31 @@ def test_a_program_killed_mid_switch_is_explained_and_finished(box, oracle, monk
     assert r.returncode == 0, r.stdout + r.stderr
     assert "the old container, kept aside as" in r.stdout
     assert b.serving_sha() == sha256(patched[SPEC])
+
+
+def test_a_slower_image_is_put_back_by_the_speed_analysis(box, tmp_path, monkeypatch):
+    """The speed gate on a [container] host (issue 29): the old container sampled before the
+    switch, the new one baked after its proof; the series' slow build (the added module carries
+    the stand-in's slowdown marker, read at start: 10% slower) is not kept: the old container
+    serves again, and the journal's rollback names the analysis."""
+    slow = tmp_path / "slow_series"
+    shutil.copytree(DEPLOY_SERIES, slow)
+    with open(slow / "payload" / "ddtree_deploy_test_marker.py", "a") as fh:
+        fh.write("# ddtree-standin: slowdown=0.10\n")
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(slow / "patches"))
+    b = box("ct-slow", extra_argv=["--package-file", ADDED, "--enable-metrics", "--metric-names",
+                                   "/opt/standin/metric_names.json", "--traffic", "4", "--traffic-tokens", "48",
+                                   "--accept-length", "3.0"],
+            tables="\n[analysis]\nwindow_s = 3\ninterval_s = 1\nmin_samples = 3\n")
+    before = b.inspect()
+    r = cli("push", "--host", b.name)
+    print(r.stdout)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "analysis failed: slower than the baseline: output tokens/s" in r.stdout, r.stdout
+    assert "the old image serves again: healthy" in r.stdout
+    after = b.inspect()
+    assert after["Id"] == before["Id"] and after["Image"] == before["Image"]  # the very container, back
+    assert b.healthy() and b.info()["stand_in_package"]["sha256"] is None  # no added module: the old files
+    history = cli("history", "--host", b.name)
+    assert "(AUTOMATIC, after push run" in history.stdout and "speed analysis failed" in history.stdout, \
+        history.stdout

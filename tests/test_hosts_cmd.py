@@ -112,6 +112,7 @@ def test_hosts_list_reads_every_file_and_says_where(tmp_path):
     ('[serve]\nrestart = "systemctl restart sglang"\nurl = "http://127.0.0.1:30000"\n',
      "serve.restart: must be a list of arguments, not the string 'systemctl restart sglang'"),
     ('[smoke]\nlevels = ["compile", "launch"]\n', "smoke.levels: 'launch' needs a [smoke.launch] table"),
+    ('[analysis]\nwindow_s = 60\ninterval_s = 90\n', "analysis.interval_s: 90 s is longer than window_s 60 s"),
 ])
 def test_hosts_list_shows_broken_what_push_refuses(tmp_path, extra, said):
     """`hosts list` and `push` share one validator: a file push refuses before any connection

@@ -59,7 +59,7 @@ def state_digest(folder: Path) -> dict[str, str]:
 
 
 def test_the_live_line_gives_the_models_figures_and_since_when_the_code_runs(served, tmp_path):
-    s = served("live1", args=metrics_args(tmp_path / "m"))
+    s = served("live1", extra_argv=metrics_args(tmp_path / "m"))
     # A push with [serve]: the switch, then the server restarted on the new files; the journal's
     # serve record names the new pid.
     r = cli("push", "--host", s.name, "--json")
@@ -135,7 +135,7 @@ def test_a_server_without_metrics_says_so_and_names_the_flag(served):
 
 
 def test_a_fleet_reads_its_hosts_at_once_each_with_its_line(served, tmp_path):
-    a = served("live3", args=metrics_args(tmp_path / "a"))
+    a = served("live3", extra_argv=metrics_args(tmp_path / "a"))
     b = served("live4")
     doc, _ = status_json("--host", a.name, "--host", b.name, "--window", "1")
     hosts = {h["host"]: h for h in doc["hosts"]}

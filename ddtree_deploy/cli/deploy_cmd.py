@@ -75,16 +75,23 @@ def push(
     parallel: Optional[int] = typer.Option(None, "--parallel", "-j", help=PARALLEL_HELP),
     max_failures: int = typer.Option(0, "--max-failures", help="with several hosts: failures tolerated "
                                      "before no new host is started"),
+    no_analysis: bool = typer.Option(False, "--no-analysis", help="skip the speed analysis ([analysis]): promote "
+                                     "a healthy, proven server without judging its speed (said in the outcome)"),
+    analysis: Optional[List[str]] = typer.Option(None, "--analysis", metavar="KEY=VALUE",
+                                                 help="override one [analysis] key for this push, e.g. "
+                                                 "window_s=60 or thresholds.output_tps=-3%; repeatable"),
     json_output: bool = typer.Option(False, "--json", help="print one JSON document on stdout"),
 ) -> None:
     """Deploy the series: lock, drift check, check, back up, stage + verify, switch, journal, smoke."""
     from ddtree_deploy.fleets import rollout
+    from ddtree_deploy.settings.analysis_settings import parse_override
 
     hosts = rollout.select_hosts(host or [], group or [])
     options = rollout.PushOptions(family=family, dry_run=dry_run, break_lock=break_lock, smoke=not no_smoke,
                                   levels=tuple(level or ()), auto_rollback=not no_rollback, canary=canary,
                                   parallel=parallel, max_failures=max_failures, diff=diff,
-                                  replace_drifted=replace_drifted, force_driver=force_driver)
+                                  replace_drifted=replace_drifted, force_driver=force_driver, analysis=not no_analysis,
+                                  analysis_overrides=tuple(parse_override(a) for a in analysis or ()))
     _render("push", hosts, json_output,
             lambda view: rollout.push(hosts, _connect(trust_new_host), options, on_event=view),
             canary=rollout.push_policy_for(hosts, options).canary)

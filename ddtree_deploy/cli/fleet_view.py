@@ -168,11 +168,16 @@ def print_outcomes(report: FleetReport) -> None:
     """The per-host outcome table, on stderr (the results themselves are on stdout or in --json)."""
     from rich.table import Table
 
+    from ddtree_deploy.serve.bake import speed_cell
+
     table = Table(title=f"{report.command}: {len(report.results)} host(s), {report.seconds:.1f} s", title_justify="left")
     waves = report.policy.waves  # restarts: the wave timeline (which batch, when it started and ended)
-    for col in ("host", "outcome", "detail") + (("wave", "start", "end") if waves else ("time",)):
+    # push with [analysis]: each host's baseline and new figures, and whether they promoted it
+    speeds = {r.host: speed_cell((r.doc.get("serve") or {}).get("analysis")) for r in report.results}
+    speed = ("speed (baseline -> new)",) if any(speeds.values()) else ()
+    for col in ("host", "outcome", "detail") + speed + (("wave", "start", "end") if waves else ("time",)):
         # Names and numbers whole; the detail (prose) wraps between words.
-        table.add_column(col, overflow="fold", no_wrap=col != "detail" and col != "outcome")
+        table.add_column(col, overflow="fold", no_wrap=col not in ("detail", "outcome") + speed)
     for r in report.results:
         colour = "yellow" if r.kind is Kind.SKIPPED else _STYLE[r.kind.ok]
         if waves:
@@ -180,7 +185,8 @@ def print_outcomes(report: FleetReport) -> None:
             timing = ("" if r.wave is None else str(r.wave), "" if r.started is None else f"{r.started:.1f} s", end)
         else:
             timing = ("" if r.elapsed is None else f"{r.elapsed:.1f} s",)
-        table.add_row(safe(r.host), f"[{colour}]{r.kind.value}[/]", _esc(r.message), *timing)
+        cells = (_esc(speeds[r.host]),) if speed else ()
+        table.add_row(safe(r.host), f"[{colour}]{r.kind.value}[/]", _esc(r.message), *cells, *timing)
     err.print(table)
     footer = stop_line(report)
     if footer:

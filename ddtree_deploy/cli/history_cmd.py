@@ -39,9 +39,21 @@ def history(
     shown = len(doc["entries"])
     say(f"{h.name}: {shown} of {doc['total']} history entries, newest first")
     for e in doc["entries"]:
-        say("  " + hostlog.entry_line(e))
+        say("  " + hostlog.entry_line(e) + _speed_words(e))
     if doc["unreadable"]:
         say(f"  ({doc['unreadable']} unreadable line(s) skipped: torn by a crash or a full disk)")
+
+
+def _speed_words(e: dict) -> str:
+    """A ``speed`` entry's figures (the speed gate's before/after, serve/bake.py), or ""."""
+    if not isinstance(e.get("speed"), dict):
+        return ""
+    from ddtree_deploy.serve.bake import entry_words
+
+    try:
+        return "  " + entry_words(e["speed"])
+    except (TypeError, ValueError, KeyError, AttributeError):  # another agent's entry: said, not trusted
+        return "  (speed figures unreadable)"
 
 
 __all__ = ["history"]

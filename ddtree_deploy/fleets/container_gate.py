@@ -29,9 +29,12 @@ from ddtree_deploy.containers.container_session import SWITCH_S, ContainerSessio
 from ddtree_deploy.containers.image_context import context_files
 from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.hostprog.engine_cli import built_tag, kept_tag
+from ddtree_deploy.remote import inflight
 from ddtree_deploy.serve import serve_plan
+from ddtree_deploy.serve.bake import NONE, Baseline, bake, measure_baseline
 from ddtree_deploy.session.deploy import automatic_cause, holder_name, new_run_id
 from ddtree_deploy.session.desired import Want
+from ddtree_deploy.settings.analysis_settings import AnalysisSettings
 from ddtree_deploy.settings.serve_settings import ServeSettings
 from ddtree_deploy.settings.smoke_settings import family_smoke
 
@@ -39,27 +42,56 @@ Connect = Callable[[Any], Any]
 VERIFY_SLACK_S = 120.0
 
 
-def analysis_baseline(host, serve: ServeSettings, *, progress: Progress = quiet) -> Any:
+def analysis_baseline(host, serve: ServeSettings, *, analysis: AnalysisSettings | None = None,
+                      connect: Connect | None = None, release: str | None = None,
+                      progress: Progress = quiet) -> Baseline | None:
     """The speed gate's baseline: the OLD container's served figures, measured before the switch
-    (issue 29, phase 2). None: no ``[analysis]`` table, or not wired yet. Its one call site is in
-    ``_push_steps``, right before the switch; wiring it: ``bake.measure_baseline`` (branch speed2)
-    with the serve program's scraper (``metrics_run.Scraper``: HTTP to ``serve.url`` from the
-    host, which a container host has as any [serve] host) and ``host.analysis``."""
-    return None
+    (issue 29, the same bake as a [serve] host's: ``bake.measure_baseline`` through the serve
+    program's scrape of ``serve.url`` from the host). None: no ``[analysis]`` (or
+    ``--no-analysis``). A baseline that cannot be read is one of source ``none``, said in the
+    verdict (inconclusive: the push is not promoted on an unmeasured speed)."""
+    if analysis is None or connect is None:
+        return None
+    try:
+        return measure_baseline(container_sampler(host, connect, serve, release), analysis, progress=progress)
+    except DeployError as exc:
+        if inflight.cancelled.is_set():
+            raise
+        return Baseline((), NONE, f"the old container's figures could not be read: {clause(exc, host.name)}")
 
 
-def analysis_gate(host, serve: ServeSettings, baseline: Any, verified: dict, *,
-                  progress: Progress = quiet) -> str | None:
-    """THE SPEED ANALYSIS of a container push, between its proof and its keep (issue 29, phase 2).
+def analysis_gate(host, serve: ServeSettings, baseline: Baseline | None, verified: dict, *,
+                  analysis: AnalysisSettings | None = None, connect: Connect | None = None,
+                  release: str | None = None, progress: Progress = quiet) -> str | None:
+    """THE SPEED ANALYSIS of a container push, between its proof and its keep (issue 29).
 
-    Its one call site (``_push_steps``) hands over the host, its ``[serve]`` table, the
-    baseline (``analysis_baseline``'s) and the verify step's answer; a failure is returned as one
-    line (why the new image is not kept: the caller puts the old container back, cause
-    ``analysis``), None when it passes or no ``[analysis]`` table asks for it. Not wired yet:
-    wiring it is ``bake.bake(scraper, settings, baseline)`` (branch speed2) here, returning
-    its ``failure`` when it did not pass.
-    """
-    return None
+    The new container bakes (``bake.bake``) against ``baseline`` (``analysis_baseline``'s; a
+    finishing run, whose old container is aside, has none: inconclusive, so it is not kept on
+    an unmeasured speed). A failure is returned as one line (the caller puts the old container
+    back, cause ``analysis``), None when it passes or no ``[analysis]`` asks for it."""
+    if analysis is None or connect is None:
+        return None
+    baseline = baseline or Baseline((), NONE, "no baseline: this run did not sample the old container")
+    try:
+        speed = bake(container_sampler(host, connect, serve, release), analysis, baseline, progress=progress)
+    except DeployError as exc:
+        if inflight.cancelled.is_set():
+            raise
+        return f"the new container's figures could not be read: {clause(exc, host.name)}"
+    verified["analysis"] = speed.to_json()
+    return None if speed.ok else speed.why()
+
+
+def container_sampler(host, connect: Connect, serve: ServeSettings, release: str | None):
+    """Windows of the container's server, scraped from the host (``serve.url`` as the host sees it)."""
+    from ddtree_deploy.serve import metrics_run
+
+    def take(interval_s: float, scrapes: int):
+        transport = connect(host)
+        with transport:
+            return metrics_run.sample_windows(host, transport, url=serve.url, release=release or "",
+                                              interval_s=interval_s, scrapes=scrapes)
+    return take
 
 
 def _result(host: str, kind: Kind, doc: dict, message: str, lines: list[str], exc: DeployError | None = None
@@ -108,7 +140,7 @@ def status_host(h, connect: Connect, want: Want | None, serve: ServeSettings | N
 
 def push_host(h, connect: Connect, want: Want, serve: ServeSettings, *, dry_run: bool = False,
               break_lock: bool = False, progress: Progress = quiet,
-              heartbeat: Heartbeat | None = None) -> HostResult:
+              heartbeat: Heartbeat | None = None, analysis: AnalysisSettings | None = None) -> HostResult:
     """One container host's push (see the module doc). Raises the refusals (no container, not
     SGLang, no engine, a release no family covers) before any change."""
     s = h.container
@@ -145,15 +177,18 @@ def push_host(h, connect: Connect, want: Want, serve: ServeSettings, *, dry_run:
             plan = cplan.plan_push(h.name, answer, desired)
             if plan.action == "already":
                 return _result(h.name, Kind.ALREADY, doc, plan.reason, lines + [f"{h.name}: {plan.reason}"])
-        return _push_steps(h, session, serve, series, desired, plan, answer, run_id, doc, lines, progress, heartbeat)
+        speed = (analysis, connect) if analysis is not None else None
+        return _push_steps(h, session, serve, series, desired, plan, answer, run_id, doc, lines, progress, heartbeat,
+                           speed)
 
     return _open(h, connect, steps)
 
 
 def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desired, plan: cplan.PushPlan,
                 answer: dict, run_id: str, doc: dict, lines: list[str], progress: Progress,
-                heartbeat: Heartbeat | None) -> HostResult:
+                heartbeat: Heartbeat | None, speed: tuple | None = None) -> HostResult:
     s = h.container
+    analysis, connect = speed if speed is not None else (None, None)
     if plan.action == "build":
         kept = kept_tag(s.name, plan.base)
         tag = built_tag(s.name, desired.series_id, run_id)
@@ -166,7 +201,8 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
         image = built["image"]
         lines.append(f"{h.name}: built {tag} ({cplan.short(image['id'])}) FROM {kept} ({cplan.short(plan.base)})")
         # ---- the speed analysis gate's baseline (issue 29 phase 2): the old container, before the switch ----
-        baseline = analysis_baseline(h, serve, progress=progress)
+        baseline = analysis_baseline(h, serve, analysis=analysis, connect=connect,
+                                     release=desired.sglang_version, progress=progress)
         progress("switch the container to the new image")
         session.call({"op": "switch", "run_id": run_id, "command": "push", "kind": "push",
                       "image": {"id": image["id"], "tag": tag}, "from_tag": kept,
@@ -185,7 +221,8 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
     if failed is None:
         progress("speed analysis")
         # ---- the speed analysis gate (issue 29 phase 2): its single call site ----
-        why = analysis_gate(h, serve, baseline, verified, progress=progress)
+        why = analysis_gate(h, serve, baseline, verified, analysis=analysis, connect=connect,
+                            release=desired.sglang_version, progress=progress)
         if why is not None:
             failed = ("analysis", why)
     doc["verify"] = verified
@@ -293,4 +330,4 @@ def rollback_host(h, connect: Connect, serve: ServeSettings, *, dry_run: bool = 
     return _open(h, connect, steps)
 
 
-__all__ = ["analysis_baseline", "analysis_gate", "push_host", "rollback_host", "status_host"]
+__all__ = ["analysis_baseline", "analysis_gate", "container_sampler", "push_host", "rollback_host", "status_host"]

@@ -9,6 +9,7 @@ Light on purpose (no transport): ``hosts list`` imports it.
 from __future__ import annotations
 
 from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.settings.analysis_settings import AnalysisSettings, apply_overrides, parse_analysis
 from ddtree_deploy.settings.container_settings import refuse_tables
 from ddtree_deploy.settings.inventory import Host, load_host
 from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
@@ -19,11 +20,19 @@ def check_tables(host: Host, *, smoke: bool = True) -> ServeSettings | None:
     """``host``'s [smoke] (unless ``smoke`` is False: ``push --no-smoke`` runs none) and
     [serve] tables, checked whole: BadInput (one line: file, line, key) for the first wrong
     value. Returns the [serve] settings (None: no table)."""
+    parse_analysis(host.analysis, source=host.source)  # [analysis]: the speed gate's table
     if host.container is not None:
         return container_serve(host)
     if smoke:
         check_settings(host)
     return parse_serve(host.serve, source=host.source)
+
+
+def analysis_settings(host: Host, overrides=()) -> AnalysisSettings | None:
+    """``host``'s ``[analysis]`` with ``overrides`` (``--analysis KEY=VALUE`` pairs, already
+    parsed) laid over it, checked whole: BadInput (one line) for a wrong value, before any
+    connection. None: no table and no override (no speed gate)."""
+    return apply_overrides(host.analysis, list(overrides), source=host.source)
 
 
 def container_serve(host: Host) -> ServeSettings:
@@ -63,4 +72,4 @@ def group_problem(group: str, members, listed: dict[str, BadInput | None]) -> Ba
     return None
 
 
-__all__ = ["check_tables", "checked_host", "container_serve", "group_problem"]
+__all__ = ["analysis_settings", "check_tables", "checked_host", "container_serve", "group_problem"]

@@ -36,7 +36,7 @@ from ddtree_deploy.fleets.fleet import (
     spread_policy,
 )
 from ddtree_deploy.fleets.fleet_run import run_fleet
-from ddtree_deploy.fleets.host_check import check_tables
+from ddtree_deploy.fleets.host_check import analysis_settings, check_tables
 from ddtree_deploy.session import deploy, driver_gate
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings import smoke_settings
@@ -189,7 +189,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
                levels: Sequence[str] | None = None, auto_rollback: bool = True, log_dir=None,
                progress: Progress = quiet, held: deploy.PushSession | None = None,
                heartbeat: Heartbeat | None = None, serve=None,
-               smoke: bool = True) -> AfterPush:
+               smoke: bool = True, analysis=None, baseline=None, no_analysis: bool = False) -> AfterPush:
     """Run the host's smoke levels after a push switched files; roll back if one fails.
 
     ``outcome`` is ``deploy.push``'s; nothing runs when it changed nothing (a dry run,
@@ -211,7 +211,9 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
 
     ``serve`` (the host's ``serve_settings.ServeSettings``, with ``held``): once the smoke
     passed (or none runs: ``smoke`` False is ``--no-smoke``), the server is restarted and
-    must be healthy and serve DDTree before the mark (``serve_gate.gate_push``).
+    must be healthy and serve DDTree before the mark (``serve_gate.gate_push``); with
+    ``analysis`` (the host's ``[analysis]``) it then bakes against ``baseline`` and is promoted
+    only when not slower (``no_analysis``: ``--no-analysis``, skipped and said).
     """
 
     def mark(phase: str, smoke_doc: dict | None = None) -> None:
@@ -229,7 +231,8 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         from ddtree_deploy.fleets import serve_gate
 
         gate = serve_gate.gate_push(host, serve, held, lambda _h: make_transport(), outcome, series,
-                                    auto_rollback=auto_rollback, progress=progress, heartbeat=heartbeat)
+                                    auto_rollback=auto_rollback, progress=progress, heartbeat=heartbeat,
+                                    analysis=analysis, baseline=baseline, no_analysis=no_analysis)
         phase = (Phase.DEPLOYED if gate.marked else Phase.ROLLED_BACK if gate.rollback is not None
                  else Phase.SWITCHED)
         return AfterPush(report, skipped=skipped, host=host.name, marked=gate.marked, phase=phase, serve=gate)
@@ -471,6 +474,8 @@ class PushOptions:
     diff: bool = False  # --diff: each host's unified diff (from its current files) in its result
     replace_drifted: bool = False  # --replace-drifted: drifted files replaced, their bytes kept on the host
     force_driver: bool = False  # --force-driver: push where the host's driver cannot run its release
+    analysis: bool = True  # False: --no-analysis (the speed gate skipped, said in the outcome)
+    analysis_overrides: tuple = ()  # --analysis KEY=VALUE pairs, laid over each host's [analysis]
 
 
 def _fleet(command: str, hosts: Sequence[Host], policy: Policy, one: Callable[[Host, Progress], HostResult],
@@ -513,6 +518,8 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     # the switch. [serve]: the push ends with the server restarted on the new files, healthy,
     # before the host is marked deployed.
     serves = {h.name: check_tables(h, smoke=options.smoke) for h in hosts}
+    # [analysis] with the --analysis overrides (the speed gate after the restart): checked here too.
+    analyses = {h.name: analysis_settings(h, options.analysis_overrides) for h in hosts}
     # Will smoke levels run after the switch? Then the switch journals `switched`, and only a
     # passed smoke makes it `deployed`.
     smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels,
@@ -524,7 +531,8 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
 
     def one(h: Host, progress: Progress) -> HostResult:
         if h.container is not None:  # [container]: the image is the unit (container_gate)
-            return _container_push(h, connect, options, want, serves[h.name], progress, on_event)
+            return _container_push(h, connect, options, want, serves[h.name], progress, on_event,
+                                   analyses[h.name] if options.analysis else None)
 
         def heartbeat(level: str, seconds: float) -> None:
             what = level if level.startswith("server ") else f"smoke {level}"  # serve_run's: "server health"
@@ -535,6 +543,13 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
         # before the host's lock is taken; a switch that awaits its smoke comes back with
         # the lock still held, so the smoke, the mark or the rollback follow here in order.
         serve = serves[h.name] if not options.dry_run else None
+        speed = analyses[h.name] if serve is not None else None
+        baseline = None
+        if speed is not None and options.analysis:  # the old server's speed, just before the switch
+            from ddtree_deploy.fleets.serve_gate import baseline_before_switch
+
+            baseline = baseline_before_switch(h, serve, speed, connect, partial(want.resolve, h.name),
+                                              progress=progress)
         with deploy.begin_push(h, connect(h), want.paths, partial(want.resolve, h.name),
                                dry_run=options.dry_run, break_lock=options.break_lock,
                                smoke=smokes[h.name] or serve is not None, diff=options.diff,
@@ -543,7 +558,8 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
             if pushed.locked:
                 after = after_push(h, lambda: connect(h), outcome, want.chosen[h.name], levels=levels,
                                    auto_rollback=options.auto_rollback, log_dir=options.log_dir, progress=progress,
-                                   held=pushed, heartbeat=heartbeat, serve=serve, smoke=options.smoke)
+                                   held=pushed, heartbeat=heartbeat, serve=serve, smoke=options.smoke,
+                                   analysis=speed, baseline=baseline, no_analysis=not options.analysis)
         _warn_broken_lock(outcome, on_event)
         doc = outcome.to_json()
         lines = _driver_lines(want, h.name, doc) + _summary_lines(outcome, show_plan=options.dry_run or outcome.changed)
@@ -578,6 +594,7 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
                        hint="without --to, each host restores its own newest backup")
     policy = spread_policy([h.name for h in hosts], parallel=parallel)
     serves = _serve_settings(hosts)
+    analyses = {h.name: analysis_settings(h) for h in hosts}  # [analysis]: the figures before/after, checked now
     want = _series_or_none(None, on_event) if replace_drifted else None  # what a drifted file's diff is against
 
     def one(h: Host, progress: Progress) -> HostResult:
@@ -585,6 +602,12 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
             return _container_rollback(h, connect, serves[h.name], dry_run, break_lock, progress, on_event)
         # [serve]: a rollback that switched files keeps its lock for the restart on them.
         serve = serves[h.name] if not dry_run else None
+        speed = analyses[h.name] if serve is not None else None
+        before = None
+        if speed is not None:  # the server's figures before the switch back (the history's before/after)
+            from ddtree_deploy.fleets.serve_gate import figures_before_rollback
+
+            before = figures_before_rollback(h, serve, speed, connect, progress=progress)
         with deploy.begin_rollback(h, connect(h), to=to, dry_run=dry_run, break_lock=break_lock,
                                    keep_lock=serve is not None, replace_drifted=replace_drifted,
                                    expect=partial(want.expected, h.name) if want else None,
@@ -594,7 +617,7 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
             result = _result(h.name, kind, outcome.to_json(), outcome.summary,
                              _summary_lines(outcome, show_plan=dry_run or outcome.changed))
             if held.locked:
-                result = _after_rollback(h, serve, held, connect, result, progress, on_event)
+                result = _after_rollback(h, serve, held, connect, result, progress, on_event, speed, before)
         _warn_broken_lock(outcome, on_event)
         if outcome.round_trips != result.doc.get("round_trips"):  # the restart's, on the same session
             result = replace(result, doc={**result.doc, "round_trips": outcome.round_trips})
@@ -703,10 +726,12 @@ def _beats(h: Host, on_event: Listener) -> Heartbeat:
 
 
 def _after_rollback(h: Host, settings, held: deploy.PushSession, connect: Connect, result: HostResult,
-                    progress: Progress, on_event: Listener) -> HostResult:
+                    progress: Progress, on_event: Listener, analysis=None, before=None) -> HostResult:
     from ddtree_deploy.fleets import serve_gate
 
-    restart = serve_gate.after_rollback(h, settings, held, connect, progress=progress, heartbeat=_beats(h, on_event))
+    restart = serve_gate.after_rollback(h, settings, held, connect, progress=progress, heartbeat=_beats(h, on_event),
+                                        measure=serve_gate.figures_measure(h, connect, settings, analysis),
+                                        before=before)
     return serve_gate.restarted_result(result, restart)
 
 
@@ -723,11 +748,11 @@ def _ensure_serving(h: Host, settings, connect: Connect, outcome: deploy.Outcome
 
 
 def _container_push(h: Host, connect: Connect, options: PushOptions, want: Want, serve, progress: Progress,
-                    on_event: Listener) -> HostResult:
+                    on_event: Listener, analysis=None) -> HostResult:
     from ddtree_deploy.fleets import container_gate
 
     return container_gate.push_host(h, connect, want, serve, dry_run=options.dry_run, break_lock=options.break_lock,
-                                    progress=progress, heartbeat=_beats(h, on_event))
+                                    progress=progress, heartbeat=_beats(h, on_event), analysis=analysis)
 
 
 def _container_rollback(h: Host, connect: Connect, serve, dry_run: bool, break_lock: bool, progress: Progress,
@@ -762,11 +787,13 @@ def restart(hosts: Sequence[Host], connect: Connect, *, canary: str | None = Non
     for h in hosts:
         refuse_container(h, "restart")
     serves = serve_gate.require_serve(hosts)
+    analyses = {h.name: analysis_settings(h) for h in hosts}  # [analysis]: the figures before/after, checked now
     policy = restart_policy_for(hosts, canary=canary, parallel=parallel, max_failures=max_failures)
 
     def one(h: Host, progress: Progress) -> HostResult:
         result, held = serve_gate.restart_result(h, serves[h.name], connect, break_lock=break_lock,
-                                                 progress=progress, heartbeat=_beats(h, on_event))
+                                                 progress=progress, heartbeat=_beats(h, on_event),
+                                                 analysis=analyses[h.name])
         _warn_broken_lock(held, on_event)
         return result
 

@@ -24,13 +24,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ddtree_deploy.base import next_step
-from ddtree_deploy.base.codes import Phase
+from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.remote import inflight
-from ddtree_deploy.serve import serve_plan, serve_run
+from ddtree_deploy.serve import bake as speed_bake
+from ddtree_deploy.serve import metrics_run, serve_plan, serve_run
 from ddtree_deploy.session import deploy
+from ddtree_deploy.settings.analysis_settings import AnalysisSettings
 from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
 from ddtree_deploy.settings.smoke_settings import FAMILY_SMOKE_DEFAULT, family_smoke
 
@@ -57,6 +59,12 @@ class ServeGate:
     again_error: str | None = None  # that restart could not run (the connection lost), or its end not be recorded
     kept: bool = False  # --no-rollback: the new files stay, the host `switched`
     interrupted: bool = False
+    speed: speed_bake.Bake | None = None  # the speed analysis ([analysis]): the bake after the proof
+
+    @property
+    def slower(self) -> bool:
+        """Healthy and proven, but the speed analysis did not pass (slower, unproven, or died)."""
+        return self.restart.ok and self.speed is not None and not self.speed.ok
 
     @property
     def ok(self) -> bool:
@@ -65,9 +73,11 @@ class ServeGate:
     @property
     def down(self) -> bool:
         """The host's server is left not healthy (it counts against ``--parallel``)."""
-        if self.restart.ok:
+        if self.restart.ok and not self.slower:
             return False
-        return self.again is None or not self.again.ok
+        if self.again is not None:
+            return not self.again.ok
+        return not self.restart.ok or self.speed.died is not None
 
     @property
     def unknown(self) -> bool:
@@ -77,6 +87,8 @@ class ServeGate:
     def kind(self) -> Kind:
         if self.ok:
             return Kind.PUSHED
+        if self.slower and not self.interrupted:  # the speed analysis failed: rolled back, or why not
+            return Kind.FAILED_ROLLED_BACK if self.rollback is not None else Kind.FAILED_NOT_ROLLED_BACK
         if self.restart.ok:  # healthy, but the journal could not be marked
             return Kind.SWITCHED
         if self.unknown and self.rollback is None:
@@ -86,7 +98,9 @@ class ServeGate:
     def detail(self) -> str:
         r = self.restart
         if self.ok:
-            return r.detail
+            return r.detail + (f"; {self.speed.line()}" if self.speed is not None else "")
+        if self.slower and not self.interrupted:
+            return f"speed analysis: {self.speed.why()}; {self._after_failure()}"
         if r.ok:
             return f"server healthy on the new files, but the host is not marked deployed: {self.mark_error}"
         if self.unknown:
@@ -94,7 +108,10 @@ class ServeGate:
             return (f"the server restart's outcome is {how}: {r.detail}; the files are switched (journal phase "
                     f"`switched`: not deployed) and the server may be down or restarting: {next_step.status(r.host)} "
                     f"shows how the restart ended, then {next_step.push_or_rollback(r.host)}")
-        why = f"server {r.state} after the restart ({r.failed}): {r.detail}"
+        return f"server {r.state} after the restart ({r.failed}): {r.detail}; {self._after_failure()}"
+
+    def _after_failure(self) -> str:
+        """What followed a failed restart or a failed speed analysis: the rollback, or why none."""
         if self.rollback is not None:
             back = f"rolled back: {self.rollback.summary}"
             if self.again is not None:
@@ -105,15 +122,17 @@ class ServeGate:
                     back += f"; {self.again_error}"
             elif self.again_error:
                 back += f"; the restart on the old files could not run: {self.again_error}"
-            return f"{why}; {back}"
+            return back
         if self.kept:
-            return f"{why}; new files KEPT (--no-rollback): {next_step.push_or_rollback(r.host)}"
-        return f"{why}; the automatic rollback FAILED: {self.rollback_error}"
+            return f"new files KEPT (--no-rollback): {next_step.push_or_rollback(self.restart.host)}"
+        return f"the automatic rollback FAILED: {self.rollback_error}"
 
     def lines(self) -> list[str]:
         out = [self.restart.line()]
         if self.marked:
             out.append("server healthy on the new code: journal marked deployed")
+            if self.speed is not None:  # the outcome line: the new figures against the old, promoted
+                out.append(self.speed.line())
         elif not self.ok:
             out.append(self.detail())
         if self.again is not None:
@@ -125,29 +144,68 @@ class ServeGate:
                 "rolled_back": self.rollback.to_json() if self.rollback is not None else None,
                 "rollback_error": self.rollback_error,
                 "restart_after_rollback": self.again.to_json() if self.again is not None else None,
-                "restart_after_rollback_error": self.again_error, "kept_new_files": self.kept, "down": self.down}
+                "restart_after_rollback_error": self.again_error, "kept_new_files": self.kept, "down": self.down,
+                "analysis": self.speed.to_json() if self.speed is not None else None}
 
 
 def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any],
               outcome: deploy.Outcome, series, *, auto_rollback: bool = True, progress: Progress = quiet,
-              heartbeat: Heartbeat | None = None) -> ServeGate:
-    """Restart, health, proof, then mark ``deployed`` through ``held`` (the push's session,
-    holding the lock); or roll back and restart on the old files, under that same lock
-    (released when the session is left): no other run acts on the host in between. See the
-    module doc."""
+              heartbeat: Heartbeat | None = None, analysis: AnalysisSettings | None = None,
+              baseline: speed_bake.Baseline | None = None, no_analysis: bool = False) -> ServeGate:
+    """Restart, health, proof, [the speed analysis], then mark ``deployed`` through ``held``
+    (the push's session, holding the lock); or roll back and restart on the old files, under
+    that same lock (released when the session is left): no other run acts on the host in
+    between. See the module doc.
+
+    ``analysis`` (the host's ``[analysis]`` with the overrides): after the proof the new
+    server bakes and is judged against ``baseline`` (sampled before the switch; where it is
+    missing or idle, the baseline this run recorded before an interrupted bake, or the last
+    promoted deploy's, from the host's history). A failed, unproven or dead bake rolls back
+    through the same path as an unhealthy restart (cause ``analysis``). ``no_analysis``
+    (``--no-analysis``): skipped, and said."""
     files = list(series.touched_paths()) if series is not None else []
     family = family_smoke(series) if series is not None else FAMILY_SMOKE_DEFAULT
-    restart, unrecorded = serve_run.restart_held(host, connect, settings, held, held.run_id or outcome.run_id, files,
+    run_id = held.run_id or outcome.run_id
+    if analysis is not None and not no_analysis:
+        baseline = _settled_baseline(held, run_id, baseline, progress)
+    restart, unrecorded = serve_run.restart_held(host, connect, settings, held, run_id, files,
                                                  proof=serve_plan.proof_spec(settings, family), progress=progress,
                                                  heartbeat=heartbeat)
     if unrecorded is not None and restart.ok:
         return ServeGate(restart, mark_error=clause(unrecorded, host.name))
     if restart.ok:
-        try:
-            held.mark(Phase.DEPLOYED)
-        except DeployError as exc:
-            return ServeGate(restart, mark_error=clause(exc, host.name))
-        return ServeGate(restart, marked=True)
+        speed = None
+        if no_analysis and analysis is not None:
+            speed = speed_bake.skipped()
+        elif analysis is not None:
+            try:
+                speed = speed_bake.bake(_sampler(host, connect, settings, outcome.sglang_version), analysis, baseline,
+                                        progress=progress)
+            except DeployError as exc:
+                if inflight.cancelled.is_set():  # Ctrl-C under the bake: switched, healthy, not promoted
+                    return ServeGate(restart, interrupted=True,
+                                     mark_error="the speed analysis was interrupted (Ctrl-C): the new server serves, "
+                                                f"not promoted; {next_step.push(host.name)} bakes it again",
+                                     speed=speed_bake.Bake(baseline))
+                speed = speed_bake.Bake(baseline, died=f"its figures could not be read: {clause(exc, host.name)}")
+            try:
+                warning = held.record_speed(speed.record())
+                held.outcome.history_warning = held.outcome.history_warning or warning
+            except DeployError as exc:
+                if speed.ok:
+                    return ServeGate(restart, mark_error=clause(exc, host.name), speed=speed)
+        if speed is None or speed.ok:
+            try:
+                held.mark(Phase.DEPLOYED)
+            except DeployError as exc:
+                return ServeGate(restart, mark_error=clause(exc, host.name), speed=speed)
+            return ServeGate(restart, marked=True, speed=speed)
+        if not auto_rollback:
+            return ServeGate(restart, kept=True, speed=speed)
+        progress(f"speed analysis failed ({speed.cause}): rolling back to backup {outcome.backup_id}")
+        why = deploy.automatic_cause(run_id, "analysis", speed.cause, speed.why())
+        return _roll_back(host, settings, held, connect, outcome, files, restart, why, progress, heartbeat,
+                          speed=speed)
     if restart.failed == "interrupted" or inflight.cancelled.is_set():
         return ServeGate(restart, interrupted=True)
     if restart.state == serve_run.UNKNOWN:
@@ -159,33 +217,154 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
         return ServeGate(restart, kept=True)
     progress(f"server {restart.state} after the restart ({restart.failed}): rolling back to backup "
              f"{outcome.backup_id}")
-    why = deploy.automatic_cause(held.run_id or outcome.run_id, "serve", restart.failed, restart.detail)
+    why = deploy.automatic_cause(run_id, "serve", restart.failed, restart.detail)
+    return _roll_back(host, settings, held, connect, outcome, files, restart, why, progress, heartbeat)
+
+
+def _roll_back(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any],
+               outcome: deploy.Outcome, files: list[str], restart: serve_run.Restart, why: dict, progress: Progress,
+               heartbeat: Heartbeat | None, *, speed: speed_bake.Bake | None = None) -> ServeGate:
+    """The push's own rollback under its lock (``why``: ``automatic_cause``'s), then the
+    server restarted on the old files (health only): the one path an unhealthy restart and a
+    failed speed analysis share."""
     try:
         undone = held.rollback(outcome.backup_id, progress=progress, automatic=why)
     except DeployError as exc:
-        return ServeGate(restart, rollback_error=clause(exc, host.name))
+        return ServeGate(restart, rollback_error=clause(exc, host.name), speed=speed)
     progress("restart on the old files")
     try:
         again, unrecorded = serve_run.restart_held(host, connect, settings, held, undone.run_id, files, proof=None,
                                                    progress=progress, heartbeat=heartbeat)
     except DeployError as exc:
-        return ServeGate(restart, rollback=undone, again_error=clause(exc, host.name))
-    return ServeGate(restart, rollback=undone, again=again,
+        return ServeGate(restart, rollback=undone, again_error=clause(exc, host.name), speed=speed)
+    return ServeGate(restart, rollback=undone, again=again, speed=speed,
                      again_error=None if unrecorded is None else clause(unrecorded, host.name))
 
 
+# ---------------------------------------------------------------- the speed analysis' measurements
+
+
+def _sampler(host, connect: Callable[[Any], Any], settings: ServeSettings, release: str | None) -> speed_bake.Sampler:
+    """Windows of the host's server, each request over a fresh connection (the serve program's
+    ``metrics`` op: read-only on the host)."""
+    def take(interval_s: float, scrapes: int):
+        transport = connect(host)
+        with transport:
+            return metrics_run.sample_windows(host, transport, url=settings.url, release=release or "",
+                                              interval_s=interval_s, scrapes=scrapes)
+    return take
+
+
+def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSettings, connect: Callable[[Any], Any],
+                           resolve: Callable[[dict], Any], *, progress: Progress = quiet) -> speed_bake.Baseline | None:
+    """The old server's windows, sampled just before a push takes the lock and switches
+    (``bake.measure_baseline``). None when this push will switch nothing: the host's journal
+    already holds the series ``resolve`` (facts -> ``Desired``) wants, deployed; or its files
+    are switched and await their promotion (the new code serves: that run's own baseline, in
+    the history, is the one). One read-only round trip decides."""
+    progress("read state (for the speed baseline)")
+    try:
+        with deploy.reading(host, connect(host), []) as read:
+            facts = read.facts
+    except DeployError as exc:  # read-only: nothing was changed
+        exc.host_unchanged = True
+        raise
+    journal = facts.get("journal") or {}
+    if journal.get("phase") == Phase.SWITCHED:
+        return None
+    if journal.get("phase") == Phase.DEPLOYED:
+        try:
+            desired = resolve(facts)
+        except (DeployError, BadInput):
+            desired = None  # the push itself says why, under its lock
+        if desired is None or desired.series_id == journal.get("series_id"):
+            return None
+    try:
+        baseline = speed_bake.measure_baseline(_sampler(host, connect, settings, facts.get("sglang_version")),
+                                               analysis, progress=progress)
+    except DeployError as exc:  # the scrape could not run: before the lock, nothing was changed
+        exc.host_unchanged = True  # read by fleet.outcome_of_error
+        raise
+    bare = speed_bake.without_metrics(baseline.windows)
+    if bare is not None:  # the new server, launched the same way, could not be judged either
+        raise DeployError(f"{host.name}: the speed analysis ([analysis]) cannot measure this server: {bare.why}; "
+                          "nothing was changed", code=Code.FAILED_UNCHANGED,
+                          hint=f"{bare.hint or 'launch the server with --enable-metrics'}, or push with --no-analysis")
+    return baseline
+
+
+def _settled_baseline(held: deploy.PushSession, run_id: str | None, baseline: speed_bake.Baseline | None,
+                      progress: Progress) -> speed_bake.Baseline:
+    """The baseline the bake is judged against, under the push's lock: the live one sampled
+    before the switch (recorded now, so that a rerun after Ctrl-C finds it); else the one
+    this run recorded before an interrupted bake; else the last promoted deploy's; else NONE."""
+    if baseline is not None and baseline.source == speed_bake.LIVE:
+        try:
+            warning = held.record_speed({"stage": "baseline", "push_run": run_id, "baseline": baseline.to_json()})
+            held.outcome.history_warning = held.outcome.history_warning or warning
+        except DeployError as exc:
+            progress(f"the speed baseline could not be recorded: {exc.message}")
+        return baseline
+    try:
+        entries = held.history()
+    except DeployError:
+        entries = []
+    found = speed_bake.pending_baseline(entries, run_id) or speed_bake.recorded_baseline(entries)
+    if found is not None:
+        return found
+    return baseline or speed_bake.Baseline((), speed_bake.NONE, "no baseline: the old server was not sampled and "
+                                                                "the history holds no promoted deploy's figures")
+
+
 def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any], *,
-                   progress: Progress = quiet, heartbeat: Heartbeat | None = None) -> serve_run.Restart:
+                   progress: Progress = quiet, heartbeat: Heartbeat | None = None,
+                   measure: Callable[[str | None], Any] | None = None, before: Any = None) -> serve_run.Restart:
     """``rollback`` switched files back and still holds the lock (``held``,
     ``deploy.begin_rollback``): restart the server on them under it (health only: the files
-    are SGLang's own again). A restart whose end could not be recorded raises that error."""
+    are SGLang's own again). A restart whose end could not be recorded raises that error.
+    ``measure`` (``[analysis]``): the figures after the restart, recorded in the history
+    with ``before`` (the window the caller took before the rollback's switch)."""
     progress("restart the server")
     journal_files = [s.path for s in held.outcome.plan.steps] if held.outcome.plan else []
     restart, unrecorded = serve_run.restart_held(host, connect, settings, held, held.outcome.run_id, journal_files,
                                                  proof=None, progress=progress, heartbeat=heartbeat)
     if unrecorded is not None:
         raise unrecorded
+    if measure is not None and restart.ok:
+        after = serve_run.measure_quietly(measure, held.outcome.sglang_version, progress, "after the rollback",
+                                          restarted=True)
+        restart = replace(restart, speed=serve_run.record_around(held, before, after, progress))
     return restart
+
+
+def figures_measure(host, connect: Callable[[Any], Any], settings: ServeSettings,
+                    analysis: AnalysisSettings | None) -> Callable[[str | None, bool], Any] | None:
+    """With ``[analysis]``: (release, restarted) -> one window of ``interval_s`` of the host's
+    server (the figures before/after a restart or a rollback, for the history); else None
+    (none taken). After a restart (``restarted``) the window is the second of two: a server
+    restarted a moment ago averages its gauges from zero in the first (the stand-in's first
+    window after a restart read half its accept length)."""
+    if analysis is None:
+        return None
+
+    def measure(release: str | None, restarted: bool):
+        transport = connect(host)
+        with transport:
+            windows = metrics_run.sample_windows(host, transport, url=settings.url, release=release or "",
+                                                 interval_s=analysis.interval_s, scrapes=3 if restarted else 2)
+        return windows[-1]
+    return measure
+
+
+def figures_before_rollback(host, settings: ServeSettings | None, analysis: AnalysisSettings | None,
+                            connect: Callable[[Any], Any], *, progress: Progress = quiet) -> Any:
+    """The server's figures just before a rollback switches (``[analysis]`` and ``[serve]``), or None."""
+    measure = figures_measure(host, connect, settings, analysis) if settings is not None else None
+    if measure is None:
+        return None
+    with deploy.reading(host, connect(host), []) as read:
+        release = read.facts.get("sglang_version")
+    return serve_run.measure_quietly(measure, release, progress, "before the rollback", restarted=False)
 
 
 def ensure_serving(host, settings: ServeSettings, connect: Callable[[Any], Any], files, *,
@@ -235,8 +414,11 @@ def require_serve(hosts) -> dict:
     return serves
 
 
-def _line(host: str, restart: serve_run.Restart) -> str:
-    return f"{host}: {restart.line()}"
+def _lines(host: str, restart: serve_run.Restart) -> tuple[str, ...]:
+    said = (f"{host}: {restart.line()}",)
+    if restart.speed and restart.speed.get("line"):  # [analysis]: the figures after, against before
+        said += (f"{host}: serving {restart.speed['line']}",)
+    return said
 
 
 def unhealthy_next(host: str, phase: str | None) -> str:
@@ -264,7 +446,7 @@ def restarted_result(result: HostResult, restart: serve_run.Restart) -> HostResu
     """A host's result after its server was restarted (a rollback's, or a push with nothing to
     switch): as it was when healthy, else ``server NOT healthy`` (and down) with the next step."""
     doc = {**result.doc, "serve": {"restart": restart.to_json(), "down": not restart.ok}}
-    lines = result.lines + (_line(result.host, restart),)
+    lines = result.lines + _lines(result.host, restart)
     result = replace(result, doc=doc, lines=lines)
     return result if restart.ok else _unhealthy(result, restart, result.doc.get("phase"))
 
@@ -282,13 +464,16 @@ def ensure_result(result: HostResult, host, settings: ServeSettings, connect: Ca
 
 
 def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any], *, break_lock: bool = False,
-                   progress: Progress = quiet, heartbeat: Heartbeat | None = None) -> tuple[HostResult, deploy.Outcome]:
-    """``restart`` on one host: (its result, the lock session's outcome: a broken lock, a history warning)."""
+                   progress: Progress = quiet, heartbeat: Heartbeat | None = None,
+                   analysis: AnalysisSettings | None = None) -> tuple[HostResult, deploy.Outcome]:
+    """``restart`` on one host: (its result, the lock session's outcome: a broken lock, a history
+    warning). With ``analysis`` (``[analysis]``) the figures before and after go to the history."""
     restart, held = serve_run.restart_locked(host, connect, settings, break_lock=break_lock, progress=progress,
-                                             heartbeat=heartbeat)
+                                             heartbeat=heartbeat,
+                                             measure=figures_measure(host, connect, settings, analysis))
     doc = {"host": host.name, "command": "restart", "run_id": held.run_id, "ok": restart.ok, "phase": held.phase,
            "restart": restart.to_json()}
-    result = HostResult(host.name, Kind.RESTARTED, doc, "", 0, (_line(host.name, restart),))
+    result = HostResult(host.name, Kind.RESTARTED, doc, "", 0, _lines(host.name, restart))
     return (result if restart.ok else _unhealthy(result, restart, held.phase)), held
 
 
@@ -330,5 +515,6 @@ def live_of(host, read: deploy.Reading, serving: dict, *, window_s: float):
     return live.Live(window_s=window_s, figures=figures, since=live.since_of(serving, journal), url=settings.url)
 
 
-__all__ = ["ServeGate", "after_rollback", "ensure_result", "ensure_serving", "gate_push", "live_of", "look",
-           "require_serve", "restart_result", "restarted_result", "serving_of", "settings_of", "unhealthy_next"]
+__all__ = ["ServeGate", "after_rollback", "baseline_before_switch", "ensure_result", "ensure_serving",
+           "figures_before_rollback", "figures_measure", "gate_push", "live_of", "look", "require_serve",
+           "restart_result", "restarted_result", "serving_of", "settings_of", "unhealthy_next"]

@@ -43,7 +43,7 @@ OPS = {
     "lock": "op_lock", "unlock": "op_unlock", "lock_status": "op_lock_status", "lock_release": "op_lock_release",
     "facts": "op_facts", "driver": "op_driver",
     "apply": "op_apply",
-    "mark": "op_mark", "served": "op_served",
+    "mark": "op_mark", "served": "op_served", "speed": "op_speed",
     "history": "op_history", "switches": "op_switches",
 }
 

@@ -198,6 +198,7 @@ HISTORY_TYPES = {
     "sglang_version": (str,), "backup_id": (str,), "marked_run": (str,), "error": (str,), "files": (dict,),
     "previous": (dict,), "smoke": (dict,), "switch_began": (int, float), "switch_ended": (int, float),
     "package_root": (str,), "python": (str,), "drifted_backup": (str,), "automatic": (dict,),
+    "speed": (dict,),
 }
 # Entries nest a few levels (files -> path -> from/to); deeper is not ours, and a reader that
 # recurses (json.dumps with indent, a renderer) must never meet 100,000 levels.

@@ -14,7 +14,7 @@ it is ``serve_gate``'s.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ddtree_deploy.base import next_step
@@ -65,6 +65,7 @@ class Restart:
     proof: str | None = None  # "tree" / "width": the DDTree proof asked; None: health only
     answer: dict | None = field(default=None, compare=False)
     seconds: float = 0.0
+    speed: dict | None = field(default=None, compare=False)  # [analysis]: the figures before/after (bake.around_record)
 
     @property
     def state(self) -> str:
@@ -98,7 +99,7 @@ class Restart:
         return {"ok": self.ok, "state": self.state, "failed": self.failed, "detail": self.detail, "proof": self.proof,
                 "seconds": round(self.seconds, 2), "restart": a.get("restart"), "drain": a.get("drain"),
                 "health": a.get("health"), "tree": (a.get("proof") or {}).get("tree"),
-                "before": _pids(a.get("before")), "after": _pids(a.get("after"))}
+                "before": _pids(a.get("before")), "after": _pids(a.get("after")), "speed": self.speed}
 
 
 def _pids(discovery: dict | None) -> list[dict] | None:
@@ -222,24 +223,65 @@ def proof_family(journal: dict | None, patches_dir=None):
 
 def restart_locked(host, connect: Callable[[Any], Any], settings: ServeSettings, *, prove: bool = True,
                    break_lock: bool = False, progress: Progress = quiet,
-                   heartbeat: Heartbeat | None = None) -> tuple[Restart, deploy.Outcome]:
+                   heartbeat: Heartbeat | None = None,
+                   measure: Callable[[str | None, bool], Any] | None = None) -> tuple[Restart, deploy.Outcome]:
     """Take the host's deploy lock, restart its server, wait for health (and, with ``prove``
     on a host whose journal says DDTree is in place, the DDTree proof), record it, unlock.
 
     The lock keeps a push or rollback from switching files under the restart. Returns the
     restart and the lock session's outcome (its run id, a broken lock, a history warning).
+    ``measure`` (the host has ``[analysis]``): one short window of the server's figures,
+    taken before the restart and after it, recorded in the history (``record_around``).
     """
     with deploy.hold(host, connect(host), "restart", break_lock=break_lock, progress=progress) as held:
         journal = held.facts.get("journal") or {}
         proof = None
         if prove and journal.get("phase") in (Phase.DEPLOYED, Phase.SWITCHED):
             proof = serve_plan.proof_spec(settings, proof_family(journal))
+        release = held.facts.get("sglang_version")
+        before = measure_quietly(measure, release, progress, "before the restart", restarted=False)
         result, unrecorded = restart_held(host, connect, settings, held, journal.get("run_id"),
                                           list(journal.get("files") or ()), proof=proof, progress=progress,
                                           heartbeat=heartbeat)
         if unrecorded is not None:
             raise unrecorded
+        if measure is not None and result.ok:
+            around = record_around(held, before, measure_quietly(measure, release, progress, "after the restart",
+                                                                 restarted=True),
+                                   progress)
+            result = replace(result, speed=around)
     return result, held.outcome
+
+
+def measure_quietly(measure: Callable[[str | None, bool], Any] | None, release: str | None, progress: Progress,
+                    when: str, *, restarted: bool):
+    """One window of the server's figures (``measure(release, restarted)``: ``restarted``, a
+    server restarted a moment ago, whose first window is warm-up), or None: none asked, or it
+    could not be read (said, never fatal: the figures are evidence, not a step of the restart)."""
+    if measure is None:
+        return None
+    progress(f"the server's figures {when}")
+    try:
+        return measure(release, restarted)
+    except DeployError as exc:
+        if inflight.cancelled.is_set():
+            raise
+        progress(f"the server's figures {when} could not be read: {exc.message}")
+        return None
+
+
+def record_around(held: deploy.PushSession, before, after, progress: Progress) -> dict:
+    """The history's ``speed`` line of a restart or a rollback (bake.around_record), under the
+    lock ``held`` holds; a failure to write it is said, never fatal. Returns the record."""
+    from ddtree_deploy.serve.bake import around_record
+
+    record = around_record(before, after)
+    try:
+        warning = held.record_speed(record)
+        held.outcome.history_warning = held.outcome.history_warning or warning
+    except DeployError as exc:
+        progress(f"the server's figures were not recorded: {exc.message}")
+    return record
 
 
 def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, held: deploy.PushSession,
@@ -267,4 +309,5 @@ def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, h
 
 
 __all__ = ["HEALTHY", "INTERRUPTED", "RESTARTING", "Restart", "SERVE_PROGRAM", "SERVE_RESTART", "UNHEALTHY",
-           "UNKNOWN", "answer", "check", "proof_family", "restart_held", "restart_locked", "run_restart"]
+           "UNKNOWN", "answer", "check", "measure_quietly", "proof_family", "record_around", "restart_held",
+           "restart_locked", "run_restart"]

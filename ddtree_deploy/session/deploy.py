@@ -263,6 +263,22 @@ class PushSession:
                           "record the restart")
         return reply.get("history_warning")
 
+    def record_speed(self, speed: dict) -> str | None:
+        """Append one ``speed`` line to the host's history (the speed gate's figures,
+        serve/bake.py), under the lock this session holds. Returns the history warning, if any."""
+        if not self.locked or self._sess is None:
+            raise DeployError(f"{self.host.name}: record the speed figures: the deploy lock was already released",
+                              code=Code.PROTOCOL)
+        reply = expect_ok(self._sess.one({"op": "speed", "speed": speed}), self.host.name, "record the speed figures")
+        return reply.get("history_warning")
+
+    def history(self, limit: int = 200) -> list[dict]:
+        """The host's newest ``limit`` history entries, newest first, read on this session."""
+        if self._sess is None:
+            return []
+        reply = expect_ok(self._sess.one({"op": "history", "limit": limit}), self.host.name, "read the history")
+        return [e for e in reply.get("entries") or () if isinstance(e, dict)]
+
     def rollback(self, to: str | None, *, release: bool = False, progress: Progress = quiet,
                  automatic: dict | None = None) -> Outcome:
         """Roll the host back to backup ``to`` under the lock this session holds, so that no
@@ -975,6 +991,8 @@ def cause_words(automatic: dict) -> str:
     cause, step = automatic.get("cause"), automatic.get("step")
     if cause == "smoke":
         return f"smoke failed at {step}"
+    if cause == "analysis":  # the speed gate: slower than the baseline, not proven, or the server died
+        return "speed analysis failed" if step in (None, "analysis") else f"speed analysis: {step}"
     return f"server {step or cause} failed after the restart"
 
 

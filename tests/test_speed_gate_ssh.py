@@ -1,0 +1,255 @@
+"""The speed gate in push (issue 29 phase 2): a push is promoted only when the new code serves
+no slower than the code it replaced, on the same host, under the same traffic.
+
+Real parts: sandbox hosts over a real OpenSSH sshd on loopback (ddtree_deploy.sandbox), SGLang
+0.5.12.post1's real files and the small real series (tests/sshd_host.py), the server under a
+real supervisord (tests/serve_host.py), the serve program's ``metrics`` op, the controller's
+parse and ``analysis.analyse``. The server is the named STAND-IN for SGLang
+(ddtree_testkit/standin_server.py ``--enable-metrics``, its synthetic speed model and its own
+clients as live traffic; no GPU here). Its "slow build": the series' added module carries the
+stand-in's marker ``# ddtree-standin: slowdown=0.10`` (the stand-in reads that file at start),
+so a server restarted on the pushed files serves 10% slower, as a real slower build would.
+
+Windows are short (1 s, 4 a side) so the file stays fast; the gate's defaults are held to
+their noise figures by tests/test_analysis.py and bench/analysis_bench.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from envelope_check import check_envelope
+from serve_host import Served
+from sshd_host import ADDED, DEPLOY_SERIES, cli  # the sshd fixture: conftest.py's
+
+from ddtree_testkit.standin_metrics import write_names
+
+pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in as a GPU host's would")
+pytestmark = pytest.mark.sshd
+
+RELEASE = "0.5.12.post1"
+SLOW_MARK = "# ddtree-standin: slowdown=0.10\n"
+# Short windows: 1 s each, 3 a side (the table's floor is a 1 s interval and 3 samples).
+ANALYSIS = "\n[analysis]\nwindow_s = 3\ninterval_s = 1\nmin_samples = 3\n"
+
+
+@pytest.fixture
+def gate(sshd, tmp_path, monkeypatch):
+    """``gate.host(name, noise=0.0)``: a Served host whose stand-in exports the pinned metrics of
+    0.5.12.post1 with 4 synthetic clients, and whose inventory has [serve] and [analysis];
+    ``gate.series(slow)``: the deploy series, or its slow build (the added module marked)."""
+    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
+    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
+    names = tmp_path / "names.json"
+    write_names(names, RELEASE)
+    builds = {"equal": DEPLOY_SERIES}
+    for name, line in (("slow", SLOW_MARK),):
+        builds[name] = tmp_path / f"{name}_series"
+        shutil.copytree(DEPLOY_SERIES, builds[name])
+        with open(builds[name] / "payload" / "ddtree_deploy_test_marker.py", "a") as fh:
+            fh.write(line)
+    made: list[Served] = []
+
+    class Gate:
+        @staticmethod
+        def series(build) -> None:
+            """True: the slow build; False: the series as it is."""
+            name = {True: "slow", False: "equal"}.get(build, build)
+            monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(builds[name] / "patches"))
+
+        @staticmethod
+        def host(name: str, noise: float = 0.0, metrics: bool = True) -> Served:
+            argv = ["--enable-metrics", "--metric-names", str(names), "--traffic", "4", "--traffic-tokens", "48",
+                    "--accept-length", "3.0", "--noise", str(noise), "--noise-period-s", "1", "--seed",
+                    str(len(made))] if metrics else []
+            s = Served(sshd, tmp_path, name, extra_argv=argv, package_file=ADDED, tables=ANALYSIS)
+            s.sup.start()
+            made.append(s)
+            s.wait_healthy()
+            return s
+
+    Gate.series(False)
+    yield Gate
+    for s in made:
+        s.sup.stop()
+
+
+def slowdown(s: Served) -> float:
+    """The slowdown the serving stand-in runs with (read from its package file at start)."""
+    return 0.10 if SLOW_MARK.strip() in (s.host.read(ADDED) or b"").decode() else 0.0
+
+
+def history(s: Served) -> list[dict]:
+    r = cli("history", "--host", s.name, "--json")
+    return check_envelope(r.stdout, r.exit_code, "history")["hosts"][0]["entries"]
+
+
+def test_a_slower_push_is_rolled_back_by_the_analysis_and_the_old_code_serves_again(gate):
+    s = gate.host("slow1")
+    gate.series(True)
+    pid_before = s.sup.pid()
+    r = cli("push", "--host", s.name)
+    print(r.stdout)
+    assert r.exit_code == 1, r.output
+    assert "speed analysis: slower than the baseline: output tokens/s" in r.stdout, r.stdout
+    assert "below the baseline's" in r.stdout and "(limit -5%" in r.stdout
+    assert "rolled back:" in r.stdout and "restarted on the old files: healthy" in r.stdout
+    # The old code serves again: the added module (the slow build) is gone, a new server runs.
+    assert s.host.read(ADDED) is None and s.healthy() and s.sup.pid() != pid_before
+    assert s.info()["stand_in_package"]["sha256"] is None
+    journal = json.loads((s.host.state_dir / "journal.json").read_text())
+    assert journal["phase"] == "rolled-back"
+    entries = history(s)
+    auto = next(e for e in entries if e["event"] == "rollback")["automatic"]
+    assert auto["cause"] == "analysis" and auto["step"] == "fail" and "output tokens/s" in auto["detail"]
+    verdict = next(e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "verdict")
+    assert verdict["outcome"] == "rolled back" and verdict["speed"]["verdict"] == "fail"
+    assert verdict["speed"]["after"]["output_tps"] < 0.95 * verdict["speed"]["before"]["output_tps"]
+    assert "windows" not in verdict["speed"]  # a rolled-back bake is never a later baseline
+
+    # A server without --enable-metrics cannot be judged: the push is refused before its switch.
+    bare = gate.host("bare1", metrics=False)
+    r = cli("push", "--host", bare.name)
+    assert r.exit_code == 1, r.output
+    said = " ".join(r.output.split())
+    assert "the speed analysis ([analysis]) cannot measure this server: " in said and "answered 404" in said, said
+    assert "nothing was changed" in said and "or push with --no-analysis" in said, said
+    assert bare.host.read(ADDED) is None and not (bare.host.state_dir / "journal.json").exists()
+
+    # --no-analysis: the same slow build is promoted, and the outcome says the gate was skipped.
+    r = cli("push", "--host", s.name, "--no-analysis")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().splitlines()[-1] == f"{s.name}: speed analysis skipped (--no-analysis)", r.stdout
+    assert slowdown(s) == 0.10 and s.info()["stand_in_package"]["sha256"] is not None
+
+
+def test_an_equal_build_passes_every_time_with_the_noise_turned_up_and_history_shows_before_after(gate):
+    s = gate.host("equal1", noise=0.05)
+    for attempt in range(2):  # push (promoted), roll back (the old code), and again
+        r = cli("push", "--host", s.name)
+        print(r.stdout)
+        assert r.exit_code == 0, (attempt, r.output)
+        last = r.stdout.strip().splitlines()[-1]
+        assert last.startswith(f"{s.name}: serving DDTree B=8: accept length") and last.endswith(": promoted"), last
+        assert "(was " in last and "tok/s" in last
+        assert slowdown(s) == 0.0 and s.host.read(ADDED) is not None
+        rb = cli("rollback", "--host", s.name)
+        assert rb.exit_code == 0, rb.output
+        assert rb.stdout.strip().splitlines()[-1].startswith(f"{s.name}: serving DDTree B=8: accept length"), \
+            rb.stdout
+    entries = history(s)
+    verdicts = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "verdict"]
+    assert [e["outcome"] for e in verdicts] == ["promoted", "promoted"]
+    assert all(e["speed"]["before"]["output_tps"] and e["speed"]["after"]["output_tps"] for e in verdicts)
+    assert len(verdicts[0]["speed"]["windows"]) == 3  # kept: the next push's baseline when its old server idles
+    baselines = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "baseline"]
+    assert len(baselines) == 2 and baselines[0]["speed"]["baseline"]["source"] == "live"
+    # restart and rollback: one short window before and after each, said and in the history
+    r = cli("restart", "--host", s.name)
+    assert r.exit_code == 0, r.output
+    assert f"{s.name}: serving DDTree B=8: accept length 3.0 (was 3.0)" in r.stdout, r.stdout
+    entries = history(s)
+    around = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "around"]
+    assert [e["command"] for e in around] == ["restart", "rollback", "rollback"], around
+    assert all(e["speed"]["before"]["output_tps"] and e["speed"]["after"]["output_tps"] for e in around)
+    text = cli("history", "--host", s.name).stdout
+    print(text)
+    assert "speed" in text and "(was " in text and ": promoted" in text and "after: DDTree B=8" in text, text
+
+
+def test_a_server_that_dies_during_the_bake_is_rolled_back(gate):
+    s = gate.host("dies1")
+    first = s.sup.pid()
+
+    def kill_after_restart() -> None:  # the new server: healthy, proven, then gone mid-bake
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pid = s.sup.pid()
+            if pid is not None and pid != first and s.healthy():
+                time.sleep(1.5)
+                subprocess.run([*s.sup.ctl, "stop", "sglang"], capture_output=True, timeout=60)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_after_restart, daemon=True)
+    killer.start()
+    r = cli("push", "--host", s.name)
+    killer.join(5)
+    print(r.stdout)
+    assert r.exit_code == 1, r.output
+    assert "speed analysis: the server stopped answering during the bake" in r.stdout, r.stdout
+    assert "rolled back:" in r.stdout and "restarted on the old files: healthy" in r.stdout
+    assert s.host.read(ADDED) is None and s.healthy()
+    auto = next(e for e in history(s) if e["event"] == "rollback")["automatic"]
+    assert auto["cause"] == "analysis" and auto["step"] == "server died"
+
+
+def test_a_fleet_stops_after_a_failed_canary_analysis(gate):
+    a, b = gate.host("canary1"), gate.host("wave1")
+    gate.series(True)
+    r = cli("push", "--host", a.name, "--host", b.name, "--canary", a.name, "--json")
+    doc = check_envelope(r.stdout, r.exit_code, "push")
+    assert r.exit_code == 1, r.output
+    by = {h["host"]: h for h in doc["hosts"]}
+    assert by[a.name]["outcome"] == "failed, rolled back"
+    speed = by[a.name]["serve"]["analysis"]
+    assert speed["outcome"] == "rolled back" and speed["verdict"]["outcome"] == "fail"
+    assert speed["verdict"]["baseline"]["output_tps"] and speed["verdict"]["new"]["output_tps"]
+    assert by[b.name]["outcome"] == "skipped"  # never started: the canary failed
+    # the outcome table (stderr): each host's baseline and new figures beside its outcome
+    table = " ".join(r.stderr.split())
+    print(r.stderr)
+    assert "speed (baseline -> new)" in table and "tok/s (-" in table and ": rolled back" in table, r.stderr
+    assert b.host.read(ADDED) is None and not (b.host.state_dir / "journal.json").exists()
+
+
+def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the_job(gate):
+    """Ctrl-C while the new server bakes: exit 130 within a second (the toolkit's own second,
+    ddtree_testkit.machine), the host left `switched` with the new server healthy and not
+    promoted (status says so), and a rerun of push bakes it against the baseline this run
+    recorded before its switch, and promotes it."""
+    from ddtree_testkit.machine import within
+
+    s = gate.host("ctrlc1")
+    console = Path(sys.executable).parent / "ddtree-deploy"
+    proc = subprocess.Popen([str(console), "push", "--host", s.name, "--analysis", "window_s=4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    journal = s.host.state_dir / "journal.json"
+    deadline = time.monotonic() + 60
+    while True:  # restarted healthy on the new files: the bake's scrapes are under way
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        serve = json.loads(journal.read_text()).get("serve", {}) if journal.exists() else {}
+        if serve.get("state") == "healthy":
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    proc.send_signal(subprocess.signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    fast, said = within(took, 1.0, "from Ctrl-C during the bake to the exit")
+    print(f"\nCtrl-C during the bake: exit {proc.returncode} after {took:.2f} s\n{err[-1500:]}")
+    assert proc.returncode == 130 and fast, (proc.returncode, said, err[-2000:])
+    assert "Traceback" not in err
+    # switched, healthy on the new files, not promoted: what status explains
+    st = check_envelope(cli("status", "--host", s.name, "--json").stdout, 1, "status")["hosts"][0]
+    print(st["explanation"])
+    assert st["phase"] == "switched" and st["serving"]["health"]["status"] == 200, st
+    assert "healthy" in st["explanation"] and f"ddtree-deploy push --host {s.name}" in st["explanation"], st
+    assert s.host.read(ADDED) is not None
+    # the rerun: nothing to switch, the bake judged against this run's own baseline, promoted
+    r = cli("push", "--host", s.name)
+    print(r.stdout)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip().splitlines()[-1].endswith(": promoted"), r.stdout
+    verdict = next(e for e in history(s) if e["event"] == "speed" and e["speed"]["stage"] == "verdict")
+    assert verdict["speed"]["baseline_source"] == "live" and verdict["outcome"] == "promoted"
+    assert json.loads(journal.read_text())["phase"] == "deployed"
