@@ -246,6 +246,10 @@ def test_an_equal_build_whose_p99_moves_one_bucket_is_not_failed_by_it():
     v = analysis.analyse(blind[:10], blind[10:], SETTINGS)
     assert v.outcome == analysis.FAIL and [j.figure for j in v.failures] == ["itl_p99_ms"]
     assert "noise 0.0%" in v.failures[0].why
+    # A side without widths (a baseline from a history written before the floor) adds
+    # nothing: the other side's resolution alone; a figure not read from a histogram has none.
+    assert analysis.resolution_se("itl_p99_ms", blind[:10], new) == pytest.approx(2.0 / 12 ** 0.5)
+    assert analysis.resolution_se("output_tps", base, new) == 0.0
 
 
 def test_a_real_10_percent_slower_build_still_fails_and_a_large_itl_rise_fails_on_itl():
