@@ -11,7 +11,9 @@ rates on every machine.
 The noise, per window (``Noise``; "turned up" is ``LOUD``): a normal relative error on
 each figure (tokens/s, accept length, p99 ITL, p99 TTFT), plus bursts: a share of windows
 where a wave of long prompts slows decoding (tokens/s -20%, p99 ITL +40%, p99 TTFT x 2),
-and idle windows with no traffic at all.
+and idle windows with no traffic at all. Each window's p99 ITL and TTFT carry the width of
+SGLang's histogram bucket they fall in (its default bounds, as the stand-in exports them), as
+a window read from the server does: the analysis's resolution floor applies as on a host.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from ddtree_deploy.serve.analysis import PASS, analyse
 from ddtree_deploy.serve.figures import ServedFigures
 from ddtree_deploy.settings.analysis_settings import AnalysisSettings
+from ddtree_testkit.standin_metrics import ITL_BUCKETS, TTFT_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,20 @@ def window(rng: random.Random, server: Server, noise: Noise, *, slowdown: float 
     return ServedFigures(window_s=window_s, release="sim", algorithm="DDTREE", budget=64, topk=8,
                          accept_length=jitter(server.accept_length, noise.accept), output_tps=tps,
                          running=server.running, itl_p99_ms=itl, ttft_p99_ms=ttft, requests=requests, aborted=0,
-                         request_rate=requests / window_s, error_rate=0.0)
+                         request_rate=requests / window_s, error_rate=0.0,
+                         itl_p99_bucket_ms=bucket_width_ms(itl, ITL_BUCKETS),
+                         ttft_p99_bucket_ms=bucket_width_ms(ttft, TTFT_BUCKETS))
+
+
+def bucket_width_ms(value_ms: float, bounds_s: tuple[float, ...]) -> float:
+    """The width of SGLang's histogram bucket that ``value_ms`` lies in (as a window read from
+    the server's histogram would carry it: the speed gate's resolution floor)."""
+    lower = 0.0
+    for bound in bounds_s:
+        if value_ms <= bound * 1000:
+            return (bound - lower) * 1000
+        lower = bound
+    return (bounds_s[-1] - bounds_s[-2]) * 1000
 
 
 def trial(rng: random.Random, settings: AnalysisSettings, noise: Noise, slowdown: float,
@@ -97,4 +113,4 @@ def rates(settings: AnalysisSettings, noise: Noise, slowdown: float, *, trials: 
                  inconclusive=sum(o == "inconclusive" for o in outcomes))
 
 
-__all__ = ["LOUD", "QUIET", "Noise", "Rates", "Server", "rates", "trial", "window"]
+__all__ = ["LOUD", "QUIET", "Noise", "Rates", "Server", "bucket_width_ms", "rates", "trial", "window"]

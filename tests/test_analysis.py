@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.base.errors import BadInput
-from ddtree_deploy.serve import analysis
+from ddtree_deploy.serve import analysis, metrics
 from ddtree_deploy.serve.figures import ServedFigures, Unavailable
 from ddtree_deploy.settings import analysis_settings as st
 from ddtree_deploy.settings.inventory import load_host
 from ddtree_testkit import analysis_sim as sim
+from ddtree_testkit.standin_metrics import ITL_BUCKETS
 
 HOST = textwrap.dedent("""\
     [host]
@@ -205,6 +206,75 @@ def test_too_few_samples_is_inconclusive_and_idle_windows_are_no_samples():
     assert v.reason.startswith("the new server had 3 windows with traffic, fewer than the 5 needed")
     assert v.line().startswith("speed not proven (inconclusive, counted as a failure): ")
     assert v.to_json()["outcome"] == "inconclusive"
+
+
+# ----------------------------------------------------------------------------- a histogram's resolution
+
+
+def histogram_windows(tps, itl_ms):
+    """Windows whose p99 ITL is read as a host's is: from the cumulative bucket counts of
+    SGLang's default ITL bounds (the stand-in's), through serve/metrics.py's interpolation,
+    with the width of the bucket it lies in. ``itl_ms``: every step's inter-token latency in
+    the window (200 tokens each)."""
+    out = []
+    for t in tps:
+        after = {b: (200.0 if itl_ms <= b * 1000 else 0.0) for b in ITL_BUCKETS + (float("inf"),)}
+        p99, width = metrics.quantile_in_bucket({}, after, 0.99)
+        out.append(dataclasses.replace(windows([t])[0], itl_p99_ms=p99 * 1000, itl_p99_bucket_ms=width * 1000))
+    return out
+
+
+def test_an_equal_build_whose_p99_moves_one_bucket_is_not_failed_by_it():
+    """The stand-in's case (docs/analysis.md's rollback transcript): every step takes about 8
+    ms, so every window interpolates to the same p99: 7.98 ms while steps take 7.9 ms
+    (bucket 6-8 ms), 9.98 ms once they take 8.1 ms (bucket 8-10 ms). The windows agree
+    exactly, the measured noise is 0, and a 2.5% change reads as +25%."""
+    tps = [1000, 1010, 990, 1005, 995, 1002, 998, 1001, 999, 1003]
+    base, new = histogram_windows(tps, 7.9), histogram_windows(tps, 8.1)
+    assert [round(w.itl_p99_ms, 6) for w in base + new] == [7.98] * 10 + [9.98] * 10
+    assert [round(w.itl_p99_bucket_ms, 6) for w in base + new] == [2.0] * 20
+    v = analysis.analyse(base, new, SETTINGS)
+    itl = next(j for j in v.judgements if j.figure == "itl_p99_ms")
+    assert itl.judged and not itl.failed and itl.worse_pct == pytest.approx(25.06, abs=0.01)
+    # the floor: sqrt((2^2 + 2^2) / 12) = 0.816 ms, 10.2% of 7.98 ms; 3.5 of them is 35.7%
+    assert analysis.resolution_se("itl_p99_ms", base, new) == pytest.approx(0.8165, abs=1e-4)
+    assert itl.noise_pct == pytest.approx(10.23, abs=0.01)
+    assert v.outcome == analysis.PASS
+    # Without the histogram's resolution (the windows' own spread only, 0 here) the same
+    # bake fails on that bucket: the floor is what holds it.
+    blind = [dataclasses.replace(w, itl_p99_bucket_ms=None) for w in base + new]
+    v = analysis.analyse(blind[:10], blind[10:], SETTINGS)
+    assert v.outcome == analysis.FAIL and [j.figure for j in v.failures] == ["itl_p99_ms"]
+    assert "noise 0.0%" in v.failures[0].why
+    # A side without widths (a baseline from a history written before the floor) adds
+    # nothing: the other side's resolution alone; a figure not read from a histogram has none.
+    assert analysis.resolution_se("itl_p99_ms", blind[:10], new) == pytest.approx(2.0 / 12 ** 0.5)
+    assert analysis.resolution_se("output_tps", base, new) == 0.0
+
+
+def test_a_real_10_percent_slower_build_still_fails_and_a_large_itl_rise_fails_on_itl():
+    base = histogram_windows([1000, 1010, 990, 1005, 995, 1002, 998, 1001, 999, 1003], 7.9)
+    # 10% slower: its steps take 8.8 ms (+11%), its tokens/s drop 10%. The p99 ITL moves one
+    # bucket, which the histogram cannot tell from noise; the tokens/s (a gauge) prove it.
+    slower = histogram_windows([900, 905, 895, 902, 898, 901, 899, 903, 897, 900], 8.8)
+    v = analysis.analyse(base, slower, SETTINGS)
+    assert v.outcome == analysis.FAIL and [j.figure for j in v.failures] == ["output_tps"]
+    # A p99 ITL rise past the histogram's resolution fails on the ITL itself, tokens/s equal:
+    # 7.98 -> 14.95 ms (bucket 10-15 ms), +87% against 3.5 x a floor of sqrt((2^2 + 5^2) / 12) = 19.5%.
+    worse = histogram_windows([1000, 1010, 990, 1005, 995, 1002, 998, 1001, 999, 1003], 14.0)
+    v = analysis.analyse(base, worse, SETTINGS)
+    assert v.outcome == analysis.FAIL and [j.figure for j in v.failures] == ["itl_p99_ms"]
+    assert v.failures[0].why == "p99 ITL 14.9 ms is 87.3% above the baseline's 7.98 ms (limit +10%, noise 19.5%)"
+
+
+def test_a_quantile_knows_the_width_of_its_bucket():
+    before = {0.01: 0.0, 0.02: 0.0, float("inf"): 0.0}
+    assert metrics.quantile_in_bucket(before, {0.01: 50.0, 0.02: 100.0, float("inf"): 100.0}, 0.99) == \
+        (pytest.approx(0.0198), pytest.approx(0.01))
+    # past the last finite bound: that bound, known to no better than the last bucket's width
+    assert metrics.quantile_in_bucket(before, {0.01: 0.0, 0.02: 0.0, float("inf"): 10.0}, 0.99) == \
+        (pytest.approx(0.02), pytest.approx(0.01))
+    assert metrics.quantile_in_bucket(before, before, 0.99) is None
 
 
 # ----------------------------------------------------------------------------- the noise figures

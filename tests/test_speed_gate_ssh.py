@@ -211,6 +211,32 @@ def test_a_fleet_stops_after_a_failed_canary_analysis(gate):
     assert b.host.read(ADDED) is None and not (b.host.state_dir / "journal.json").exists()
 
 
+def test_max_failures_counts_failed_analyses(gate):
+    """``--max-failures 1``: a fleet goes on after one host whose analysis failed and stops after
+    the second. The canary already serves the slow build (pushed with --no-analysis), so it
+    ends `already deployed` and the waves start; then one host at a time (--parallel 1)."""
+    canary, w1, w2, w3 = (gate.host(n) for n in ("mfcanary", "mf1", "mf2", "mf3"))
+    gate.series(True)
+    r = cli("push", "--host", canary.name, "--no-analysis")
+    assert r.exit_code == 0 and slowdown(canary) == 0.10, r.output
+    r = cli("push", *(a for h in (canary, w1, w2, w3) for a in ("--host", h.name)), "--canary", canary.name,
+            "--parallel", "1", "--max-failures", "1", "--json")
+    doc = check_envelope(r.stdout, r.exit_code, "push")
+    print(r.stderr)
+    assert r.exit_code == 1, r.output
+    by = {h["host"]: h for h in doc["hosts"]}
+    assert by[canary.name]["outcome"] == "already deployed", by[canary.name]["outcome"]
+    for h in (w1, w2):  # each baked slower than its own baseline, rolled back, counted as a failure
+        assert by[h.name]["outcome"] == "failed, rolled back", (h.name, by[h.name]["outcome"])
+        verdict = by[h.name]["serve"]["analysis"]["verdict"]
+        assert verdict["outcome"] == "fail" and verdict["new"]["output_tps"] < verdict["baseline"]["output_tps"]
+        assert h.host.read(ADDED) is None and h.healthy()  # the old code serves again
+    assert by[w3.name]["outcome"] == "skipped"  # never started: 2 failures > --max-failures 1
+    assert w3.host.read(ADDED) is None and not (w3.host.state_dir / "journal.json").exists()
+    said = " ".join(r.stderr.split())
+    assert "2 host(s) failed (--max-failures 1)" in said and w3.name in said.split("not started:")[-1], said
+
+
 def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the_job(gate):
     """Ctrl-C while the new server bakes: exit 130 within a second (the toolkit's own second,
     ddtree_testkit.machine), the host left `switched` with the new server healthy and not

@@ -14,7 +14,10 @@ The rule (docs/analysis.md says the same, with the figures that chose the defaul
    every window of both sides (``pooled_sd``: deviations from each side's median, clipped
    at three robust deviations), and the standard error of the difference of the two
    medians, 1.2533 x s x sqrt(1 / n_b + 1 / n_n) (1.2533 = sqrt(pi / 2): a median's
-   standard error over a mean's, for normal noise).
+   standard error over a mean's, for normal noise). A figure read from a histogram (p99
+   ITL, p99 TTFT) has a floor under that standard error, the histogram's resolution
+   (``resolution_se``): windows that interpolate inside the same bucket can agree exactly,
+   which would make any bucket shift look proven.
 4. **A figure fails** when it is worse than the baseline by more than its relative
    threshold AND by more than ``margin`` standard errors (both: a large regression inside
    large noise is not proven; a tiny proven one is within what the operator allows), or
@@ -44,6 +47,7 @@ MAD_TO_SD = 1.4826  # the median absolute deviation of normal noise, to its stan
 MEDIAN_SE = 1.2533  # sqrt(pi / 2): a median's standard error over a mean's
 NAMES = {"accept_length": "accept length", "output_tps": "output tokens/s", "itl_p99_ms": "p99 ITL",
          "ttft_p99_ms": "p99 TTFT", "error_rate": "error rate"}
+BUCKET = {"itl_p99_ms": "itl_p99_bucket_ms", "ttft_p99_ms": "ttft_p99_bucket_ms"}  # a histogram figure's resolution
 UNITS = {"accept_length": "", "output_tps": "", "itl_p99_ms": " ms", "ttft_p99_ms": " ms", "error_rate": ""}
 
 
@@ -125,6 +129,29 @@ def pooled_sd(a: Sequence[float], b: Sequence[float]) -> float:
     return math.sqrt(sum(d * d for d in clipped) / max(1, len(clipped) - 2))
 
 
+def resolution_se(figure: str, base: Sequence[ServedFigures], new: Sequence[ServedFigures]) -> float:
+    """The floor on the standard error of a histogram figure's difference: the resolution of
+    the histograms it was read from (0 for a figure not read from one).
+
+    A p99 read from a histogram is interpolated inside the bucket it lies in, as if that
+    bucket's observations spread evenly; the true p99 can be anywhere in the bucket, so a
+    window's p99 carries an error of up to the bucket's width ``w``: uniform, standard
+    deviation w / sqrt(12). That error does not average away over windows (windows whose
+    counts land the same way interpolate to the same value: the windows' own spread can be
+    0), so it is a floor that does not shrink with the number of windows: per side the
+    median bucket width of its windows, the two sides' errors combined,
+    sqrt((w_b^2 + w_n^2) / 12). With the default margin 3.5, a p99 that moves by one bucket
+    of an even histogram (a difference of w against a floor of 0.41 w) is not proven."""
+    field = BUCKET.get(figure)
+    if field is None:
+        return 0.0
+    widths = []
+    for side in (base, new):
+        w = [getattr(x, field) for x in side if getattr(x, field, None) is not None]
+        widths.append(statistics.median(w) if w else 0.0)
+    return math.sqrt((widths[0] ** 2 + widths[1] ** 2) / 12)
+
+
 def summary(windows: Sequence[ServedFigures]) -> ServedFigures | None:
     """One ServedFigures of the medians of every numeric figure (what the lines show)."""
     if not windows:
@@ -162,7 +189,8 @@ def judge(figure: str, threshold: Threshold, base: Sequence[ServedFigures], new:
     worse = noise = None
     if med_b is not None and med_b != 0:
         worse = ((med_b - med_n) if higher else (med_n - med_b)) / abs(med_b) * 100
-        se = MEDIAN_SE * pooled_sd(b, n) * math.sqrt(1 / len(b) + 1 / len(n))
+        se = max(MEDIAN_SE * pooled_sd(b, n) * math.sqrt(1 / len(b) + 1 / len(n)),
+                 resolution_se(figure, base, new))
         noise = se / abs(med_b) * 100
         if threshold.relative_pct is not None and worse > threshold.relative_pct and worse > settings.margin * noise:
             direction = "below" if higher else "above"
@@ -207,5 +235,5 @@ def analyse(baseline: Sequence[ServedFigures | Unavailable], new: Sequence[Serve
                    new=medians["new"])
 
 
-__all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Judgement", "Verdict", "analyse", "judge", "pooled_sd", "samples",
-           "summary"]
+__all__ = ["FAIL", "INCONCLUSIVE", "PASS", "Judgement", "Verdict", "analyse", "judge", "pooled_sd", "resolution_se",
+           "samples", "summary"]

@@ -53,6 +53,10 @@ class ServedFigures:
     itl_p99_ms: float | None = None
     ttft_p50_ms: float | None = None
     ttft_p99_ms: float | None = None
+    # the width of the bucket each p99 lies in: the p99 is known to within it (the speed
+    # gate's noise floor for these figures, serve/analysis.py); None: not from a histogram
+    itl_p99_bucket_ms: float | None = None
+    ttft_p99_bucket_ms: float | None = None
     # /metrics counters: deltas over the window
     requests: int = 0  # finished in the window
     aborted: int = 0  # aborted in the window

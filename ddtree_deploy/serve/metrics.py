@@ -124,8 +124,12 @@ def buckets(scrape: Scrape, name: str) -> dict[float, float]:
     return out
 
 
-def quantile(before: Mapping[float, float], after: Mapping[float, float], q: float) -> float | None:
-    """The q-quantile of the observations between two cumulative bucket snapshots."""
+def quantile_in_bucket(before: Mapping[float, float], after: Mapping[float, float], q: float,
+                       ) -> tuple[float, float] | None:
+    """The q-quantile of the observations between two cumulative bucket snapshots, and the
+    width of the bucket it lies in: the interpolation inside a bucket assumes its
+    observations spread evenly, so the quantile is only known to within that width (the
+    speed gate's noise floor for a histogram figure, serve/analysis.py)."""
     bounds = sorted(after)
     delta = [(b, after[b] - before.get(b, 0.0)) for b in bounds]
     if not delta or any(d < 0 for _, d in delta):
@@ -134,15 +138,23 @@ def quantile(before: Mapping[float, float], after: Mapping[float, float], q: flo
     if total <= 0:
         return None
     rank = q * total
-    lower, below = 0.0, 0.0
+    lower, below, previous = 0.0, 0.0, 0.0
     for bound, cumulative in delta:
         if cumulative >= rank:
             if math.isinf(bound):
-                return lower  # past the last finite bound: that bound, as histogram_quantile does
+                # Past the last finite bound: that bound, as histogram_quantile does; known to
+                # no better than the last finite bucket's width.
+                return lower, lower - previous
             inside = cumulative - below
-            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
-        lower, below = bound, cumulative
-    return lower
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0), bound - lower
+        previous, lower, below = lower, bound, cumulative
+    return lower, lower - previous
+
+
+def quantile(before: Mapping[float, float], after: Mapping[float, float], q: float) -> float | None:
+    """The q-quantile of the observations between two cumulative bucket snapshots."""
+    found = quantile_in_bucket(before, after, q)
+    return None if found is None else found[0]
 
 
 def _mean(a: float | None, b: float | None) -> float | None:
@@ -180,7 +192,8 @@ def figures(first: Scrape, second: Scrape, names: MetricNames, info: Mapping[str
     for field in ("itl", "ttft"):
         name = getattr(names, field)
         b0, b1 = buckets(first, name), buckets(second, name)
-        hist[field] = (_ms(quantile(b0, b1, 0.5)), _ms(quantile(b0, b1, 0.99)))
+        p99 = quantile_in_bucket(b0, b1, 0.99)
+        hist[field] = (_ms(quantile(b0, b1, 0.5)), _ms(p99[0] if p99 else None), _ms(p99[1] if p99 else None))
 
     def g(field: str) -> float | None:
         name = getattr(names, field)
@@ -202,7 +215,8 @@ def figures(first: Scrape, second: Scrape, names: MetricNames, info: Mapping[str
         accept_length=g("accept_length"), accept_rate=g("accept_rate"), num_draft_tokens=g("num_draft_tokens"),
         output_tps=g("gen_throughput"), running=g("running_reqs"), queue=g("queue_reqs"),
         itl_p50_ms=hist["itl"][0], itl_p99_ms=hist["itl"][1], ttft_p50_ms=hist["ttft"][0],
-        ttft_p99_ms=hist["ttft"][1], requests=finished, aborted=aborted,
+        ttft_p99_ms=hist["ttft"][1], itl_p99_bucket_ms=hist["itl"][2], ttft_p99_bucket_ms=hist["ttft"][2],
+        requests=finished, aborted=aborted,
         request_rate=finished / window,
         error_rate=aborted / (finished + aborted) if finished + aborted else None,
     )
@@ -242,5 +256,5 @@ def served_only(results: Sequence[ServedFigures | Unavailable]) -> list[ServedFi
 
 
 __all__ = ["BadText", "DEFAULT_WINDOW_S", "SCRAPE_TIMEOUT_S", "Scrape", "buckets", "counter", "figures", "gauge",
-           "parse_text", "quantile", "scrape_deadline", "scrape_request", "served_only", "wanted", "window",
-           "windows"]
+           "parse_text", "quantile", "quantile_in_bucket", "scrape_deadline", "scrape_request", "served_only", "wanted",
+           "window", "windows"]
