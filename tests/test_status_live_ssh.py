@@ -95,7 +95,7 @@ def test_the_live_line_gives_the_models_figures_and_since_when_the_code_runs(ser
     again = Live(window_s=live["window_s"], figures=ServedFigures.from_json(f), since=Since(**since), url=live["url"])
     assert live["line"] == again.line()
     assert re.match(rf"DDTree B={BUDGET}/K={TOPK}: accept length 3\.\d, [\d,.]+ tok/s, 4 running, "
-                    r"ITL p50 \d+(\.\d)? ms / p99 \d+(\.\d)? ms, [\d.]+ req/s \(window 2\.\d s: two scrapes\); "
+                    r"ITL p50 \d+(\.\d)? ms / p99 \d+(\.\d)? ms, [\d.]+ req/s \(window \d\.\d s: two scrapes\); "
                     rf"serving this code since \S+ \(pid {pid}, restarted by run {push['run_id']}, healthy\)$",
                     live["line"]), live["line"]
 

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from ddtree_deploy.cli.app import app, emit_json, err, handles_errors, say
+from ddtree_deploy.cli.options import inventory_option
 from ddtree_deploy.cli.text import safe
 
 
@@ -41,6 +42,7 @@ def image(
                                              "driver (nvidia-smi, over SSH) must run the base's CUDA; repeatable"),
     group: Optional[List[str]] = typer.Option(None, "--group", "-g", help="the hosts of an inventory group, as "
                                               "--host"),
+    inventory: Optional[Path] = inventory_option(),
     force_driver: bool = typer.Option(False, "--force-driver", help="write it even where a --host's driver "
                                       "cannot run the base's CUDA (refused without it, before anything is "
                                       "written)"),
