@@ -30,7 +30,7 @@ from ddtree_deploy.containers.image_context import context_files
 from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.hostprog.engine_cli import built_tag, kept_tag
 from ddtree_deploy.remote import inflight
-from ddtree_deploy.serve import serve_plan
+from ddtree_deploy.serve import metrics_run, serve_plan
 from ddtree_deploy.serve.bake import NONE, Baseline, bake, measure_baseline
 from ddtree_deploy.session.deploy import automatic_cause, holder_name, new_run_id
 from ddtree_deploy.session.desired import Want
@@ -53,7 +53,8 @@ def analysis_baseline(host, serve: ServeSettings, *, analysis: AnalysisSettings 
     if analysis is None or connect is None:
         return None
     try:
-        return measure_baseline(container_sampler(host, connect, serve, release), analysis, progress=progress)
+        sample = metrics_run.sampler(host, connect, url=serve.url, release=release)
+        return measure_baseline(sample, analysis, progress=progress)
     except DeployError as exc:
         if inflight.cancelled.is_set():
             raise
@@ -73,25 +74,14 @@ def analysis_gate(host, serve: ServeSettings, baseline: Baseline | None, verifie
         return None
     baseline = baseline or Baseline((), NONE, "no baseline: this run did not sample the old container")
     try:
-        speed = bake(container_sampler(host, connect, serve, release), analysis, baseline, progress=progress)
+        sample = metrics_run.sampler(host, connect, url=serve.url, release=release)
+        speed = bake(sample, analysis, baseline, progress=progress)
     except DeployError as exc:
         if inflight.cancelled.is_set():
             raise
         return f"the new container's figures could not be read: {clause(exc, host.name)}"
     verified["analysis"] = speed.to_json()
     return None if speed.ok else speed.why()
-
-
-def container_sampler(host, connect: Connect, serve: ServeSettings, release: str | None):
-    """Windows of the container's server, scraped from the host (``serve.url`` as the host sees it)."""
-    from ddtree_deploy.serve import metrics_run
-
-    def take(interval_s: float, scrapes: int):
-        transport = connect(host)
-        with transport:
-            return metrics_run.sample_windows(host, transport, url=serve.url, release=release or "",
-                                              interval_s=interval_s, scrapes=scrapes)
-    return take
 
 
 def _result(host: str, kind: Kind, doc: dict, message: str, lines: list[str], exc: DeployError | None = None
@@ -330,4 +320,4 @@ def rollback_host(h, connect: Connect, serve: ServeSettings, *, dry_run: bool = 
     return _open(h, connect, steps)
 
 
-__all__ = ["analysis_baseline", "analysis_gate", "container_sampler", "push_host", "rollback_host", "status_host"]
+__all__ = ["analysis_baseline", "analysis_gate", "push_host", "rollback_host", "status_host"]

@@ -179,8 +179,8 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
             speed = speed_bake.skipped()
         elif analysis is not None:
             try:
-                speed = speed_bake.bake(_sampler(host, connect, settings, outcome.sglang_version), analysis, baseline,
-                                        progress=progress)
+                sample = metrics_run.sampler(host, connect, url=settings.url, release=outcome.sglang_version)
+                speed = speed_bake.bake(sample, analysis, baseline, progress=progress)
             except DeployError as exc:
                 if inflight.cancelled.is_set():  # Ctrl-C under the bake: switched, healthy, not promoted
                     return ServeGate(restart, interrupted=True,
@@ -244,17 +244,6 @@ def _roll_back(host, settings: ServeSettings, held: deploy.PushSession, connect:
 # ---------------------------------------------------------------- the speed analysis' measurements
 
 
-def _sampler(host, connect: Callable[[Any], Any], settings: ServeSettings, release: str | None) -> speed_bake.Sampler:
-    """Windows of the host's server, each request over a fresh connection (the serve program's
-    ``metrics`` op: read-only on the host)."""
-    def take(interval_s: float, scrapes: int):
-        transport = connect(host)
-        with transport:
-            return metrics_run.sample_windows(host, transport, url=settings.url, release=release or "",
-                                              interval_s=interval_s, scrapes=scrapes)
-    return take
-
-
 def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSettings, connect: Callable[[Any], Any],
                            resolve: Callable[[dict], Any], *, progress: Progress = quiet) -> speed_bake.Baseline | None:
     """The old server's windows, sampled just before a push takes the lock and switches
@@ -280,8 +269,8 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
         if desired is None or desired.series_id == journal.get("series_id"):
             return None
     try:
-        baseline = speed_bake.measure_baseline(_sampler(host, connect, settings, facts.get("sglang_version")),
-                                               analysis, progress=progress)
+        sample = metrics_run.sampler(host, connect, url=settings.url, release=facts.get("sglang_version"))
+        baseline = speed_bake.measure_baseline(sample, analysis, progress=progress)
     except DeployError as exc:  # the scrape could not run: before the lock, nothing was changed
         exc.host_unchanged = True  # read by fleet.outcome_of_error
         raise

@@ -40,4 +40,15 @@ def served_figures(host, transport, *, url: str, release: str,
     return sample_windows(host, transport, url=url, release=release, interval_s=window_s, scrapes=2)[0]
 
 
-__all__ = ["sample_windows", "scrape", "served_figures"]
+def sampler(host, connect, *, url: str, release: str | None):
+    """``(interval_s, scrapes) -> windows`` of the host's server (``serve/bake.py``'s ``Sampler``),
+    each call over a fresh connection from ``connect(host)``; read-only on the host."""
+    def take(interval_s: float, scrapes: int) -> list[ServedFigures | Unavailable]:
+        transport = connect(host)
+        with transport:
+            return sample_windows(host, transport, url=url, release=release or "", interval_s=interval_s,
+                                  scrapes=scrapes)
+    return take
+
+
+__all__ = ["sample_windows", "sampler", "scrape", "served_figures"]
