@@ -160,7 +160,14 @@ def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, 
     choice = doc["choice"]
     # The model: B=8 K=2 ~ +19% over the DFlash chain, ~+30% over B=2 (ddtree_testkit/standin_tune_server.py).
     assert (choice["best"], choice["budget"], choice["topk"]) == ("ddtree-b8-k2", 8, 2)
-    assert choice["gain_pct"] > 5 and choice["second"] == "ddtree-b2-k2" and choice["margin_pct"] > 10
+    assert choice["gain_pct"] > 5
+    # The runner-up is B=2 (~30% behind), unless a loaded machine's timing pushed its p99 ITL past
+    # the baseline's margin: then it is excluded, and the choice says so by name.
+    excluded = {e["config"]: e["why"] for e in choice["excluded"]}
+    if choice["second"] is None:
+        assert excluded["ddtree-b2-k2"].startswith("p99 ITL "), choice
+    else:
+        assert choice["second"] == "ddtree-b2-k2" and choice["margin_pct"] > 10, choice
     assert choice["noise_pct"] is None  # --repeats 0: said so, never invented
     ranked = [row["config"] for row in doc["ranking"]["4"]]
     assert ranked[0] == "ddtree-b8-k2" and ranked[-1] == "ddtree-b32-k2"

@@ -18,7 +18,7 @@ import typer
 from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.cli.app import app, emit_host, err, handles_errors, out, say
 from ddtree_deploy.cli.options import inventory_option
-from ddtree_deploy.cli.text import safe
+from ddtree_deploy.cli.text import plain, safe
 from ddtree_deploy.remote.transport import transport_for
 from ddtree_deploy.settings.container_settings import refuse_container
 from ddtree_deploy.settings.inventory import load_host
@@ -113,8 +113,9 @@ def tune_cmd(
                                            highlight=False),
         sample=sample)
     if outcome.apply and outcome.apply.get("diff"):
-        err.print(f"--apply: {safe(outcome.apply['file'])}:", highlight=False)
-        err.print(safe(outcome.apply["diff"]), highlight=False, markup=False)
+        err.print(f"--apply: {safe(outcome.apply['file'])}:", highlight=False, soft_wrap=True)
+        for line in outcome.apply["diff"].splitlines():  # a diff is read line by line: never wrapped
+            err.print(plain(line), highlight=False, markup=False, soft_wrap=True)
     if json_output:
         emit_host(h.name, outcome.to_json(), ok=not outcome.stopped)
         if outcome.stopped:
