@@ -337,11 +337,8 @@ def figures_measure(host, connect: Callable[[Any], Any], settings: ServeSettings
         return None
 
     def measure(release: str | None, restarted: bool):
-        transport = connect(host)
-        with transport:
-            windows = metrics_run.sample_windows(host, transport, url=settings.url, release=release or "",
-                                                 interval_s=analysis.interval_s, scrapes=3 if restarted else 2)
-        return windows[-1]
+        sample = metrics_run.sampler(host, connect, url=settings.url, release=release)
+        return sample(analysis.interval_s, 3 if restarted else 2)[-1]
     return measure
 
 
