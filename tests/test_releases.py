@@ -11,7 +11,9 @@ import dataclasses
 import functools
 import json
 import re
+import resource
 import shutil
+import signal
 import threading
 import zipfile
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -225,6 +227,34 @@ def test_a_download_that_cannot_connect_is_a_network_error(index, release_versio
         releases.download(unreachable)
     assert exc.value.code == "network" and exc.value.hint == "check the network and run again"
     assert not list(releases.wheel_cache().iterdir())
+
+
+def test_a_cache_that_cannot_be_written_is_the_caches_error_not_the_networks(index, release_version):
+    """A full disk while the wheel streams in (a real EFBIG: the process's file size limit) is
+    said as the cache's failure, with its own code; nothing half-written stays behind."""
+    release = releases.find_release(release_version, releases.list_releases(refresh=True))
+    wheel = releases.choose_wheel(release)
+    cache = releases.wheel_cache()
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of the signal
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, old_limit[1]))
+    try:
+        with pytest.raises(DeployError, match=rf"^{re.escape(str(cache))}: cannot write the download cache \(") as exc:
+            releases.download(wheel)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert exc.value.code == "cache" and "DDTREE_DEPLOY_CACHE" in exc.value.hint
+    assert not list(cache.iterdir())
+
+
+def test_a_cache_folder_that_is_a_file_is_the_caches_error(index, tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("DDTREE_DEPLOY_CACHE", str(blocker))
+    with pytest.raises(DeployError, match=r"cannot write the download cache") as exc:
+        releases.list_releases(refresh=True)
+    assert exc.value.code == "cache"
 
 
 def test_list_releases_uses_the_cached_listing_when_asked(index):

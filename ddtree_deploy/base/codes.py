@@ -74,6 +74,7 @@ class Code:
     # the release cache (releases.py, matrix_run.py)
     NETWORK = "network"
     DIGEST = "digest"  # a downloaded wheel's sha256 is not PyPI's
+    CACHE = "cache"  # the download cache cannot be written (no space, no permission)
     # image (image.py)
     NO_BUILDER = "no-builder"
     BUILD_FAILED = "build-failed"

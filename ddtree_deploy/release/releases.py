@@ -20,6 +20,7 @@ import threading
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from email.parser import HeaderParser
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -130,6 +131,18 @@ def _network(url: str, *, failed: str, hint: str, answered_by: str = "") -> Iter
                           code=Code.NETWORK) from None
 
 
+@contextmanager
+def _cache_io(folder: Path) -> Iterator[None]:
+    """A failure to write the download cache (no space, no permission) is the cache's, said as
+    such: never taken for the network's, which only ``_network`` reports."""
+    try:
+        yield
+    except OSError as exc:
+        raise DeployError(f"{folder}: cannot write the download cache ({exc.strerror or exc})",
+                          hint="free space there, or point DDTREE_DEPLOY_CACHE at a writable folder",
+                          code=Code.CACHE) from None
+
+
 def fetch_project(project: str = PROJECT, *, index: str | None = None) -> dict:
     """GET the project's JSON document from the index and cache it. Network."""
     import urllib.request
@@ -144,7 +157,8 @@ def fetch_project(project: str = PROJECT, *, index: str | None = None) -> dict:
     except ValueError:
         raise DeployError(f"{url}: the package index answered something that is not JSON") from None
     doc["_source_url"] = url  # so that relative file URLs resolve after a cache round trip
-    atomic_write(_project_cache(project), json.dumps(doc).encode())
+    with _cache_io(_project_cache(project).parent):
+        atomic_write(_project_cache(project), json.dumps(doc).encode())
     return doc
 
 
@@ -254,20 +268,28 @@ def download(file: ReleaseFile, dest_dir: Path | None = None, progress: Download
 
     report = _report(progress)
     dest_dir = dest_dir if dest_dir is not None else wheel_cache()
-    dest_dir.mkdir(parents=True, exist_ok=True)
+    with _cache_io(dest_dir):
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=f".{file.filename}.")
     dest = dest_dir / file.filename
-    fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=f".{file.filename}.")
     digest = hasher()
+    network = partial(_network, file.url, failed="download failed", hint="check the network and run again")
     try:
-        with os.fdopen(fd, "wb") as fh, \
-                _network(file.url, failed="download failed", hint="check the network and run again"):
+        with os.fdopen(fd, "wb") as fh:
             received = 0
             if report is not None:
                 report(file, 0)
-            with urllib.request.urlopen(file.url, timeout=TIMEOUT_S) as resp:
-                for chunk in iter(lambda: resp.read(_CHUNK), b""):
+            with network():
+                resp = urllib.request.urlopen(file.url, timeout=TIMEOUT_S)
+            with resp:
+                while True:
+                    with network():
+                        chunk = resp.read(_CHUNK)
+                    if not chunk:
+                        break
                     digest.update(chunk)
-                    fh.write(chunk)
+                    with _cache_io(dest_dir):
+                        fh.write(chunk)
                     received += len(chunk)
                     if report is not None:
                         report(file, received)
@@ -277,7 +299,8 @@ def download(file: ReleaseFile, dest_dir: Path | None = None, progress: Download
                 hint="the download is corrupt or was tampered with; nothing was cached",
                 code=Code.DIGEST,
             )
-        os.replace(tmp, dest)
+        with _cache_io(dest_dir):
+            os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
