@@ -140,7 +140,8 @@ def test_lock_refuses_a_second_holder_and_is_released_at_eof(env):
             assert lock_b["holder"]["time"].endswith("Z")
             assert facts_b["lock"]["run_id"] == "run-a"
             # Without the lock, the mutating op is refused outright.
-            refused = b.one({"op": "apply", "run_id": "run-b", "files": []})
+            refused = b.one({"op": "apply", "kind": "push", "run_id": "run-b", "files": [], "journal": {},
+                               "final_phase": "deployed"})
             assert not refused["ok"] and refused["code"] == "protocol"
     # a's stdin closed: the agent released the lock on its way out.
     with session(h) as c:

@@ -33,7 +33,7 @@ from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import BadInput, DeployError, prefixed
 from ddtree_deploy.base.fsutil import NotARegularFile, check_regular, read_regular
-from ddtree_deploy.hostprog import bundle
+from ddtree_deploy.hostprog import bundle, protocol
 from ddtree_deploy.hostprog.lock import GUARD_WAIT_S
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.settings.inventory import (
@@ -72,6 +72,13 @@ class ReplyError(DeployError):
     """A host program's reply broke a bound (too large, too late)."""
 
 
+class ProtocolMismatch(DeployError):
+    """The host program and this controller speak different protocol versions (or the program
+    broke the protocol): nothing was acted on, the session is closed."""
+
+    code = Code.PROTOCOL
+
+
 def program_argv(host: Host, *, sudo: bool = False) -> list[str]:
     """The command that runs a shipped host program on ``host`` (pure; tested by equality)."""
     prefix = ["sudo", "-n", "--"] if sudo else []
@@ -104,13 +111,17 @@ class HostProgram:
     stopped_hint: str | None = None
     #: What a lost link leaves on the host once the program runs (ProgramSession.lost_state).
     lost_state: str = "the host program ends on its own and stops what it started"
+    #: Its ops' declaration in hostprog/protocol.py (``PROGRAMS``): requests are checked against
+    #: it before they are sent, and its first exchange carries both protocol versions. None: a
+    #: program of events (smoke, serve, tune), its request its own.
+    ops: str | None = None
 
     def source(self) -> bytes:
         return bundle.source(self.module)
 
 
 AGENT = HostProgram("ddtree_deploy.hostprog.agent", "the agent", Code.AGENT, stopped_code=Code.CONNECTION_LOST,
-                    stopped_hint=f"run {next_step.status()} to see where the host stands, then rerun")
+                    stopped_hint=f"run {next_step.status()} to see where the host stands, then rerun", ops="agent")
 
 
 #: A [container] host's program (hostprog/container.py): the engine CLI on the host, and the
@@ -119,7 +130,7 @@ CONTAINER_PROGRAM = HostProgram(
     "ddtree_deploy.hostprog.container", "the container program", Code.CONTAINER_AGENT,
     stopped_code=Code.CONNECTION_LOST, stopped_hint=f"run {next_step.status()} to see where the host stands",
     lost_state="the container program goes on alone: it completes the step it was given (the journal says how "
-    "far) and releases the deploy lock")
+    "far) and releases the deploy lock", ops="container")
 
 
 def agent_source() -> bytes:
@@ -737,6 +748,7 @@ class ProgramSession:
         self.received = 0  # lines read so far: none means the program may never have started
         self.uploaded = False  # the program's source was handed to the link whole
         self.waiting_for: str | None = None  # what the current read waits for (messages)
+        self.hello_pending = False  # an init was sent, its answer (the program's version) not read yet
         self._wait: int | None = None  # its registration with inflight (Ctrl-C's line, link dropped)
 
     def __enter__(self):
@@ -807,11 +819,28 @@ class ProgramSession:
             "on the host that has sglang installed (`command -v python3` there shows one)")
 
     def send(self, *docs: dict, during: str = "while sending a request") -> None:
-        """JSON lines, in one write."""
+        """JSON lines, in one write. A request-answering program's requests are checked against
+        its declaration first (a request that breaks it is this controller's bug: nothing is
+        sent), and an ``init`` carries this controller's protocol version (the first exchange)."""
+        if self.program.ops is not None:
+            docs = tuple(self._request(d) for d in docs)
         self.write(b"".join(json.dumps(d).encode() + b"\n" for d in docs), during)
 
-    def read(self, deadline: float | None = None, what: str = "a reply", during: str | None = None) -> dict:
-        """One JSON line (``what``, read ``during`` a step: both for messages).
+    def _request(self, doc: dict) -> protocol.Request:
+        if doc.get("op") == "init":
+            doc = {"protocol": protocol.PROTOCOL, **doc}
+            self.hello_pending = True
+        try:
+            return protocol.check_request(self.program.ops, doc)
+        except protocol.ProtocolError as exc:
+            raise DeployError(f"{self.label}: this ddtree-deploy built a request that breaks the protocol: {exc}",
+                              code=Code.INTERNAL, hint="report it as a bug; nothing was sent to the host") from None
+
+    def read(self, deadline: float | None = None, what: str = "a reply",
+             during: str | None = None) -> protocol.Reply | protocol.Event:
+        """One JSON line, parsed once into the message it is (hostprog/protocol.py), read
+        ``during`` a step (``what``, ``during``: both for messages). The answer to an ``init``
+        must name this controller's protocol version: else ProtocolMismatch, session closed.
         ``deadline`` (time.monotonic): TimeoutError past it (the caller words it, it knows
         the step's limit); ReplyError for an oversized line."""
         if self.proc is None:
@@ -829,10 +858,21 @@ class ProgramSession:
         self.waiting_for = None
         self.received += 1
         try:
-            return json.loads(line)
+            message = protocol.parse_line(json.loads(line))
         except (ValueError, RecursionError):  # RecursionError: nested past what json.loads can recurse
             raise DeployError(f"{self.label}: {self.program.name} answered garbage: {line[:200]!r}",
                               code=self.program.code) from None
+        if self.hello_pending and isinstance(message, protocol.Reply):
+            self.hello_pending = False  # the program answers in order: this is the init's answer
+            mismatch = protocol.hello_mismatch(message)
+            if mismatch is not None:
+                self.abort()  # the program sees EOF: it releases what a pipelined lock took
+                raise ProtocolMismatch(
+                    f"{self.label}: {mismatch}; nothing was changed on the host",
+                    hint="run both sides from one ddtree-deploy release: a push ships its own host programs, so "
+                    "an older one comes from a wrapper or an image built by another release (rebuild it), "
+                    "or this controller is the older one (`pip install -U ddtree-deploy`)")
+        return message
 
     def _stopped(self, during: str) -> DeployError:
         proc, self.proc = self.proc, None
@@ -911,9 +951,9 @@ class AgentSession(ProgramSession):
         for request in requests:
             op = request.get("op")
             try:
-                replies.append(self.read(deadline, f"the reply to {op}", during=op))
+                reply = self.read(deadline, f"the reply to {op}", during=op)
                 self.unanswered.pop(0)
-                self._note(request, replies[-1])
+                replies.append(self._note(request, reply))
             except TimeoutError:
                 self.abort()
                 raise DeployError(
@@ -930,11 +970,12 @@ class AgentSession(ProgramSession):
     def one(self, request: dict) -> dict:
         return self.call(request)[0]
 
-    def _note(self, request: dict, reply: dict) -> None:
+    def _note(self, request: dict, reply: dict) -> dict:
         """Keep what an answered request did (lost_state says it if the link goes next); give a
-        refusal the hint only this session can word (it knows the host)."""
-        if isinstance(reply, dict) and reply.get("code") == Code.NO_SGLANG:
-            reply.setdefault("hint", next_step.python_that_imports_sglang(self.host.source, local=self.host.is_local))
+        refusal the hint only this session can word (it knows the host): the reply as kept."""
+        if reply.get("code") == Code.NO_SGLANG and not reply.get("hint"):
+            reply = protocol.Reply(dict(reply, hint=next_step.python_that_imports_sglang(
+                self.host.source, local=self.host.is_local)))
         op, ok = request.get("op"), bool(reply.get("ok"))
         if op in ("lock", "unlock"):
             self.holds_lock = op == "lock" and ok
@@ -944,6 +985,7 @@ class AgentSession(ProgramSession):
             self.switched = (self.switched[0], str(request.get("phase")))
         elif op == "served" and ok:
             self.restarting = (request.get("serve") or {}).get("state") == "restarting"
+        return reply
 
     def interrupted_state(self) -> str:
         self.waiting_for = "+".join(self.unanswered) or None
