@@ -38,7 +38,7 @@ from pathlib import Path
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.locations import cache_dir
 from ddtree_deploy.engine.series import load_family
-from ddtree_deploy.remote.transport import SSHTransport
+from ddtree_deploy.remote.ssh import SSHTransport
 from ddtree_deploy.sandbox import SSHServer
 from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import desired_for

@@ -171,7 +171,7 @@ def test_each_bundle_runs_where_ddtree_deploy_cannot_be_imported(name, python, t
     """Shipped the way a session ships it (BOOTSTRAP, the length-prefixed source on stdin),
     to ``python -S -I``: no site-packages, no PYTHONPATH, so nothing of this checkout can be
     imported; only what the bundle carries runs."""
-    from ddtree_deploy.remote.transport import BOOTSTRAP
+    from ddtree_deploy.remote.program import BOOTSTRAP
 
     _label, exe = python
     if exe is None:  # none is installed by the project: the 3.8 syntax is checked above for every program
