@@ -47,6 +47,10 @@ from ddtree_deploy.settings.inventory import load_host
 REPO = Path(__file__).resolve().parent.parent
 
 RUNS = 5
+#: The goal for ``ddtree-deploy push --no-smoke`` plus its ``rollback`` (two CLI processes)
+#: against one ``rsync --checksum --backup`` of the same files (issue 33 s5): the benchmark
+#: exits 1 when the median of the paired ratios passes it.
+GOAL_RATIO = 1.5
 #: Five real SGLang files patched (one line each) and one added module: "six SGLang-sized files".
 PATCHED = [
     "sglang/srt/server_args.py",
@@ -100,6 +104,17 @@ def median_s(fn, reset, runs: int = RUNS) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def _gate_line(gate: float, pairs: list[tuple[float, float]]) -> None:
+    """Print the push + rollback / rsync line; exit 1 when the ratio passes GOAL_RATIO."""
+    ours_s = statistics.median(o for o, _r in pairs)
+    theirs_s = statistics.median(r for _o, r in pairs)
+    verdict = "ok" if gate <= GOAL_RATIO else "FAILED"
+    print(f"push --no-smoke + rollback (CLI) / rsync: {gate:5.2f}x  (median of {len(pairs)} paired runs: "
+          f"{ours_s:.3f} s vs {theirs_s:.3f} s; goal <= {GOAL_RATIO}x): {verdict}")
+    if gate > GOAL_RATIO:
+        sys.exit(1)
 
 
 def ansible_playbook() -> tuple[Path | None, str]:
@@ -197,6 +212,32 @@ def main() -> None:
                     sftp.put(str(src / t.path), dest + ".tmp")
                     sftp.posix_rename(dest + ".tmp", dest)
 
+        rollback_cli = [str(Path(sys.executable).parent / "ddtree-deploy"), "rollback", "--host", "bench"]
+
+        def push_and_rollback():
+            subprocess.run(cli, env=env, check=True, capture_output=True)
+            subprocess.run(rollback_cli, env=env, check=True, capture_output=True)
+
+        # Paired: each pair runs both sides back to back, so the shared machine's load falls on
+        # both alike; the median of the pairs' ratios is the figure.
+        reset()
+        push_and_rollback()  # warm-up
+        pairs = []
+        for _ in range(RUNS):
+            reset()
+            t = time.perf_counter()
+            push_and_rollback()
+            ours = time.perf_counter() - t
+            reset()
+            t = time.perf_counter()
+            rsync_run()
+            pairs.append((ours, time.perf_counter() - t))
+        gate = statistics.median(o / r for o, r in pairs)
+        if "--gate" in sys.argv[1:]:  # the gate alone: `python -m bench.push_bench --gate`
+            _gate_line(gate, pairs)
+            return
+
+
         rows = [
             ("ddtree-deploy push (in process)", median_s(ddtree_core, reset)),
             ("ddtree-deploy push (CLI process)", median_s(ddtree_cli, reset)),
@@ -248,6 +289,7 @@ def main() -> None:
         if ansible_s is not None:
             print(f"ratio ansible / ddtree (in process):    {ansible_s / core:5.1f}x faster (target >= 10)")
             print(f"ratio ansible / ddtree (CLI process):   {ansible_s / cli_s:5.1f}x faster")
+        _gate_line(gate, pairs)
 
 
 if __name__ == "__main__":
