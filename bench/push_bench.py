@@ -24,6 +24,7 @@ tool the same per session; ddtree-deploy and rsync open one session per push.
 from __future__ import annotations
 
 import difflib
+import json
 import hashlib
 import os
 import shlex
@@ -233,6 +234,14 @@ def main() -> None:
             rsync_run()
             pairs.append((ours, time.perf_counter() - t))
         gate = statistics.median(o / r for o, r in pairs)
+        # Where a push and a rollback spend their time: one more pair, with --json's timings.
+        reset()
+        for argv in (cli, rollback_cli):
+            t = time.perf_counter()
+            done = subprocess.run([*argv, "--json"], env=env, check=True, capture_output=True, text=True)
+            wall = time.perf_counter() - t
+            phases = json.loads(done.stdout)["hosts"][0].get("timings") or []
+            print(f"{argv[1]:8} {wall:6.3f} s wall: " + ", ".join(f"{p['phase']} {p['seconds']:.3f}" for p in phases))
         if "--gate" in sys.argv[1:]:  # the gate alone: `python -m bench.push_bench --gate`
             _gate_line(gate, pairs)
             return

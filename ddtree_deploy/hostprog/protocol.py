@@ -42,6 +42,12 @@ version     what changed
 
 PROTOCOL = 2
 
+# A lock's guard held longer is a stopped or hung agent: refuse, never wait for ever (lock.py).
+# Shorter than any controller's read deadline (the controller's init may ask for less:
+# ``guard_wait_s``), so that the agent's answer, which names the process holding the guard,
+# arrives. Here because both sides use it: the controller without importing the agent's jobs.
+GUARD_WAIT_S = 10.0
+
 PROTOCOL_CODE = "protocol"  # base.codes.Code.PROTOCOL (the same string; this module imports nothing)
 
 

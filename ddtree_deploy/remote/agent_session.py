@@ -13,7 +13,6 @@ from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import BadInput, DeployError, prefixed
 from ddtree_deploy.hostprog import protocol
-from ddtree_deploy.hostprog.lock import GUARD_WAIT_S
 from ddtree_deploy.remote.link import ReplyError, Transport
 from ddtree_deploy.remote.program import AGENT, ProgramSession
 from ddtree_deploy.settings.inventory import Host
@@ -60,8 +59,8 @@ class AgentSession(ProgramSession):
         limit = timeout or self.op_timeout or self.host.op_timeout or DEFAULT_OP_TIMEOUT
         deadline = time.monotonic() + limit
         # The agent gives up on a guard another agent holds (and says which process) well
-        # within this deadline, so that its answer arrives (lock.GUARD_WAIT_S at most).
-        requests = tuple(dict(r, guard_wait_s=min(GUARD_WAIT_S, limit / 3)) if r.get("op") == "init" else r
+        # within this deadline, so that its answer arrives (protocol.GUARD_WAIT_S at most).
+        requests = tuple(dict(r, guard_wait_s=min(protocol.GUARD_WAIT_S, limit / 3)) if r.get("op") == "init" else r
                          for r in requests)
         ops = "+".join(str(r.get("op")) for r in requests)
         self.unanswered = [str(r.get("op")) for r in requests]

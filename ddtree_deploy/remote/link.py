@@ -8,6 +8,7 @@ deadline, for both.
 
 from __future__ import annotations
 
+import os
 import time
 
 from ddtree_deploy.base.codes import Code
@@ -91,6 +92,19 @@ class Process:
         raise NotImplementedError
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: /proc), None where that cannot be read: what a
+    command spent before its first connect (the interpreter, the imports, the inventory)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Transport:
     """Start programs on one host. Open once per command; ``close`` always."""
 
@@ -98,7 +112,8 @@ class Transport:
     connections = 0  # how many network connections this transport opened
 
     def __init__(self) -> None:
-        # (phase, seconds) as they happened: "connect" (the SSH transport's), for push --json.
+        # (phase, seconds) as they happened: "cli start" and "connect" (the SSH transport's),
+        # for push --json.
         self.timings: list[tuple[str, float]] = []
 
     def open(self) -> None:

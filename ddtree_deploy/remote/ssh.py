@@ -15,7 +15,7 @@ from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.fsutil import NotARegularFile, check_regular, read_regular
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.remote.host_keys import HostKeyRefused, changed_key, load_host_keys, strict_policy
-from ddtree_deploy.remote.link import DEFAULT_IO_TIMEOUT, LineReader, Process, Transport
+from ddtree_deploy.remote.link import DEFAULT_IO_TIMEOUT, LineReader, Process, Transport, process_age_s
 from ddtree_deploy.remote.link_errors import connect_error, connection_lost
 from ddtree_deploy.settings.inventory import (
     MAX_IDENTITY_BYTES,
@@ -229,6 +229,9 @@ class SSHTransport(Transport):
         if self.conn is not None:
             return
         inflight.check(self.label)
+        age = process_age_s()
+        if age is not None:
+            self.timings.append(("cli start", age))  # the process's start up to this connect
         t0 = time.monotonic()
         conn = self._connection()
         # paramiko logs a failed handshake (a port that is not SSH) with a traceback on
