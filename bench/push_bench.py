@@ -215,25 +215,55 @@ def main() -> None:
 
         rollback_cli = [str(Path(sys.executable).parent / "ddtree-deploy"), "rollback", "--host", "bench"]
 
-        def push_and_rollback():
-            subprocess.run(cli, env=env, check=True, capture_output=True)
-            subprocess.run(rollback_cli, env=env, check=True, capture_output=True)
+        def push_and_rollback(pythonpath: str | None = None):
+            run_env = env if pythonpath is None else dict(env, PYTHONPATH=pythonpath)
+            subprocess.run(cli, env=run_env, check=True, capture_output=True, cwd=tmp)
+            subprocess.run(rollback_cli, env=run_env, check=True, capture_output=True, cwd=tmp)
 
-        # Paired: each pair runs both sides back to back, so the shared machine's load falls on
-        # both alike; the median of the pairs' ratios is the figure.
-        reset()
-        push_and_rollback()  # warm-up
-        pairs = []
+        def floor():
+            # Two interpreters that only import the CLI's dependencies (typer, rich, paramiko,
+            # fabric): what any push + rollback of two processes pays before a line of ours runs.
+            for _ in range(2):
+                subprocess.run([sys.executable, "-c", "import typer, rich.console, paramiko, fabric"], check=True)
+
+        # Paired: each pair runs every side back to back, so the shared machine's load falls on
+        # all alike; the median of the pairs' ratios is the figure. --rev REV: the package as of
+        # git revision REV too (``git archive``, first on PYTHONPATH), before/after in one run.
+        rev = sys.argv[sys.argv.index("--rev") + 1] if "--rev" in sys.argv[1:] else None
+        old = None
+        if rev is not None:
+            old = tmp / "rev"
+            old.mkdir()
+            archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "ddtree_deploy"], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        sides = {"this": lambda: push_and_rollback()}
+        if old is not None:
+            sides[rev] = lambda: push_and_rollback(str(old))
+        sides["floor"] = floor
+        for side in sides.values():  # warm-up
+            reset()
+            side()
+        pairs = []  # (this, rsync) per pair, for the gate
+        ratios: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(RUNS):
             reset()
             t = time.perf_counter()
-            push_and_rollback()
-            ours = time.perf_counter() - t
-            reset()
-            t = time.perf_counter()
             rsync_run()
-            pairs.append((ours, time.perf_counter() - t))
-        gate = statistics.median(o / r for o, r in pairs)
+            theirs = time.perf_counter() - t
+            took = {}
+            for name, side in sides.items():
+                reset()
+                t = time.perf_counter()
+                side()
+                took[name] = time.perf_counter() - t
+                ratios[name].append(took[name] / theirs)
+            pairs.append((took["this"], theirs))
+        gate = statistics.median(ratios["this"])
+        for name in sides:
+            what = {"this": "push --no-smoke + rollback (this checkout)", "floor": "two processes importing the "
+                    "CLI's deps (the floor)"}.get(name, f"push --no-smoke + rollback ({name})")
+            print(f"{what:58} / rsync: {statistics.median(ratios[name]):5.2f}x")
         # Where a push and a rollback spend their time: one more pair, with --json's timings.
         reset()
         for argv in (cli, rollback_cli):
@@ -242,10 +272,9 @@ def main() -> None:
             wall = time.perf_counter() - t
             phases = json.loads(done.stdout)["hosts"][0].get("timings") or []
             print(f"{argv[1]:8} {wall:6.3f} s wall: " + ", ".join(f"{p['phase']} {p['seconds']:.3f}" for p in phases))
-        if "--gate" in sys.argv[1:]:  # the gate alone: `python -m bench.push_bench --gate`
+        if "--gate" in sys.argv[1:]:  # the gate alone: `python -m bench.push_bench --gate [--rev REV]`
             _gate_line(gate, pairs)
             return
-
 
         rows = [
             ("ddtree-deploy push (in process)", median_s(ddtree_core, reset)),
