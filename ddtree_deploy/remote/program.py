@@ -241,7 +241,8 @@ class ProgramSession:
                     f"{self.label}: {mismatch}; nothing was changed on the host",
                     hint="run both sides from one ddtree-deploy release: a push ships its own host programs, so "
                     "an older one comes from a wrapper or an image built by another release (rebuild it), "
-                    "or this controller is the older one (`pip install -U ddtree-deploy`)")
+                    "or this controller is the older one (install the newer one here: `pipx install --force .` in its "
+                    "checkout)")
         return message
 
     def _stopped(self, during: str) -> DeployError:

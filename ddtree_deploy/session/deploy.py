@@ -46,7 +46,7 @@ from ddtree_deploy.base.digests import sha256
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.progress import Progress, quiet
 from ddtree_deploy.engine.patch_write import diff_hunks
-from ddtree_deploy.remote.agent_session import expect_ok, AgentFailed, AgentSession
+from ddtree_deploy.remote.agent_session import AgentFailed, AgentSession, expect_ok
 from ddtree_deploy.remote.link import Transport
 from ddtree_deploy.session.plan import (
     Desired,
