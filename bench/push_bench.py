@@ -24,6 +24,7 @@ tool the same per session; ddtree-deploy and rsync open one session per push.
 from __future__ import annotations
 
 import difflib
+import json
 import hashlib
 import os
 import shlex
@@ -38,7 +39,7 @@ from pathlib import Path
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.locations import cache_dir
 from ddtree_deploy.engine.series import load_family
-from ddtree_deploy.remote.transport import SSHTransport
+from ddtree_deploy.remote.ssh import SSHTransport
 from ddtree_deploy.sandbox import SSHServer
 from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import desired_for
@@ -47,6 +48,10 @@ from ddtree_deploy.settings.inventory import load_host
 REPO = Path(__file__).resolve().parent.parent
 
 RUNS = 5
+#: The goal for ``ddtree-deploy push --no-smoke`` plus its ``rollback`` (two CLI processes)
+#: against one ``rsync --checksum --backup`` of the same files (issue 33 s5): the benchmark
+#: exits 1 when the median of the paired ratios passes it.
+GOAL_RATIO = 1.5
 #: Five real SGLang files patched (one line each) and one added module: "six SGLang-sized files".
 PATCHED = [
     "sglang/srt/server_args.py",
@@ -100,6 +105,17 @@ def median_s(fn, reset, runs: int = RUNS) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def _gate_line(gate: float, pairs: list[tuple[float, float]]) -> None:
+    """Print the push + rollback / rsync line; exit 1 when the ratio passes GOAL_RATIO."""
+    ours_s = statistics.median(o for o, _r in pairs)
+    theirs_s = statistics.median(r for _o, r in pairs)
+    verdict = "ok" if gate <= GOAL_RATIO else "FAILED"
+    print(f"push --no-smoke + rollback (CLI) / rsync: {gate:5.2f}x  (median of {len(pairs)} paired runs: "
+          f"{ours_s:.3f} s vs {theirs_s:.3f} s; goal <= {GOAL_RATIO}x): {verdict}")
+    if gate > GOAL_RATIO:
+        sys.exit(1)
 
 
 def ansible_playbook() -> tuple[Path | None, str]:
@@ -197,6 +213,69 @@ def main() -> None:
                     sftp.put(str(src / t.path), dest + ".tmp")
                     sftp.posix_rename(dest + ".tmp", dest)
 
+        rollback_cli = [str(Path(sys.executable).parent / "ddtree-deploy"), "rollback", "--host", "bench"]
+
+        def push_and_rollback(pythonpath: str | None = None):
+            run_env = env if pythonpath is None else dict(env, PYTHONPATH=pythonpath)
+            subprocess.run(cli, env=run_env, check=True, capture_output=True, cwd=tmp)
+            subprocess.run(rollback_cli, env=run_env, check=True, capture_output=True, cwd=tmp)
+
+        def floor():
+            # Two interpreters that only import the CLI's dependencies (typer, rich, paramiko,
+            # fabric): what any push + rollback of two processes pays before a line of ours runs.
+            for _ in range(2):
+                subprocess.run([sys.executable, "-c", "import typer, rich.console, paramiko, fabric"], check=True)
+
+        # Paired: each pair runs every side back to back, so the shared machine's load falls on
+        # all alike; the median of the pairs' ratios is the figure. --rev REV: the package as of
+        # git revision REV too (``git archive``, first on PYTHONPATH), before/after in one run.
+        rev = sys.argv[sys.argv.index("--rev") + 1] if "--rev" in sys.argv[1:] else None
+        old = None
+        if rev is not None:
+            old = tmp / "rev"
+            old.mkdir()
+            archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "ddtree_deploy"], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        sides = {"this": lambda: push_and_rollback()}
+        if old is not None:
+            sides[rev] = lambda: push_and_rollback(str(old))
+        sides["floor"] = floor
+        for side in sides.values():  # warm-up
+            reset()
+            side()
+        pairs = []  # (this, rsync) per pair, for the gate
+        ratios: dict[str, list[float]] = {name: [] for name in sides}
+        for _ in range(RUNS):
+            reset()
+            t = time.perf_counter()
+            rsync_run()
+            theirs = time.perf_counter() - t
+            took = {}
+            for name, side in sides.items():
+                reset()
+                t = time.perf_counter()
+                side()
+                took[name] = time.perf_counter() - t
+                ratios[name].append(took[name] / theirs)
+            pairs.append((took["this"], theirs))
+        gate = statistics.median(ratios["this"])
+        for name in sides:
+            what = {"this": "push --no-smoke + rollback (this checkout)", "floor": "two processes importing the "
+                    "CLI's deps (the floor)"}.get(name, f"push --no-smoke + rollback ({name})")
+            print(f"{what:58} / rsync: {statistics.median(ratios[name]):5.2f}x")
+        # Where a push and a rollback spend their time: one more pair, with --json's timings.
+        reset()
+        for argv in (cli, rollback_cli):
+            t = time.perf_counter()
+            done = subprocess.run([*argv, "--json"], env=env, check=True, capture_output=True, text=True)
+            wall = time.perf_counter() - t
+            phases = json.loads(done.stdout)["hosts"][0].get("timings") or []
+            print(f"{argv[1]:8} {wall:6.3f} s wall: " + ", ".join(f"{p['phase']} {p['seconds']:.3f}" for p in phases))
+        if "--gate" in sys.argv[1:]:  # the gate alone: `python -m bench.push_bench --gate [--rev REV]`
+            _gate_line(gate, pairs)
+            return
+
         rows = [
             ("ddtree-deploy push (in process)", median_s(ddtree_core, reset)),
             ("ddtree-deploy push (CLI process)", median_s(ddtree_cli, reset)),
@@ -248,6 +327,7 @@ def main() -> None:
         if ansible_s is not None:
             print(f"ratio ansible / ddtree (in process):    {ansible_s / core:5.1f}x faster (target >= 10)")
             print(f"ratio ansible / ddtree (CLI process):   {ansible_s / cli_s:5.1f}x faster")
+        _gate_line(gate, pairs)
 
 
 if __name__ == "__main__":

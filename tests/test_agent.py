@@ -21,7 +21,9 @@ import pytest
 from ddtree_deploy.base.digests import sha256
 from ddtree_deploy.hostprog.fileops import TMP_TAG
 from ddtree_deploy.hostprog.wire import boot_id, process_start
-from ddtree_deploy.remote.transport import AgentSession, LocalTransport, agent_argv, agent_source
+from ddtree_deploy.remote.agent_session import AgentSession
+from ddtree_deploy.remote.local import LocalTransport
+from ddtree_deploy.remote.program import agent_argv, agent_source
 from ddtree_deploy.session.deploy import _apply_push
 from ddtree_deploy.session.plan import Desired, Target, plan_push
 from ddtree_deploy.settings.inventory import Host
@@ -140,7 +142,8 @@ def test_lock_refuses_a_second_holder_and_is_released_at_eof(env):
             assert lock_b["holder"]["time"].endswith("Z")
             assert facts_b["lock"]["run_id"] == "run-a"
             # Without the lock, the mutating op is refused outright.
-            refused = b.one({"op": "apply", "run_id": "run-b", "files": []})
+            refused = b.one({"op": "apply", "kind": "push", "run_id": "run-b", "files": [], "journal": {},
+                               "final_phase": "deployed"})
             assert not refused["ok"] and refused["code"] == "protocol"
     # a's stdin closed: the agent released the lock on its way out.
     with session(h) as c:
@@ -406,7 +409,7 @@ def test_every_host_program_runs_shipped_whole_with_the_stdlib_alone(tmp_path):
     import sys
     import time
 
-    from ddtree_deploy.remote.transport import AGENT, ProgramSession
+    from ddtree_deploy.remote.program import AGENT, ProgramSession
     from ddtree_deploy.smoke.smoke_run import SMOKE_PROGRAM
     from ddtree_deploy.tuning.tune_run import TUNE_PROGRAM
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.base.errors import DeployError
-from ddtree_deploy.remote.transport import AgentSession, SSHTransport
+from ddtree_deploy.remote.agent_session import AgentSession
+from ddtree_deploy.remote.ssh import SSHTransport
 from ddtree_deploy.sandbox import SSHServer
 from ddtree_deploy.sandbox.sshd import free_port
 from ddtree_deploy.settings.inventory import Host, SSHTarget
@@ -275,7 +276,7 @@ def test_no_such_interpreter_is_said_every_time(sshd, order):
 
 
 def test_no_such_interpreter_here_with_the_local_transport(tmp_path):
-    from ddtree_deploy.remote.transport import LocalTransport
+    from ddtree_deploy.remote.local import LocalTransport
 
     host = Host(name="here", python=str(tmp_path / "no-python3"), ssh=None, source=SOURCE)
     with pytest.raises(DeployError) as caught:

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ddtree_deploy.cli import app
-from ddtree_deploy.remote import transport
+from ddtree_deploy.remote import ssh
 from sshd_host import DEPLOY_SERIES, SPEC, UTILS
 
 pytestmark = pytest.mark.sshd
@@ -31,7 +31,7 @@ class Counter:
     def __init__(self, monkeypatch):
         self.opened = 0
         self._count = threading.Lock()
-        real = transport.SSHTransport.open
+        real = ssh.SSHTransport.open
         counter = self
 
         def open(self) -> None:
@@ -41,7 +41,7 @@ class Counter:
                 with counter._count:
                     counter.opened += 1
 
-        monkeypatch.setattr(transport.SSHTransport, "open", open)
+        monkeypatch.setattr(ssh.SSHTransport, "open", open)
 
     def take(self) -> int:
         with self._count:

@@ -27,7 +27,8 @@ from ddtree_deploy.base import hooks
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.cli import app
 from ddtree_deploy.engine.series import load_family
-from ddtree_deploy.remote.transport import AgentSession, SSHTransport
+from ddtree_deploy.remote.agent_session import AgentSession
+from ddtree_deploy.remote.ssh import SSHTransport
 from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host
@@ -465,11 +466,12 @@ n = int(sys.argv[-1]) if sys.argv[-1].isdigit() else 0
 
 
 def test_replies_are_bounded_and_read_in_linear_time(sshd, tmp_path, env):
-    from ddtree_deploy.remote.transport import ReplyError
+    from ddtree_deploy.hostprog.protocol import PROTOCOL
+    from ddtree_deploy.remote.link import ReplyError
 
     big = _program_host(sshd, tmp_path, "big", FLOOD + """
-out.write(b'{"ok": true, "pad": "' + b"a" * (32 << 20) + b'"}\\n'); out.flush(); b.read()
-""", op_timeout=60)
+out.write(b'{"ok": true, "protocol": %d, "pad": "' + b"a" * (32 << 20) + b'"}\\n'); out.flush(); b.read()
+""" % PROTOCOL, op_timeout=60)
     t0 = time.monotonic()
     with SSHTransport(big) as t, AgentSession(t, big) as sess:
         reply = sess.one({"op": "init"})

@@ -24,7 +24,7 @@ from ddtree_deploy.base import hooks
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.fleets import rollout
-from ddtree_deploy.remote.transport import SSHTransport
+from ddtree_deploy.remote.ssh import SSHTransport
 from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host

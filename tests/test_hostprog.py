@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.hostprog import bundle
+from ddtree_deploy.hostprog.protocol import PROTOCOL
 
 ROOM = Path(bundle.__file__).parent
 PROGRAMS = [f"ddtree_deploy.hostprog.{name}" for name in ("agent", "smoke", "serve", "tune", "container")]
@@ -142,14 +143,16 @@ def test_the_bundler_refuses_what_cannot_ship():
 
 # One exchange per program whose answer needs no SGLang: (request lines, exit status, check of the last line).
 EXCHANGES = {
-    "agent": ('{"op": "init", "state_dir": "~/.ddtree-deploy"}\n{"op": "fly"}\n', 0,
+    "agent": ('{"op": "init", "protocol": %d, "state_dir": "~/.ddtree-deploy"}\n{"op": "fly"}\n' % PROTOCOL, 0,
               lambda last: last == {"ok": False, "code": "protocol", "message": "unknown op 'fly'"}),
     "smoke": ('{"levels": ["compile"], "compile": {"files": ["%s"]}}\n' % bundle.__file__, 0,
               lambda last: last["event"] == "done" and last["ok"] and last["levels"][0]["status"] == "passed"),
     "serve": ('{"op": "fly", "python": "/usr/bin/python3"}\n', 2,
               lambda last: last == {"event": "done", "ok": False, "error": "bad request: \"unknown op 'fly'\""}),
     "tune": ('{"op": "end"}\n', 0, lambda last: last == {"event": "bye"}),
-    "container": ('{"op": "fly"}\n', 0,
+    # The container program's init fails (no such engine here) yet the hello passed: the next is answered.
+    "container": ('{"op": "init", "protocol": %d, "container": {"engine": "podman", "name": "c"}}\n'
+                  '{"op": "fly"}\n' % PROTOCOL, 0,
                   lambda last: last == {"ok": False, "code": "protocol", "message": "unknown op 'fly'"}),
 }
 
@@ -168,7 +171,7 @@ def test_each_bundle_runs_where_ddtree_deploy_cannot_be_imported(name, python, t
     """Shipped the way a session ships it (BOOTSTRAP, the length-prefixed source on stdin),
     to ``python -S -I``: no site-packages, no PYTHONPATH, so nothing of this checkout can be
     imported; only what the bundle carries runs."""
-    from ddtree_deploy.remote.transport import BOOTSTRAP
+    from ddtree_deploy.remote.program import BOOTSTRAP
 
     _label, exe = python
     if exe is None:  # none is installed by the project: the 3.8 syntax is checked above for every program

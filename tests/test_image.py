@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from ddtree_deploy.cli import app
 from ddtree_deploy.engine.series import load_family
-from ddtree_deploy.remote.transport import agent_source
+from ddtree_deploy.remote.program import agent_source
 
 from ddtree_deploy.sandbox import make_python_env  # noqa: E402
 

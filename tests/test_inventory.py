@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.base.locations import REPO_ROOT
 from ddtree_deploy.cli import app
-from ddtree_deploy.remote.transport import BOOTSTRAP, agent_argv, remote_command
+from ddtree_deploy.remote.program import BOOTSTRAP, agent_argv
+from ddtree_deploy.remote.ssh import remote_command
 from ddtree_deploy.settings.inventory import DEFAULT_KEEP_BACKUPS, DEFAULT_STATE_DIR, load_host, parse_host
 
 GOOD = """

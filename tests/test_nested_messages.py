@@ -14,7 +14,7 @@ import pytest
 from ddtree_deploy.base.errors import DeployError, clause, prefixed
 from ddtree_deploy.hostprog.agent import Agent
 from ddtree_deploy.hostprog.fileops import describe_os_error, located
-from ddtree_deploy.remote.transport import AgentFailed, expect_ok
+from ddtree_deploy.remote.agent_session import AgentFailed, expect_ok
 
 OPS = sorted(name[len("op_"):] for name in dir(Agent) if name.startswith("op_"))
 

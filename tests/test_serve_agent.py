@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.hostprog.serve import match_reasons
-from ddtree_deploy.remote.transport import AgentSession, LocalTransport
+from ddtree_deploy.remote.agent_session import AgentSession
+from ddtree_deploy.remote.local import LocalTransport
 from ddtree_deploy.sandbox import free_port
 from ddtree_deploy.sandbox.hostenv import make_python_env
 from ddtree_deploy.serve import serve_plan, serve_run
@@ -268,7 +269,7 @@ def test_drain_runs_first_and_a_failed_drain_restarts_nothing(env, tmp_path, rea
 def test_the_smoke_programs_own_probe_is_never_taken_for_a_server(env, tmp_path):
     """A probe the smoke program runs with the host's interpreter (here its cli level, held
     for a while) is ddtree-deploy's own: `status` lists it apart, never as a (stale) server."""
-    from ddtree_deploy.remote.transport import ProgramSession
+    from ddtree_deploy.remote.program import ProgramSession
     from ddtree_deploy.smoke.smoke_run import SMOKE_PROGRAM
 
     host, _site = env

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from ddtree_deploy.base.errors import DeployError
-from ddtree_deploy.remote.transport import LocalTransport
+from ddtree_deploy.remote.local import LocalTransport
 from ddtree_deploy.settings.inventory import Host
 from ddtree_deploy.settings.smoke_settings import LaunchSettings, SmokeSettings
 from ddtree_deploy.smoke.smoke_plan import SmokePlan, level_deadlines, plan_smoke, silence_limit

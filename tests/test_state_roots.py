@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.hostprog.roots import key_of
-from ddtree_deploy.remote.transport import SSHTransport
+from ddtree_deploy.remote.ssh import SSHTransport
 from ddtree_deploy.sandbox import SandboxHost, make_python_env
 from ddtree_deploy.session import deploy
 from ddtree_deploy.session.desired import Want

@@ -21,7 +21,7 @@ class Code:
     BAD_INPUT = "bad-input"
     USAGE = "usage"  # the command line itself is wrong (click's UsageError): the envelope's code
     INTERNAL = "internal"  # an unexpected exception, caught so that one host cannot abandon the others
-    # reaching the host (transport.py)
+    # reaching the host (remote/: link_errors.py, host_keys.py, program.py)
     CONNECT = "connect"
     AUTH = "auth"
     HOST_KEY = "host-key"

@@ -68,7 +68,7 @@ def release(
 
     Exit 1 when the lock's process may still run and --force is not given.
     """
-    from ddtree_deploy.remote.transport import AgentFailed
+    from ddtree_deploy.remote.agent_session import AgentFailed
     from ddtree_deploy.session import hostlog
 
     h, transport = _host(host, trust_new_host)

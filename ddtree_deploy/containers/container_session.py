@@ -17,9 +17,9 @@ from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.base.progress import Heartbeat
-from ddtree_deploy.hostprog.lock import GUARD_WAIT_S
+from ddtree_deploy.hostprog.protocol import GUARD_WAIT_S
 from ddtree_deploy.remote import inflight
-from ddtree_deploy.remote.transport import CONTAINER_PROGRAM, ProgramSession
+from ddtree_deploy.remote.program import CONTAINER_PROGRAM, ProgramSession
 from ddtree_deploy.settings.container_settings import ContainerSettings
 
 #: Exit code of a container host whose engine is not installed or does not answer (the

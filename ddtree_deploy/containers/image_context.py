@@ -124,7 +124,8 @@ def context_files(series: Series, desired: Desired, base: str, *, state_dir: str
         "ddtree/lib/ddtree_deploy/__init__.py":
             b'"""The pure modules of ddtree-deploy the in-image apply step needs (plan + its imports)."""\n',
     }
-    for name in module_closure("session/plan"):
+    # apply.py's imports: the plan, and the protocol its init names (the agent beside it speaks it).
+    for name in sorted(set(module_closure("session/plan")) | set(module_closure("hostprog/protocol"))):
         files[f"ddtree/lib/ddtree_deploy/{name}.py"] = (_PKG / f"{name}.py").read_bytes()
     files["ddtree/apply-request.json"] = (json.dumps(request, indent=1) + "\n").encode()
     meta = {"series": desired.series, "series_id": desired.series_id, "sglang_version": desired.sglang_version,

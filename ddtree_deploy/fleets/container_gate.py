@@ -264,9 +264,10 @@ def _undo(session: ContainerSession, serve: ServeSettings, run_id: str, command:
 def _verify(session: ContainerSession, serve: ServeSettings, proof: dict | None, heartbeat: Heartbeat | None, *,
             switched: bool = True) -> dict:
     limit = serve.ready_timeout_s + (serve.probe_timeout_s if proof else 0) + VERIFY_SLACK_S
-    return session.call({"op": "verify", "health_url": serve.health_url, "url": serve.url, "proof": proof,
+    # A copy of the program's (read-only) answer: analysis_gate adds the speed figures to it.
+    return dict(session.call({"op": "verify", "health_url": serve.health_url, "url": serve.url, "proof": proof,
                          "ready_timeout_s": serve.ready_timeout_s, "poll_s": serve.poll_s, "switched": switched},
-                        timeout_s=limit, heartbeat=heartbeat)
+                        timeout_s=limit, heartbeat=heartbeat))
 
 
 # ---------------------------------------------------------------- rollback

@@ -8,6 +8,6 @@ of them imports anything but the standard library and this room (tests/test_host
 
 A host has no ddtree-deploy installed: ``bundle`` packs a program with every module it
 imports into one source, which the transport ships to ``python -c BOOTSTRAP``
-(transport.ProgramSession). This file itself never ships: on a host the package is a stub
+(remote/program.py ProgramSession). This file itself never ships: on a host the package is a stub
 the bundle makes, so it stays a docstring.
 """

@@ -26,7 +26,7 @@ import socket
 import sys
 
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.hostprog import wire
+from ddtree_deploy.hostprog import protocol, wire
 from ddtree_deploy.hostprog.apply import Apply
 from ddtree_deploy.hostprog.facts import Facts
 from ddtree_deploy.hostprog.fileops import AgentError, describe_os_error
@@ -34,8 +34,6 @@ from ddtree_deploy.hostprog.history import History
 from ddtree_deploy.hostprog.journal import Journal
 from ddtree_deploy.hostprog.lock import GUARD_WAIT_S, Lock
 from ddtree_deploy.hostprog.state import StateFolder
-
-AGENT_PROTOCOL = 1
 
 # Each request's "op" -> the method that answers it (a job's).
 OPS = {
@@ -87,7 +85,7 @@ class Agent(StateFolder, Lock, Facts, Journal, History, Apply):
         if request.get("guard_wait_s"):  # the controller's read deadline is shorter than lock.GUARD_WAIT_S
             self.guard_wait_s = max(0.1, min(float(request["guard_wait_s"]), GUARD_WAIT_S))
         return {
-            "protocol": AGENT_PROTOCOL,
+            "protocol": protocol.PROTOCOL,
             "python": "%d.%d.%d" % sys.version_info[:3],
             "executable": sys.executable,
             "state_dir": self.state_dir,
@@ -100,7 +98,7 @@ def serve(stdin, stdout, hooks=None):
     """Answer one JSON line per request line until EOF; always release the lock at the end."""
     agent = Agent(hooks=hooks)
     try:
-        wire.answer_lines(stdin, wire.Emitter(stdout), agent.hooks, agent.handle)
+        wire.answer_lines(stdin, wire.Emitter(stdout), agent.hooks, agent.handle, "agent")
     finally:
         agent.release()
 

@@ -42,7 +42,7 @@ import time
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.hostprog import engine_cli as cli
 from ddtree_deploy.hostprog import smoke as sa
-from ddtree_deploy.hostprog import wire
+from ddtree_deploy.hostprog import protocol, wire
 from ddtree_deploy.hostprog.fileops import AgentError, describe_os_error, makedirs_private, write_json_atomic
 from ddtree_deploy.hostprog.history import History
 from ddtree_deploy.hostprog.lock import GUARD_WAIT_S, Lock
@@ -165,7 +165,8 @@ class Containers(StateFolder, Lock, History):
             raise AgentError(Code.ENGINE_DOWN, "%s is installed (%s) but does not answer: %s"
                              % (c["engine"], path, _why(done, PROBE_S)))
         self.engine = path
-        return {"engine": path, "host": socket.gethostname(), "python": "%d.%d.%d" % sys.version_info[:3],
+        return {"protocol": protocol.PROTOCOL, "engine": path, "host": socket.gethostname(),
+                "python": "%d.%d.%d" % sys.version_info[:3],
                 "state_dir": self.state_dir, "pid": os.getpid()}
 
     def _need(self):
@@ -625,7 +626,7 @@ def serve(stdin, stdout):
     out = wire.Emitter(stdout, HEARTBEAT_S)
     program = Containers(out)
     try:
-        wire.answer_lines(stdin, out, program.hooks, lambda request: handle(program, request))
+        wire.answer_lines(stdin, out, program.hooks, lambda request: handle(program, request), "container")
     finally:
         program.release()
         out.close()

@@ -30,12 +30,8 @@ from ddtree_deploy.hostprog.fileops import (
     write_json_atomic,
     write_private,
 )
+from ddtree_deploy.hostprog.protocol import GUARD_WAIT_S
 from ddtree_deploy.hostprog.state import GUARD, STATE_MARKER
-
-# A guard held longer is a stopped or hung agent: refuse, never wait for ever. Shorter than
-# any controller's read deadline (the controller's init may ask for less: ``guard_wait_s``),
-# so that this agent's answer, which names the process holding the guard, arrives.
-GUARD_WAIT_S = 10.0
 
 
 def holder_is_dead(owner):

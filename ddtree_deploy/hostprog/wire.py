@@ -161,16 +161,34 @@ def request_lines(stream):
             yield NOT_JSON
 
 
-def answer_lines(stream, emitter, hooks, handle):
+def answer_lines(stream, emitter, hooks, handle, program):
     """A request loop (the agent's, the container program's): one answer per request line on
-    ``stream`` until its end, through ``emitter``; a line that is not JSON ends it. A request's
-    ``hooks`` (a test's faults) update ``hooks`` first; ``stop_before_each_request`` acts."""
-    from ddtree_deploy.base.codes import Code
+    ``stream`` until its end, through ``emitter``; a line that is not JSON ends it.
 
-    for request in request_lines(stream):
+    Each request is checked against ``program``'s declaration (protocol.py: "agent",
+    "container") before anything acts on it: a request that breaks it is answered with code
+    ``protocol`` and the loop goes on. The first request must be an ``init`` naming this
+    protocol version: else it and every request after it are refused, unanswered by
+    ``handle`` (the controller is of another release). A request's ``hooks`` (a test's
+    faults) update ``hooks`` first; ``stop_before_each_request`` acts."""
+    from ddtree_deploy.base.codes import Code
+    from ddtree_deploy.hostprog import protocol
+
+    refusal = None
+    for n, request in enumerate(request_lines(stream)):
         if request is NOT_JSON:
             emitter.emit({"ok": False, "code": Code.PROTOCOL, "message": "request is not JSON"})
             break
+        if n == 0:
+            refusal = protocol.hello_refusal(request)
+        if refusal is not None:
+            emitter.emit(refusal)
+            continue
+        try:
+            request = protocol.check_request(program, request)
+        except protocol.ProtocolError as exc:
+            emitter.emit({"ok": False, "code": Code.PROTOCOL, "message": str(exc)})
+            continue
         if request.get("hooks"):
             hooks.update(request["hooks"])
         hooks.before_request(request)

@@ -79,6 +79,7 @@ def main(argv=None):
     sys.path.insert(0, os.path.join(HERE, "lib"))
     try:
         from ddtree_deploy.base.errors import DeployError
+        from ddtree_deploy.hostprog.protocol import PROTOCOL
         from ddtree_deploy.session.plan import Desired, Target, plan_push
 
         with open(os.path.join(HERE, "series.json")) as f:
@@ -92,7 +93,7 @@ def main(argv=None):
     agent = Agent()
     try:
         init, lock, facts = agent.call(
-            {"op": "init", "state_dir": state_dir},
+            {"op": "init", "protocol": PROTOCOL, "state_dir": state_dir},
             {"op": "lock", "run_id": request["run_id"], "holder": "ddtree-deploy image", "command": "image"},
             {"op": "facts", "paths": paths})
         expect(init, "agent start")

@@ -22,7 +22,7 @@ from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.remote import inflight
-from ddtree_deploy.remote.transport import HostProgram, ProgramSession
+from ddtree_deploy.remote.program import HostProgram, ProgramSession
 from ddtree_deploy.serve import serve_plan
 from ddtree_deploy.session import deploy
 from ddtree_deploy.settings.serve_settings import ServeSettings

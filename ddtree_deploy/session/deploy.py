@@ -1,6 +1,6 @@
 """Push, rollback, status and pull on one host: read facts, plan, execute the plan.
 
-Each command is one agent session over one connection (see transport.AgentSession):
+Each command is one agent session over one connection (see remote/agent_session.py):
 
     push:      [init, facts] -> resolve + check -> [lock, facts] -> plan -> [apply, unlock]   3 round trips
       + smoke: ... -> [apply] -> smoke (lock held) -> [mark, unlock]                       4
@@ -46,7 +46,8 @@ from ddtree_deploy.base.digests import sha256
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.progress import Progress, quiet
 from ddtree_deploy.engine.patch_write import diff_hunks
-from ddtree_deploy.remote.transport import AgentFailed, AgentSession, Transport, expect_ok
+from ddtree_deploy.remote.agent_session import AgentFailed, AgentSession, expect_ok
+from ddtree_deploy.remote.link import Transport
 from ddtree_deploy.session.plan import (
     Desired,
     FileState,
@@ -108,6 +109,9 @@ class Outcome:
     round_trips: int = 0
     connections: int = 0
     seconds: float = 0.0
+    # push --json: each phase's seconds as the transport and the agent session recorded them
+    # (connect, agent start, every round trip by its ops: apply+unlock is the switch).
+    timings: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -129,6 +133,7 @@ class Outcome:
             "round_trips": self.round_trips,
             "connections": self.connections,
             "seconds": round(self.seconds, 3),
+            "timings": self.timings,
         } | ({"diff": self.diff} if self.diff is not None else {}) | (
             {"drifted": self.drifted} if self.drifted is not None else {})
 
@@ -319,6 +324,7 @@ class PushSession:
                     pass  # the connection is gone: the agent released the lock at EOF
             if self._sess is not None:
                 self.outcome.round_trips = self._sess.round_trips
+                self.outcome.timings = self._sess.phase_seconds()
         finally:
             self._stack.close()
 
@@ -465,6 +471,7 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
         held = _switch(sess, host, out, prepared, dry_run=dry_run, keep_lock=keep_lock, progress=progress,
                        sending=sending)
         out.round_trips, out.connections = sess.round_trips, transport.connections
+        out.timings = sess.phase_seconds()
     except DeployError as exc:
         stack.close()
         if not sending or (exc.code == Code.LOST_LOCK and (getattr(exc, "reply", None) or {}).get("unchanged")):

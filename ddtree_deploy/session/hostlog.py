@@ -14,7 +14,9 @@ import time
 from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.hostprog.history import history_entry_ok
-from ddtree_deploy.remote.transport import CONTAINER_PROGRAM, AgentSession, ProgramSession, Transport, expect_ok
+from ddtree_deploy.remote.agent_session import AgentSession, expect_ok
+from ddtree_deploy.remote.link import Transport
+from ddtree_deploy.remote.program import CONTAINER_PROGRAM, ProgramSession
 from ddtree_deploy.settings.inventory import Host
 
 #: Seconds one of these (read-only, tiny) round trips may take.

@@ -21,7 +21,7 @@ from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.fsutil import require_writable_folder
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
-from ddtree_deploy.remote.transport import HostProgram, ProgramSession
+from ddtree_deploy.remote.program import HostProgram, ProgramSession
 from ddtree_deploy.settings import smoke_settings
 from ddtree_deploy.smoke import smoke_plan
 from ddtree_deploy.tuning import prompts, tune
