@@ -21,7 +21,7 @@ import time
 import pytest
 
 from ddtree_deploy.base import hooks
-from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.errors import Changed, DeployError
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.fleets import rollout
 from ddtree_deploy.remote.transport import SSHTransport
@@ -300,18 +300,27 @@ def test_a_cut_before_the_apply_says_what_happened_and_that_the_host_is_unchange
     journal_before = journal.read_bytes() if journal.exists() else None
     phases: dict[str, int] = {}
     wrong = ("authentication failed", "cannot start the agent:", "exit -1", "stopped during")
-    unchanged = ("nothing was sent to the host", "nothing on the host changed", "no file on the host was changed")
+    # Where the cut landed -> the one clause that says the host is unchanged there (the
+    # transport words it; the error's ``changed`` says it as a value).
+    unchanged = {
+        "during the SSH handshake": "(by the network or the host); nothing was sent to the host",
+        "does not answer as an SSH server": "; nothing was sent to the host",
+        "during the authentication": "(by the network or the host); nothing was sent to the host",
+        "while starting the host program": "; nothing was sent to the host: it is unchanged",
+        "while uploading the agent": "; the agent never started: nothing on the host changed",
+        "waiting for init": "; no file on the host was changed",
+        "while sending": "; no file on the host was changed",
+    }
     for cut in range(250, 10250, 250):
         proxy.arm(cut)
         with pytest.raises(DeployError) as caught:
             run(w, "push", w["proxied"])
         message = caught.value.message
         assert proxy.cut and not any(bad in message for bad in wrong), (cut, message)
-        assert any(ok in message for ok in unchanged), (cut, message)
-        for phase in ("during the SSH handshake", "during the authentication", "while starting the host program",
-                      "while uploading the agent", "waiting for init", "while sending"):
-            if phase in message:
-                phases[phase] = phases.get(phase, 0) + 1
+        assert caught.value.changed is Changed.NO, (cut, message)
+        phase = next((p for p in unchanged if p in message), None)
+        assert phase is not None and unchanged[phase] in message, (cut, message)
+        phases[phase] = phases.get(phase, 0) + 1
         wait_unlocked(w)
         assert files(w) == before and (journal.read_bytes() if journal.exists() else None) == journal_before
     proxy.arm(None)

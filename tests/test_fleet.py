@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.errors import BadInput, Changed, DeployError
 from ddtree_deploy.fleets.fleet import (
     FleetReport,
     HostResult,
@@ -250,11 +250,17 @@ def test_outcome_kinds():
     assert outcome_of_error(DeployError("x", code="failed-unchanged")) is Kind.FAILED_UNCHANGED
     assert not Kind.FAILED_UNCHANGED.ok
     assert outcome_of_error(DeployError("x", code="agent")) is Kind.FAILED_UNKNOWN
-    # deploy marks an error raised before its apply request went out, whatever its code.
-    early = DeployError("x", code="no-sglang")
-    assert outcome_of_error(early) is Kind.FAILED_UNKNOWN
-    early.host_unchanged = True
-    assert outcome_of_error(early) is Kind.FAILED_UNCHANGED
+    # The stages before a push's apply request say so when they raise, whatever the code:
+    # a new error, the same sentence, ``changed`` given; the one caught is never edited.
+    early = DeployError("h: discover: no sglang", code="no-sglang", host="h", step="discover")
+    assert outcome_of_error(early) is Kind.FAILED_UNKNOWN and early.changed is Changed.MAYBE
+    told = early.known(changed=Changed.NO)
+    assert outcome_of_error(told) is Kind.FAILED_UNCHANGED
+    assert (told.message, told.code, told.host, told.step, type(told)) == \
+        ("h: discover: no sglang", "no-sglang", "h", "discover", DeployError)
+    assert early.changed is Changed.MAYBE
+    with pytest.raises(AttributeError, match="set when it is made"):
+        early.host_unchanged = True
 
 
 # How a push or rollback that returned ended: decided from the typed values the steps

@@ -22,7 +22,7 @@ import pytest
 if TYPE_CHECKING:
     from ddtree_deploy.session.plan import Desired
 
-from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.errors import Changed, DeployError
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.remote.transport import SSHTransport
 from ddtree_deploy.session import deploy
@@ -260,7 +260,7 @@ def test_two_pushes_at_once_exactly_one_proceeds(host, oracle):
         with pytest.raises(DeployError) as second:
             deploy.push(h, SSHTransport(h), list(TARGETS), desire)
         first.mark("deployed")
-    assert second.value.code == "locked" and second.value.host_unchanged
+    assert second.value.code == "locked" and second.value.changed is Changed.NO
     assert f"(run {first.outcome.run_id}, push" in second.value.message
     assert "since 20" in second.value.message and "@" in second.value.message
     assert files_of(host) == patched and not (host.state_dir / "lock").exists()

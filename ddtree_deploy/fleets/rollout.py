@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from ddtree_deploy.base import hooks, next_step
 from ddtree_deploy.base.codes import Code, Phase
-from ddtree_deploy.base.errors import BadInput, DeployError, clause
+from ddtree_deploy.base.errors import BadInput, Changed, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import (
     FleetReport,
@@ -314,9 +314,8 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
     try:  # nothing below changes the host until its journal is marked
         doc, series, report = _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, progress,
                                             heartbeat)
-    except DeployError as exc:
-        exc.host_unchanged = True  # read by fleet.outcome_of_error
-        raise
+    except DeployError as exc:  # read-only up to here: whatever failed, the host is as it was
+        raise exc.known(changed=Changed.NO, step="smoke") from exc
     if doc["phase"] != Phase.SWITCHED:
         return report
     run_id = doc["series"]["run_id"]

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
-from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, DeployError, clause
+from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, Changed, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.remote import inflight
@@ -256,8 +256,7 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
         with deploy.reading(host, connect(host), []) as read:
             facts = read.facts
     except DeployError as exc:  # read-only: nothing was changed
-        exc.host_unchanged = True
-        raise
+        raise exc.known(changed=Changed.NO, step="read state") from exc
     journal = facts.get("journal") or {}
     if journal.get("phase") == Phase.SWITCHED:
         return None
@@ -272,8 +271,7 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
         sample = metrics_run.sampler(host, connect, url=settings.url, release=facts.get("sglang_version"))
         baseline = speed_bake.measure_baseline(sample, analysis, progress=progress)
     except DeployError as exc:  # the scrape could not run: before the lock, nothing was changed
-        exc.host_unchanged = True  # read by fleet.outcome_of_error
-        raise
+        raise exc.known(changed=Changed.NO, step="speed baseline") from exc
     bare = speed_bake.without_metrics(baseline.windows)
     if bare is not None:  # the new server, launched the same way, could not be judged either
         raise DeployError(f"{host.name}: the speed analysis ([analysis]) cannot measure this server: {bare.why}; "

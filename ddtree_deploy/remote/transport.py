@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
-from ddtree_deploy.base.errors import BadInput, DeployError, prefixed
+from ddtree_deploy.base.errors import BadInput, Changed, DeployError, prefixed
 from ddtree_deploy.base.fsutil import NotARegularFile, check_regular, read_regular
 from ddtree_deploy.hostprog import bundle
 from ddtree_deploy.hostprog.lock import GUARD_WAIT_S
@@ -393,10 +393,18 @@ def connection_lost(label: str, exc: BaseException, step: str | None = None, *,
         why = exc.strerror
     else:
         why = str(exc)
+    return link_lost(label, why, step, state=state)
+
+
+def link_lost(label: str, why: str, step: str | None = None, *, state: str | None = None,
+              changed: Changed | None = None) -> DeployError:
+    """``connection_lost``'s line from its facts: ``why`` (in words) is the error's evidence,
+    so that a caller that knows the step and the host's state says the line again whole."""
     during = f" {step}" if step else ""
     tail = f"; {state}" if state else ""
     return DeployError(f"{label}: connection lost{during} ({why}){tail}", code=Code.CONNECTION_LOST,
-                       hint=f"run {next_step.status()} to see where the host stands, then rerun")
+                       hint=f"run {next_step.status()} to see where the host stands, then rerun",
+                       step=step, changed=changed, evidence={"why": why})
 
 
 def load_host_keys(keys, data: bytes) -> None:
@@ -712,11 +720,18 @@ def transport_for(host: Host, *, trust_new_host: bool = False) -> Transport:
 
 
 class AgentFailed(DeployError):
-    """The agent refused or failed a request; ``reply`` holds its JSON answer."""
+    """The agent refused or failed a request; ``reply`` (its evidence) holds its JSON answer.
+    A reply that says ``unchanged`` (the agent switched back all it had switched) is
+    ``Changed.NO`` whatever its code."""
 
     def __init__(self, message: str, reply: dict, **kw):
-        super().__init__(message, **kw)
-        self.reply = reply
+        if reply.get("unchanged") is True:
+            kw.setdefault("changed", Changed.NO)
+        super().__init__(message, evidence={"reply": reply}, **kw)
+
+    @property
+    def reply(self) -> dict:
+        return dict(self.evidence["reply"])
 
 
 class ProgramSession:
@@ -783,9 +798,10 @@ class ProgramSession:
             raise
 
     def _lost_during(self, exc: DeployError, during: str) -> DeployError:
-        exc.message = exc.message.replace("connection lost", f"connection lost {during}", 1)
-        exc.message += f"; {self.lost_state()}"
-        return exc
+        """The link's loss (``exc``: its cause in words) said with what was under way and
+        what that leaves on the host, which only this session knows."""
+        return link_lost(self.label, str(exc.evidence.get("why") or "the connection was closed"), during,
+                         state=self.lost_state())
 
     def _no_interpreter(self) -> DeployError | None:
         """The host's Python could not be run (the shell's exit 126/127 before any reply),
@@ -989,10 +1005,10 @@ def expect_ok(reply: dict, label: str, what: str) -> dict:
     if reply.get("ok"):
         return reply
     cls = AgentRefusedInput if reply.get("code") in BAD_INPUT_CODES else AgentFailed
-    failure = cls(prefixed(str(reply.get("message")), label, what), reply, code=reply.get("code") or Code.AGENT)
-    if failure.code == Code.NO_SGLANG:  # the inventory's python is not the one that imports sglang
-        failure.hint = reply.get("hint") or next_step.python_that_imports_sglang()
-    raise failure
+    code = reply.get("code") or Code.AGENT
+    # The inventory's python is not the one that imports sglang: say which one does.
+    hint = (reply.get("hint") or next_step.python_that_imports_sglang()) if code == Code.NO_SGLANG else None
+    raise cls(prefixed(str(reply.get("message")), label, what), reply, code=code, hint=hint, host=label, step=what)
 
 
 __all__ = [

@@ -43,7 +43,7 @@ from typing import Callable, Iterator
 from ddtree_deploy.base import hooks, next_step
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.digests import sha256
-from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.errors import BadInput, Changed, DeployError
 from ddtree_deploy.base.progress import Progress, quiet
 from ddtree_deploy.engine.patch_write import diff_hunks
 from ddtree_deploy.remote.transport import AgentFailed, AgentSession, Transport, expect_ok
@@ -467,8 +467,8 @@ def _execute(command: str, host: Host, transport: Transport, paths: list[str],
         out.round_trips, out.connections = sess.round_trips, transport.connections
     except DeployError as exc:
         stack.close()
-        if not sending or (exc.code == Code.LOST_LOCK and (getattr(exc, "reply", None) or {}).get("unchanged")):
-            exc.host_unchanged = True  # read by fleet.outcome_of_error
+        if not sending and exc.changed is not Changed.NO:
+            raise exc.known(changed=Changed.NO) from exc
         raise
     except BaseException:
         stack.close()
@@ -494,8 +494,7 @@ def hold(host: Host, transport: Transport, command: str, *, break_lock: bool = F
         facts, lock = _open_locked(sess, host, out.run_id, command, [], break_lock, False)
     except DeployError as exc:
         stack.close()
-        exc.host_unchanged = True  # read by fleet.outcome_of_error: nothing was restarted
-        raise
+        raise exc.known(changed=Changed.NO, step="lock") from exc  # nothing was restarted
     except BaseException:
         stack.close()
         raise
@@ -557,15 +556,13 @@ def _push(host: Host, transport: Transport, paths: list[str], desire: Callable[[
     def prepare(facts: dict, desired: Desired, progress: Progress) -> _Prepared:
         progress("drift check + plan")
         _unsafe(host, facts)
-        try:
-            plan = plan_push(host.name, desired, _hashes(facts), facts["journal"], replace_drifted=replace_drifted,
-                             folder=_state_folder(facts))
-        except DeployError as exc:
-            if diff and exc.code == Code.DRIFT:  # --diff: what differs, not only which files (drift.py)
-                from ddtree_deploy.session.drift import push_drift_diff
+        drift_diff = None
+        if diff:  # --diff: a drift refusal says what differs, not only which files (drift.py)
+            from ddtree_deploy.session.drift import push_drift_diff
 
-                exc.diff = push_drift_diff(desired, facts)
-            raise
+            drift_diff = push_drift_diff(desired, facts)
+        plan = plan_push(host.name, desired, _hashes(facts), facts["journal"], replace_drifted=replace_drifted,
+                         folder=_state_folder(facts), drift_diff=drift_diff)
         name = f"{desired.series} ({desired.series_id[:12]})"
         journal = dict(facts["journal"] or {})
         noop, noop_request, complete = f"already deployed: {name}; nothing changed", None, None
