@@ -77,7 +77,7 @@ def lock_status(host: Host, transport: Transport) -> dict:
 
 
 def lock_release(host: Host, transport: Transport, force: bool) -> dict:
-    from ddtree_deploy.session.deploy import holder_name
+    from ddtree_deploy.session.agent_link import holder_name
 
     def held(reply: dict) -> DeployError | None:
         """A live lock, not released without --force: the lock line and how to go on."""
@@ -100,7 +100,7 @@ def entry_line(e: dict) -> str:
     what = e.get("event", "?")
     auto = e.get("automatic")
     if isinstance(auto, dict):  # a push's own rollback: after which push, and why
-        from ddtree_deploy.session.deploy import cause_words
+        from ddtree_deploy.session.status import cause_words
 
         what += f" (AUTOMATIC, after push run {auto.get('push_run') or '?'}: {cause_words(auto)})"
     if e.get("series"):
