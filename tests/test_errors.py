@@ -107,3 +107,24 @@ def test_a_drift_refusal_names_its_files_and_carries_the_diff():
     assert (exc.host, exc.step, exc.changed) == ("h", "drift check", Changed.NO)
     assert dict(exc.evidence) == {"files": {"a.py": "drifted", "b.py": "missing"}, "diff": "--- a/a.py\n"}
     assert "diff" not in drift_error("h", [("a.py", FileState.DRIFTED)], "s", command="push").evidence
+
+
+def test_a_lost_links_changed_is_what_its_sentence_says():
+    """``lost_state`` (the words) and ``lost_changed`` (the field) read the same facts of the
+    session: what it uploaded, sent, and had answered."""
+    from ddtree_deploy.remote.transport import AgentSession, LocalTransport
+    from ddtree_deploy.settings.inventory import Host
+
+    sess = AgentSession(LocalTransport(), Host("h", "python3", None))
+    said = lambda: (sess.lost_state().split(";")[0].split(" (")[0], sess.lost_changed())  # noqa: E731
+    assert said() == ("the agent never started: nothing on the host changed", Changed.NO)
+    sess.uploaded = True
+    assert said() == ("no file on the host was changed", Changed.NO)
+    sess.unanswered = ["apply", "unlock"]
+    assert said() == ("the host agent goes on alone: if it got the whole apply request it completes it",
+                      Changed.MAYBE)
+    sess.unanswered = []
+    sess.switched = ("push", "switched")
+    assert said() == ("this run's push switched the files", Changed.YES)
+    sess.switched, sess.restarting = None, True
+    assert said() == ("no file on the host was changed", Changed.YES)  # a server restart is under way

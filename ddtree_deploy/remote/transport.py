@@ -801,7 +801,7 @@ class ProgramSession:
         """The link's loss (``exc``: its cause in words) said with what was under way and
         what that leaves on the host, which only this session knows."""
         return link_lost(self.label, str(exc.evidence.get("why") or "the connection was closed"), during,
-                         state=self.lost_state())
+                         state=self.lost_state(), changed=self.lost_changed())
 
     def _no_interpreter(self) -> DeployError | None:
         """The host's Python could not be run (the shell's exit 126/127 before any reply),
@@ -859,7 +859,7 @@ class ProgramSession:
             # is "the channel closed without one").
             return DeployError(f"{self.label}: connection lost waiting for {during} (the link closed without an "
                                f"exit status from the host); {self.lost_state()}",
-                               code=Code.CONNECTION_LOST, hint=f"run {next_step.status(self.host.name)} to see "
+                               code=Code.CONNECTION_LOST, changed=self.lost_changed(), hint=f"run {next_step.status(self.host.name)} to see "
                                "where the host stands, then rerun")
         if self.received == 0 and code in (126, 127):
             return self._python_error(code, tail)
@@ -872,6 +872,11 @@ class ProgramSession:
         if not self.uploaded:
             return f"{self.program.name} never started: nothing on the host changed"
         return self.program.lost_state
+
+    def lost_changed(self) -> Changed:
+        """``lost_state`` as the error's ``changed``: a program that never started changed
+        nothing; one that runs on alone may."""
+        return Changed.NO if not self.uploaded else Changed.MAYBE
 
     def abort(self) -> None:
         """Stop waiting now: kill a local program, close an SSH channel."""
@@ -934,7 +939,7 @@ class AgentSession(ProgramSession):
                 self.abort()
                 raise DeployError(
                     f"{self.transport.label}: no answer from the host agent during {op} after {limit:g} s",
-                    code=Code.TIMEOUT,
+                    code=Code.TIMEOUT, step=str(op), changed=self.lost_changed(),
                     hint=f"the host may be hung or overloaded; raise host.op_timeout in "
                     f"{self.host.source or 'the inventory'} if {op} is just slow there, then run "
                     f"{next_step.status(self.host.name)}") from None
@@ -985,6 +990,17 @@ class AgentSession(ProgramSession):
         did = ("this run rolled the files back" if kind == "rollback" else f"this run's {kind} switched the files")
         did += f" (journal phase `{phase}`" + (": not deployed)" if phase == Phase.SWITCHED else ")")
         return f"{did}{restart}; nothing more was changed{held}"
+
+    def lost_changed(self) -> Changed:
+        """``lost_state`` as the error's ``changed``: a write in flight may have landed; a
+        switch this session made, or a restart under way, changed the host; else nothing."""
+        if not self.uploaded:
+            return super().lost_changed()
+        if any(op in WRITE_OPS for op in self.unanswered):
+            return Changed.MAYBE
+        if self.switched is not None or self.restarting:
+            return Changed.YES
+        return Changed.NO
 
 
 class AgentRefusedInput(AgentFailed):
