@@ -244,16 +244,10 @@ def after_push(host, make_transport: Callable[[], Any], outcome: host_push.Outco
         if outcome.smoke_failed:  # a level failed on these files: --no-smoke never marks them
             return AfterPush(None, skipped="--no-smoke", host=host.name, phase=Phase.SWITCHED)
         return gated(None, "--no-smoke")
-    settings = smoke_settings.parse_settings(host.smoke, source=host.source)
-    touched, flags = smoke_plan.series_inputs(series)
-    wanted = smoke_plan.choose_levels(settings, levels, source=host.source)
     redo = outcome.smoke_failed if pending is not None else None
-    if redo and redo not in wanted:
-        wanted += (redo,)
-    try:
-        plan = smoke_plan.plan_smoke(settings, touched_paths=touched, flags=flags, levels=wanted, source=host.source,
-                                log_path=smoke_plan.host_log_path(host.state_dir, outcome.run_id),
-                                family=smoke_settings.family_smoke(series))
+    try:  # the smoke room plans it; base/hooks.py: a test's keep-alive interval (20 s by default)
+        plan = smoke_plan.plan_after_switch(host, series, levels, run_id=outcome.run_id, redo=redo,
+                                            heartbeat=hooks.smoke_heartbeat_s())
     except BadInput as exc:
         if not redo:
             raise
@@ -263,9 +257,6 @@ def after_push(host, make_transport: Callable[[], Any], outcome: host_push.Outco
         if serving:
             return gated(None, "no smoke levels configured")
         return AfterPush(None, skipped="no smoke levels configured", host=host.name)
-    beat = hooks.smoke_heartbeat_s()
-    if beat:  # base/hooks.py: a test's keep-alive interval (20 s by default), to see one quickly
-        plan = replace(plan, request={**plan.request, "heartbeat_s": beat})
     try:
         report = smoke_run.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress,
                                    heartbeat=heartbeat)
