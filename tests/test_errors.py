@@ -128,3 +128,21 @@ def test_a_lost_links_changed_is_what_its_sentence_says():
     assert said() == ("this run's push switched the files", Changed.YES)
     sess.switched, sess.restarting = None, True
     assert said() == ("no file on the host was changed", Changed.YES)  # a server restart is under way
+
+
+def test_it_crosses_processes_and_copies_whole():
+    """A release worker's error is pickled to the parent (matrix_run's process pool); a copy
+    is the same value: same class, sentence and fields, still read-only."""
+    import copy
+    import pickle
+
+    reply = {"ok": False, "code": "lost-lock", "message": "m", "unchanged": True}
+    for exc in (DeployError("h: x", code="network", hint="retry", host="h", step="download", evidence={"url": "u"}),
+                BadInput("f.toml: line 1: bad"), AgentFailed("h: apply: m", reply, code="lost-lock")):
+        for again in (pickle.loads(pickle.dumps(exc)), copy.copy(exc), copy.deepcopy(exc)):
+            assert type(again) is type(exc) and again.args == exc.args
+            assert (again.message, again.hint, again.code, again.exit_code, again.host, again.step, again.changed,
+                    dict(again.evidence)) == (exc.message, exc.hint, exc.code, exc.exit_code, exc.host, exc.step,
+                                              exc.changed, dict(exc.evidence))
+            with pytest.raises(AttributeError):
+                again.hint = "edited"

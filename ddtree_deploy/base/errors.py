@@ -65,8 +65,12 @@ class DeployError(Exception):
         self.host = host
         self.step = step
         self.changed = changed if changed is not None else changed_by_code(self.code, self.exit_code)
-        self.evidence: Mapping[str, Any] = MappingProxyType(dict(evidence or {}))
+        self._evidence = dict(evidence or {})
         self._made = True
+
+    @property
+    def evidence(self) -> Mapping[str, Any]:
+        return MappingProxyType(self._evidence)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Python's own bookkeeping (__traceback__, __cause__, __notes__) stays writable.
@@ -81,14 +85,24 @@ class DeployError(Exception):
         names none) given. The caller raises it ``from`` this one; nothing is reworded. Where
         the caller knows: a read-only session (nothing it sends writes), the stages of a push
         before its switch request is sent."""
-        new = type(self).__new__(type(self), *self.args)
-        Exception.__init__(new, *self.args)
-        fields = dict(self.__dict__, changed=changed, step=self.step or step)
-        new.__dict__.update(fields)  # made here whole: the one write past __setattr__'s guard
-        return new
+        return _remade(type(self), self.args, dict(self.__dict__, changed=changed, step=self.step or step))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (a release worker's error crossing processes) and copied whole, the same
+        # class with the same fields: never rebuilt by calling __init__ and setting them after.
+        return _remade, (type(self), self.args, dict(self.__dict__))
 
     def to_json(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, "hint": self.hint}}
+
+
+def _remade(cls: type[DeployError], args: tuple[Any, ...], fields: dict[str, Any]) -> DeployError:
+    """``cls`` with ``args`` and ``fields`` as they were: made here whole, the one write past
+    ``__setattr__``'s guard (``known``, pickling, ``copy``)."""
+    new = cls.__new__(cls, *args)
+    Exception.__init__(new, *args)
+    new.__dict__.update(fields)
+    return new
 
 
 class BadInput(DeployError):
