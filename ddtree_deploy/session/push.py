@@ -183,6 +183,7 @@ def _same_install(host: Host, before: dict, now: dict) -> None:
                               code=Code.CHANGED, hint="rerun the command", host=host.name, step="lock + discover",
                               changed=Changed.NO, evidence={"before": before.get(key), "now": now.get(key)})
 
+
 def _finish(sess: AgentSession, apply: dict | None) -> dict | None:
     """The last round trip: apply (if any) and unlock, in one write."""
     requests = ([apply] if apply else []) + [{"op": "unlock"}]
