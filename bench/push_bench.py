@@ -9,7 +9,7 @@ backs up and verifies, stages and verifies, switches atomically, purges bytecode
 journals. Each figure is the median of RUNS runs (after one warm-up); the host files
 are reset to pristine (untimed) before every run.
 
-* ddtree-deploy push, in process (``deploy.push``: connect, check, upload, switch)
+* ddtree-deploy push, in process (``push.push``: connect, check, upload, switch)
 * ddtree-deploy push, as a user runs it (a fresh ``ddtree-deploy`` process)
 * ``rsync -a --checksum --backup`` (one ssh connection; checks/locks/journals nothing)
 * a bare fabric script: sftp put each file to a temp name, then rename
@@ -41,7 +41,7 @@ from ddtree_deploy.base.locations import cache_dir
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.remote.ssh import SSHTransport
 from ddtree_deploy.sandbox import SSHServer
-from ddtree_deploy.session import deploy
+from ddtree_deploy.session import push
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host
 
@@ -183,7 +183,7 @@ def main() -> None:
         outcome = {}
 
         def ddtree_core():
-            outcome["last"] = deploy.push(host, SSHTransport(host), targets, desire)
+            outcome["last"] = push.push(host, SSHTransport(host), targets, desire)
 
         env = dict(os.environ, DDTREE_DEPLOY_HOSTS=str(sshd.hosts_dir))
         cli = [str(Path(sys.executable).parent / "ddtree-deploy"), "push", "--host", "bench", "--family", str(family),

@@ -24,7 +24,7 @@ from ddtree_deploy.hostprog.wire import boot_id, process_start
 from ddtree_deploy.remote.agent_session import AgentSession
 from ddtree_deploy.remote.local import LocalTransport
 from ddtree_deploy.remote.program import agent_argv, agent_source
-from ddtree_deploy.session.deploy import _apply_push
+from ddtree_deploy.session.decide import apply_push_request
 from ddtree_deploy.session.plan import Desired, Target, plan_push
 from ddtree_deploy.settings.inventory import Host
 
@@ -80,7 +80,7 @@ def push_request(h: Host, root: Path, facts: dict, run_id="run-a", want=None) ->
     want = want or desired(root)
     current = {p: (i or {}).get("sha256") for p, i in facts["files"].items()}
     plan = plan_push(h.name, want, current)
-    return _apply_push(h, run_id, want, plan), want
+    return apply_push_request(h, run_id, want, plan), want
 
 
 def test_argv_and_source_are_what_runs(env):
@@ -392,7 +392,7 @@ def test_a_running_tune_refuses_the_deploy_lock_and_a_dead_one_does_not(env):
 
 
 def test_the_client_names_a_running_tune_not_a_deploy_lock():
-    from ddtree_deploy.session.deploy import _locked_error
+    from ddtree_deploy.session.push import _locked_error
 
     host = Host(name="gpu1", python="/usr/bin/python3", ssh=None, state_dir="/tmp/s")
     err = _locked_error(host, {"ok": False, "code": "locked", "holder": {

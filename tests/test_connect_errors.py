@@ -288,13 +288,13 @@ def test_no_such_interpreter_here_with_the_local_transport(tmp_path):
 def test_an_ssh_host_whose_python_has_no_sglang_gets_a_hint_about_that_host(sshd, tmp_path):
     """The hint for an interpreter without sglang speaks of the SSH host and its file, never of
     this machine's built-in host `local` (issue 28)."""
-    from ddtree_deploy.session import deploy
+    from ddtree_deploy.session import status
 
     from dataclasses import replace
 
     host = replace(_host(sshd), state_dir=str(tmp_path / "state"))  # this venv's Python: no sglang in it
     with pytest.raises(DeployError) as caught:
-        deploy.status(host, SSHTransport(host))
+        status.status(host, SSHTransport(host))
     err = caught.value
     assert err.code == "no-sglang" and "cannot find the sglang package" in err.message
     assert err.hint == (f"set host.python in {SOURCE} to the interpreter on the host that imports sglang (the one "

@@ -29,7 +29,8 @@ from ddtree_deploy.cli import app
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.remote.agent_session import AgentSession
 from ddtree_deploy.remote.ssh import SSHTransport
-from ddtree_deploy.session import deploy
+from ddtree_deploy.session import push as host_push
+from ddtree_deploy.session import status as host_status
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host
 
@@ -60,11 +61,11 @@ def new_host(sshd, tmp_path, name="h", **keys):
 
 
 def push(host, series, **kw):
-    return deploy.push(host, SSHTransport(host), TARGETS, lambda f: desired_for(series, host.name, f), **kw)
+    return host_push.push(host, SSHTransport(host), TARGETS, lambda f: desired_for(series, host.name, f), **kw)
 
 
 def rollback(host, **kw):
-    return deploy.rollback(host, SSHTransport(host), **kw)
+    return host_push.rollback(host, SSHTransport(host), **kw)
 
 
 def files(h):
@@ -304,7 +305,7 @@ def test_killed_after_the_last_rename_rerun_runs_the_smoke_then_deploys(sshd, tm
     assert killed["phase"] == "switching"
     patched = files(h)
     results = []
-    with deploy.begin_push(host, SSHTransport(host), TARGETS, lambda f: desired_for(series, host.name, f),
+    with host_push.begin_push(host, SSHTransport(host), TARGETS, lambda f: desired_for(series, host.name, f),
                            smoke=True) as held:
         assert held.locked
         rerun = held.outcome
@@ -321,7 +322,7 @@ def test_killed_after_the_last_rename_rerun_runs_the_smoke_then_deploys(sshd, tm
     assert journal(h)["phase"] == "switching"
     again = rollback(host)
     assert journal(h)["phase"] == "rolled-back" and "completed" in again.summary, again.summary
-    assert deploy.status(host, SSHTransport(host))["phase"] == "rolled-back"
+    assert host_status.status(host, SSHTransport(host))["phase"] == "rolled-back"
 
 
 # ---------------------------------------------------------------- item 4: state_dir
@@ -367,7 +368,7 @@ def test_state_dir_from_before_the_marker_is_adopted(sshd, tmp_path, env, series
     marker = h.state_dir / ".ddtree-deploy-state"
     assert marker.is_file()
     marker.unlink()  # a host deployed by an older ddtree-deploy: our layout, no marker
-    assert deploy.status(host, SSHTransport(host))["phase"] == "deployed"
+    assert host_status.status(host, SSHTransport(host))["phase"] == "deployed"
     assert rollback(host).changed and marker.is_file()
     marker.unlink()
     (h.state_dir / "notes.txt").write_text("mine\n")  # anything else: not ours any more
@@ -448,7 +449,7 @@ def test_a_silent_host_fails_after_op_timeout_naming_host_and_step(sshd, tmp_pat
     host = _program_host(sshd, tmp_path, "silent", "import time; time.sleep(600)", op_timeout=2)
     t0 = time.monotonic()
     with pytest.raises(DeployError) as e:
-        deploy.status(host, SSHTransport(host))
+        host_status.status(host, SSHTransport(host))
     took = time.monotonic() - t0
     assert e.value.code == "timeout" and "silent" in e.value.message and "during init" in e.value.message
     assert took < 20, took
@@ -501,9 +502,9 @@ def test_status_reports_a_symlinked_target_instead_of_giving_up(sshd, tmp_path, 
     real.write_bytes(h.read(UTILS))
     h.file(UTILS).unlink()
     h.file(UTILS).symlink_to(real)
-    with deploy.reading(host, SSHTransport(host), TARGETS) as read:
+    with host_status.reading(host, SSHTransport(host), TARGETS) as read:
         pass
-    doc = deploy.describe(host.name, read.facts, desired_for(series, host.name, read.facts))
+    doc = host_status.describe(host.name, read.facts, desired_for(series, host.name, read.facts))
     states = {f["path"]: f for f in doc["files"]}
     assert states[UTILS]["state"] == "unsafe" and "symlink" in states[UTILS]["detail"]
     assert states[SPEC]["state"] == "pristine"

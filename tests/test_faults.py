@@ -21,11 +21,11 @@ import time
 import pytest
 
 from ddtree_deploy.base import hooks
-from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.errors import Changed, DeployError
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.fleets import rollout
 from ddtree_deploy.remote.ssh import SSHTransport
-from ddtree_deploy.session import deploy
+from ddtree_deploy.session import push, status
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host
 
@@ -66,8 +66,8 @@ def desire(w):
 def run(w, command: str, host=None, **kw):
     host = host or w["direct"]
     if command == "push":
-        return deploy.push(host, SSHTransport(host), TARGETS, desire(w), **kw)
-    return deploy.rollback(host, SSHTransport(host), **kw)
+        return push.push(host, SSHTransport(host), TARGETS, desire(w), **kw)
+    return push.rollback(host, SSHTransport(host), **kw)
 
 
 def files(w):
@@ -92,9 +92,9 @@ def check_explained(w, patched: dict) -> dict:
     """Every file wholly pristine or wholly patched, and status says so, with a phase."""
     for path, data in files(w).items():
         assert data in (w["pristine"][path], patched[path]), f"{path} is neither pristine nor patched"
-    with deploy.reading(w["direct"], SSHTransport(w["direct"]), TARGETS) as read:
+    with status.reading(w["direct"], SSHTransport(w["direct"]), TARGETS) as read:
         pass
-    doc = deploy.describe(w["direct"].name, read.facts, desire(w)(read.facts))
+    doc = status.describe(w["direct"].name, read.facts, desire(w)(read.facts))
     states = {f["path"]: f["state"] for f in doc["files"] if f["path"] in TARGETS}
     assert set(states) == set(TARGETS) and set(states.values()) <= {"pristine", "patched"}, states
     assert doc["explanation"]
@@ -216,7 +216,7 @@ def test_cut_between_switch_and_mark_then_rerun_completes(world, capsys):
     first = run(w, "push", smoke=True)
     patched = files(w)
     proxy.arm(None)
-    deploy.mark(proxied, SSHTransport(proxied), first.run_id)
+    push.mark(proxied, SSHTransport(proxied), first.run_id)
     total = proxy.relayed
     assert json.loads((w["h"].state_dir / "journal.json").read_text())["phase"] == "deployed"
     run(w, "rollback")
@@ -229,7 +229,7 @@ def test_cut_between_switch_and_mark_then_rerun_completes(world, capsys):
         if cut is not None:
             proxy.arm(cut)
             try:
-                deploy.mark(proxied, SSHTransport(proxied), switched.run_id)
+                push.mark(proxied, SSHTransport(proxied), switched.run_id)
             except DeployError as exc:
                 assert exc.code in ("connection-lost", "connect", "auth"), exc.message
             assert proxy.cut, f"mark: cut at {cut}/{total} bytes never happened"
@@ -246,7 +246,7 @@ def test_cut_between_switch_and_mark_then_rerun_completes(world, capsys):
             assert after.ok and after.marked and after.phase == "deployed", after.lines()
         else:
             assert rerun.smoke_pending is None and "already deployed" in rerun.summary
-        assert deploy.status(direct, SSHTransport(direct))["phase"] == "deployed" and files(w) == patched
+        assert status.status(direct, SSHTransport(direct))["phase"] == "deployed" and files(w) == patched
         recoveries += 1
         run(w, "rollback")
     with capsys.disabled():
@@ -265,7 +265,7 @@ def test_connection_cut_while_the_push_holds_the_lock_during_its_smoke(world):
     direct, proxied = w["direct"], w["proxied"]
     results: list = []
     proxy.arm(None)
-    with deploy.begin_push(proxied, SSHTransport(proxied), TARGETS, desire(w), smoke=True) as held:
+    with push.begin_push(proxied, SSHTransport(proxied), TARGETS, desire(w), smoke=True) as held:
         pushed = held.outcome
         proxy.arm(1)  # the next byte on the push's connection (the mark request) cuts it
         results.append(rollout.after_push(direct, lambda: SSHTransport(direct), pushed, w["series"],
@@ -277,13 +277,13 @@ def test_connection_cut_while_the_push_holds_the_lock_during_its_smoke(world):
     doc = check_explained(w, files(w))
     assert doc["phase"] == "switched" and doc["series"]["run_id"] == pushed.run_id and doc["lock"] is None
 
-    with deploy.begin_push(direct, SSHTransport(direct), TARGETS, desire(w), smoke=True) as held:
+    with push.begin_push(direct, SSHTransport(direct), TARGETS, desire(w), smoke=True) as held:
         rerun = held.outcome
         results.append(rollout.after_push(direct, lambda: SSHTransport(direct), rerun, w["series"],
                                           levels=["compile"], held=held))
     assert not rerun.changed and rerun.smoke_pending == pushed.run_id and rerun.phase == "deployed"
     assert results[1].ok and results[1].marked
-    assert deploy.status(direct, SSHTransport(direct))["phase"] == "deployed"
+    assert status.status(direct, SSHTransport(direct))["phase"] == "deployed"
     run(w, "rollback")
 
 
@@ -300,18 +300,27 @@ def test_a_cut_before_the_apply_says_what_happened_and_that_the_host_is_unchange
     journal_before = journal.read_bytes() if journal.exists() else None
     phases: dict[str, int] = {}
     wrong = ("authentication failed", "cannot start the agent:", "exit -1", "stopped during")
-    unchanged = ("nothing was sent to the host", "nothing on the host changed", "no file on the host was changed")
+    # Where the cut landed -> the one clause that says the host is unchanged there (the
+    # transport words it; the error's ``changed`` says it as a value).
+    unchanged = {
+        "during the SSH handshake": "(by the network or the host); nothing was sent to the host",
+        "does not answer as an SSH server": "; nothing was sent to the host",
+        "during the authentication": "(by the network or the host); nothing was sent to the host",
+        "while starting the host program": "; nothing was sent to the host: it is unchanged",
+        "while uploading the agent": "; the agent never started: nothing on the host changed",
+        "waiting for init": "; no file on the host was changed",
+        "while sending": "; no file on the host was changed",
+    }
     for cut in range(250, 10250, 250):
         proxy.arm(cut)
         with pytest.raises(DeployError) as caught:
             run(w, "push", w["proxied"])
         message = caught.value.message
         assert proxy.cut and not any(bad in message for bad in wrong), (cut, message)
-        assert any(ok in message for ok in unchanged), (cut, message)
-        for phase in ("during the SSH handshake", "during the authentication", "while starting the host program",
-                      "while uploading the agent", "waiting for init", "while sending"):
-            if phase in message:
-                phases[phase] = phases.get(phase, 0) + 1
+        assert caught.value.changed is Changed.NO, (cut, message)
+        phase = next((p for p in unchanged if p in message), None)
+        assert phase is not None and unchanged[phase] in message, (cut, message)
+        phases[phase] = phases.get(phase, 0) + 1
         wait_unlocked(w)
         assert files(w) == before and (journal.read_bytes() if journal.exists() else None) == journal_before
     proxy.arm(None)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.base.errors import BadInput, DeployError
+from ddtree_deploy.base.errors import BadInput, Changed, DeployError
 from ddtree_deploy.fleets.fleet import (
     FleetReport,
     HostResult,
@@ -23,7 +23,7 @@ from ddtree_deploy.fleets.fleet import (
 )
 from ddtree_deploy.fleets.fleet_run import run_fleet
 from ddtree_deploy.fleets.rollout import AfterPush, push_detail, push_kind, rollback_kind
-from ddtree_deploy.session.deploy import Outcome
+from ddtree_deploy.session.push import Outcome
 from ddtree_deploy.session.plan import FileState, FileStep, Plan
 from ddtree_deploy.settings.inventory import load_groups, load_host, parse_groups
 from ddtree_deploy.smoke.smoke_report import LevelResult, SmokeReport
@@ -250,11 +250,17 @@ def test_outcome_kinds():
     assert outcome_of_error(DeployError("x", code="failed-unchanged")) is Kind.FAILED_UNCHANGED
     assert not Kind.FAILED_UNCHANGED.ok
     assert outcome_of_error(DeployError("x", code="agent")) is Kind.FAILED_UNKNOWN
-    # deploy marks an error raised before its apply request went out, whatever its code.
-    early = DeployError("x", code="no-sglang")
-    assert outcome_of_error(early) is Kind.FAILED_UNKNOWN
-    early.host_unchanged = True
-    assert outcome_of_error(early) is Kind.FAILED_UNCHANGED
+    # The stages before a push's apply request say so when they raise, whatever the code:
+    # a new error, the same sentence, ``changed`` given; the one caught is never edited.
+    early = DeployError("h: discover: no sglang", code="no-sglang", host="h", step="discover")
+    assert outcome_of_error(early) is Kind.FAILED_UNKNOWN and early.changed is Changed.MAYBE
+    told = early.known(changed=Changed.NO)
+    assert outcome_of_error(told) is Kind.FAILED_UNCHANGED
+    assert (told.message, told.code, told.host, told.step, type(told)) == \
+        ("h: discover: no sglang", "no-sglang", "h", "discover", DeployError)
+    assert early.changed is Changed.MAYBE
+    with pytest.raises(AttributeError, match="set when it is made"):
+        early.host_unchanged = True
 
 
 # How a push or rollback that returned ended: decided from the typed values the steps

@@ -115,7 +115,7 @@ def test_the_wheel_carries_families_payload_and_manifests(installed):
     assert "ddtree_deploy/demo.py" in names and "ddtree_deploy/sandbox/sshd.py" in names
     # Every module of every room: package discovery (pyproject) finds each room's __init__.py.
     modules = [f.relative_to(REPO).as_posix() for f in (REPO / "ddtree_deploy").rglob("*.py")]
-    assert "ddtree_deploy/session/deploy.py" in modules
+    assert "ddtree_deploy/session/push.py" in modules
     assert [m for m in modules if "/_data/" not in m and m not in names] == []
     assert not any(n.startswith(("ddtree_testkit/", "tests/", "bench/")) for n in names), "test support is not shipped"
     assert not any("/files/" in n for n in names), "SGLang's own files are never shipped"

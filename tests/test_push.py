@@ -22,10 +22,10 @@ import pytest
 if TYPE_CHECKING:
     from ddtree_deploy.session.plan import Desired
 
-from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.errors import Changed, DeployError
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.remote.ssh import SSHTransport
-from ddtree_deploy.session import deploy
+from ddtree_deploy.session import push
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host
 
@@ -106,7 +106,7 @@ def test_plan_rollback_refuses_foreign_edits():
                                       "is still patched", True),
 ])
 def test_status_explains_every_phase(phase, op, have, expect, mixed):
-    from ddtree_deploy.session.deploy import describe
+    from ddtree_deploy.session.status import describe
 
     facts = {"sglang_version": "0.5.12.post1", "files": {"x": {"sha256": have[0]}, "y": {"sha256": have[1]}},
              "journal": {"op": op, "phase": phase, "run_id": "r1", "series": "fam", "backup_id": "b1",
@@ -255,12 +255,12 @@ def test_two_pushes_at_once_exactly_one_proceeds(host, oracle):
     def desire(facts):
         return desired_for(series, h.name, facts)
 
-    with deploy.begin_push(h, SSHTransport(h), list(TARGETS), desire, smoke=True) as first:
+    with push.begin_push(h, SSHTransport(h), list(TARGETS), desire, smoke=True) as first:
         assert first.locked and first.outcome.changed and (host.state_dir / "lock").is_dir()
         with pytest.raises(DeployError) as second:
-            deploy.push(h, SSHTransport(h), list(TARGETS), desire)
+            push.push(h, SSHTransport(h), list(TARGETS), desire)
         first.mark("deployed")
-    assert second.value.code == "locked" and second.value.host_unchanged
+    assert second.value.code == "locked" and second.value.changed is Changed.NO
     assert f"(run {first.outcome.run_id}, push" in second.value.message
     assert "since 20" in second.value.message and "@" in second.value.message
     assert files_of(host) == patched and not (host.state_dir / "lock").exists()
@@ -286,7 +286,7 @@ def test_the_series_is_resolved_before_the_lock_is_taken(host, oracle):
 
     def first():
         try:
-            seen["first"] = deploy.push(h, SSHTransport(h), list(TARGETS), slow_desire)
+            seen["first"] = push.push(h, SSHTransport(h), list(TARGETS), slow_desire)
         except Exception as exc:  # reported below
             seen["first"] = exc
 
@@ -294,13 +294,13 @@ def test_the_series_is_resolved_before_the_lock_is_taken(host, oracle):
     t.start()
     try:
         assert resolving.wait(30)
-        other = deploy.push(h, SSHTransport(h), list(TARGETS), lambda facts: desired_for(series, h.name, facts))
+        other = push.push(h, SSHTransport(h), list(TARGETS), lambda facts: desired_for(series, h.name, facts))
     finally:
         release.set()
         t.join(60)
     assert seen["lock_while_resolving"] is False and other.changed
     first_outcome = seen["first"]
-    assert isinstance(first_outcome, deploy.Outcome) and not first_outcome.changed, first_outcome
+    assert isinstance(first_outcome, push.Outcome) and not first_outcome.changed, first_outcome
     assert "already deployed" in first_outcome.summary
     assert files_of(host) == patched and len(list((host.state_dir / "backups").iterdir())) == 1
 
@@ -492,7 +492,7 @@ def _journal(host: TestHost) -> dict:
 
 def test_switched_until_the_smoke_passes(host, oracle):
     """A push that will smoke journals `switched` at its switch; only a passed smoke makes it
-    `deployed`. A controller killed between the two (here: the switch alone, as deploy.push
+    `deployed`. A controller killed between the two (here: the switch alone, as push.push
     with smoke=True does before the CLI runs the levels) leaves `switched`, which status
     explains, and a rerun push (or `smoke`) finishes it."""
     pristine, patched = oracle
@@ -508,7 +508,7 @@ def test_switched_until_the_smoke_passes(host, oracle):
     ok("rollback", "--host", host.name)
 
     # The switch of a push that will smoke: `switched`, and status says what to run.
-    switched = deploy.push(h, SSHTransport(h), list(TARGETS), desire, smoke=True)
+    switched = push.push(h, SSHTransport(h), list(TARGETS), desire, smoke=True)
     assert switched.changed and switched.phase == "switched" and switched.smoke_pending == switched.run_id
     assert _journal(host)["phase"] == "switched" and files_of(host) == patched
     read = cli("status", "--host", host.name, "--json")
@@ -524,7 +524,7 @@ def test_switched_until_the_smoke_passes(host, oracle):
 
     # A stale controller cannot mark somebody else's deploy: compare-and-set on the run id.
     with pytest.raises(DeployError, match="not switched of run someone-else") as stale:
-        deploy.mark(h, SSHTransport(h), "someone-else")
+        push.mark(h, SSHTransport(h), "someone-else")
     assert stale.value.code == "changed" and _journal(host)["phase"] == "switched"
 
     # Rerun push: nothing to switch, the smoke runs again, and passes: deployed.
@@ -541,7 +541,7 @@ def test_switched_until_the_smoke_passes(host, oracle):
 
     # `smoke` on a switched host runs the levels and marks it deployed, saying so.
     ok("rollback", "--host", host.name)
-    again = deploy.push(h, SSHTransport(h), list(TARGETS), desire, smoke=True)
+    again = push.push(h, SSHTransport(h), list(TARGETS), desire, smoke=True)
     smoked = ok("smoke", "--host", host.name)
     assert "smoke passed" in smoked.stdout
     assert f"phase switched -> deployed (run {again.run_id}): the smoke passed" in smoked.stdout
@@ -549,7 +549,7 @@ def test_switched_until_the_smoke_passes(host, oracle):
 
     # rollback from `switched` works as from `deployed`.
     ok("rollback", "--host", host.name)
-    deploy.push(h, SSHTransport(h), list(TARGETS), desire, smoke=True)
+    push.push(h, SSHTransport(h), list(TARGETS), desire, smoke=True)
     rolled = json.loads(ok("rollback", "--host", host.name, "--json").stdout)["hosts"][0]
     assert rolled["changed"] and files_of(host) == pristine and _journal(host)["phase"] == "rolled-back"
 
@@ -599,7 +599,7 @@ def test_rollback_without_backups_or_with_an_unknown_id(host, oracle):
 def test_status_lists_only_the_hosts_own_files_once_they_are_known():
     """The CLI asks a host for every family's paths (it does not know the release yet);
     files of other families must not show up as 'unknown' once the host's are known."""
-    from ddtree_deploy.session.deploy import describe
+    from ddtree_deploy.session.status import describe
 
     facts = {"files": {"a.py": {"sha256": "x"}, "other_family.py": None, "present_other.py": {"sha256": "y"}},
              "journal": None}

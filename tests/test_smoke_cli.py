@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from ddtree_deploy.cli import app
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.remote.transport import transport_for
-from ddtree_deploy.session import deploy
+from ddtree_deploy.session import push
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host
 
@@ -69,7 +69,7 @@ def test_smoke_after_a_real_push_json_and_text(local_host):
     inv, site = local_host
     host = load_host(str(inv))
     series = load_family(FAMILY)
-    outcome = deploy.push(host, transport_for(host), list(series.touched_paths()),
+    outcome = push.push(host, transport_for(host), list(series.touched_paths()),
                           lambda facts: desired_for(series, host.name, facts))
     assert outcome.changed
     code, stdout, _ = invoke("--host", str(inv), "--level", "compile", "--json")

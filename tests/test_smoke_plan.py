@@ -345,3 +345,27 @@ def test_check_settings_catches_template_mistakes_before_any_push():
         smoke_plan.check_settings(host)
     fine = parse_host('[host]\npython = "/p"\n[ssh]\nhost = "gpu1"\n' + GPU_HOST, name="gpu1", source=SRC)
     assert smoke_plan.check_settings(fine).levels == ("compile", "import", "cli", "launch")
+
+
+def test_the_smoke_stage_of_a_push_is_planned_by_the_smoke_room():
+    """``plan_after_switch``: the plan the push's smoke runs, from the host, the series and the
+    levels; a level an earlier run failed at is run again whatever the levels say."""
+    from ddtree_deploy.engine.series import load_family
+
+    host = parse_host('[host]\npython = "/opt/py/bin/python"\nstate_dir = "/h/.ddtree-deploy"\n[ssh]\n'
+                      'host = "gpu1"\n' + GPU_HOST, name="gpu1", source=SRC)
+    series = load_family(REPO / "patches/sglang-0.5.12")
+    plan = smoke_plan.plan_after_switch(host, series, ["compile"], run_id="r1")
+    touched, flags = smoke_plan.series_inputs(series)
+    assert plan == smoke_plan.plan_smoke(smoke_settings.parse_settings(host.smoke, source=SRC), touched_paths=touched,
+                                         flags=flags, levels=("compile",), source=SRC,
+                                         log_path="/h/.ddtree-deploy/smoke/r1/server.log",
+                                         family=smoke_settings.family_smoke(series))
+    assert smoke_plan.plan_after_switch(host, series, ["compile"], run_id="r1", redo="import").levels == \
+        ("compile", "import")
+    assert smoke_plan.plan_after_switch(host, series, None, run_id="r1").levels == ("compile", "import", "cli",
+                                                                                    "launch")
+    assert smoke_plan.plan_after_switch(host, series, ["compile"], run_id="r1", heartbeat=0.5).request[
+        "heartbeat_s"] == 0.5
+    with pytest.raises(BadInput, match="unknown smoke level 'fly'"):
+        smoke_plan.plan_after_switch(host, series, ["fly"], run_id="r1")

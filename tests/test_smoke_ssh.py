@@ -27,7 +27,7 @@ import pytest
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.fleets import rollout
 from ddtree_deploy.remote.transport import transport_for
-from ddtree_deploy.session import deploy
+from ddtree_deploy.session import push, status
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.session.plan import Desired, Target
 from ddtree_deploy.settings.inventory import load_host
@@ -87,7 +87,7 @@ def assert_pristine(test_host: SandboxHost, paths) -> None:
 def push_and_smoke(host, series, desire=None, **kwargs):
     paths = list(series.touched_paths())
     desire = desire or (lambda facts: desired_for(series, host.name, facts))
-    outcome = deploy.push(host, transport_for(host), paths, desire)
+    outcome = push.push(host, transport_for(host), paths, desire)
     assert outcome.changed
     return outcome, rollout.after_push(host, lambda: transport_for(host), outcome, series, **kwargs)
 
@@ -118,7 +118,7 @@ def test_real_series_passes_compile_import_cli(sshd, tmp_path):
     assert fields["speculative_num_draft_tokens"] == 21 and report.levels[2].detail.endswith(
         "verify width 21 = budget 20 + 1")
     # The host is still deployed (nothing rolled back) and `smoke` alone agrees.
-    assert deploy.status(host, transport_for(host))["phase"] == "deployed"
+    assert status.status(host, transport_for(host))["phase"] == "deployed"
     again = rollout.smoke_host(host, lambda: transport_for(host), levels=["compile"], patches_dir=FAMILY.parent)
     assert again.ok and again.levels[0].evidence["files"] == len(series.touched_paths())
 
@@ -175,7 +175,7 @@ def test_import_error_fails_smoke_and_rolls_back_to_pristine(sshd, tmp_path):
     assert any("rolled back automatically" in line for line in after.lines())
     assert_pristine(test_host, series.touched_paths())
     assert test_host.read("sglang/srt/speculative/ddtree_broken.py") is None
-    assert deploy.status(host, transport_for(host))["phase"] == "rolled-back"
+    assert status.status(host, transport_for(host))["phase"] == "rolled-back"
 
 
 def test_syntax_error_fails_compile_and_rolls_back_unless_told_not_to(sshd, tmp_path):
@@ -200,7 +200,7 @@ def test_syntax_error_fails_compile_and_rolls_back_unless_told_not_to(sshd, tmp_
     assert kept.report.failed.detail == f"{test_host.site}/sglang/srt/speculative/spec_info.py:1: invalid syntax"
     assert test_host.read("sglang/srt/speculative/spec_info.py") == b"def broken(:\n    pass\n"
     assert kept.to_json()["auto_rollback"]["kept_new_files"] is True
-    deploy.rollback(host, transport_for(host))
+    push.rollback(host, transport_for(host))
     assert_pristine(test_host, paths)
 
     outcome, after = push_and_smoke(host, series, broken_desire)

@@ -21,7 +21,7 @@ import pytest
 from ddtree_deploy.hostprog.roots import key_of
 from ddtree_deploy.remote.ssh import SSHTransport
 from ddtree_deploy.sandbox import SandboxHost, make_python_env
-from ddtree_deploy.session import deploy
+from ddtree_deploy.session import push
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings.inventory import load_host
 
@@ -166,7 +166,7 @@ def test_one_install_s_lock_neither_blocks_nor_fences_the_other(sshd, tmp_path, 
     prod, canary = two_venvs(sshd, tmp_path)
     host = load_host("prod")
     want = Want(None)
-    held = deploy.begin_push(host, SSHTransport(host), want.paths, lambda facts: want.resolve("prod", facts),
+    held = push.begin_push(host, SSHTransport(host), want.paths, lambda facts: want.resolve("prod", facts),
                              smoke=True)
     try:
         assert held.locked and status(prod)["lock"]["run_id"] == held.outcome.run_id

@@ -27,7 +27,7 @@ import pytest
 
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.remote.transport import transport_for
-from ddtree_deploy.session import deploy
+from ddtree_deploy.session import push
 from ddtree_deploy.session.desired import desired_for
 from ddtree_deploy.settings.inventory import load_host
 
@@ -93,7 +93,7 @@ def tuned_host(sshd, tmp_path_factory):
     base = inventory.read_text()
     host = load_host(str(inventory))
     series = load_family(FAMILY)
-    outcome = deploy.push(host, transport_for(host), list(series.touched_paths()),
+    outcome = push.push(host, transport_for(host), list(series.touched_paths()),
                           lambda facts: desired_for(series, host.name, facts))
     assert outcome.changed and outcome.phase == "deployed"
     model = make_model(root / "model")
@@ -440,7 +440,7 @@ def tuned_host_0_5_23(sshd, tmp_path_factory):
     inventory = test_host.inventory(root / "hosts")
     host = load_host(str(inventory))
     series = load_family(REPO / "patches" / "sglang-0.5.20")
-    outcome = deploy.push(host, transport_for(host), list(series.touched_paths()),
+    outcome = push.push(host, transport_for(host), list(series.touched_paths()),
                           lambda facts: desired_for(series, host.name, facts))
     assert outcome.changed and outcome.phase == "deployed"
     return {"root": root, "inventory": inventory, "base": inventory.read_text(), "model": make_model(root / "model"),

@@ -30,7 +30,7 @@ class Code:
     REPLY_TOO_LARGE = "reply-too-large"
     AGENT = "agent"
     PROTOCOL = "protocol"
-    # push / rollback before the switch (deploy.py, desired.py, plan.py, the CLI)
+    # push / rollback before the switch (push.py, decide.py, desired.py, plan.py, the CLI)
     LOCKED = "locked"
     NO_VERSION = "no-version"
     NOT_PRISTINE = "not-pristine"
@@ -98,8 +98,8 @@ AGENT_CODES = frozenset({
 })
 
 # Codes that can only be raised before the apply request is sent: the host is provably
-# untouched. (deploy.py also marks every error it sees before sending the apply request,
-# whatever its code: see ``deploy.before_change``.)
+# untouched (errors.changed_by_code). The push's stages before its apply request say the
+# same of every error they see, whatever its code (session/push.py, ``DeployError.known``).
 BEFORE_CHANGE = frozenset({
     Code.AUTH, Code.HOST_KEY, Code.LOCKED, Code.DRIFT, Code.OTHER_SERIES, Code.CHECK_FAILED, Code.NO_VERSION,
     Code.BAD_INPUT, Code.NO_BACKUP, Code.PREFLIGHT, Code.PERMISSION, Code.NO_SPACE, Code.UNSAFE_FILE,

@@ -1,36 +1,108 @@
 """The one failure model of the toolkit.
 
 Core modules raise these; only the CLI maps them to exit codes and messages
-(one table, in ``cli/app.py``). Each error carries a one-line message that names
-the file / line / thing that is wrong, and an optional hint saying what to do.
+(one table, in ``cli/app.py``). A failure is a value: everything it says is given when
+it is made (the sentence, the host, the step, whether the host changed, the evidence
+the sentence is made from) and nothing is added or reworded on its way up: a caller
+that knows more raises its own error, it never edits one it caught.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from enum import Enum
+from types import MappingProxyType
+from typing import Any, Mapping
 
-from ddtree_deploy.base.codes import Code
+from ddtree_deploy.base.codes import BEFORE_CHANGE, UNREACHABLE, Code
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # a check or a deploy step failed
 EXIT_BAD_INPUT = 2  # bad input or usage; nothing was changed anywhere
 
 
+class Changed(Enum):
+    """Whether a failure left its host changed: the fleet's outcome (``failed, host
+    unchanged`` or ``failed, state unknown``) and the JSON's ``changed`` say it.
+
+    Not a str-mixin Enum (see codes.py): compared by identity, written by ``.value``."""
+
+    NO = "no"  # provably untouched: refused, or failed, before anything that writes was sent
+    MAYBE = "maybe"  # a write may have landed (a link lost while one was in flight): `status` tells
+    YES = "yes"  # the host was changed (files switched, a server restarted) before the failure
+
+
+def changed_by_code(code: str, exit_code: int) -> Changed:
+    """What an error's code alone proves: bad input and the codes raised only before any
+    write (``BEFORE_CHANGE``, a connection never made) left the host as it was."""
+    if exit_code == EXIT_BAD_INPUT or code in BEFORE_CHANGE or code in UNREACHABLE or code == Code.FAILED_UNCHANGED:
+        return Changed.NO
+    return Changed.MAYBE
+
+
 class DeployError(Exception):
-    """A step failed (exit 1). ``code`` is a stable machine-readable slug."""
+    """A step failed (exit 1). ``code`` is a stable machine-readable slug.
+
+    Fields, all set here and read-only after (assigning one raises AttributeError):
+    ``message`` (one line naming the thing that is wrong), ``hint`` (what to do),
+    ``code``, ``exit_code``, ``host`` (the host it happened on, None on this side),
+    ``step`` (what was under way: "lock", "apply", "discover"...), ``changed`` (a
+    ``Changed``; by default what the code proves, else MAYBE) and ``evidence`` (the facts
+    the sentence is made from: the agent's reply, a drifted file's diff...)."""
 
     exit_code = EXIT_FAILED
     code = Code.FAILED
 
-    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None):
+    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None, host: str | None = None,
+                 step: str | None = None, changed: Changed | None = None,
+                 evidence: Mapping[str, Any] | None = None, exit_code: int | None = None):
         super().__init__(message)
         self.message = message
         self.hint = hint
         if code is not None:
             self.code = code
+        if exit_code is not None:
+            self.exit_code = exit_code
+        self.host = host
+        self.step = step
+        self.changed = changed if changed is not None else changed_by_code(self.code, self.exit_code)
+        self._evidence = dict(evidence or {})
+        self._made = True
+
+    @property
+    def evidence(self) -> Mapping[str, Any]:
+        return MappingProxyType(self._evidence)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Python's own bookkeeping (__traceback__, __cause__, __notes__) stays writable.
+        if getattr(self, "_made", False) and not name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__}.{name}: a failure's fields are set when it is made; "
+                                 "raise a new error that says what this caller knows")
+        super().__setattr__(name, value)
+
+    def known(self, *, changed: Changed, step: str | None = None) -> DeployError:
+        """This failure as a caller that knows more about the host tells it: the same class,
+        sentence, hint, code and evidence, with ``changed`` (and the ``step``, where this one
+        names none) given. The caller raises it ``from`` this one; nothing is reworded. Where
+        the caller knows: a read-only session (nothing it sends writes), the stages of a push
+        before its switch request is sent."""
+        return _remade(type(self), self.args, dict(self.__dict__, changed=changed, step=self.step or step))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (a release worker's error crossing processes) and copied whole, the same
+        # class with the same fields: never rebuilt by calling __init__ and setting them after.
+        return _remade, (type(self), self.args, dict(self.__dict__))
 
     def to_json(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, "hint": self.hint}}
+
+
+def _remade(cls: type[DeployError], args: tuple[Any, ...], fields: dict[str, Any]) -> DeployError:
+    """``cls`` with ``args`` and ``fields`` as they were: made here whole, the one write past
+    ``__setattr__``'s guard (``known``, pickling, ``copy``)."""
+    new = cls.__new__(cls, *args)
+    Exception.__init__(new, *args)
+    new.__dict__.update(fields)
+    return new
 
 
 class BadInput(DeployError):

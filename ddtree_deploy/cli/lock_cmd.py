@@ -7,8 +7,6 @@ from typing import Optional
 
 import typer
 
-from ddtree_deploy.base import next_step
-from ddtree_deploy.base.codes import Code
 from ddtree_deploy.cli.app import app, emit_host, err, handles_errors, say
 from ddtree_deploy.cli.options import HOST_HELP, inventory_option
 from ddtree_deploy.cli.text import safe
@@ -68,17 +66,10 @@ def release(
 
     Exit 1 when the lock's process may still run and --force is not given.
     """
-    from ddtree_deploy.remote.agent_session import AgentFailed
     from ddtree_deploy.session import hostlog
 
     h, transport = _host(host, trust_new_host)
-    try:
-        doc = hostlog.lock_release(h, transport, force)
-    except AgentFailed as exc:
-        if exc.code == Code.LOCKED and exc.reply.get("holder"):  # (no holder: the lock's guard was held too long)
-            exc.message = hostlog.lock_line(h.name, exc.reply.get("holder")) + "; not released"
-            exc.hint = f"wait for that run, or {next_step.lock_release(h.name, force=True)} once you know it is gone"
-        raise
+    doc = hostlog.lock_release(h, transport, force)
     if json_output:
         emit_host(h.name, doc)
         return

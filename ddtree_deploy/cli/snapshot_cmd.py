@@ -80,7 +80,7 @@ def pull(
     from ddtree_deploy.base.errors import BadInput
     from ddtree_deploy.release.snapshot import snapshot_from_files
     from ddtree_deploy.remote.transport import transport_for
-    from ddtree_deploy.session import deploy
+    from ddtree_deploy.session import pull as host_pull
     from ddtree_deploy.session.desired import Want
     from ddtree_deploy.settings.container_settings import refuse_container
     from ddtree_deploy.settings.inventory import load_host
@@ -89,8 +89,8 @@ def pull(
     refuse_container(h, "snapshot pull")
     paths = Want(family).paths
     err.print(f"[dim]{safe(h.name)}:[/] reading {len(paths)} file(s)")
-    facts, files = deploy.pull(h, transport_for(h, trust_new_host=trust_new_host), paths)
-    refused = deploy.not_pristine(h.name, facts, files)
+    facts, files = host_pull.pull(h, transport_for(h, trust_new_host=trust_new_host), paths)
+    refused = host_pull.not_pristine(h.name, facts, files)
     if refused is not None:
         raise refused
     if not facts.get("sglang_version"):

@@ -94,19 +94,18 @@ class ContainerSession(ProgramSession):
 def refusal(label: str, op: str, reply: dict) -> DeployError:
     """The program's refusal as the toolkit's error: its code, its one line, the exit code."""
     code = reply.get("code") or Code.CONTAINER_AGENT
-    exc = DeployError(f"{label}: {op}: {reply.get('message')}", code=code)
+    message, hint, exit_code = f"{label}: {op}: {reply.get('message')}", None, None
     if code in ENGINE_CODES:
-        exc.exit_code = EXIT_NO_ENGINE
-        exc.hint = ("install the engine on the host (or set container.engine)" if code == Code.NO_ENGINE
-                    else "start its daemon on the host (e.g. `sudo systemctl start docker`) and rerun")
+        exit_code = EXIT_NO_ENGINE
+        hint = ("install the engine on the host (or set container.engine)" if code == Code.NO_ENGINE
+                else "start its daemon on the host (e.g. `sudo systemctl start docker`) and rerun")
     if code == Code.LOCKED:
         holder = reply.get("holder") or {}
-        exc.message += f" by {holder.get('holder')} since {holder.get('time')} (run {holder.get('run_id')}, " \
-                       f"{holder.get('command')})"
-        exc.hint = "wait for that run, or take the lock with --break-lock once it is gone"
-    if reply.get("output"):
-        exc.output = reply["output"]
-    return exc
+        message += (f" by {holder.get('holder')} since {holder.get('time')} (run {holder.get('run_id')}, "
+                    f"{holder.get('command')})")
+        hint = "wait for that run, or take the lock with --break-lock once it is gone"
+    return DeployError(message, code=code, hint=hint, exit_code=exit_code, host=label, step=op,
+                       evidence={"reply": reply})
 
 
 def context_request(run_id: str, files: dict[str, bytes], *, base: str, kept_tag: str, tag: str,

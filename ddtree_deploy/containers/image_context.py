@@ -15,7 +15,7 @@ runs (fleets/container_gate.py)::
 
 The patched bytes are ``push``'s (``desired``: the series checked in memory against the
 release's pristine files) and the apply request is the one ``push`` builds
-(``deploy._apply_push``), so a build switches the same bytes a push would, through the same
+(``decide.apply_push_request``), so a build switches the same bytes a push would, through the same
 agent. Pure of any container tool.
 """
 
@@ -30,7 +30,8 @@ from ddtree_deploy.base.locations import PACKAGE_DIR
 from ddtree_deploy.engine.series import AddEntry, PatchEntry, Series
 from ddtree_deploy.release.cuda_lanes import cuda_of_image
 from ddtree_deploy.hostprog import bundle
-from ddtree_deploy.session.deploy import _apply_push, new_run_id
+from ddtree_deploy.session.agent_link import new_run_id
+from ddtree_deploy.session.decide import apply_push_request
 from ddtree_deploy.session.plan import Desired, plan_push
 from ddtree_deploy.settings.inventory import Host
 
@@ -116,7 +117,7 @@ def context_files(series: Series, desired: Desired, base: str, *, state_dir: str
     (path in the context -> bytes, the image's labels)."""
     host = Host(name="image", python=python, ssh=None, state_dir=state_dir, keep_backups=1)
     plan = plan_push(host.name, desired, {t.path: t.pristine for t in desired.targets}, None)
-    request = _apply_push(host, new_run_id(), desired, plan, "deployed")
+    request = apply_push_request(host, new_run_id(), desired, plan, "deployed")
     labels = labels_for(base, desired.series, desired.series_id, desired.sglang_version)
     files: dict[str, bytes] = {
         "ddtree/apply.py": (_PKG / "interop" / "image_apply.py").read_bytes(),

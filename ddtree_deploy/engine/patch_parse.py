@@ -130,21 +130,23 @@ class FilePatch:
 DEV_NULL = "/dev/null"
 
 
-def strip_path(path: str, strip: int = 1) -> str:
+def strip_path(path: str, strip: int = 1, where: str | None = None) -> str:
     """Drop ``strip`` leading components, as ``patch -p`` does ("a/x/y.py" -> "x/y.py").
 
     An absolute path is returned unchanged: stripping "/etc/x" to "etc/x" would hide
     it from the series layer's safety check, which must see it and refuse it.
+    ``where`` ("<patch>:<line>"): where the path was read, the refusal's first words.
     """
+    at = f"{where}: " if where else ""
     if path.startswith("/"):
         return path
     if "//" in path:
-        raise BadInput(f"path {path!r} has an empty component (a doubled '/'); write it with single "
+        raise BadInput(f"{at}path {path!r} has an empty component (a doubled '/'); write it with single "
                        "slashes (a/sglang/...), or make the patch again with plain git diff")
     parts = [p for p in path.split("/") if p]
     if len(parts) <= strip:
         raise BadInput(
-            f"path {path!r} has no leading component to strip; "
+            f"{at}path {path!r} has no leading component to strip; "
             "patch paths must look like a/sglang/... and b/sglang/... (git diff)"
         )
     return "/".join(parts[strip:])
@@ -589,10 +591,7 @@ def _section_to_file_patch(s: _Section, lines: list[str], name: str) -> FilePatc
 
 
 def _strip(path: str, where: str) -> str:
-    try:
-        return strip_path(path, 1)
-    except BadInput as exc:
-        raise BadInput(f"{where}: {exc.message}") from None
+    return strip_path(path, 1, where)
 
 
 def _section_hunks(s: _Section, name: str) -> list[Hunk]:

@@ -32,7 +32,8 @@ from ddtree_deploy.hostprog.engine_cli import built_tag, kept_tag
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.serve import metrics_run, serve_plan
 from ddtree_deploy.serve.bake import NONE, Baseline, bake, measure_baseline
-from ddtree_deploy.session.deploy import automatic_cause, holder_name, new_run_id
+from ddtree_deploy.session.agent_link import holder_name, new_run_id
+from ddtree_deploy.session.push import automatic_cause
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings.analysis_settings import AnalysisSettings
 from ddtree_deploy.settings.serve_settings import ServeSettings

@@ -25,8 +25,8 @@ from enum import Enum
 from typing import Any, Sequence
 
 from ddtree_deploy.base import next_step
-from ddtree_deploy.base.codes import BEFORE_CHANGE, UNREACHABLE, Code, Phase
-from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, DeployError
+from ddtree_deploy.base.codes import UNREACHABLE, Phase
+from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, Changed, DeployError
 
 
 class Kind(str, Enum):
@@ -197,13 +197,13 @@ class Schedule:
 
 
 def outcome_of_error(exc: DeployError) -> Kind:
-    """Where the failure happened decides: deploy marks every error it sees before the
-    apply request is sent (``host_unchanged``); the code sets cover errors raised outside
-    deploy's session (a connection refused, a bad inventory). Anything else may have
-    changed files: "state unknown", with `status` as the way to find out."""
+    """The error says, as it was made: ``changed`` is ``Changed.NO`` where the failure is
+    known to have left the host as it was (its code proves it, or the push's stages before
+    the switch request said so); anything else may have changed files: "state unknown",
+    with `status` as the way to find out."""
     if exc.code in UNREACHABLE:
         return Kind.UNREACHABLE
-    if getattr(exc, "host_unchanged", False) or exc.code in BEFORE_CHANGE or exc.code == Code.FAILED_UNCHANGED:
+    if exc.changed is Changed.NO:
         return Kind.FAILED_UNCHANGED
     return Kind.FAILED_UNKNOWN
 
@@ -247,7 +247,7 @@ def failed(host: str, exc: DeployError) -> HostResult:
     """A host whose work raised ``exc``; evidence the error carries (``diff``: a drifted
     file against what the series expects, ``push --diff``) is its lines and ``diff``."""
     doc = {"host": host, **exc.to_json()}
-    diff = getattr(exc, "diff", None)
+    diff = exc.evidence.get("diff")
     if diff:
         doc["diff"] = diff
     return HostResult(host, outcome_of_error(exc), doc, exc.message, exc.exit_code, hint=exc.hint, error=exc,

@@ -1,10 +1,10 @@
 """The main use case, in one place: push (push -> smoke -> mark, or roll back), rollback,
 status and smoke, on one host or a fleet (canary first, then waves).
 
-It sits above ``deploy`` (the locked, verified switch) and ``smoke`` (the levels), and
+It sits above ``session/push`` (the locked, verified switch) and ``smoke`` (the levels), and
 below the CLI: the CLI parses, calls one function here, and renders what it gets back.
 Every host ends as a ``fleet.HostResult`` whose ``kind`` is decided here from the typed
-values the steps return (``deploy.Outcome``, ``AfterPush``, the ``DeployError`` and
+values the steps return (``host_push.Outcome``, ``AfterPush``, the ``DeployError`` and
 where it was raised), never re-read from the JSON document. Progress is reported as
 ``Event``s to one callback (called from worker threads with several hosts); what the
 single-host command prints as its result is in ``HostResult.lines``.
@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from ddtree_deploy.base import hooks, next_step
 from ddtree_deploy.base.codes import Code, Phase
-from ddtree_deploy.base.errors import BadInput, DeployError, clause
+from ddtree_deploy.base.errors import BadInput, Changed, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import (
     FleetReport,
@@ -37,7 +37,9 @@ from ddtree_deploy.fleets.fleet import (
 )
 from ddtree_deploy.fleets.fleet_run import run_fleet
 from ddtree_deploy.fleets.host_check import analysis_settings, check_tables
-from ddtree_deploy.session import deploy, driver_gate
+from ddtree_deploy.session import driver_gate
+from ddtree_deploy.session import push as host_push
+from ddtree_deploy.session import status as host_status
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings import smoke_settings
 from ddtree_deploy.settings.container_settings import refuse_container
@@ -117,7 +119,7 @@ class AfterPush:
 
     report: smoke_report.SmokeReport | None  # None: no level ran (see ``skipped`` / ``error``)
     skipped: str | None = None  # why no level ran (``--no-smoke``, none configured, nothing switched)
-    rollback: deploy.Outcome | None = None  # the automatic rollback, when one ran and succeeded
+    rollback: host_push.Outcome | None = None  # the automatic rollback, when one ran and succeeded
     rollback_error: str | None = None  # the rollback itself failed: the host needs a person
     kept: bool = False  # failed, and --no-rollback kept the new files
     host: str = "HOST"
@@ -185,24 +187,24 @@ class AfterPush:
         return out
 
 
-def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome, series, *,
+def after_push(host, make_transport: Callable[[], Any], outcome: host_push.Outcome, series, *,
                levels: Sequence[str] | None = None, auto_rollback: bool = True, log_dir=None,
-               progress: Progress = quiet, held: deploy.PushSession | None = None,
+               progress: Progress = quiet, held: host_push.PushSession | None = None,
                heartbeat: Heartbeat | None = None, serve=None,
                smoke: bool = True, analysis=None, baseline=None, no_analysis: bool = False) -> AfterPush:
     """Run the host's smoke levels after a push switched files; roll back if one fails.
 
-    ``outcome`` is ``deploy.push``'s; nothing runs when it changed nothing (a dry run,
+    ``outcome`` is ``host_push.push``'s; nothing runs when it changed nothing (a dry run,
     or already deployed: ``smoke`` checks those on demand), unless the host is still
     ``switched`` by a run whose smoke never passed (``outcome.smoke_pending``): that one is
     smoke-tested now. When every level passes, the journal moves ``switched`` ->
-    ``deployed`` (``deploy.mark``, compare-and-set on the run id). The rollback restores
-    the backup the push made, through the same verified switch as ``deploy.rollback``.
+    ``deployed`` (``host_push.mark``, compare-and-set on the run id). The rollback restores
+    the backup the push made, through the same verified switch as ``host_push.rollback``.
 
-    ``held`` (``deploy.begin_push``'s session, ``locked``): the push's session, still
+    ``held`` (``host_push.begin_push``'s session, ``locked``): the push's session, still
     holding the deploy lock; the mark goes through it, and so does the rollback
     (``PushSession.rollback``: the lock is released only with its apply, so no other run
-    acts on the host in between). Without it, ``deploy.mark`` and ``deploy.rollback`` open
+    acts on the host in between). Without it, ``host_push.mark`` and ``host_push.rollback`` open
     sessions of their own.
 
     A host whose earlier smoke failed at a level (recorded in its journal, kept by
@@ -221,7 +223,7 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
             progress(f"journal: {phase}")
             held.mark(phase, smoke_doc)
         else:
-            deploy.mark(host, make_transport(), pending, phase, smoke=smoke_doc, progress=progress)
+            host_push.mark(host, make_transport(), pending, phase, smoke=smoke_doc, progress=progress)
 
     pending = outcome.smoke_pending
     if not outcome.changed and pending is None:
@@ -242,16 +244,10 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         if outcome.smoke_failed:  # a level failed on these files: --no-smoke never marks them
             return AfterPush(None, skipped="--no-smoke", host=host.name, phase=Phase.SWITCHED)
         return gated(None, "--no-smoke")
-    settings = smoke_settings.parse_settings(host.smoke, source=host.source)
-    touched, flags = smoke_plan.series_inputs(series)
-    wanted = smoke_plan.choose_levels(settings, levels, source=host.source)
     redo = outcome.smoke_failed if pending is not None else None
-    if redo and redo not in wanted:
-        wanted += (redo,)
-    try:
-        plan = smoke_plan.plan_smoke(settings, touched_paths=touched, flags=flags, levels=wanted, source=host.source,
-                                log_path=smoke_plan.host_log_path(host.state_dir, outcome.run_id),
-                                family=smoke_settings.family_smoke(series))
+    try:  # the smoke room plans it; base/hooks.py: a test's keep-alive interval (20 s by default)
+        plan = smoke_plan.plan_after_switch(host, series, levels, run_id=outcome.run_id, redo=redo,
+                                            heartbeat=hooks.smoke_heartbeat_s())
     except BadInput as exc:
         if not redo:
             raise
@@ -261,9 +257,6 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         if serving:
             return gated(None, "no smoke levels configured")
         return AfterPush(None, skipped="no smoke levels configured", host=host.name)
-    beat = hooks.smoke_heartbeat_s()
-    if beat:  # base/hooks.py: a test's keep-alive interval (20 s by default), to see one quickly
-        plan = replace(plan, request={**plan.request, "heartbeat_s": beat})
     try:
         report = smoke_run.run_on_host(host, make_transport(), plan, log_dir=log_dir, progress=progress,
                                    heartbeat=heartbeat)
@@ -289,12 +282,12 @@ def after_push(host, make_transport: Callable[[], Any], outcome: deploy.Outcome,
         return AfterPush(report, kept=True, host=host.name, mark_error=note,
                          phase=Phase.SWITCHED if pending else None)
     progress(f"smoke failed at {report.failed.level}: rolling back to backup {outcome.backup_id}")
-    why = deploy.automatic_cause(pending or outcome.run_id, "smoke", report.failed.level, report.failed.detail)
+    why = host_push.automatic_cause(pending or outcome.run_id, "smoke", report.failed.level, report.failed.detail)
     try:
         if held is not None:  # under the push's own lock: no other run acts between the switch and its undoing
             undone = held.rollback(outcome.backup_id, release=True, progress=progress, automatic=why)
         else:
-            undone = deploy.rollback(host, make_transport(), to=outcome.backup_id, progress=progress, automatic=why)
+            undone = host_push.rollback(host, make_transport(), to=outcome.backup_id, progress=progress, automatic=why)
     except DeployError as exc:
         return AfterPush(report, rollback_error=clause(exc, host.name), host=host.name)
     return AfterPush(report, rollback=undone, host=host.name, phase=Phase.ROLLED_BACK)
@@ -314,9 +307,8 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
     try:  # nothing below changes the host until its journal is marked
         doc, series, report = _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, progress,
                                             heartbeat)
-    except DeployError as exc:
-        exc.host_unchanged = True  # read by fleet.outcome_of_error
-        raise
+    except DeployError as exc:  # read-only up to here: whatever failed, the host is as it was
+        raise exc.known(changed=Changed.NO, step="smoke") from exc
     if doc["phase"] != Phase.SWITCHED:
         return report
     run_id = doc["series"]["run_id"]
@@ -324,10 +316,10 @@ def smoke_host(host, make_transport: Callable[[], Any], *, levels: Sequence[str]
         return replace(report, note=f"phase stays switched (run {run_id}): the server has not been restarted "
                                     f"healthy on these files; run {next_step.push(host.name)}")
     if report.ok:
-        deploy.mark(host, make_transport(), run_id, Phase.DEPLOYED, progress=progress)
+        host_push.mark(host, make_transport(), run_id, Phase.DEPLOYED, progress=progress)
         return replace(report, note=f"phase switched -> deployed (run {run_id}): the smoke passed")
     failed = report.failed
-    deploy.mark(host, make_transport(), run_id, Phase.SWITCHED, progress=progress,
+    host_push.mark(host, make_transport(), run_id, Phase.SWITCHED, progress=progress,
                 smoke={"failed": failed.level, "detail": failed.detail[:500]} if failed else None)
     return replace(report, note=f"phase stays switched (run {run_id}): roll back with "
                                 f"{next_step.rollback(host.name)}")
@@ -338,7 +330,7 @@ def _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, 
     from ddtree_deploy.engine.series import known_family, load_family, no_such_family
 
     progress("read the host's journal")
-    doc = deploy.status(host, make_transport())
+    doc = host_status.status(host, make_transport())
     if doc["phase"] not in (Phase.DEPLOYED, Phase.SWITCHED) or not doc["series"]:
         raise DeployError(f"{host.name}: no series is deployed (phase {doc['phase']}): the smoke checks a "
                           "deployed series", code=Code.NOT_DEPLOYED,
@@ -364,7 +356,7 @@ def _smoke_levels(host, make_transport, settings, levels, patches_dir, log_dir, 
 # ---------------------------------------------------------------- how a host ended (typed, not from JSON)
 
 
-def push_kind(outcome: deploy.Outcome, after: AfterPush | None, *, dry_run: bool = False) -> Kind:
+def push_kind(outcome: host_push.Outcome, after: AfterPush | None, *, dry_run: bool = False) -> Kind:
     """A push that returned (errors are ``fleet.outcome_of_error``'s).
 
     A host whose journal ends ``switched`` (files patched, the smoke never passed) is
@@ -391,7 +383,7 @@ def push_kind(outcome: deploy.Outcome, after: AfterPush | None, *, dry_run: bool
     return Kind.FAILED_NOT_ROLLED_BACK
 
 
-def push_detail(outcome: deploy.Outcome, after: AfterPush | None, kind: Kind) -> str:
+def push_detail(outcome: host_push.Outcome, after: AfterPush | None, kind: Kind) -> str:
     """One line for the outcome table: the summary, or why a pushed host did not stay deployed."""
     if after is not None and after.serve is not None:
         return f"{outcome.summary}; {after.serve.detail()}"
@@ -412,7 +404,7 @@ def push_detail(outcome: deploy.Outcome, after: AfterPush | None, kind: Kind) ->
     return f"{why}; the automatic rollback FAILED: {after.rollback_error}"
 
 
-def rollback_kind(outcome: deploy.Outcome, *, dry_run: bool = False) -> Kind:
+def rollback_kind(outcome: host_push.Outcome, *, dry_run: bool = False) -> Kind:
     if outcome.changed:
         return Kind.ROLLED_BACK
     return Kind.PLANNED if dry_run and outcome.plan is not None and outcome.plan.changes else Kind.ALREADY_ROLLED_BACK
@@ -422,18 +414,18 @@ def _result(host: str, kind: Kind, doc: dict, message: str, lines: list[str]) ->
     return HostResult(host, kind, doc, message, 0 if kind.ok else 1, tuple(lines))
 
 
-def _plan_lines(outcome: deploy.Outcome) -> list[str]:
+def _plan_lines(outcome: host_push.Outcome) -> list[str]:
     if outcome.plan is None:
         return []
     return [f"  {s.action:<8} {s.path}  {s.state.value}  {(s.current or 'absent')[:12]} -> {(s.want or 'absent')[:12]}"
             for s in outcome.plan.steps]
 
 
-def _summary_lines(outcome: deploy.Outcome, show_plan: bool) -> list[str]:
+def _summary_lines(outcome: host_push.Outcome, show_plan: bool) -> list[str]:
     return [f"{outcome.host}: {outcome.summary}"] + (_plan_lines(outcome) if show_plan else []) + _drift_kept(outcome)
 
 
-def _drift_kept(outcome: deploy.Outcome) -> list[str]:
+def _drift_kept(outcome: host_push.Outcome) -> list[str]:
     """--replace-drifted: the files edited outside ddtree-deploy it replaced, where their bytes
     are kept, and what they held against what the series expects (after the plan)."""
     d = outcome.drifted
@@ -445,7 +437,7 @@ def _drift_kept(outcome: deploy.Outcome) -> list[str]:
             *(d.get("diff") or "").splitlines()]
 
 
-def _warn_broken_lock(outcome: deploy.Outcome, listener: Listener) -> None:
+def _warn_broken_lock(outcome: host_push.Outcome, listener: Listener) -> None:
     """What the operator must see of a push or rollback that went through: a lock it broke,
     an audit line the host could not write."""
     if outcome.broke_lock:
@@ -550,7 +542,7 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
 
             baseline = baseline_before_switch(h, serve, speed, connect, partial(want.resolve, h.name),
                                               progress=progress)
-        with deploy.begin_push(h, connect(h), want.paths, partial(want.resolve, h.name),
+        with host_push.begin_push(h, connect(h), want.paths, partial(want.resolve, h.name),
                                dry_run=options.dry_run, break_lock=options.break_lock,
                                smoke=smokes[h.name] or serve is not None, diff=options.diff,
                                replace_drifted=options.replace_drifted, progress=progress) as pushed:
@@ -608,7 +600,7 @@ def rollback(hosts: Sequence[Host], connect: Connect, *, to: str | None = None, 
             from ddtree_deploy.fleets.serve_gate import figures_before_rollback
 
             before = figures_before_rollback(h, serve, speed, connect, progress=progress)
-        with deploy.begin_rollback(h, connect(h), to=to, dry_run=dry_run, break_lock=break_lock,
+        with host_push.begin_rollback(h, connect(h), to=to, dry_run=dry_run, break_lock=break_lock,
                                    keep_lock=serve is not None, replace_drifted=replace_drifted,
                                    expect=partial(want.expected, h.name) if want else None,
                                    progress=progress) as held:
@@ -642,13 +634,13 @@ def status(hosts: Sequence[Host], connect: Connect, *, family: str | None = None
         if h.container is not None:  # [container]: the container, its image, the sglang inside
             return _container_status(h, connect, want, serves[h.name], progress)
         progress("read state")
-        with deploy.reading(h, connect(h), want.paths if want else [], content=diff, driver=True) as read:
+        with host_status.reading(h, connect(h), want.paths if want else [], content=diff, driver=True) as read:
             serving = serving_of(h, read)  # over the same connection
             if h.serve and window_s > 0:
                 progress(f"the server's figures over {window_s:g} s")
             live = _live(h, read, serving, window_s)
         desired = want.expected(h.name, read.facts) if want else None
-        doc = deploy.describe(h.name, read.facts, desired, read.round_trips)
+        doc = host_status.describe(h.name, read.facts, desired, read.round_trips)
         doc["serving"] = serving
         doc["driver"] = driver_gate.status_of(read.facts)  # its NVIDIA driver and the CUDA lane it allows
         if live is not None:
@@ -725,7 +717,7 @@ def _beats(h: Host, on_event: Listener) -> Heartbeat:
     return lambda what, s: on_event(Event(EventKind.HEARTBEAT, h.name, what, seconds=s))
 
 
-def _after_rollback(h: Host, settings, held: deploy.PushSession, connect: Connect, result: HostResult,
+def _after_rollback(h: Host, settings, held: host_push.PushSession, connect: Connect, result: HostResult,
                     progress: Progress, on_event: Listener, analysis=None, before=None) -> HostResult:
     from ddtree_deploy.fleets import serve_gate
 
@@ -735,7 +727,7 @@ def _after_rollback(h: Host, settings, held: deploy.PushSession, connect: Connec
     return serve_gate.restarted_result(result, restart)
 
 
-def _ensure_serving(h: Host, settings, connect: Connect, outcome: deploy.Outcome, doc: dict, lines: list[str],
+def _ensure_serving(h: Host, settings, connect: Connect, outcome: host_push.Outcome, doc: dict, lines: list[str],
                     heartbeat, progress: Progress) -> HostResult:
     from ddtree_deploy.fleets import serve_gate
 

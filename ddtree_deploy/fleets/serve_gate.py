@@ -25,13 +25,13 @@ from typing import Any, Callable
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
-from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, DeployError, clause
+from ddtree_deploy.base.errors import EXIT_FAILED, BadInput, Changed, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.serve import bake as speed_bake
 from ddtree_deploy.serve import metrics_run, serve_plan, serve_run
-from ddtree_deploy.session import deploy
+from ddtree_deploy.session import push, status
 from ddtree_deploy.settings.analysis_settings import AnalysisSettings
 from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
 from ddtree_deploy.settings.smoke_settings import FAMILY_SMOKE_DEFAULT, family_smoke
@@ -53,7 +53,7 @@ class ServeGate:
     restart: serve_run.Restart
     marked: bool = False  # healthy and proven: the journal moved to `deployed`
     mark_error: str | None = None
-    rollback: deploy.Outcome | None = None  # the files rolled back after a failed restart
+    rollback: push.Outcome | None = None  # the files rolled back after a failed restart
     rollback_error: str | None = None
     again: serve_run.Restart | None = None  # the restart on the rolled-back files
     again_error: str | None = None  # that restart could not run (the connection lost), or its end not be recorded
@@ -148,8 +148,8 @@ class ServeGate:
                 "analysis": self.speed.to_json() if self.speed is not None else None}
 
 
-def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any],
-              outcome: deploy.Outcome, series, *, auto_rollback: bool = True, progress: Progress = quiet,
+def gate_push(host, settings: ServeSettings, held: push.PushSession, connect: Callable[[Any], Any],
+              outcome: push.Outcome, series, *, auto_rollback: bool = True, progress: Progress = quiet,
               heartbeat: Heartbeat | None = None, analysis: AnalysisSettings | None = None,
               baseline: speed_bake.Baseline | None = None, no_analysis: bool = False) -> ServeGate:
     """Restart, health, proof, [the speed analysis], then mark ``deployed`` through ``held``
@@ -203,7 +203,7 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
         if not auto_rollback:
             return ServeGate(restart, kept=True, speed=speed)
         progress(f"speed analysis failed ({speed.cause}): rolling back to backup {outcome.backup_id}")
-        why = deploy.automatic_cause(run_id, "analysis", speed.cause, speed.why())
+        why = push.automatic_cause(run_id, "analysis", speed.cause, speed.why())
         return _roll_back(host, settings, held, connect, outcome, files, restart, why, progress, heartbeat,
                           speed=speed)
     if restart.failed == "interrupted" or inflight.cancelled.is_set():
@@ -217,12 +217,12 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
         return ServeGate(restart, kept=True)
     progress(f"server {restart.state} after the restart ({restart.failed}): rolling back to backup "
              f"{outcome.backup_id}")
-    why = deploy.automatic_cause(run_id, "serve", restart.failed, restart.detail)
+    why = push.automatic_cause(run_id, "serve", restart.failed, restart.detail)
     return _roll_back(host, settings, held, connect, outcome, files, restart, why, progress, heartbeat)
 
 
-def _roll_back(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any],
-               outcome: deploy.Outcome, files: list[str], restart: serve_run.Restart, why: dict, progress: Progress,
+def _roll_back(host, settings: ServeSettings, held: push.PushSession, connect: Callable[[Any], Any],
+               outcome: push.Outcome, files: list[str], restart: serve_run.Restart, why: dict, progress: Progress,
                heartbeat: Heartbeat | None, *, speed: speed_bake.Bake | None = None) -> ServeGate:
     """The push's own rollback under its lock (``why``: ``automatic_cause``'s), then the
     server restarted on the old files (health only): the one path an unhealthy restart and a
@@ -253,11 +253,10 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
     the history, is the one). One read-only round trip decides."""
     progress("read state (for the speed baseline)")
     try:
-        with deploy.reading(host, connect(host), []) as read:
+        with status.reading(host, connect(host), []) as read:
             facts = read.facts
     except DeployError as exc:  # read-only: nothing was changed
-        exc.host_unchanged = True
-        raise
+        raise exc.known(changed=Changed.NO, step="read state") from exc
     journal = facts.get("journal") or {}
     if journal.get("phase") == Phase.SWITCHED:
         return None
@@ -272,8 +271,7 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
         sample = metrics_run.sampler(host, connect, url=settings.url, release=facts.get("sglang_version"))
         baseline = speed_bake.measure_baseline(sample, analysis, progress=progress)
     except DeployError as exc:  # the scrape could not run: before the lock, nothing was changed
-        exc.host_unchanged = True  # read by fleet.outcome_of_error
-        raise
+        raise exc.known(changed=Changed.NO, step="speed baseline") from exc
     bare = speed_bake.without_metrics(baseline.windows)
     if bare is not None:  # the new server, launched the same way, could not be judged either
         raise DeployError(f"{host.name}: the speed analysis ([analysis]) cannot measure this server: {bare.why}; "
@@ -282,7 +280,7 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
     return baseline
 
 
-def _settled_baseline(held: deploy.PushSession, run_id: str | None, baseline: speed_bake.Baseline | None,
+def _settled_baseline(held: push.PushSession, run_id: str | None, baseline: speed_bake.Baseline | None,
                       progress: Progress) -> speed_bake.Baseline:
     """The baseline the bake is judged against, under the push's lock: the live one sampled
     before the switch (recorded now, so that a rerun after Ctrl-C finds it); else the one
@@ -305,11 +303,11 @@ def _settled_baseline(held: deploy.PushSession, run_id: str | None, baseline: sp
                                                                 "the history holds no promoted deploy's figures")
 
 
-def after_rollback(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any], *,
+def after_rollback(host, settings: ServeSettings, held: push.PushSession, connect: Callable[[Any], Any], *,
                    progress: Progress = quiet, heartbeat: Heartbeat | None = None,
                    measure: Callable[[str | None], Any] | None = None, before: Any = None) -> serve_run.Restart:
     """``rollback`` switched files back and still holds the lock (``held``,
-    ``deploy.begin_rollback``): restart the server on them under it (health only: the files
+    ``push.begin_rollback``): restart the server on them under it (health only: the files
     are SGLang's own again). A restart whose end could not be recorded raises that error.
     ``measure`` (``[analysis]``): the figures after the restart, recorded in the history
     with ``before`` (the window the caller took before the rollback's switch)."""
@@ -348,7 +346,7 @@ def figures_before_rollback(host, settings: ServeSettings | None, analysis: Anal
     measure = figures_measure(host, connect, settings, analysis) if settings is not None else None
     if measure is None:
         return None
-    with deploy.reading(host, connect(host), []) as read:
+    with status.reading(host, connect(host), []) as read:
         release = read.facts.get("sglang_version")
     return serve_run.measure_quietly(measure, release, progress, "before the rollback", restarted=False)
 
@@ -360,7 +358,7 @@ def ensure_serving(host, settings: ServeSettings, connect: Callable[[Any], Any],
     progress("check the serving processes")
     transport = connect(host)
     with transport:
-        found = look(host, transport, files, settings, lambda request: deploy.ask(host, transport, request))
+        found = look(host, transport, files, settings, lambda request: status.ask(host, transport, request))
     healthy = (found.get("health") or {}).get("status") == 200
     if found["state"] == serve_plan.CURRENT and healthy:
         return found["explanation"], None
@@ -438,7 +436,7 @@ def restarted_result(result: HostResult, restart: serve_run.Restart) -> HostResu
 
 
 def ensure_result(result: HostResult, host, settings: ServeSettings, connect: Callable[[Any], Any],
-                  outcome: deploy.Outcome, *, progress: Progress = quiet,
+                  outcome: push.Outcome, *, progress: Progress = quiet,
                   heartbeat: Heartbeat | None = None) -> HostResult:
     """A push with nothing to switch on a deployed host (``result``): the server must run these files."""
     files = [f["path"] for f in ((outcome.plan.to_json() if outcome.plan else {}).get("files") or ())]
@@ -451,7 +449,7 @@ def ensure_result(result: HostResult, host, settings: ServeSettings, connect: Ca
 
 def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any], *, break_lock: bool = False,
                    progress: Progress = quiet, heartbeat: Heartbeat | None = None,
-                   analysis: AnalysisSettings | None = None) -> tuple[HostResult, deploy.Outcome]:
+                   analysis: AnalysisSettings | None = None) -> tuple[HostResult, push.Outcome]:
     """``restart`` on one host: (its result, the lock session's outcome: a broken lock, a history
     warning). With ``analysis`` (``[analysis]``) the figures before and after go to the history."""
     restart, held = serve_run.restart_locked(host, connect, settings, break_lock=break_lock, progress=progress,
@@ -463,7 +461,7 @@ def restart_result(host, settings: ServeSettings, connect: Callable[[Any], Any],
     return (result if restart.ok else _unhealthy(result, restart, held.phase)), held
 
 
-def serving_of(host, read: deploy.Reading) -> dict:
+def serving_of(host, read: status.Reading) -> dict:
     """``status``: the serving processes over the status connection (``look``, asking the
     history on ``read``'s session); a failure to look is said in the document, never fatal."""
     files = list(((read.facts.get("journal") or {}).get("files") or {}))
@@ -475,7 +473,7 @@ def serving_of(host, read: deploy.Reading) -> dict:
                 "unreadable": 0}
 
 
-def live_of(host, read: deploy.Reading, serving: dict, *, window_s: float):
+def live_of(host, read: status.Reading, serving: dict, *, window_s: float):
     """``status``'s live DDTree line (``serve/live.py``) over the status connection: two scrapes
     of the server's ``/metrics`` ``window_s`` apart (read-only on the host, no lock), and since
     when it runs its code. None: the host has no ``[serve]`` (nothing says where its server

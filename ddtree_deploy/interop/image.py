@@ -166,8 +166,7 @@ def build(ctx: Context, tag: str | None, push_to: str | None = None) -> list[str
         err = DeployError(f"{why}; the build context is written at {ctx.folder}", code=Code.NO_BUILDER,
                           hint=("start the builder's daemon (e.g. `sudo systemctl start docker`) and rerun, or "
                                 if problems else "") + f"build it where one is: docker build -t {tag or 'IMAGE'} "
-                          f"{ctx.folder}")
-        err.exit_code = EXIT_NO_BUILDER
+                          f"{ctx.folder}", exit_code=EXIT_NO_BUILDER)
         raise err
     argv = build_argv(builder, ctx.folder, tag)
     proc = subprocess.run(argv)

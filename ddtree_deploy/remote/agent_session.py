@@ -11,7 +11,7 @@ import time
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
-from ddtree_deploy.base.errors import BadInput, DeployError, prefixed
+from ddtree_deploy.base.errors import BadInput, Changed, DeployError, prefixed
 from ddtree_deploy.hostprog import protocol
 from ddtree_deploy.remote.link import ReplyError, Transport
 from ddtree_deploy.remote.program import AGENT, ProgramSession
@@ -24,11 +24,18 @@ DEFAULT_OP_TIMEOUT = 120.0
 
 
 class AgentFailed(DeployError):
-    """The agent refused or failed a request; ``reply`` holds its JSON answer."""
+    """The agent refused or failed a request; ``reply`` (its evidence) holds its JSON answer.
+    A reply that says ``unchanged`` (the agent switched back all it had switched) is
+    ``Changed.NO`` whatever its code."""
 
     def __init__(self, message: str, reply: dict, **kw):
-        super().__init__(message, **kw)
-        self.reply = reply
+        if reply.get("unchanged") is True:
+            kw.setdefault("changed", Changed.NO)
+        super().__init__(message, evidence={"reply": reply}, **kw)
+
+    @property
+    def reply(self) -> dict:
+        return dict(self.evidence["reply"])
 
 
 class AgentSession(ProgramSession):
@@ -78,7 +85,7 @@ class AgentSession(ProgramSession):
                 self.abort()
                 raise DeployError(
                     f"{self.transport.label}: no answer from the host agent during {op} after {limit:g} s",
-                    code=Code.TIMEOUT,
+                    code=Code.TIMEOUT, step=str(op), changed=self.lost_changed(),
                     hint=f"the host may be hung or overloaded; raise host.op_timeout in "
                     f"{self.host.source or 'the inventory'} if {op} is just slow there, then run "
                     f"{next_step.status(self.host.name)}") from None
@@ -139,6 +146,17 @@ class AgentSession(ProgramSession):
         did += f" (journal phase `{phase}`" + (": not deployed)" if phase == Phase.SWITCHED else ")")
         return f"{did}{restart}; nothing more was changed{held}"
 
+    def lost_changed(self) -> Changed:
+        """``lost_state`` as the error's ``changed``: a write in flight may have landed; a
+        switch this session made, or a restart under way, changed the host; else nothing."""
+        if not self.uploaded:
+            return super().lost_changed()
+        if any(op in WRITE_OPS for op in self.unanswered):
+            return Changed.MAYBE
+        if self.switched is not None or self.restarting:
+            return Changed.YES
+        return Changed.NO
+
 
 class AgentRefusedInput(AgentFailed):
     """The agent refused the inventory's input (e.g. a state_dir that is not ours): exit 2."""
@@ -158,10 +176,10 @@ def expect_ok(reply: dict, label: str, what: str) -> dict:
     if reply.get("ok"):
         return reply
     cls = AgentRefusedInput if reply.get("code") in BAD_INPUT_CODES else AgentFailed
-    failure = cls(prefixed(str(reply.get("message")), label, what), reply, code=reply.get("code") or Code.AGENT)
-    if failure.code == Code.NO_SGLANG:  # the inventory's python is not the one that imports sglang
-        failure.hint = reply.get("hint") or next_step.python_that_imports_sglang()
-    raise failure
+    code = reply.get("code") or Code.AGENT
+    # The inventory's python is not the one that imports sglang: say which one does.
+    hint = (reply.get("hint") or next_step.python_that_imports_sglang()) if code == Code.NO_SGLANG else None
+    raise cls(prefixed(str(reply.get("message")), label, what), reply, code=code, hint=hint, host=label, step=what)
 
 
 __all__ = ["AgentFailed", "AgentRefusedInput", "AgentSession", "DEFAULT_OP_TIMEOUT", "WRITE_OPS", "expect_ok"]

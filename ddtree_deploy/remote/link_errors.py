@@ -15,7 +15,7 @@ import socket
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.errors import Changed, DeployError
 from ddtree_deploy.settings.inventory import Host, key_error
 
 
@@ -31,10 +31,18 @@ def connection_lost(label: str, exc: BaseException, step: str | None = None, *,
         why = exc.strerror
     else:
         why = str(exc)
+    return link_lost(label, why, step, state=state)
+
+
+def link_lost(label: str, why: str, step: str | None = None, *, state: str | None = None,
+              changed: Changed | None = None) -> DeployError:
+    """``connection_lost``'s line from its facts: ``why`` (in words) is the error's evidence,
+    so that a caller that knows the step and the host's state says the line again whole."""
     during = f" {step}" if step else ""
     tail = f"; {state}" if state else ""
     return DeployError(f"{label}: connection lost{during} ({why}){tail}", code=Code.CONNECTION_LOST,
-                       hint=f"run {next_step.status()} to see where the host stands, then rerun")
+                       hint=f"run {next_step.status()} to see where the host stands, then rerun",
+                       step=step, changed=changed, evidence={"why": why})
 
 
 def connect_error(label: str, host: Host, conn, exc: BaseException, jump: str | None = None) -> DeployError:
@@ -110,4 +118,4 @@ def connect_error(label: str, host: Host, conn, exc: BaseException, jump: str | 
 _NO_SUCH_NAME = frozenset(getattr(socket, n) for n in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, n))
 
 
-__all__ = ["connect_error", "connection_lost"]
+__all__ = ["connect_error", "connection_lost", "link_lost"]

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.errors import Changed, DeployError
 from ddtree_deploy.hostprog import bundle, protocol
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.remote.link import Process, ReplyError, Transport
+from ddtree_deploy.remote.link_errors import link_lost
 from ddtree_deploy.settings.inventory import Host
 
 # Read the agent (source + a JSON-line loop) from stdin and run it. Short, fixed, and
@@ -165,9 +166,10 @@ class ProgramSession:
             raise
 
     def _lost_during(self, exc: DeployError, during: str) -> DeployError:
-        exc.message = exc.message.replace("connection lost", f"connection lost {during}", 1)
-        exc.message += f"; {self.lost_state()}"
-        return exc
+        """The link's loss (``exc``: its cause in words) said with what was under way and
+        what that leaves on the host, which only this session knows."""
+        return link_lost(self.label, str(exc.evidence.get("why") or "the connection was closed"), during,
+                         state=self.lost_state(), changed=self.lost_changed())
 
     def _no_interpreter(self) -> DeployError | None:
         """The host's Python could not be run (the shell's exit 126/127 before any reply),
@@ -254,7 +256,8 @@ class ProgramSession:
             # is "the channel closed without one").
             return DeployError(f"{self.label}: connection lost waiting for {during} (the link closed without an "
                                f"exit status from the host); {self.lost_state()}",
-                               code=Code.CONNECTION_LOST, hint=f"run {next_step.status(self.host.name)} to see "
+                               code=Code.CONNECTION_LOST, changed=self.lost_changed(),
+                               hint=f"run {next_step.status(self.host.name)} to see "
                                "where the host stands, then rerun")
         if self.received == 0 and code in (126, 127):
             return self._python_error(code, tail)
@@ -267,6 +270,11 @@ class ProgramSession:
         if not self.uploaded:
             return f"{self.program.name} never started: nothing on the host changed"
         return self.program.lost_state
+
+    def lost_changed(self) -> Changed:
+        """``lost_state`` as the error's ``changed``: a program that never started changed
+        nothing; one that runs on alone may."""
+        return Changed.NO if not self.uploaded else Changed.MAYBE
 
     def abort(self) -> None:
         """Stop waiting now: kill a local program, close an SSH channel."""

@@ -24,7 +24,7 @@ from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.remote.program import HostProgram, ProgramSession
 from ddtree_deploy.serve import serve_plan
-from ddtree_deploy.session import deploy
+from ddtree_deploy.session import agent_link, push
 from ddtree_deploy.settings.serve_settings import ServeSettings
 from ddtree_deploy.smoke.smoke_plan import START_S
 
@@ -224,7 +224,7 @@ def proof_family(journal: dict | None, patches_dir=None):
 def restart_locked(host, connect: Callable[[Any], Any], settings: ServeSettings, *, prove: bool = True,
                    break_lock: bool = False, progress: Progress = quiet,
                    heartbeat: Heartbeat | None = None,
-                   measure: Callable[[str | None, bool], Any] | None = None) -> tuple[Restart, deploy.Outcome]:
+                   measure: Callable[[str | None, bool], Any] | None = None) -> tuple[Restart, push.Outcome]:
     """Take the host's deploy lock, restart its server, wait for health (and, with ``prove``
     on a host whose journal says DDTree is in place, the DDTree proof), record it, unlock.
 
@@ -233,7 +233,7 @@ def restart_locked(host, connect: Callable[[Any], Any], settings: ServeSettings,
     ``measure`` (the host has ``[analysis]``): one short window of the server's figures,
     taken before the restart and after it, recorded in the history (``record_around``).
     """
-    with deploy.hold(host, connect(host), "restart", break_lock=break_lock, progress=progress) as held:
+    with push.hold(host, connect(host), "restart", break_lock=break_lock, progress=progress) as held:
         journal = held.facts.get("journal") or {}
         proof = None
         if prove and journal.get("phase") in (Phase.DEPLOYED, Phase.SWITCHED):
@@ -270,7 +270,7 @@ def measure_quietly(measure: Callable[[str | None, bool], Any] | None, release: 
         return None
 
 
-def record_around(held: deploy.PushSession, before, after, progress: Progress) -> dict:
+def record_around(held: push.PushSession, before, after, progress: Progress) -> dict:
     """The history's ``speed`` line of a restart or a rollback (bake.around_record), under the
     lock ``held`` holds; a failure to write it is said, never fatal. Returns the record."""
     from ddtree_deploy.serve.bake import around_record
@@ -284,7 +284,7 @@ def record_around(held: deploy.PushSession, before, after, progress: Progress) -
     return record
 
 
-def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, held: deploy.PushSession,
+def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, held: push.PushSession,
                  run_id: str | None, files: list[str], *, proof: dict | None, progress: Progress = quiet,
                  heartbeat: Heartbeat | None = None) -> tuple[Restart, DeployError | None]:
     """Restart the server under the deploy lock ``held`` holds (``restart``'s own, a rollback's,
@@ -294,7 +294,7 @@ def restart_held(host, connect: Callable[[Any], Any], settings: ServeSettings, h
     (health only). The lock stays held: the caller leaves the session. Returns the restart
     and, when its end could not be recorded, that error (the restart happened all the same)."""
     record = {"state_dir": host.state_dir, "restart_run": held.outcome.run_id, "run_id": run_id,
-              "holder": deploy.holder_name(), "command": held.outcome.command}
+              "holder": agent_link.holder_name(), "command": held.outcome.command}
     request = serve_plan.restart_request(host.python, files, settings, proof=proof, record=record)
     progress("journal: serve restarting")
     held.record_serve({"state": RESTARTING, "run_id": run_id, "restart_run": held.outcome.run_id,

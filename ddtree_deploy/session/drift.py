@@ -11,12 +11,12 @@ pristine file before a push, the patched file where the journal says it is deplo
 from __future__ import annotations
 
 import base64
-from typing import Iterable
+from typing import Any, Iterable
 
 from ddtree_deploy.session.plan import Desired
 
 
-def host_bytes(facts: dict, path: str) -> bytes | None:
+def host_bytes(facts: dict[str, Any], path: str) -> bytes | None:
     """A file's bytes as the agent sent them with ``content`` (None: absent or not sent)."""
     info = (facts.get("files") or {}).get(path)
     return base64.b64decode(info["data"]) if info and info.get("data") is not None else None
@@ -37,17 +37,18 @@ def file_diff(path: str, old: bytes | None, new: bytes | None, *, note: str = ""
     return (f"{note}\n" if note else "") + f"--- {a}\n+++ {b}\n" + "".join(text for _line, text in hunks)
 
 
-def drift_diff(desired: Desired, facts: dict, paths: Iterable[str], *, patched: Iterable[str] = ()) -> str:
+def drift_diff(desired: Desired, facts: dict[str, Any], paths: Iterable[str], *, patched: Iterable[str] = ()) -> str:
     """The diff of each of ``paths`` from the version the series expects to the host's bytes
     in ``facts``: the patched version for the paths in ``patched`` (the journal says they are
     switched), else the pristine one (from ``desired.snapshot``)."""
     by_path = {t.path: t for t in desired.targets}
     switched = set(patched)
-    out = []
+    out: list[str] = []
     for path in paths:
         t = by_path.get(path)
         if t is None:
             continue
+        expected: bytes | None
         if path in switched:
             expected, what = t.data, f"patched by {desired.series}"
         else:
@@ -57,7 +58,7 @@ def drift_diff(desired: Desired, facts: dict, paths: Iterable[str], *, patched: 
     return "".join(out)
 
 
-def expected_diff(desired: Desired, facts: dict, paths: Iterable[str]) -> str:
+def expected_diff(desired: Desired, facts: dict[str, Any], paths: Iterable[str]) -> str:
     """Each of ``paths`` (drifted or missing) against what the series expects there: the
     patched version where the journal says this series is switched or deployed, else the
     pristine one. What ``status --diff`` shows, and ``--replace-drifted`` before it replaces."""
@@ -70,13 +71,13 @@ def expected_diff(desired: Desired, facts: dict, paths: Iterable[str]) -> str:
     return drift_diff(desired, facts, paths, patched=paths if switched else ())
 
 
-def status_drift_diff(desired: Desired, facts: dict, files: list[dict]) -> str:
+def status_drift_diff(desired: Desired, facts: dict[str, Any], files: list[dict[str, Any]]) -> str:
     """``status --diff``: each drifted or missing file of a status document's ``files``
     against what the series expects there (``expected_diff``)."""
     return expected_diff(desired, facts, [f["path"] for f in files if f.get("state") in ("drifted", "missing")])
 
 
-def push_drift_diff(desired: Desired, facts: dict) -> str:
+def push_drift_diff(desired: Desired, facts: dict[str, Any]) -> str:
     """Before a push: each file the drift check refuses (neither pristine nor patched, or
     missing) against its pristine version."""
     from ddtree_deploy.session.plan import FileState, classify

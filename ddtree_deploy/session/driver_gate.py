@@ -60,7 +60,7 @@ def check(host: str, facts: dict, *, force: bool = False) -> DriverVerdict:
 def read_driver(host, transport) -> Driver | None:
     """One host's driver alone, over an open transport (the agent's ``driver`` op: no SGLang
     needed on the host's interpreter): what ``image --host`` checks a base image against."""
-    from ddtree_deploy.session.deploy import ask
+    from ddtree_deploy.session.status import ask
 
     return driver_from_fact(ask(host, transport, {"op": "driver"}).get("driver"))
 

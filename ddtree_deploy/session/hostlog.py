@@ -10,9 +10,11 @@ text the CLI prints (escaped there: every field comes from the host).
 from __future__ import annotations
 
 import time
+from typing import Callable
 
+from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.errors import Changed, DeployError
 from ddtree_deploy.hostprog.history import history_entry_ok
 from ddtree_deploy.remote.agent_session import AgentSession, expect_ok
 from ddtree_deploy.remote.link import Transport
@@ -23,12 +25,19 @@ from ddtree_deploy.settings.inventory import Host
 OP_TIMEOUT = 30.0
 
 
-def _call(host: Host, transport: Transport, request: dict, what: str) -> dict:
+def _call(host: Host, transport: Transport, request: dict, what: str,
+          refused: Callable[[dict], DeployError | None] = lambda reply: None) -> dict:
+    """One round trip; a refusal is ``refused``'s error for it where it words one, else the
+    agent's own line."""
     if host.container is not None:  # [container]: the container program keeps that host's lock and history
         return _container_call(host, transport, request, what)
     with transport, AgentSession(transport, host, host.op_timeout or OP_TIMEOUT) as sess:
         init, reply = sess.call({"op": "init", "state_dir": host.state_dir}, request)
         expect_ok(init, host.name, "agent start")
+        if not reply.get("ok"):
+            own = refused(reply)
+            if own is not None:
+                raise own
         return expect_ok(reply, host.name, what)
 
 
@@ -70,10 +79,20 @@ def lock_status(host: Host, transport: Transport) -> dict:
 
 
 def lock_release(host: Host, transport: Transport, force: bool) -> dict:
-    from ddtree_deploy.session.deploy import holder_name
+    from ddtree_deploy.session.agent_link import holder_name
+
+    def held(reply: dict) -> DeployError | None:
+        """A live lock, not released without --force: the lock line and how to go on."""
+        holder = reply.get("holder")
+        if reply.get("code") != Code.LOCKED or not holder:  # (no holder: the lock's guard was held too long)
+            return None
+        return DeployError(lock_line(host.name, holder) + "; not released", code=Code.LOCKED, host=host.name,
+                           step="release the lock", changed=Changed.NO, evidence={"reply": reply},
+                           hint=f"wait for that run, or {next_step.lock_release(host.name, force=True)} once you "
+                           "know it is gone")
 
     reply = _call(host, transport, {"op": "lock_release", "force": force, "holder": holder_name()},
-                  "release the lock")
+                  "release the lock", held)
     return {"host": host.name, "released": reply["released"], "lock": reply["lock"],
             "history_warning": reply.get("history_warning")}
 
@@ -83,7 +102,7 @@ def entry_line(e: dict) -> str:
     what = e.get("event", "?")
     auto = e.get("automatic")
     if isinstance(auto, dict):  # a push's own rollback: after which push, and why
-        from ddtree_deploy.session.deploy import cause_words
+        from ddtree_deploy.session.status import cause_words
 
         what += f" (AUTOMATIC, after push run {auto.get('push_run') or '?'}: {cause_words(auto)})"
     if e.get("series"):

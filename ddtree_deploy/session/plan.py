@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.errors import Changed, DeployError
 
 
 class FileState(str, Enum):
@@ -132,25 +132,29 @@ class StateFolder:
 
 
 def drift_error(host: str, bad: Sequence[tuple[str, FileState]], source: str, *, command: str,
-                folder: StateFolder = StateFolder(), also: str = "") -> DeployError:
+                folder: StateFolder = StateFolder(), also: str = "", diff: str | None = None) -> DeployError:
     """The drift refusal: which files, where the originals are, and the one command through
-    (``command --replace-drifted``); ``also``: another way, where one works."""
+    (``command --replace-drifted``); ``also``: another way, where one works. Its evidence:
+    the files and their states, and (``push --diff``) ``diff``, what differs in them."""
     listed = ", ".join(f"{path} ({state.value})" for path, state in bad)
     then = "pushes the series" if command == "push" else f"restores backup {folder.backup_id}"
     hint = (f"{next_step.replace_drifted(command, host)} keeps the edited bytes in a backup of their own "
             f"({folder.kept}) and {then}; add --dry-run to see the diff first{also}")
     return DeployError(f"{host}: {len(bad)} file(s) match neither {source} nor the patched version: {listed}"
-                       f"{folder.originals}", code=Code.DRIFT, hint=hint)
+                       f"{folder.originals}", code=Code.DRIFT, hint=hint, host=host, step="drift check",
+                       changed=Changed.NO, evidence={"files": {path: state.value for path, state in bad}}
+                       | ({"diff": diff} if diff else {}))
 
 
 def plan_push(host: str, desired: Desired, current: dict[str, str | None], journal: dict[str, Any] | None = None, *,
-              replace_drifted: bool = False, folder: StateFolder = StateFolder()) -> Plan:
+              replace_drifted: bool = False, folder: StateFolder = StateFolder(), drift_diff: str | None = None) -> Plan:
     """Every target goes to its patched version; refuse if any is drifted or missing
     (``replace_drifted``: replace those too, their edited bytes kept first: ``Plan.drifted``).
 
     A file holding the patched version of *another* series (as the host's journal records
     it) is not drift but a different deployment: refuse with the way out (roll back first),
     so that backups only ever hold pristine files and no file of the old series is orphaned.
+    ``drift_diff`` (``push --diff``): the drifted files' diff, the refusal's evidence.
     """
     recorded = (journal or {}).get("files", {})
     steps, bad, other = [], [], []
@@ -179,7 +183,8 @@ def plan_push(host: str, desired: Desired, current: dict[str, str | None], journ
                            for p, e in recorded.items() if isinstance(e, dict))
         also = "" if patched_here else (f"; or {next_step.snapshot_pull(host)} records the host's files as the new "
                                         "pristine state (after checking why they changed)")
-        raise drift_error(host, bad, f"the snapshot ({desired.snapshot})", command="push", folder=folder, also=also)
+        raise drift_error(host, bad, f"the snapshot ({desired.snapshot})", command="push", folder=folder, also=also,
+                          diff=drift_diff)
     return Plan("push", host, tuple(steps), drifted=_present(bad, current))
 
 

@@ -39,6 +39,7 @@ from ddtree_deploy.settings.smoke_settings import (
     FamilySmoke,
     LaunchSettings,
     SmokeSettings,
+    family_smoke,
     parse_settings,
 )
 
@@ -453,3 +454,23 @@ def series_inputs(series) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def host_log_path(state_dir: str, run_id: str) -> str:
     """Where the launch level keeps the server's log on the host (``~`` expanded there)."""
     return f"{state_dir.rstrip('/')}/smoke/{run_id}/server.log"
+
+
+def plan_after_switch(host, series, levels: Sequence[str] | None, *, run_id: str, redo: str | None = None,
+                      heartbeat: float | None = None) -> SmokePlan:
+    """The push's smoke stage, planned here from what the push knows: the host (its
+    ``[smoke]`` table, state folder, inventory file), the series it switched, the levels asked
+    for (else the host's), ``redo``: a level an earlier run of these files failed at (kept
+    by ``--no-rollback``), run again whatever the levels say, so that no smoke that skipped
+    it marks the host deployed; ``heartbeat``: the smoke program's keep-alive interval
+    (None: its own). Raises BadInput where the levels cannot run here."""
+    settings = parse_settings(host.smoke, source=host.source)
+    touched, flags = series_inputs(series)
+    wanted = choose_levels(settings, levels, source=host.source)
+    if redo and redo not in wanted:
+        wanted += (redo,)
+    plan = plan_smoke(settings, touched_paths=touched, flags=flags, levels=wanted, source=host.source,
+                      log_path=host_log_path(host.state_dir, run_id), family=family_smoke(series))
+    if heartbeat:
+        plan = replace(plan, request={**plan.request, "heartbeat_s": heartbeat})
+    return plan

@@ -1,7 +1,7 @@
 """`tune`'s I/O: the host checks, the sweep over one host-program session, the results file.
 
 The decisions (grid, pruning, choice, table) are ``tune.py``'s; this module asks the
-host (``deploy.status``: is DDTree deployed, by which family), builds each launch's argv
+host (``status.status``: is DDTree deployed, by which family), builds each launch's argv
 from the host's ``[smoke.launch]`` settings with the launch smoke's own template code
 (``smoke_plan.launch_argv``), ships ``hostprog/tune.py`` (with the smoke program's helpers) to
 the host, and streams each finished configuration into the local results file.
@@ -81,11 +81,11 @@ def check_host(host, *, apply: bool) -> smoke_settings.LaunchSettings:
 def inspect_host(host, make_transport, *, patches_dir=None, progress: Progress = quiet) -> Target:
     """Ask the host what is deployed: DDTree must be, by a family known here."""
     from ddtree_deploy.engine.series import known_family, load_family, no_such_family
-    from ddtree_deploy.session import deploy
+    from ddtree_deploy.session import status
 
     launch = smoke_settings.parse_settings(host.smoke, source=host.source).launch
     progress("read the host's journal")
-    doc = deploy.status(host, make_transport())
+    doc = status.status(host, make_transport())
     if doc["phase"] != Phase.DEPLOYED or not doc["series"]:
         raise BadInput(f"{host.name}: no DDTree deployed (phase {doc['phase']}): tune measures a deployed "
                        f"series; push it first: {next_step.push(host.name)}")
@@ -455,7 +455,7 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
     follows from it); ``deadlines``: seconds per step kind, replacing ``run_deadlines``'s;
     ``sample``: the prompt file ``opts`` was made from (``opts.dataset == "prompts"``);
     ``apply_as``: what ``apply`` writes (tune_apply.decide: auto, schedule, budget)."""
-    from ddtree_deploy.session import deploy
+    from ddtree_deploy.session import agent_link
     from ddtree_deploy.tuning.tune_apply import check_apply_as
 
     tune.check_options(opts, yes=yes)
@@ -482,7 +482,7 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
     resumed = len(records)
     if resumed:
         progress(f"resume: {resumed} finished run(s) in {results}")
-    run_id = deploy.new_run_id()
+    run_id = agent_link.new_run_id()
     state = host.state_dir.rstrip("/")
     folder = prompt_folder(state, run_id)
     if opts.dataset == "prompts" and sample is None:
@@ -491,7 +491,7 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
     with Session(host, make_transport(), progress=progress, heartbeat=heartbeat, heartbeat_s=heartbeat_s,
                  deadlines=deadlines) as sess:
         begun = sess.begin({"op": "begin", "state_dir": host.state_dir, "run_id": run_id,
-                            "holder": deploy.holder_name(), "series_id": target.series.get("id"),
+                            "holder": agent_link.holder_name(), "series_id": target.series.get("id"),
                             "dataset_path": opts.dataset_path if opts.dataset == "sharegpt-file" else None,
                             "prompt_files": prompt_files(sample, folder) if opts.dataset == "prompts" else None})
         if begun["event"] == "refused":
