@@ -520,6 +520,12 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     serves = {h.name: check_tables(h, smoke=options.smoke) for h in hosts}
     # [analysis] with the --analysis overrides (the speed gate after the restart): checked here too.
     analyses = {h.name: analysis_settings(h, options.analysis_overrides) for h in hosts}
+    if options.analysis:  # [analysis.load]: its prompt file read now (bad input: exit 2, nothing sent)
+        from ddtree_deploy.serve.loadstep import sample_of
+
+        for h in hosts:
+            if h.container is None and serves[h.name] is not None:
+                sample_of(h, analyses[h.name])
     # Will smoke levels run after the switch? Then the switch journals `switched`, and only a
     # passed smoke makes it `deployed`.
     smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels,

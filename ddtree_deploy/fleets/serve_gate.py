@@ -30,11 +30,12 @@ from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.serve import bake as speed_bake
-from ddtree_deploy.serve import metrics_run, serve_plan, serve_run
+from ddtree_deploy.serve import loadstep, metrics_run, serve_plan, serve_run
 from ddtree_deploy.session import deploy
 from ddtree_deploy.settings.analysis_settings import AnalysisSettings
 from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
 from ddtree_deploy.settings.smoke_settings import FAMILY_SMOKE_DEFAULT, family_smoke
+from ddtree_deploy.tuning.tune_run import bench_module
 
 
 def settings_of(host) -> ServeSettings | None:
@@ -179,7 +180,8 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
             speed = speed_bake.skipped()
         elif analysis is not None:
             try:
-                sample = metrics_run.sampler(host, connect, url=settings.url, release=outcome.sglang_version)
+                sample = metrics_run.sampler(host, connect, url=settings.url, release=outcome.sglang_version,
+                                             load=_bake_load(host, settings, analysis, baseline))
                 speed = speed_bake.bake(sample, analysis, baseline, progress=progress)
             except DeployError as exc:
                 if inflight.cancelled.is_set():  # Ctrl-C under the bake: switched, healthy, not promoted
@@ -187,7 +189,10 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
                                      mark_error="the speed analysis was interrupted (Ctrl-C): the new server serves, "
                                                 f"not promoted; {next_step.push(host.name)} bakes it again",
                                      speed=speed_bake.Bake(baseline))
-                speed = speed_bake.Bake(baseline, died=f"its figures could not be read: {clause(exc, host.name)}")
+                if isinstance(exc, (loadstep.LoadFailed, BadInput)):  # the load, not the server: not judged
+                    speed = speed_bake.Bake(baseline, load_failed=clause(exc, host.name))
+                else:
+                    speed = speed_bake.Bake(baseline, died=f"its figures could not be read: {clause(exc, host.name)}")
             try:
                 warning = held.record_speed(speed.record())
                 held.outcome.history_warning = held.outcome.history_warning or warning
@@ -268,10 +273,12 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
             desired = None  # the push itself says why, under its lock
         if desired is None or desired.series_id == journal.get("series_id"):
             return None
+    release = facts.get("sglang_version")
     try:
-        sample = metrics_run.sampler(host, connect, url=settings.url, release=facts.get("sglang_version"))
-        baseline = speed_bake.measure_baseline(sample, analysis, progress=progress)
-    except DeployError as exc:  # the scrape could not run: before the lock, nothing was changed
+        plan, not_driven = _load_plan(host, settings, analysis, connect, release, progress)
+        sample = metrics_run.sampler(host, connect, url=settings.url, release=release, load=plan)
+        baseline = speed_bake.measure_baseline(sample, analysis, progress=progress, load=plan, not_driven=not_driven)
+    except DeployError as exc:  # the scrape (or the load step) could not run: before the lock, nothing was changed
         exc.host_unchanged = True  # read by fleet.outcome_of_error
         raise
     bare = speed_bake.without_metrics(baseline.windows)
@@ -280,6 +287,35 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
                           "nothing was changed", code=Code.FAILED_UNCHANGED,
                           hint=f"{bare.hint or 'launch the server with --enable-metrics'}, or push with --no-analysis")
     return baseline
+
+
+def _load_plan(host, settings: ServeSettings, analysis: AnalysisSettings, connect: Callable[[Any], Any],
+               release: str | None, progress: Progress) -> tuple[loadstep.Plan | None, str | None]:
+    """The load step (``[analysis.load]``) for this push's baseline, decided on one short window
+    of the old server (``loadstep.decide``): (the plan, None) to drive it; (None, why not)
+    where the table has one and it is not run; (None, None) without one."""
+    if analysis.load is None:
+        return None, None
+    sample = loadstep.sample_of(host, analysis)
+    progress("load step: is the old server idle? (one window)")
+    window, files = metrics_run.probe(host, connect, url=settings.url, release=release, interval_s=analysis.interval_s)
+    decision = loadstep.decide(analysis.load, window)
+    progress(f"load step: {decision.why}")
+    if not decision.drive:
+        return None, decision.why
+    module = bench_module([path for path, there in files.items() if there])
+    return loadstep.plan(analysis.load, sample, url=settings.url, module=module, why=decision.why), None
+
+
+def _bake_load(host, settings: ServeSettings, analysis: AnalysisSettings,
+               baseline: speed_bake.Baseline | None) -> loadstep.Plan | None:
+    """The bake is driven exactly as its baseline was: this run's plan, or (a rerun after
+    Ctrl-C, a recorded baseline) the same load rebuilt from the baseline's record."""
+    if baseline is None or baseline.load is None:
+        return None
+    if baseline.plan is not None:
+        return baseline.plan
+    return loadstep.from_record(baseline.load, analysis.load, loadstep.sample_of(host, analysis), url=settings.url)
 
 
 def _settled_baseline(held: deploy.PushSession, run_id: str | None, baseline: speed_bake.Baseline | None,
