@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_deploy.sandbox.hostenv import make_python_env
 from ddtree_deploy.serve import bake, loadstep
 from ddtree_deploy.serve.figures import ServedFigures, Unavailable
 from ddtree_deploy.settings.analysis_settings import AnalysisSettings, LoadStep, parse_analysis
@@ -195,7 +196,9 @@ def serve_program(tmp_path: Path, mode: str, *, scrapes: int = 2,
             "ready_timeout_s": 30, "settle_s": 0, "term_grace_s": 2}
     request = {"op": "metrics", "python": sys.executable, "url": url, "interval_s": 0.5,
                "scrapes": scrapes, "timeout_s": 1, "names": [], "load": load, "heartbeat_s": 1}
-    proc = subprocess.Popen([sys.executable, "-m", "ddtree_deploy.hostprog.serve"], stdin=subprocess.PIPE,
+    # The host's interpreter: one with SGLang's files (the state folder is checked against its package root)
+    python, _site = make_python_env(tmp_path / "env", ["sglang/version.py"])
+    proc = subprocess.Popen([str(python), "-m", "ddtree_deploy.hostprog.serve"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -229,6 +232,16 @@ def test_the_host_side_stops_the_whole_group_when_the_controller_goes(tmp_path, 
     assert doc["load"]["killed"] == 2 and doc["load"]["left"] == [] and doc["load"]["ready_s"] is not None
     assert doc["metrics"] == "stopped" and "the controller went away" in doc["detail"]
     assert not (tmp_path / "state" / "load" / "t1").exists()  # the operator's prompts not left behind
+    assert (tmp_path / "state" / ".ddtree-deploy-state").is_file()  # written only into a state folder of ours
+
+
+def test_the_host_side_refuses_somebodys_folder_as_the_state_folder(tmp_path):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "thesis.tex").write_text("not ours")
+    proc, _, pids = serve_program(tmp_path, "ok")
+    doc = answer_of(proc)
+    assert "without the .ddtree-deploy-state marker and is not a ddtree-deploy state folder" in doc["load"]["error"]
+    assert not pids.exists() and sorted(p.name for p in (tmp_path / "state").iterdir()) == ["thesis.tex"]
 
 
 def test_the_host_side_stops_the_benchmark_when_the_scrapes_end(tmp_path):

@@ -52,9 +52,14 @@ def analysis_baseline(host, serve: ServeSettings, *, analysis: AnalysisSettings 
     verdict (inconclusive: the push is not promoted on an unmeasured speed)."""
     if analysis is None or connect is None:
         return None
+    not_driven = None
+    if analysis.load is not None:  # said, not silently ignored
+        not_driven = ("the load step is not run on a [container] host: SGLang's benchmark would run with the "
+                      "host's interpreter, which has not the container's SGLang")
+        progress(f"load step: {not_driven}")
     try:
         sample = metrics_run.sampler(host, connect, url=serve.url, release=release)
-        return measure_baseline(sample, analysis, progress=progress)
+        return measure_baseline(sample, analysis, progress=progress, not_driven=not_driven)
     except DeployError as exc:
         if inflight.cancelled.is_set():
             raise

@@ -19,8 +19,10 @@ The request's ``load`` part::
 
 The benchmark runs as one of the toolkit's own processes (``smoke.OWN_ENV`` = ``load``: the
 serve program's discovery lists it under ``own``, never as a server), in a process group of
-its own, from a folder of its own (``<state_dir>/<folder>``: the prompt file, its log, its
-result file; removed when it stops: the operator's prompts are not left on the host). Sending
+its own, from a folder of its own (``<state_dir>/load/<tag>``: the prompt file, its log, its
+result file; removed when it stops: the operator's prompts are not left on the host). The
+state folder is checked as the agent checks it (hostprog/state.py) and, on a host's first
+push, made with its marker (the push's agent makes it a moment later anyway). Sending
 starts after SGLang's benchmark prints ``Starting main benchmark run`` (its warm-up request
 done); the scrapes wait for that. A run that finishes its requests before the windows end is
 started again (a short gap in the load); one that exits with an error stops the scrapes and
@@ -65,11 +67,11 @@ class Driver(object):
 
     def __init__(self, spec):
         self.spec = spec
-        state = os.path.normpath(os.path.expanduser(spec["state_dir"]))
         rel = str(spec["folder"])
-        if rel.startswith("/") or ".." in rel.split("/") or not rel.startswith("load/"):
-            raise Failed("the load folder %r is not under the state folder's load/" % rel)
-        self.folder = os.path.join(state, rel)
+        if rel.startswith("/") or ".." in rel.split("/") or not rel.startswith("load/") or rel.count("/") != 1:
+            raise Failed("the load folder %r is not a folder of the state folder's load/" % rel)
+        self.state_dir = spec["state_dir"]
+        self.folder = os.path.join(os.path.normpath(os.path.expanduser(self.state_dir)), rel)
         self.log_path = os.path.join(self.folder, "bench.log")
         self.child = None
         self.runs = 0
@@ -107,7 +109,23 @@ class Driver(object):
                                           start_new_session=True, close_fds=True, cwd=self.folder, env=env)
         self.runs += 1
 
+    def _state_folder(self):
+        """Write only into a state folder of ours: checked as the agent checks it, and made
+        with its marker when the push has not made it yet (its first push, whose agent would
+        make it a moment later); somebody's folder is refused, one line."""
+        from ddtree_deploy.hostprog.fileops import AgentError
+        from ddtree_deploy.hostprog.state import StateFolder
+
+        folder = StateFolder()
+        folder._set_state_dir(self.state_dir)
+        try:
+            folder.root = sa.package_root("sglang")
+            folder.check_state_dir(create=True)
+        except (AgentError, sa.LevelFailed) as exc:
+            raise Failed(getattr(exc, "message", None) or getattr(exc, "detail", None) or str(exc))
+
     def start(self):
+        self._state_folder()
         self.prompt_file = self._write_prompts()
         self._launch()
         threading.Thread(target=self._watch, daemon=True).start()

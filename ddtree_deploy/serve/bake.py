@@ -125,8 +125,12 @@ def measure_baseline(sampler: Sampler, settings: AnalysisSettings, *, recorded: 
     ``load``: ``sampler`` drives the server with the load step (the bake will too: recorded
     with the baseline); ``not_driven``: why a load step the table has is not run (said)."""
     under = loadstep.said(load.record()) if load is not None else ""
-    progress(f"speed baseline: {settings.samples} windows of {settings.interval_s:g} s on the old server{under}")
-    windows = tuple(sample(sampler, settings))
+    progress(f"speed baseline: {settings.samples} windows of {settings.interval_s:g} s on the old server{under}"
+             + (" (after one of warm-up)" if load is not None else ""))
+    if load is None:
+        windows = tuple(sample(sampler, settings))
+    else:  # a load that just started: its first window is its ramp, dropped as the bake drops its first
+        windows = tuple(sampler(settings.interval_s, settings.samples + 2))[1:]
     busy = len(analysis.samples(windows))
     if busy >= settings.min_samples:
         note = f"the old server, {busy} windows of {settings.interval_s:g} s just before the switch{under}"
