@@ -112,6 +112,7 @@ def test_a_slower_push_is_rolled_back_by_the_analysis_and_the_old_code_serves_ag
     assert auto["cause"] == "analysis" and auto["step"] == "fail" and "output tokens/s" in auto["detail"]
     verdict = next(e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "verdict")
     assert verdict["outcome"] == "rolled back" and verdict["speed"]["verdict"] == "fail"
+    assert verdict["phase"] == "rolled-back"  # written once rolled back: the phase the host is in from it on
     assert verdict["speed"]["after"]["output_tps"] < 0.95 * verdict["speed"]["before"]["output_tps"]
     assert "windows" not in verdict["speed"]  # a rolled-back bake is never a later baseline
 
@@ -148,6 +149,7 @@ def test_an_equal_build_passes_every_time_with_the_noise_turned_up_and_history_s
     entries = history(s)
     verdicts = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "verdict"]
     assert [e["outcome"] for e in verdicts] == ["promoted", "promoted"]
+    assert [e["phase"] for e in verdicts] == ["deployed", "deployed"]  # written after the mark, never `switched`
     assert all(e["speed"]["before"]["output_tps"] and e["speed"]["after"]["output_tps"] for e in verdicts)
     assert len(verdicts[0]["speed"]["windows"]) == 3  # kept: the next push's baseline when its old server idles
     baselines = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "baseline"]
@@ -163,6 +165,7 @@ def test_an_equal_build_passes_every_time_with_the_noise_turned_up_and_history_s
     text = cli("history", "--host", s.name).stdout
     print(text)
     assert "speed" in text and "(was " in text and ": promoted" in text and "after: DDTree B=8" in text, text
+    assert "promoted -> deployed" in text and "promoted -> switched" not in text, text
 
 
 def test_a_server_that_dies_during_the_bake_is_rolled_back(gate):

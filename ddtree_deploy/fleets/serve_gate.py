@@ -193,24 +193,24 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
                     speed = speed_bake.Bake(baseline, load_failed=clause(exc, host.name))
                 else:
                     speed = speed_bake.Bake(baseline, died=f"its figures could not be read: {clause(exc, host.name)}")
-            try:
-                warning = held.record_speed(speed.record())
-                held.outcome.history_warning = held.outcome.history_warning or warning
-            except DeployError as exc:
-                if speed.ok:
-                    return ServeGate(restart, mark_error=clause(exc, host.name), speed=speed)
+        # The verdict's history line is written once its outcome is the host's: after the mark
+        # (promoted: `deployed`), after the rollback (`rolled-back`), or now (kept: `switched`),
+        # so the phase it shows is the one the host is in from that line on.
         if speed is None or speed.ok:
             try:
-                held.mark(Phase.DEPLOYED)
+                held.mark(Phase.DEPLOYED, speed=speed.record() if speed is not None else None)
             except DeployError as exc:
                 return ServeGate(restart, mark_error=clause(exc, host.name), speed=speed)
             return ServeGate(restart, marked=True, speed=speed)
         if not auto_rollback:
+            _record_verdict(held, speed)
             return ServeGate(restart, kept=True, speed=speed)
         progress(f"speed analysis failed ({speed.cause}): rolling back to backup {outcome.backup_id}")
         why = deploy.automatic_cause(run_id, "analysis", speed.cause, speed.why())
-        return _roll_back(host, settings, held, connect, outcome, files, restart, why, progress, heartbeat,
+        gate = _roll_back(host, settings, held, connect, outcome, files, restart, why, progress, heartbeat,
                           speed=speed)
+        _record_verdict(held, speed)
+        return gate
     if restart.failed == "interrupted" or inflight.cancelled.is_set():
         return ServeGate(restart, interrupted=True)
     if restart.state == serve_run.UNKNOWN:
@@ -224,6 +224,16 @@ def gate_push(host, settings: ServeSettings, held: deploy.PushSession, connect: 
              f"{outcome.backup_id}")
     why = deploy.automatic_cause(run_id, "serve", restart.failed, restart.detail)
     return _roll_back(host, settings, held, connect, outcome, files, restart, why, progress, heartbeat)
+
+
+def _record_verdict(held: deploy.PushSession, speed: speed_bake.Bake) -> None:
+    """The bake's verdict in the history (a ``speed`` line), under the push's lock while it holds
+    it; a line that cannot be written is a history warning, never the push's failure."""
+    try:
+        warning = held.record_speed(speed.record())
+    except DeployError as exc:
+        warning = f"the speed verdict was not recorded in the history: {exc.message}"
+    held.outcome.history_warning = held.outcome.history_warning or warning
 
 
 def _roll_back(host, settings: ServeSettings, held: deploy.PushSession, connect: Callable[[Any], Any],
