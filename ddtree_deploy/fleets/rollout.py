@@ -36,7 +36,7 @@ from ddtree_deploy.fleets.fleet import (
     spread_policy,
 )
 from ddtree_deploy.fleets.fleet_run import run_fleet
-from ddtree_deploy.fleets.host_check import analysis_settings, check_tables
+from ddtree_deploy.fleets.host_check import analysis_settings, check_tables, unused_analysis
 from ddtree_deploy.session import deploy, driver_gate
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings import smoke_settings
@@ -520,6 +520,10 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     serves = {h.name: check_tables(h, smoke=options.smoke) for h in hosts}
     # [analysis] with the --analysis overrides (the speed gate after the restart): checked here too.
     analyses = {h.name: analysis_settings(h, options.analysis_overrides) for h in hosts}
+    for h in hosts:  # [analysis] on a host without [serve] measures nothing: said before anything runs
+        unused = unused_analysis(h, options.analysis_overrides) if options.analysis else None
+        if unused is not None:
+            on_event(Event(EventKind.WARNING, h.name, unused))
     if options.analysis:  # [analysis.load]: its prompt file read now (bad input: exit 2, nothing sent)
         from ddtree_deploy.serve.loadstep import sample_of
 
