@@ -265,7 +265,8 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
     (``bake.measure_baseline``). None when this push will switch nothing: the host's journal
     already holds the series ``resolve`` (facts -> ``Desired``) wants, deployed; or its files
     are switched and await their promotion (the new code serves: that run's own baseline, in
-    the history, is the one). One read-only round trip decides."""
+    the history, is the one). One read-only round trip decides. With ``[analysis.load]`` one
+    short window decides whether the load step drives the old server (``_load_plan``)."""
     progress("read state (for the speed baseline)")
     try:
         with deploy.reading(host, connect(host), []) as read:

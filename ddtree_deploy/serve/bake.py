@@ -10,7 +10,9 @@
 
 How a window is taken is the caller's (``Sampler``: the serve program's ``metrics`` op over
 the host's transport, ``metrics_run.sample_windows``), so this module holds the decisions and
-the records, not the connection. A Ctrl-C under a sample raises out of the sampler
+the records, not the connection. Under the load step (``[analysis.load]``, serve/loadstep.py)
+the caller's sampler drives the server too: the baseline keeps the load's record (``load``),
+the bake is driven exactly when its baseline was, and their lines say so. A Ctrl-C under a sample raises out of the sampler
 (``inflight``): nothing here catches it.
 
 The history keeps a ``speed`` entry per stage (``record``): the baseline as soon as it is
