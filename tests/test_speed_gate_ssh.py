@@ -373,7 +373,14 @@ def test_the_load_step_drives_an_idle_server_on_both_sides(gate, sshd, tmp_path)
                     and load_processes():
                 break
             time.sleep(0.1)
-        time.sleep(1.0)
+        # status meanwhile: the benchmark is the toolkit's own, never a server
+        r = cli("status", "--host", s.name, "--json")  # (a push holds the lock: its exit is status' own)
+        st = check_envelope(r.stdout, r.exit_code, "status")["hosts"][0]
+        bench = set(load_processes())
+        assert bench & {p["pid"] for p in st["serving"]["own"]}, (bench, st["serving"]["own"])
+        assert all(p["program"] == "load" for p in st["serving"]["own"] if p["pid"] in bench)
+        assert not bench & {pid for p in st["serving"]["processes"] for pid in [p["pid"], *(p.get("children") or [])]}
+        assert ": load" in st["serving"]["explanation"], st["serving"]["explanation"]
         t0 = time.monotonic()
         proc.send_signal(subprocess.signal.SIGINT)
         out, err = proc.communicate(timeout=60)
