@@ -120,7 +120,7 @@ def sglang_layer(wheel: Path, files: list[str], out: Path) -> Path:
     standin = out / "standin"
     standin.mkdir(exist_ok=True)
     here = Path(__file__).resolve().parent
-    for name in ("standin_server.py", "standin_metrics.py"):
+    for name in ("standin_server.py", "standin_metrics.py", "standin_bench.py"):
         shutil.copy(here / name, standin / name)
     # The pinned metric names of the wheel's release, for the stand-in's --metric-names (the
     # speed gate's container test): the stand-in cannot import the toolkit's table itself.

@@ -141,8 +141,9 @@ class Model:
                     else 0.0
             self.second = {"tokens": 0, "steps": 0, "accepted": 0, "since": now}
 
-    def serve_one(self, tokens: int, rng: random.Random) -> int:
-        """Decode one request of ``tokens`` output tokens in real time; the tokens produced."""
+    def serve_one(self, tokens: int, rng: random.Random, on_step=None) -> int:
+        """Decode one request of ``tokens`` output tokens in real time; the tokens produced.
+        ``on_step(done, steps)`` after each decoding step (a streamed reply's chunk)."""
         started = time.monotonic()
         aborted = rng.random() < self.abort_rate
         with self.lock:
@@ -165,6 +166,8 @@ class Model:
                     s["steps"] += 1
                     s["accepted"] += k
                     self._roll()
+                if on_step is not None:
+                    on_step(done, steps)
                 if aborted and done >= tokens // 2:
                     break
         finally:

@@ -46,6 +46,13 @@ line ``# ddtree-standin: slowdown=0.10`` at start, every step takes 1 / (1 - 0.1
 one after the other once ready (live traffic without a benchmark). Without
 ``--enable-metrics``, ``/metrics`` answers 404 as SGLang does.
 
+SGLang's own benchmark (the speed gate's load step) can drive it: ``GET /v1/models``,
+``POST /flush_cache`` and a streamed ``POST /generate`` as ddtree_testkit/standin_bench.py
+(shared with the tune stand-in) serves them; with ``--enable-metrics`` each streamed request
+is decoded in real time by the speed model (``Model.serve_one``: its step time, accept
+length, the slow build's slowdown), so a benchmark's requests move the figures as the build's
+speed does.
+
 ``--child`` also starts a worker child in the same process group (as SGLang starts its
 scheduler and detokenizer processes), so the tests can check that stopping the group
 leaves no process behind.
@@ -67,6 +74,7 @@ import importlib.util
 import json
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -75,6 +83,14 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 READY_LINE = "The server is fired up and ready to roll!"
+
+# What SGLang's benchmark asks (the speed gate's load step drives this server with it): a
+# package import under the tests, its sibling file when a sandbox host's Python runs this file.
+if __package__:
+    from ddtree_testkit import standin_bench
+else:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import standin_bench  # noqa: E402
 
 
 def parse(argv):
@@ -181,7 +197,7 @@ def main(argv):
     broken = bool(args.unhealthy_with and package_file(args.unhealthy_with)[0])
     if broken:
         log(f"RuntimeError: {args.unhealthy_with} breaks this server: it will never be ready")
-    state = {"ready": False, "offchain": 0}
+    state = {"ready": False, "offchain": 0, "streams": 0}
     lock = threading.Lock()
     algorithm = "DFLASH" if args.mode == "wrong-algo" else args.speculative_algorithm
     width = args.speculative_dflash_block_size if args.mode == "block-width" else args.speculative_ddtree_budget + 1
@@ -220,6 +236,9 @@ def main(argv):
                 return self._send(200 if state["ready"] else 503)
             if self.path == "/metrics" and model is not None:
                 return self._send(200, text=model.text())
+            found = standin_bench.model_reply(self.path, args.model_path)
+            if found is not None:
+                return self._send(200, found)
             if self.path == "/server_info" and args.mode == "old-info":
                 return self._send(404, {"detail": "Not Found"})
             if self.path in ("/server_info", "/get_server_info"):
@@ -232,15 +251,34 @@ def main(argv):
             return self._send(404, {"detail": "Not Found"})
 
         def do_POST(self):
+            if standin_bench.is_flush(self.path):
+                return self._send(200)
             if self.path != "/generate":
                 return self._send(404, {"detail": "Not Found"})
             if not state["ready"]:
                 return self._send(503)
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-            n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
+            n = standin_bench.max_new_tokens(body)
+            if body.get("stream"):
+                return self._stream(n)
             texts = body.get("text", "")
             replies = [self._reply(t, n) for t in (texts if isinstance(texts, list) else [texts])]
             return self._send(200, replies if isinstance(texts, list) else replies[0])
+
+        def _stream(self, n):
+            """A streamed reply (SGLang's benchmark): with the speed model, decoded in real time,
+            one chunk per step, so the load moves the figures as a build's speed does."""
+            stream = standin_bench.Stream(self)
+            if model is None:  # no speed model: the whole reply at once
+                stream.step(" tok" * n, n, math.ceil(n / args.accept_length))
+            else:
+                with lock:
+                    state["streams"] += 1
+                    number = state["streams"]
+                rng = random.Random(f"{args.seed}:stream:{number}")
+                model.serve_one(n, rng, on_step=lambda done, steps: stream.step(" tok" * done, done, steps))
+            stream.end()
+            return None
 
         def _reply(self, prompt, n):
             text = "" if args.mode == "empty-text" else " Paris. (stand-in reply)"

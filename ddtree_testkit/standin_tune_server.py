@@ -4,14 +4,14 @@
 ``python -m sglang.bench_serving``. This machine has no GPU, so the tests launch this
 stdlib HTTP server instead. It takes the launch flags of ddtree_testkit/standin_server.py (reused
 by import: ``standin_server.parse``) plus the DDTree top-K and its own model knobs, and
-serves what bench_serving 0.5.12.post1 calls (read from its source), with SGLang's shapes:
+serves what bench_serving 0.5.12.post1 calls (read from its source), with SGLang's shapes
+(the endpoints and the stream shared with standin_server.py: ddtree_testkit/standin_bench.py):
 
 - ``GET /v1/models``: ``{"data": [{"id": <model path>}]}`` (bench's readiness check and
   model name);
-- ``POST /generate`` with ``"stream": true`` and ``"text"`` or ``"input_ids"``: chunks
-  ``data: {"text": <cumulative text>, "meta_info": {"completion_tokens", "spec_verify_ct"}}``
-  then ``data: [DONE]``, one chunk per decoding step (as SGLang streams a speculative
-  step's accepted tokens together); without ``stream``: one JSON reply;
+- ``POST /generate`` with ``"stream": true`` and ``"text"`` or ``"input_ids"``: one chunk per
+  decoding step (as SGLang streams a speculative step's accepted tokens together), then
+  ``data: [DONE]``; without ``stream``: one JSON reply;
 - ``POST /flush_cache`` (bench's ``--flush-cache``; 0.5.23's adds ``?timeout=``): 200;
 - ``GET /server_info``: server args and ``internal_states[0].avg_spec_accept_length``
   (accepted tokens / verify steps over every request served, as SGLang's scheduler
@@ -63,9 +63,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 # The launch smoke's stand-in (its flags and ready line): a package import under the tests,
 # its sibling file when a sandbox host's Python runs this file as a script.
 if __package__:
-    from ddtree_testkit import standin_server
+    from ddtree_testkit import standin_bench, standin_server
 else:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import standin_bench  # noqa: E402
     import standin_server  # noqa: E402
 
 T0, TD, TW = 30.0, 6.0, 0.6
@@ -164,10 +165,9 @@ def main(argv):
         def do_GET(self):
             if self.path in ("/health", "/health_generate"):
                 return self._send(200 if state["ready"] else 503)
-            if self.path in ("/v1/models", "/get_model_info"):
-                if self.path == "/get_model_info":
-                    return self._send(200, {"model_path": args.model_path, "is_generation": True})
-                return self._send(200, {"object": "list", "data": [{"id": args.model_path, "object": "model"}]})
+            found = standin_bench.model_reply(self.path, args.model_path)
+            if found is not None:
+                return self._send(200, found)
             if self.path in ("/server_info", "/get_server_info"):
                 with lock:
                     st = {"effective_max_running_requests_per_dp": 48}
@@ -179,7 +179,7 @@ def main(argv):
         def do_POST(self):
             length = int(self.headers.get("Content-Length", 0))
             body = json.loads(self.rfile.read(length) or b"{}")
-            if self.path.split("?")[0] == "/flush_cache":  # 0.5.23's bench adds ?timeout=60.0
+            if standin_bench.is_flush(self.path):
                 return self._send(200)
             if self.path != "/generate":
                 return self._send(404, {"detail": "Not Found"})
@@ -193,22 +193,16 @@ def main(argv):
                     and budget >= tune.crash_budget and number > 1:
                 log("Killed (stand-in: the OOM killer, budget %d >= --crash-budget %d)" % (budget, tune.crash_budget))
                 os._exit(137)
-            n = int((body.get("sampling_params") or {}).get("max_new_tokens", 16))
+            n = standin_bench.max_new_tokens(body)
             rng = random.Random(f"{tune.tune_seed}:{algo}:{budget}:{topk}:{number}")
             prompts = body.get("text", body.get("input_ids"))
             if isinstance(prompts, list) and prompts and isinstance(prompts[0], str) and not body.get("stream"):
                 # A batch (the acceptance probe): one reply per prompt, in order.
                 return self._send(200, [self._decode(p, n, rng, None) for p in prompts])
-            stream = bool(body.get("stream"))
-            if stream:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.end_headers()
-            reply = self._decode(prompts, n, rng, self.wfile if stream else None)
-            if stream:
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
-                self.close_connection = True
+            stream = standin_bench.Stream(self) if body.get("stream") else None
+            reply = self._decode(prompts, n, rng, stream)
+            if stream is not None:
+                stream.end()
                 return None
             return self._send(200, reply)
 
@@ -233,9 +227,7 @@ def main(argv):
                         state["accepted"] += k
                         state["steps"] += 1
                     if stream is not None:
-                        chunk = {"text": text, "meta_info": {"completion_tokens": done, "spec_verify_ct": steps}}
-                        stream.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                        stream.flush()
+                        stream.step(text, done, steps)
             finally:
                 with lock:
                     state["active"] -= 1

@@ -89,8 +89,10 @@ class Served(StandinProbes):
 
     def __init__(self, sshd, root: Path, name: str, *, unhealthy_with: str | None = None, ready_after: float = 0.0,
                  serve: dict | None = None, extra_argv: list[str] | None = None, package_file: str = SPEC,
-                 tables: str = ""):
-        self.host = sshd.add_host(name, root / name, files=[SPEC, UTILS])
+                 tables: str = "", host=None):
+        # ``host``: a sandbox host made by the caller (a whole release venv, where SGLang's own
+        # benchmark must run there); else one with the series' files only (fast)
+        self.host = host if host is not None else sshd.add_host(name, root / name, files=[SPEC, UTILS])
         self.port = free_port()
         argv = [str(self.host.python), str(STANDIN_SERVER), "--model-path", "/models/target",
                 "--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", str(BUDGET),

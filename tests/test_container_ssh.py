@@ -392,3 +392,11 @@ def test_a_slower_image_is_put_back_by_the_speed_analysis(box, tmp_path, monkeyp
     history = cli("history", "--host", b.name)
     assert "(AUTOMATIC, after push run" in history.stdout and "speed analysis failed" in history.stdout, \
         history.stdout
+    # the bake's before/after as a history `speed` line, as a [serve] host's push writes it
+    entries = json.loads(cli("history", "--host", b.name, "--json").stdout)["hosts"][0]["entries"]
+    verdict = next(e for e in entries if e["event"] == "speed")
+    assert verdict["speed"]["stage"] == "verdict" and verdict["outcome"] == "rolled back", verdict
+    assert verdict["phase"] == "rolled-back"  # written once the old container is back
+    assert verdict["speed"]["after"]["output_tps"] < 0.95 * verdict["speed"]["before"]["output_tps"], verdict
+    assert "rolled back -> rolled-back" in history.stdout and "slower than the baseline" in history.stdout, \
+        history.stdout

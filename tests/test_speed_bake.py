@@ -162,3 +162,27 @@ def test_a_bad_analysis_override_is_one_line_exit_2_before_any_connection(tmp_pa
                         "interval at most the window\n"), r.stderr
     r = cli("push", "--host", str(host), "--analysis", "nonsense")
     assert r.exit_code == 2 and "--analysis: 'nonsense' is not KEY=VALUE" in r.stderr, r.stderr
+
+
+def test_analysis_without_serve_is_said_by_push_and_hosts_list(tmp_path, monkeypatch):
+    """[analysis] on a host without [serve] measures nothing (nothing says where its server
+    listens): push warns before it connects, `hosts list` names it (text and JSON)."""
+    folder = tmp_path / "hosts"
+    folder.mkdir()
+    path = folder / "bare.toml"
+    path.write_text('transport = "ssh"\n[ssh]\nhost = "127.0.0.1"\nport = 1\n[host]\npython = "python3"\n'
+                    'state_dir = "/tmp/never"\n[analysis]\nwindow_s = 120\n')
+    said = f"{path}: [analysis] has no effect: the host has no [serve] table"
+    r = cli("push", "--host", str(path), "--no-smoke")
+    assert r.exit_code != 0  # nothing listens on port 1: the push itself fails, after the warning
+    assert said in " ".join(r.stderr.split()), r.stderr
+    r = cli("hosts", "list", "-i", str(folder))
+    assert r.exit_code == 0, r.output
+    assert "WARNING: " + said in " ".join(r.stdout.split()) + " ".join(r.stderr.split()), r.output
+    import json
+
+    doc = json.loads(cli("hosts", "list", "-i", str(folder), "--json").stdout)
+    assert doc["inventory"][0]["warning"].startswith(said)
+    # with [serve] (or an --analysis override on such a host, pushed with --no-analysis): nothing said
+    r = cli("push", "--host", str(path), "--no-smoke", "--no-analysis")
+    assert "has no effect" not in r.stderr

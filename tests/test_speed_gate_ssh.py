@@ -112,6 +112,7 @@ def test_a_slower_push_is_rolled_back_by_the_analysis_and_the_old_code_serves_ag
     assert auto["cause"] == "analysis" and auto["step"] == "fail" and "output tokens/s" in auto["detail"]
     verdict = next(e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "verdict")
     assert verdict["outcome"] == "rolled back" and verdict["speed"]["verdict"] == "fail"
+    assert verdict["phase"] == "rolled-back"  # written once rolled back: the phase the host is in from it on
     assert verdict["speed"]["after"]["output_tps"] < 0.95 * verdict["speed"]["before"]["output_tps"]
     assert "windows" not in verdict["speed"]  # a rolled-back bake is never a later baseline
 
@@ -148,6 +149,7 @@ def test_an_equal_build_passes_every_time_with_the_noise_turned_up_and_history_s
     entries = history(s)
     verdicts = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "verdict"]
     assert [e["outcome"] for e in verdicts] == ["promoted", "promoted"]
+    assert [e["phase"] for e in verdicts] == ["deployed", "deployed"]  # written after the mark, never `switched`
     assert all(e["speed"]["before"]["output_tps"] and e["speed"]["after"]["output_tps"] for e in verdicts)
     assert len(verdicts[0]["speed"]["windows"]) == 3  # kept: the next push's baseline when its old server idles
     baselines = [e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "baseline"]
@@ -163,6 +165,7 @@ def test_an_equal_build_passes_every_time_with_the_noise_turned_up_and_history_s
     text = cli("history", "--host", s.name).stdout
     print(text)
     assert "speed" in text and "(was " in text and ": promoted" in text and "after: DDTree B=8" in text, text
+    assert "promoted -> deployed" in text and "promoted -> switched" not in text, text
 
 
 def test_a_server_that_dies_during_the_bake_is_rolled_back(gate):
@@ -279,3 +282,123 @@ def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the
     verdict = next(e for e in history(s) if e["event"] == "speed" and e["speed"]["stage"] == "verdict")
     assert verdict["speed"]["baseline_source"] == "live" and verdict["outcome"] == "promoted"
     assert json.loads(journal.read_text())["phase"] == "deployed"
+
+
+# ---------------------------------------------------------------- the load step ([analysis.load])
+
+
+def load_processes() -> list[int]:
+    """This machine's processes the load step started (marked for status: never a server)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"DDTREE_DEPLOY_HOST_PROGRAM=load" in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def gone_within(seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while load_processes():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.sglang_env
+def test_the_load_step_drives_an_idle_server_on_both_sides(gate, sshd, tmp_path):
+    """An idle server (no traffic of its own) with [analysis.load]: SGLang 0.5.12.post1's OWN
+    benchmark (python -m sglang.bench_serving, in the host's release venv) drives the old server
+    during the baseline and the new one during the bake, with the operator's prompts; the
+    figures are said and recorded as taken under it; nothing of it is left running. Then Ctrl-C
+    during a slower build's bake: exit 130 within a second, the benchmark stopped on the host,
+    status explains the host; the rerun bakes under the same load and rolls the slower build
+    back. The server is the STAND-IN (its streamed /generate decodes through its speed model)."""
+    from ddtree_deploy.sandbox import SandboxHost, hostenv
+    from ddtree_testkit.machine import within
+    from test_tune_ssh import make_model
+
+    root = tmp_path / "load1"
+    env = hostenv.make_host_env(root / "env")
+    host = SandboxHost(name="load1", server=sshd, python=env.python, site=env.site_packages,
+                       state_dir=root / "state")
+    model = make_model(root / "model")  # the tokenizer the benchmark loads (the server's /v1/models id)
+    names = tmp_path / "load-names.json"
+    write_names(names, RELEASE)
+    prompt_file = tmp_path / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2} tok", "category": c}) + "\n"
+                                   for i, c in enumerate(["chat", "code"] * 4)))
+    load = f'\n[analysis.load]\nprompts = "{prompt_file}"\nconcurrency = 4\noutput_len = 32\n'
+    s = Served(sshd, tmp_path, "load1", host=host, package_file=ADDED, tables=ANALYSIS + load,
+               extra_argv=["--model-path", str(model), "--enable-metrics", "--metric-names", str(names),
+                           "--accept-length", "3.0", "--noise", "0.0"])
+    s.sup.start()
+    try:
+        s.wait_healthy()
+        under = (f"under the load step (8 prompts of {prompt_file} at concurrency 4, 32 output tokens each "
+                 "(python -m sglang.bench_serving))")
+        r = cli("push", "--host", s.name)
+        print(r.stderr[-3000:], r.stdout)
+        assert r.exit_code == 0, r.output
+        assert "load step: the old server has no live traffic: the load step drives it" in r.stderr
+        last = r.stdout.strip().splitlines()[-1]
+        assert last.startswith(f"{s.name}: serving DDTree B=8: accept length ") and last.endswith(
+            f"{under}: promoted"), last
+        entries = history(s)
+        verdict = next(e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "verdict")
+        assert verdict["speed"]["load"]["concurrency"] == 4 and verdict["speed"]["load"]["prompt_count"] == 8
+        assert verdict["speed"]["before"]["output_tps"] and verdict["speed"]["after"]["output_tps"]
+        baseline = next(e for e in entries if e["event"] == "speed" and e["speed"]["stage"] == "baseline")
+        assert baseline["speed"]["baseline"]["load"]["module"] == "sglang.bench_serving"
+        text = " ".join(cli("history", "--host", s.name).stdout.split())
+        assert f"{under}: promoted" in text and "baseline (live): DDTree B=8" in text, text
+        assert not load_processes()  # the benchmark's group, stopped and reaped
+        assert not ((host.state_dir / "load").exists() and list((host.state_dir / "load").iterdir()))
+
+        # Ctrl-C while the slower build's bake is under load (from the old code: rolled back first)
+        assert cli("rollback", "--host", s.name).exit_code == 0
+        gate.series(True)
+        console = Path(sys.executable).parent / "ddtree-deploy"
+        proc = subprocess.Popen([str(console), "push", "--host", s.name], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        journal = host.state_dir / "journal.json"
+        deadline = time.monotonic() + 180
+        while True:  # restarted on the new files, and the bake's benchmark runs
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            serve = json.loads(journal.read_text()).get("serve", {}) if journal.exists() else {}
+            if serve.get("state") == "healthy" and json.loads(journal.read_text()).get("phase") == "switched" \
+                    and load_processes():
+                break
+            time.sleep(0.1)
+        # status meanwhile: the benchmark is the toolkit's own, never a server
+        r = cli("status", "--host", s.name, "--json")  # (a push holds the lock: its exit is status' own)
+        st = check_envelope(r.stdout, r.exit_code, "status")["hosts"][0]
+        bench = set(load_processes())
+        assert bench & {p["pid"] for p in st["serving"]["own"]}, (bench, st["serving"]["own"])
+        assert all(p["program"] == "load" for p in st["serving"]["own"] if p["pid"] in bench)
+        assert not bench & {pid for p in st["serving"]["processes"] for pid in [p["pid"], *(p.get("children") or [])]}
+        assert ": load" in st["serving"]["explanation"], st["serving"]["explanation"]
+        t0 = time.monotonic()
+        proc.send_signal(subprocess.signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+        fast, said = within(took, 1.0, "from Ctrl-C during the bake under load to the exit")
+        print(f"\nCtrl-C during the bake under load: exit {proc.returncode} after {took:.2f} s\n{err[-1500:]}")
+        assert proc.returncode == 130 and fast, (proc.returncode, said, err[-2000:])
+        assert gone_within(15), load_processes()  # the host program stopped the benchmark's group
+        st = check_envelope(cli("status", "--host", s.name, "--json").stdout, 1, "status")["hosts"][0]
+        assert st["phase"] == "switched" and st["serving"]["health"]["status"] == 200, st
+        assert f"ddtree-deploy push --host {s.name}" in st["explanation"], st
+        # the rerun: the bake under the load its baseline was taken with; slower: rolled back
+        r = cli("push", "--host", s.name)
+        print(r.stderr[-2000:], r.stdout)
+        assert r.exit_code == 1, r.output
+        said = " ".join(r.stdout.split())
+        assert "speed analysis: slower than the baseline: output tokens/s" in said and under in said, said
+        assert "rolled back:" in said and s.host.read(ADDED) is None and s.healthy()
+        assert gone_within(15), load_processes()
+    finally:
+        s.sup.stop()

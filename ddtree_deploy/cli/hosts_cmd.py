@@ -39,8 +39,11 @@ def _entry(item) -> dict:
     if h is None:
         return {"name": item.name, "file": str(item.path), "ok": False, "error": item.error.to_json()["error"]}
     levels = h.smoke.get("levels") if isinstance(h.smoke.get("levels"), list) else None
+    from ddtree_deploy.fleets.host_check import unused_analysis
+
     return {"name": item.name, "file": str(item.path), "ok": True, "error": None, "target": _target(h),
-            "python": h.python, "state_dir": h.state_dir, "smoke_levels": levels, "serve": bool(h.serve)}
+            "python": h.python, "state_dir": h.state_dir, "smoke_levels": levels, "serve": bool(h.serve),
+            "warning": unused_analysis(h)}
 
 
 @hosts_app.command("list")
@@ -88,6 +91,8 @@ def list_hosts(
                 levels = ", ".join(e["smoke_levels"] or ["compile", "import", "cli"])
                 say(f"  {e['name']:<{width}}  {e['target']}  python {e['python']}  smoke {levels}"
                     + ("  [serve]" if e["serve"] else ""))
+                if e["warning"]:
+                    say(f"  {'':<{width}}  WARNING: {e['warning']}")
             else:
                 say(f"  {e['name']:<{width}}  BROKEN: {e['error']['message']}")
         for name, members in groups.items():

@@ -164,9 +164,9 @@ def _prompts(h, given: Optional[Path], dataset: Optional[str]):
         settings = parse_analysis(h.analysis, source=h.source)
         if dataset is not None or settings is None or settings.load is None:
             return None
-        given = Path(settings.load.prompts).expanduser()
-        if not given.is_absolute() and h.source:
-            given = Path(h.source).parent / given
+        from ddtree_deploy.serve.loadstep import prompts_path
+
+        given = prompts_path(settings.load, h.source)  # as the speed gate's load step reads it
     return read_prompts(given)
 
 

@@ -31,7 +31,7 @@ from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.hostprog.engine_cli import built_tag, kept_tag
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.serve import metrics_run, serve_plan
-from ddtree_deploy.serve.bake import NONE, Baseline, bake, measure_baseline
+from ddtree_deploy.serve.bake import NONE, Bake, Baseline, bake, measure_baseline
 from ddtree_deploy.session.agent_link import holder_name, new_run_id
 from ddtree_deploy.session.push import automatic_cause
 from ddtree_deploy.session.desired import Want
@@ -53,9 +53,14 @@ def analysis_baseline(host, serve: ServeSettings, *, analysis: AnalysisSettings 
     verdict (inconclusive: the push is not promoted on an unmeasured speed)."""
     if analysis is None or connect is None:
         return None
+    not_driven = None
+    if analysis.load is not None:  # said, not silently ignored
+        not_driven = ("the load step is not run on a [container] host: SGLang's benchmark would run with the "
+                      "host's interpreter, which has not the container's SGLang")
+        progress(f"load step: {not_driven}")
     try:
         sample = metrics_run.sampler(host, connect, url=serve.url, release=release)
-        return measure_baseline(sample, analysis, progress=progress)
+        return measure_baseline(sample, analysis, progress=progress, not_driven=not_driven)
     except DeployError as exc:
         if inflight.cancelled.is_set():
             raise
@@ -64,15 +69,16 @@ def analysis_baseline(host, serve: ServeSettings, *, analysis: AnalysisSettings 
 
 def analysis_gate(host, serve: ServeSettings, baseline: Baseline | None, verified: dict, *,
                   analysis: AnalysisSettings | None = None, connect: Connect | None = None,
-                  release: str | None = None, progress: Progress = quiet) -> str | None:
+                  release: str | None = None, progress: Progress = quiet) -> tuple[str | None, Bake | None]:
     """THE SPEED ANALYSIS of a container push, between its proof and its keep (issue 29).
 
     The new container bakes (``bake.bake``) against ``baseline`` (``analysis_baseline``'s; a
     finishing run, whose old container is aside, has none: inconclusive, so it is not kept on
-    an unmeasured speed). A failure is returned as one line (the caller puts the old container
-    back, cause ``analysis``), None when it passes or no ``[analysis]`` asks for it."""
+    an unmeasured speed). -> (a failure as one line (the caller puts the old container back,
+    cause ``analysis``) or None when it passes, the bake for the history: ``record_verdict``);
+    (None, None) when no ``[analysis]`` asks for it."""
     if analysis is None or connect is None:
-        return None
+        return None, None
     baseline = baseline or Baseline((), NONE, "no baseline: this run did not sample the old container")
     try:
         sample = metrics_run.sampler(host, connect, url=serve.url, release=release)
@@ -80,9 +86,26 @@ def analysis_gate(host, serve: ServeSettings, baseline: Baseline | None, verifie
     except DeployError as exc:
         if inflight.cancelled.is_set():
             raise
-        return f"the new container's figures could not be read: {clause(exc, host.name)}"
+        speed = Bake(baseline, died=f"the new container's figures could not be read: {clause(exc, host.name)}")
+        return speed.died, speed
     verified["analysis"] = speed.to_json()
-    return None if speed.ok else speed.why()
+    return (None if speed.ok else speed.why()), speed
+
+
+def record_verdict(h, session: ContainerSession, speed: Bake | None, lines: list[str]) -> None:
+    """The bake's verdict as the host's history ``speed`` line, as a [serve] host's push writes
+    it (``Bake.record``, the program's ``speed`` op: history.py's, shared with the agent), once
+    the outcome is the container's (kept: ``deployed``; put back: ``rolled-back``), under the
+    push's lock. A line that cannot be written is said, never the push's failure."""
+    if speed is None:
+        return
+    try:
+        said = session.call({"op": "speed", "speed": speed.record()})
+        warning = said.get("history_warning")
+    except DeployError as exc:
+        warning = f"the speed verdict was not recorded in the history: {clause(exc, h.name)}"
+    if warning:
+        lines.append(f"{h.name}: warning: {warning}")
 
 
 def _result(host: str, kind: Kind, doc: dict, message: str, lines: list[str], exc: DeployError | None = None
@@ -212,15 +235,18 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
     if failed is None:
         progress("speed analysis")
         # ---- the speed analysis gate (issue 29 phase 2): its single call site ----
-        why = analysis_gate(h, serve, baseline, verified, analysis=analysis, connect=connect,
-                            release=desired.sglang_version, progress=progress)
+        why, speed_bake = analysis_gate(h, serve, baseline, verified, analysis=analysis, connect=connect,
+                                        release=desired.sglang_version, progress=progress)
         if why is not None:
             failed = ("analysis", why)
+    else:
+        speed_bake = None
     doc["verify"] = verified
     if failed is None:
         progress("keep the new container")
         kept_doc = session.call({"op": "keep", "run_id": run_id, "phase": Phase.DEPLOYED})
         doc["journal"] = kept_doc["journal"]
+        record_verdict(h, session, speed_bake, lines)  # after the keep: the line shows `deployed`
         lines.append(f"{h.name}: container {s.name} {verified['detail']}")
         lines.append(f"{h.name}: deployed: the old container removed; rollback runs the kept image "
                      f"{kept_doc['journal']['previous'].get('tag')}")
@@ -235,6 +261,7 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
         return _result(h.name, Kind.FAILED_NOT_ROLLED_BACK, doc, f"{step} failed: {detail}; the old container could "
                        f"NOT be put back: {clause(exc, h.name)}", lines, exc)
     doc.update(rolled_back=undone["journal"], verify_after_rollback=again)
+    record_verdict(h, session, speed_bake, lines)  # after the old container is back: `rolled-back`
     said = (f"{step} failed: {detail}; rolled back: {undone['how']}; the old image serves again: "
             + ("healthy" if again["healthy"] else f"NOT healthy ({again['detail']})"))
     return _result(h.name, Kind.FAILED_ROLLED_BACK, doc, said, lines)  # its first line says it (shown_lines)

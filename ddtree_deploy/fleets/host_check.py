@@ -35,6 +35,19 @@ def analysis_settings(host: Host, overrides=()) -> AnalysisSettings | None:
     return apply_overrides(host.analysis, list(overrides), source=host.source)
 
 
+def unused_analysis(host: Host, overrides=()) -> str | None:
+    """Why ``host``'s ``[analysis]`` (or ``--analysis`` overrides) does nothing, else None: a
+    host without ``[serve]`` has no server the toolkit restarts or measures (nothing says where
+    it listens), so push, restart and rollback take no figures there. Said, not refused (the
+    speed gate is documented for hosts with ``[serve]``): push warns, ``hosts list`` names it."""
+    if host.container is not None or host.serve or not (host.analysis or list(overrides)):
+        return None
+    what = "[analysis]" if host.analysis else "--analysis"
+    return (f"{host.source or host.name}: {what} has no effect: the host has no [serve] table (nothing says where "
+            "its server listens), so push, restart and rollback measure no speed there; add [serve] with "
+            'url = "http://127.0.0.1:PORT" and its restart command, or remove [analysis]')
+
+
 def container_serve(host: Host) -> ServeSettings:
     """A ``[container]`` host's ``[serve]`` (required: its url is the health gate) without
     ``restart`` or ``drain``, and no ``[smoke]`` table; BadInput (one line) else."""
@@ -72,4 +85,4 @@ def group_problem(group: str, members, listed: dict[str, BadInput | None]) -> Ba
     return None
 
 
-__all__ = ["analysis_settings", "check_tables", "checked_host", "container_serve", "group_problem"]
+__all__ = ["analysis_settings", "check_tables", "checked_host", "container_serve", "group_problem", "unused_analysis"]

@@ -36,7 +36,7 @@ from ddtree_deploy.fleets.fleet import (
     spread_policy,
 )
 from ddtree_deploy.fleets.fleet_run import run_fleet
-from ddtree_deploy.fleets.host_check import analysis_settings, check_tables
+from ddtree_deploy.fleets.host_check import analysis_settings, check_tables, unused_analysis
 from ddtree_deploy.session import driver_gate
 from ddtree_deploy.session import push as host_push
 from ddtree_deploy.session import status as host_status
@@ -512,6 +512,16 @@ def push(hosts: Sequence[Host], connect: Connect, options: PushOptions = PushOpt
     serves = {h.name: check_tables(h, smoke=options.smoke) for h in hosts}
     # [analysis] with the --analysis overrides (the speed gate after the restart): checked here too.
     analyses = {h.name: analysis_settings(h, options.analysis_overrides) for h in hosts}
+    for h in hosts:  # [analysis] on a host without [serve] measures nothing: said before anything runs
+        unused = unused_analysis(h, options.analysis_overrides) if options.analysis else None
+        if unused is not None:
+            on_event(Event(EventKind.WARNING, h.name, unused))
+    if options.analysis:  # [analysis.load]: its prompt file read now (bad input: exit 2, nothing sent)
+        from ddtree_deploy.serve.loadstep import sample_of
+
+        for h in hosts:
+            if h.container is None and serves[h.name] is not None:
+                sample_of(h, analyses[h.name])
     # Will smoke levels run after the switch? Then the switch journals `switched`, and only a
     # passed smoke makes it `deployed`.
     smokes = {h.name: options.smoke and bool(smoke_plan.choose_levels(smoke_plan.check_settings(h), levels,

@@ -30,11 +30,12 @@ from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.serve import bake as speed_bake
-from ddtree_deploy.serve import metrics_run, serve_plan, serve_run
+from ddtree_deploy.serve import loadstep, metrics_run, serve_plan, serve_run
 from ddtree_deploy.session import push, status
 from ddtree_deploy.settings.analysis_settings import AnalysisSettings
 from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
 from ddtree_deploy.settings.smoke_settings import FAMILY_SMOKE_DEFAULT, family_smoke
+from ddtree_deploy.tuning.tune_run import bench_module
 
 
 def settings_of(host) -> ServeSettings | None:
@@ -179,7 +180,8 @@ def gate_push(host, settings: ServeSettings, held: push.PushSession, connect: Ca
             speed = speed_bake.skipped()
         elif analysis is not None:
             try:
-                sample = metrics_run.sampler(host, connect, url=settings.url, release=outcome.sglang_version)
+                sample = metrics_run.sampler(host, connect, url=settings.url, release=outcome.sglang_version,
+                                             load=_bake_load(host, settings, analysis, baseline))
                 speed = speed_bake.bake(sample, analysis, baseline, progress=progress)
             except DeployError as exc:
                 if inflight.cancelled.is_set():  # Ctrl-C under the bake: switched, healthy, not promoted
@@ -187,25 +189,28 @@ def gate_push(host, settings: ServeSettings, held: push.PushSession, connect: Ca
                                      mark_error="the speed analysis was interrupted (Ctrl-C): the new server serves, "
                                                 f"not promoted; {next_step.push(host.name)} bakes it again",
                                      speed=speed_bake.Bake(baseline))
-                speed = speed_bake.Bake(baseline, died=f"its figures could not be read: {clause(exc, host.name)}")
-            try:
-                warning = held.record_speed(speed.record())
-                held.outcome.history_warning = held.outcome.history_warning or warning
-            except DeployError as exc:
-                if speed.ok:
-                    return ServeGate(restart, mark_error=clause(exc, host.name), speed=speed)
+                if isinstance(exc, (loadstep.LoadFailed, BadInput)):  # the load, not the server: not judged
+                    speed = speed_bake.Bake(baseline, load_failed=clause(exc, host.name))
+                else:
+                    speed = speed_bake.Bake(baseline, died=f"its figures could not be read: {clause(exc, host.name)}")
+        # The verdict's history line is written once its outcome is the host's: after the mark
+        # (promoted: `deployed`), after the rollback (`rolled-back`), or now (kept: `switched`),
+        # so the phase it shows is the one the host is in from that line on.
         if speed is None or speed.ok:
             try:
-                held.mark(Phase.DEPLOYED)
+                held.mark(Phase.DEPLOYED, speed=speed.record() if speed is not None else None)
             except DeployError as exc:
                 return ServeGate(restart, mark_error=clause(exc, host.name), speed=speed)
             return ServeGate(restart, marked=True, speed=speed)
         if not auto_rollback:
+            _record_verdict(held, speed)
             return ServeGate(restart, kept=True, speed=speed)
         progress(f"speed analysis failed ({speed.cause}): rolling back to backup {outcome.backup_id}")
         why = push.automatic_cause(run_id, "analysis", speed.cause, speed.why())
-        return _roll_back(host, settings, held, connect, outcome, files, restart, why, progress, heartbeat,
+        gate = _roll_back(host, settings, held, connect, outcome, files, restart, why, progress, heartbeat,
                           speed=speed)
+        _record_verdict(held, speed)
+        return gate
     if restart.failed == "interrupted" or inflight.cancelled.is_set():
         return ServeGate(restart, interrupted=True)
     if restart.state == serve_run.UNKNOWN:
@@ -219,6 +224,16 @@ def gate_push(host, settings: ServeSettings, held: push.PushSession, connect: Ca
              f"{outcome.backup_id}")
     why = push.automatic_cause(run_id, "serve", restart.failed, restart.detail)
     return _roll_back(host, settings, held, connect, outcome, files, restart, why, progress, heartbeat)
+
+
+def _record_verdict(held: push.PushSession, speed: speed_bake.Bake) -> None:
+    """The bake's verdict in the history (a ``speed`` line), under the push's lock while it holds
+    it; a line that cannot be written is a history warning, never the push's failure."""
+    try:
+        warning = held.record_speed(speed.record())
+    except DeployError as exc:
+        warning = f"the speed verdict was not recorded in the history: {exc.message}"
+    held.outcome.history_warning = held.outcome.history_warning or warning
 
 
 def _roll_back(host, settings: ServeSettings, held: push.PushSession, connect: Callable[[Any], Any],
@@ -250,7 +265,8 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
     (``bake.measure_baseline``). None when this push will switch nothing: the host's journal
     already holds the series ``resolve`` (facts -> ``Desired``) wants, deployed; or its files
     are switched and await their promotion (the new code serves: that run's own baseline, in
-    the history, is the one). One read-only round trip decides."""
+    the history, is the one). One read-only round trip decides. With ``[analysis.load]`` one
+    short window decides whether the load step drives the old server (``_load_plan``)."""
     progress("read state (for the speed baseline)")
     try:
         with status.reading(host, connect(host), []) as read:
@@ -267,10 +283,12 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
             desired = None  # the push itself says why, under its lock
         if desired is None or desired.series_id == journal.get("series_id"):
             return None
+    release = facts.get("sglang_version")
     try:
-        sample = metrics_run.sampler(host, connect, url=settings.url, release=facts.get("sglang_version"))
-        baseline = speed_bake.measure_baseline(sample, analysis, progress=progress)
-    except DeployError as exc:  # the scrape could not run: before the lock, nothing was changed
+        plan, not_driven = _load_plan(host, settings, analysis, connect, release, progress)
+        sample = metrics_run.sampler(host, connect, url=settings.url, release=release, load=plan)
+        baseline = speed_bake.measure_baseline(sample, analysis, progress=progress, load=plan, not_driven=not_driven)
+    except DeployError as exc:  # the scrape (or the load step) could not run: before the lock, nothing was changed
         raise exc.known(changed=Changed.NO, step="speed baseline") from exc
     bare = speed_bake.without_metrics(baseline.windows)
     if bare is not None:  # the new server, launched the same way, could not be judged either
@@ -278,6 +296,35 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
                           "nothing was changed", code=Code.FAILED_UNCHANGED,
                           hint=f"{bare.hint or 'launch the server with --enable-metrics'}, or push with --no-analysis")
     return baseline
+
+
+def _load_plan(host, settings: ServeSettings, analysis: AnalysisSettings, connect: Callable[[Any], Any],
+               release: str | None, progress: Progress) -> tuple[loadstep.Plan | None, str | None]:
+    """The load step (``[analysis.load]``) for this push's baseline, decided on one short window
+    of the old server (``loadstep.decide``): (the plan, None) to drive it; (None, why not)
+    where the table has one and it is not run; (None, None) without one."""
+    if analysis.load is None:
+        return None, None
+    sample = loadstep.sample_of(host, analysis)
+    progress("load step: is the old server idle? (one window)")
+    window, files = metrics_run.probe(host, connect, url=settings.url, release=release, interval_s=analysis.interval_s)
+    decision = loadstep.decide(analysis.load, window)
+    progress(f"load step: {decision.why}")
+    if not decision.drive:
+        return None, decision.why
+    module = bench_module([path for path, there in files.items() if there])
+    return loadstep.plan(analysis.load, sample, url=settings.url, module=module, why=decision.why), None
+
+
+def _bake_load(host, settings: ServeSettings, analysis: AnalysisSettings,
+               baseline: speed_bake.Baseline | None) -> loadstep.Plan | None:
+    """The bake is driven exactly as its baseline was: this run's plan, or (a rerun after
+    Ctrl-C, a recorded baseline) the same load rebuilt from the baseline's record."""
+    if baseline is None or baseline.load is None:
+        return None
+    if baseline.plan is not None:
+        return baseline.plan
+    return loadstep.from_record(baseline.load, analysis.load, loadstep.sample_of(host, analysis), url=settings.url)
 
 
 def _settled_baseline(held: push.PushSession, run_id: str | None, baseline: speed_bake.Baseline | None,

@@ -604,7 +604,8 @@ def _healthy_line(answer):
 OPS = {"init": "op_init", "inspect": "op_inspect", "lock": "op_lock", "unlock": "op_unlock", "build": "op_build",
        "switch": "op_switch", "verify": "op_verify", "keep": "op_keep", "restore": "op_restore",
        # `history` and `lock status/release` (session/hostlog.py): the agent's own jobs, on this state
-       "history": "op_history", "lock_status": "op_lock_status", "lock_release": "op_lock_release"}
+       "history": "op_history", "lock_status": "op_lock_status", "lock_release": "op_lock_release",
+       "speed": "op_speed"}  # the speed gate's history line (history.py's, as the agent's)
 
 
 def handle(program, request):

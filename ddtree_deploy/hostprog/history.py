@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 
+from ddtree_deploy.base.codes import Code
 from ddtree_deploy.hostprog import roots, wire
 from ddtree_deploy.hostprog.fileops import AgentError, describe_os_error
 from ddtree_deploy.hostprog.state import HISTORY, HISTORY_OLD, STATE_MARKER
@@ -23,7 +24,25 @@ HISTORY_MAX_BYTES = 4 << 20
 
 
 class History(object):
-    """Needs ``_p``/``need_state_dir`` (StateFolder), ``lock_owner`` (Lock), ``target`` (Facts)."""
+    """Needs ``_p``/``need_state_dir`` (StateFolder), ``lock_owner``/``locked`` (Lock), ``target`` (Facts)."""
+
+    def op_speed(self, request):
+        """Record the speed gate's figures in the history (one ``speed`` line): a push's
+        baseline before its switch, its verdict with the figures before and after, or the
+        figures around a restart or a rollback (serve/bake.py writes ``speed``). Under the
+        deploy lock, like every record of what a run did; the journal is not touched. One op
+        for both programs that keep a history: the agent (a [serve] host) and the container
+        program (a [container] host's bake), so their ``speed`` lines are the same."""
+        if not self.locked:
+            raise AgentError(Code.PROTOCOL, "speed needs the deploy lock")
+        speed = request.get("speed")
+        if not isinstance(speed, dict):
+            raise AgentError(Code.PROTOCOL, "speed needs a speed record")
+        journal = wire.read_json(self._p("journal.json")) or {}
+        warning = self.record("speed", outcome=str(speed.get("outcome") or speed.get("stage") or "?"),
+                              phase=journal.get("phase"), series=journal.get("series"),
+                              series_id=journal.get("series_id"), speed=speed)
+        return {"history_warning": warning} if warning else {}
 
     def record(self, event, holder=None, run_id=None, command=None, **fields):
         """Append one JSON line to history.jsonl; a warning string when that failed, else None.

@@ -107,22 +107,6 @@ class Journal(object):
                 reply["history_warning"] = warning
         return reply
 
-    def op_speed(self, request):
-        """Record the speed gate's figures in the history (one ``speed`` line): a push's
-        baseline before its switch, its verdict with the figures before and after, or the
-        figures around a restart or a rollback (serve/bake.py writes ``speed``). Under the
-        deploy lock, like every record of what a run did; the journal is not touched."""
-        if not self.locked:
-            raise AgentError(Code.PROTOCOL, "speed needs the deploy lock")
-        speed = request.get("speed")
-        if not isinstance(speed, dict):
-            raise AgentError(Code.PROTOCOL, "speed needs a speed record")
-        journal = wire.read_json(self._p("journal.json")) or {}
-        warning = self.record("speed", outcome=str(speed.get("outcome") or speed.get("stage") or "?"),
-                              phase=journal.get("phase"), series=journal.get("series"),
-                              series_id=journal.get("series_id"), speed=speed)
-        return {"history_warning": warning} if warning else {}
-
     def record_restart_end(self, serve, holder=None, command=None):
         """The serve program's own record of a restart's end (``serve``: its journal record),
         so that a restart whose controller is gone (Ctrl-C, a cut link) does not stay

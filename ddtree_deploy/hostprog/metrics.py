@@ -13,7 +13,7 @@ op). Request::
 
 Answer (``ok``: the op ran; whether the server had figures is ``metrics``)::
 
-    {"ok": true, "url", "metrics": "ok" | "missing" | "unreachable" | "error",
+    {"ok": true, "url", "metrics": "ok" | "missing" | "unreachable" | "error" | "stopped",
      "detail": null | "one line",
      "scrapes": [{"t": epoch seconds, "mono": monotonic seconds, "status", "text", "error"}],
      "server_info": {...the keys the figures read...} | null}
@@ -102,10 +102,22 @@ def server_info(base, timeout):
     return None
 
 
-def scrape(request, emitter=None):
+def _wait_until(when, stop):
+    """Sleep until ``when`` (monotonic); why ``stop`` says to stop meanwhile, else None."""
+    while True:
+        why = stop() if stop is not None else None
+        delay = when - time.monotonic()
+        if why or delay <= 0:
+            return why
+        time.sleep(min(delay, 0.1) if stop is not None else delay)
+
+
+def scrape(request, emitter=None, stop=None):
     """``scrapes`` GETs of /metrics, ``interval_s`` apart (by the monotonic clock), then one
     read of /server_info. A long run beats (``emitter.current``) so the controller's silence
-    limit never fires on it."""
+    limit never fires on it. ``stop`` (hostprog/load.py: the load step failed, the controller
+    went away): None, or why the scrapes stop now (``metrics: "stopped"``, its reason the
+    ``detail``), looked at between scrapes and every 0.1 s of a wait."""
     base = request["url"].rstrip("/")
     interval = float(request.get("interval_s", 10))
     count = max(1, int(request.get("scrapes", 2)))
@@ -117,9 +129,10 @@ def scrape(request, emitter=None):
     start = time.monotonic()
     try:
         for i in range(count):
-            delay = start + i * interval - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            why = _wait_until(start + i * interval, stop)
+            if why:
+                answer.update(metrics="stopped", detail=why)
+                break
             sent = time.monotonic()
             status, text, error = get_text(base + "/metrics", timeout)
             got = time.monotonic()

@@ -113,6 +113,7 @@ CONTAINER_OPS = {
     "keep": {"run_id": _f(str, REQ), "phase": _f(str, REQ)},
     "restore": {"run_id": _f(str, REQ), "command": _f((str, NONE)), "automatic": _f((dict, NONE))},
     "history": {"limit": _f((int, NONE))},
+    "speed": {"speed": _f(dict, REQ)},
     "lock_status": {},
     "lock_release": _LOCK_RELEASE,
 }

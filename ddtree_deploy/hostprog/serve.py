@@ -24,7 +24,9 @@ Request (one JSON line)::
                "tree": {...}} | null,         # the launch smoke level's proof (smoke.prove_served)
      "heartbeat_s": 20}
 
-``metrics`` scrapes the server's ``/metrics`` and ``/server_info`` (hostprog/metrics.py);
+``metrics`` scrapes the server's ``/metrics`` and ``/server_info`` (hostprog/metrics.py), with a
+``load`` part under the speed gate's load step (hostprog/load.py: SGLang's benchmark drives
+the server during the scrapes, then is stopped);
 ``discover`` answers the processes; ``check`` (``status``) adds one health GET; ``restart``
 streams ``{"event": "step", "level": "drain" | "restart" | "health" | "proof"}`` and
 heartbeats (``{"event": "wait", "level", "seconds"}``) and answers last with
@@ -51,7 +53,7 @@ import os
 import sys
 import time
 
-from ddtree_deploy.hostprog import metrics, smoke as sa, wire
+from ddtree_deploy.hostprog import load, smoke as sa, wire
 
 # A process that started this little before the restart began is taken as started by it:
 # /proc start times have clock-tick resolution, and the two clocks are read a moment apart.
@@ -467,7 +469,7 @@ def record_end(request, answer, seconds):
 # --------------------------------------------------------------------- main
 
 OPS = {"discover": discover, "check": check}
-LONG_OPS = {"restart": restart, "metrics": metrics.scrape}  # these beat while they wait
+LONG_OPS = {"restart": restart, "metrics": load.scrape}  # these beat while they wait (metrics: load.py)
 
 
 def _check(request):

@@ -28,6 +28,8 @@ Shared by the roots, at the top (``_top``)::
     roots/<key>/          the other roots' state folders
     smoke/, tune/         the smoke and tune programs' logs and the tune lock (one tune
                           at a time on a machine: its servers hold the GPUs)
+    load/<tag>/           the speed gate's load step while it runs (hostprog/load.py: the
+                          prompt file and the benchmark's log, removed when it stops)
 """
 
 import errno
@@ -233,7 +235,9 @@ def foreign_content(folder):
             return only(full, lambda n: n == "owner.json")
         subs = {"backups": backups, "staging": staging, "drifted": drifted}
         if not nested:
-            subs.update(smoke=smoke, roots=lambda f, n: only(f, lambda n: False, root_folder))
+            # load/<tag>/: the speed gate's load step (hostprog/load.py: its files, removed when it ends)
+            subs.update(smoke=smoke, load=lambda f, n: only(f, lambda n: False, smoke),
+                        roots=lambda f, n: only(f, lambda n: False, root_folder))
         sub = subs.get(name)
         if sub is None:
             return "unexpected folder"

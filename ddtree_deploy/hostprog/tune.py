@@ -53,7 +53,7 @@ import threading
 import time
 
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.hostprog import roots, smoke as sa, wire
+from ddtree_deploy.hostprog import load, roots, smoke as sa, wire
 
 OOM_MARKS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed")
 METRICS = {  # bench_serving's result keys -> ours
@@ -118,7 +118,7 @@ class Tuner(object):
         if path and not os.path.isfile(os.path.expanduser(path)):
             return {"event": "refused", "code": Code.BAD_DATASET,
                     "message": "--dataset sharegpt-file: %s is not a file on the host" % path}
-        bench_files = self._bench_files()
+        bench_files = load.bench_files()  # the controller picks one: tune_run.bench_module
         problem = self._check_series()
         if problem:
             return {"event": "refused", "code": Code.SERIES_CHANGED, "message": problem}
@@ -158,15 +158,6 @@ class Tuner(object):
             return {"event": "refused", "code": Code.BAD_DATASET, "message": "the prompt files: %s" % exc}
         return {"event": "ready", "lock": owner, "took_over": took_over, "python": sys.executable,
                 "bench_files": bench_files}
-
-    @staticmethod
-    def _bench_files():
-        """Which of SGLang's benchmark modules the installed release ships (the controller
-        picks one: tuning/tune_run.bench_module)."""
-        found = wire.find_package("sglang")
-        root = os.path.dirname(found) if found else None
-        return {rel: bool(root) and os.path.isfile(os.path.join(root, rel))
-                for rel in ("sglang/benchmark/serving.py", "sglang/bench_serving.py")}
 
     def _write_prompts(self, spec):
         """A category's prompts, where the controller said: only under this run's tune folder."""

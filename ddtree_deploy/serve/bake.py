@@ -10,7 +10,9 @@
 
 How a window is taken is the caller's (``Sampler``: the serve program's ``metrics`` op over
 the host's transport, ``metrics_run.sample_windows``), so this module holds the decisions and
-the records, not the connection. A Ctrl-C under a sample raises out of the sampler
+the records, not the connection. Under the load step (``[analysis.load]``, serve/loadstep.py)
+the caller's sampler drives the server too: the baseline keeps the load's record (``load``),
+the bake is driven exactly when its baseline was, and their lines say so. A Ctrl-C under a sample raises out of the sampler
 (``inflight``): nothing here catches it.
 
 The history keeps a ``speed`` entry per stage (``record``): the baseline as soon as it is
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from ddtree_deploy.base.progress import Progress, quiet
-from ddtree_deploy.serve import analysis
+from ddtree_deploy.serve import analysis, loadstep
 from ddtree_deploy.serve.figures import (
     ENABLE_FLAG,
     ServedFigures,
@@ -69,6 +71,8 @@ class Baseline:
     source: str  # live | record | none
     note: str  # one line: where it came from
     run_id: str | None = None  # record: the promoted push whose windows these are
+    load: dict | None = None  # taken under the load step: its record (loadstep.Plan.record); the bake is too
+    plan: loadstep.Plan | None = field(default=None, compare=False)  # that load, in this run (not recorded)
 
     @property
     def usable(self) -> bool:
@@ -78,13 +82,15 @@ class Baseline:
         return analysis.summary(analysis.samples(self.windows))
 
     def to_json(self) -> dict:
-        return {"source": self.source, "note": self.note, "run_id": self.run_id,
+        return {"source": self.source, "note": self.note, "run_id": self.run_id, "load": self.load,
                 "windows": [w.to_json() for w in self.windows]}
 
     @classmethod
     def from_json(cls, doc: dict) -> "Baseline":
+        load = doc.get("load")
         return cls(tuple(figures_from_json(w) for w in doc.get("windows") or () if isinstance(w, dict)),
-                   str(doc.get("source") or RECORD), str(doc.get("note") or ""), doc.get("run_id"))
+                   str(doc.get("source") or RECORD), str(doc.get("note") or ""), doc.get("run_id"),
+                   load if isinstance(load, dict) else None)
 
 
 def recorded_baseline(entries: Iterable[dict]) -> Baseline | None:
@@ -94,8 +100,10 @@ def recorded_baseline(entries: Iterable[dict]) -> Baseline | None:
         if isinstance(speed, dict) and speed.get("stage") == "verdict" and speed.get("outcome") == PROMOTED \
                 and speed.get("windows"):
             windows = tuple(figures_from_json(w) for w in speed["windows"] if isinstance(w, dict))
+            load = speed.get("load") if isinstance(speed.get("load"), dict) else None
             return Baseline(windows, RECORD, f"the old server had no traffic: the baseline is push run "
-                            f"{e.get('run_id') or '?'}'s bake of {e.get('time') or '?'}", e.get("run_id"))
+                            f"{e.get('run_id') or '?'}'s bake of {e.get('time') or '?'}{loadstep.said(load)}",
+                            e.get("run_id"), load)
     return None
 
 
@@ -107,20 +115,30 @@ def pending_baseline(entries: Iterable[dict], run_id: str | None) -> Baseline | 
                 and isinstance(speed.get("baseline"), dict):
             found = Baseline.from_json(speed["baseline"])
             return Baseline(found.windows, found.source, f"{found.note} (sampled by this run before its switch)",
-                            found.run_id)
+                            found.run_id, found.load)
     return None
 
 
 def measure_baseline(sampler: Sampler, settings: AnalysisSettings, *, recorded: Baseline | None = None,
-                     progress: Progress = quiet) -> Baseline:
+                     progress: Progress = quiet, load: loadstep.Plan | None = None,
+                     not_driven: str | None = None) -> Baseline:
     """The old server's windows; where it has too little traffic, ``recorded`` (the last
-    promoted deploy's) instead; neither: a baseline of ``NONE`` (the bake is inconclusive)."""
-    progress(f"speed baseline: {settings.samples} windows of {settings.interval_s:g} s on the old server")
-    windows = tuple(sample(sampler, settings))
+    promoted deploy's) instead; neither: a baseline of ``NONE`` (the bake is inconclusive).
+    ``load``: ``sampler`` drives the server with the load step (the bake will too: recorded
+    with the baseline); ``not_driven``: why a load step the table has is not run (said)."""
+    under = loadstep.said(load.record()) if load is not None else ""
+    progress(f"speed baseline: {settings.samples} windows of {settings.interval_s:g} s on the old server{under}"
+             + (" (after one of warm-up)" if load is not None else ""))
+    if load is None:
+        windows = tuple(sample(sampler, settings))
+    else:  # a load that just started: its first window is its ramp, dropped as the bake drops its first
+        windows = tuple(sampler(settings.interval_s, settings.samples + 2))[1:]
     busy = len(analysis.samples(windows))
     if busy >= settings.min_samples:
-        return Baseline(windows, LIVE, f"the old server, {busy} windows of {settings.interval_s:g} s just before "
-                                       "the switch")
+        note = f"the old server, {busy} windows of {settings.interval_s:g} s just before the switch{under}"
+        if not_driven:
+            note += f" ({not_driven})"
+        return Baseline(windows, LIVE, note, load=load.record() if load is not None else None, plan=load)
     if recorded is not None:
         return recorded
     why = stopped(windows)
@@ -139,10 +157,17 @@ class Bake:
     verdict: analysis.Verdict | None = None
     skipped: str | None = None  # --no-analysis: not judged (said in the outcome)
     died: str | None = field(default=None)  # the server stopped answering during the bake
+    load_failed: str | None = None  # the load step could not drive the new server as it drove the old
+
+    @property
+    def load(self) -> dict | None:
+        """The load step's record when the figures were taken under it (both sides were)."""
+        return self.baseline.load if self.baseline is not None else None
 
     @property
     def ok(self) -> bool:
-        return self.skipped is not None or (self.died is None and self.verdict is not None and self.verdict.ok)
+        return self.skipped is not None or (self.died is None and self.load_failed is None
+                                            and self.verdict is not None and self.verdict.ok)
 
     @property
     def outcome(self) -> str:
@@ -155,16 +180,20 @@ class Bake:
         """What failed, in the journal's ``automatic`` record's ``step``."""
         if self.died is not None:
             return "server died"
+        if self.load_failed is not None:
+            return "load step failed"
         return self.verdict.outcome if self.verdict is not None else "no verdict"
 
     def why(self) -> str:
         """The failure in one clause: which figure, by how much, and the baseline."""
         if self.died is not None:
             return f"the server stopped answering during the bake: {self.died}"
+        if self.load_failed is not None:
+            return f"not judged: the load step failed during the bake: {self.load_failed}"
         text = self.verdict.line() if self.verdict is not None else "no verdict"
         if self.baseline is not None and self.baseline.source == NONE:
             text += f" ({self.baseline.note})"
-        return text
+        return text + loadstep.said(self.load)
 
     def line(self) -> str:
         """The outcome line's speed part."""
@@ -177,7 +206,7 @@ class Bake:
         said = compared_line(v.new, v.baseline) if v is not None and v.new is not None else v.reason
         if base is not None and base.source == RECORD:
             said += f" (baseline: push run {base.run_id or '?'}'s bake)"
-        return f"serving {said}: {PROMOTED}"
+        return f"serving {said}{loadstep.said(self.load)}: {PROMOTED}"
 
     def record(self) -> dict:
         """The history's ``speed`` entry (the verdict stage): before/after, and the windows kept
@@ -187,14 +216,16 @@ class Bake:
                "baseline_source": self.baseline.source if self.baseline else None,
                "before": v.baseline.to_json() if v is not None and v.baseline is not None else None,
                "after": v.new.to_json() if v is not None and v.new is not None else None,
-               "verdict": v.outcome if v is not None else None, "died": self.died}
+               "verdict": v.outcome if v is not None else None, "died": self.died, "load": self.load,
+               "load_failed": self.load_failed}
         if self.ok and self.skipped is None:
             doc["windows"] = [w.to_json() for w in self.windows]
         return doc
 
     def to_json(self) -> dict:
         return {"outcome": self.outcome, "ok": self.ok, "line": self.line(), "skipped": self.skipped,
-                "died": self.died, "baseline": self.baseline.to_json() if self.baseline else None,
+                "died": self.died, "load_failed": self.load_failed, "load": self.load,
+                "baseline": self.baseline.to_json() if self.baseline else None,
                 "verdict": self.verdict.to_json() if self.verdict else None,
                 "windows": len(self.windows)}
 
@@ -205,7 +236,7 @@ def bake(sampler: Sampler, settings: AnalysisSettings, baseline: Baseline, *, pr
     ago averages its gauges from zero there (the stand-in's first window reads half its accept
     length), which is the restart, not the build."""
     progress(f"speed analysis: the new server bakes {settings.samples} windows of {settings.interval_s:g} s "
-             "(after one of warm-up)")
+             f"(after one of warm-up){loadstep.said(baseline.load)}")
     taken = tuple(sampler(settings.interval_s, settings.samples + 2))
     gone = stopped(taken)
     windows = taken[1:]
@@ -233,7 +264,8 @@ def entry_words(speed: dict) -> str:
     if stage == "baseline":
         base = Baseline.from_json(speed.get("baseline") or {})
         medians = base.medians()
-        return f"baseline ({base.source}): " + (figures_line(medians) if medians is not None else base.note)
+        return (f"baseline ({base.source}): " + (figures_line(medians) if medians is not None else base.note)
+                + loadstep.said(base.load))
     before = figures_from_json(speed["before"]) if isinstance(speed.get("before"), dict) else None
     after = figures_from_json(speed["after"]) if isinstance(speed.get("after"), dict) else None
     if stage == "verdict":

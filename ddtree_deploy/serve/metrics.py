@@ -54,10 +54,14 @@ def scrape_request(python: str, url: str, names: MetricNames, *, interval_s: flo
 
 def scrape_deadline(request: Mapping[str, Any], slack_s: float = 30.0) -> float:
     """Seconds the controller waits for the answer to ``request``, at most: the scrapes'
-    spacing, each GET's timeout (the /server_info read too: two endpoints) and a slack."""
+    spacing, each GET's timeout (the /server_info read too: two endpoints) and a slack; under
+    the load step (``request["load"]``) also its benchmark's start and stop."""
     n = int(request.get("scrapes", 2))
+    load = request.get("load") or {}  # the load step: its benchmark's start, and its stop (TERM, then KILL)
+    extra = (float(load.get("ready_timeout_s", 0)) + float(load.get("settle_s", 0)) + float(load.get("term_grace_s", 0))
+             + 10.0) if load else 0.0
     return (n - 1) * float(request.get("interval_s", DEFAULT_WINDOW_S)) \
-        + (n + 2) * float(request.get("timeout_s", SCRAPE_TIMEOUT_S)) + slack_s
+        + (n + 2) * float(request.get("timeout_s", SCRAPE_TIMEOUT_S)) + slack_s + extra
 
 
 # ----------------------------------------------------------------------------- parsing

@@ -217,13 +217,26 @@ class PushSession:
         """The run whose switch awaits its smoke (this push's, or an earlier one's)."""
         return self.outcome.smoke_pending
 
-    def mark(self, phase: str, smoke: dict | None = None) -> dict:
+    def mark(self, phase: str, smoke: dict | None = None, *, speed: dict | None = None) -> dict:
+        """Mark the journal ``phase`` and release the lock. ``speed`` (the speed gate's verdict,
+        serve/bake.py): its history line is written once the mark is, still under the lock, so
+        it shows the phase the mark made (a second round trip); a line that cannot be written is
+        the outcome's history warning, not a failed mark."""
         if not self.locked or self._sess is None:
             raise DeployError(f"{self.host.name}: mark: the deploy lock was already released", code=Code.PROTOCOL)
-        self.locked = False
-        marked, _unlock = self._sess.call(mark_request(self.run_id, phase, smoke), {"op": "unlock"})
+        if speed is None:
+            self.locked = False
+            marked, _unlock = self._sess.call(mark_request(self.run_id, phase, smoke), {"op": "unlock"})
+        else:
+            (marked,) = self._sess.call(mark_request(self.run_id, phase, smoke))
         journal = expect_ok(marked, self.host.name, "mark")["journal"]
         self.marked = self.outcome.phase = phase
+        if speed is not None:
+            self.locked = False
+            said, _unlock = self._sess.call({"op": "speed", "speed": speed}, {"op": "unlock"})
+            warning = said.get("history_warning") if said.get("ok") else (
+                f"the speed verdict was not recorded in the history: {said.get('message')}")
+            self.outcome.history_warning = self.outcome.history_warning or warning
         return journal
 
     def record_serve(self, serve: dict, *, history: bool = False) -> str | None:

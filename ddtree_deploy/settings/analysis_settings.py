@@ -22,6 +22,7 @@ input gives, ``<file>: line N: analysis.<key>: <what is wrong>; <what to do>``.
     concurrency = 16
     output_len = 256
     when = "idle"          # "idle": only when the server has no traffic of its own; "always"
+    # tokenizer = "/models/llama"  # on the host; default: the id the server's /v1/models gives
 
 The defaults (every key above but ``[analysis.load]``) are the ones measured by the
 analysis simulation (bench/analysis_bench.py, docs/analysis.md): with them, equal builds
@@ -52,7 +53,7 @@ LOWER = ("itl_p99_ms", "ttft_p99_ms", "error_rate")  # a rise is a regression
 FIGURES = HIGHER + LOWER
 WHEN = ("idle", "always")
 _KEYS = ("window_s", "interval_s", "min_samples", "margin", "thresholds", "load")
-_LOAD_KEYS = ("prompts", "concurrency", "output_len", "when")
+_LOAD_KEYS = ("prompts", "concurrency", "output_len", "when", "tokenizer")
 _RELATIVE = re.compile(r"^\s*([+-]?)(\d+(?:\.\d+)?)\s*%\s*$")
 _UNITS = {"accept_length": "tokens per step", "output_tps": "tokens/s", "itl_p99_ms": "ms", "ttft_p99_ms": "ms",
           "error_rate": "share of requests, 0 to 1"}
@@ -98,6 +99,7 @@ class LoadStep:
     concurrency: int = 16
     output_len: int = 256
     when: str = "idle"
+    tokenizer: str | None = None  # on the host; None: the benchmark loads the server's /v1/models id
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,8 @@ class AnalysisSettings:
                                for t in self.thresholds},
                 "load": None if self.load is None else {"prompts": self.load.prompts,
                                                         "concurrency": self.load.concurrency,
-                                                        "output_len": self.load.output_len, "when": self.load.when}}
+                                                        "output_len": self.load.output_len, "when": self.load.when,
+                                                        "tokenizer": self.load.tokenizer}}
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -226,8 +229,10 @@ def _load(doc: TomlFile) -> LoadStep | None:
     d = LoadStep(prompts=prompts)
     return LoadStep(prompts=prompts,
                     concurrency=doc.integer("analysis.load.concurrency", default=d.concurrency, lo=1, hi=4096),
-                    output_len=doc.integer("analysis.load.output_len", default=d.output_len, lo=2, hi=1 << 20),
-                    when=doc.choice("analysis.load.when", WHEN, default=d.when))
+                    # (SGLang's custom dataset refuses fewer than 4 output tokens)
+                    output_len=doc.integer("analysis.load.output_len", default=d.output_len, lo=4, hi=1 << 20),
+                    when=doc.choice("analysis.load.when", WHEN, default=d.when),
+                    tokenizer=doc.string("analysis.load.tokenizer", required=False, example="/models/llama"))
 
 
 # ----------------------------------------------------------------------------- overrides

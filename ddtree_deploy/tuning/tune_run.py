@@ -170,14 +170,9 @@ def bench_argv(launch: smoke_settings.LaunchSettings, opts: tune.TuneOptions,
     added per run by the host program; with a prompt file, each category's dataset and
     prompt count too: ``category_runs``). Fixed seed and lengths: the same prompts for every
     configuration; ``--flush-cache`` so no run profits from the previous one's prefix cache."""
-    argv = ["{python}", "-m", module, "--backend", "sglang", "--host", launch.host,
-            "--port", str(launch.port), "--seed", str(opts.seed), "--request-rate", "inf",
-            "--flush-cache", "--disable-tqdm", "--ready-check-timeout-sec", "0", "--warmup-requests", "1"]
-    if launch.model is not None:
-        argv += ["--model", launch.model]
+    argv = server_bench_argv(launch.host, launch.port, module, seed=opts.seed, model=launch.model)
     if opts.dataset == "prompts":
-        # SGLang's "custom" dataset: the operator's prompts, each answered with --output-len tokens.
-        return argv + ["--dataset-name", "custom", "--sharegpt-output-len", str(opts.output_len)]
+        return argv + prompts_dataset_args(opts.output_len)
     argv += ["--num-prompts", str(opts.requests), "--random-input-len", str(opts.input_len),
              "--random-output-len", str(opts.output_len), "--random-range-ratio", "1.0"]
     if opts.dataset == "sharegpt-file":
@@ -185,6 +180,28 @@ def bench_argv(launch: smoke_settings.LaunchSettings, opts: tune.TuneOptions,
     else:
         argv += ["--dataset-name", OFFLINE_DATASET, "--tokenize-prompt"]
     return argv
+
+
+def server_bench_argv(host: str, port: int, module: str = BENCH_MODULE, *, seed: int = 1,
+                      model: str | None = None, tokenizer: str | None = None) -> list[str]:
+    """SGLang's serving benchmark against the server at ``host:port``, without its dataset:
+    what tune's runs and the speed gate's load step (serve/loadstep.py) share. Without
+    ``model`` the benchmark asks the server's ``/v1/models``."""
+    argv = ["{python}", "-m", module, "--backend", "sglang", "--host", host,
+            "--port", str(port), "--seed", str(seed), "--request-rate", "inf",
+            "--flush-cache", "--disable-tqdm", "--ready-check-timeout-sec", "0", "--warmup-requests", "1"]
+    if model is not None:
+        argv += ["--model", model]
+    if tokenizer is not None:
+        argv += ["--tokenizer", tokenizer]
+    return argv
+
+
+def prompts_dataset_args(output_len: int) -> list[str]:
+    """SGLang's "custom" dataset: the operator's prompts (``prompt_files``: each file's
+    ``--dataset-path`` and ``--num-prompts`` are given per run), each answered with
+    ``output_len`` tokens."""
+    return ["--dataset-name", "custom", "--sharegpt-output-len", str(output_len)]
 
 
 def prompt_folder(state: str, run_id: str) -> str:
