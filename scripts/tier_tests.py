@@ -56,6 +56,7 @@ TIERS = ("unit", "integration", "e2e")
 SSHD_FIXTURES = {
     "sshd": "the sshd fixture", "host": "the sandbox host fixture", "served": "the served host fixture",
     "oracle": "the oracle fixture (a sandbox host and GNU patch)",
+    "tuned_host": "the tuned host fixture", "tuned_host_0_5_23": "the tuned host fixture",
 }
 SSHD_NAMES = {"SSHServer": "a real sshd (SSHServer)", "SandboxHost": "a sandbox host",
               "SSHTransport": "an SSH transport"}
