@@ -9,8 +9,9 @@ sweep's choice is known in advance. The tokenizer bench_serving loads is a real
 
 Each bench_serving run starts SGLang's interpreter (torch and transformers imports: 10-20
 s on two shared cores), so the grids here are small. The host, the model and the helpers are
-tests/tune_host.py's; the long multi-concurrency sweeps (per prompt category, and on 0.5.23)
-are tests/test_tune_sweeps_ssh.py, so that a parallel run takes the two files on two workers.
+tests/tune_host.py's; the same on SGLang 0.5.23 (the v2 family) is
+tests/test_tune_v2_family_ssh.py, apart so that a parallel run takes the two hosts' sweeps on
+two workers at once.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import pytest
 
 from envelope_check import check_envelope  # tests/envelope_check.py: the --json contract
 from ddtree_deploy.sandbox import free_port
-from tune_host import (alive, launch_table, pids, proc_start, run_cli, start_cli, tune_args, wait_for,
-                       write_inventory)
+from tune_host import (alive, launch_table, pids, proc_start, prompt_file, run_cli, start_cli, tune_args,
+                       wait_for, write_inventory)
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
 
@@ -244,6 +245,56 @@ def test_sharegpt_file_missing_on_the_host_is_bad_input(tuned_host, tmp_path):
     assert proc.stderr.count("error:") == 1 and not pid_file.exists()
     assert not (h["test_host"].state_dir / "tune" / "lock").exists()
     assert not (tmp_path / "out").exists()  # nothing written locally either
+
+
+# ---------------------------------------------------------------- the operator's prompts
+
+
+def test_prompt_file_per_category_and_the_best_at_every_concurrency(tuned_host, tmp_path):
+    """0.5.12.post1: its benchmark is sglang.bench_serving (no sglang/benchmark/serving.py in
+    that release). Each concurrency runs the benchmark once per category on SGLang's own
+    ``custom`` dataset; the table gives each category's tokens/s and accept length (the
+    probe), and the best configuration at every concurrency, whose schedule lands in the
+    results. The tune stand-in's model (ddtree_testkit/standin_tune_server.py): at one
+    request B=16 wins (deeper tree, +15% over the chain), at eight B=4 (cheaper steps)."""
+    h = tuned_host
+    inventory, _ = write_inventory(h, ["--accept-bonus", "w299=0.8"])
+    out = tmp_path / "out"
+    proc = run_cli(["tune", "--host", str(inventory), "--prompts", str(prompt_file(tmp_path / "p.jsonl")),
+                    "--baseline", "dflash", "--budgets", "4,16", "--topk", "2", "--concurrency", "1,8",
+                    "--requests", "8", "--output-len", "24", "--repeats", "0", "--out", str(out), "--json"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "benchmark: python -m sglang.bench_serving; prompts: " in proc.stderr
+    doc = check_envelope(proc.stdout, proc.returncode, "tune")["hosts"][0]
+    assert doc["dataset_label"] == f"prompts: {tmp_path / 'p.jsonl'} (chat 4, code 4 per run)"
+    assert [(r["config"], r["status"]) for r in doc["runs"]] == [("dflash", "ok"), ("ddtree-b4-k2", "ok"),
+                                                                ("ddtree-b16-k2", "ok")]
+    for conc in ("1", "8"):
+        for row in doc["ranking"][conc]:
+            cats = row["categories"]
+            assert sorted(cats) == ["chat", "code"] and all(cats[c]["completed"] == 4 for c in cats), row
+            # the whole is the parts together: all their tokens over all their time
+            together = sum(c["output_tokens"] for c in cats.values()) / sum(c["duration_s"] for c in cats.values())
+            assert row["output_tps"] == pytest.approx(together)
+    b16 = next(r for r in doc["runs"] if r["config"] == "ddtree-b16-k2")
+    # The probe: code's prompts accept more per step than chat's (the model: +0.8).
+    assert b16["category_accept"]["code"] > b16["category_accept"]["chat"] + 0.3, b16["category_accept"]
+    best = {row["concurrency"]: row["config"] for row in doc["best_per_concurrency"]}
+    assert best == {1: "ddtree-b16-k2", 8: "ddtree-b4-k2"}, doc["best_per_concurrency"]
+    assert doc["schedule"] == "1:16/2,8:4/2"
+    closing = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
+    assert closing["kind"] == "summary" and closing["schedule"] == "1:16/2,8:4/2"
+    # The same sweep's table, as printed without --json (from the results file: no new launch).
+    again = run_cli(["tune", "--host", str(inventory), "--prompts", str(tmp_path / "p.jsonl"), "--baseline", "dflash",
+                     "--budgets", "4,16", "--topk", "2", "--concurrency", "1,8", "--requests", "8", "--output-len",
+                     "24", "--repeats", "0", "--out", str(out), "--resume"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resume: 3 finished run(s)" in again.stderr and "launch" not in again.stderr
+    text = again.stdout
+    assert text.splitlines()[0] == f"prompts: {tmp_path / 'p.jsonl'} (chat 4, code 4 per run)"
+    assert "chat tok/s" in text and "code tok/s" in text
+    assert "best per concurrency (schedule 1:16/2,8:4/2):" in text
+    print("\n" + text)
 
 
 def test_apply_as_schedule_on_a_v1_family_is_bad_input_before_any_launch(tuned_host, tmp_path):

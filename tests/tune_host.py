@@ -1,5 +1,6 @@
-"""The tune tests' host over sshd, shared by tests/test_tune_ssh.py and tests/test_tune_sweeps_ssh.py
-(two files so that `--dist loadfile` runs their long sweeps on two workers at once).
+"""The tune tests' hosts over sshd, for tests/test_tune_ssh.py (0.5.12.post1), tests/test_tune_deadline.py
+and tests/test_tune_v2_family_ssh.py (0.5.23): one host per file, so that `--dist loadfile` runs
+the two hosts' long sweeps on two workers at once.
 
 A host Python with the real SGLang release and the real DDTree series pushed for real
 (``tuned_host``: 0.5.12.post1 and the sglang-0.5.12 family; ``tuned_host_0_5_23``: 0.5.23 and

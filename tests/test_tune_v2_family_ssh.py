@@ -1,13 +1,13 @@
-"""`ddtree-deploy tune` end to end, its long sweeps: by prompt category at two concurrencies
-on SGLang 0.5.12.post1, and on 0.5.23 (its own benchmark module, the budget schedule --apply
-writes). A real sshd on loopback, host Pythons with the real releases and the real DDTree
-series pushed, SGLang's OWN benchmark from each release driving the load, the tune STAND-IN
-server (ddtree_testkit/standin_tune_server.py: no GPU here; its synthetic model makes each
-sweep's choice known in advance).
+"""`ddtree-deploy tune` end to end on the v2 family: a real sshd on loopback, a host Python with
+the real SGLang 0.5.23 and the real sglang-0.5.20 series pushed (``tuned_host_0_5_23``), the
+release's OWN ``python -m sglang.benchmark.serving`` driving the tune STAND-IN server
+(ddtree_testkit/standin_tune_server.py: no GPU here; its synthetic model makes each sweep's
+choice known in advance): the operator's prompt file by category, and the budget schedule
+``--apply`` writes.
 
-Apart from tests/test_tune_ssh.py (the same host helpers: tests/tune_host.py) because these
-sweeps are the longest of the tune tests (a benchmark start per category and concurrency,
-10-20 s each on two shared cores): two files run on two workers at once under `make test`.
+Apart from tests/test_tune_ssh.py (the 0.5.12.post1 host; the same helpers, tests/tune_host.py)
+so that `make test`'s workers take the two hosts' sweeps at once: each file is several
+minutes on two shared cores (a benchmark start per category and concurrency, 10-20 s each).
 """
 
 from __future__ import annotations
@@ -26,54 +26,7 @@ from tune_host import REPO, prompt_file, run_cli, write_inventory
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
 
 
-# ---------------------------------------------------------------- the operator's prompts, by release
-
-
-def test_prompt_file_per_category_and_the_best_at_every_concurrency(tuned_host, tmp_path):
-    """0.5.12.post1: its benchmark is sglang.bench_serving (no sglang/benchmark/serving.py in
-    that release). Each concurrency runs the benchmark once per category on SGLang's own
-    ``custom`` dataset; the table gives each category's tokens/s and accept length (the
-    probe), and the best configuration at every concurrency, whose schedule lands in the
-    results. The tune stand-in's model (ddtree_testkit/standin_tune_server.py): at one
-    request B=16 wins (deeper tree, +15% over the chain), at eight B=4 (cheaper steps)."""
-    h = tuned_host
-    inventory, _ = write_inventory(h, ["--accept-bonus", "w299=0.8"])
-    out = tmp_path / "out"
-    proc = run_cli(["tune", "--host", str(inventory), "--prompts", str(prompt_file(tmp_path / "p.jsonl")),
-                    "--baseline", "dflash", "--budgets", "4,16", "--topk", "2", "--concurrency", "1,8",
-                    "--requests", "8", "--output-len", "24", "--repeats", "0", "--out", str(out), "--json"])
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "benchmark: python -m sglang.bench_serving; prompts: " in proc.stderr
-    doc = check_envelope(proc.stdout, proc.returncode, "tune")["hosts"][0]
-    assert doc["dataset_label"] == f"prompts: {tmp_path / 'p.jsonl'} (chat 4, code 4 per run)"
-    assert [(r["config"], r["status"]) for r in doc["runs"]] == [("dflash", "ok"), ("ddtree-b4-k2", "ok"),
-                                                                ("ddtree-b16-k2", "ok")]
-    for conc in ("1", "8"):
-        for row in doc["ranking"][conc]:
-            cats = row["categories"]
-            assert sorted(cats) == ["chat", "code"] and all(cats[c]["completed"] == 4 for c in cats), row
-            # the whole is the parts together: all their tokens over all their time
-            together = sum(c["output_tokens"] for c in cats.values()) / sum(c["duration_s"] for c in cats.values())
-            assert row["output_tps"] == pytest.approx(together)
-    b16 = next(r for r in doc["runs"] if r["config"] == "ddtree-b16-k2")
-    # The probe: code's prompts accept more per step than chat's (the model: +0.8).
-    assert b16["category_accept"]["code"] > b16["category_accept"]["chat"] + 0.3, b16["category_accept"]
-    best = {row["concurrency"]: row["config"] for row in doc["best_per_concurrency"]}
-    assert best == {1: "ddtree-b16-k2", 8: "ddtree-b4-k2"}, doc["best_per_concurrency"]
-    assert doc["schedule"] == "1:16/2,8:4/2"
-    closing = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
-    assert closing["kind"] == "summary" and closing["schedule"] == "1:16/2,8:4/2"
-    # The same sweep's table, as printed without --json (from the results file: no new launch).
-    again = run_cli(["tune", "--host", str(inventory), "--prompts", str(tmp_path / "p.jsonl"), "--baseline", "dflash",
-                     "--budgets", "4,16", "--topk", "2", "--concurrency", "1,8", "--requests", "8", "--output-len",
-                     "24", "--repeats", "0", "--out", str(out), "--resume"])
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resume: 3 finished run(s)" in again.stderr and "launch" not in again.stderr
-    text = again.stdout
-    assert text.splitlines()[0] == f"prompts: {tmp_path / 'p.jsonl'} (chat 4, code 4 per run)"
-    assert "chat tok/s" in text and "code tok/s" in text
-    assert "best per concurrency (schedule 1:16/2,8:4/2):" in text
-    print("\n" + text)
+# ---------------------------------------------------------------- the operator's prompts on 0.5.23
 
 
 def test_0_5_23_runs_sglang_benchmark_serving(tuned_host_0_5_23, tmp_path):
@@ -101,7 +54,10 @@ def test_apply_writes_the_schedule_on_the_v2_family_and_says_what_no_speculation
     """The v2 family (SGLang 0.5.23) takes --speculative-ddtree-budget-schedule. The tune stand-in's
     model (ddtree_testkit/standin_tune_server.py): at one request the deep tree (B=16) wins, at 32
     no speculation does (each verify costs W x C: B=8 serves ~35% fewer tokens/s there in the
-    model's steady state); --itl-margin wide so the trees count everywhere.
+    model's steady state); --itl-margin wide so the trees count everywhere. --requests 32: one
+    wave at 32 (all of them decoding together: the steady state throughout), and at one request
+    32 in a row, each a wait the stand-in sleeps step by step (~0.7 s without speculation): 64
+    waited ~45 s more on two cores for the same ranking (B=16 +13% at 1, none +35% at 32).
     auto writes the schedule, carrying 32 with the fastest tree there and saying what it costs; the
     inventory reads back, the payload's own parser takes the schedule, and the launch sends it."""
     import importlib.util
@@ -113,7 +69,7 @@ def test_apply_writes_the_schedule_on_the_v2_family_and_says_what_no_speculation
     inventory, _ = write_inventory(h, [])
     out = tmp_path / "out"
     proc = run_cli(["tune", "--host", str(inventory), "--baseline", "none", "--budgets", "8,16", "--topk", "2",
-                    "--concurrency", "1,32", "--requests", "64", "--input-len", "16", "--output-len", "24",
+                    "--concurrency", "1,32", "--requests", "32", "--input-len", "16", "--output-len", "24",
                     "--itl-margin", "400", "--repeats", "0", "--out", str(out), "--apply", "--json"])
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = check_envelope(proc.stdout, proc.returncode, "tune")["hosts"][0]
