@@ -100,26 +100,29 @@ def test_a_helper_module_carries_its_imports_not_its_names(tmp_path):
 
 
 def test_a_moved_file_finds_the_same_folders():
+    # Written with F for __file__: the script rewrites this very file when it moves it, and
+    # the examples must stay what they say.
     source = textwrap.dedent("""
-        REPO = Path(__file__).resolve().parent.parent
-        DATA = Path(__file__).parent / "data"
-        ROOT = Path(__file__).resolve().parents[1]
-        HERE = os.path.dirname(os.path.abspath(__file__))
-        TEXT = Path(__file__).read_text()
-        PKG = Path(ddtree_deploy.__file__).resolve().parent
-    """)
+        REPO = Path(F).resolve().parent.parent
+        DATA = Path(F).parent / "data"
+        ROOT = Path(F).resolve().parents[1]
+        HERE = os.path.dirname(os.path.abspath(F))
+        TEXT = Path(F).read_text()
+        PKG = Path(ddtree_deploy.F).resolve().parent
+    """).replace("F", "__" + "file__")
     deeper = tier_tests.deepen(source, 1)
     assert deeper == textwrap.dedent("""
-        REPO = Path(__file__).resolve().parent.parent.parent
-        DATA = Path(__file__).parent.parent / "data"
-        ROOT = Path(__file__).resolve().parents[2]
-        HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        TEXT = Path(__file__).read_text()
-        PKG = Path(ddtree_deploy.__file__).resolve().parent
-    """)
-    assert tier_tests.deepen(tier_tests.deepen(source, 1), -1).replace(
-        "os.path.dirname(os.path.dirname(os.path.abspath(__file__)))",
-        "os.path.dirname(os.path.abspath(__file__))") == source
+        REPO = Path(F).resolve().parent.parent.parent
+        DATA = Path(F).parent.parent / "data"
+        ROOT = Path(F).resolve().parents[2]
+        HERE = os.path.dirname(os.path.dirname(os.path.abspath(F)))
+        TEXT = Path(F).read_text()
+        PKG = Path(ddtree_deploy.F).resolve().parent
+    """).replace("F", "__" + "file__")
+    # and back: the chains lose their .parent (a dirname added is left as it is)
+    assert tier_tests.deepen(deeper, -1) == source.replace(
+        "os.path.dirname(os.path.abspath(", "os.path.dirname(os.path.dirname(os.path.abspath(").replace(
+        "(__file__))\n", "(__file__)))\n")
     assert tier_tests.deepen(source, 0) == source
 
 
