@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install system-deps lint demo test bench matrix collection clean gpu-check gpu-check-dry
+.PHONY: install system-deps lint demo test test-unit bench matrix collection clean gpu-check gpu-check-dry
 
 $(VENV)/.installed: pyproject.toml requirements/sglang-cpu.txt requirements/sglang-v2-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test: system-deps install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc
+
+# The unit tier alone (tests/unit: no process, no sshd, no network; seconds): the quick loop
+# while editing. tests/integration and tests/e2e run with it in `make test` (docs/testing.md).
+test-unit: install
+	$(PY) -m pytest -q tests/unit
 
 demo: system-deps install
 	$(PY) -m ddtree_deploy.demo$(if $(RELEASE), --release $(RELEASE))

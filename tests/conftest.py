@@ -11,6 +11,8 @@
     oracle            (pristine, patched) bytes of the small deploy series, GNU patch's
     host              a fresh sandbox host per test that pushes the small deploy series
     served            a host whose stand-in server runs under supervisord (tests/serve_host.py)
+    tuned_host        a host with SGLang 0.5.12.post1 and its series pushed, for `tune`
+    tuned_host_0_5_23 the same with 0.5.23 and the v2 series (module scope: tests/tune_host.py)
 
 Tests that need the network only to fill the wheel cache take ``release_wheel``;
 once the cache holds the wheel and PyPI's listing, they run offline.
@@ -63,6 +65,7 @@ if str(TESTS) not in sys.path:
 # above: sshd_host imports the CLI, whose consoles take their width when first imported.
 from serve_host import served  # noqa: E402,F401
 from sshd_host import host, oracle, sshd  # noqa: E402,F401
+from tune_host import tuned_host, tuned_host_0_5_23  # noqa: E402,F401
 
 # Process-wide callables some library replaces on import (ansible-core: sys.intern, where
 # torch._dynamo, imported later by transformers in the same process, then refuses to load;

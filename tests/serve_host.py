@@ -49,6 +49,20 @@ def forking_command(folder: Path, pids: Path, marker: Path) -> list[str]:
     return [sys.executable, str(script), str(pids), str(marker)]
 
 
+# FORKING's late child writes its marker this long after it started (the `time.sleep(3)` above).
+LATE_S = 3.0
+
+
+def wait_past_the_late_moment(pids: Path) -> None:
+    """Until FORKING's late child would have written its marker, had it lived: it started just
+    before its parent slept 0.5 s and wrote ``pids``, and acts LATE_S after its own start (plus
+    its interpreter's start: a 1 s margin). Counted from that file, not from the end of the run,
+    which already took most of it (a fixed 3.5 s after the run waited ~2 s for nothing)."""
+    remaining = pids.stat().st_mtime + LATE_S + 0.5 - time.time()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie waiting for its reaper runs nothing)."""
     try:

@@ -409,49 +409,65 @@ def test_the_ci_workflow_runs_the_matrix_command_with_options_it_has():
 
 
 @pytest.mark.sglang_env
-def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_import(
-        release_wheel, monkeypatch, tmp_path):
-    """Two families split 0.5.12 and 0.5.12.post1: the REAL 0.5.12 DDTree family (a toy series
-    would now fail the tree level, rightly: it is not a tree), and the same plus a patch that
-    compiles but imports a module that does not exist. Real wheels, real venvs, the real
-    smoke program; dflash_worker.py is left out of the import level on CPU because the
-    unpatched release cannot import it here either (sgl_kernel is CUDA-only)."""
+def test_matrix_import_smoke_passes_a_good_series_and_fails_one_that_breaks_an_import(monkeypatch, tmp_path):
+    """The REAL 0.5.12 DDTree family (a toy series would now fail the tree level, rightly: it
+    is not a tree) on 0.5.12, then the same plus a patch that compiles but imports a module
+    that does not exist, on the same release. Real wheel, real venvs, the real smoke program;
+    dflash_worker.py is left out of the import level on CPU because the unpatched release
+    cannot import it here either (sgl_kernel is CUDA-only).
+
+    Both runs on one release and the same touched files: what the unpatched release cannot
+    import is probed once (matrix_import.unimportable_release keeps the answer in the
+    process), so the second run costs one interpreter (its import level), not two."""
 
     try:
-        releases.ensure_wheel("0.5.12")
+        wheel = releases.ensure_wheel("0.5.12")
     except DeployError as exc:
         pytest.skip(f"0.5.12 wheel not cached and PyPI unreachable: {exc.message}")
-    patches = tmp_path / "patches"
-    good = patches / "good"
     real = REPO_ROOT / "patches" / "sglang-0.5.12"
-    shutil.copytree(real, good)
     family_toml = (real / "family.toml").read_text()
     assert 'sglang = ">=0.5.12,<0.5.13"' in family_toml
-    (good / "family.toml").write_text(family_toml.replace('">=0.5.12,<0.5.13"', '"==0.5.12"'))
-    bad = patches / "bad"
+    good = tmp_path / "good-series" / "good"
+    shutil.copytree(real, good)
+    bad = tmp_path / "bad-series" / "bad"
     shutil.copytree(real, bad)
-    (bad / "family.toml").write_text(family_toml.replace('">=0.5.12,<0.5.13"', '"==0.5.12.post1"'))
     spec = "sglang/srt/speculative/spec_info.py"
-    old = releases.read_wheel_files(release_wheel, [spec])[spec].decode()
+    old = releases.read_wheel_files(wheel, [spec])[spec].decode()
     new = old.replace("from enum import", "import ddtree_no_such_module_for_this_test  # noqa\nfrom enum import", 1)
     assert new != old
     (bad / "0099-broken-import.patch").write_text(
         f"--- a/{spec}\n+++ b/{spec}\n" + "".join(h for _, h in patch_write.diff_hunks(old, new)))
     with open(bad / "series", "a") as fh:
         fh.write("0099-broken-import.patch\n")
-    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(patches))
+    assert load_family(bad).touched_paths() == load_family(good).touched_paths()  # one probe for both
     monkeypatch.setenv("DDTREE_DEPLOY_PAYLOAD", str(REPO_ROOT / "payload"))
-    m = run_matrix(from_version="0.5.12", to_version="0.5.12.post1", offline=True, jobs=1, import_smoke=True)
-    rows = _by_version(m)
-    assert rows["0.5.12"].verdict == "ok" and rows["0.5.12.post1"].applies, rows["0.5.12"].smoke  # both apply and compile
-    levels = {lv: (st, d) for lv, st, d in rows["0.5.12"].smoke}
+
+    def matrix_of(patches: Path):
+        monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(patches))
+        return run_matrix(from_version="0.5.12", to_version="0.5.12", offline=True, jobs=1, import_smoke=True)
+
+    m = matrix_of(good.parent)
+    (row,) = m.rows
+    assert row.version == "0.5.12" and row.verdict == "ok" and m.exit_code == 0, row.smoke  # applies, compiles, smokes
+    levels = {lv: (st, d) for lv, st, d in row.smoke}
+    assert [lv for lv, _, _ in row.smoke] == ["import", "cli", "tree"]
     assert levels["import"][0] == "passed" and levels["cli"][0] == "passed"
+    # The tree level resolves the width; the v1 worker itself needs sgl_kernel (CUDA-only), as
+    # the unpatched release's modules do here: skipped, said so, never passed nor failed.
+    assert levels["tree"][0] == "skipped" and levels["tree"][1].startswith(
+        "verify width 33 = budget + 1; the worker needs sgl_kernel"), levels["tree"]
     assert "sglang.srt.speculative.dflash_worker" in levels["import"][1] and "sgl_kernel" in levels["import"][1]
-    broken = {lv: (st, d) for lv, st, d in rows["0.5.12.post1"].smoke}
+
+    broken_m = matrix_of(bad.parent)
+    (broken_row,) = broken_m.rows
+    assert broken_row.applies, broken_row.smoke  # it applies and compiles: only importing it fails
+    broken = {lv: (st, d) for lv, st, d in broken_row.smoke}
     assert broken["import"][0] == "failed" and "ddtree_no_such_module_for_this_test" in broken["import"][1]
-    assert broken["cli"][0] == "skipped"
-    assert rows["0.5.12.post1"].verdict == "failed" and m.exit_code == 1
-    assert "| 0.5.12.post1 | cu129 | bad |" in m.to_markdown() and "import failed" in m.to_markdown()
+    assert broken["cli"][0] == "skipped" and broken["tree"][0] == "skipped"
+    assert broken_row.verdict == "failed" and broken_m.exit_code == 1
+    markdown = broken_m.to_markdown()
+    assert re.search(r"^\| 0\.5\.12 \| cu\d+ \| bad \|", markdown, re.M), markdown
+    assert "import failed" in markdown
 
 
 # --- never ok for a change a release already has (issue 11 item 10) --------------------

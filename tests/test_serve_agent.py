@@ -29,7 +29,7 @@ from ddtree_deploy.settings.inventory import Host
 from ddtree_deploy.settings.serve_settings import parse_serve
 from ddtree_testkit import STANDIN_SERVER
 
-from serve_host import alive as _alive, forking_command  # noqa: E402
+from serve_host import alive as _alive, forking_command, wait_past_the_late_moment  # noqa: E402
 
 SPEC = "sglang/srt/speculative/spec_info.py"
 
@@ -227,7 +227,7 @@ def test_a_command_past_its_timeout_is_killed_with_its_whole_process_group(env, 
     assert r.answer[step]["killed"] == 4 and r.answer[step]["left"] == []
     started = [int(x) for x in pids.read_text().split()]
     assert len(started) == 3 and not any(_alive(pid) for pid in started)
-    time.sleep(3.5)  # past the moment the late child would have acted
+    wait_past_the_late_moment(pids)  # past the moment the late child would have acted
     assert not marker.exists()
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from envelope_check import check_envelope  # noqa: E402
-from serve_host import BUDGET, Served, alive, forking_command  # noqa: E402
+from serve_host import BUDGET, Served, alive, forking_command, wait_past_the_late_moment  # noqa: E402
 from sshd_host import ADDED, SPEC, UTILS, cli  # noqa: E402
 
 pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in server as a GPU host's "
@@ -161,7 +161,7 @@ def test_a_restart_command_past_its_timeout_is_killed_with_its_whole_group(serve
     assert restart["restart"]["killed"] == 4 and restart["restart"]["left"] == []
     started = [int(x) for x in pids.read_text().split()]
     assert len(started) == 3 and not any(alive(pid) for pid in started)
-    time.sleep(3.5)
+    wait_past_the_late_moment(pids)  # past the moment the late child would have acted
     assert not marker.exists() and s.sup.pid() == old_pid  # nothing restarted anything after the run
     entries = jdoc(cli("history", "--host", s.name, "--json"), "history")["hosts"][0]["entries"]
     assert (entries[0]["event"], entries[0]["outcome"]) == ("restart", "unhealthy")

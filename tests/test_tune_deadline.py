@@ -1,7 +1,7 @@
 """The controller's deadlines while the tune program runs (tune_run.Session.run).
 
 Real processes: a real sshd on loopback, the real release with the real series pushed, the
-real tune program over SSH, SGLang's own bench_serving (the fixtures of test_tune_ssh.py).
+real tune program over SSH, SGLang's own bench_serving (the host of tests/tune_host.py).
 The server is ddtree_testkit/standin_tune_server.py, a STAND-IN for SGLang's server (no GPU
 here); ``--ready-after`` makes it slow (or never) ready, and the test freezes processes
 with SIGSTOP:
@@ -31,8 +31,9 @@ from ddtree_deploy.settings.inventory import load_host
 from ddtree_deploy.smoke import smoke_plan
 from ddtree_deploy.tuning import tune, tune_run
 
-# The sshd, the pushed host and the inventory helpers of the end-to-end tune test.
-from test_tune_ssh import alive, pids, tuned_host, wait_for, write_inventory  # noqa: F401  (tuned_host: a fixture)
+# The inventory helpers of the end-to-end tune tests; their host, tuned_host, is a shared
+# fixture (tests/tune_host.py, registered by tests/conftest.py).
+from tune_host import alive, pids, wait_for, write_inventory
 
 # Markers per test: the last test (the deadline rule) is pure.
 

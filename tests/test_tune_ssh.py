@@ -8,129 +8,27 @@ sweep's choice is known in advance. The tokenizer bench_serving loads is a real
 ``transformers`` fast tokenizer built here (a word-level vocabulary; no download).
 
 Each bench_serving run starts SGLang's interpreter (torch and transformers imports: 10-20
-s on two shared cores), so the grids here are small.
+s on two shared cores), so the grids here are small. The host, the model and the helpers are
+tests/tune_host.py's; the same on SGLang 0.5.23 (the v2 family) is
+tests/test_tune_v2_family_ssh.py, apart so that a parallel run takes the two hosts' sweeps on
+two workers at once.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.engine.series import load_family
-from ddtree_deploy.remote.transport import transport_for
-from ddtree_deploy.session import push
-from ddtree_deploy.session.desired import desired_for
-from ddtree_deploy.settings.inventory import load_host
-
 from envelope_check import check_envelope  # tests/envelope_check.py: the --json contract
-from ddtree_deploy.sandbox import SandboxHost, free_port, hostenv as sglang_host
-from ddtree_testkit import STANDIN_TUNE_SERVER
+from ddtree_deploy.sandbox import free_port
+from tune_host import (alive, launch_table, pids, proc_start, prompt_file, run_cli, start_cli, tune_args,
+                       wait_for, write_inventory)
 
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
-
-REPO = Path(__file__).resolve().parent.parent
-FAMILY = REPO / "patches" / "sglang-0.5.12"
-STANDIN = STANDIN_TUNE_SERVER
-CLI = [sys.executable, "-m", "ddtree_deploy"]
-
-
-def make_model(dest: Path) -> Path:
-    """A model folder bench_serving can load a tokenizer from: a real fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "tok": 3}
-    vocab.update({f"w{i}": 4 + i for i in range(300)})
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tk.decoder = decoders.WordPiece(prefix="##")
-    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(str(dest))
-    shutil.copy(REPO / "tests" / "data" / "models" / "tiny-llama" / "config.json", dest / "config.json")
-    return dest
-
-
-def launch_table(model: Path, port: int, extra: list[str]) -> str:
-    command = ["{python}", str(STANDIN), "--model-path", "{model}", "--speculative-algorithm", "DDTREE",
-               "--speculative-draft-model-path", "{draft_model}", "--speculative-ddtree-budget", "{budget}",
-               "--speculative-ddtree-topk", "{topk}", "--host", "{host}", "--port", "{port}", "{extra_args}"]
-    return textwrap.dedent(f"""
-
-        [smoke]
-        levels = ["compile"]
-
-        # The launch settings tune uses. STAND-IN server (no GPU here): see ddtree_testkit/standin_tune_server.py.
-        [smoke.launch]
-        model = {json.dumps(str(model))}   # the model folder (a tokenizer only)
-        draft_model = {json.dumps(str(model))}
-        budget = 64   # what the host runs today
-        port = {port}
-        command = {json.dumps(command)}
-        extra_args = {json.dumps(extra)}
-        gpu = false   # STAND-IN host: no nvidia-smi check
-        ready_timeout_s = 30
-        term_grace_s = 3
-    """)
-
-
-@pytest.fixture(scope="module")
-def tuned_host(sshd, tmp_path_factory):
-    """One host with the real release and the real series deployed (pushed for real)."""
-    root = tmp_path_factory.mktemp("tunehost")
-    env = sglang_host.make_host_env(root / "env")
-    test_host = SandboxHost(name="gpu1", server=sshd, python=env.python, site=env.site_packages,
-                            state_dir=root / "state")
-    inventory = test_host.inventory(root / "hosts")
-    base = inventory.read_text()
-    host = load_host(str(inventory))
-    series = load_family(FAMILY)
-    outcome = push.push(host, transport_for(host), list(series.touched_paths()),
-                          lambda facts: desired_for(series, host.name, facts))
-    assert outcome.changed and outcome.phase == "deployed"
-    model = make_model(root / "model")
-    return {"root": root, "inventory": inventory, "base": base, "model": model, "test_host": test_host}
-
-
-def write_inventory(h: dict, extra: list[str], port: int | None = None) -> tuple[Path, int]:
-    port = port or free_port()
-    h["inventory"].write_text(h["base"] + launch_table(h["model"], port, extra))
-    return h["inventory"], port
-
-
-def run_cli(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "200"})
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def pids(pid_file: Path) -> list[int]:
-    return [int(x) for x in pid_file.read_text().split()] if pid_file.exists() else []
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, tmp_path):
@@ -204,17 +102,6 @@ def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, 
     print(f"\ntune sweep: {len(runs)} launches in {seconds:.0f} s")
 
 
-def tune_args(inventory: Path, out: Path, *extra: str) -> list[str]:
-    return ["tune", "--host", str(inventory), "--baseline", "none", "--budgets", "16", "--topk", "2",
-            "--concurrency", "2", "--requests", "4", "--input-len", "16", "--output-len", "16",
-            "--repeats", "0", "--out", str(out), *extra]
-
-
-def start_cli(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "COLUMNS": "200"}, start_new_session=True)
-
-
 def test_killed_controller_stops_the_server_and_resume_skips_finished_runs(tuned_host, tmp_path):
     """SIGKILL of the controller mid-sweep: the host program sees its connection close and
     stops the server; --resume reruns only what had not finished. The resumed run's
@@ -286,10 +173,6 @@ def test_ctrl_c_stops_the_server_and_releases_the_lock(tuned_host, tmp_path):
     wait_for(lambda: not lock.exists(), 20, "the tune lock to be released")
 
 
-def _proc_start(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-
-
 def test_locks_refuse_before_anything_launches(tuned_host, tmp_path):
     h = tuned_host
     pid_file = tmp_path / "server.pids"
@@ -311,7 +194,7 @@ def test_locks_refuse_before_anything_launches(tuned_host, tmp_path):
     lock.mkdir(parents=True, exist_ok=True)
     (lock / "owner.json").write_text(json.dumps({"run_id": "t-other", "holder": "bob@ops", "command": "tune",
                                                  "host": os.uname().nodename, "pid": os.getpid(),
-                                                 "pid_start": _proc_start(os.getpid()), "time": "now"}))
+                                                 "pid_start": proc_start(os.getpid()), "time": "now"}))
     try:
         proc = run_cli(tune_args(inventory, tmp_path / "out2"))
     finally:
@@ -364,23 +247,7 @@ def test_sharegpt_file_missing_on_the_host_is_bad_input(tuned_host, tmp_path):
     assert not (tmp_path / "out").exists()  # nothing written locally either
 
 
-# ---------------------------------------------------------------- the operator's prompts, by release
-
-CHAT = ["w1 w2 w3 w4 w5 w6", "w10 w11 w12 w13", "w20 w21 w22 w23 w24", "w30 w31 w32", "w40 w41 w42 w43",
-        "w50 w51 w52 w53 w54 w55"]
-CODE = ["w299 w60 w61 w62", "w299 w70 w71 w72 w73", "w299 w80 w81", "w299 w90 w91 w92", "w299 w100 w101",
-        "w299 w110 w111 w112"]
-
-
-def prompt_file(path: Path) -> Path:
-    """Two categories: chat (plain prompts and a chat) and code, whose prompts hold the word the
-    stand-in's acceptance bonus names (``--accept-bonus w299=0.8``: code accepts more per step)."""
-    lines = [json.dumps({"prompt": p, "category": "chat"}) for p in CHAT[:-1]]
-    lines.append(json.dumps({"messages": [{"role": "system", "content": "w5 w6"},
-                                          {"role": "user", "content": CHAT[-1]}], "category": "chat"}))
-    lines += [json.dumps({"prompt": p, "category": "code"}) for p in CODE]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+# ---------------------------------------------------------------- the operator's prompts
 
 
 def test_prompt_file_per_category_and_the_best_at_every_concurrency(tuned_host, tmp_path):
@@ -428,94 +295,6 @@ def test_prompt_file_per_category_and_the_best_at_every_concurrency(tuned_host, 
     assert "chat tok/s" in text and "code tok/s" in text
     assert "best per concurrency (schedule 1:16/2,8:4/2):" in text
     print("\n" + text)
-
-
-@pytest.fixture(scope="module")
-def tuned_host_0_5_23(sshd, tmp_path_factory):
-    """A host with the real 0.5.23 release and the real v2 series (sglang-0.5.20) pushed."""
-    root = tmp_path_factory.mktemp("tunehost23")
-    env = sglang_host.make_host_env(root / "env", version="0.5.23")
-    test_host = SandboxHost(name="gpu23", server=sshd, python=env.python, site=env.site_packages,
-                            state_dir=root / "state")
-    inventory = test_host.inventory(root / "hosts")
-    host = load_host(str(inventory))
-    series = load_family(REPO / "patches" / "sglang-0.5.20")
-    outcome = push.push(host, transport_for(host), list(series.touched_paths()),
-                          lambda facts: desired_for(series, host.name, facts))
-    assert outcome.changed and outcome.phase == "deployed"
-    return {"root": root, "inventory": inventory, "base": inventory.read_text(), "model": make_model(root / "model"),
-            "test_host": test_host}
-
-
-def test_0_5_23_runs_sglang_benchmark_serving(tuned_host_0_5_23, tmp_path):
-    """0.5.23 ships sglang/benchmark/serving.py (its sglang.bench_serving is a shim that warns it
-    will be removed): tune runs the new module, with the same prompt file and categories."""
-    h = tuned_host_0_5_23
-    inventory, _ = write_inventory(h, ["--accept-bonus", "w299=0.8"])
-    proc = run_cli(["tune", "--host", str(inventory), "--prompts", str(prompt_file(tmp_path / "p.jsonl")),
-                    "--baseline", "none", "--budgets", "8", "--topk", "2", "--concurrency", "2", "--requests", "4",
-                    "--output-len", "16", "--repeats", "0", "--out", str(tmp_path / "out"), "--json"])
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "benchmark: python -m sglang.benchmark.serving; prompts: " in proc.stderr
-    doc = json.loads(proc.stdout)["hosts"][0]
-    assert [(r["config"], r["status"]) for r in doc["runs"]] == [("none", "ok"), ("ddtree-b8-k2", "ok")]
-    row = next(r for r in doc["ranking"]["2"] if r["config"] == "ddtree-b8-k2")
-    assert sorted(row["categories"]) == ["chat", "code"] and row["category_accept"]["code"] > 1.0
-    logs = list((h["test_host"].state_dir / "tune").rglob("*.bench.log"))
-    assert logs and not any("deprecated" in p.read_text() for p in logs)  # the module itself, not the shim
-
-
-# ---------------------------------------------------------------- --apply writes the budget schedule
-
-
-def test_apply_writes_the_schedule_on_the_v2_family_and_says_what_no_speculation_costs(tuned_host_0_5_23, tmp_path):
-    """The v2 family (SGLang 0.5.23) takes --speculative-ddtree-budget-schedule. The tune stand-in's
-    model (ddtree_testkit/standin_tune_server.py): at one request the deep tree (B=16) wins, at 32
-    no speculation does (each verify costs W x C: B=8 serves ~35% fewer tokens/s there in the
-    model's steady state); --itl-margin wide so the trees count everywhere.
-    auto writes the schedule, carrying 32 with the fastest tree there and saying what it costs; the
-    inventory reads back, the payload's own parser takes the schedule, and the launch sends it."""
-    import importlib.util
-
-    from ddtree_deploy.settings.smoke_settings import family_smoke, parse_settings
-    from ddtree_deploy.smoke import smoke_plan
-
-    h = tuned_host_0_5_23
-    inventory, _ = write_inventory(h, [])
-    out = tmp_path / "out"
-    proc = run_cli(["tune", "--host", str(inventory), "--baseline", "none", "--budgets", "8,16", "--topk", "2",
-                    "--concurrency", "1,32", "--requests", "64", "--input-len", "16", "--output-len", "24",
-                    "--itl-margin", "400", "--repeats", "0", "--out", str(out), "--apply", "--json"])
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    doc = check_envelope(proc.stdout, proc.returncode, "tune")["hosts"][0]
-    best = {row["concurrency"]: row["config"] for row in doc["best_per_concurrency"]}
-    assert best == {1: "ddtree-b16-k2", 32: "none"}, doc["best_per_concurrency"]
-    assert doc["schedule"] == "1:16/2,32:8/2"
-    [note] = doc["schedule_plan"]["notes"]
-    assert note.startswith("concurrency 32: no speculation was fastest (") and \
-        "the schedule serves DDTree B=8 K=2 there (" in note and "% against no speculation)" in note, note
-    a = doc["apply"]
-    assert a["written"] and a["as"] == "schedule" and a["schedule"] == "1:16/2,32:8/2" and a["notes"] == [note]
-    assert a["why_as"] == ("auto: the winners differ across concurrencies and the family sglang-0.5.20 takes a "
-                           "budget schedule")
-    # The results file keeps the per-concurrency table and the plan.
-    closing = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
-    assert closing["best_per_concurrency"] == doc["best_per_concurrency"]
-    assert closing["schedule_plan"]["notes"] == [note]
-    # The inventory: budget and topk gone, the schedule in; it loads; the payload parses it.
-    text = inventory.read_text()
-    assert 'budget_schedule = "1:16/2,32:8/2"' in text and "budget = 64" not in text
-    launch = parse_settings(load_host(str(inventory)).smoke, source=str(inventory)).launch
-    assert (launch.budget_schedule, launch.budget, launch.topk) == ("1:16/2,32:8/2", None, None)
-    spec = importlib.util.spec_from_file_location("payload_schedule_ssh", REPO / "payload" / "ddtree_schedule.py")
-    payload = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = payload
-    spec.loader.exec_module(payload)
-    assert payload.format_schedule(payload.parse(launch.budget_schedule)) == "1:16/2,32:8/2"
-    argv = smoke_plan.launch_argv(launch, family=family_smoke(load_family(REPO / "patches" / "sglang-0.5.20")))
-    assert argv[-2:] == ["--speculative-ddtree-budget-schedule", "1:16/2,32:8/2"]
-    assert "--speculative-ddtree-budget" not in argv and "{budget}" not in " ".join(argv)
-    assert f"--apply: {inventory}:" in proc.stderr and '+budget_schedule = "1:16/2,32:8/2"' in proc.stderr  # the diff
 
 
 def test_apply_as_schedule_on_a_v1_family_is_bad_input_before_any_launch(tuned_host, tmp_path):
