@@ -151,13 +151,13 @@ def describe(server_args: Any) -> Optional[dict]:
     is on (the resolved ``speculative_eagle_topk > 1``) and the commit hook, found or not."""
     import importlib
 
-    from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
+    from sglang.srt.speculative.ddtree_v2_plugin import model_config, resolving
 
-    found = recurrent_kind(model_config_of(server_args))
+    found = recurrent_kind(model_config(server_args))
     if found is None:
         return None
     kind, recurrent = found
-    view = resolving_view(server_args)
+    view = resolving(server_args)
     topk = int(view.speculative_eagle_topk or 0)
     report = HybridTarget(kind=kind, config_class=type(recurrent).__name__).report(topk)
     module, _, name = COMMIT_HOOK.rpartition(".")

@@ -177,6 +177,18 @@ def _token_count_fields(tokens: int, device) -> dict:
     }
 
 
+def _graph_flag(batch) -> dict:
+    """The scheduler's decode-graph verdict, on the draft block's ForwardBatch where the
+    release carries it (0.5.19+ ``can_run_decode_cuda_graph``); 0.5.18's ForwardBatch has no
+    such field (its runner decides alone)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(_dfw.ForwardBatch)}
+    if "can_run_decode_cuda_graph" not in names:
+        return {}
+    return {"can_run_decode_cuda_graph": batch.can_run_decode_cuda_graph}
+
+
 def _draft_tp_scope(worker):
     """The draft's TP scope: 0.5.20+ run the draft under ``draft_tp_context`` (its own
     parallel layout); 0.5.19's draft runs in the target's TP group (no scope)."""
@@ -184,6 +196,29 @@ def _draft_tp_scope(worker):
     if scope is None:
         return contextlib.nullcontext()
     return scope(worker.draft_parallel_layout)
+
+
+def _unwrap_lora(layer):
+    """The layer under a LoRA wrapper: 0.5.19+ ``unwrap_lora_layer``; 0.5.18's DFlash reads
+    the target's layers as they are (no unwrap)."""
+    unwrap = getattr(_dfw, "unwrap_lora_layer", None)
+    return layer if unwrap is None else unwrap(layer)
+
+
+def _draft_embedding(worker, target_model):
+    """The embedding the draft block's noise is read from: 0.5.19+ resolve it from the draft
+    and the target (``_resolve_dflash_embedding_module``); 0.5.18 takes the target's input
+    embeddings."""
+    resolve = getattr(_dfw, "_resolve_dflash_embedding_module", None)
+    if resolve is None:
+        return target_model.get_input_embeddings()
+    return _unwrap_lora(resolve(worker.draft_model, target_model))
+
+
+def _is_dense_head_weight(weight) -> bool:
+    """DFlash's own test for a plain dense lm_head weight (public from 0.5.19 on)."""
+    test = getattr(_dfw, "is_dense_head_weight", None) or _dfw._is_dense_head_weight
+    return bool(test(weight))
 
 
 class DDTreeWorkerV2(DFlashWorkerV2):
@@ -368,11 +403,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def _build_ddtree_head(self, max_bs: int) -> Optional[_DDTreeTopKHead]:
         from sglang.srt.runtime_context import get_parallel
 
-        lm_head = _dfw.unwrap_lora_layer(
-            getattr(self._target_worker.model_runner.model, "lm_head", None)
-        )
+        lm_head = _unwrap_lora(getattr(self._target_worker.model_runner.model, "lm_head", None))
         weight = getattr(lm_head, "weight", None)
-        if weight is None or not _dfw.is_dense_head_weight(weight):
+        if weight is None or not _is_dense_head_weight(weight):
             return None
         tp_group = get_parallel().tp_group
         shard = getattr(lm_head, "shard_indices", None)
@@ -441,9 +474,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if batch.seq_lens.is_cuda:  # carried over from the previous overlap iteration
             batch.seq_lens.record_stream(torch.get_device_module(device).current_stream())
         target_model = self.target_worker.model_runner.model
-        embed_module = dfw.unwrap_lora_layer(
-            dfw._resolve_dflash_embedding_module(self.draft_model, target_model)
-        )
+        embed_module = _draft_embedding(self, target_model)
         self._ensure_draft_block_buffers(bs)
         block_ids = self._draft_block_ids_buf[:bs]
         positions_2d = self._draft_block_positions_buf[:bs]
@@ -464,8 +495,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 device=device,
             ).view(bs, block)
         )
-        if self._full_embed_gpu is not None:
-            noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+        full_embed = getattr(self, "_full_embed_gpu", None)  # 0.5.19+: DFlash's gathered table
+        if full_embed is not None:
+            noise = torch.nn.functional.embedding(block_ids, full_embed)
         else:
             noise = embed_module(block_ids)
         if self._noise_embed_scale != 1.0:
@@ -508,7 +540,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             spec_algorithm=dfw.SpeculativeAlgorithm.DFLASH,
             spec_info=self._draft_block_spec_info,
             capture_hidden_mode=dfw.CaptureHiddenMode.NULL,
-            can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
+            **_graph_flag(batch),
             **_token_count_fields(bs * block, device),
         )
         if kv_loc_plan is not None:
