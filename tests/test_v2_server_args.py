@@ -370,7 +370,10 @@ def test_ddtree_is_dflash_everywhere_but_its_own_decisions(resolved):
     ident = resolved["default"]["identity"]
     # Every predicate answers as DFLASH does, except the one DDTREE decides itself.
     differs = {name: v for name, v in ident["predicates"].items() if v != ident["dflash"][name]}
-    assert differs == {"supports_mixed_chunk": False}, differs
+    # (0.5.18 and older have no supports_mixed_chunk predicate: DDTREE's resolution turns
+    # mixed chunk off there, case mixed-chunk-off.)
+    own = {"supports_mixed_chunk": False} if "supports_mixed_chunk" in ident["dflash"] else {}
+    assert differs == own, differs
     assert ident["predicates"]["is_dflash"] is True and ident["predicates"]["is_dflash_family"] is True
     # The scheduler calls these on the algorithm; a bare CustomSpecAlgo lacks them.
     assert ident["has_create_future_map"] and ident["need_topk"] is False
@@ -450,8 +453,7 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
     import logging
 
     logging.disable(logging.WARNING)
-    from sglang.srt.runtime_context import get_spec, override_platform, publish
-    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.runtime_context import get_spec, publish
 
     try:
         from sglang.srt.speculative import ddtree_v2_plugin as plugin
@@ -475,27 +477,25 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
                       device="cuda", skip_tokenizer_init=True)
         kwargs.update(overrides)
         # STAND-IN platform facts (the GPU generation SGLang's own checks ask about).
-        platform = override_platform(**kwargs.pop("_platform", {}))
+        platform = _platform(**kwargs.pop("_platform", {}))
         try:
             with platform:
-                args = ServerArgs(**kwargs)
-                args.resolve_once()
+                args = _resolved_args(**kwargs)
         except Exception as exc:  # the refusal, as the launcher would print it
             out[name] = {"type": type(exc).__name__, "error": str(exc)}
             works = str(exc).rpartition("use --speculative-ddtree-budget-schedule ")[2]
             if works != str(exc):  # the schedule the refusal names, resolved the same way
                 kwargs["speculative_ddtree_budget_schedule"] = works.strip().rstrip(".")
                 try:
-                    with override_platform(**kwargs.pop("_platform", {})):
-                        again = ServerArgs(**kwargs)
-                        again.resolve_once()
+                    with _platform(**kwargs.pop("_platform", {})):
+                        again = _resolved_args(**kwargs)
                     out[name]["suggestion"] = {"schedule": kwargs[
-                        "speculative_ddtree_budget_schedule"], "resolved": again.resolved_dict()[
+                        "speculative_ddtree_budget_schedule"], "resolved": _fields_of(again)[
                         "speculative_ddtree_budget_schedule"]}
                 except Exception as exc2:  # noqa: BLE001
                     out[name]["suggestion"] = {"schedule": works, "error": str(exc2)}
             continue
-        fields = args.resolved_dict()
+        fields = _fields_of(args)
         keep = ("speculative_algorithm", "speculative_ddtree_budget", "speculative_ddtree_topk",
                 "speculative_num_draft_tokens", "speculative_eagle_topk", "speculative_num_steps",
                 "speculative_dflash_block_size", "disable_overlap_schedule", "enable_mixed_chunk",
@@ -511,6 +511,54 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
         out["_report_hook"] = _probe_report_hook(models)
         out["_no_marker"] = _probe_no_marker(models)
     return out
+
+
+def _resolved_args(**kwargs):
+    """ServerArgs resolved by SGLang's own pipeline: ``resolve_once`` from 0.5.19 on; before it
+    (0.5.18 and older) construction itself resolves (``__post_init__``)."""
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(**kwargs)
+    if callable(getattr(args, "resolve_once", None)):
+        args.resolve_once()
+    return args
+
+
+def _fields_of(args) -> dict:
+    """The resolved fields: ``resolved_dict`` from 0.5.19 on, the fields themselves before
+    (resolution assigned them)."""
+    if callable(getattr(args, "resolved_dict", None)):
+        return args.resolved_dict()
+    import dataclasses
+
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+
+
+def _platform(**facts):
+    """STAND-IN platform facts (no GPU here): SGLang's ``override_platform`` from 0.5.19 on.
+    Before it there is no platform record, so the fact is answered where it is asked, for the
+    block: ROCm where DDTREE's resolution asks (its ``_is_hip``, which on 0.5.18 calls
+    ``utils.common.is_hip``: replacing that one for the whole of ServerArgs' construction makes
+    0.5.18 take its ROCm paths and fail on their environment), SM90 where ServerArgs' own
+    trtllm_mha gate asks (``server_args.is_sm90_supported``)."""
+    try:
+        from sglang.srt.runtime_context import override_platform
+    except ImportError:
+        pass
+    else:
+        return override_platform(**facts)
+    import contextlib
+    from unittest import mock
+
+    from sglang.srt import server_args
+    from sglang.srt.speculative import ddtree_v2_plugin
+
+    where = {"is_hip": (ddtree_v2_plugin, "_is_hip"), "is_sm90": (server_args, "is_sm90_supported")}
+    stack = contextlib.ExitStack()
+    for fact, value in facts.items():
+        module, name = where[fact]
+        stack.enter_context(mock.patch.object(module, name, lambda *a, _v=value, **k: _v))
+    return stack
 
 
 def _register_linear_attn() -> None:
@@ -588,7 +636,10 @@ def _capture_facts(algo) -> dict:
             model_runner=SimpleNamespace(
                 spec_algorithm=spec_algorithm, is_draft_worker=is_draft_worker,
                 attn_backend=object.__new__(TritonAttnBackend),
-                model_config=SimpleNamespace(hidden_size=64), dtype=torch.float32, device="cpu"),
+                model_config=SimpleNamespace(hidden_size=64), dtype=torch.float32, device="cpu",
+                # (0.5.18 reads the verify's top-K from the runner's ServerArgs; the published
+                # Spec bag carries the same resolved field.)
+                server_args=get_spec()),
             buffers=SimpleNamespace(custom_mask=mask), speculative_num_steps=1,
             speculative_num_draft_tokens=width, captured_req_width=width,
             _capture_ragged_verify_layout=lambda num_tokens: None)
@@ -610,10 +661,9 @@ def _probe_spawn(models: Path) -> dict:
 
     from sglang.srt.server_args import ServerArgs
 
-    args = ServerArgs(model_path=str(models / "tiny-llama"), speculative_algorithm="DDTREE",
-                      speculative_draft_model_path=str(models / "tiny-dflash-draft"), device="cuda",
-                      skip_tokenizer_init=True)
-    args.resolve_once()
+    args = _resolved_args(model_path=str(models / "tiny-llama"), speculative_algorithm="DDTREE",
+                          speculative_draft_model_path=str(models / "tiny-dflash-draft"),
+                          device="cuda", skip_tokenizer_init=True)
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         return pool.apply(_spawned_child, (pickle.dumps(args),))
 
@@ -622,10 +672,14 @@ def _spawned_child(blob: bytes) -> dict:
     import pickle
 
     args = pickle.loads(blob)  # nothing here imports the plugin by name
-    from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    cfg = resolving_view(args)
+    try:  # 0.5.19+: what resolution declared; before, the fields themselves
+        from sglang.srt.arg_groups.overrides import resolving_view
+    except ImportError:
+        cfg = args
+    else:
+        cfg = resolving_view(args)
     algo = SpeculativeAlgorithm.from_string(cfg.speculative_algorithm)
     return {"algorithm": repr(algo), "worker": algo.create_worker(args).__name__,
             "width": cfg.speculative_num_draft_tokens}
@@ -638,10 +692,9 @@ def _probe_no_marker(models: Path) -> dict:
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    args = ServerArgs(model_path=str(models / "tiny-llama"), speculative_algorithm="DDTREE",
-                      speculative_draft_model_path=str(models / "tiny-dflash-draft"), device="cuda",
-                      skip_tokenizer_init=True)
-    args.resolve_once()
+    args = _resolved_args(model_path=str(models / "tiny-llama"), speculative_algorithm="DDTREE",
+                          speculative_draft_model_path=str(models / "tiny-dflash-draft"),
+                          device="cuda", skip_tokenizer_init=True)
     algo = SpeculativeAlgorithm.from_string("DDTREE")
     factory = algo.factory
     algo.factory = lambda server_args: DFlashWorkerV2
