@@ -31,6 +31,7 @@ NAMED STAND-INS:
 
 from __future__ import annotations
 
+from pathlib import Path
 import sys
 import types
 
@@ -39,6 +40,12 @@ CASES = ("greedy_lossless", "overlap_lossless", "page16_lossless", "grammar_loss
          "schedule_lossless", "schedule_stale_width_control", "verify_states",
          "offchain_counter",
          "sampling_law", "sampling_control", "no_host_sync", "report", "topk_head")
+
+
+def committed_of(req):
+    """Where the release keeps a request's committed KV length: its KV record (0.5.19+) or
+    the request itself (0.5.18, whose ReqKvInfo holds only the allocation)."""
+    return req.kv if hasattr(req.kv, "kv_committed_len") else req
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +192,10 @@ class Harness:
         from sglang.srt.runtime_context import get_context
         from sglang.srt.server_args import ServerArgs
 
-        args = ServerArgs(model_path="tiny-target", device="cpu")
+        # (0.5.18 and older resolve at construction, which reads the model's config: the
+        # tiny config-only Llama folder; 0.5.19+ read nothing until resolve_once.)
+        args = ServerArgs(model_path=str(Path(__file__).resolve().parent / "data" / "models"
+                                         / "tiny-llama"), device="cpu")
         get_context().set_server_args(args)
         from sglang.srt.runtime_context import get_parallel
 
@@ -202,13 +212,19 @@ class Harness:
         groups = dict(tp_group=_OneRank(), attn_tp_group=_OneRank())
         if hasattr(type(get_parallel()), "override_permanently"):  # 0.5.20 and later
             get_parallel().override_permanently(**groups)
-        else:  # 0.5.19 and older: only the scoped override, held open for the probe's life
+        elif hasattr(type(get_parallel()), "stamp_derived_widths"):
+            # 0.5.19: only the scoped override, held open for the probe's life
             self._parallel_scope = get_parallel().override(**groups)
             self._parallel_scope.__enter__()
             # (0.5.19 reads these widths from a stamp or the live groups: one rank each.)
             get_parallel().stamp_derived_widths(
                 moe_ep_size=1, moe_tp_size=1, attn_tp_size=1, attn_dp_size=1, attn_dcp_size=1,
                 dcp_enabled=False)
+        else:  # 0.5.18: no stamp; the scoped override takes the one-rank widths themselves
+            self._parallel_scope = get_parallel().override(
+                **groups, tp_size=1, tp_rank=0, moe_ep_size=1, moe_ep_rank=0, moe_tp_size=1,
+                moe_tp_rank=0, attn_tp_size=1, attn_tp_rank=0, dcp_enabled=False)
+            self._parallel_scope.__enter__()
 
     # -- real SGLang pieces ----------------------------------------------------------------
     def pools(self, target, bs, kv_slots=4096, max_context_len=512, page_size=1):
@@ -244,7 +260,11 @@ class Harness:
         pages = -(-len(prompt) // page_size) * page_size
         slots = alloc.alloc(pages)
         rtp.req_to_token[row, :pages] = slots.to(rtp.req_to_token.dtype)
-        req.kv.kv_committed_len, req.kv.kv_allocated_len = len(prompt), pages
+        if getattr(req, "kv", None) is None:  # 0.5.18: allocation creates the KV record
+            from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+            req.kv = ReqKvInfo(kv_allocated_len=pages, swa_evicted_seqlen=0)
+        committed_of(req).kv_committed_len, req.kv.kv_allocated_len = len(prompt), pages
         used = slots[: len(prompt)].long()
         # A prompt seen before (the sampling cases prefill one prompt many times): its KV
         # copied into the new slots, as computing it again would write.
@@ -266,14 +286,19 @@ class Harness:
     # -- the worker, built without __init__ (that loads a draft model on a GPU) -------------
     def worker(self, target, budget, topk, block, req_to_token_pool, kv, allocator,
                entries=None):
-        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
         from sglang.srt.speculative.ddtree_schedule import Entry
         from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
 
-        translator = KVIndexTranslator(
-            req_to_token=req_to_token_pool.req_to_token, token_to_kv_pool_allocator=allocator,
-            token_to_kv_pool=kv, page_size=allocator.page_size, device="cpu",
-        )
+        try:
+            from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+        except ImportError:  # 0.5.18: no translator; the draft writes at the cache locations
+            translator = None
+        else:
+            translator = KVIndexTranslator(
+                req_to_token=req_to_token_pool.req_to_token,
+                token_to_kv_pool_allocator=allocator, token_to_kv_pool=kv,
+                page_size=allocator.page_size, device="cpu",
+            )
         runner = StandInRunner(target, req_to_token_pool, kv, allocator, translator)
         w = DDTreeWorkerV2.__new__(DDTreeWorkerV2)
         w.device = "cpu"
@@ -437,6 +462,11 @@ class StandInRunner:
         self.spec_algorithm = SpeculativeAlgorithm.EAGLE
         self.model_config = _ModelConfig(target.vocab)
         self.lora_manager = None
+        # (0.5.18's ForwardBatch.init_new reads the runner's ServerArgs: the probe's own, as
+        # published to the runtime context; 0.5.19+ read the context themselves.)
+        from sglang.srt.runtime_context import get_server_args
+
+        self.server_args = get_server_args()
         self.decode_cuda_graph_runner = None
         self.attn_backend = _AttnBackend()
         self.watermark_state = None
@@ -772,7 +802,7 @@ def _prepare(r, batch, draft_input, active, lag):
     width = r.entries[sched.pick(r.entries, len(active))].width
     reserve = r.block + max(width, r.block)
     areqs = [r.reqs[i] for i in active]
-    ahead = [q.kv.kv_allocated_len - q.kv.kv_committed_len for q in areqs]
+    ahead = [q.kv.kv_allocated_len - committed_of(q).kv_committed_len for q in areqs]
     # The reserve past the host's committed length, rounded up to whole pages: never short of
     # the step's need, never more than the widest entry's (one budget: exactly the reserve),
     # never DFlash's 2 x (B + 1). (An allocation never shrinks: a request that ran a wider
@@ -781,7 +811,7 @@ def _prepare(r, batch, draft_input, active, lag):
     widest = r.block + max(r.budget + 1, r.block)
     assert all(reserve <= a < widest + page for a in ahead), (ahead, reserve, widest, page)
     for q, i in zip(areqs, active):
-        true_len = q.kv.kv_committed_len + lag.get(i, 0)
+        true_len = committed_of(q).kv_committed_len + lag.get(i, 0)
         assert true_len + max(width, r.block) <= q.kv.kv_allocated_len, (
             "the step writes past the reserved KV", true_len, q.kv.kv_allocated_len)
     batch.spec_info = draft_input
@@ -866,7 +896,7 @@ def _commit(r, i, new):
 
     req, prompt = r.reqs[i], r.prompts[i]
     r.accepts.append(len(new) - 1)
-    req.kv.kv_committed_len += len(new)
+    committed_of(req).kv_committed_len += len(new)
     req.output_ids.extend(new)
     if r.grammar and not r.overlap:
         for t in new:  # the synchronous scheduler advances the FSM after the step
@@ -879,7 +909,8 @@ def _commit(r, i, new):
     if r.check:
         _check_request(r.h, r.target, r.w, r.kv, r.rtp, r.rows[i], prompt, req, r.sampling,
                        grammar=r.grammar)
-    req.kv.kv_committed_len = min(req.kv.kv_committed_len, len(prompt) + len(req.output_ids))
+    owner = committed_of(req)
+    owner.kv_committed_len = min(owner.kv_committed_len, len(prompt) + len(req.output_ids))
     import inspect
 
     if "checkpoint" in inspect.signature(release_kv_cache).parameters:  # 0.5.20+
@@ -897,7 +928,7 @@ def _sync_loop(r):
     active = list(range(len(r.reqs)))
     try:
         while active:
-            committed = [r.reqs[i].kv.kv_committed_len for i in active]
+            committed = [committed_of(r.reqs[i]).kv_committed_len for i in active]
             batch = _new_batch(r, active, committed)
             draft_input = make_draft_input_v2(
                 bonus_tokens=torch.tensor([r.reqs[i].output_ids[-1] for i in active]),
@@ -931,7 +962,7 @@ def _overlap_loop(r):
                    needs_cpu_seq_lens=True)
     everyone = torch.tensor(r.rows, dtype=torch.int64)
     # The prefill step's relay: its committed lengths and first tokens.
-    fm.publish(everyone, torch.tensor([q.kv.kv_committed_len for q in r.reqs]))
+    fm.publish(everyone, torch.tensor([committed_of(q).kv_committed_len for q in r.reqs]))
     fm.stash(everyone, RelayPayload(bonus_tokens=torch.tensor([q.output_ids[-1] for q in r.reqs])))
     # As the host knows it (results processed so far); joiners enter at their step.
     active = [i for i in range(len(r.reqs)) if i not in r.joins]
@@ -946,7 +977,7 @@ def _overlap_loop(r):
             launches += 1
             launched = None
             if active:
-                host = [r.reqs[i].kv.kv_committed_len for i in active]
+                host = [committed_of(r.reqs[i]).kv_committed_len for i in active]
                 batch = _new_batch(r, active, host)  # the host's (stale) lengths
                 draft_input = make_draft_input_v2(
                     bonus_tokens=torch.full((len(active),), -1),  # POISON: the relay fills it
@@ -1106,7 +1137,7 @@ def _check_request(h, target, w, kv, rtp, row, prompt, req, sampling, grammar=Fa
         else:
             want = [int(x) for x in rows.argmax(-1)]
         assert list(req.output_ids) == want, f"tokens {list(req.output_ids)} != greedy {want}"
-    committed = min(req.kv.kv_committed_len, len(seq))
+    committed = min(committed_of(req).kv_committed_len, len(seq))
     slots = rtp.req_to_token[row, :committed].long()
     # Layer-0 keys depend on (token, position) only: the slot of position p holds token p's.
     k0 = ((target.emb[torch.tensor(seq[:committed])] + target.pos[:committed]) @ target.w[0]["k"])
