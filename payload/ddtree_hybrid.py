@@ -85,8 +85,8 @@ def recurrent_kind(model_config: Any) -> Optional[tuple[Kind, Any]]:
     which ``attention_registry`` picks the linear-attention backend, with SGLang's own
     predicates (``configs/hybrid_arch.py``: the same in 0.5.19 - 0.5.23 but for GLM-5 Next)."""
     from sglang.srt import configs
-    from sglang.srt.configs import hybrid_arch as arch
 
+    arch = _hybrid_arch()
     hf = model_config.hf_config
     inkling = tuple(getattr(configs, n) for n in ("InklingModelConfig", "InklingMMConfig")
                     if hasattr(configs, n))
@@ -120,6 +120,41 @@ def recurrent_kind(model_config: Any) -> Optional[tuple[Kind, Any]]:
     if arch.hybrid_lightning_config(model_config) is not None:
         return KINDS["lightning"], recurrent
     return KINDS["registered"], recurrent
+
+
+_PREDICATES = ("mambaish_config", "hybrid_gdn_config", "mamba2_config", "kimi_linear_config",
+               "hybrid_lightning_config")
+
+
+def _hybrid_arch():
+    """SGLang's hybrid-architecture predicates, each ``predicate(model_config)``: the module
+    ``configs/hybrid_arch`` (0.5.18+), else (0.5.14 - 0.5.15.post1) the ModelRunner properties
+    of the same names, which it later moved there, read on a view of the target's ModelConfig
+    (a target runner: not the draft worker)."""
+    try:
+        from sglang.srt.configs import hybrid_arch
+    except ImportError:
+        pass
+    else:
+        return hybrid_arch
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor import model_runner as mr
+
+    members = {name: getattr(mr.ModelRunner, name) for name in _PREDICATES}
+    members["_get_linear_attn_registry_result"] = mr.ModelRunner._get_linear_attn_registry_result
+    view = type("TargetConfigView", (), members)
+
+    def predicate(name):
+        def read(model_config):
+            target = view()
+            target.model_config, target.is_draft_worker = model_config, False
+            target._linear_attn_registry_cache = mr._UNSET
+            return getattr(target, name)
+
+        return read
+
+    return SimpleNamespace(**{name: predicate(name) for name in _PREDICATES})
 
 
 @dataclass(frozen=True)
@@ -265,9 +300,10 @@ def draft_spec_scope():
     mask-free block, which no tree path of a backend expects. UNO builds its private draft
     backend under the same override. The target's backends are built before the draft's
     (scheduler: tp_worker first), so the override reaches the draft only."""
-    from sglang.srt.runtime_context import get_spec
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override, runtime_settings
 
-    with get_spec().override(speculative_eagle_topk=1):
+    # (0.5.14 - 0.5.15.post1: the global ServerArgs, written and restored; the plugin's seam.)
+    with runtime_override(runtime_settings("spec"), speculative_eagle_topk=1):
         yield
 
 

@@ -226,6 +226,69 @@ def model_config(record: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------
+# The running process's settings (a seam: 0.5.18+ against 0.5.14 - 0.5.15.post1). From 0.5.18
+# on the runtime context carries them in bags (``get_spec()``, ``get_exec()``) with a scoped
+# ``override``; 0.5.14 - 0.5.15.post1 read the global ServerArgs (``get_global_server_args``),
+# whose fields carry the same names, and a scoped override is a field write undone on exit.
+
+
+def runtime_settings(bag: str = "spec") -> Any:
+    """The settings bag ``bag`` ("spec", "exec") of this process, or the global ServerArgs."""
+    import importlib
+
+    context = importlib.import_module("sglang.srt.runtime_context")
+    getter = getattr(context, f"get_{bag}", None)
+    if getter is None:
+        from sglang.srt.server_args import get_global_server_args
+
+        return get_global_server_args()
+    return getter()
+
+
+def runtime_override(settings: Any, **fields: Any):
+    """A context in which ``settings`` answers ``fields``: the bag's own ``override``, else
+    the fields written and restored (a ServerArgs)."""
+    import contextlib
+
+    override = getattr(settings, "override", None)
+    if callable(override):
+        return override(**fields)
+
+    @contextlib.contextmanager
+    def written():
+        saved = {name: getattr(settings, name) for name in fields}
+        try:
+            for name, value in fields.items():
+                setattr(settings, name, value)
+            yield settings
+        finally:
+            for name, value in saved.items():
+                setattr(settings, name, value)
+
+    return written()
+
+
+def _resolved(record: Any) -> Any:
+    """What resolution decided, as SGLang's ``resolved_view`` (0.5.15+); 0.5.14 resolves into
+    the fields themselves: the record."""
+    try:
+        from sglang.srt.arg_groups.overrides import resolved_view
+    except ImportError:
+        return record
+    return resolved_view(record)
+
+
+def _attention_backends(view: Any) -> tuple:
+    """(prefill, decode) attention backends as SGLang derives them: ``attention_backends_of``
+    (0.5.15+), else ServerArgs' own ``get_attention_backends`` (0.5.14)."""
+    try:
+        from sglang.srt.arg_groups.overrides import attention_backends_of
+    except ImportError:
+        return tuple(view.get_attention_backends())
+    return attention_backends_of(view)
+
+
+# ---------------------------------------------------------------------------
 # Server-argument resolution (SpeculativeAlgorithm's handle_server_args hook)
 
 
@@ -257,7 +320,6 @@ def resolve_server_args(args: Any) -> None:
     """DDTREE's resolution: what would change its law refused, DFlash's (device, parallelism,
     draft path, draft block, draft attention backend, running batch), then the tree's own
     numbers and gates: one budget for every batch, or a schedule of budgets per batch size."""
-    from sglang.srt.arg_groups.overrides import attention_backends_of, resolved_view
     from sglang.srt.arg_groups.speculative_hook import _handle_dflash
     from sglang.srt.speculative import ddtree_schedule as sched
 
@@ -367,8 +429,8 @@ def resolve_server_args(args: Any) -> None:
         _declare(record, source, enable_mixed_chunk=False)
         logger.warning("Mixed chunked prefill is disabled for DDTREE speculative decoding.")
 
-    view = resolved_view(record)
-    prefill, decode = attention_backends_of(view)
+    view = _resolved(record)
+    prefill, decode = _attention_backends(view)
     verify = decode if view.speculative_attention_mode == "decode" else prefill
     if verify is not None and verify not in VERIFY_ATTENTION_BACKENDS:
         raise ValueError(
@@ -388,7 +450,7 @@ def resolve_server_args(args: Any) -> None:
     if hybrid is not None:
         _size_for_recurrent_states(record, view, hybrid, budget, source, operator_running)
     if resolved is not None:
-        running = int(resolved_view(record).max_running_requests)
+        running = int(_resolved(record).max_running_requests)
         unreached = [entry for entry in resolved if entry.threshold > running]
         if unreached:
             kept = [entry for entry in resolved if entry.threshold <= running]
@@ -449,9 +511,7 @@ def _refuse_what_breaks_losslessness(record: Any, cfg: Any) -> None:
             f"DDTREE: --speculative-draft-window-size {cfg.speculative_draft_window_size} "
             "(DFlash's compact draft cache) is not supported: the tree worker writes the draft "
             "KV of every committed token; drop the flag.")
-    from sglang.srt.arg_groups.overrides import resolved_view
-
-    if _attn_dp_enabled(resolved_view(record)):
+    if _attn_dp_enabled(_resolved(record)):
         raise ValueError(
             "DDTREE does not support data-parallel attention (--enable-dp-attention / "
             "--attn-dp-size > 1): the tree verify and the draft's top-K head are not proven "
@@ -721,10 +781,12 @@ def _spec_class():
             # One number, two meanings, decoupled: the target verifies budget + 1 tokens
             # per request, the DFlash draft runs on its block.
             if is_draft_worker:
-                from sglang.srt.runtime_context import get_spec
-
-                return ddtree_draft_block(get_spec())
+                return ddtree_draft_block(runtime_settings("spec"))
             return num_draft_tokens
+
+        # The same question under its name before 0.5.16 (0.5.14 - 0.5.15.post1 ask it as
+        # ``..._per_bs_...``; 0.5.16+ keep that name as a deprecated alias of the above).
+        get_num_tokens_per_bs_for_target_verify = get_num_tokens_per_req_for_target_verify
 
         def supports_mixed_chunk(self):
             # Conservative: a tree verify inside a mixed prefill + verify forward is
