@@ -299,11 +299,12 @@ def draft_spec_scope():
     hybrid backend's tree kernels, FA3's tree verify), while the draft verifies DFlash's
     mask-free block, which no tree path of a backend expects. UNO builds its private draft
     backend under the same override. The target's backends are built before the draft's
-    (scheduler: tp_worker first), so the override reaches the draft only."""
-    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override, runtime_settings
+    (scheduler: tp_worker first), so the override reaches the draft only. (0.5.14 -
+    0.5.15.post1 have no Spec bag: ``ddtree_worker_v2._draft_settings_scope`` scopes the draft
+    runner's own ServerArgs there.)"""
+    from sglang.srt.runtime_context import get_spec
 
-    # (0.5.14 - 0.5.15.post1: the global ServerArgs, written and restored; the plugin's seam.)
-    with runtime_override(runtime_settings("spec"), speculative_eagle_topk=1):
+    with get_spec().override(speculative_eagle_topk=1):
         yield
 
 

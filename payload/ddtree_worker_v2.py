@@ -354,6 +354,26 @@ def _decode_graph_sizes_scope(sizes):
         settings.cuda_graph_config = saved
 
 
+def _draft_settings_scope(worker):
+    """The settings the DFlash draft's attention backends and CUDA graphs are built under: top-K
+    1 (``ddtree_hybrid.draft_spec_scope``: the draft verifies DFlash's mask-free block) and, where
+    the draft runner reads the verify width from its settings, the draft block. 0.5.18+: the
+    runtime Spec bag, which the draft's backends read (its widths come from the plugin's
+    per-request answer). 0.5.14 - 0.5.15.post1: the draft runner reads its own ServerArgs (a
+    copy DFlashWorkerV2 made), whose ``speculative_num_draft_tokens`` is the target's B + 1:
+    the Triton backend's verify indptr and the DFLASH capture's ``draft_token_num`` would
+    take it, so the draft block is put there too."""
+    import importlib
+
+    from sglang.srt.speculative import ddtree_hybrid
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override
+
+    if hasattr(importlib.import_module("sglang.srt.runtime_context"), "get_spec"):
+        return ddtree_hybrid.draft_spec_scope()
+    return runtime_override(worker.draft_model_runner.server_args, speculative_eagle_topk=1,
+                            speculative_num_draft_tokens=int(worker.block_size))
+
+
 # EAGLE's tree verify, the route the worker's verify takes (the second verify seam): from 0.5.16
 # on ``eagle_worker_common`` holds it as two functions; 0.5.14 - 0.5.15.post1 have it only as
 # EAGLEWorkerV2's ``draft`` tail (the tree build) and its ``verify`` method.
@@ -516,7 +536,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def init_attention_backends(self):
         from sglang.srt.speculative import ddtree_hybrid
 
-        with ddtree_hybrid.draft_spec_scope():
+        with _draft_settings_scope(self):
             super().init_attention_backends()
         # The target's backends were built first, under the resolved K: with K > 1 a hybrid
         # target's recurrent backend must have its tree path on, or the verify would walk the
@@ -530,9 +550,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
 
     def init_cuda_graphs(self):
-        from sglang.srt.speculative import ddtree_hybrid
-
-        with ddtree_hybrid.draft_spec_scope():
+        with _draft_settings_scope(self):
             super().init_cuda_graphs()
         self._ddtree_build_verify_states()
 
