@@ -44,8 +44,35 @@ CASES = ("greedy_lossless", "overlap_lossless", "page16_lossless", "grammar_loss
 
 def committed_of(req):
     """Where the release keeps a request's committed KV length: its KV record (0.5.19+) or
-    the request itself (0.5.18, whose ReqKvInfo holds only the allocation)."""
-    return req.kv if hasattr(req.kv, "kv_committed_len") else req
+    the request itself (0.5.18, whose ReqKvInfo holds only the allocation; 0.5.14 -
+    0.5.15.post1, which have no KV record)."""
+    kv = getattr(req, "kv", None)
+    return kv if hasattr(kv, "kv_committed_len") else req
+
+
+def allocated_of(req):
+    """Where the release keeps a request's allocated KV length: its KV record (0.5.18+) or the
+    request itself (0.5.14 - 0.5.15.post1)."""
+    kv = getattr(req, "kv", None)
+    return kv if hasattr(kv, "kv_allocated_len") else req
+
+
+def make_draft_input(bonus_tokens, new_seq_lens):
+    """DFlash's v2 draft input as the scheduler holds it between steps: DFlash's own
+    ``make_draft_input_v2`` (0.5.18+), else the input DFlashWorkerV2 of the release makes after
+    a decode step (0.5.14 - 0.5.15.post1; 0.5.14 names the bonus ``verified_id``)."""
+    try:
+        from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+    except ImportError:
+        import inspect
+
+        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+        make = DFlashWorkerV2._make_next_draft_input_decode  # (reads nothing of its worker)
+        bonus = ("bonus_tokens" if "bonus_tokens" in inspect.signature(make).parameters
+                 else "verified_id")
+        return make(None, **{bonus: bonus_tokens, "new_seq_lens": new_seq_lens})
+    return make_draft_input_v2(bonus_tokens=bonus_tokens, new_seq_lens=new_seq_lens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,7 +223,12 @@ class Harness:
         # tiny config-only Llama folder; 0.5.19+ read nothing until resolve_once.)
         args = ServerArgs(model_path=str(Path(__file__).resolve().parent / "data" / "models"
                                          / "tiny-llama"), device="cpu")
-        get_context().set_server_args(args)
+        if hasattr(get_context(), "set_server_args"):
+            get_context().set_server_args(args)
+        else:  # 0.5.14 - 0.5.15.post1: processes read the global ServerArgs
+            from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+            set_global_server_args_for_scheduler(args)
         from sglang.srt.runtime_context import get_parallel
 
         # No torch.distributed here: a one-rank group stands in for the TP groups.
@@ -209,6 +241,8 @@ class Harness:
             return None if tensor.device.type == "cpu" else record(tensor, stream)
 
         torch.Tensor.record_stream = _record_stream
+        _give_cache_locs_a_cpu_branch()
+        _give_eagle_the_cuda_route()
         groups = dict(tp_group=_OneRank(), attn_tp_group=_OneRank())
         if hasattr(type(get_parallel()), "override_permanently"):  # 0.5.20 and later
             get_parallel().override_permanently(**groups)
@@ -220,10 +254,15 @@ class Harness:
             get_parallel().stamp_derived_widths(
                 moe_ep_size=1, moe_tp_size=1, attn_tp_size=1, attn_dp_size=1, attn_dcp_size=1,
                 dcp_enabled=False)
-        else:  # 0.5.18: no stamp; the scoped override takes the one-rank widths themselves
-            self._parallel_scope = get_parallel().override(
-                **groups, tp_size=1, tp_rank=0, moe_ep_size=1, moe_ep_rank=0, moe_tp_size=1,
-                moe_tp_rank=0, attn_tp_size=1, attn_tp_rank=0, dcp_enabled=False)
+        else:  # 0.5.18 and older: no stamp; the scoped override takes the one-rank widths
+            widths = dict(tp_size=1, tp_rank=0, moe_ep_size=1, moe_ep_rank=0, moe_tp_size=1,
+                          moe_tp_rank=0, attn_tp_size=1, attn_tp_rank=0, dcp_enabled=False)
+            from sglang.srt import runtime_context
+
+            known = getattr(runtime_context, "_PARALLEL_FIELDS", None)
+            if known is not None:  # (0.5.14 - 0.5.15.post1 have no DCP field)
+                widths = {k: v for k, v in widths.items() if k in known}
+            self._parallel_scope = get_parallel().override(**groups, **widths)
             self._parallel_scope.__enter__()
 
     # -- real SGLang pieces ----------------------------------------------------------------
@@ -260,11 +299,12 @@ class Harness:
         pages = -(-len(prompt) // page_size) * page_size
         slots = alloc.alloc(pages)
         rtp.req_to_token[row, :pages] = slots.to(rtp.req_to_token.dtype)
-        if getattr(req, "kv", None) is None:  # 0.5.18: allocation creates the KV record
+        if getattr(req, "kv", None) is None and not hasattr(req, "kv_allocated_len"):
+            # 0.5.18: allocation creates the KV record (0.5.14 - 0.5.15.post1 have none)
             from sglang.srt.managers.schedule_batch import ReqKvInfo
 
             req.kv = ReqKvInfo(kv_allocated_len=pages, swa_evicted_seqlen=0)
-        committed_of(req).kv_committed_len, req.kv.kv_allocated_len = len(prompt), pages
+        committed_of(req).kv_committed_len, allocated_of(req).kv_allocated_len = len(prompt), pages
         used = slots[: len(prompt)].long()
         # A prompt seen before (the sampling cases prefill one prompt many times): its KV
         # copied into the new slots, as computing it again would write.
@@ -317,10 +357,7 @@ class Harness:
         # draft runner stand-in.
         import types
 
-        from sglang.srt.speculative.draft_worker_common import (
-            build_block_pos_offsets,
-            make_draft_block_spec_info,
-        )
+        from sglang.srt.speculative.ddtree_worker_v2 import _draft_block_layout
 
         runner.model = TargetModelStandIn(target)
         blocks = []
@@ -332,9 +369,8 @@ class Harness:
         # As DFlashWorkerV2.__init__ leaves them with speculative_num_draft_tokens = B + 1,
         # then the worker's own fix-up for the draft block.
         w.block_size = budget + 1
-        w._block_pos_offsets = build_block_pos_offsets(length=budget + 1, device="cpu")
-        w._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=budget + 1,
-                                                              device="cpu")
+        # (DFlash's own helpers where the release has them: the worker's seam.)
+        w._block_pos_offsets, w._draft_block_spec_info = _draft_block_layout(budget + 1, "cpu")
         w._ddtree_set_draft_block(block)
         assert blocks == [block] and w.block_size == block
         assert w.speculative_num_draft_tokens == budget + 1
@@ -464,16 +500,83 @@ class StandInRunner:
         self.lora_manager = None
         # (0.5.18's ForwardBatch.init_new reads the runner's ServerArgs: the probe's own, as
         # published to the runtime context; 0.5.19+ read the context themselves.)
-        from sglang.srt.runtime_context import get_server_args
+        from sglang.srt import runtime_context
 
-        self.server_args = get_server_args()
+        self.server_args = (runtime_context.get_server_args()
+                            if hasattr(runtime_context, "get_server_args")
+                            else _global_server_args())
         self.decode_cuda_graph_runner = None
         self.attn_backend = _AttnBackend()
         self.watermark_state = None
         self.prefill_attention_backend_str = "torch_native"
         self.ngram_embedding_manager = _Disabled()
+        # (0.5.14 - 0.5.15.post1's ForwardBatch.init_new reads these from the runner itself.)
+        self.use_ngram_embedding = False
+        self.model_is_mrope = False
+        self.dcp_size, self.dcp_rank = 1, 0
+        self.mambaish_config = None  # (and the recurrent commit: a pure-attention target)
         # (0.5.19's ForwardBatch.init_new asks the runner's ParallelState: one rank, no DCP.)
         self.ps = types.SimpleNamespace(attn_dcp_size=1, attn_dcp_rank=0)
+
+
+def _give_cache_locs_a_cpu_branch():
+    """0.5.14 - 0.5.15.post1's ``assign_extend_cache_locs_func`` has no CPU branch (off a GPU it
+    returns None); 0.5.16+ have one, over sgl_kernel's ``assign_extend_cache_locs_cpu``. STAND-IN:
+    that later branch, over the same kernel stand-in (tests/v2_kernel_standins.py), given to
+    the function where the release lacks it (the DFlash worker module's reference, the one the
+    DDTree worker calls)."""
+    import torch
+    from sglang.srt.speculative import dflash_worker_v2 as dfw
+
+    original = dfw.assign_extend_cache_locs_func
+    probe = original(req_pool_indices=torch.zeros(1, dtype=torch.int64),
+                     req_to_token=torch.arange(4, dtype=torch.int32).view(1, 4),
+                     start_offset=torch.zeros(1, dtype=torch.int64),
+                     end_offset=torch.ones(1, dtype=torch.int64), batch_size=1,
+                     draft_token_num=1, device="cpu")
+    if probe is not None:
+        return
+
+    def with_cpu_branch(req_pool_indices, req_to_token, start_offset, end_offset, batch_size,
+                        draft_token_num, device):
+        from sgl_kernel import assign_extend_cache_locs_cpu
+
+        out = torch.empty((batch_size * draft_token_num,), dtype=torch.int64, device=device)
+        assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset,
+                                     out, req_to_token.shape[1])
+        return out
+
+    # Every module holding the original (DFlash's worker imports it at its top, EAGLE's verify
+    # preparation at its call), its defining module included.
+    import sys
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "assign_extend_cache_locs_func", None) is original:
+            module.assign_extend_cache_locs_func = with_cpu_branch
+
+
+def _give_eagle_the_cuda_route():
+    """0.5.14 - 0.5.15.post1's EAGLE has no CPU route at all (``eagle_utils`` builds the tree and
+    walks it with sgl_kernel's compiled CUDA ops, Triton on XPU; 0.5.16+ add a CPU route over
+    sgl_kernel's ``*_cpu`` ops). STAND-IN: the module takes its CUDA route, whose two compiled ops
+    are the kernel stand-ins held to the CUDA sources (tests/v2_kernel_standins.py:
+    ``build_tree_kernel_efficient_cpu``, ``verify_tree_greedy_cpu``); nothing else in the
+    module changes. Releases with a CPU route are left as they are."""
+    from sglang.srt.speculative import eagle_utils
+
+    if hasattr(eagle_utils, "_is_cpu"):
+        return
+    import sgl_kernel
+
+    eagle_utils._is_cuda = True
+    eagle_utils.sgl_build_tree_kernel_efficient = sgl_kernel.build_tree_kernel_efficient_cpu
+    sgl_kernel.verify_tree_greedy = sgl_kernel.verify_tree_greedy_cpu
+
+
+def _global_server_args():
+    from sglang.srt.server_args import get_global_server_args
+
+    return get_global_server_args()
 
 
 class _Disabled:
@@ -502,6 +605,11 @@ class _ModelConfig:
 
 class _AttnBackend:
     verify_mask = None  # EAGLE allocates its own tree mask
+    max_context_len = 512  # (the pools' max_context_len: sizes an unallocated full mask)
+
+    def get_verify_buffers_to_fill_after_draft(self):
+        # 0.5.14 - 0.5.15.post1's spelling of verify_mask: no preallocated mask or positions.
+        return None, None
 
     def update_verify_buffers_to_fill_after_draft(self, *a, **k):
         pass
@@ -526,7 +634,8 @@ class StandInTargetWorker:
     def forward_batch_generation(self, batch=None, forward_batch=None, is_verify=False, **kw):
         import torch
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-        from sglang.srt.speculative.eagle_utils import TreeMaskMode, default_tree_mask_mode
+        from sglang.srt.speculative import eagle_utils
+        from sglang.srt.speculative.eagle_utils import TreeMaskMode
 
         fb = forward_batch
         assert is_verify and fb.forward_mode.is_target_verify()
@@ -537,7 +646,9 @@ class StandInTargetWorker:
         bs = fb.batch_size
         seq = fb.seq_lens.tolist()
         mask = spec.custom_mask
-        qlen_only = default_tree_mask_mode() == TreeMaskMode.QLEN_ONLY
+        # (0.5.14 - 0.5.15.post1 have no default: EAGLE builds the full mask there.)
+        mode = getattr(eagle_utils, "default_tree_mask_mode", lambda: TreeMaskMode.FULL_MASK)()
+        qlen_only = mode == TreeMaskMode.QLEN_ONLY
         masks, prefixes, off = [], [], 0
         for b in range(bs):
             row = int(fb.req_pool_indices[b])
@@ -655,8 +766,8 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.radix_cache import RadixCache
-    from sglang.srt.runtime_context import get_spec
     from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override, runtime_settings
 
     from sglang.srt.speculative import ddtree_schedule as sched
 
@@ -695,7 +806,7 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     r.rows = r.rtp.alloc(r.reqs)
     by_row = dict(zip(r.rows, r.reqs))
     # What the allocator reserved for each request row (the target stand-in's window check).
-    w._target_worker.model_runner.reserved = lambda row: by_row[row].kv.kv_allocated_len
+    w._target_worker.model_runner.reserved = lambda row: allocated_of(by_row[row]).kv_allocated_len
     r.gen = torch.Generator().manual_seed(seed)
     # Prefill (DFlashWorkerV2's own path on a server; here the target alone): prompt KV into
     # the real pool (whole pages), the first token, the prompt's hidden rows for the draft.
@@ -712,8 +823,8 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     # What the scheduler's spec bag holds once the plugin resolved DDTREE (budget B, verify
     # width B + 1, the draft block, per-depth K): prepare_for_decode (the family's 0005 hunk)
     # and release_kv_cache read it.
-    with get_spec().override(
-        speculative_algorithm="DDTREE", speculative_ddtree_budget=budget,
+    with runtime_override(
+        runtime_settings("spec"), speculative_algorithm="DDTREE", speculative_ddtree_budget=budget,
         speculative_num_draft_tokens=budget + 1, speculative_dflash_block_size=block,
         speculative_eagle_topk=topk, speculative_ddtree_topk=topk,
         speculative_ddtree_budget_schedule=(None if schedule is None
@@ -732,17 +843,25 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
 
 def _record_steps(r):
     """Keep each step's tree and EAGLE's accept_index (wrappers that only record)."""
-    from sglang.srt.speculative import eagle_worker_common as ewc
+    try:
+        from sglang.srt.speculative import eagle_worker_common as ewc
+    except ImportError:  # 0.5.14 - 0.5.15.post1: EAGLEWorkerV2.verify through the worker's seam
+        from sglang.srt.speculative import ddtree_worker_v2 as verify_home
+        from sglang.srt.speculative import eagle_worker_v2 as sample_home
 
+        verify_name = "_eagle_verify"
+    else:
+        verify_home = sample_home = ewc
+        verify_name = "run_eagle_verify"
     w, r.trees, r.verifies, r.offchain_steps = r.w, [], [], 0
-    build, verify = w._ddtree_build, ewc.run_eagle_verify
+    build, verify = w._ddtree_build, getattr(verify_home, verify_name)
 
     def recording_build(*a, **k):
         out = build(*a, **k)
         r.trees.append(out)
         return out
 
-    sample, sampled = ewc.eagle_sample, []
+    sample, sampled = sample_home.eagle_sample, []
 
     def recording_sample(*a, **k):  # 0.5.19's run_eagle_verify returns no accept_index
         out = sample(*a, **k)
@@ -758,11 +877,12 @@ def _record_steps(r):
         return out
 
     w._ddtree_build = recording_build
-    ewc.run_eagle_verify = recording_verify
-    ewc.eagle_sample = recording_sample
+    setattr(verify_home, verify_name, recording_verify)
+    sample_home.eagle_sample = recording_sample
 
     def restore():
-        ewc.run_eagle_verify, ewc.eagle_sample = verify, sample
+        setattr(verify_home, verify_name, verify)
+        sample_home.eagle_sample = sample
 
     r.restore = restore
 
@@ -802,7 +922,7 @@ def _prepare(r, batch, draft_input, active, lag):
     width = r.entries[sched.pick(r.entries, len(active))].width
     reserve = r.block + max(width, r.block)
     areqs = [r.reqs[i] for i in active]
-    ahead = [q.kv.kv_allocated_len - committed_of(q).kv_committed_len for q in areqs]
+    ahead = [allocated_of(q).kv_allocated_len - committed_of(q).kv_committed_len for q in areqs]
     # The reserve past the host's committed length, rounded up to whole pages: never short of
     # the step's need, never more than the widest entry's (one budget: exactly the reserve),
     # never DFlash's 2 x (B + 1). (An allocation never shrinks: a request that ran a wider
@@ -812,8 +932,8 @@ def _prepare(r, batch, draft_input, active, lag):
     assert all(reserve <= a < widest + page for a in ahead), (ahead, reserve, widest, page)
     for q, i in zip(areqs, active):
         true_len = committed_of(q).kv_committed_len + lag.get(i, 0)
-        assert true_len + max(width, r.block) <= q.kv.kv_allocated_len, (
-            "the step writes past the reserved KV", true_len, q.kv.kv_allocated_len)
+        assert true_len + max(width, r.block) <= allocated_of(q).kv_allocated_len, (
+            "the step writes past the reserved KV", true_len, allocated_of(q).kv_allocated_len)
     batch.spec_info = draft_input
 
 
@@ -923,14 +1043,13 @@ def _commit(r, i, new):
 def _sync_loop(r):
     """The synchronous schedule: prepare, forward, process, in order."""
     torch = r.h.torch
-    from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
     active = list(range(len(r.reqs)))
     try:
         while active:
             committed = [committed_of(r.reqs[i]).kv_committed_len for i in active]
             batch = _new_batch(r, active, committed)
-            draft_input = make_draft_input_v2(
+            draft_input = make_draft_input(
                 bonus_tokens=torch.tensor([r.reqs[i].output_ids[-1] for i in active]),
                 new_seq_lens=torch.tensor(committed))
             _prepare(r, batch, draft_input, active, lag={})
@@ -955,7 +1074,6 @@ def _overlap_loop(r):
 
     torch = r.h.torch
     from sglang.srt.managers.overlap_utils import FutureMap, RelayPayload, resolve_forward_inputs
-    from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     fm = FutureMap(torch.device("cpu"), SpeculativeAlgorithm.from_string("DDTREE"), r.rtp,
@@ -979,7 +1097,7 @@ def _overlap_loop(r):
             if active:
                 host = [committed_of(r.reqs[i]).kv_committed_len for i in active]
                 batch = _new_batch(r, active, host)  # the host's (stale) lengths
-                draft_input = make_draft_input_v2(
+                draft_input = make_draft_input(
                     bonus_tokens=torch.full((len(active),), -1),  # POISON: the relay fills it
                     new_seq_lens=torch.full((len(active),), -1))
                 draft_input.future_indices = batch.req_pool_indices.clone()
