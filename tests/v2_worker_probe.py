@@ -57,6 +57,24 @@ def allocated_of(req):
     return kv if hasattr(kv, "kv_allocated_len") else req
 
 
+def bonus_of(draft_input):
+    """The bonus tokens a DFlash draft input carries (0.5.14 names them ``verified_id``): the
+    worker's own seam."""
+    from sglang.srt.speculative.ddtree_worker_v2 import _bonus_of
+
+    return _bonus_of(draft_input)
+
+
+def relay_payload(draft_input):
+    """What the scheduler stashes in the FutureMap after a step: ``RelayPayload`` of the draft
+    input (0.5.15+); 0.5.14 stashes the draft input itself."""
+    try:
+        from sglang.srt.managers.overlap_utils import RelayPayload
+    except ImportError:
+        return draft_input
+    return RelayPayload.from_draft_input(draft_input)
+
+
 def make_draft_input(bonus_tokens, new_seq_lens):
     """DFlash's v2 draft input as the scheduler holds it between steps: DFlash's own
     ``make_draft_input_v2`` (0.5.18+), else the input DFlashWorkerV2 of the release makes after
@@ -1059,7 +1077,7 @@ def _sync_loop(r):
             still = []
             for j, i in enumerate(active):
                 new = out[j, : acc[j]].tolist()
-                assert int(res.next_draft_input.bonus_tokens[j]) == new[-1]
+                assert int(bonus_of(res.next_draft_input)[j]) == new[-1]
                 if not _commit(r, i, new):
                     still.append(i)
             active = still
@@ -1073,7 +1091,7 @@ def _overlap_loop(r):
     from functools import partial
 
     torch = r.h.torch
-    from sglang.srt.managers.overlap_utils import FutureMap, RelayPayload, resolve_forward_inputs
+    from sglang.srt.managers.overlap_utils import FutureMap, resolve_forward_inputs
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     fm = FutureMap(torch.device("cpu"), SpeculativeAlgorithm.from_string("DDTREE"), r.rtp,
@@ -1081,7 +1099,9 @@ def _overlap_loop(r):
     everyone = torch.tensor(r.rows, dtype=torch.int64)
     # The prefill step's relay: its committed lengths and first tokens.
     fm.publish(everyone, torch.tensor([committed_of(q).kv_committed_len for q in r.reqs]))
-    fm.stash(everyone, RelayPayload(bonus_tokens=torch.tensor([q.output_ids[-1] for q in r.reqs])))
+    fm.stash(everyone, relay_payload(make_draft_input(
+        torch.tensor([q.output_ids[-1] for q in r.reqs]),
+        torch.tensor([committed_of(q).kv_committed_len for q in r.reqs]))))
     # As the host knows it (results processed so far); joiners enter at their step.
     active = [i for i in range(len(r.reqs)) if i not in r.joins]
     finished = set()
@@ -1101,6 +1121,11 @@ def _overlap_loop(r):
                     bonus_tokens=torch.full((len(active),), -1),  # POISON: the relay fills it
                     new_seq_lens=torch.full((len(active),), -1))
                 draft_input.future_indices = batch.req_pool_indices.clone()
+                if hasattr(draft_input, "direct_carry_valid"):
+                    # 0.5.14: the scheduler also carries DFlash's last draft input straight
+                    # over while the batch is unchanged; this run relays through the FutureMap,
+                    # the path 0.5.14 takes once a batch was filtered or merged.
+                    draft_input.direct_carry_valid = False
                 _prepare(r, batch, draft_input, active, lag)
                 batch.enable_overlap = True
                 # Scheduler.run_batch: resolve what step k-1 published and stashed.
@@ -1109,13 +1134,13 @@ def _overlap_loop(r):
                 truth_lens = [len(r.truth[i]) - 1 for i in active]  # minus the bonus token
                 assert batch.seq_lens.tolist() == truth_lens, (batch.seq_lens.tolist(), truth_lens)
                 stale += host != truth_lens
-                assert batch.spec_info.bonus_tokens.tolist() == [r.truth[i][-1] for i in active]
+                assert bonus_of(batch.spec_info).tolist() == [r.truth[i][-1] for i in active]
                 future_indices = batch.req_pool_indices
                 kw = {"on_publish": partial(fm.publish, future_indices)}
                 if r.grammar:
                     kw["grammar_barrier"] = partial(_advance_grammar, r, pending)
                 res = _forward(r, batch, draft_input, active, **kw)
-                fm.stash(future_indices, RelayPayload.from_draft_input(res.next_draft_input))
+                fm.stash(future_indices, relay_payload(res.next_draft_input))
                 launched = (list(active), res)
             if pending is not None:  # step k-1's result, processed after step k launched
                 done, res_prev = pending
@@ -1422,8 +1447,15 @@ def case_verify_states(h):
     torch = h.torch
     from sglang.srt.model_executor import cuda_graph_config
     from sglang.srt.model_executor import runner as runners
-    from sglang.srt.runtime_context import get_exec, get_spec
     from sglang.srt.speculative import ddtree_schedule as sched
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override
+    # The settings as the worker reads them (0.5.14 - 0.5.15.post1: the global ServerArgs, its
+    # cuda_graph_config's decode sizes), through the worker's own seams.
+    from sglang.srt.speculative.ddtree_worker_v2 import (
+        _decode_graph_sizes,
+        _decode_graph_sizes_scope,
+    )
+    from sglang.srt.speculative.ddtree_worker_v2 import _spec as get_spec
 
     target = TinyTarget(torch, seed=1)
     rtp, kv, alloc = h.pools(target, 4)
@@ -1439,7 +1471,7 @@ def case_verify_states(h):
             self.backend, self.width = attn_backend, speculative_num_draft_tokens
             built.append((speculative_num_draft_tokens, get_spec().speculative_num_draft_tokens,
                           get_spec().speculative_ddtree_budget,
-                          list(get_exec().graph.cuda_graph_bs_decode)))
+                          _decode_graph_sizes()))
 
     original = (runner.attn_backend, "the target's own graph runner")
     runner.decode_cuda_graph_runner = original[1]
@@ -1451,11 +1483,11 @@ def case_verify_states(h):
     cuda_graph_config.check_cuda_graph_backend = lambda phase, backend: False  # graphs on
     spec_before = (get_spec().speculative_num_draft_tokens, get_spec().speculative_ddtree_budget)
     try:
-        with get_spec().override(speculative_algorithm="DDTREE", speculative_ddtree_budget=12,
-                                 speculative_num_draft_tokens=13), \
-                get_exec().graph.override(cuda_graph_bs_decode=[1, 2, 4, 8, 16]):
+        with runtime_override(get_spec(), speculative_algorithm="DDTREE",
+                              speculative_ddtree_budget=12, speculative_num_draft_tokens=13), \
+                _decode_graph_sizes_scope([1, 2, 4, 8, 16]):
             w._ddtree_build_verify_states()
-            assert list(get_exec().graph.cuda_graph_bs_decode) == [1, 2, 4, 8, 16]
+            assert _decode_graph_sizes() == [1, 2, 4, 8, 16]
             assert get_spec().speculative_num_draft_tokens == 13
     finally:
         runners.DecodeCudaGraphRunner, cuda_graph_config.check_cuda_graph_backend = saved
@@ -1600,6 +1632,27 @@ def _sampling_run(h, walk, trials=LAW_TRIALS, budget=8, topk=3, seed=4):
         import sglang.srt.distributed as distributed
 
         distributed.get_tp_group = _OneRank
+    source = inspect.getsource(eagle_utils.eagle_sample)
+    if "top_k_renorm_prob(" in source and "need_top_k_sampling" not in source:
+        # 0.5.14 - 0.5.15.post1 renormalize by top-k and top-p on every sampled verify (0.5.16+
+        # only when a request asks); these requests keep the whole vocabulary (top_k -1,
+        # top_p 1), for which the CUDA kernels return their input. STAND-INs for exactly that
+        # case, refusing any other.
+        import sgl_kernel
+
+        def whole_vocabulary_only(what, keeps_all):
+            def renorm(probs, limit):
+                assert keeps_all(limit, probs.shape[-1]), (what, "stand-in: whole vocabulary only")
+                return probs
+
+            return renorm
+
+        for name, keeps_all in (
+                ("top_k_renorm_prob", lambda k, v: bool(((k <= 0) | (k >= v)).all())),
+                ("top_p_renorm_prob", lambda p, v: bool((p >= 1.0).all()))):
+            bound = getattr(sgl_kernel, name)
+            setattr(sgl_kernel, name, whole_vocabulary_only(name, keeps_all))
+            restore.append(lambda name=name, bound=bound: setattr(sgl_kernel, name, bound))
     vocab = LAW_VOCAB
     target = TinyTarget(torch, vocab=vocab, hidden=16, seed=seed, scale=0.6)
     target.head = target.head * 0.15  # spread-out next-token laws, a few likely tokens
