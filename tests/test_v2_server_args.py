@@ -730,7 +730,6 @@ def _probe_spawn(models: Path) -> dict:
     import multiprocessing
     import pickle
 
-    from sglang.srt.server_args import ServerArgs
 
     args = _resolved_args(model_path=str(models / "tiny-llama"), speculative_algorithm="DDTREE",
                           speculative_draft_model_path=str(models / "tiny-dflash-draft"),
@@ -759,7 +758,6 @@ def _spawned_child(blob: bytes) -> dict:
 def _probe_no_marker(models: Path) -> dict:
     """DDTREE's create_worker with a factory that resolves to a worker class without the
     tree marker (DFlash's own v2 worker, which verifies a chain): refused."""
-    from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
