@@ -85,8 +85,8 @@ def recurrent_kind(model_config: Any) -> Optional[tuple[Kind, Any]]:
     which ``attention_registry`` picks the linear-attention backend, with SGLang's own
     predicates (``configs/hybrid_arch.py``: the same in 0.5.19 - 0.5.23 but for GLM-5 Next)."""
     from sglang.srt import configs
-    from sglang.srt.configs import hybrid_arch as arch
 
+    arch = _hybrid_arch()
     hf = model_config.hf_config
     inkling = tuple(getattr(configs, n) for n in ("InklingModelConfig", "InklingMMConfig")
                     if hasattr(configs, n))
@@ -122,6 +122,41 @@ def recurrent_kind(model_config: Any) -> Optional[tuple[Kind, Any]]:
     return KINDS["registered"], recurrent
 
 
+_PREDICATES = ("mambaish_config", "hybrid_gdn_config", "mamba2_config", "kimi_linear_config",
+               "hybrid_lightning_config")
+
+
+def _hybrid_arch():
+    """SGLang's hybrid-architecture predicates, each ``predicate(model_config)``: the module
+    ``configs/hybrid_arch`` (0.5.18+), else (0.5.14 - 0.5.15.post1) the ModelRunner properties
+    of the same names, which it later moved there, read on a view of the target's ModelConfig
+    (a target runner: not the draft worker)."""
+    try:
+        from sglang.srt.configs import hybrid_arch
+    except ImportError:
+        pass
+    else:
+        return hybrid_arch
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor import model_runner as mr
+
+    members = {name: getattr(mr.ModelRunner, name) for name in _PREDICATES}
+    members["_get_linear_attn_registry_result"] = mr.ModelRunner._get_linear_attn_registry_result
+    view = type("TargetConfigView", (), members)
+
+    def predicate(name):
+        def read(model_config):
+            target = view()
+            target.model_config, target.is_draft_worker = model_config, False
+            target._linear_attn_registry_cache = mr._UNSET
+            return getattr(target, name)
+
+        return read
+
+    return SimpleNamespace(**{name: predicate(name) for name in _PREDICATES})
+
+
 @dataclass(frozen=True)
 class HybridTarget:
     """A hybrid target DDTREE serves (what ``check`` accepted)."""
@@ -151,13 +186,13 @@ def describe(server_args: Any) -> Optional[dict]:
     is on (the resolved ``speculative_eagle_topk > 1``) and the commit hook, found or not."""
     import importlib
 
-    from sglang.srt.arg_groups.overrides import model_config_of, resolving_view
+    from sglang.srt.speculative.ddtree_v2_plugin import model_config, resolving
 
-    found = recurrent_kind(model_config_of(server_args))
+    found = recurrent_kind(model_config(server_args))
     if found is None:
         return None
     kind, recurrent = found
-    view = resolving_view(server_args)
+    view = resolving(server_args)
     topk = int(view.speculative_eagle_topk or 0)
     report = HybridTarget(kind=kind, config_class=type(recurrent).__name__).report(topk)
     module, _, name = COMMIT_HOOK.rpartition(".")
@@ -264,7 +299,9 @@ def draft_spec_scope():
     hybrid backend's tree kernels, FA3's tree verify), while the draft verifies DFlash's
     mask-free block, which no tree path of a backend expects. UNO builds its private draft
     backend under the same override. The target's backends are built before the draft's
-    (scheduler: tp_worker first), so the override reaches the draft only."""
+    (scheduler: tp_worker first), so the override reaches the draft only. (0.5.14 -
+    0.5.15.post1 have no Spec bag: ``ddtree_worker_v2._draft_settings_scope`` scopes the draft
+    runner's own ServerArgs there.)"""
     from sglang.srt.runtime_context import get_spec
 
     with get_spec().override(speculative_eagle_topk=1):

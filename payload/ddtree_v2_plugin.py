@@ -188,6 +188,107 @@ def decode_reserve(server_args: Any, batch_size: Optional[int] = None) -> int:
 
 
 # ---------------------------------------------------------------------------
+# The resolution record (a seam: 0.5.19+ against 0.5.18 and older). From 0.5.19 on a
+# ServerArgs record keeps the operator's raw input in its fields and what resolution decides
+# as declarations (``overrides.declare_resolution``), read through ``resolving_view``, and the
+# model config comes from ``overrides.model_config_of``. Before 0.5.19 resolution writes the
+# fields themselves (DFlash's ``_handle_dflash`` assigns them), so a declaration is a field
+# write, the record is its own view, and the model config is ``ServerArgs.get_model_config``.
+# Chosen by what the running release has, never by its version.
+
+
+def _declare(record: Any, source: str, **fields: Any) -> None:
+    try:
+        from sglang.srt.arg_groups.overrides import declare_resolution
+    except ImportError:  # 0.5.18 and older: resolution assigns the fields
+        for name, value in fields.items():
+            setattr(record, name, value)
+        return
+    declare_resolution(record, source, **fields)
+
+
+def resolving(record: Any) -> Any:
+    """What resolution has decided so far, field by field (the record itself before 0.5.19)."""
+    try:
+        from sglang.srt.arg_groups.overrides import resolving_view
+    except ImportError:
+        return record
+    return resolving_view(record)
+
+
+def model_config(record: Any) -> Any:
+    """SGLang's ModelConfig of the target the record names."""
+    try:
+        from sglang.srt.arg_groups.overrides import model_config_of
+    except ImportError:
+        return record.get_model_config()
+    return model_config_of(record)
+
+
+# ---------------------------------------------------------------------------
+# The running process's settings (a seam: 0.5.18+ against 0.5.14 - 0.5.15.post1). From 0.5.18
+# on the runtime context carries them in bags (``get_spec()``, ``get_exec()``) with a scoped
+# ``override``; 0.5.14 - 0.5.15.post1 read the global ServerArgs (``get_global_server_args``),
+# whose fields carry the same names, and a scoped override is a field write undone on exit.
+
+
+def runtime_settings(bag: str = "spec") -> Any:
+    """The settings bag ``bag`` ("spec", "exec") of this process, or the global ServerArgs."""
+    import importlib
+
+    context = importlib.import_module("sglang.srt.runtime_context")
+    getter = getattr(context, f"get_{bag}", None)
+    if getter is None:
+        from sglang.srt.server_args import get_global_server_args
+
+        return get_global_server_args()
+    return getter()
+
+
+def runtime_override(settings: Any, **fields: Any):
+    """A context in which ``settings`` answers ``fields``: the bag's own ``override``, else
+    the fields written and restored (a ServerArgs)."""
+    import contextlib
+
+    override = getattr(settings, "override", None)
+    if callable(override):
+        return override(**fields)
+
+    @contextlib.contextmanager
+    def written():
+        saved = {name: getattr(settings, name) for name in fields}
+        try:
+            for name, value in fields.items():
+                setattr(settings, name, value)
+            yield settings
+        finally:
+            for name, value in saved.items():
+                setattr(settings, name, value)
+
+    return written()
+
+
+def _resolved(record: Any) -> Any:
+    """What resolution decided, as SGLang's ``resolved_view`` (0.5.15+); 0.5.14 resolves into
+    the fields themselves: the record."""
+    try:
+        from sglang.srt.arg_groups.overrides import resolved_view
+    except ImportError:
+        return record
+    return resolved_view(record)
+
+
+def _attention_backends(view: Any) -> tuple:
+    """(prefill, decode) attention backends as SGLang derives them: ``attention_backends_of``
+    (0.5.15+), else ServerArgs' own ``get_attention_backends`` (0.5.14)."""
+    try:
+        from sglang.srt.arg_groups.overrides import attention_backends_of
+    except ImportError:
+        return tuple(view.get_attention_backends())
+    return attention_backends_of(view)
+
+
+# ---------------------------------------------------------------------------
 # Server-argument resolution (SpeculativeAlgorithm's handle_server_args hook)
 
 
@@ -219,18 +320,11 @@ def resolve_server_args(args: Any) -> None:
     """DDTREE's resolution: what would change its law refused, DFlash's (device, parallelism,
     draft path, draft block, draft attention backend, running batch), then the tree's own
     numbers and gates: one budget for every batch, or a schedule of budgets per batch size."""
-    from sglang.srt.arg_groups.overrides import (
-        attention_backends_of,
-        declare_resolution,
-        model_config_of,
-        resolved_view,
-        resolving_view,
-    )
     from sglang.srt.arg_groups.speculative_hook import _handle_dflash
     from sglang.srt.speculative import ddtree_schedule as sched
 
     record = _record_of(args)
-    cfg = resolving_view(record)
+    cfg = resolving(record)
     source = "ddtree_v2_plugin"
     _refuse_what_breaks_losslessness(record, cfg)
 
@@ -275,6 +369,9 @@ def resolve_server_args(args: Any) -> None:
             )
     # The operator's own value, before DFlash's resolution declares its default 48.
     wanted_running = cfg.max_running_requests
+    # The record's raw field, before DFlash's resolution assigns its 48 where no declarations
+    # exist (0.5.18 and older); from 0.5.19 on the raw field never changes.
+    operator_running = getattr(record, "max_running_requests", None)
     if (cfg.disaggregation_mode or "null") != "null":
         raise ValueError(
             "DDTREE does not support prefill/decode disaggregation "
@@ -284,15 +381,15 @@ def resolve_server_args(args: Any) -> None:
     # DFlash resolves the DRAFT block into speculative_num_draft_tokens (flag, draft
     # config, else 16) and forces topk 1: clear both first, read the block, then give
     # speculative_num_draft_tokens the verify width and topk the per-depth K.
-    declare_resolution(record, source, speculative_num_draft_tokens=None, speculative_eagle_topk=None)
+    _declare(record, source, speculative_num_draft_tokens=None, speculative_eagle_topk=None)
     _handle_dflash(record)
-    block = int(resolving_view(record).speculative_num_draft_tokens)
+    block = int(resolving(record).speculative_num_draft_tokens)
     if block < 2:
         raise ValueError(
             "DDTREE: the draft block must be >= 2 (the bonus token and one drafted "
             f"position), got {block} (--speculative-dflash-block-size or the draft config)."
         )
-    vocab = int(model_config_of(record).vocab_size)
+    vocab = int(model_config(record).vocab_size)
     if parsed is None:
         if block > budget + 1:
             raise ValueError(
@@ -313,10 +410,10 @@ def resolve_server_args(args: Any) -> None:
             _free_bytes(cfg.device, cfg.mem_fraction_static))
         budget = max(entry.budget for entry in resolved)
         topk = max(entry.topk for entry in resolved)
-        declare_resolution(record, source, max_running_requests=running,
-                           speculative_ddtree_budget_schedule=sched.format_schedule(resolved))
+        _declare(record, source, max_running_requests=running,
+                 speculative_ddtree_budget_schedule=sched.format_schedule(resolved))
         logger.warning("%s", log)
-    declare_resolution(
+    _declare(
         record,
         source,
         speculative_ddtree_budget=budget,
@@ -326,14 +423,14 @@ def resolve_server_args(args: Any) -> None:
         speculative_eagle_topk=topk,
     )
 
-    if resolving_view(record).enable_mixed_chunk:
+    if resolving(record).enable_mixed_chunk:
         # A mixed prefill + verify step is not proven for a tree verify (supports_mixed_chunk
         # below says so); SGLang's validation would assert on it. Off, said once, as for UNO.
-        declare_resolution(record, source, enable_mixed_chunk=False)
+        _declare(record, source, enable_mixed_chunk=False)
         logger.warning("Mixed chunked prefill is disabled for DDTREE speculative decoding.")
 
-    view = resolved_view(record)
-    prefill, decode = attention_backends_of(view)
+    view = _resolved(record)
+    prefill, decode = _attention_backends(view)
     verify = decode if view.speculative_attention_mode == "decode" else prefill
     if verify is not None and verify not in VERIFY_ATTENTION_BACKENDS:
         raise ValueError(
@@ -348,12 +445,12 @@ def resolve_server_args(args: Any) -> None:
     # pools keep budget + 1 intermediate states per request at the schedule's largest budget.
     from sglang.srt.speculative import ddtree_hybrid
 
-    hybrid = ddtree_hybrid.check(view, model_config_of(record), budget,
+    hybrid = ddtree_hybrid.check(view, model_config(record), budget,
                                  widths=[entry.width for entry in resolved or ()])
     if hybrid is not None:
-        _size_for_recurrent_states(record, view, hybrid, budget, source)
+        _size_for_recurrent_states(record, view, hybrid, budget, source, operator_running)
     if resolved is not None:
-        running = int(resolved_view(record).max_running_requests)
+        running = int(_resolved(record).max_running_requests)
         unreached = [entry for entry in resolved if entry.threshold > running]
         if unreached:
             kept = [entry for entry in resolved if entry.threshold <= running]
@@ -377,9 +474,19 @@ LILICORR_DRAFTS = ("LiLiCorrDraftModel",)
 def _attn_dp_enabled(view: Any) -> bool:
     try:  # 0.5.21+: attention-DP as the runtime computes it
         from sglang.srt.runtime_context import attn_dp_enabled_of
-    except ImportError:  # 0.5.20: the flag itself
+    except ImportError:  # 0.5.20 and older: the flag itself
         return bool(getattr(view, "enable_dp_attention", False))
     return bool(attn_dp_enabled_of(view))
+
+
+def _is_hip() -> bool:
+    try:  # 0.5.19+: the platform record (which tests may override)
+        from sglang.srt.runtime_context import get_platform
+    except ImportError:  # 0.5.18 and older: SGLang's own probe of the torch build
+        from sglang.srt.utils.common import is_hip
+
+        return bool(is_hip())
+    return bool(getattr(get_platform(), "is_hip", False))
 
 
 def _refuse_what_breaks_losslessness(record: Any, cfg: Any) -> None:
@@ -404,19 +511,15 @@ def _refuse_what_breaks_losslessness(record: Any, cfg: Any) -> None:
             f"DDTREE: --speculative-draft-window-size {cfg.speculative_draft_window_size} "
             "(DFlash's compact draft cache) is not supported: the tree worker writes the draft "
             "KV of every committed token; drop the flag.")
-    from sglang.srt.arg_groups.overrides import resolved_view
-
-    if _attn_dp_enabled(resolved_view(record)):
+    if _attn_dp_enabled(_resolved(record)):
         raise ValueError(
             "DDTREE does not support data-parallel attention (--enable-dp-attention / "
             "--attn-dp-size > 1): the tree verify and the draft's top-K head are not proven "
             "across attention-DP ranks; drop the flag or use DFLASH.")
-    from sglang.srt.runtime_context import get_platform
-
-    platform = get_platform()
     device = str(cfg.device or "")
-    if getattr(platform, "is_hip", False) or device in ("xpu", "npu"):
-        where = "ROCm" if getattr(platform, "is_hip", False) else device
+    hip = _is_hip()
+    if hip or device in ("xpu", "npu"):
+        where = "ROCm" if hip else device
         raise ValueError(
             f"DDTREE is not supported on {where}: SGLang's EAGLE verify there has no tree "
             "sampling kernel and commits the argmax for sampled requests (their output would "
@@ -579,12 +682,12 @@ def _device_memory_mib(device: str) -> Optional[float]:
     return get_device_memory_capacity(device)
 
 
-def _size_for_recurrent_states(record: Any, view: Any, hybrid: Any, budget: int, source: str) -> None:
+def _size_for_recurrent_states(record: Any, view: Any, hybrid: Any, budget: int, source: str,
+                               wanted: Optional[int]) -> None:
     """max_running_requests for a hybrid target: every running request keeps B + 1
     intermediate recurrent states during a verify (ddtree_hybrid.recurrent_verify_cost).
     Derived when the operator set none (DFlash's 48, capped), refused with the numbers when
     an explicit value cannot fit; skipped when the device memory is unknown (no GPU)."""
-    from sglang.srt.arg_groups.overrides import declare_resolution
     from sglang.srt.speculative import ddtree_hybrid
 
     device_mib = _device_memory_mib(view.device)
@@ -596,8 +699,8 @@ def _size_for_recurrent_states(record: Any, view: Any, hybrid: Any, budget: int,
     budget_bytes = ddtree_hybrid.state_budget_bytes(
         float(device_mib) * (1 << 20), float(view.mem_fraction_static),
         getattr(view, "mamba_full_memory_ratio", None))
-    # The operator's own value is the record's raw field; DFlash declared 48 when it was unset.
-    wanted = getattr(record, "max_running_requests", None)
+    # ``wanted``: the operator's own value (the record's raw field before resolution); DFlash
+    # decided 48 when it was unset.
     running = ddtree_hybrid.running_requests_for(
         wanted, cost, budget_bytes, default=int(view.max_running_requests or 48),
         what=f"the recurrent share of --mem-fraction-static {view.mem_fraction_static} of "
@@ -607,7 +710,7 @@ def _size_for_recurrent_states(record: Any, view: Any, hybrid: Any, budget: int,
             "DDTREE on %s: max_running_requests = %d (budget %d keeps %d recurrent states of "
             "%s per request).", hybrid.config_class, running, budget,
             cost.states_per_request, ddtree_hybrid.size_text(per_slot))
-        declare_resolution(record, source, max_running_requests=running)
+        _declare(record, source, max_running_requests=running)
 
 
 def _size_running_batch(record: Any, source: str, budget: int, vocab: int,
@@ -615,14 +718,13 @@ def _size_running_batch(record: Any, source: str, budget: int, vocab: int,
     """max_running_requests by the rule every DDTree family shares (budget x vocab against the
     memory SGLang leaves outside mem_fraction_static; ddtree_utils.size_running_batch), with
     the device memory SGLang measures for its own memory plan."""
-    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
     from sglang.srt.speculative.ddtree_utils import size_running_batch
 
-    cfg = resolving_view(record)
+    cfg = resolving(record)
     plan = size_running_batch(budget, vocab, _device_memory_mib(cfg.device),
                               cfg.mem_fraction_static, wanted)
     if plan is not None:
-        declare_resolution(record, source, max_running_requests=plan.max_running_requests)
+        _declare(record, source, max_running_requests=plan.max_running_requests)
         logger.warning("%s", plan.log)
 
 
@@ -679,10 +781,12 @@ def _spec_class():
             # One number, two meanings, decoupled: the target verifies budget + 1 tokens
             # per request, the DFlash draft runs on its block.
             if is_draft_worker:
-                from sglang.srt.runtime_context import get_spec
-
-                return ddtree_draft_block(get_spec())
+                return ddtree_draft_block(runtime_settings("spec"))
             return num_draft_tokens
+
+        # The same question under its name before 0.5.16 (0.5.14 - 0.5.15.post1 ask it as
+        # ``..._per_bs_...``; 0.5.16+ keep that name as a deprecated alias of the above).
+        get_num_tokens_per_bs_for_target_verify = get_num_tokens_per_req_for_target_verify
 
         def supports_mixed_chunk(self):
             # Conservative: a tree verify inside a mixed prefill + verify forward is

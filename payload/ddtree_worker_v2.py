@@ -177,6 +177,18 @@ def _token_count_fields(tokens: int, device) -> dict:
     }
 
 
+def _graph_flag(batch) -> dict:
+    """The scheduler's decode-graph verdict, on the draft block's ForwardBatch where the
+    release carries it (0.5.19+ ``can_run_decode_cuda_graph``); 0.5.18's ForwardBatch has no
+    such field (its runner decides alone)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(_dfw.ForwardBatch)}
+    if "can_run_decode_cuda_graph" not in names:
+        return {}
+    return {"can_run_decode_cuda_graph": batch.can_run_decode_cuda_graph}
+
+
 def _draft_tp_scope(worker):
     """The draft's TP scope: 0.5.20+ run the draft under ``draft_tp_context`` (its own
     parallel layout); 0.5.19's draft runs in the target's TP group (no scope)."""
@@ -186,6 +198,269 @@ def _draft_tp_scope(worker):
     return scope(worker.draft_parallel_layout)
 
 
+def _unwrap_lora(layer):
+    """The layer under a LoRA wrapper: 0.5.19+ ``unwrap_lora_layer``; 0.5.18's DFlash reads
+    the target's layers as they are (no unwrap)."""
+    unwrap = getattr(_dfw, "unwrap_lora_layer", None)
+    return layer if unwrap is None else unwrap(layer)
+
+
+def _draft_embedding(worker, target_model):
+    """The embedding the draft block's noise is read from: 0.5.19+ resolve it from the draft
+    and the target (``_resolve_dflash_embedding_module``); 0.5.18 takes the target's input
+    embeddings."""
+    resolve = getattr(_dfw, "_resolve_dflash_embedding_module", None)
+    if resolve is None:
+        return target_model.get_input_embeddings()
+    return _unwrap_lora(resolve(worker.draft_model, target_model))
+
+
+def _is_dense_head_weight(weight) -> bool:
+    """DFlash's own test for a plain dense lm_head weight (public from 0.5.19 on; 0.5.14 -
+    0.5.15.post1 have none: a floating-point weight, the test their DFlash head applies)."""
+    test = getattr(_dfw, "is_dense_head_weight", None) or getattr(
+        _dfw, "_is_dense_head_weight", None)
+    if test is None:
+        return bool(torch.is_floating_point(weight))
+    return bool(test(weight))
+
+
+def _spec():
+    """The speculative settings of this process (the plugin's seam: the runtime Spec bag,
+    or the global ServerArgs on 0.5.14 - 0.5.15.post1)."""
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_settings
+
+    return runtime_settings("spec")
+
+
+def _draft_block_layout(block: int, device):
+    """(position offsets [block], the draft block's spec info) as DFlashWorkerV2.__init__ of
+    this release builds them for its block: ``draft_worker_common`` (0.5.18+), else inline as
+    0.5.14 - 0.5.15.post1 do (an arange, and a mask-free DFlashVerifyInput of the block)."""
+    try:
+        from sglang.srt.speculative.draft_worker_common import (
+            build_block_pos_offsets,
+            make_draft_block_spec_info,
+        )
+    except ImportError:
+        offsets = torch.arange(int(block), device=device, dtype=torch.int64)
+        info = _dfw.DFlashVerifyInput(
+            draft_token=torch.empty((0,), dtype=torch.long, device=device),
+            positions=torch.empty((0,), dtype=torch.int64, device=device),
+            draft_token_num=int(block),
+            custom_mask=None,
+            capture_hidden_mode=_dfw.CaptureHiddenMode.NULL,
+        )
+        return offsets, info
+    return (build_block_pos_offsets(length=int(block), device=device),
+            make_draft_block_spec_info(draft_token_num=int(block), device=device))
+
+
+def _set_draft_model_block(model, block: int) -> None:
+    """The draft model adopts the resolved block: ``set_block_size`` (0.5.19+, which also
+    re-sizes its convolutions); 0.5.14 - 0.5.18 models keep the block as a plain attribute
+    read from their config."""
+    setter = getattr(model, "set_block_size", None)
+    if setter is not None:
+        setter(int(block))
+    else:
+        model.block_size = int(block)
+
+
+def _bonus_of(draft_input):
+    """The bonus (root) tokens the DFlash draft input carries: ``bonus_tokens`` (0.5.15+), or
+    ``verified_id`` (0.5.14)."""
+    bonus = getattr(draft_input, "bonus_tokens", None)
+    return draft_input.verified_id if bonus is None else bonus
+
+
+def _reserved_lens(draft_input):
+    """(host lengths [bs], their sum) the allocator reserved for this step when the scheduler
+    keeps no host copy of seq_lens: ``nxt_kv_lens_cpu`` (0.5.18+), ``reserved_seq_lens_cpu``
+    (0.5.14 - 0.5.15.post1)."""
+    for name in ("nxt_kv_lens", "reserved_seq_lens"):
+        lens = getattr(draft_input, f"{name}_cpu", None)
+        if lens is not None:
+            return lens, int(getattr(draft_input, f"{name}_sum"))
+    raise RuntimeError("DDTREE: the draft input carries no reserved host lengths.")
+
+
+def _next_decode_input(worker, bonus, new_seq_lens, draft_input):
+    """DFlash's next draft input after a decode step. 0.5.15+: bonus and lengths. 0.5.14 names
+    the bonus ``verified_id``, carries the allocator's reservation on (the next prepare starts
+    from it) and a ``verify_done`` event (the next prepare waits on it when no plan stream runs),
+    as its DFlashWorkerV2 does."""
+    import inspect
+
+    params = inspect.signature(worker._make_next_draft_input_decode).parameters
+    if "bonus_tokens" in params:
+        return worker._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+    nxt = worker._make_next_draft_input_decode(
+        verified_id=bonus, new_seq_lens=new_seq_lens,
+        cur_allocated_seq_lens_cpu=getattr(draft_input, "reserved_seq_lens_cpu", None))
+    if hasattr(nxt, "verify_done"):
+        done = torch.get_device_module(bonus.device).Event()
+        done.record()
+        nxt.verify_done = done
+    return nxt
+
+
+def _base_forward(worker, batch, on_publish, grammar_barrier, pp_proxy_tensors):
+    """DFlashWorkerV2.forward_batch_generation with what this release's takes: 0.5.14 -
+    0.5.15.post1 take (batch, on_publish) only."""
+    import inspect
+
+    base = super(DDTreeWorkerV2, worker).forward_batch_generation
+    params = inspect.signature(base).parameters
+    extra = {name: value for name, value in (("grammar_barrier", grammar_barrier),
+                                             ("pp_proxy_tensors", pp_proxy_tensors))
+             if name in params}
+    return base(batch, on_publish, **extra)
+
+
+def _decode_graph_sizes(configured: bool = False):
+    """The decode CUDA-graph batch sizes: the exec bag's (0.5.18+), else the global ServerArgs'
+    ``cuda_graph_config.decode.bs`` (0.5.14 - 0.5.15.post1). ``configured``: the configured
+    list (the draft head's buffers) rather than the captured one."""
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_settings
+
+    graph = getattr(runtime_settings("exec"), "graph", None)
+    if graph is None:  # a ServerArgs
+        return list(runtime_settings("exec").cuda_graph_config.decode.bs or ())
+    if configured:
+        return list(graph.cuda_graph_config.decode.bs)
+    return list(graph.cuda_graph_bs_decode or ())
+
+
+@contextlib.contextmanager
+def _decode_graph_sizes_scope(sizes):
+    """A context in which decode graphs are captured for ``sizes`` only: the exec bag's
+    override (0.5.18+), else the global ServerArgs' graph config replaced and restored."""
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_settings
+
+    settings = runtime_settings("exec")
+    graph = getattr(settings, "graph", None)
+    if graph is not None:
+        with graph.override(cuda_graph_bs_decode=sizes):
+            yield
+        return
+    saved = settings.cuda_graph_config
+    scoped = copy.deepcopy(saved)
+    scoped.decode.bs = list(sizes)
+    settings.cuda_graph_config = scoped
+    try:
+        yield
+    finally:
+        settings.cuda_graph_config = saved
+
+
+def _draft_settings_scope(worker):
+    """The settings the DFlash draft's attention backends and CUDA graphs are built under: top-K
+    1 (``ddtree_hybrid.draft_spec_scope``: the draft verifies DFlash's mask-free block) and, where
+    the draft runner reads the verify width from its settings, the draft block. 0.5.18+: the
+    runtime Spec bag, which the draft's backends read (its widths come from the plugin's
+    per-request answer). 0.5.14 - 0.5.15.post1: the draft runner reads its own ServerArgs (a
+    copy DFlashWorkerV2 made), whose ``speculative_num_draft_tokens`` is the target's B + 1:
+    the Triton backend's verify indptr and the DFLASH capture's ``draft_token_num`` would
+    take it, so the draft block is put there too."""
+    import importlib
+
+    from sglang.srt.speculative import ddtree_hybrid
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override
+
+    if hasattr(importlib.import_module("sglang.srt.runtime_context"), "get_spec"):
+        return ddtree_hybrid.draft_spec_scope()
+    return runtime_override(worker.draft_model_runner.server_args, speculative_eagle_topk=1,
+                            speculative_num_draft_tokens=int(worker.block_size))
+
+
+# EAGLE's tree verify, the route the worker's verify takes (the second verify seam): from 0.5.16
+# on ``eagle_worker_common`` holds it as two functions; 0.5.14 - 0.5.15.post1 have it only as
+# EAGLEWorkerV2's ``draft`` tail (the tree build) and its ``verify`` method.
+
+
+def _eagle_verify_input(batch, roots, parent_list, top_scores_index, draft_tokens, *,
+                        target_worker, topk, num_steps, num_draft_tokens, device):
+    """EAGLE's verify input for the DDTree lineage: ``build_eagle_verify_input`` (0.5.16+), or
+    what ``EAGLEWorkerV2.draft`` of 0.5.14 - 0.5.15.post1 does after its draft forward: the
+    CUDA tree builder writing straight into the target backend's verify buffers (full mask)."""
+    from sglang.srt.speculative.eagle_info import EagleDraftInput, EagleVerifyInput
+
+    try:
+        from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
+        from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
+    except ImportError:
+        pass
+    else:
+        return build_eagle_verify_input(
+            batch, EagleDraftInput(bonus_tokens=roots), parent_list, top_scores_index,
+            draft_tokens, None, target_worker=target_worker, topk=topk, num_steps=num_steps,
+            num_draft_tokens=num_draft_tokens, tree_mask_mode=default_tree_mask_mode(),
+            device=device)
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode, build_tree_kernel_efficient
+
+    if batch.forward_mode.is_idle():
+        return EagleVerifyInput.create_idle_input(topk, num_steps, num_draft_tokens)
+    backend = target_worker.model_runner.attn_backend
+    tree_mask_buf, position_buf = backend.get_verify_buffers_to_fill_after_draft()
+    seq_lens_sum = batch.seq_lens_sum
+    if seq_lens_sum is None:  # only sizes an unallocated mask: an upper bound, no host read
+        seq_lens_sum = 0 if tree_mask_buf is not None else (
+            batch.seq_lens.shape[0] * backend.max_context_len)
+    (tree_mask, position, retrieve_index, retrieve_next_token, retrieve_next_sibling,
+     verify_tokens) = build_tree_kernel_efficient(
+        roots, parent_list, top_scores_index, draft_tokens, batch.seq_lens, seq_lens_sum,
+        topk, num_steps, num_draft_tokens, TreeMaskMode.FULL_MASK, tree_mask_buf, position_buf)
+    return EagleVerifyInput(
+        draft_token=verify_tokens, custom_mask=tree_mask, positions=position,
+        retrieve_index=retrieve_index, retrieve_next_token=retrieve_next_token,
+        retrieve_next_sibling=retrieve_next_sibling, retrieve_cum_len=None,
+        spec_steps=num_steps, topk=topk, draft_token_num=num_draft_tokens,
+        capture_hidden_mode=None, seq_lens_sum=None, seq_lens_cpu=None, draft_probs=None)
+
+
+class _EagleVerifyHost:
+    """What ``EAGLEWorkerV2.verify`` of 0.5.14 - 0.5.15.post1 reads from its worker, for one
+    DDTree verify: the target, the pools, the device, no plan stream, and the tree's widths
+    (EAGLE's step count is the lineage depth, its draft-token count the verify width). The
+    method and its two compaction helpers are SGLang's own, bound to this object."""
+
+    def __init__(self, worker, *, topk, num_steps, num_draft_tokens):
+        import types
+
+        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+        self._target_worker = self.target_worker = worker.target_worker
+        self.req_to_token_pool = worker.model_runner.req_to_token_pool
+        self.token_to_kv_pool_allocator = worker.model_runner.token_to_kv_pool_allocator
+        self.device = worker.device
+        self.plan_stream, self.plan_stream_ctx = None, contextlib.nullcontext()
+        self.topk, self.speculative_num_steps = int(topk), int(num_steps)
+        self.speculative_num_draft_tokens = int(num_draft_tokens)
+        for name in ("verify", "_finalize_accept_tree_path", "_compact_accept_to_front"):
+            setattr(self, name, types.MethodType(getattr(EAGLEWorkerV2, name), self))
+
+
+def _eagle_verify(worker, batch, *, topk, num_steps, num_draft_tokens, grammar_barrier):
+    """EAGLE's verify of ``batch.spec_info`` with the accepted path moved to the front:
+    ``run_eagle_verify(finalize_tree_path=True)`` (0.5.16+), or ``EAGLEWorkerV2.verify`` of
+    0.5.14 - 0.5.15.post1 (which compacts for top-K > 1 itself; its grammar mask is built on the
+    host for constrained batches, and it takes no grammar barrier)."""
+    try:
+        from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
+    except ImportError:
+        host = _EagleVerifyHost(worker, topk=topk, num_steps=num_steps,
+                                num_draft_tokens=num_draft_tokens)
+        return host.verify(batch)
+    return run_eagle_verify(
+        batch, target_worker=worker.target_worker,
+        req_to_token_pool=worker.model_runner.req_to_token_pool,
+        token_to_kv_pool_allocator=worker.model_runner.token_to_kv_pool_allocator,
+        plan_stream=worker.plan_stream, plan_stream_ctx=worker.plan_stream_ctx, topk=topk,
+        num_draft_tokens=num_draft_tokens, device=worker.device, metadata_ready_pre_pad=False,
+        finalize_tree_path=True, grammar_barrier=grammar_barrier)
+
+
 class DDTreeWorkerV2(DFlashWorkerV2):
     """DFlash draft, DDTree tree, EAGLE tree verify; see the module docstring."""
 
@@ -193,8 +468,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     # really tree-verifies (a DDTREE resolving to a class without it is silently linear).
     DDTREE_TREE_VERIFY = True
 
-    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
-        from sglang.srt.runtime_context import get_spec
+    def __init__(self, server_args, *args, **kwargs):
+        """``server_args`` and then whatever this release's scheduler hands DFlashWorkerV2
+        (``draft_worker_kwargs``: 0.5.20+ ``gpu_id, nccl_port, target_worker``; 0.5.18 -
+        0.5.19 also ``ps``; 0.5.14 - 0.5.15.post1 the ranks one by one), passed on as given."""
         from sglang.srt.speculative.ddtree_v2_plugin import (
             ddtree_budget,
             ddtree_draft_block,
@@ -202,7 +479,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             ddtree_topk,
         )
 
-        spec = get_spec()
+        spec = _spec()
         # The largest budget / top-K / width (what the target's buffers and graphs are sized
         # by) and the schedule's entries (one entry (1, B, K) for a single budget).
         self.ddtree_budget = ddtree_budget(spec)
@@ -215,7 +492,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # but DFlashWorkerV2.__init__ takes its block from speculative_num_draft_tokens,
         # which is B + 1 here. (Not overridden around __init__: the plugin's helpers refuse a
         # Spec whose width is not B + 1, and the draft runner calls them while it builds.)
-        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        super().__init__(server_args, *args, **kwargs)
         self._ddtree_set_draft_block(draft_block)
         # (Selector / Domino / LiLiCorr drafts, the compact draft window and DP attention are
         # refused by the plugin's resolution, before any model loads: tests/test_v2_server_args.)
@@ -223,21 +500,13 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _ddtree_set_draft_block(self, block: int) -> None:
         """Everything DFlashWorkerV2.__init__ derived from its block, for the draft block."""
-        from sglang.srt.speculative.draft_worker_common import (
-            build_block_pos_offsets,
-            make_draft_block_spec_info,
-        )
-
         self.block_size = int(block)
-        self.draft_model.set_block_size(self.block_size)
+        _set_draft_model_block(self.draft_model, self.block_size)
         # What the scheduler-side code reads as this worker's verify width.
         self.speculative_num_draft_tokens = int(self.ddtree_verify_width)
-        self._block_pos_offsets = build_block_pos_offsets(length=self.block_size,
-                                                          device=self.device)
+        self._block_pos_offsets, self._draft_block_spec_info = _draft_block_layout(
+            self.block_size, self.device)
         self._draft_block_ids_buf = None  # re-sized by _ensure_draft_block_buffers
-        self._draft_block_spec_info = make_draft_block_spec_info(
-            draft_token_num=self.block_size, device=self.device
-        )
 
     def _init_ddtree_state(self) -> None:
         """Per-worker DDTree state (also used by the CPU tests, which build the worker
@@ -267,7 +536,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def init_attention_backends(self):
         from sglang.srt.speculative import ddtree_hybrid
 
-        with ddtree_hybrid.draft_spec_scope():
+        with _draft_settings_scope(self):
             super().init_attention_backends()
         # The target's backends were built first, under the resolved K: with K > 1 a hybrid
         # target's recurrent backend must have its tree path on, or the verify would walk the
@@ -281,9 +550,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             )
 
     def init_cuda_graphs(self):
-        from sglang.srt.speculative import ddtree_hybrid
-
-        with ddtree_hybrid.draft_spec_scope():
+        with _draft_settings_scope(self):
             super().init_cuda_graphs()
         self._ddtree_build_verify_states()
 
@@ -303,14 +570,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             check_cuda_graph_backend,
         )
         from sglang.srt.model_executor.runner import DecodeCudaGraphRunner
-        from sglang.srt.runtime_context import get_exec, get_spec
+        from sglang.srt.speculative.ddtree_v2_plugin import runtime_override
 
         runner = self.target_worker.model_runner
         largest = self._ddtree_largest()
         if len(self._ddtree_widths) == 1 or check_cuda_graph_backend(Phase.DECODE,
                                                                      Backend.DISABLED):
             return  # one width, or eager: one backend reads every step's width
-        captured = sorted(int(b) for b in (get_exec().graph.cuda_graph_bs_decode or ()))
+        captured = sorted(int(b) for b in _decode_graph_sizes())
         # Batches above the largest graph run eagerly whatever their width.
         spans = ddtree_schedule.ranges(self.ddtree_entries, captured[-1] if captured else 0)
         original = (runner.attn_backend, runner.decode_cuda_graph_runner)
@@ -324,9 +591,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             if not pads:
                 continue  # its batches are above every graph: eager, the target's backend
             tic = time.perf_counter()
-            with get_spec().override(speculative_num_draft_tokens=state.width,
-                                     speculative_ddtree_budget=state.budget), \
-                    get_exec().graph.override(cuda_graph_bs_decode=pads):
+            with runtime_override(_spec(), speculative_num_draft_tokens=state.width,
+                                  speculative_ddtree_budget=state.budget), \
+                    _decode_graph_sizes_scope(pads):
                 backup = runner.init_new_workspace
                 try:
                     state.attn_backend = runner._get_attention_backend(init_new_workspace=True)
@@ -355,9 +622,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def _maybe_build_draft_sampler(self):
         """Replaces DFlash's in-graph argmax head with the top-K head (dense LM head only;
         otherwise the head runs eagerly after the draft forward, same numbers)."""
-        from sglang.srt.runtime_context import get_exec, get_parallel
+        from sglang.srt.runtime_context import get_parallel
 
-        head = self._build_ddtree_head(max_bs=max(get_exec().graph.cuda_graph_config.decode.bs))
+        head = self._build_ddtree_head(max_bs=max(_decode_graph_sizes(configured=True)))
         if head is None:
             return None
         self._ddtree_head = head
@@ -368,11 +635,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     def _build_ddtree_head(self, max_bs: int) -> Optional[_DDTreeTopKHead]:
         from sglang.srt.runtime_context import get_parallel
 
-        lm_head = _dfw.unwrap_lora_layer(
-            getattr(self._target_worker.model_runner.model, "lm_head", None)
-        )
+        lm_head = _unwrap_lora(getattr(self._target_worker.model_runner.model, "lm_head", None))
         weight = getattr(lm_head, "weight", None)
-        if weight is None or not _dfw.is_dense_head_weight(weight):
+        if weight is None or not _is_dense_head_weight(weight):
             return None
         tp_group = get_parallel().tp_group
         shard = getattr(lm_head, "shard_indices", None)
@@ -402,9 +667,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
     ):
         # Prefill (target prefill + prompt KV into the draft) and idle batches are DFlash's.
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
-            return super().forward_batch_generation(
-                batch, on_publish, grammar_barrier, pp_proxy_tensors
-            )
+            return _base_forward(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
         draft_input = batch.spec_info
         state = self._ddtree_select(batch)
         window = self._ddtree_draft(batch, draft_input)
@@ -441,9 +704,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         if batch.seq_lens.is_cuda:  # carried over from the previous overlap iteration
             batch.seq_lens.record_stream(torch.get_device_module(device).current_stream())
         target_model = self.target_worker.model_runner.model
-        embed_module = dfw.unwrap_lora_layer(
-            dfw._resolve_dflash_embedding_module(self.draft_model, target_model)
-        )
+        embed_module = _draft_embedding(self, target_model)
         self._ensure_draft_block_buffers(bs)
         block_ids = self._draft_block_ids_buf[:bs]
         positions_2d = self._draft_block_positions_buf[:bs]
@@ -451,7 +712,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         prefix_lens = batch.seq_lens
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         block_ids.fill_(int(self._mask_token_id))
-        block_ids[:, 0].copy_(draft_input.bonus_tokens)
+        block_ids[:, 0].copy_(_bonus_of(draft_input))
         torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
         cache_loc_2d.copy_(
             dfw.assign_extend_cache_locs_func(
@@ -464,11 +725,12 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 device=device,
             ).view(bs, block)
         )
-        if self._full_embed_gpu is not None:
-            noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+        full_embed = getattr(self, "_full_embed_gpu", None)  # 0.5.19+: DFlash's gathered table
+        if full_embed is not None:
+            noise = torch.nn.functional.embedding(block_ids, full_embed)
         else:
             noise = embed_module(block_ids)
-        if self._noise_embed_scale != 1.0:
+        if getattr(self, "_noise_embed_scale", 1.0) != 1.0:  # 0.5.18+
             noise = noise * self._noise_embed_scale
         positions = positions_2d.reshape(-1)
         cache_loc = cache_loc_2d.reshape(-1)
@@ -479,7 +741,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             seq_lens_cpu=(
                 batch.seq_lens_cpu
                 if batch.seq_lens_cpu is not None
-                else draft_input.nxt_kv_lens_cpu
+                else _reserved_lens(draft_input)[0]
             ),
             write_virtual=cache_loc,
             read_extent=block,
@@ -492,8 +754,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             seq_lens_cpu.add_(block)
             seq_lens_sum = int(seq_lens_cpu.sum())
         else:
-            seq_lens_cpu.copy_(draft_input.nxt_kv_lens_cpu)
-            seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
+            reserved, seq_lens_sum = _reserved_lens(draft_input)
+            seq_lens_cpu.copy_(reserved)
         forward_batch = dfw.ForwardBatch(
             forward_mode=dfw.ForwardMode.TARGET_VERIFY,
             batch_size=bs,
@@ -508,7 +770,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             spec_algorithm=dfw.SpeculativeAlgorithm.DFLASH,
             spec_info=self._draft_block_spec_info,
             capture_hidden_mode=dfw.CaptureHiddenMode.NULL,
-            can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
+            **_graph_flag(batch),
             **_token_count_fields(bs * block, device),
         )
         if kv_loc_plan is not None:
@@ -555,17 +817,11 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         state=None,
     ):
         from sglang.srt.managers.utils import GenerationBatchResult
-        from sglang.srt.speculative.eagle_info import EagleDraftInput
-        from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
-        from sglang.srt.speculative.eagle_worker_common import (
-            build_eagle_verify_input,
-            run_eagle_verify,
-        )
 
         bs = len(batch.seq_lens)
         state = state or self._ddtree_select(batch)
         n = state.width
-        roots = draft_input.bonus_tokens.view(-1).to(torch.int64)
+        roots = _bonus_of(draft_input).view(-1).to(torch.int64)
         layout, parent_list, top_scores_index, draft_tokens = self._ddtree_build(
             roots, logprobs, tokens, state
         )
@@ -573,36 +829,14 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # EAGLE's verify rebinds the batch's input ids, cache locs, spec_info and forward
         # mode; a shallow copy keeps the scheduler's batch as it was (UNO does the same).
         batch = copy.copy(batch)
-        verify_input = build_eagle_verify_input(
-            batch,
-            EagleDraftInput(bonus_tokens=roots),
-            parent_list,
-            top_scores_index,
-            draft_tokens,
-            None,
-            target_worker=self.target_worker,
-            topk=k,
-            # The CUDA builder's parent-list stride is k * (depth - 1) + 1 (ddtree_lineage).
-            num_steps=lineage_depth(state.budget, k, int(tokens.shape[1])),
-            num_draft_tokens=n,
-            tree_mask_mode=default_tree_mask_mode(),
-            device=self.device,
-        )
-        batch.spec_info = verify_input
-        result = run_eagle_verify(
-            batch,
-            target_worker=self.target_worker,
-            req_to_token_pool=self.model_runner.req_to_token_pool,
-            token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
-            plan_stream=self.plan_stream,
-            plan_stream_ctx=self.plan_stream_ctx,
-            topk=k,
-            num_draft_tokens=n,
-            device=self.device,
-            metadata_ready_pre_pad=False,
-            finalize_tree_path=True,
-            grammar_barrier=grammar_barrier,
-        )
+        # The CUDA builder's parent-list stride is k * (depth - 1) + 1 (ddtree_lineage).
+        num_steps = lineage_depth(state.budget, k, int(tokens.shape[1]))
+        batch.spec_info = _eagle_verify_input(
+            batch, roots, parent_list, top_scores_index, draft_tokens,
+            target_worker=self.target_worker, topk=k, num_steps=num_steps, num_draft_tokens=n,
+            device=self.device)
+        result = _eagle_verify(self, batch, topk=k, num_steps=num_steps, num_draft_tokens=n,
+                               grammar_barrier=grammar_barrier)
         accept_lens = result.accept_lens  # committed tokens per request (root + accepted)
         new_seq_lens = result.new_seq_lens
         accept_index = getattr(result, "accept_index", None)  # 0.5.20+; 0.5.19 returns none
@@ -637,10 +871,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         logits_output.hidden_states = None  # not copied to the host under overlap
 
-        next_draft_input = self._make_next_draft_input_decode(
-            bonus_tokens=result.next_draft_input.bonus_tokens.to(torch.int64),
-            new_seq_lens=new_seq_lens,
-        )
+        next_draft_input = _next_decode_input(
+            self, result.next_draft_input.bonus_tokens.to(torch.int64), new_seq_lens, draft_input)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=result.next_token_ids,  # [bs * n], accepted tokens at the front

@@ -10,7 +10,9 @@
    carries no sources: its ``csrc/speculative/eagle_utils.cu`` has the same kernel with no
    host check, see docs/patches-v2.md). 0.5.19 (family sglang-0.5.19) ships no tree kernel
    source either: it routes to sgl-kernel 0.4.6.post1 (compiled), so only its Python lines and
-   its route are pinned. A release that changes one fails here, naming it.
+   its route are pinned; so do 0.5.14, 0.5.15 and 0.5.15.post1 (sgl-kernel 0.4.4; the
+   compaction line in EAGLEWorkerV2 there, PIN_HOMES). A release that changes one fails here,
+   naming it.
 2. SGLang's Triton kernels, run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), loaded
    from the 0.5.23 wheel's own files (nothing copied into this repository), in a process of
    their own (tests/v2_triton_twins.py):
@@ -46,6 +48,10 @@ SPEC_TREE = "sglang/kernels/ops/speculative/spec_tree.py"
 EAGLE_UTILS = "sglang/srt/speculative/eagle_utils.py"
 EAGLE_INFO = "sglang/srt/speculative/eagle_info.py"
 EAGLE_COMMON = "sglang/srt/speculative/eagle_worker_common.py"
+EAGLE_V2 = "sglang/srt/speculative/eagle_worker_v2.py"
+# Where a pinned line lives in releases that moved it: 0.5.14 - 0.5.15.post1 have no
+# eagle_worker_common.py; the compaction is EAGLEWorkerV2._compact_accept_to_front there.
+PIN_HOMES = {version: {EAGLE_COMMON: EAGLE_V2} for version in ("0.5.14", "0.5.15", "0.5.15.post1")}
 
 # (file, line the stand-in relies on, what for). Whitespace-normalised substring matches.
 JIT_PINS = [
@@ -107,6 +113,9 @@ PY_PINS = [
 ]
 # Where a CUDA server's tree build comes from: the JIT kernel (0.5.21+) or sgl-kernel (0.5.20).
 ROUTES = {
+    "0.5.14": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
+    "0.5.15": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
+    "0.5.15.post1": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
     "0.5.19": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
     "0.5.20": (EAGLE_UTILS, "from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
     "0.5.21": (EAGLE_UTILS, "from sglang.kernels.ops.speculative.tree import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
@@ -139,8 +148,9 @@ def test_the_cuda_lines_the_standins_transcribe_are_in_the_release(version):
 
 @pytest.mark.parametrize("version", list(ROUTES))
 def test_the_python_lines_and_the_cuda_route_are_in_the_release(version):
+    homes = PIN_HOMES.get(version, {})
     missing = [f"{path}: {line!r} ({why})" for path, line, why in PY_PINS
-               if _norm(line) not in _norm(_wheel_text(version, path))]
+               if _norm(line) not in _norm(_wheel_text(version, homes.get(path, path)))]
     path, route = ROUTES[version]
     if _norm(route) not in _norm(_wheel_text(version, path)):
         missing.append(f"{path}: the CUDA route {route!r}")
@@ -165,7 +175,8 @@ def test_0_5_20_runs_sgl_kernel_0_4_7():
         assert TREE_HOST not in zf.namelist()
 
 
-@pytest.mark.parametrize("version,kernel", [("0.5.19", "0.4.6.post1")])
+@pytest.mark.parametrize("version,kernel", [("0.5.14", "0.4.4"), ("0.5.15", "0.4.4"),
+                                            ("0.5.15.post1", "0.4.4"), ("0.5.19", "0.4.6.post1")])
 def test_releases_without_a_tree_kernel_source_run_the_compiled_sgl_kernel(version, kernel):
     # Nothing of the CUDA tree builder or walks to pin in these wheels: the compiled
     # sgl-kernel (a binary wheel) runs them on a CUDA host.

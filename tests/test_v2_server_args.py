@@ -31,13 +31,35 @@ TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19"}
 # Cases whose option or model the older release lacks, and what that release answers instead
 # (SGLang's own error, DDTREE or not: 0.5.19 has no draft sink or block verification, and its
 # ModelConfig cannot read a Mamba-1 config at all, with DFLASH as with DDTREE).
+_BEFORE_0_5_16 = {
+    "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
+    "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
+    "hybrid-kda-flashinfer-verify": "unexpected keyword argument 'linear_attn_verify_backend'",
+    "hybrid-replayssm-spec": "unexpected keyword argument 'enable_linear_replayssm_spec'",
+    "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
+    "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
+    # (No Inkling config in the release: neither SGLang nor Transformers can read the folder.)
+    "hybrid-inkling": "model type `inkling_model` but Transformers does not recognize",
+    "attention-trtllm-mha": "TRTLLM MHA backend for prefill is only supported on Blackwell",
+}
 ELSEWHERE = {
+    "0.5.14": _BEFORE_0_5_16,
+    "0.5.15.post1": _BEFORE_0_5_16,
     "0.5.19": {
         "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
         "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
         "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
         "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
     },
+}
+
+# Cases a release cannot express, and why (skipped there, with the reason).
+UNEXPRESSIBLE = {
+    version: {"hybrid-registered": (
+        f"sglang {version}'s register_linear_attn_model has no config predicate (0.5.18+): a "
+        "registration matches a whole config class, so registering the marked Llama config "
+        "would turn every Llama target of the other cases hybrid")}
+    for version in ("0.5.14", "0.5.15.post1")
 }
 
 pytestmark = pytest.mark.sglang_env
@@ -351,6 +373,9 @@ def test_ddtree_resolves(resolved, name):
 
 @pytest.mark.parametrize("name", REFUSALS)
 def test_ddtree_refuses_with_one_line(resolved, release, name):
+    why = UNEXPRESSIBLE.get(release, {}).get(name)
+    if why is not None:
+        pytest.skip(why)
     got = resolved[name]
     assert "error" in got, f"{name} was accepted: {got.get('fields')}"
     instead = ELSEWHERE.get(release, {}).get(name)
@@ -370,8 +395,13 @@ def test_ddtree_is_dflash_everywhere_but_its_own_decisions(resolved):
     ident = resolved["default"]["identity"]
     # Every predicate answers as DFLASH does, except the one DDTREE decides itself.
     differs = {name: v for name, v in ident["predicates"].items() if v != ident["dflash"][name]}
-    assert differs == {"supports_mixed_chunk": False}, differs
-    assert ident["predicates"]["is_dflash"] is True and ident["predicates"]["is_dflash_family"] is True
+    # (0.5.18 and older have no supports_mixed_chunk predicate: DDTREE's resolution turns
+    # mixed chunk off there, case mixed-chunk-off.)
+    own = {"supports_mixed_chunk": False} if "supports_mixed_chunk" in ident["dflash"] else {}
+    assert differs == own, differs
+    assert ident["predicates"]["is_dflash"] is True
+    if "is_dflash_family" in ident["dflash"]:  # (0.5.16+)
+        assert ident["predicates"]["is_dflash_family"] is True
     # The scheduler calls these on the algorithm; a bare CustomSpecAlgo lacks them.
     assert ident["has_create_future_map"] and ident["need_topk"] is False
     assert ident["needs_hidden_relay"] is False  # hunk 0003
@@ -450,8 +480,7 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
     import logging
 
     logging.disable(logging.WARNING)
-    from sglang.srt.runtime_context import get_spec, override_platform, publish
-    from sglang.srt.server_args import ServerArgs
+    get_spec, publish = _spec_bag_and_publish()
 
     try:
         from sglang.srt.speculative import ddtree_v2_plugin as plugin
@@ -475,27 +504,25 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
                       device="cuda", skip_tokenizer_init=True)
         kwargs.update(overrides)
         # STAND-IN platform facts (the GPU generation SGLang's own checks ask about).
-        platform = override_platform(**kwargs.pop("_platform", {}))
+        platform = _platform(**kwargs.pop("_platform", {}))
         try:
             with platform:
-                args = ServerArgs(**kwargs)
-                args.resolve_once()
+                args = _resolved_args(**kwargs)
         except Exception as exc:  # the refusal, as the launcher would print it
             out[name] = {"type": type(exc).__name__, "error": str(exc)}
             works = str(exc).rpartition("use --speculative-ddtree-budget-schedule ")[2]
             if works != str(exc):  # the schedule the refusal names, resolved the same way
                 kwargs["speculative_ddtree_budget_schedule"] = works.strip().rstrip(".")
                 try:
-                    with override_platform(**kwargs.pop("_platform", {})):
-                        again = ServerArgs(**kwargs)
-                        again.resolve_once()
+                    with _platform(**kwargs.pop("_platform", {})):
+                        again = _resolved_args(**kwargs)
                     out[name]["suggestion"] = {"schedule": kwargs[
-                        "speculative_ddtree_budget_schedule"], "resolved": again.resolved_dict()[
+                        "speculative_ddtree_budget_schedule"], "resolved": _fields_of(again)[
                         "speculative_ddtree_budget_schedule"]}
                 except Exception as exc2:  # noqa: BLE001
                     out[name]["suggestion"] = {"schedule": works, "error": str(exc2)}
             continue
-        fields = args.resolved_dict()
+        fields = _fields_of(args)
         keep = ("speculative_algorithm", "speculative_ddtree_budget", "speculative_ddtree_topk",
                 "speculative_num_draft_tokens", "speculative_eagle_topk", "speculative_num_steps",
                 "speculative_dflash_block_size", "disable_overlap_schedule", "enable_mixed_chunk",
@@ -513,6 +540,82 @@ def _probe_resolve(models: Path, cases_json: str) -> dict:
     return out
 
 
+def _spec_bag_and_publish():
+    """(get_spec, publish): the runtime Spec bag and the scheduler's publication of the resolved
+    args (0.5.18+). 0.5.14 - 0.5.15.post1 have neither: processes read the global ServerArgs,
+    which the scheduler sets (``set_global_server_args_for_scheduler``)."""
+    try:
+        from sglang.srt.runtime_context import get_spec, publish
+    except ImportError:
+        from sglang.srt.server_args import (
+            get_global_server_args,
+            set_global_server_args_for_scheduler,
+        )
+
+        return get_global_server_args, lambda args, role: set_global_server_args_for_scheduler(args)
+    return get_spec, publish
+
+
+def _width_question(algo):
+    """The per-request width question under the name this release's runners ask it: 0.5.16+
+    ``get_num_tokens_per_req_for_target_verify``, before ``..._per_bs_...``."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    name = "get_num_tokens_per_req_for_target_verify"
+    if not hasattr(SpeculativeAlgorithm.DFLASH, name):
+        name = "get_num_tokens_per_bs_for_target_verify"
+    return getattr(algo, name)
+
+
+def _resolved_args(**kwargs):
+    """ServerArgs resolved by SGLang's own pipeline: ``resolve_once`` from 0.5.19 on; before it
+    (0.5.18 and older) construction itself resolves (``__post_init__``)."""
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(**kwargs)
+    if callable(getattr(args, "resolve_once", None)):
+        args.resolve_once()
+    return args
+
+
+def _fields_of(args) -> dict:
+    """The resolved fields: ``resolved_dict`` from 0.5.19 on, the fields themselves before
+    (resolution assigned them)."""
+    if callable(getattr(args, "resolved_dict", None)):
+        return args.resolved_dict()
+    import dataclasses
+
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+
+
+def _platform(**facts):
+    """STAND-IN platform facts (no GPU here): SGLang's ``override_platform`` from 0.5.19 on.
+    Before it there is no platform record, so the fact is answered where it is asked, for the
+    block: ROCm where DDTREE's resolution asks (its ``_is_hip``, which on 0.5.18 calls
+    ``utils.common.is_hip``: replacing that one for the whole of ServerArgs' construction makes
+    0.5.18 take its ROCm paths and fail on their environment), SM90 where ServerArgs' own
+    trtllm_mha gate asks (``server_args.is_sm90_supported``)."""
+    try:
+        from sglang.srt.runtime_context import override_platform
+    except ImportError:
+        pass
+    else:
+        return override_platform(**facts)
+    import contextlib
+    import importlib
+    from unittest import mock
+
+    # (Imported only when asked: the pristine release has no plugin.)
+    where = {"is_hip": ("sglang.srt.speculative.ddtree_v2_plugin", "_is_hip"),
+             "is_sm90": ("sglang.srt.server_args", "is_sm90_supported")}
+    stack = contextlib.ExitStack()
+    for fact, value in facts.items():
+        module, name = where[fact]
+        stack.enter_context(mock.patch.object(importlib.import_module(module), name,
+                                              lambda *a, _v=value, **k: _v))
+    return stack
+
+
 def _register_linear_attn() -> None:
     """An out-of-tree linear-attention model, registered the way SGLang documents
     (``register_linear_attn_model``): Llama configs carrying the marker of the
@@ -523,6 +626,8 @@ def _register_linear_attn() -> None:
     )
     from transformers import LlamaConfig
 
+    if "config_predicate" not in getattr(LinearAttnModelSpec, "__dataclass_fields__", {}):
+        return  # 0.5.14 - 0.5.15.post1: registrations match whole config classes (UNEXPRESSIBLE)
     register_linear_attn_model(LinearAttnModelSpec(
         config_class=LlamaConfig,
         backend_class_name="sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend",
@@ -548,9 +653,9 @@ def _ddtree_facts(args, plugin, get_spec, publish) -> dict:
         "capture": _capture_facts(algo),
         "helpers_record": helpers(args),
         "helpers_spec_bag": helpers(get_spec()),
-        "target_verify_width": algo.get_num_tokens_per_req_for_target_verify(
+        "target_verify_width": _width_question(algo)(
             get_spec().speculative_num_draft_tokens, False),
-        "draft_verify_width": algo.get_num_tokens_per_req_for_target_verify(
+        "draft_verify_width": _width_question(algo)(
             get_spec().speculative_num_draft_tokens, True),
         "decode_reserve": plugin.decode_reserve(get_spec()),
         "worker": f"{worker.__module__}.{worker.__qualname__}",
@@ -578,17 +683,21 @@ def _capture_facts(algo) -> dict:
     import torch
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-    from sglang.srt.runtime_context import get_spec
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    get_spec, _ = _spec_bag_and_publish()
     mask = torch.ones(64, dtype=torch.bool)
 
-    def capture(spec_algorithm, is_draft_worker, width):
+    def capture(spec_algorithm, is_draft_worker, width, server_args=None):
         runner = SimpleNamespace(
             model_runner=SimpleNamespace(
                 spec_algorithm=spec_algorithm, is_draft_worker=is_draft_worker,
                 attn_backend=object.__new__(TritonAttnBackend),
-                model_config=SimpleNamespace(hidden_size=64), dtype=torch.float32, device="cpu"),
+                model_config=SimpleNamespace(hidden_size=64), dtype=torch.float32, device="cpu",
+                # (0.5.18 and older read the verify's top-K, 0.5.14 - 0.5.15.post1 the DFLASH
+                # width too, from the runner's ServerArgs; the published Spec bag carries the
+                # same resolved fields.)
+                server_args=get_spec() if server_args is None else server_args),
             buffers=SimpleNamespace(custom_mask=mask), speculative_num_steps=1,
             speculative_num_draft_tokens=width, captured_req_width=width,
             _capture_ragged_verify_layout=lambda num_tokens: None)
@@ -597,9 +706,22 @@ def _capture_facts(algo) -> dict:
                 "width": info.draft_token_num, "topk": getattr(info, "topk", None)}
 
     spec = get_spec()
+    target = capture(algo, False, spec.speculative_num_draft_tokens)
+    # The draft's capture under the settings the worker builds the draft's graphs with
+    # (ddtree_worker_v2._draft_settings_scope: on 0.5.14 - 0.5.15.post1 the draft runner's own
+    # ServerArgs copy, at top-K 1 and the draft block), as DDTreeWorkerV2.init_cuda_graphs does.
+    import copy
+
+    from sglang.srt.speculative import ddtree_worker_v2
+
+    draft_args = copy.deepcopy(spec) if not hasattr(spec, "override") else spec
+    worker = SimpleNamespace(draft_model_runner=SimpleNamespace(server_args=draft_args),
+                             block_size=spec.speculative_dflash_block_size)
+    with ddtree_worker_v2._draft_settings_scope(worker):
+        draft = capture(algo, True, spec.speculative_dflash_block_size, draft_args)
     return {
-        "target": capture(algo, False, spec.speculative_num_draft_tokens),
-        "draft": capture(algo, True, spec.speculative_dflash_block_size),
+        "target": target,
+        "draft": draft,
         "dflash_target": capture(SpeculativeAlgorithm.DFLASH, False, spec.speculative_dflash_block_size),
     }
 
@@ -608,12 +730,10 @@ def _probe_spawn(models: Path) -> dict:
     import multiprocessing
     import pickle
 
-    from sglang.srt.server_args import ServerArgs
 
-    args = ServerArgs(model_path=str(models / "tiny-llama"), speculative_algorithm="DDTREE",
-                      speculative_draft_model_path=str(models / "tiny-dflash-draft"), device="cuda",
-                      skip_tokenizer_init=True)
-    args.resolve_once()
+    args = _resolved_args(model_path=str(models / "tiny-llama"), speculative_algorithm="DDTREE",
+                          speculative_draft_model_path=str(models / "tiny-dflash-draft"),
+                          device="cuda", skip_tokenizer_init=True)
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         return pool.apply(_spawned_child, (pickle.dumps(args),))
 
@@ -622,10 +742,14 @@ def _spawned_child(blob: bytes) -> dict:
     import pickle
 
     args = pickle.loads(blob)  # nothing here imports the plugin by name
-    from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    cfg = resolving_view(args)
+    try:  # 0.5.19+: what resolution declared; before, the fields themselves
+        from sglang.srt.arg_groups.overrides import resolving_view
+    except ImportError:
+        cfg = args
+    else:
+        cfg = resolving_view(args)
     algo = SpeculativeAlgorithm.from_string(cfg.speculative_algorithm)
     return {"algorithm": repr(algo), "worker": algo.create_worker(args).__name__,
             "width": cfg.speculative_num_draft_tokens}
@@ -634,14 +758,12 @@ def _spawned_child(blob: bytes) -> dict:
 def _probe_no_marker(models: Path) -> dict:
     """DDTREE's create_worker with a factory that resolves to a worker class without the
     tree marker (DFlash's own v2 worker, which verifies a chain): refused."""
-    from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    args = ServerArgs(model_path=str(models / "tiny-llama"), speculative_algorithm="DDTREE",
-                      speculative_draft_model_path=str(models / "tiny-dflash-draft"), device="cuda",
-                      skip_tokenizer_init=True)
-    args.resolve_once()
+    args = _resolved_args(model_path=str(models / "tiny-llama"), speculative_algorithm="DDTREE",
+                          speculative_draft_model_path=str(models / "tiny-dflash-draft"),
+                          device="cuda", skip_tokenizer_init=True)
     algo = SpeculativeAlgorithm.from_string("DDTREE")
     factory = algo.factory
     algo.factory = lambda server_args: DFlashWorkerV2

@@ -31,6 +31,7 @@ NAMED STAND-INS:
 
 from __future__ import annotations
 
+from pathlib import Path
 import sys
 import types
 
@@ -39,6 +40,57 @@ CASES = ("greedy_lossless", "overlap_lossless", "page16_lossless", "grammar_loss
          "schedule_lossless", "schedule_stale_width_control", "verify_states",
          "offchain_counter",
          "sampling_law", "sampling_control", "no_host_sync", "report", "topk_head")
+
+
+def committed_of(req):
+    """Where the release keeps a request's committed KV length: its KV record (0.5.19+) or
+    the request itself (0.5.18, whose ReqKvInfo holds only the allocation; 0.5.14 -
+    0.5.15.post1, which have no KV record)."""
+    kv = getattr(req, "kv", None)
+    return kv if hasattr(kv, "kv_committed_len") else req
+
+
+def allocated_of(req):
+    """Where the release keeps a request's allocated KV length: its KV record (0.5.18+) or the
+    request itself (0.5.14 - 0.5.15.post1)."""
+    kv = getattr(req, "kv", None)
+    return kv if hasattr(kv, "kv_allocated_len") else req
+
+
+def bonus_of(draft_input):
+    """The bonus tokens a DFlash draft input carries (0.5.14 names them ``verified_id``): the
+    worker's own seam."""
+    from sglang.srt.speculative.ddtree_worker_v2 import _bonus_of
+
+    return _bonus_of(draft_input)
+
+
+def relay_payload(draft_input):
+    """What the scheduler stashes in the FutureMap after a step: ``RelayPayload`` of the draft
+    input (0.5.15+); 0.5.14 stashes the draft input itself."""
+    try:
+        from sglang.srt.managers.overlap_utils import RelayPayload
+    except ImportError:
+        return draft_input
+    return RelayPayload.from_draft_input(draft_input)
+
+
+def make_draft_input(bonus_tokens, new_seq_lens):
+    """DFlash's v2 draft input as the scheduler holds it between steps: DFlash's own
+    ``make_draft_input_v2`` (0.5.18+), else the input DFlashWorkerV2 of the release makes after
+    a decode step (0.5.14 - 0.5.15.post1; 0.5.14 names the bonus ``verified_id``)."""
+    try:
+        from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+    except ImportError:
+        import inspect
+
+        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+        make = DFlashWorkerV2._make_next_draft_input_decode  # (reads nothing of its worker)
+        bonus = ("bonus_tokens" if "bonus_tokens" in inspect.signature(make).parameters
+                 else "verified_id")
+        return make(None, **{bonus: bonus_tokens, "new_seq_lens": new_seq_lens})
+    return make_draft_input_v2(bonus_tokens=bonus_tokens, new_seq_lens=new_seq_lens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,8 +237,16 @@ class Harness:
         from sglang.srt.runtime_context import get_context
         from sglang.srt.server_args import ServerArgs
 
-        args = ServerArgs(model_path="tiny-target", device="cpu")
-        get_context().set_server_args(args)
+        # (0.5.18 and older resolve at construction, which reads the model's config: the
+        # tiny config-only Llama folder; 0.5.19+ read nothing until resolve_once.)
+        args = ServerArgs(model_path=str(Path(__file__).resolve().parent / "data" / "models"
+                                         / "tiny-llama"), device="cpu")
+        if hasattr(get_context(), "set_server_args"):
+            get_context().set_server_args(args)
+        else:  # 0.5.14 - 0.5.15.post1: processes read the global ServerArgs
+            from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+            set_global_server_args_for_scheduler(args)
         from sglang.srt.runtime_context import get_parallel
 
         # No torch.distributed here: a one-rank group stands in for the TP groups.
@@ -199,16 +259,29 @@ class Harness:
             return None if tensor.device.type == "cpu" else record(tensor, stream)
 
         torch.Tensor.record_stream = _record_stream
+        _give_cache_locs_a_cpu_branch()
+        _give_eagle_the_cuda_route()
         groups = dict(tp_group=_OneRank(), attn_tp_group=_OneRank())
         if hasattr(type(get_parallel()), "override_permanently"):  # 0.5.20 and later
             get_parallel().override_permanently(**groups)
-        else:  # 0.5.19 and older: only the scoped override, held open for the probe's life
+        elif hasattr(type(get_parallel()), "stamp_derived_widths"):
+            # 0.5.19: only the scoped override, held open for the probe's life
             self._parallel_scope = get_parallel().override(**groups)
             self._parallel_scope.__enter__()
             # (0.5.19 reads these widths from a stamp or the live groups: one rank each.)
             get_parallel().stamp_derived_widths(
                 moe_ep_size=1, moe_tp_size=1, attn_tp_size=1, attn_dp_size=1, attn_dcp_size=1,
                 dcp_enabled=False)
+        else:  # 0.5.18 and older: no stamp; the scoped override takes the one-rank widths
+            widths = dict(tp_size=1, tp_rank=0, moe_ep_size=1, moe_ep_rank=0, moe_tp_size=1,
+                          moe_tp_rank=0, attn_tp_size=1, attn_tp_rank=0, dcp_enabled=False)
+            from sglang.srt import runtime_context
+
+            known = getattr(runtime_context, "_PARALLEL_FIELDS", None)
+            if known is not None:  # (0.5.14 - 0.5.15.post1 have no DCP field)
+                widths = {k: v for k, v in widths.items() if k in known}
+            self._parallel_scope = get_parallel().override(**groups, **widths)
+            self._parallel_scope.__enter__()
 
     # -- real SGLang pieces ----------------------------------------------------------------
     def pools(self, target, bs, kv_slots=4096, max_context_len=512, page_size=1):
@@ -244,7 +317,12 @@ class Harness:
         pages = -(-len(prompt) // page_size) * page_size
         slots = alloc.alloc(pages)
         rtp.req_to_token[row, :pages] = slots.to(rtp.req_to_token.dtype)
-        req.kv.kv_committed_len, req.kv.kv_allocated_len = len(prompt), pages
+        if getattr(req, "kv", None) is None and not hasattr(req, "kv_allocated_len"):
+            # 0.5.18: allocation creates the KV record (0.5.14 - 0.5.15.post1 have none)
+            from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+            req.kv = ReqKvInfo(kv_allocated_len=pages, swa_evicted_seqlen=0)
+        committed_of(req).kv_committed_len, allocated_of(req).kv_allocated_len = len(prompt), pages
         used = slots[: len(prompt)].long()
         # A prompt seen before (the sampling cases prefill one prompt many times): its KV
         # copied into the new slots, as computing it again would write.
@@ -266,14 +344,19 @@ class Harness:
     # -- the worker, built without __init__ (that loads a draft model on a GPU) -------------
     def worker(self, target, budget, topk, block, req_to_token_pool, kv, allocator,
                entries=None):
-        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
         from sglang.srt.speculative.ddtree_schedule import Entry
         from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
 
-        translator = KVIndexTranslator(
-            req_to_token=req_to_token_pool.req_to_token, token_to_kv_pool_allocator=allocator,
-            token_to_kv_pool=kv, page_size=allocator.page_size, device="cpu",
-        )
+        try:
+            from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+        except ImportError:  # 0.5.18: no translator; the draft writes at the cache locations
+            translator = None
+        else:
+            translator = KVIndexTranslator(
+                req_to_token=req_to_token_pool.req_to_token,
+                token_to_kv_pool_allocator=allocator, token_to_kv_pool=kv,
+                page_size=allocator.page_size, device="cpu",
+            )
         runner = StandInRunner(target, req_to_token_pool, kv, allocator, translator)
         w = DDTreeWorkerV2.__new__(DDTreeWorkerV2)
         w.device = "cpu"
@@ -292,10 +375,7 @@ class Harness:
         # draft runner stand-in.
         import types
 
-        from sglang.srt.speculative.draft_worker_common import (
-            build_block_pos_offsets,
-            make_draft_block_spec_info,
-        )
+        from sglang.srt.speculative.ddtree_worker_v2 import _draft_block_layout
 
         runner.model = TargetModelStandIn(target)
         blocks = []
@@ -307,9 +387,8 @@ class Harness:
         # As DFlashWorkerV2.__init__ leaves them with speculative_num_draft_tokens = B + 1,
         # then the worker's own fix-up for the draft block.
         w.block_size = budget + 1
-        w._block_pos_offsets = build_block_pos_offsets(length=budget + 1, device="cpu")
-        w._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=budget + 1,
-                                                              device="cpu")
+        # (DFlash's own helpers where the release has them: the worker's seam.)
+        w._block_pos_offsets, w._draft_block_spec_info = _draft_block_layout(budget + 1, "cpu")
         w._ddtree_set_draft_block(block)
         assert blocks == [block] and w.block_size == block
         assert w.speculative_num_draft_tokens == budget + 1
@@ -437,13 +516,85 @@ class StandInRunner:
         self.spec_algorithm = SpeculativeAlgorithm.EAGLE
         self.model_config = _ModelConfig(target.vocab)
         self.lora_manager = None
+        # (0.5.18's ForwardBatch.init_new reads the runner's ServerArgs: the probe's own, as
+        # published to the runtime context; 0.5.19+ read the context themselves.)
+        from sglang.srt import runtime_context
+
+        self.server_args = (runtime_context.get_server_args()
+                            if hasattr(runtime_context, "get_server_args")
+                            else _global_server_args())
         self.decode_cuda_graph_runner = None
         self.attn_backend = _AttnBackend()
         self.watermark_state = None
         self.prefill_attention_backend_str = "torch_native"
         self.ngram_embedding_manager = _Disabled()
+        # (0.5.14 - 0.5.15.post1's ForwardBatch.init_new reads these from the runner itself.)
+        self.use_ngram_embedding = False
+        self.model_is_mrope = False
+        self.dcp_size, self.dcp_rank = 1, 0
+        self.mambaish_config = None  # (and the recurrent commit: a pure-attention target)
         # (0.5.19's ForwardBatch.init_new asks the runner's ParallelState: one rank, no DCP.)
         self.ps = types.SimpleNamespace(attn_dcp_size=1, attn_dcp_rank=0)
+
+
+def _give_cache_locs_a_cpu_branch():
+    """0.5.14 - 0.5.15.post1's ``assign_extend_cache_locs_func`` has no CPU branch (off a GPU it
+    returns None); 0.5.16+ have one, over sgl_kernel's ``assign_extend_cache_locs_cpu``. STAND-IN:
+    that later branch, over the same kernel stand-in (tests/v2_kernel_standins.py), given to
+    the function where the release lacks it (the DFlash worker module's reference, the one the
+    DDTree worker calls)."""
+    import torch
+    from sglang.srt.speculative import dflash_worker_v2 as dfw
+
+    original = dfw.assign_extend_cache_locs_func
+    probe = original(req_pool_indices=torch.zeros(1, dtype=torch.int64),
+                     req_to_token=torch.arange(4, dtype=torch.int32).view(1, 4),
+                     start_offset=torch.zeros(1, dtype=torch.int64),
+                     end_offset=torch.ones(1, dtype=torch.int64), batch_size=1,
+                     draft_token_num=1, device="cpu")
+    if probe is not None:
+        return
+
+    def with_cpu_branch(req_pool_indices, req_to_token, start_offset, end_offset, batch_size,
+                        draft_token_num, device):
+        from sgl_kernel import assign_extend_cache_locs_cpu
+
+        out = torch.empty((batch_size * draft_token_num,), dtype=torch.int64, device=device)
+        assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset,
+                                     out, req_to_token.shape[1])
+        return out
+
+    # Every module holding the original (DFlash's worker imports it at its top, EAGLE's verify
+    # preparation at its call), its defining module included.
+    import sys
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "assign_extend_cache_locs_func", None) is original:
+            module.assign_extend_cache_locs_func = with_cpu_branch
+
+
+def _give_eagle_the_cuda_route():
+    """0.5.14 - 0.5.15.post1's EAGLE has no CPU route at all (``eagle_utils`` builds the tree and
+    walks it with sgl_kernel's compiled CUDA ops, Triton on XPU; 0.5.16+ add a CPU route over
+    sgl_kernel's ``*_cpu`` ops). STAND-IN: the module takes its CUDA route, whose two compiled ops
+    are the kernel stand-ins held to the CUDA sources (tests/v2_kernel_standins.py:
+    ``build_tree_kernel_efficient_cpu``, ``verify_tree_greedy_cpu``); nothing else in the
+    module changes. Releases with a CPU route are left as they are."""
+    from sglang.srt.speculative import eagle_utils
+
+    if hasattr(eagle_utils, "_is_cpu"):
+        return
+    import sgl_kernel
+
+    eagle_utils._is_cuda = True
+    eagle_utils.sgl_build_tree_kernel_efficient = sgl_kernel.build_tree_kernel_efficient_cpu
+    sgl_kernel.verify_tree_greedy = sgl_kernel.verify_tree_greedy_cpu
+
+
+def _global_server_args():
+    from sglang.srt.server_args import get_global_server_args
+
+    return get_global_server_args()
 
 
 class _Disabled:
@@ -472,6 +623,11 @@ class _ModelConfig:
 
 class _AttnBackend:
     verify_mask = None  # EAGLE allocates its own tree mask
+    max_context_len = 512  # (the pools' max_context_len: sizes an unallocated full mask)
+
+    def get_verify_buffers_to_fill_after_draft(self):
+        # 0.5.14 - 0.5.15.post1's spelling of verify_mask: no preallocated mask or positions.
+        return None, None
 
     def update_verify_buffers_to_fill_after_draft(self, *a, **k):
         pass
@@ -496,7 +652,8 @@ class StandInTargetWorker:
     def forward_batch_generation(self, batch=None, forward_batch=None, is_verify=False, **kw):
         import torch
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-        from sglang.srt.speculative.eagle_utils import TreeMaskMode, default_tree_mask_mode
+        from sglang.srt.speculative import eagle_utils
+        from sglang.srt.speculative.eagle_utils import TreeMaskMode
 
         fb = forward_batch
         assert is_verify and fb.forward_mode.is_target_verify()
@@ -507,7 +664,9 @@ class StandInTargetWorker:
         bs = fb.batch_size
         seq = fb.seq_lens.tolist()
         mask = spec.custom_mask
-        qlen_only = default_tree_mask_mode() == TreeMaskMode.QLEN_ONLY
+        # (0.5.14 - 0.5.15.post1 have no default: EAGLE builds the full mask there.)
+        mode = getattr(eagle_utils, "default_tree_mask_mode", lambda: TreeMaskMode.FULL_MASK)()
+        qlen_only = mode == TreeMaskMode.QLEN_ONLY
         masks, prefixes, off = [], [], 0
         for b in range(bs):
             row = int(fb.req_pool_indices[b])
@@ -625,8 +784,8 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.radix_cache import RadixCache
-    from sglang.srt.runtime_context import get_spec
     from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override, runtime_settings
 
     from sglang.srt.speculative import ddtree_schedule as sched
 
@@ -665,7 +824,7 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     r.rows = r.rtp.alloc(r.reqs)
     by_row = dict(zip(r.rows, r.reqs))
     # What the allocator reserved for each request row (the target stand-in's window check).
-    w._target_worker.model_runner.reserved = lambda row: by_row[row].kv.kv_allocated_len
+    w._target_worker.model_runner.reserved = lambda row: allocated_of(by_row[row]).kv_allocated_len
     r.gen = torch.Generator().manual_seed(seed)
     # Prefill (DFlashWorkerV2's own path on a server; here the target alone): prompt KV into
     # the real pool (whole pages), the first token, the prompt's hidden rows for the draft.
@@ -682,8 +841,8 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     # What the scheduler's spec bag holds once the plugin resolved DDTREE (budget B, verify
     # width B + 1, the draft block, per-depth K): prepare_for_decode (the family's 0005 hunk)
     # and release_kv_cache read it.
-    with get_spec().override(
-        speculative_algorithm="DDTREE", speculative_ddtree_budget=budget,
+    with runtime_override(
+        runtime_settings("spec"), speculative_algorithm="DDTREE", speculative_ddtree_budget=budget,
         speculative_num_draft_tokens=budget + 1, speculative_dflash_block_size=block,
         speculative_eagle_topk=topk, speculative_ddtree_topk=topk,
         speculative_ddtree_budget_schedule=(None if schedule is None
@@ -702,17 +861,25 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
 
 def _record_steps(r):
     """Keep each step's tree and EAGLE's accept_index (wrappers that only record)."""
-    from sglang.srt.speculative import eagle_worker_common as ewc
+    try:
+        from sglang.srt.speculative import eagle_worker_common as ewc
+    except ImportError:  # 0.5.14 - 0.5.15.post1: EAGLEWorkerV2.verify through the worker's seam
+        from sglang.srt.speculative import ddtree_worker_v2 as verify_home
+        from sglang.srt.speculative import eagle_worker_v2 as sample_home
 
+        verify_name = "_eagle_verify"
+    else:
+        verify_home = sample_home = ewc
+        verify_name = "run_eagle_verify"
     w, r.trees, r.verifies, r.offchain_steps = r.w, [], [], 0
-    build, verify = w._ddtree_build, ewc.run_eagle_verify
+    build, verify = w._ddtree_build, getattr(verify_home, verify_name)
 
     def recording_build(*a, **k):
         out = build(*a, **k)
         r.trees.append(out)
         return out
 
-    sample, sampled = ewc.eagle_sample, []
+    sample, sampled = sample_home.eagle_sample, []
 
     def recording_sample(*a, **k):  # 0.5.19's run_eagle_verify returns no accept_index
         out = sample(*a, **k)
@@ -728,11 +895,12 @@ def _record_steps(r):
         return out
 
     w._ddtree_build = recording_build
-    ewc.run_eagle_verify = recording_verify
-    ewc.eagle_sample = recording_sample
+    setattr(verify_home, verify_name, recording_verify)
+    sample_home.eagle_sample = recording_sample
 
     def restore():
-        ewc.run_eagle_verify, ewc.eagle_sample = verify, sample
+        setattr(verify_home, verify_name, verify)
+        sample_home.eagle_sample = sample
 
     r.restore = restore
 
@@ -772,7 +940,7 @@ def _prepare(r, batch, draft_input, active, lag):
     width = r.entries[sched.pick(r.entries, len(active))].width
     reserve = r.block + max(width, r.block)
     areqs = [r.reqs[i] for i in active]
-    ahead = [q.kv.kv_allocated_len - q.kv.kv_committed_len for q in areqs]
+    ahead = [allocated_of(q).kv_allocated_len - committed_of(q).kv_committed_len for q in areqs]
     # The reserve past the host's committed length, rounded up to whole pages: never short of
     # the step's need, never more than the widest entry's (one budget: exactly the reserve),
     # never DFlash's 2 x (B + 1). (An allocation never shrinks: a request that ran a wider
@@ -781,9 +949,9 @@ def _prepare(r, batch, draft_input, active, lag):
     widest = r.block + max(r.budget + 1, r.block)
     assert all(reserve <= a < widest + page for a in ahead), (ahead, reserve, widest, page)
     for q, i in zip(areqs, active):
-        true_len = q.kv.kv_committed_len + lag.get(i, 0)
-        assert true_len + max(width, r.block) <= q.kv.kv_allocated_len, (
-            "the step writes past the reserved KV", true_len, q.kv.kv_allocated_len)
+        true_len = committed_of(q).kv_committed_len + lag.get(i, 0)
+        assert true_len + max(width, r.block) <= allocated_of(q).kv_allocated_len, (
+            "the step writes past the reserved KV", true_len, allocated_of(q).kv_allocated_len)
     batch.spec_info = draft_input
 
 
@@ -866,7 +1034,7 @@ def _commit(r, i, new):
 
     req, prompt = r.reqs[i], r.prompts[i]
     r.accepts.append(len(new) - 1)
-    req.kv.kv_committed_len += len(new)
+    committed_of(req).kv_committed_len += len(new)
     req.output_ids.extend(new)
     if r.grammar and not r.overlap:
         for t in new:  # the synchronous scheduler advances the FSM after the step
@@ -879,7 +1047,8 @@ def _commit(r, i, new):
     if r.check:
         _check_request(r.h, r.target, r.w, r.kv, r.rtp, r.rows[i], prompt, req, r.sampling,
                        grammar=r.grammar)
-    req.kv.kv_committed_len = min(req.kv.kv_committed_len, len(prompt) + len(req.output_ids))
+    owner = committed_of(req)
+    owner.kv_committed_len = min(owner.kv_committed_len, len(prompt) + len(req.output_ids))
     import inspect
 
     if "checkpoint" in inspect.signature(release_kv_cache).parameters:  # 0.5.20+
@@ -892,14 +1061,13 @@ def _commit(r, i, new):
 def _sync_loop(r):
     """The synchronous schedule: prepare, forward, process, in order."""
     torch = r.h.torch
-    from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
     active = list(range(len(r.reqs)))
     try:
         while active:
-            committed = [r.reqs[i].kv.kv_committed_len for i in active]
+            committed = [committed_of(r.reqs[i]).kv_committed_len for i in active]
             batch = _new_batch(r, active, committed)
-            draft_input = make_draft_input_v2(
+            draft_input = make_draft_input(
                 bonus_tokens=torch.tensor([r.reqs[i].output_ids[-1] for i in active]),
                 new_seq_lens=torch.tensor(committed))
             _prepare(r, batch, draft_input, active, lag={})
@@ -909,7 +1077,7 @@ def _sync_loop(r):
             still = []
             for j, i in enumerate(active):
                 new = out[j, : acc[j]].tolist()
-                assert int(res.next_draft_input.bonus_tokens[j]) == new[-1]
+                assert int(bonus_of(res.next_draft_input)[j]) == new[-1]
                 if not _commit(r, i, new):
                     still.append(i)
             active = still
@@ -923,16 +1091,17 @@ def _overlap_loop(r):
     from functools import partial
 
     torch = r.h.torch
-    from sglang.srt.managers.overlap_utils import FutureMap, RelayPayload, resolve_forward_inputs
-    from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+    from sglang.srt.managers.overlap_utils import FutureMap, resolve_forward_inputs
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     fm = FutureMap(torch.device("cpu"), SpeculativeAlgorithm.from_string("DDTREE"), r.rtp,
                    needs_cpu_seq_lens=True)
     everyone = torch.tensor(r.rows, dtype=torch.int64)
     # The prefill step's relay: its committed lengths and first tokens.
-    fm.publish(everyone, torch.tensor([q.kv.kv_committed_len for q in r.reqs]))
-    fm.stash(everyone, RelayPayload(bonus_tokens=torch.tensor([q.output_ids[-1] for q in r.reqs])))
+    fm.publish(everyone, torch.tensor([committed_of(q).kv_committed_len for q in r.reqs]))
+    fm.stash(everyone, relay_payload(make_draft_input(
+        torch.tensor([q.output_ids[-1] for q in r.reqs]),
+        torch.tensor([committed_of(q).kv_committed_len for q in r.reqs]))))
     # As the host knows it (results processed so far); joiners enter at their step.
     active = [i for i in range(len(r.reqs)) if i not in r.joins]
     finished = set()
@@ -946,12 +1115,17 @@ def _overlap_loop(r):
             launches += 1
             launched = None
             if active:
-                host = [r.reqs[i].kv.kv_committed_len for i in active]
+                host = [committed_of(r.reqs[i]).kv_committed_len for i in active]
                 batch = _new_batch(r, active, host)  # the host's (stale) lengths
-                draft_input = make_draft_input_v2(
+                draft_input = make_draft_input(
                     bonus_tokens=torch.full((len(active),), -1),  # POISON: the relay fills it
                     new_seq_lens=torch.full((len(active),), -1))
                 draft_input.future_indices = batch.req_pool_indices.clone()
+                if hasattr(draft_input, "direct_carry_valid"):
+                    # 0.5.14: the scheduler also carries DFlash's last draft input straight
+                    # over while the batch is unchanged; this run relays through the FutureMap,
+                    # the path 0.5.14 takes once a batch was filtered or merged.
+                    draft_input.direct_carry_valid = False
                 _prepare(r, batch, draft_input, active, lag)
                 batch.enable_overlap = True
                 # Scheduler.run_batch: resolve what step k-1 published and stashed.
@@ -960,13 +1134,13 @@ def _overlap_loop(r):
                 truth_lens = [len(r.truth[i]) - 1 for i in active]  # minus the bonus token
                 assert batch.seq_lens.tolist() == truth_lens, (batch.seq_lens.tolist(), truth_lens)
                 stale += host != truth_lens
-                assert batch.spec_info.bonus_tokens.tolist() == [r.truth[i][-1] for i in active]
+                assert bonus_of(batch.spec_info).tolist() == [r.truth[i][-1] for i in active]
                 future_indices = batch.req_pool_indices
                 kw = {"on_publish": partial(fm.publish, future_indices)}
                 if r.grammar:
                     kw["grammar_barrier"] = partial(_advance_grammar, r, pending)
                 res = _forward(r, batch, draft_input, active, **kw)
-                fm.stash(future_indices, RelayPayload.from_draft_input(res.next_draft_input))
+                fm.stash(future_indices, relay_payload(res.next_draft_input))
                 launched = (list(active), res)
             if pending is not None:  # step k-1's result, processed after step k launched
                 done, res_prev = pending
@@ -1106,7 +1280,7 @@ def _check_request(h, target, w, kv, rtp, row, prompt, req, sampling, grammar=Fa
         else:
             want = [int(x) for x in rows.argmax(-1)]
         assert list(req.output_ids) == want, f"tokens {list(req.output_ids)} != greedy {want}"
-    committed = min(req.kv.kv_committed_len, len(seq))
+    committed = min(committed_of(req).kv_committed_len, len(seq))
     slots = rtp.req_to_token[row, :committed].long()
     # Layer-0 keys depend on (token, position) only: the slot of position p holds token p's.
     k0 = ((target.emb[torch.tensor(seq[:committed])] + target.pos[:committed]) @ target.w[0]["k"])
@@ -1273,8 +1447,15 @@ def case_verify_states(h):
     torch = h.torch
     from sglang.srt.model_executor import cuda_graph_config
     from sglang.srt.model_executor import runner as runners
-    from sglang.srt.runtime_context import get_exec, get_spec
     from sglang.srt.speculative import ddtree_schedule as sched
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override
+    # The settings as the worker reads them (0.5.14 - 0.5.15.post1: the global ServerArgs, its
+    # cuda_graph_config's decode sizes), through the worker's own seams.
+    from sglang.srt.speculative.ddtree_worker_v2 import (
+        _decode_graph_sizes,
+        _decode_graph_sizes_scope,
+    )
+    from sglang.srt.speculative.ddtree_worker_v2 import _spec as get_spec
 
     target = TinyTarget(torch, seed=1)
     rtp, kv, alloc = h.pools(target, 4)
@@ -1290,7 +1471,7 @@ def case_verify_states(h):
             self.backend, self.width = attn_backend, speculative_num_draft_tokens
             built.append((speculative_num_draft_tokens, get_spec().speculative_num_draft_tokens,
                           get_spec().speculative_ddtree_budget,
-                          list(get_exec().graph.cuda_graph_bs_decode)))
+                          _decode_graph_sizes()))
 
     original = (runner.attn_backend, "the target's own graph runner")
     runner.decode_cuda_graph_runner = original[1]
@@ -1302,11 +1483,11 @@ def case_verify_states(h):
     cuda_graph_config.check_cuda_graph_backend = lambda phase, backend: False  # graphs on
     spec_before = (get_spec().speculative_num_draft_tokens, get_spec().speculative_ddtree_budget)
     try:
-        with get_spec().override(speculative_algorithm="DDTREE", speculative_ddtree_budget=12,
-                                 speculative_num_draft_tokens=13), \
-                get_exec().graph.override(cuda_graph_bs_decode=[1, 2, 4, 8, 16]):
+        with runtime_override(get_spec(), speculative_algorithm="DDTREE",
+                              speculative_ddtree_budget=12, speculative_num_draft_tokens=13), \
+                _decode_graph_sizes_scope([1, 2, 4, 8, 16]):
             w._ddtree_build_verify_states()
-            assert list(get_exec().graph.cuda_graph_bs_decode) == [1, 2, 4, 8, 16]
+            assert _decode_graph_sizes() == [1, 2, 4, 8, 16]
             assert get_spec().speculative_num_draft_tokens == 13
     finally:
         runners.DecodeCudaGraphRunner, cuda_graph_config.check_cuda_graph_backend = saved
@@ -1451,6 +1632,27 @@ def _sampling_run(h, walk, trials=LAW_TRIALS, budget=8, topk=3, seed=4):
         import sglang.srt.distributed as distributed
 
         distributed.get_tp_group = _OneRank
+    source = inspect.getsource(eagle_utils.eagle_sample)
+    if "top_k_renorm_prob(" in source and "need_top_k_sampling" not in source:
+        # 0.5.14 - 0.5.15.post1 renormalize by top-k and top-p on every sampled verify (0.5.16+
+        # only when a request asks); these requests keep the whole vocabulary (top_k -1,
+        # top_p 1), for which the CUDA kernels return their input. STAND-INs for exactly that
+        # case, refusing any other.
+        import sgl_kernel
+
+        def whole_vocabulary_only(what, keeps_all):
+            def renorm(probs, limit):
+                assert keeps_all(limit, probs.shape[-1]), (what, "stand-in: whole vocabulary only")
+                return probs
+
+            return renorm
+
+        for name, keeps_all in (
+                ("top_k_renorm_prob", lambda k, v: bool(((k <= 0) | (k >= v)).all())),
+                ("top_p_renorm_prob", lambda p, v: bool((p >= 1.0).all()))):
+            bound = getattr(sgl_kernel, name)
+            setattr(sgl_kernel, name, whole_vocabulary_only(name, keeps_all))
+            restore.append(lambda name=name, bound=bound: setattr(sgl_kernel, name, bound))
     vocab = LAW_VOCAB
     target = TinyTarget(torch, vocab=vocab, hidden=16, seed=seed, scale=0.6)
     target.head = target.head * 0.15  # spread-out next-token laws, a few likely tokens
