@@ -27,7 +27,7 @@ MODELS = REPO / "tests" / "data" / "models"
 RELEASE = "0.5.23"
 PROBE_TAG = "PROBE-JSON:"
 # The release each v2 family is probed on (its newest): one probe per family.
-TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19"}
+TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19", "0.5.18": "sglang-0.5.18"}
 # Cases whose option or model the older release lacks, and what that release answers instead
 # (SGLang's own error, DDTREE or not: 0.5.19 has no draft sink or block verification, and its
 # ModelConfig cannot read a Mamba-1 config at all, with DFLASH as with DDTREE).
@@ -37,6 +37,15 @@ ELSEWHERE = {
         "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
         "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
         "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
+    },
+    "0.5.18": {
+        "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
+        "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
+        "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
+        "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
+        # 0.5.18's own gate (ServerArgs, before any speculative resolution) wants an SM100 GPU
+        # for trtllm_mha prefill; on the SM90 stand-in it refuses first, DDTREE or DFLASH.
+        "attention-trtllm-mha": "TRTLLM MHA backend for prefill is only supported on Blackwell",
     },
 }
 
@@ -550,14 +559,16 @@ def _platform(**facts):
     import contextlib
     from unittest import mock
 
-    from sglang.srt import server_args
-    from sglang.srt.speculative import ddtree_v2_plugin
+    import importlib
 
-    where = {"is_hip": (ddtree_v2_plugin, "_is_hip"), "is_sm90": (server_args, "is_sm90_supported")}
+    # (Imported only when a fact is asked: the pristine release's probe has no plugin.)
+    where = {"is_hip": ("sglang.srt.speculative.ddtree_v2_plugin", "_is_hip"),
+             "is_sm90": ("sglang.srt.server_args", "is_sm90_supported")}
     stack = contextlib.ExitStack()
     for fact, value in facts.items():
         module, name = where[fact]
-        stack.enter_context(mock.patch.object(module, name, lambda *a, _v=value, **k: _v))
+        stack.enter_context(mock.patch.object(importlib.import_module(module), name,
+                                              lambda *a, _v=value, **k: _v))
     return stack
 
 
