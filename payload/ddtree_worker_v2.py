@@ -57,6 +57,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import inspect
 import logging
 from typing import Optional, Tuple
 
@@ -216,9 +218,26 @@ def _draft_embedding(worker, target_model):
 
 
 def _is_dense_head_weight(weight) -> bool:
-    """DFlash's own test for a plain dense lm_head weight (public from 0.5.19 on)."""
-    test = getattr(_dfw, "is_dense_head_weight", None) or _dfw._is_dense_head_weight
+    """DFlash's own test for a plain dense lm_head weight (public from 0.5.19 on, private in
+    0.5.18); 0.5.17 has no such function and asks ``torch.is_floating_point`` of the weight
+    inline in its sampler builder (a quantized head stays eager), which is asked here."""
+    test = getattr(_dfw, "is_dense_head_weight", None) or getattr(_dfw, "_is_dense_head_weight",
+                                                                   None)
+    if test is None:
+        return weight is not None and torch.is_floating_point(weight)
     return bool(test(weight))
+
+
+@functools.lru_cache(maxsize=8)
+def _takes_num_steps(run_verify) -> bool:
+    return "num_steps" in inspect.signature(inspect.unwrap(run_verify)).parameters
+
+
+def _verify_depth(run_verify, depth: int) -> dict:
+    """The tree depth for ``run_eagle_verify`` where the release asks for it: 0.5.17 takes
+    ``num_steps`` (its spec-v2 logprobs read depth + 1 accepted slots per request, the width
+    of ``accept_index``); 0.5.18+ read the depth from the verify input (``spec_steps``)."""
+    return {"num_steps": int(depth)} if _takes_num_steps(run_verify) else {}
 
 
 class DDTreeWorkerV2(DFlashWorkerV2):
@@ -605,6 +624,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # EAGLE's verify rebinds the batch's input ids, cache locs, spec_info and forward
         # mode; a shallow copy keeps the scheduler's batch as it was (UNO does the same).
         batch = copy.copy(batch)
+        depth = lineage_depth(state.budget, k, int(tokens.shape[1]))
         verify_input = build_eagle_verify_input(
             batch,
             EagleDraftInput(bonus_tokens=roots),
@@ -615,7 +635,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             target_worker=self.target_worker,
             topk=k,
             # The CUDA builder's parent-list stride is k * (depth - 1) + 1 (ddtree_lineage).
-            num_steps=lineage_depth(state.budget, k, int(tokens.shape[1])),
+            num_steps=depth,
             num_draft_tokens=n,
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,
@@ -634,6 +654,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             metadata_ready_pre_pad=False,
             finalize_tree_path=True,
             grammar_barrier=grammar_barrier,
+            **_verify_depth(run_eagle_verify, depth),
         )
         accept_lens = result.accept_lens  # committed tokens per request (root + accepted)
         new_seq_lens = result.new_seq_lens

@@ -1,16 +1,16 @@
 """DDTree on hybrid targets (attention + Mamba2 / GDN / KDA layers) on the v2 families (SGLang
-0.5.19 - 0.5.23): payload/ddtree_hybrid.py, the plugin's hybrid gate and the worker's start-up.
+0.5.17 - 0.5.23): payload/ddtree_hybrid.py, the plugin's hybrid gate and the worker's start-up.
 
 Three layers:
 
 1. In this interpreter (no SGLang): the recurrent memory term of ``max_running_requests``
    (B + 1 intermediate states per running request) and its refusal text.
-2. The sources, in each release's wheel (0.5.19 - 0.5.23): the SGLang lines the design rests on
+2. The sources, in each release's wheel (0.5.17 - 0.5.23): the SGLang lines the design rests on
    (the tree-aware commit that EAGLE's verify runs before moving the accepted path, the hybrid
    backend's ``topk > 1`` switch, the kinds without a tree path refusing it, the chain commit of
    DFlash the negative control uses, the host checks the probe answers).
 3. In a host environment with the real release wheel plus its v2 family's series, once per
-   family (0.5.23 with sglang-0.5.20, 0.5.19 with sglang-0.5.19)
+   family (0.5.23 with sglang-0.5.20, 0.5.19, 0.5.18 and 0.5.17 with their own)
    (tests/v2_hybrid_probe.py, run with ``SGLANG_USE_CPU_ENGINE=1 TRITON_INTERPRET=1``): for GDN,
    KDA and Mamba2 (SGLang's own MambaMixer2), the worker's whole decode step on SGLang's hybrid
    pools and backends with the Triton recurrent kernels in Triton's CPU interpreter: tokens ==
@@ -51,10 +51,11 @@ hy = payload("ddtree_hybrid")  # payload/ddtree_hybrid.py, as SGLang imports it
 
 PROBE = REPO / "tests" / "v2_hybrid_probe.py"
 GPU_SCRIPT = REPO / "scripts" / "gpu_check_hybrid.py"
-RELEASES = ("0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+RELEASES = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PROBE_RELEASE = "0.5.23"
 # The release each v2 family's hybrid probe runs on (one probe per family).
-PROBE_TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19", "0.5.18": "sglang-0.5.18"}
+PROBE_TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19", "0.5.18": "sglang-0.5.18",
+                 "0.5.17": "sglang-0.5.17"}
 
 
 def _probe_module():

@@ -8,9 +8,10 @@
    and size what EAGLE hands them, must be in each release of the v2 family (0.5.21 - 0.5.23
    ship the JIT sources; 0.5.20 routes the same ops to sgl-kernel 0.4.7, whose compiled wheel
    carries no sources: its ``csrc/speculative/eagle_utils.cu`` has the same kernel with no
-   host check, see docs/patches-v2.md). 0.5.19 and 0.5.18 (families sglang-0.5.19,
-   sglang-0.5.18) ship no tree kernel source either: they route to the compiled sgl-kernel
-   0.4.6.post1, so only their Python lines and their route are pinned. A release that changes one fails here, naming it.
+   host check, see docs/patches-v2.md). 0.5.19, 0.5.18 and 0.5.17 (families sglang-0.5.19,
+   sglang-0.5.18, sglang-0.5.17) ship no tree kernel source either: they route to the compiled
+   sgl-kernel (0.4.6.post1; 0.5.17: 0.4.5), so only their Python lines and their route are
+   pinned. A release that changes one fails here, naming it.
 2. SGLang's Triton kernels, run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), loaded
    from the 0.5.23 wheel's own files (nothing copied into this repository), in a process of
    their own (tests/v2_triton_twins.py):
@@ -107,6 +108,7 @@ PY_PINS = [
 ]
 # Where a CUDA server's tree build comes from: the JIT kernel (0.5.21+) or sgl-kernel (0.5.20).
 ROUTES = {
+    "0.5.17": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
     "0.5.18": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
     "0.5.19": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
     "0.5.20": (EAGLE_UTILS, "from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
@@ -166,7 +168,8 @@ def test_0_5_20_runs_sgl_kernel_0_4_7():
         assert TREE_HOST not in zf.namelist()
 
 
-@pytest.mark.parametrize("version,kernel", [("0.5.18", "0.4.6.post1"), ("0.5.19", "0.4.6.post1")])
+@pytest.mark.parametrize("version,kernel", [("0.5.17", "0.4.5"), ("0.5.18", "0.4.6.post1"),
+                                            ("0.5.19", "0.4.6.post1")])
 def test_releases_without_a_tree_kernel_source_run_the_compiled_sgl_kernel(version, kernel):
     # Nothing of the CUDA tree builder or walks to pin in these wheels: the compiled
     # sgl-kernel (a binary wheel) runs them on a CUDA host.

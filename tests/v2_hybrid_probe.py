@@ -443,7 +443,7 @@ def make_harness():
             from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
                 HybridLinearAttnBackend,
             )
-            from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
+            from sglang.srt.layers.attention.linear import utils as linear_utils
             from sglang.srt.runtime_context import get_spec
 
             w = super().worker(target, budget, topk, block, rtp, kv, alloc, entries=entries)
@@ -461,7 +461,10 @@ def make_harness():
                 "speculative_eagle_topk": topk, "speculative_num_draft_tokens": budget + 1,
                 "enable_mamba_extra_buffer": staticmethod(lambda: False),
                 "__getattr__": lambda self, name: getattr(probe_args, name)})()
-            runner.linear_attn_backends = resolve_linear_attn_backends()
+            if hasattr(linear_utils, "resolve_linear_attn_backends"):  # 0.5.18+: per runner
+                runner.linear_attn_backends = linear_utils.resolve_linear_attn_backends()
+            else:  # 0.5.17: process-wide, set from the runner's args as its registry does
+                linear_utils.initialize_linear_attn_config(runner.server_args)
             # Built as the scheduler builds the target's backends: under the resolved DDTREE
             # spec (topk = K > 1 switches the recurrent backend's tree path on).
             with get_spec().override(speculative_eagle_topk=topk,
