@@ -236,7 +236,8 @@ def _takes_num_steps(run_verify) -> bool:
 def _verify_depth(run_verify, depth: int) -> dict:
     """The tree depth for ``run_eagle_verify`` where the release asks for it: 0.5.17 takes
     ``num_steps`` (its spec-v2 logprobs read depth + 1 accepted slots per request, the width
-    of ``accept_index``); 0.5.18+ read the depth from the verify input (``spec_steps``)."""
+    of ``accept_index``), given the depth the verify input was built with (its
+    ``spec_steps``); 0.5.18+ read it from the verify input themselves."""
     return {"num_steps": int(depth)} if _takes_num_steps(run_verify) else {}
 
 
@@ -624,7 +625,6 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # EAGLE's verify rebinds the batch's input ids, cache locs, spec_info and forward
         # mode; a shallow copy keeps the scheduler's batch as it was (UNO does the same).
         batch = copy.copy(batch)
-        depth = lineage_depth(state.budget, k, int(tokens.shape[1]))
         verify_input = build_eagle_verify_input(
             batch,
             EagleDraftInput(bonus_tokens=roots),
@@ -635,7 +635,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             target_worker=self.target_worker,
             topk=k,
             # The CUDA builder's parent-list stride is k * (depth - 1) + 1 (ddtree_lineage).
-            num_steps=depth,
+            num_steps=lineage_depth(state.budget, k, int(tokens.shape[1])),
             num_draft_tokens=n,
             tree_mask_mode=default_tree_mask_mode(),
             device=self.device,
@@ -654,7 +654,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             metadata_ready_pre_pad=False,
             finalize_tree_path=True,
             grammar_barrier=grammar_barrier,
-            **_verify_depth(run_eagle_verify, depth),
+            **_verify_depth(run_eagle_verify, verify_input.spec_steps),
         )
         accept_lens = result.accept_lens  # committed tokens per request (root + accepted)
         new_seq_lens = result.new_seq_lens
