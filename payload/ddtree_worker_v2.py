@@ -57,6 +57,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import inspect
 import logging
 from typing import Optional, Tuple
 
@@ -216,12 +218,13 @@ def _draft_embedding(worker, target_model):
 
 
 def _is_dense_head_weight(weight) -> bool:
-    """DFlash's own test for a plain dense lm_head weight (public from 0.5.19 on; 0.5.14 -
-    0.5.15.post1 have none: a floating-point weight, the test their DFlash head applies)."""
-    test = getattr(_dfw, "is_dense_head_weight", None) or getattr(
-        _dfw, "_is_dense_head_weight", None)
+    """DFlash's own test for a plain dense lm_head weight (public from 0.5.19 on, private in
+    0.5.18); 0.5.14 - 0.5.17 have no such function and ask ``torch.is_floating_point`` of the
+    weight inline in their sampler builder (a quantized head stays eager), which is asked here."""
+    test = getattr(_dfw, "is_dense_head_weight", None) or getattr(_dfw, "_is_dense_head_weight",
+                                                                   None)
     if test is None:
-        return bool(torch.is_floating_point(weight))
+        return weight is not None and bool(torch.is_floating_point(weight))
     return bool(test(weight))
 
 
@@ -458,7 +461,21 @@ def _eagle_verify(worker, batch, *, topk, num_steps, num_draft_tokens, grammar_b
         token_to_kv_pool_allocator=worker.model_runner.token_to_kv_pool_allocator,
         plan_stream=worker.plan_stream, plan_stream_ctx=worker.plan_stream_ctx, topk=topk,
         num_draft_tokens=num_draft_tokens, device=worker.device, metadata_ready_pre_pad=False,
-        finalize_tree_path=True, grammar_barrier=grammar_barrier)
+        finalize_tree_path=True, grammar_barrier=grammar_barrier,
+        **_verify_depth(run_eagle_verify, num_steps))
+
+
+@functools.lru_cache(maxsize=8)
+def _takes_num_steps(run_verify) -> bool:
+    return "num_steps" in inspect.signature(inspect.unwrap(run_verify)).parameters
+
+
+def _verify_depth(run_verify, depth: int) -> dict:
+    """The tree depth for ``run_eagle_verify`` where the release asks for it: 0.5.17 takes
+    ``num_steps`` (its spec-v2 logprobs read depth + 1 accepted slots per request, the width
+    of ``accept_index``), given the depth the verify input was built with (its
+    ``spec_steps``); 0.5.18+ read it from the verify input themselves."""
+    return {"num_steps": int(depth)} if _takes_num_steps(run_verify) else {}
 
 
 class DDTreeWorkerV2(DFlashWorkerV2):

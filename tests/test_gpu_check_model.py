@@ -150,10 +150,10 @@ def test_a_worker_defect_fails_the_check(tmp_path):
     copy = tmp_path / "payload"
     shutil.copytree(dd.payload_dir(), copy)
     worker = copy / "ddtree_worker_v2.py"
-    line = "num_steps=lineage_depth(state.budget, k, int(tokens.shape[1])),"
+    line = "num_steps = lineage_depth(state.budget, k, int(tokens.shape[1]))\n"
     text = worker.read_text()
     assert text.count(line) == 1
-    worker.write_text(text.replace(line, "num_steps=int(tokens.shape[1]),"))
+    worker.write_text(text.replace(line, "num_steps = int(tokens.shape[1])\n"))
     from ddtree_gpu_check import real_payload
 
     cfg = dd.configs(small=True)[1]  # budget 256: lineage depth 33, draft depth 15

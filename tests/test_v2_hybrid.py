@@ -1,16 +1,16 @@
 """DDTree on hybrid targets (attention + Mamba2 / GDN / KDA layers) on the v2 families (SGLang
-0.5.19 - 0.5.23): payload/ddtree_hybrid.py, the plugin's hybrid gate and the worker's start-up.
+0.5.17 - 0.5.23): payload/ddtree_hybrid.py, the plugin's hybrid gate and the worker's start-up.
 
 Three layers:
 
 1. In this interpreter (no SGLang): the recurrent memory term of ``max_running_requests``
    (B + 1 intermediate states per running request) and its refusal text.
-2. The sources, in each release's wheel (0.5.19 - 0.5.23): the SGLang lines the design rests on
+2. The sources, in each release's wheel (0.5.17 - 0.5.23): the SGLang lines the design rests on
    (the tree-aware commit that EAGLE's verify runs before moving the accepted path, the hybrid
    backend's ``topk > 1`` switch, the kinds without a tree path refusing it, the chain commit of
    DFlash the negative control uses, the host checks the probe answers).
 3. In a host environment with the real release wheel plus its v2 family's series, once per
-   family (0.5.23 with sglang-0.5.20, 0.5.19 with sglang-0.5.19)
+   family (0.5.23 with sglang-0.5.20, 0.5.19, 0.5.18 and 0.5.17 with their own)
    (tests/v2_hybrid_probe.py, run with ``SGLANG_USE_CPU_ENGINE=1 TRITON_INTERPRET=1``): for GDN,
    KDA and Mamba2 (SGLang's own MambaMixer2), the worker's whole decode step on SGLang's hybrid
    pools and backends with the Triton recurrent kernels in Triton's CPU interpreter: tokens ==
@@ -51,10 +51,11 @@ hy = payload("ddtree_hybrid")  # payload/ddtree_hybrid.py, as SGLang imports it
 
 PROBE = REPO / "tests" / "v2_hybrid_probe.py"
 GPU_SCRIPT = REPO / "scripts" / "gpu_check_hybrid.py"
-RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+RELEASES = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PROBE_RELEASE = "0.5.23"
 # The release each v2 family's hybrid probe runs on (one probe per family).
-PROBE_TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19"}
+PROBE_TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19", "0.5.18": "sglang-0.5.18",
+                 "0.5.17": "sglang-0.5.17"}
 
 
 def _probe_module():
@@ -127,9 +128,12 @@ SOURCE_FACTS = {
         [r"(?s)commit_mamba_states_after_verify\(\s*target_worker,\s*batch,\s*accept_lens,\s*"
          r"accept_index,.*?predict = _finalize_accept_tree_path\("]),
     # The hybrid backend's tree path: topk read at build time, parents only when topk > 1.
+    # 0.5.19+ read the runtime Spec (draft_spec_scope overrides it for the draft); 0.5.18 the
+    # runner's ServerArgs, into which its resolution wrote the plugin's K (a DFlash draft has
+    # no recurrent layers, so no draft backend reads it there).
     "hybrid_backend_topk_switch": (
         ["sglang/srt/layers/attention/hybrid_linear_attn_backend.py"],
-        [r"self\.topk = get_spec\(\)\.speculative_eagle_topk or 0",
+        [r"self\.topk = (get_spec\(\)|model_runner\.server_args)\.speculative_eagle_topk or 0",
          r"(?s)if self\.topk > 1:\s*retrieve_next_token = forward_batch\.spec_info\.retrieve_next_token",
          r"retrieve_parent_token = torch\.empty_like\(retrieve_next_token\)"]),
     # GDN: trees always verify on the Triton kernel.
@@ -154,11 +158,19 @@ SOURCE_FACTS = {
     "lightning_refuses_trees": (
         ["sglang/srt/layers/attention/linear/lightning_backend.py"],
         [r"(?s)if self\.topk > 1:\s*raise NotImplementedError"]),
-    # Short conv (LFM2): the verify conv takes no tree parents.
+    # Short conv (LFM2): the verify conv takes no tree parents (0.5.19+: the verify's own
+    # update kernel; 0.5.18 has no verify path: every non-decode forward, a verify included,
+    # runs the prefill's varlen conv over the tokens in order).
     "short_conv_verifies_a_chain": (
         ["sglang/srt/models/lfm2.py"],
         [r"(?s)conv_out = causal_conv1d_update_triton\([^)]*intermediate_state_indices="
-         r"conv\._intermediate_state_indices\[:bs\],\s*\)"]),
+         r"conv\._intermediate_state_indices\[:bs\],\s*\)"
+         r"|if forward_batch\.forward_mode\.is_decode\(\):.{0,400}?else:\s*"
+         r"# Prefill: multiple tokens, use varlen kernel\s*Bx_t = Bx\.transpose\(0, 1\)"
+         r"\.contiguous\(\)\s*conv_out = causal_conv1d_fn\(\s*Bx_t,\s*self\.conv_weight,"
+         r"\s*self\.conv_bias,\s*query_start_loc=meta\.query_start_loc,\s*cache_indices="
+         r"meta\.cache_indices,\s*has_initial_state=meta\.has_initial_state,\s*conv_states="
+         r"conv_state,\s*activation=None,\s*\)"]),
     # The Triton conv computes each node's parent from next_token / next_sibling (unlinked
     # padding nodes keep parent 0: the root).
     "conv_kernel_computes_parents": (
@@ -171,11 +183,14 @@ SOURCE_FACTS = {
         [r"if step_idx != 0 and cache_idx >= 0:",
          r"step_offset = parent_step_idx \* HV \* K \* V"]),
     # A budget schedule's narrower widths: the GDN/KDA kernel strides the pool's intermediate
-    # states by the pool's own pitch (every width exact) ...
+    # states by the pool's own pitch (every width exact): 0.5.19+ its stride(0), 0.5.18 its
+    # allocated steps (shape[1]; the pool's buffer is contiguous, so the same pitch) ...
     "recurrent_kernel_strides_by_the_pool": (
         ["sglang/kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py",
          "sglang/kernels/ops/attention/fla/fused_sigmoid_gating_recurrent.py"],
-        [r"cache_stride_steps = intermediate_states_buffer\.stride\(0\) // \(HV \* K \* V\)"]),
+        [r"cache_stride_steps = intermediate_states_buffer\.stride\(0\) // \(HV \* K \* V\)"
+         r"|cache_stride_steps = \(\s*intermediate_states_buffer\.shape\[1\]\s*"
+         r"if intermediate_states_buffer is not None\s*else 0\s*\)"]),
     # ... Mamba2's by the step's width (cache_steps = draft_token_num): ddtree_hybrid refuses
     # several widths for Mamba2 (the probe's mamba2_widths case shows the wrong state).
     "mamba2_ssm_strides_by_the_step_width": (

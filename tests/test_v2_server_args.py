@@ -27,7 +27,8 @@ MODELS = REPO / "tests" / "data" / "models"
 RELEASE = "0.5.23"
 PROBE_TAG = "PROBE-JSON:"
 # The release each v2 family is probed on (its newest): one probe per family.
-TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19"}
+TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19", "0.5.18": "sglang-0.5.18",
+           "0.5.17": "sglang-0.5.17"}
 # Cases whose option or model the older release lacks, and what that release answers instead
 # (SGLang's own error, DDTREE or not: 0.5.19 has no draft sink or block verification, and its
 # ModelConfig cannot read a Mamba-1 config at all, with DFLASH as with DDTREE).
@@ -50,6 +51,23 @@ ELSEWHERE = {
         "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
         "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
         "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
+    },
+    "0.5.18": {
+        "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
+        "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
+        "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
+        "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
+        # 0.5.18's own gate (ServerArgs, before any speculative resolution) wants an SM100 GPU
+        # for trtllm_mha prefill; on the SM90 stand-in it refuses first, DDTREE or DFLASH.
+        "attention-trtllm-mha": "TRTLLM MHA backend for prefill is only supported on Blackwell",
+    },
+    "0.5.17": {
+        "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
+        "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
+        "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
+        "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
+        # (As 0.5.18's gate: an SM100 GPU for trtllm_mha prefill.)
+        "attention-trtllm-mha": "TRTLLM MHA backend for prefill is only supported on Blackwell",
     },
 }
 
@@ -605,7 +623,7 @@ def _platform(**facts):
     import importlib
     from unittest import mock
 
-    # (Imported only when asked: the pristine release has no plugin.)
+    # (Imported only when a fact is asked: the pristine release's probe has no plugin.)
     where = {"is_hip": ("sglang.srt.speculative.ddtree_v2_plugin", "_is_hip"),
              "is_sm90": ("sglang.srt.server_args", "is_sm90_supported")}
     stack = contextlib.ExitStack()
@@ -626,13 +644,26 @@ def _register_linear_attn() -> None:
     )
     from transformers import LlamaConfig
 
-    if "config_predicate" not in getattr(LinearAttnModelSpec, "__dataclass_fields__", {}):
-        return  # 0.5.14 - 0.5.15.post1: registrations match whole config classes (UNEXPRESSIBLE)
+    import dataclasses
+
+    def marked(config) -> bool:
+        return bool(getattr(config, "ddtree_test_registered_linear_attn", False))
+
+    backend = "sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend"
+    if "config_predicate" in {f.name for f in dataclasses.fields(LinearAttnModelSpec)}:
+        register_linear_attn_model(LinearAttnModelSpec(
+            config_class=LlamaConfig, backend_class_name=backend, config_predicate=marked))
+        return
+
+    # 0.5.17 and older match a registered model by isinstance(config, config_class) alone: the
+    # same marker carried by the class's instance check (a plain LlamaConfig class would claim
+    # every Llama config, the draft's and the dense targets' too).
+    class MarkedLlama(type):
+        def __instancecheck__(cls, config):
+            return isinstance(config, LlamaConfig) and marked(config)
+
     register_linear_attn_model(LinearAttnModelSpec(
-        config_class=LlamaConfig,
-        backend_class_name="sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend",
-        config_predicate=lambda config: bool(getattr(config, "ddtree_test_registered_linear_attn",
-                                                     False))))
+        config_class=MarkedLlama("LlamaConfig", (), {}), backend_class_name=backend))
 
 
 def _ddtree_facts(args, plugin, get_spec, publish) -> dict:

@@ -386,7 +386,8 @@ def make_harness():
             # The prefix cache's interval-crossing state (mamba_track_indices): each request
             # gets a track slot, and a crossing of TRACK_INTERVAL must leave there the state
             # after the crossing point (SGLang's grid lcm(mamba chunk, page, interval) needs the
-            # model's config: STAND-IN, spec_utils.mamba_track_grid answers the interval).
+            # model's config: STAND-IN, the interval answered where the commit reads it,
+            # _track_interval_scope).
             self.track = False
             self.track_slots = {}
             self.track_checks = 0
@@ -423,7 +424,11 @@ def make_harness():
             assert page_size == 1, "hybrid targets are served at page size 1 (ddtree_hybrid)"
             slots = alloc.alloc(len(prompt))
             rtp.req_to_token[row, : len(prompt)] = slots.to(rtp.req_to_token.dtype)
-            req.kv.kv_committed_len = req.kv.kv_allocated_len = len(prompt)
+            if getattr(req, "kv", None) is None:  # 0.5.18: allocation creates the KV record
+                from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+                req.kv = ReqKvInfo(kv_allocated_len=len(prompt), swa_evicted_seqlen=0)
+            vp.committed_of(req).kv_committed_len = req.kv.kv_allocated_len = len(prompt)
             got = target.trace(prompt)
             hybrid = alloc.get_kvcache()
             for li, (k, v) in got["kv"].items():
@@ -438,7 +443,7 @@ def make_harness():
             from sglang.srt.layers.attention.hybrid_linear_attn_backend import (
                 HybridLinearAttnBackend,
             )
-            from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
+            from sglang.srt.layers.attention.linear import utils as linear_utils
             from sglang.srt.runtime_context import get_spec
 
             w = super().worker(target, budget, topk, block, rtp, kv, alloc, entries=entries)
@@ -446,11 +451,20 @@ def make_harness():
             runner.token_to_kv_pool = alloc.get_kvcache()  # the HybridLinearKVPool
             runner.model_config = _hybrid_model_config(vp, target, self.kind)
             # (What the backends read of the runner's ServerArgs: 0.5.19 also reads unified
-            # memory and the Mamba extra buffer there; 0.5.20+ from the runtime context.)
+            # memory and the Mamba extra buffer there; 0.5.18 the verify's top-K and width too,
+            # the same values as the spec override below; 0.5.20+ from the runtime context.)
+            # Anything else (0.5.18's ForwardBatch.init_new reads the runner's LoRA flag): the
+            # probe's own ServerArgs, as the worker harness gives the runner.
+            probe_args = runner.server_args
             runner.server_args = type("Args", (), {
                 "enable_mis": False, "enable_unified_memory": False,
-                "enable_mamba_extra_buffer": staticmethod(lambda: False)})()
-            runner.linear_attn_backends = resolve_linear_attn_backends()
+                "speculative_eagle_topk": topk, "speculative_num_draft_tokens": budget + 1,
+                "enable_mamba_extra_buffer": staticmethod(lambda: False),
+                "__getattr__": lambda self, name: getattr(probe_args, name)})()
+            if hasattr(linear_utils, "resolve_linear_attn_backends"):  # 0.5.18+: per runner
+                runner.linear_attn_backends = linear_utils.resolve_linear_attn_backends()
+            else:  # 0.5.17: process-wide, set from the runner's args as its registry does
+                linear_utils.initialize_linear_attn_config(runner.server_args)
             # Built as the scheduler builds the target's backends: under the resolved DDTREE
             # spec (topk = K > 1 switches the recurrent backend's tree path on).
             with get_spec().override(speculative_eagle_topk=topk,
@@ -515,7 +529,8 @@ def make_harness():
                     batch.mamba_track_indices = torch.tensor(
                         [harness.track_slots[r] for r in rows], dtype=torch.int64)
                 pre = batch.seq_lens.tolist()
-                res = step(batch, *args, **kwargs)
+                with harness._track_interval_scope():
+                    res = step(batch, *args, **kwargs)
                 if harness.chain_commit:
                     return res
                 out = res.next_token_ids.view(len(rows), -1)
@@ -535,6 +550,21 @@ def make_harness():
                 return res
 
             w.forward_batch_generation = checked
+
+        def _track_interval_scope(self):
+            """TRACK_INTERVAL where SGLang's commit reads the track grid: 0.5.19+ ask
+            ``spec_utils.mamba_track_grid(page_size)`` (answered in ``_lossless``); 0.5.18 reads
+            the runtime context's ``mamba_track_interval`` itself, overridden here for the
+            step (a function it never calls would leave the crossing at the default 256)."""
+            import contextlib
+
+            from sglang.srt.speculative import spec_utils
+
+            if not self.track or hasattr(spec_utils, "mamba_track_grid"):
+                return contextlib.nullcontext()
+            from sglang.srt.runtime_context import get_exec
+
+            return get_exec().mamba.override(mamba_track_interval=TRACK_INTERVAL)
 
         def _assert_state(self, rtp, slot, want, what):
             got = self.kind.pool_state(rtp.mamba_pool, slot)
@@ -564,7 +594,8 @@ def _lossless(kind_name):
         from sglang.srt.speculative import spec_utils
 
         h.track = True
-        spec_utils.mamba_track_grid = lambda page_size: TRACK_INTERVAL
+        if hasattr(spec_utils, "mamba_track_grid"):  # 0.5.19+ (0.5.18: _track_interval_scope)
+            spec_utils.mamba_track_grid = lambda page_size: TRACK_INTERVAL
     # Two widths: three running requests verify budget 6 / top-2 (width 7), fewer budget 10 /
     # top-3 (width 11); the pools and the recurrent backend are built for the largest entry
     # (h.budget, h.topk), as resolution declares them.
@@ -742,6 +773,17 @@ def case_memory(_):
     return table
 
 
+def _resolved_fields(args) -> dict:
+    """SGLang's own resolution of ``args``: ``resolve_once`` / ``resolved_dict`` from 0.5.19 on;
+    0.5.18 resolved at construction and keeps the results in the fields."""
+    if callable(getattr(args, "resolve_once", None)):
+        args.resolve_once()
+        return args.resolved_dict()
+    import dataclasses
+
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+
+
 def case_refusals(_):
     """ddtree_hybrid.check on SGLang's own ModelConfig of the tiny config folders, with the
     settings a CPU resolution cannot reach (SGLang refuses them first here: no FlashInfer Mamba,
@@ -751,7 +793,6 @@ def case_refusals(_):
     import types
 
     logging.disable(logging.WARNING)
-    from sglang.srt.arg_groups.overrides import model_config_of
     from sglang.srt.runtime_context import reset_context
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative import ddtree_hybrid as hy
@@ -762,8 +803,10 @@ def case_refusals(_):
     def model(name):
         args = ServerArgs(model_path=os.path.join(models, name), device="cuda",
                           skip_tokenizer_init=True, disable_radix_cache=True)
-        args.resolve_once()
-        return model_config_of(args)
+        _resolved_fields(args)
+        from sglang.srt.speculative import ddtree_v2_plugin
+
+        return ddtree_v2_plugin.model_config(args)
 
     base = {"model_path": "/m", "mamba_backend": "triton", "linear_attn_backend": "triton",
             "linear_attn_decode_backend": None, "linear_attn_verify_backend": None,
@@ -832,8 +875,7 @@ def case_memory_resolution(_):
                           speculative_draft_model_path=os.path.join(models, "tiny-dflash-draft"),
                           device="cuda", skip_tokenizer_init=True, disable_radix_cache=True,
                           mem_fraction_static=fraction, **kwargs)
-        args.resolve_once()
-        return args.resolved_dict()["max_running_requests"]
+        return _resolved_fields(args)["max_running_requests"]
 
     def refusal(fraction, wanted):
         try:

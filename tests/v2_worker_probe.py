@@ -886,6 +886,8 @@ def _record_steps(r):
         sampled.append(out[2])
         return out
 
+    # (wraps: the worker asks the release's own run_eagle_verify which arguments it takes.)
+    @__import__("functools").wraps(verify)
     def recording_verify(*a, **k):
         sampled.clear()
         out = verify(*a, **k)

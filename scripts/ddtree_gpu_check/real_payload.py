@@ -87,7 +87,8 @@ def _install_standins() -> None:
     _module(f"{PACKAGE}.dflash_worker_v2", DFlashWorkerV2=_DFlashWorkerV2)
     _module(f"{PACKAGE}.spec_registry", get_spec=lambda name: "registered (stand-in)")
     _module(f"{PACKAGE}.eagle_info",
-            EagleDraftInput=lambda **kw: types.SimpleNamespace(**kw))
+            EagleDraftInput=lambda **kw: types.SimpleNamespace(**kw),
+            EagleVerifyInput=None)  # imported by the worker's verify seam, never built here
     _module(f"{PACKAGE}.eagle_utils", default_tree_mask_mode=lambda: FULL_MASK_MODE)
     _module(f"{PACKAGE}.eagle_worker_common", build_eagle_verify_input=_build_eagle_verify_input,
             run_eagle_verify=None)
