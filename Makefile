@@ -56,7 +56,7 @@ matrix: install
 
 # The Ansible collection ddtree.deploy as a user installs it (docs/ansible.md, Install):
 # COLLECTION_OUT/ddtree-deploy-VERSION.tar.gz, VERSION = galaxy.yml's, which is the toolkit's
-# (tests/test_ansible_collection.py). Needs only ansible-galaxy (ansible-core): the venv's if
+# (tests/e2e/test_ansible_collection.py). Needs only ansible-galaxy (ansible-core): the venv's if
 # there is one, else the one on PATH; no install step.
 COLLECTION_OUT ?= dist
 ANSIBLE_GALAXY ?= $(if $(wildcard $(VENV)/bin/ansible-galaxy),$(VENV)/bin/ansible-galaxy,ansible-galaxy)

@@ -18,7 +18,7 @@ at fuzz 0, 1 and 2:
   naming both places, decided right (an anchor or a match at the stated line), wrong
   (skipped / written twice), failed otherwise.
 
-Figures, not times: the test (tests/test_release_corpus.py) pins them; RELEASE_CORPUS_ENGINE
+Figures, not times: the test (tests/integration/test_release_corpus.py) pins them; RELEASE_CORPUS_ENGINE
 names a checkout (or any folder holding a ddtree_deploy package) whose engine is measured
 instead of this one, for the before/after figures (run this bench alone then: the engine is
 chosen when it is first imported). About 1 minute of CPU; the files of one release pair at a

@@ -52,7 +52,7 @@ MODELS = REPO_ROOT / "tests" / "data" / "models" if in_checkout() else PACKAGE_D
 #: SGLang's CPU dependencies the sandbox host shares from this environment are the ``demo``
 #: extra's (pyproject.toml; base/install.py reads them): every one, but for a release older
 #: than 0.5.20 those only the v2 DFlash worker imports (requirements/sglang-v2-cpu.txt's:
-#: tests/test_demo.py keeps the two lists equal).
+#: tests/e2e/test_demo.py keeps the two lists equal).
 V2_ONLY = ("xgrammar",)
 V2_SINCE = "0.5.20"
 #: v1 families on 0.5.12/0.5.13: their patched dflash_worker and scheduler import sgl_kernel

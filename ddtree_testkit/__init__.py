@@ -16,7 +16,7 @@ ships.
     ddtree_testkit.ddtree_support  the DDTree core tests' helpers: ddtree_utils, the device,
                                    a tiny float64 Llama, greedy and DDTree decoders
     ddtree_testkit.release_corpus  SGLang's own release diffs (0.5.12 .. 0.5.23) for the patch
-                                   engine: tests/test_release_corpus.py and its bench
+                                   engine: tests/integration/test_release_corpus.py and its bench
     ddtree_testkit.system_tools    require(tool): a test's oracle missing fails, never skips;
                                    python_3_8()
     ddtree_testkit.machine         within(took, bound): a time bound scaled by how busy the

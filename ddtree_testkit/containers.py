@@ -1,4 +1,4 @@
-"""Real containers on this machine for the tests (tests/test_container_ssh.py): Debian's podman
+"""Real containers on this machine for the tests (tests/e2e/test_container_ssh.py): Debian's podman
 with Debian's runc, images built from a local root filesystem (no registry is reachable).
 
 What it took (docs/containers.md):

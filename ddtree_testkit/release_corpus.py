@@ -1,7 +1,7 @@
 """The release-diff corpus (issue 28 item 6): SGLang's own change between consecutive releases,
 applied by the patch engine where it must apply and where it is already in, against GNU patch.
 
-Shared by tests/test_release_corpus.py (the claims) and bench/release_corpus_bench.py (the
+Shared by tests/integration/test_release_corpus.py (the claims) and bench/release_corpus_bench.py (the
 figures, before and after a change to the engine). Real files only: every ``.py`` file under
 ``sglang/`` in the PyPI wheels of RELEASES (fetched once into the wheel cache by
 ddtree_deploy.release.releases, offline after), diffs written by GNU ``diff -ru``.

@@ -242,7 +242,7 @@ def check(view: Any, model_config: Any, budget: int,
         # MambaMixer2 hands selective_state_update cache_steps = the step's verify width, and
         # the kernel strides the pool's intermediate SSM states by it, while the pool holds
         # the largest width per request: a narrower step writes request b's states at b x its
-        # width and the commit reads them at b x the largest (tests/test_v2_hybrid.py shows the
+        # width and the commit reads them at b x the largest (tests/integration/test_v2_hybrid.py shows the
         # wrong state). GDN and KDA index the pool by its own stride: every width is exact.
         refusals.append(
             f"a budget schedule of several verify widths ({', '.join(map(str, sorted(set(widths))))})"

@@ -26,7 +26,7 @@ The ABI, exactly as the CUDA kernels read it
 Read from the 0.5.21 - 0.5.23 wheels' JIT sources (``sglang/kernels/jit/csrc/speculative/
 tree.cuh``, ``include/sgl_kernel/speculative/eagle.cuh``) and, for 0.5.20, sgl-kernel 0.4.7's
 ``csrc/speculative/eagle_utils.cu`` (same kernel, no host checks at all);
-``tests/test_v2_kernel_contract.py`` pins the lines. With B the budget, n = B + 1 the verify
+``tests/integration/test_v2_kernel_contract.py`` pins the lines. With B the budget, n = B + 1 the verify
 width, K = ``cand_tokens.shape[2]`` the per-depth top-K, L = ``cand_tokens.shape[1]`` the draft
 depth (block - 1) and D = ``lineage_depth(B, K, L)``, the worker hands
 ``build_tree_kernel_efficient(parent_list, selected_index=top_scores_index, verified_seq_len,

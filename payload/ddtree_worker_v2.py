@@ -44,7 +44,7 @@ Not supported (refused at start-up by the plugin's resolution, one line each): D
 are not per-position marginals (selector, Domino, LiLiCorr), the compact draft window
 (``--speculative-draft-window-size``), data-parallel attention. Grammar-constrained requests go
 through EAGLE's grammar handling of the verify tree, with the scheduler's grammar barrier passed
-on (tests/test_v2_worker.py drives one under the overlap schedule).
+on (tests/integration/test_v2_worker.py drives one under the overlap schedule).
 
 Hybrid targets (Mamba2 / GDN / KDA, ``ddtree_hybrid``): the target's hybrid backend, built with
 ``speculative_eagle_topk = K > 1``, runs its tree-aware recurrent kernels, and

@@ -7,7 +7,7 @@ Run by the host interpreter (the patched SGLang importable), never imported by S
     python scripts/ddtree_verify_probe.py [--device cuda] [--strict] CASE... | gpu | cpu
 
 It prints one line ``DDTREE-VERIFY-PROBE:{"case": "ok" | traceback}``; with --strict it
-exits 1 when a case failed. tests/test_ddtree_verify_input.py runs the CPU cases on
+exits 1 when a case failed. tests/integration/test_ddtree_verify_input.py runs the CPU cases on
 CPU; scripts/gpu_check_series.sh runs the GPU cases with ``--device cuda`` (SGLang's
 CUDA tree kernels). Stand-ins (named): the target's logits and hidden states are random
 tensors; the LM head given to the worker's top-k helper is a plain object holding a

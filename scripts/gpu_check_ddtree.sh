@@ -28,10 +28,10 @@ except Exception as exc:  # optional
 PYEOF
 
 export DDTREE_TEST_DEVICE=cuda DDTREE_BENCH_DEVICE=cuda
-# The end-to-end tiny-Llama test (tests/test_ddtree_e2e.py) is CPU-defined and is left to CI.
+# The end-to-end tiny-Llama test (tests/integration/test_ddtree_e2e.py) is CPU-defined and is left to CI.
 timeout 200 "$PY" -m pytest -q -p no:cacheprovider -rs \
-  tests/test_ddtree_build.py tests/test_ddtree_optimal.py \
-  tests/test_ddtree_accept.py tests/test_ddtree_cuda.py tests/test_ddtree_utils_issue12.py
+  tests/integration/test_ddtree_build.py tests/integration/test_ddtree_optimal.py \
+  tests/integration/test_ddtree_accept.py tests/integration/test_ddtree_cuda.py tests/integration/test_ddtree_utils_issue12.py
 
 if [ "${1:-}" != "--tests" ]; then
   timeout 90 "$PY" -m bench ddtree_bench

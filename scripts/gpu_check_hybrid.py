@@ -9,7 +9,7 @@ each node's own path.
 loaded, each by path, so the check needs torch + triton on the GPU machine and nothing of
 SGLang's dependencies. Prints ``GPU-HYBRID: {json}`` per check; exit 0 iff all passed, 2 on bad
 input. ``--device cpu`` runs the same checks at small shapes in Triton's CPU interpreter (how
-tests/test_v2_hybrid.py checks this script without a GPU). `make gpu-check` runs it (budgets 64
+tests/integration/test_v2_hybrid.py checks this script without a GPU). `make gpu-check` runs it (budgets 64
 and 256 on the GPU, 16 in the dry run) on the files `make gpu-check-dry` carries
 (scripts/ddtree_gpu_check/hybrid.py).
 
@@ -124,7 +124,7 @@ def load_kernels(sglang_dir: Path, torch) -> dict:
 
 
 # SGLang's state-scatter launchers whose one device check refuses non-CUDA tensors before the
-# Triton kernel (tests/test_v2_hybrid.py pins that it is the only one).
+# Triton kernel (tests/integration/test_v2_hybrid.py pins that it is the only one).
 SHIMMED_LAUNCHERS = ("fused_mamba_state_scatter_with_mask", "fused_conv_window_scatter_with_mask")
 
 

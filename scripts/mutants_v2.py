@@ -10,9 +10,9 @@ killers run in order until one fails (the real-SGLang ones share one host enviro
 ``DDTREE_V2_HOST_ENV``, built once):
 
 - ``pytest:ARGS``  pytest in the copy (``ARGS`` as on a command line, paths relative to it);
-- ``probe:CASES``  tests/test_v2_worker.py's real-SGLang probe, only those cases
+- ``probe:CASES``  tests/integration/test_v2_worker.py's real-SGLang probe, only those cases
   (``DDTREE_V2_PROBE_CASES``), in the copy;
-- ``args:EXPR``    tests/test_v2_server_args.py ``-k EXPR`` in the copy.
+- ``args:EXPR``    tests/integration/test_v2_server_args.py ``-k EXPR`` in the copy.
 
 A mutant is killed when a killer exits non-zero; the table names it. Exit 1 when any mutant
 survives (or its text is not found: the mutant is stale), 0 otherwise. Prints one line per
@@ -34,10 +34,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 W, L, P, A, U = ("payload/ddtree_worker_v2.py", "payload/ddtree_lineage.py",
                  "payload/ddtree_v2_plugin.py", "payload/ddtree_args.py", "payload/ddtree_utils.py")
-ABI = "pytest:tests/test_v2_tree_abi.py -x"
-WORKER = "pytest:tests/test_v2_worker.py -x -k 'not real_sglang'"
-KCALLS = "pytest:tests/test_ddtree_kernel_calls.py -x"
-ISSUE12 = "pytest:tests/test_ddtree_utils_issue12.py -x"
+ABI = "pytest:tests/integration/test_v2_tree_abi.py -x"
+WORKER = "pytest:tests/integration/test_v2_worker.py -x -k 'not real_sglang'"
+KCALLS = "pytest:tests/integration/test_ddtree_kernel_calls.py -x"
+ISSUE12 = "pytest:tests/integration/test_ddtree_utils_issue12.py -x"
 GREEDY = "probe:greedy_lossless"
 OVERLAP = "probe:overlap_lossless"
 
@@ -140,7 +140,7 @@ MUTANTS = [
      ["probe:schedule_lossless"]),
     ("S01", "payload/ddtree_schedule.py", "        if entry.threshold <= batch_size:",
      "        if entry.threshold < batch_size:", "a batch at a threshold runs the entry below",
-     ["pytest:tests/test_v2_schedule.py -x", "probe:schedule_lossless"]),
+     ["pytest:tests/unit/test_v2_schedule.py -x", "probe:schedule_lossless"]),
     # ---- the plugin (payload/ddtree_v2_plugin.py)
     ("P01", P, "            if getattr(worker, \"DDTREE_TREE_VERIFY\", False) is not True:",
      "            if False:", "accepted non-tree worker", ["args:tree_marker"]),
@@ -205,12 +205,12 @@ MUTANTS = [
      "+            draft_server_args.speculative_num_draft_tokens = (\n"
      "+                server_args.speculative_num_draft_tokens\n",
      "v1: the draft runner sized by the verify width",
-     ["pytest:tests/test_ddtree_verify_input.py -x -k 'sglang-0.5.12 and worker_draft_runner'"]),
+     ["pytest:tests/integration/test_ddtree_verify_input.py -x -k 'sglang-0.5.12 and worker_draft_runner'"]),
     ("V02", "patches/sglang-0.5.12/0004-dflash-info-ddtree-verify-input.patch",
      "+            req.kv_allocated_len = req.kv_committed_len\n",
      "+            req.kv_allocated_len = req.kv_committed_len + 1\n",
      "v1: one KV slot too many kept after a commit",
-     ["pytest:tests/test_ddtree_verify_input.py -x -k 'sglang-0.5.12 and verify_greedy'"]),
+     ["pytest:tests/integration/test_ddtree_verify_input.py -x -k 'sglang-0.5.12 and verify_greedy'"]),
     # ---- the v1 payload (payload/ddtree_utils.py, payload/ddtree_args.py)
     ("U01", U, "    return (int(budget) + 1) * int(vocab_size) * 4 * VERIFY_VOCAB_COPIES",
      "    return (int(budget) + 1) * int(vocab_size) * 4", "verify memory undercounted 5x",
@@ -233,7 +233,7 @@ MUTANTS = [
      "    same = s_linked[:, :-1] & s_linked[:, 1:]",
      "siblings linked across parents", [ABI]),
     ("A01", A, "    if args.page_size != 1:", "    if args.page_size > 16:",
-     "v1: page size 16 accepted", ["pytest:tests/test_series_sglang.py -x -k bad_values"]),
+     "v1: page size 16 accepted", ["pytest:tests/integration/test_series_sglang.py -x -k bad_values"]),
 ]
 
 COPY = ("payload", "patches", "tests", "scripts", "ddtree_testkit", "snapshot", "pyproject.toml",
@@ -264,10 +264,10 @@ def _run_killer(work: Path, killer: str, show: bool = False) -> bool:
     if kind == "pytest":
         run = _pytest(work, arg)
     elif kind == "probe":
-        run = _pytest(work, "tests/test_v2_worker.py -x -k real_sglang",
+        run = _pytest(work, "tests/integration/test_v2_worker.py -x -k real_sglang",
                       env={"DDTREE_V2_PROBE_CASES": arg})
     elif kind == "args":
-        run = _pytest(work, f"tests/test_v2_server_args.py -x -k {json.dumps(arg)}")
+        run = _pytest(work, f"tests/integration/test_v2_server_args.py -x -k {json.dumps(arg)}")
     else:
         raise SystemExit(f"unknown killer {killer!r}")
     if show:

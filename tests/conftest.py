@@ -79,7 +79,7 @@ _PROCESS_WIDE = {(sys, "intern"): sys.intern, (socket, "getaddrinfo"): socket.ge
 def _no_process_patches(request: pytest.FixtureRequest):
     """A test that leaves sys.intern (or the others above) replaced fails, naming it, and the
     original is put back: run such code (ansible-core) in a subprocess, e.g. the console
-    script, as tests/test_json_envelope.py does for `inventory from-ansible`."""
+    script, as tests/e2e/test_json_envelope.py does for `inventory from-ansible`."""
     yield
     changed = []
     for (owner, name), original in _PROCESS_WIDE.items():

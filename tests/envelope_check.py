@@ -1,8 +1,8 @@
 """The --json contract as tests check it (docs/json.md): one document on stdout, valid
 against docs/json-schema.json, its envelope consistent with the process's exit code.
 
-Shared by tests/test_json_envelope.py and the tests whose --json runs are too costly to
-repeat there (tests/test_tune_ssh.py): ``from envelope_check import check_envelope``.
+Shared by tests/e2e/test_json_envelope.py and the tests whose --json runs are too costly to
+repeat there (tests/e2e/test_tune_ssh.py): ``from envelope_check import check_envelope``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 closes both sides once N bytes went through (a cut), ``StallProxy`` drops every byte the
 host sends once the client sent N (a blackhole: nothing closes, nothing arrives).
 
-Shared by tests/test_faults.py and tests/test_interrupt.py.
+Shared by tests/integration/test_faults.py and tests/e2e/test_interrupt.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A sandbox host whose server runs under a real supervisor: the serving tests' host
-(tests/test_serve_ssh.py, tests/test_json_envelope.py).
+(tests/e2e/test_serve_ssh.py, tests/e2e/test_json_envelope.py).
 
 The host is ddtree_deploy.sandbox's (a real sshd on loopback, SGLang 0.5.12.post1's real
 files, the small real series of tests/sshd_host.py); its server is the named STAND-IN for

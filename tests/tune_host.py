@@ -1,5 +1,5 @@
-"""The tune tests' hosts over sshd, for tests/test_tune_ssh.py (0.5.12.post1), tests/test_tune_deadline.py
-and tests/test_tune_v2_family_ssh.py (0.5.23): one host per file, so that `--dist loadfile` runs
+"""The tune tests' hosts over sshd, for tests/e2e/test_tune_ssh.py (0.5.12.post1), tests/integration/test_tune_deadline.py
+and tests/e2e/test_tune_v2_family_ssh.py (0.5.23): one host per file, so that `--dist loadfile` runs
 the two hosts' long sweeps on two workers at once.
 
 A host Python with the real SGLang release and the real DDTree series pushed for real

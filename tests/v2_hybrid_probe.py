@@ -1,4 +1,4 @@
-"""Probe run INSIDE a test host (real SGLang 0.5.23 + the v2 payload) by tests/test_v2_hybrid.py:
+"""Probe run INSIDE a test host (real SGLang 0.5.23 + the v2 payload) by tests/integration/test_v2_hybrid.py:
 DDTree on a hybrid target (attention + recurrent layers), proven lossless through SGLang's own
 hybrid objects, with the recurrent kernels a CUDA host runs executed by Triton's CPU
 interpreter (``TRITON_INTERPRET=1``).
@@ -253,7 +253,7 @@ def _cuda_allocations_on_cpu(torch):
     (intermediate SSM states, conv windows) with ``device="cuda"`` written out (0.5.20+ pass
     the pool's device); while the pool is built, ``torch.zeros(..., device="cuda")`` allocates
     on the CPU. Pinned by
-    tests/test_v2_hybrid.py (test_the_probe_answers_0_5_19s_hard_coded_cuda_pool_line)."""
+    tests/integration/test_v2_hybrid.py (test_the_probe_answers_0_5_19s_hard_coded_cuda_pool_line)."""
     zeros = torch.zeros
 
     def cpu_zeros(*args, device=None, **kwargs):
@@ -311,7 +311,7 @@ def _shim_cuda_only_host_checks():
     """Two CUDA-only host lines on the way to Triton kernels the interpreter runs on CPU
     tensors (the scatter launchers' ``is_cuda`` check, selective_state_update's device
     context): answered as scripts/gpu_check_hybrid.py answers them for its own CPU self-test
-    (``answer_cuda_only_host_lines``; tests/test_v2_hybrid.py pins the lines)."""
+    (``answer_cuda_only_host_lines``; tests/integration/test_v2_hybrid.py pins the lines)."""
     import torch
     from sglang.kernels.ops.mamba import mamba_state_scatter_triton as scatter
 

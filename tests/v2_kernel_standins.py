@@ -17,7 +17,7 @@ for them. Each one follows the kernel a GPU server runs, not SGLang's CPU or XPU
   row (the tree builder's parent-not-found path) or never stop (its mask loop).
   The XPU Triton twin (``spec_tree.py``) reads the tensor's real row stride and bounds its
   loops by ``depth``, so it accepts inputs the CUDA kernel refuses or mis-reads:
-  tests/test_v2_kernel_contract.py runs it in Triton's CPU interpreter to show that.
+  tests/integration/test_v2_kernel_contract.py runs it in Triton's CPU interpreter to show that.
 - the cache-location writers (``assign_extend_cache_locs_cpu``, ``assign_req_to_token_pool_cpu``,
   ``assign_draft_cache_locs_contiguous_cpu``, ``fill_accept_out_cache_loc_cpu``,
   ``fill_bonus_tokens_cpu``): on CUDA SGLang runs Triton kernels for these
@@ -25,7 +25,7 @@ for them. Each one follows the kernel a GPU server runs, not SGLang's CPU or XPU
   kernels in the interpreter against these stand-ins.
 
 The host checks skip the device test (the CUDA code demands a GPU tensor; here everything is
-on the CPU). tests/test_v2_kernel_contract.py and tests/test_gpu_check_model.py pin every source
+on the CPU). tests/integration/test_v2_kernel_contract.py and tests/integration/test_gpu_check_model.py pin every source
 line the transcription relies on, in the cached release wheels, so a release that changes the
 ABI fails them.
 

@@ -1,5 +1,5 @@
 """SGLang's Triton kernels in Triton's CPU interpreter against the NAMED STAND-INS of
-tests/v2_kernel_standins.py. Run by tests/test_v2_kernel_contract.py in a process of its own
+tests/v2_kernel_standins.py. Run by tests/integration/test_v2_kernel_contract.py in a process of its own
 with ``TRITON_INTERPRET=1`` (the interpreter is chosen when triton first wraps its own library
 functions, so the variable must be set before triton is imported):
 

@@ -1,4 +1,4 @@
-"""Probe run INSIDE a test host (real SGLang 0.5.23 + the v2 payload) by tests/test_v2_worker.py.
+"""Probe run INSIDE a test host (real SGLang 0.5.23 + the v2 payload) by tests/integration/test_v2_worker.py.
 
 ``python v2_worker_probe.py CASE...`` prints one line ``V2PROBE:{json}`` mapping each case to
 "ok" or the failure text. Module level is stdlib-only (the test imports it for CASES/TAG).

@@ -4,7 +4,7 @@ The string values are an interface: they appear in ``--json`` output, the Ansibl
 collection (ansible/ddtree/plugins/plugin_utils/toolkit.py) matches on them, and the
 host programs (ddtree_deploy/hostprog/) name them from here: this module ships to hosts
 with them (hostprog/bundle.py), so it stays stdlib-only and Python 3.8
-(tests/test_hostprog.py). They are plain ``str``
+(tests/integration/test_hostprog.py). They are plain ``str``
 constants, not an ``Enum``: an error code arriving from the agent is a plain string,
 and a str-mixin Enum hashes by member name (``"locked" in {Code.LOCKED}`` would be
 False) and formats differently across Python 3.10-3.12.
@@ -90,7 +90,7 @@ class Code:
     INTERRUPTED = "interrupted"
 
 
-# Codes the deploy agent itself raises (its AgentErrors, hostprog/); tests/test_codes.py checks both ways.
+# Codes the deploy agent itself raises (its AgentErrors, hostprog/); tests/unit/test_codes.py checks both ways.
 AGENT_CODES = frozenset({
     Code.NO_SGLANG, Code.BAD_STATE_DIR, Code.BAD_PATH, Code.UNSAFE_FILE, Code.PREFLIGHT, Code.PERMISSION,
     Code.NO_SPACE, Code.BACKUP, Code.VERIFY, Code.SWITCH, Code.SWITCH_MIXED, Code.FAILED_UNCHANGED,

@@ -37,7 +37,7 @@ MODULES = (
     "lock_cmd",
 )
 
-#: The modules that register each top-level command (tests/test_cli_help.py checks that
+#: The modules that register each top-level command (tests/integration/test_cli_help.py checks that
 #: loading only these gives the command exactly as the full app has it).
 COMMAND_MODULES = {
     "check": ("check_cmd",),

@@ -9,7 +9,7 @@ CONTRACT (other modules code against these names; keep them stable):
     split_lines(text, crlf) / join_lines(bodies, eols) / is_crlf_text(text)   # how a text is read
 
 How a hunk is placed (GNU patch 2.7's rules, so that its verdicts and reported
-lines can be checked against ``patch`` itself; see tests/test_patch_differential.py):
+lines can be checked against ``patch`` itself; see tests/integration/test_patch_differential.py):
 
 * Hunks of a file section are placed in order. Hunk k is first tried at the line
   it states plus the offset the earlier hunks landed at, then at offsets +1, -1,
@@ -41,7 +41,7 @@ lines can be checked against ``patch`` itself; see tests/test_patch_differential
   or not), and with none the hunk is ambiguous. A new side matched on no line at all
   (fuzz ignored them all) is no evidence. GNU patch applies the forward match and checks
   "previously applied" on the first hunk only; the differential test checks the rule by
-  brute force on every case and names where the tools differ; tests/test_release_corpus.py
+  brute force on every case and names where the tools differ; tests/integration/test_release_corpus.py
   measures it on SGLang's own release diffs (issue 28 item 6). A file with some hunks
   already applied and others applied now is ``FileResult.partly_applied``; the check layer
   refuses it unless asked.

@@ -4,7 +4,7 @@
 levels), ``serve`` (the serving processes and their restart) and ``tune`` (one server at a
 time, bench_serving) are programs; ``wire`` (JSON lines in and out, sha256, process
 identity, the one test-hook point) and the agent's job modules are what they import. None
-of them imports anything but the standard library and this room (tests/test_hostprog.py).
+of them imports anything but the standard library and this room (tests/integration/test_hostprog.py).
 
 A host has no ddtree-deploy installed: ``bundle`` packs a program with every module it
 imports into one source, which the transport ships to ``python -c BOOTSTRAP``

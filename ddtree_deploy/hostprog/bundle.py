@@ -9,7 +9,7 @@ dotted name in ``sys.modules`` and runs it, then imports the program's public na
 ``main`` among them) into its own globals, as when each program was one file. So on the
 host a program imports ``from ddtree_deploy.hostprog import wire`` exactly as it does in a
 checkout: no fallback, no second name. The stub packages hold only what was shipped: an
-import of anything else from ddtree_deploy fails on the host as in tests/test_hostprog.py.
+import of anything else from ddtree_deploy fails on the host as in tests/integration/test_hostprog.py.
 
 The source runs the same three ways: sent to ``python -c BOOTSTRAP`` (which calls the
 ``main`` it leaves in its globals), written to a file and run as a script (the image build,

@@ -3,7 +3,7 @@
 Docker and Podman share the CLI used here (``inspect``, ``image inspect``, ``tag``,
 ``build``, ``stop``, ``rename``, ``create``, ``start``, ``rm``, ``exec``, ``run``, ``logs``,
 ``compose up``): each function takes plain values and returns an argv list, run by
-``container.py`` without a shell, and is tested by exact equality (tests/test_container_cli.py).
+``container.py`` without a shell, and is tested by exact equality (tests/unit/test_container_cli.py).
 
 ``run_config`` reads a container's run configuration from its ``inspect`` document (and its
 image's, to leave out what the image itself sets), engine-neutral and JSON-able: what the

@@ -1,7 +1,7 @@
 """The host programs' protocol: versioned, typed messages, the same table on both sides.
 
 Shipped with the host programs (bundle.py), so stdlib only and Python 3.8
-(tests/test_hostprog.py); the controller imports the same module (remote/program.py), so a
+(tests/integration/test_hostprog.py); the controller imports the same module (remote/program.py), so a
 request is checked against one declaration where it is built and where it is answered.
 
 Three kinds of message, one JSON line each:

@@ -1,7 +1,7 @@
 """What every host program does the same way: JSON lines in and out, digests, process identity.
 
 Shipped ahead of every host program (bundle.py); stdlib only, Python 3.8+ (a host's
-interpreter may be old: tests/test_hostprog.py parses every shipped module with 3.8's
+interpreter may be old: tests/integration/test_hostprog.py parses every shipped module with 3.8's
 grammar).
 
 - Input: ``request_lines`` (a session's requests, one JSON line each: the agent's and the

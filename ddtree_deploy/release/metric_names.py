@@ -5,7 +5,7 @@ gauges, counters and histograms of ``sglang/srt/observability/metrics_collector.
 (``SchedulerMetricsCollector`` and ``TokenizerMetricsCollector``). The served-figures code
 (``serve/metrics.py``) asks this table for a release's names and never writes one itself,
 so a release that renames a metric changes one row here, and
-``tests/test_metric_names.py`` reads every pinned name, with its kind, from each covered
+``tests/integration/test_metric_names.py`` reads every pinned name, with its kind, from each covered
 release's own wheel: a rename or a removal fails there, naming the release and the metric.
 
 Every release from 0.5.12 to 0.5.23 was read (the wheels through the project's cache,
@@ -83,7 +83,7 @@ _V0_5_13 = MetricNames(
     generation_tokens="sglang:generation_tokens_total",
 )
 
-#: Every covered release, read from its wheel (tests/test_metric_names.py holds them to it).
+#: Every covered release, read from its wheel (tests/integration/test_metric_names.py holds them to it).
 PINNED: dict[str, MetricNames] = {
     v: replace(_V0_5_13, release=v, num_draft_tokens=None) if v.startswith("0.5.12") else replace(_V0_5_13, release=v)
     for v in ("0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1",

@@ -4,7 +4,7 @@ Classified by the exception's type wherever the type says it (paramiko's
 AuthenticationException, NoValidConnectionsError and its errno per address, socket's timeout
 and gaierror, EOFError); by its text only where paramiko gives no type of its own (a peer
 that does not answer with an SSH banner is a bare SSHException). Pure: tested with the
-exceptions a real sshd, resolver and socket give (tests/test_connect_errors.py).
+exceptions a real sshd, resolver and socket give (tests/integration/test_connect_errors.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Today's journal-phase logic lives here: a host left ``switching`` by a run kille
 last rename is completed, one left ``switched`` by a run whose smoke never passed is smoked
 again (or marked deployed without a smoke, unless a level failed on it), a rollback over a
 host stopped while ``staged``/``switching`` completes its journal. No connection, no clock:
-tests/test_decide.py runs it on facts written by hand. A dry run stops after this stage.
+tests/unit/test_decide.py runs it on facts written by hand. A dry run stops after this stage.
 """
 
 from __future__ import annotations

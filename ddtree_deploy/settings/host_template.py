@@ -1,6 +1,6 @@
 """The host file ``ddtree-deploy hosts init NAME`` writes: every key, commented. Pure text.
 
-What it writes parses as it stands (tests/test_hosts_cmd.py reads it back with the
+What it writes parses as it stands (tests/integration/test_hosts_cmd.py reads it back with the
 inventory's own parser, and again with every commented key line switched on), so a first
 ``status --host NAME`` already works once the values marked EDIT are right. The keys and
 their meaning: docs/inventory.md (the inventory), docs/smoke.md ([smoke]), docs/serving.md

@@ -14,7 +14,7 @@ One step:
            buffers (the mask as the Triton backend's uint8 FULL_MASK buffer, filled with 1
            first, as ``eagle_utils.build_tree_kernel_efficient`` does)
 
-The configurations (``configs``) are ones the v2 plugin accepts (tests/test_v2_server_args.py
+The configurations (``configs``) are ones the v2 plugin accepts (tests/integration/test_v2_server_args.py
 resolves each through SGLang's own argument pipeline); ``refused_configs`` are ones it refuses
 through ``ddtree_lineage.abi_problem``, which the check shows refused and never feeds to the
 kernel. ``SCHEDULE`` is the budget schedule the check resolves with the plugin's own rules and

@@ -38,7 +38,7 @@ offset, the transcription does not do it. It calls ``on_fault(message)``: by def
 raises ``OutOfRangeAccess`` (the stand-ins); ``simulate`` records the message instead and
 abandons that node (or request), so the GPU check can name every fault of a lineage.
 
-tests/test_gpu_check_model.py and tests/test_v2_kernel_contract.py pin, in each release's
+tests/integration/test_gpu_check_model.py and tests/integration/test_v2_kernel_contract.py pin, in each release's
 wheel, the source lines this follows. torch only (no SGLang, nothing from tests/): importable
 on the lent GPU machine.
 """

@@ -5,7 +5,7 @@ ONE mapping, used by two callers:
 * ``ddtree-deploy inventory from-ansible`` (ddtree_deploy/cli/inventory_cmd.py), which
   reads a whole Ansible inventory through ansible-core's own loader;
 * the Ansible collection's action plugins (ansible/ddtree/plugins/plugin_utils/hostmap.py
-  is a byte-identical copy of this file, checked by tests/test_ansible_collection.py),
+  is a byte-identical copy of this file, checked by tests/e2e/test_ansible_collection.py),
   which write a host's file on the controller and run ``ddtree-deploy ... --json``.
 
 Stdlib only, no import from ddtree_deploy, Python 3.8+ (ansible-core may run under a
@@ -37,7 +37,7 @@ These names describe a HOST (HOST_VARIABLES). What one run does (push with or wi
 smoke, which levels, which backup) is the collection's role and playbook options, whose names
 are never one of these: a role default is a variable of every host in the play, so a role
 option named like a host variable would replace the host's value with another type
-(tests/test_ansible_collection.py, test_run_options_are_not_host_variables).
+(tests/e2e/test_ansible_collection.py, test_run_options_are_not_host_variables).
 """
 
 import re
