@@ -17,7 +17,9 @@ from __future__ import annotations
 import importlib.util
 import sys
 from types import ModuleType
+from typing import Any
 
+from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.base.locations import repo_dir
 
 #: The payload module that holds the grammar (installed as sglang/srt/speculative/<this>).
@@ -30,6 +32,10 @@ def _grammar() -> ModuleType:
     module = sys.modules.get(_NAME)
     if module is None:
         path = repo_dir("payload") / PAYLOAD_MODULE
+        if not path.is_file():
+            raise DeployError(f"{path}: the payload folder has no budget schedule grammar",
+                              hint="point DDTREE_DEPLOY_PAYLOAD at a payload folder that has "
+                              f"{PAYLOAD_MODULE} (the toolkit's payload/ has it)")
         spec = importlib.util.spec_from_file_location(_NAME, path)
         if spec is None or spec.loader is None:
             raise ImportError(f"{path}: cannot load the budget schedule grammar")
@@ -43,18 +49,18 @@ def _grammar() -> ModuleType:
     return module
 
 
-_g = _grammar()
-FLAG = _g.FLAG
-CHAIN = _g.CHAIN
-MAX_ENTRIES = _g.MAX_ENTRIES
-Entry = _g.Entry
-ScheduleError = _g.ScheduleError
-parse = _g.parse
-format_schedule = _g.format_schedule
-from_table = _g.from_table
-pick = _g.pick
-ranges = _g.ranges
-resolve = _g.resolve
+#: The grammar's names, read from the payload's module on first use (not at import: every
+#: push imports this module through tune's code, and a push needs no schedule unless one is
+#: configured; a payload folder of the operator's own need not carry the grammar).
+_EXPORTS = frozenset({"FLAG", "CHAIN", "MAX_ENTRIES", "Entry", "ScheduleError", "parse", "format_schedule",
+                      "from_table", "pick", "ranges", "resolve"})
 
-__all__ = ["CHAIN", "FLAG", "MAX_ENTRIES", "Entry", "PAYLOAD_MODULE", "ScheduleError",
-           "format_schedule", "from_table", "parse", "pick", "ranges", "resolve"]
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(_grammar(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# The grammar's names come through __getattr__, so ruff cannot see them defined.
+__all__ = ["CHAIN", "FLAG", "MAX_ENTRIES", "Entry", "PAYLOAD_MODULE", "ScheduleError", "format_schedule", "from_table", "parse", "pick", "ranges", "resolve"]  # noqa: F822

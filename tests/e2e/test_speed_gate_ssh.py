@@ -319,7 +319,7 @@ def test_the_load_step_drives_an_idle_server_on_both_sides(gate, sshd, tmp_path)
     back. The server is the STAND-IN (its streamed /generate decodes through its speed model)."""
     from ddtree_deploy.sandbox import SandboxHost, hostenv
     from ddtree_testkit.machine import within
-    from test_tune_ssh import make_model
+    from tune_host import make_model
 
     root = tmp_path / "load1"
     env = hostenv.make_host_env(root / "env")

@@ -208,3 +208,20 @@ def test_bad_apply_as_is_one_line_before_any_host(args, message, tmp_path, monke
     monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(tmp_path))
     r = CliRunner().invoke(app, ["tune", "--host", "nosuch", *args])
     assert r.exit_code == 2 and message in r.output and "nosuch" not in r.output, r.output
+
+
+def test_the_grammar_is_read_on_first_use_and_a_payload_without_it_is_one_line(tmp_path, monkeypatch):
+    """Every push imports budget_schedule (through tune's code); a payload folder of the
+    operator's own without the grammar must not break a push that sets no schedule, and a
+    schedule asked of it says which folder lacks which file."""
+    from ddtree_deploy.base.errors import DeployError
+    from ddtree_deploy.settings import budget_schedule
+
+    monkeypatch.setenv("DDTREE_DEPLOY_PAYLOAD", str(tmp_path))
+    monkeypatch.delitem(sys.modules, budget_schedule._NAME, raising=False)
+    with pytest.raises(DeployError, match=rf"^{tmp_path}/ddtree_schedule.py: the payload folder has no budget "
+                       "schedule grammar$") as exc:
+        budget_schedule.parse("1:8/2")
+    assert "DDTREE_DEPLOY_PAYLOAD" in (exc.value.hint or "")
+    monkeypatch.delenv("DDTREE_DEPLOY_PAYLOAD")
+    assert budget_schedule.format_schedule(budget_schedule.parse("1:8/2,4:chain")) == "1:8/2,4:chain"
