@@ -240,12 +240,26 @@ def test_max_failures_counts_failed_analyses(gate):
     assert "2 host(s) failed (--max-failures 1)" in said and w3.name in said.split("not started:")[-1], said
 
 
+def interrupted_within_a_second(proc: subprocess.Popen, during: str) -> str:
+    """Ctrl-C the running push: it must exit 130 within the toolkit's own second
+    (ddtree_testkit.machine); returns its stderr."""
+    from ddtree_testkit.machine import within
+
+    t0 = time.monotonic()
+    proc.send_signal(subprocess.signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    fast, said = within(took, 1.0, f"from Ctrl-C during {during} to the exit")
+    print(f"\nCtrl-C during {during}: exit {proc.returncode} after {took:.2f} s\n{err[-1500:]}")
+    assert proc.returncode == 130 and fast, (proc.returncode, said, err[-2000:])
+    return err
+
+
 def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the_job(gate):
     """Ctrl-C while the new server bakes: exit 130 within a second (the toolkit's own second,
     ddtree_testkit.machine), the host left `switched` with the new server healthy and not
     promoted (status says so), and a rerun of push bakes it against the baseline this run
     recorded before its switch, and promotes it."""
-    from ddtree_testkit.machine import within
 
     s = gate.host("ctrlc1")
     console = Path(sys.executable).parent / "ddtree-deploy"
@@ -260,13 +274,7 @@ def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the
             break
         time.sleep(0.1)
     time.sleep(1.0)
-    t0 = time.monotonic()
-    proc.send_signal(subprocess.signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    took = time.monotonic() - t0
-    fast, said = within(took, 1.0, "from Ctrl-C during the bake to the exit")
-    print(f"\nCtrl-C during the bake: exit {proc.returncode} after {took:.2f} s\n{err[-1500:]}")
-    assert proc.returncode == 130 and fast, (proc.returncode, said, err[-2000:])
+    err = interrupted_within_a_second(proc, "the bake")
     assert "Traceback" not in err
     # switched, healthy on the new files, not promoted: what status explains
     st = check_envelope(cli("status", "--host", s.name, "--json").stdout, 1, "status")["hosts"][0]
@@ -318,7 +326,6 @@ def test_the_load_step_drives_an_idle_server_on_both_sides(gate, sshd, tmp_path)
     status explains the host; the rerun bakes under the same load and rolls the slower build
     back. The server is the STAND-IN (its streamed /generate decodes through its speed model)."""
     from ddtree_deploy.sandbox import SandboxHost, hostenv
-    from ddtree_testkit.machine import within
     from tune_host import make_model
 
     root = tmp_path / "load1"
@@ -381,13 +388,7 @@ def test_the_load_step_drives_an_idle_server_on_both_sides(gate, sshd, tmp_path)
         assert all(p["program"] == "load" for p in st["serving"]["own"] if p["pid"] in bench)
         assert not bench & {pid for p in st["serving"]["processes"] for pid in [p["pid"], *(p.get("children") or [])]}
         assert ": load" in st["serving"]["explanation"], st["serving"]["explanation"]
-        t0 = time.monotonic()
-        proc.send_signal(subprocess.signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        took = time.monotonic() - t0
-        fast, said = within(took, 1.0, "from Ctrl-C during the bake under load to the exit")
-        print(f"\nCtrl-C during the bake under load: exit {proc.returncode} after {took:.2f} s\n{err[-1500:]}")
-        assert proc.returncode == 130 and fast, (proc.returncode, said, err[-2000:])
+        interrupted_within_a_second(proc, "the bake under load")
         assert gone_within(15), load_processes()  # the host program stopped the benchmark's group
         st = check_envelope(cli("status", "--host", s.name, "--json").stdout, 1, "status")["hosts"][0]
         assert st["phase"] == "switched" and st["serving"]["health"]["status"] == 200, st
