@@ -58,16 +58,22 @@ def connect_error(label: str, host: Host, conn, exc: BaseException, jump: str | 
     inv = host.source or "the inventory"
     verbose = f"`ssh -v -p {conn.port} {shlex.quote(conn.user)}@{shlex.quote(conn.host)} true` shows each step"
     unchanged = "nothing was sent to the host"
-    if isinstance(exc, paramiko.AuthenticationException):
-        transport = getattr(conn.client, "get_transport", lambda: None)()
-        if transport is not None and not transport.is_active():
-            # paramiko words a link that died during the authentication as "Authentication
-            # failed." too: a refused key leaves the connection open (the server waits for
-            # another try); a closed one was cut, or closed by the host.
+    transport = getattr(conn.client, "get_transport", lambda: None)()
+    closed = transport is not None and not transport.is_active()
+    if closed and isinstance(exc, paramiko.SSHException) and "banner" not in str(exc):
+        # A link that died under paramiko surfaces as whatever it was doing next: "Authentication
+        # failed." from a refused-or-cut try, "No existing session" from an authentication that
+        # began after the cut, ... A refused key leaves the connection open (the server waits
+        # for another try); a closed transport was cut, or closed by the host. Whether the key
+        # exchange had finished says which step it was.
+        if getattr(transport, "initial_kex_done", True):
             return DeployError(f"{label}: the connection to {what} was closed during the authentication "
                                f"(by the network or the host); {unchanged}", code=Code.CONNECTION_LOST,
                                hint=f"check the link and rerun; if it persists, the host may refuse this key "
-                               f"after too many tries: check ssh.user and ssh.identity_file in {inv}; {verbose}")
+                               f"after too many tries: check ssh.user and ssh.identity_file in {inv}; {verbose}",
+                               changed=Changed.NO, evidence={"why": str(exc)})
+        return _closed_in_handshake(label, what, unchanged, verbose)
+    if isinstance(exc, paramiko.AuthenticationException):
         return DeployError(f"{label}: authentication failed for {what} ({exc})", code=Code.AUTH,
                            hint=f"check ssh.user and ssh.identity_file in {inv} (the key must be in the "
                            f"user's authorized_keys on the host); {verbose}")
@@ -109,9 +115,13 @@ def connect_error(label: str, host: Host, conn, exc: BaseException, jump: str | 
                            hint=f"check {'ssh.jump' if jump else 'ssh.port'} in {inv}: something else listens "
                            f"there; {verbose}")
     if isinstance(exc, EOFError) or not str(exc):
-        return DeployError(f"{label}: the connection to {what} was closed during the SSH handshake (by the "
-                           f"network or the host); {unchanged}", code=Code.CONNECT, hint=f"rerun; {verbose}")
+        return _closed_in_handshake(label, what, unchanged, verbose)
     return DeployError(f"{label}: cannot connect to {what}: {exc}; {unchanged}", code=Code.CONNECT, hint=verbose)
+
+
+def _closed_in_handshake(label: str, what: str, unchanged: str, verbose: str) -> DeployError:
+    return DeployError(f"{label}: the connection to {what} was closed during the SSH handshake (by the "
+                       f"network or the host); {unchanged}", code=Code.CONNECT, hint=f"rerun; {verbose}")
 
 
 # getaddrinfo's "this name does not exist" (not "try again": EAI_AGAIN is a resolver outage).
