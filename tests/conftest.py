@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import socket
 import stat
@@ -122,9 +123,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "sshd" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("sshd"):
             item.add_marker(pytest.mark.sshd)
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # Parallel workers take whole modules in collection order (`make test`: --dist
-        # loadfile --no-loadscope-reorder): the long ones first (those that run a release in a
-        # venv, then those with an sshd), so that no long module starts last and runs alone.
+        # Parallel workers take whole modules (or per-release units: work_unit) in collection
+        # order (`make test`: --dist loadfile --no-loadscope-reorder): the long ones first
+        # (those that run a release in a venv, then those with an sshd), so that no long
+        # module starts last and runs alone.
         def weight(item: pytest.Item) -> int:
             return 0 if item.get_closest_marker("sglang_env") else 1 if item.get_closest_marker("sshd") else 2
 
@@ -133,6 +135,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             path = item.nodeid.split("::", 1)[0]
             modules[path] = min(modules.get(path, 2), weight(item))
         items.sort(key=lambda item: modules[item.nodeid.split("::", 1)[0]])  # stable: file order kept
+
+
+# The long modules whose expensive module fixture is built once per SGLang release (a probe
+# run, a patched release env): under `make test` each release's tests are a unit of work of
+# their own, so that one module's releases run on several workers at once (each building
+# only its own releases' fixtures) rather than one after another on one worker.
+SPLIT_BY_RELEASE = frozenset({
+    "tests/integration/test_v2_hybrid.py",
+    "tests/integration/test_v2_worker.py",
+    "tests/integration/test_v2_server_args.py",
+    "tests/integration/test_v2_family.py",
+})
+_RELEASE_IN_ID = re.compile(r"\[[^\]]*?(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)")
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a parallel worker takes for the test ``nodeid``: its whole module (as
+    ``--dist loadfile``: module fixtures built once), or, in a module of ``SPLIT_BY_RELEASE``,
+    the module's tests of the first release named in the test's parameters (its family for
+    test_v2_family: ``sglang-0.5.20-0.5.21`` is the 0.5.20 family's)."""
+    path = nodeid.split("::", 1)[0]
+    if path in SPLIT_BY_RELEASE:
+        match = _RELEASE_IN_ID.search(nodeid)
+        if match:
+            return f"{path}:{match.group(1)}"
+    return path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile`` with the units of ``work_unit`` (xdist's hook: the controller asks
+    it for the scheduler; None lets xdist choose as usual)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ReleaseUnits(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ReleaseUnits(config, log)
 
 
 def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
