@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ddtree_deploy.settings.analysis_settings import AnalysisSettings
+from ddtree_deploy.settings.analysis import AnalysisSettings
 from ddtree_testkit.analysis_sim import LOUD, QUIET, rates
 
 TRIALS = 2000

@@ -143,7 +143,7 @@ def smoke_table(choice: Choice) -> str:
     ``--device cuda``, which builds ServerArgs without a GPU)."""
     import json
 
-    from ddtree_deploy.settings.smoke_settings import FAMILY_SMOKE_DEFAULT
+    from ddtree_deploy.settings.smoke import FAMILY_SMOKE_DEFAULT
 
     family_smoke = choice.family.smoke or FAMILY_SMOKE_DEFAULT
     exclude = json.dumps(list(NO_CUDA.get(choice.family.name, ())))

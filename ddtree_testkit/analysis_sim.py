@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ddtree_deploy.serve.analysis import PASS, analyse
 from ddtree_deploy.serve.figures import ServedFigures
-from ddtree_deploy.settings.analysis_settings import AnalysisSettings
+from ddtree_deploy.settings.analysis import AnalysisSettings
 from ddtree_testkit.standin_metrics import ITL_BUCKETS, TTFT_BUCKETS
 
 

@@ -107,7 +107,7 @@ CLI_STRINGS = {"ddtree_deploy": "python -m ddtree_deploy", "ddtree-deploy": "the
 # End to end whatever else it uses: the demo, Ansible, fleets over SSH.
 E2E_MODULES = {"ddtree_deploy.demo": "the demo", "ansible": "Ansible"}
 E2E_STRINGS = {"ansible-playbook": "ansible-playbook", "ansible-galaxy": "ansible-galaxy"}
-E2E_WITH_SSHD_MODULES = {"ddtree_deploy.fleets.fleet_run": "a fleet run"}
+E2E_WITH_SSHD_MODULES = {"ddtree_deploy.fleets.run": "a fleet run"}
 
 # Where the heuristics above would misjudge a file: its tier and why (none today).
 PINNED: dict[str, tuple[str, str]] = {}

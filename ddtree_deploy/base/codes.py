@@ -54,14 +54,14 @@ class Code:
     CHANGED = "changed"  # a mark found the journal at another run / phase
     LOST_LOCK = "lost-lock"  # the run's deploy lock was released (by force) or broken under it: it stopped
     OS_ERROR = "os-error"  # an unexpected OSError in the agent
-    # smoke (smoke_run.py, rollout.py)
+    # smoke (smoke/run.py, rollout.py)
     NOT_DEPLOYED = "not-deployed"
     SMOKE_AGENT = "smoke-agent"
     UNKNOWN_FAMILY = "unknown-family"
     # the host's NVIDIA driver, read before a push (release/cuda_lanes.py, session/driver_gate.py)
     DRIVER_TOO_OLD = "driver-too-old"  # the driver cannot run the host's SGLang release's CUDA lane
     DRIVER_UNREADABLE = "driver-unreadable"  # nvidia-smi answered, but not with a driver version
-    # restarting the host's server (serve_run.py)
+    # restarting the host's server (serve/run.py)
     SERVE_AGENT = "serve-agent"  # the serve program failed or answered garbage
     # the host programs' own (hostprog/smoke.py's launch level, hostprog/tune.py): a host failure, not the series'
     GPU = "gpu"  # no usable GPU (nvidia-smi missing or failing, none with the free memory asked for)

@@ -84,7 +84,7 @@ def push(
 ) -> None:
     """Deploy the series: lock, drift check, check, back up, stage + verify, switch, journal, smoke."""
     from ddtree_deploy.fleets import rollout
-    from ddtree_deploy.settings.analysis_settings import parse_override
+    from ddtree_deploy.settings.analysis import parse_override
 
     hosts = rollout.select_hosts(host or [], group or [])
     options = rollout.PushOptions(family=family, dry_run=dry_run, break_lock=break_lock, smoke=not no_smoke,
@@ -174,7 +174,7 @@ def _print_status(doc: dict) -> None:
             say(f"    {f['path']}  {(f['sha256'] or 'absent')[:12]}  -> {f.get('file')}")
     serving = doc.get("serving")
     if serving:
-        from ddtree_deploy.serve.serve_plan import process_line
+        from ddtree_deploy.serve.plan import process_line
 
         say(f"  serving: {serving['explanation']}")
         for p in serving.get("processes") or ():

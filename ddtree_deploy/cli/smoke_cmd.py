@@ -17,7 +17,7 @@ import typer
 from ddtree_deploy.cli.app import app, handles_errors
 from ddtree_deploy.cli.options import GROUP_HELP, HOSTS_HELP, inventory_option
 from ddtree_deploy.remote.transport import transport_for
-from ddtree_deploy.settings import smoke_settings
+from ddtree_deploy.settings import smoke as smoke_settings
 
 LEVEL_HELP = ("a level to run: " + ", ".join(smoke_settings.LEVELS) +
               "; repeatable (default: the levels of the host's smoke table)")

@@ -82,7 +82,7 @@ def pull(
     from ddtree_deploy.remote.transport import transport_for
     from ddtree_deploy.session import pull as host_pull
     from ddtree_deploy.session.desired import Want
-    from ddtree_deploy.settings.container_settings import refuse_container
+    from ddtree_deploy.settings.container import refuse_container
     from ddtree_deploy.settings.inventory import load_host
 
     h = load_host(host)

@@ -20,10 +20,10 @@ from ddtree_deploy.cli.app import app, emit_host, err, handles_errors, out, say
 from ddtree_deploy.cli.options import inventory_option
 from ddtree_deploy.cli.text import plain, safe
 from ddtree_deploy.remote.transport import transport_for
-from ddtree_deploy.settings.container_settings import refuse_container
+from ddtree_deploy.settings.container import refuse_container
 from ddtree_deploy.settings.inventory import load_host
 from ddtree_deploy.tuning import tune
-from ddtree_deploy.tuning.tune_apply import check_apply_as
+from ddtree_deploy.tuning.apply import check_apply_as
 
 
 def _ints(text: str, option: str, what: str, hi: int) -> tuple[int, ...]:
@@ -82,7 +82,7 @@ def tune_cmd(
 ) -> None:
     """Sweep DDTree budget x top-K against the DFlash chain and no speculation, with SGLang's
     bench_serving on the host; rank, plot, choose, optionally write the choice."""
-    from ddtree_deploy.tuning import tune_run
+    from ddtree_deploy.tuning import run as tune_run
 
     # The options first (bad input before anything is read), then the host and its prompts.
     name, path = _dataset(dataset or "random")
@@ -155,7 +155,7 @@ def apply_lines(a: dict) -> list[str]:
 def _prompts(h, given: Optional[Path], dataset: Optional[str]):
     """The prompt sample: ``--prompts``, else the inventory's ``[analysis.load] prompts``
     (relative to the inventory's folder) unless ``--dataset`` asks for another; None: none."""
-    from ddtree_deploy.settings.analysis_settings import parse_analysis
+    from ddtree_deploy.settings.analysis import parse_analysis
     from ddtree_deploy.tuning.prompts import read_prompts
 
     if given is not None and dataset is not None:

@@ -308,8 +308,8 @@ def read_family_info(folder: Path) -> FamilyInfo:
                       'write it in quotes: description = "..."')
     doc.table("smoke")  # a [smoke] that is no table: this format; its keys are smoke_settings'
     # [smoke]: validated here, with the rest of the family, so a bad key stops a push
-    # before it changes anything (ddtree_deploy.settings.smoke_settings owns the keys).
-    from ddtree_deploy.settings.smoke_settings import parse_family_smoke
+    # before it changes anything (ddtree_deploy.settings.smoke owns the keys).
+    from ddtree_deploy.settings.smoke import parse_family_smoke
 
     smoke = parse_family_smoke(doc)  # its TomlFile: a wrong key names its line
     return FamilyInfo(name=folder.name, folder=folder, specifier=spec, description=description, smoke=smoke,

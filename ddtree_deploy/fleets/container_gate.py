@@ -24,20 +24,20 @@ from ddtree_deploy.base import hooks, next_step
 from ddtree_deploy.base.codes import Phase
 from ddtree_deploy.base.errors import BadInput, DeployError, clause
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
-from ddtree_deploy.containers import container_plan as cplan
-from ddtree_deploy.containers.container_session import SWITCH_S, ContainerSession, context_request
+from ddtree_deploy.containers import plan as cplan
+from ddtree_deploy.containers.session import SWITCH_S, ContainerSession, context_request
 from ddtree_deploy.containers.image_context import context_files
 from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.hostprog.engine_cli import built_tag, kept_tag
 from ddtree_deploy.remote import inflight
-from ddtree_deploy.serve import metrics_run, serve_plan
+from ddtree_deploy.serve import metrics_run, plan as serve_plan
 from ddtree_deploy.serve.bake import NONE, Bake, Baseline, bake, measure_baseline
 from ddtree_deploy.session.agent_link import holder_name, new_run_id
 from ddtree_deploy.session.push import automatic_cause
 from ddtree_deploy.session.desired import Want
-from ddtree_deploy.settings.analysis_settings import AnalysisSettings
-from ddtree_deploy.settings.serve_settings import ServeSettings
-from ddtree_deploy.settings.smoke_settings import family_smoke
+from ddtree_deploy.settings.analysis import AnalysisSettings
+from ddtree_deploy.settings.serve import ServeSettings
+from ddtree_deploy.settings.smoke import family_smoke
 
 Connect = Callable[[Any], Any]
 VERIFY_SLACK_S = 120.0

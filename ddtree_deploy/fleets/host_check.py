@@ -9,11 +9,11 @@ Light on purpose (no transport): ``hosts list`` imports it.
 from __future__ import annotations
 
 from ddtree_deploy.base.errors import BadInput
-from ddtree_deploy.settings.analysis_settings import AnalysisSettings, apply_overrides, parse_analysis
-from ddtree_deploy.settings.container_settings import refuse_tables
+from ddtree_deploy.settings.analysis import AnalysisSettings, apply_overrides, parse_analysis
+from ddtree_deploy.settings.container import refuse_tables
 from ddtree_deploy.settings.inventory import Host, load_host
-from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
-from ddtree_deploy.smoke.smoke_plan import check_settings
+from ddtree_deploy.settings.serve import ServeSettings, parse_serve
+from ddtree_deploy.smoke.plan import check_settings
 
 
 def check_tables(host: Host, *, smoke: bool = True) -> ServeSettings | None:

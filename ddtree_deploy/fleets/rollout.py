@@ -35,16 +35,16 @@ from ddtree_deploy.fleets.fleet import (
     push_policy,
     spread_policy,
 )
-from ddtree_deploy.fleets.fleet_run import run_fleet
+from ddtree_deploy.fleets.run import run_fleet
 from ddtree_deploy.fleets.host_check import analysis_settings, check_tables, unused_analysis
 from ddtree_deploy.session import driver_gate
 from ddtree_deploy.session import push as host_push
 from ddtree_deploy.session import status as host_status
 from ddtree_deploy.session.desired import Want
-from ddtree_deploy.settings import smoke_settings
-from ddtree_deploy.settings.container_settings import refuse_container
+from ddtree_deploy.settings import smoke as smoke_settings
+from ddtree_deploy.settings.container import refuse_container
 from ddtree_deploy.settings.inventory import Host
-from ddtree_deploy.smoke import smoke_plan, smoke_report, smoke_run
+from ddtree_deploy.smoke import plan as smoke_plan, report as smoke_report, run as smoke_run
 
 Connect = Callable[[Host], Any]  # Host -> a fresh Transport (each call: a new connection)
 

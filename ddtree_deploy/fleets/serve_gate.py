@@ -30,12 +30,12 @@ from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.serve import bake as speed_bake
-from ddtree_deploy.serve import loadstep, metrics_run, serve_plan, serve_run
+from ddtree_deploy.serve import loadstep, metrics_run, plan as serve_plan, run as serve_run
 from ddtree_deploy.session import push, status
-from ddtree_deploy.settings.analysis_settings import AnalysisSettings
-from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
-from ddtree_deploy.settings.smoke_settings import FAMILY_SMOKE_DEFAULT, family_smoke
-from ddtree_deploy.tuning.tune_run import bench_module
+from ddtree_deploy.settings.analysis import AnalysisSettings
+from ddtree_deploy.settings.serve import ServeSettings, parse_serve
+from ddtree_deploy.settings.smoke import FAMILY_SMOKE_DEFAULT, family_smoke
+from ddtree_deploy.tuning.run import bench_module
 
 
 def settings_of(host) -> ServeSettings | None:

@@ -76,7 +76,7 @@ class Journal(object):
             reply["history_warning"] = warning
         return reply
 
-    # -- a restart of the host's server (issue 25: serve_run.py runs it; this records it)
+    # -- a restart of the host's server (issue 25: serve/run.py runs it; this records it)
 
     def op_served(self, request):
         """Record a restart of the host's serving server: the journal keeps the newest record

@@ -4,7 +4,7 @@ Stdlib only, run with the host's own interpreter (the one SGLang is installed in
 so what it proves is what that interpreter sees. It reads one JSON request on
 stdin (or from the file named by its only argument) and prints one JSON document
 on stdout; it never changes the installed files. The request is built by
-``ddtree_deploy.smoke.smoke_plan`` (pure); this program knows nothing about DDTree beyond
+``ddtree_deploy.smoke.plan`` (pure); this program knows nothing about DDTree beyond
 what the request names, so its logic can be tested locally with plain
 subprocesses.
 

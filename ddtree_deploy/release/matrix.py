@@ -27,7 +27,7 @@ from ddtree_deploy.engine.check import ALREADY, FAILED, PARTLY, SKIPPED, EntryCh
 from ddtree_deploy.engine.patch_apply import HunkStatus
 from ddtree_deploy.engine.series import FamilyInfo, pick_family
 from ddtree_deploy.release.cuda_lanes import lane_label
-from ddtree_deploy.release.release_facts import ReleaseFacts
+from ddtree_deploy.release.facts import ReleaseFacts
 
 
 class CellStatus(str, Enum):

@@ -34,10 +34,10 @@ from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.engine.check import check_series
 from ddtree_deploy.engine.series import PatchEntry, Series
 from ddtree_deploy.release import releases
-from ddtree_deploy.settings.smoke_settings import SmokeSettings
-from ddtree_deploy.smoke.smoke_plan import module_name, plan_smoke, series_flags
-from ddtree_deploy.smoke.smoke_report import read_answer
-from ddtree_deploy.smoke.smoke_run import smoke_agent_source
+from ddtree_deploy.settings.smoke import SmokeSettings
+from ddtree_deploy.smoke.plan import module_name, plan_smoke, series_flags
+from ddtree_deploy.smoke.report import read_answer
+from ddtree_deploy.smoke.run import smoke_agent_source
 
 LEVELS = ("import", "cli")
 TREE_LEVEL = "tree"

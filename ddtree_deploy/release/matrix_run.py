@@ -51,7 +51,7 @@ from ddtree_deploy.release.matrix import (
     sort_rows,
 )
 from ddtree_deploy.release.matrix_import import smoke_releases
-from ddtree_deploy.release.release_facts import MARKERS, ReleaseFacts, describe, facts_from_names
+from ddtree_deploy.release.facts import MARKERS, ReleaseFacts, describe, facts_from_names
 
 Warn = Callable[[str], None]
 

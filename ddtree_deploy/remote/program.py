@@ -84,7 +84,7 @@ AGENT = HostProgram("ddtree_deploy.hostprog.agent", "the agent", Code.AGENT, sto
 
 
 #: A [container] host's program (hostprog/container.py): the engine CLI on the host, and the
-#: lock, journal and history of the container (containers/container_session.py runs it).
+#: lock, journal and history of the container (containers/session.py runs it).
 CONTAINER_PROGRAM = HostProgram(
     "ddtree_deploy.hostprog.container", "the container program", Code.CONTAINER_AGENT,
     stopped_code=Code.CONNECTION_LOST, stopped_hint=f"run {next_step.status()} to see where the host stands",

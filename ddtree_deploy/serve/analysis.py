@@ -40,7 +40,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 from ddtree_deploy.serve.figures import ServedFigures, Unavailable, compared_line
-from ddtree_deploy.settings.analysis_settings import FIGURES, AnalysisSettings, Threshold
+from ddtree_deploy.settings.analysis import FIGURES, AnalysisSettings, Threshold
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 MAD_TO_SD = 1.4826  # the median absolute deviation of normal noise, to its standard deviation

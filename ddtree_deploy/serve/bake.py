@@ -36,7 +36,7 @@ from ddtree_deploy.serve.figures import (
     figures_from_json,
     figures_line,
 )
-from ddtree_deploy.settings.analysis_settings import AnalysisSettings
+from ddtree_deploy.settings.analysis import AnalysisSettings
 
 Window = ServedFigures | Unavailable
 Sampler = Callable[[float, int], Sequence[Window]]  # (interval_s, scrapes) -> scrapes - 1 windows

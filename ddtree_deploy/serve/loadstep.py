@@ -9,7 +9,7 @@ Pure, but for ``sample_of`` (it reads the operator's prompt file on this machine
   (live traffic is the better measure: the load step is not run, and that is said);
   ``when = "always"`` drives it whatever its traffic.
 - ``plan(load, sample, url=..., module=...)``: what the host runs, built with tune's own parts
-  (tuning/tune_run.py: ``server_bench_argv`` and ``prompts_dataset_args``, the module
+  (tuning/run.py: ``server_bench_argv`` and ``prompts_dataset_args``, the module
   ``bench_module`` picked from what the release ships; tuning/prompts.py: the sample read
   and written as SGLang's ``custom`` dataset). One file of every prompt (the categories do
   not matter to a load), cycled to ``requests`` lines so that one benchmark run lasts the
@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.serve.figures import ServedFigures, Unavailable
-from ddtree_deploy.settings.analysis_settings import AnalysisSettings, LoadStep
-from ddtree_deploy.tuning import prompts, tune_run
+from ddtree_deploy.settings.analysis import AnalysisSettings, LoadStep
+from ddtree_deploy.tuning import prompts, run as tune_run
 
 REQUESTS_PER_SLOT = 32  # requests per concurrency slot in one benchmark run (its prompts cycled)
 MAX_REQUESTS = 20_000  # at most, in one run: the benchmark tokenizes every prompt before it sends

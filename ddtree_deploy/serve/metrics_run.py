@@ -19,7 +19,7 @@ import time
 from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code
 from ddtree_deploy.release.metric_names import names_for
-from ddtree_deploy.serve import loadstep, metrics, serve_run
+from ddtree_deploy.serve import loadstep, metrics, run as serve_run
 from ddtree_deploy.serve.figures import ServedFigures, Unavailable
 
 _TAGS = itertools.count(1)  # the load step's folders on the host: one per request

@@ -19,7 +19,7 @@ from ddtree_deploy.base import next_step
 from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.base.locations import repo_dir
 from ddtree_deploy.base.toml_input import TomlFile, read_text
-from ddtree_deploy.settings.container_settings import ContainerSettings, parse_container
+from ddtree_deploy.settings.container import ContainerSettings, parse_container
 
 DEFAULT_STATE_DIR = "~/.ddtree-deploy"
 DEFAULT_KEEP_BACKUPS = 5

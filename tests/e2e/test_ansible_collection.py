@@ -76,7 +76,7 @@ def test_mapping_values():
         host_toml("x", {"ddtree_python": "/p", "ansible_ssh_common_args": "-o ProxyCommand='nc %h %p'"}.get)
     with pytest.raises(MappingError, match="ddtree_python is not set"):
         host_toml("x", {}.get)
-    from ddtree_deploy.settings.serve_settings import parse_serve
+    from ddtree_deploy.settings.serve import parse_serve
 
     serve = {"restart": ["sudo", "-n", "systemctl", "restart", "sglang"], "url": "http://127.0.0.1:30000",
              "ready_timeout_s": 300, "proof": "width"}

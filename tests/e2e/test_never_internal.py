@@ -132,7 +132,7 @@ def hosts_dir(tmp_path, monkeypatch):
 def test_no_inventory_bytes_reach_an_internal_error(data, paths, hosts_dir):
     from ddtree_deploy.fleets import rollout
     from ddtree_deploy.remote.ssh import SSHTransport
-    from ddtree_deploy.smoke import smoke_plan
+    from ddtree_deploy.smoke import plan as smoke_plan
 
     host_bytes = data.draw(inventory_bytes(paths), label="hosts/h.toml")
     (hosts_dir / "h.toml").write_bytes(host_bytes)

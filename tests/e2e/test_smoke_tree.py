@@ -28,9 +28,9 @@ from ddtree_deploy.engine.check import check_series
 from ddtree_deploy.engine.series import PatchEntry, load_family
 from ddtree_deploy.release import releases
 from ddtree_deploy.remote.transport import transport_for
-from ddtree_deploy.settings import smoke_settings
+from ddtree_deploy.settings import smoke as smoke_settings
 from ddtree_deploy.settings.inventory import load_host
-from ddtree_deploy.smoke import smoke_plan, smoke_run
+from ddtree_deploy.smoke import plan as smoke_plan, run as smoke_run
 
 from ddtree_deploy.sandbox import SandboxHost, hostenv as sglang_host
 

@@ -20,7 +20,7 @@ from sshd_host import cli  # noqa: E402
 
 from ddtree_deploy.serve import bake  # noqa: E402
 from ddtree_deploy.serve.figures import ServedFigures, Unavailable  # noqa: E402
-from ddtree_deploy.settings.analysis_settings import AnalysisSettings  # noqa: E402
+from ddtree_deploy.settings.analysis import AnalysisSettings  # noqa: E402
 
 SETTINGS = AnalysisSettings(window_s=6, interval_s=1, min_samples=4)
 

@@ -62,8 +62,8 @@ def test_apply_writes_the_schedule_on_the_v2_family_and_says_what_no_speculation
     inventory reads back, the payload's own parser takes the schedule, and the launch sends it."""
     import importlib.util
 
-    from ddtree_deploy.settings.smoke_settings import family_smoke, parse_settings
-    from ddtree_deploy.smoke import smoke_plan
+    from ddtree_deploy.settings.smoke import family_smoke, parse_settings
+    from ddtree_deploy.smoke import plan as smoke_plan
 
     h = tuned_host_0_5_23
     inventory, _ = write_inventory(h, [])

@@ -410,8 +410,8 @@ def test_every_host_program_runs_shipped_whole_with_the_stdlib_alone(tmp_path):
     import time
 
     from ddtree_deploy.remote.program import AGENT, ProgramSession
-    from ddtree_deploy.smoke.smoke_run import SMOKE_PROGRAM
-    from ddtree_deploy.tuning.tune_run import TUNE_PROGRAM
+    from ddtree_deploy.smoke.run import SMOKE_PROGRAM
+    from ddtree_deploy.tuning.run import TUNE_PROGRAM
 
     bare = tmp_path / "python"
     bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "$@"\n')

@@ -1,4 +1,4 @@
-"""The speed gate, pure: the ``[analysis]`` table (settings/analysis_settings.py: defaults, bad
+"""The speed gate, pure: the ``[analysis]`` table (settings/analysis.py: defaults, bad
 values in one line naming file, line and key, the override shape) and the judgement
 (serve/analysis.py: pass, fail naming the figure, by how much and the baseline,
 inconclusive on too few samples), then the noise figures of the defaults on the
@@ -17,7 +17,7 @@ import pytest
 from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.serve import analysis, metrics
 from ddtree_deploy.serve.figures import ServedFigures, Unavailable
-from ddtree_deploy.settings import analysis_settings as st
+from ddtree_deploy.settings import analysis as st
 from ddtree_deploy.settings.inventory import load_host
 from ddtree_testkit import analysis_sim as sim
 from ddtree_testkit.standin_metrics import ITL_BUCKETS

@@ -132,7 +132,7 @@ def test_a_lock_command_does_not_import_the_checker_smoke_or_tuner(tmp_path):
                           env=dict(os.environ, COLUMNS="100"))
     loaded = done.stdout.strip().splitlines()[-1]
     assert "ddtree_deploy.cli.lock_cmd" in loaded
-    for heavy in ("ddtree_deploy.engine.check'", "ddtree_deploy.smoke.smoke_plan'", "ddtree_deploy.smoke.smoke_run'",
+    for heavy in ("ddtree_deploy.engine.check'", "ddtree_deploy.smoke.plan'", "ddtree_deploy.smoke.run'",
                   "ddtree_deploy.tuning.tune'", "ddtree_deploy.engine.patch_parse'", "ddtree_deploy.engine.patch_apply'"):
         assert heavy not in loaded, loaded
 

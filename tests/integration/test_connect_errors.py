@@ -24,8 +24,8 @@ from ddtree_deploy.remote.ssh import SSHTransport
 from ddtree_deploy.sandbox import SSHServer
 from ddtree_deploy.sandbox.sshd import free_port
 from ddtree_deploy.settings.inventory import Host, SSHTarget
-from ddtree_deploy.smoke.smoke_plan import SmokePlan
-from ddtree_deploy.smoke.smoke_run import run_on_host
+from ddtree_deploy.smoke.plan import SmokePlan
+from ddtree_deploy.smoke.run import run_on_host
 
 SOURCE = "hosts/box.toml"
 

@@ -1,4 +1,4 @@
-"""A host file's ``[container]`` table (settings/container_settings.py) and the tables a
+"""A host file's ``[container]`` table (settings/container.py) and the tables a
 container host may and may not have: every bad value is one line naming the file, the line
 and the key, exit 2, before any connection (the host's port here is closed: a command that
 connected would fail otherwise, exit 1)."""

@@ -51,8 +51,8 @@ def test_the_template_parses_as_written_and_with_every_example_switched_on():
                    if not line.startswith("# transport"))
     everything = parse_host(on, name="gpu1", source="gpu1.toml")
     assert everything.ssh.user == "ubuntu" and everything.ssh.port == 22 and everything.serve["url"]
-    from ddtree_deploy.settings.serve_settings import parse_serve
-    from ddtree_deploy.settings.smoke_settings import parse_settings
+    from ddtree_deploy.settings.serve import parse_serve
+    from ddtree_deploy.settings.smoke import parse_settings
 
     assert parse_settings(everything.smoke, source="x").launch.budget == 64
     assert parse_serve(everything.serve, source="x").restart[0] == "sudo"

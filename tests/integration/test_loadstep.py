@@ -24,8 +24,8 @@ import pytest
 from ddtree_deploy.sandbox.hostenv import make_python_env
 from ddtree_deploy.serve import bake, loadstep
 from ddtree_deploy.serve.figures import ServedFigures, Unavailable
-from ddtree_deploy.settings.analysis_settings import AnalysisSettings, LoadStep, parse_analysis
-from ddtree_deploy.tuning import prompts, tune_run
+from ddtree_deploy.settings.analysis import AnalysisSettings, LoadStep, parse_analysis
+from ddtree_deploy.tuning import prompts, run as tune_run
 
 REPO = Path(__file__).resolve().parent.parent.parent
 LOAD = LoadStep(prompts="prompts/chat.jsonl", concurrency=4, output_len=32)

@@ -41,7 +41,7 @@ from ddtree_deploy.release.matrix import (
     upper_bound,
 )
 from ddtree_deploy.release.matrix_run import run_matrix, select_releases
-from ddtree_deploy.release.release_facts import DFlashWorker, describe, explain_missing, facts_from_names
+from ddtree_deploy.release.facts import DFlashWorker, describe, explain_missing, facts_from_names
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 TEST_FAMILY = DATA / "matrix_family"

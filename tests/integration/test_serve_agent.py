@@ -24,9 +24,9 @@ from ddtree_deploy.remote.agent_session import AgentSession
 from ddtree_deploy.remote.local import LocalTransport
 from ddtree_deploy.sandbox import free_port
 from ddtree_deploy.sandbox.hostenv import make_python_env
-from ddtree_deploy.serve import serve_plan, serve_run
+from ddtree_deploy.serve import plan as serve_plan, run as serve_run
 from ddtree_deploy.settings.inventory import Host
-from ddtree_deploy.settings.serve_settings import parse_serve
+from ddtree_deploy.settings.serve import parse_serve
 from ddtree_testkit import STANDIN_SERVER
 
 from serve_host import alive as _alive, forking_command, wait_past_the_late_moment  # noqa: E402
@@ -270,7 +270,7 @@ def test_the_smoke_programs_own_probe_is_never_taken_for_a_server(env, tmp_path)
     """A probe the smoke program runs with the host's interpreter (here its cli level, held
     for a while) is ddtree-deploy's own: `status` lists it apart, never as a (stale) server."""
     from ddtree_deploy.remote.program import ProgramSession
-    from ddtree_deploy.smoke.smoke_run import SMOKE_PROGRAM
+    from ddtree_deploy.smoke.run import SMOKE_PROGRAM
 
     host, _site = env
     request = {"levels": ["cli"], "cli": {"argv": ["{python}", "-c", "import time; time.sleep(8)"], "expect": [],

@@ -493,8 +493,8 @@ FAKE_PATHS = {"plugins": ["fakepkg.release", "load_plugins"], "parse": ["fakepkg
 
 
 def fake_tree_probe(**family):
-    from ddtree_deploy.settings import smoke_settings
-    from ddtree_deploy.smoke import smoke_plan
+    from ddtree_deploy.settings import smoke as smoke_settings
+    from ddtree_deploy.smoke import plan as smoke_plan
 
     excluded = family.pop("excluded", ())
     fam = smoke_settings.FamilySmoke(**{"budget_flag": "--budget", "worker_class": "TreeWorker", "probe_args": (),

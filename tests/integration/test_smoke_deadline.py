@@ -21,9 +21,9 @@ import pytest
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.remote.local import LocalTransport
 from ddtree_deploy.settings.inventory import Host
-from ddtree_deploy.settings.smoke_settings import LaunchSettings, SmokeSettings
-from ddtree_deploy.smoke.smoke_plan import SmokePlan, level_deadlines, plan_smoke, silence_limit
-from ddtree_deploy.smoke.smoke_run import run_on_host
+from ddtree_deploy.settings.smoke import LaunchSettings, SmokeSettings
+from ddtree_deploy.smoke.plan import SmokePlan, level_deadlines, plan_smoke, silence_limit
+from ddtree_deploy.smoke.run import run_on_host
 
 
 def _stuck_plan(tmp_path, **request) -> tuple[SmokePlan, str]:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from ddtree_deploy.base.errors import BadInput
-from ddtree_deploy.settings.smoke_settings import FamilySmoke, LaunchSettings
-from ddtree_deploy.tuning import tune, tune_run
+from ddtree_deploy.settings.smoke import FamilySmoke, LaunchSettings
+from ddtree_deploy.tuning import tune, run as tune_run
 from ddtree_deploy.tuning.tune import Config, Measure, Record, TuneOptions
 
 from ddtree_testkit import standin_tune_server as model  # noqa: E402  (the stand-in's documented model)
@@ -208,7 +208,7 @@ extra_args = ["--attention-backend", "flashinfer"]
 
 
 def test_apply_changes_only_budget_and_topk_and_shows_the_diff(tmp_path):
-    from ddtree_deploy.tuning.tune_apply import apply_launch
+    from ddtree_deploy.tuning.apply import apply_launch
 
     path = tmp_path / "ct200.toml"
     path.write_text(INVENTORY)
@@ -228,7 +228,7 @@ def test_apply_changes_only_budget_and_topk_and_shows_the_diff(tmp_path):
 
 
 def test_plot_is_a_png_with_lines_per_topk(tmp_path):
-    from ddtree_deploy.tuning.tune_plot import plot_png
+    from ddtree_deploy.tuning.plot import plot_png
 
     opts = TuneOptions(budgets=(4, 8, 16, 32), topk=(1, 2, 4), concurrency=(8,), repeats=0)
     records = sweep(opts, fails=lambda c: c.budget == 32 and c.topk == 4)

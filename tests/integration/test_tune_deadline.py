@@ -28,8 +28,8 @@ import pytest
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.remote.transport import transport_for
 from ddtree_deploy.settings.inventory import load_host
-from ddtree_deploy.smoke import smoke_plan
-from ddtree_deploy.tuning import tune, tune_run
+from ddtree_deploy.smoke import plan as smoke_plan
+from ddtree_deploy.tuning import tune, run as tune_run
 
 # The inventory helpers of the end-to-end tune tests; their host, tuned_host, is a shared
 # fixture (tests/tune_host.py, registered by tests/conftest.py).

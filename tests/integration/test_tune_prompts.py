@@ -19,7 +19,7 @@ import pytest
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.hostprog import tune as host_tune
 from ddtree_deploy.release.metric_names import PINNED
-from ddtree_deploy.tuning import prompts, tune, tune_run
+from ddtree_deploy.tuning import prompts, tune, run as tune_run
 from ddtree_deploy.tuning.tune import Config, Measure, Record, TuneOptions
 
 
@@ -145,7 +145,7 @@ def test_no_benchmark_at_all_is_said():
 
 
 def test_bench_argv_with_a_prompt_file_and_the_runs_by_category():
-    from ddtree_deploy.settings.smoke_settings import LaunchSettings
+    from ddtree_deploy.settings.smoke import LaunchSettings
 
     launch = LaunchSettings(model="/m", port=30001)
     opts = TuneOptions(dataset="prompts", prompts="p.jsonl", categories=(("chat", 4), ("code", 3)), output_len=64)

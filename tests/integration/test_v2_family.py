@@ -188,7 +188,7 @@ def _tree_level(series, version: str, tmp_path: Path, unpatched_cannot) -> tuple
     from ddtree_deploy.engine.check import check_series
     from ddtree_deploy.release import releases
     from ddtree_deploy.release.matrix_import import make_env, tree_level
-    from ddtree_deploy.smoke.smoke_plan import module_name
+    from ddtree_deploy.smoke.plan import module_name
 
     wheel = releases.ensure_wheel(version)
     wanted = series.touched_paths()

@@ -28,7 +28,7 @@ from ddtree_deploy.base.toml_input import TomlFile
 from ddtree_deploy.cli import app, load_commands
 from ddtree_deploy.fleets.host_check import check_tables
 from ddtree_deploy.settings.inventory import parse_host
-from ddtree_deploy.settings.smoke_settings import parse_family_smoke
+from ddtree_deploy.settings.smoke import parse_family_smoke
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DOCS = REPO / "docs"

@@ -21,12 +21,12 @@ from ddtree_deploy.fleets.fleet import (
     select,
     spread_policy,
 )
-from ddtree_deploy.fleets.fleet_run import run_fleet
+from ddtree_deploy.fleets.run import run_fleet
 from ddtree_deploy.fleets.rollout import AfterPush, push_detail, push_kind, rollback_kind
 from ddtree_deploy.session.push import Outcome
 from ddtree_deploy.session.plan import FileState, FileStep, Plan
 from ddtree_deploy.settings.inventory import load_groups, load_host, parse_groups
-from ddtree_deploy.smoke.smoke_report import LevelResult, SmokeReport
+from ddtree_deploy.smoke.report import LevelResult, SmokeReport
 
 HOSTS = ["a", "b", "c", "d", "e"]
 

@@ -38,7 +38,7 @@ def test_example_inventory_parses():
 
 def test_example_inventory_smoke_launch_uses_a_tree_mask_backend():
     # Patch 0003 refuses DDTREE with FA3 (SGLang's Hopper default): the example must pick one.
-    from ddtree_deploy.settings.smoke_settings import parse_settings
+    from ddtree_deploy.settings.smoke import parse_settings
 
     host = load_host(str(REPO_ROOT / "hosts" / "ct200.toml"))
     settings = parse_settings(host.smoke, source="hosts/ct200.toml")
@@ -169,7 +169,7 @@ def test_non_finite_and_out_of_range_numbers_are_one_line(key, table, value):
 
 @pytest.mark.parametrize("level", ["smoke.timeout_s", "smoke.launch.ready_timeout_s", "smoke.launch.min_free_gib"])
 def test_smoke_numbers_refuse_inf_and_nan(level):
-    from ddtree_deploy.settings.smoke_settings import parse_settings
+    from ddtree_deploy.settings.smoke import parse_settings
 
     table, leaf = level.rsplit(".", 1)
     for value in ("inf", "nan"):

@@ -137,8 +137,8 @@ def test_each_room_says_what_it_is_and_imports_nothing(room):
 
 @pytest.mark.parametrize(("module", "source"), [
     ("ddtree_deploy.session.push", "from ddtree_deploy.fleets import rollout\n"),
-    ("ddtree_deploy.session.push", "def f():\n    from ddtree_deploy.fleets.fleet_run import run_fleet\n"),
-    ("ddtree_deploy.engine.series", "import ddtree_deploy.smoke.smoke_plan as sp\n"),
+    ("ddtree_deploy.session.push", "def f():\n    from ddtree_deploy.fleets.run import run_fleet\n"),
+    ("ddtree_deploy.engine.series", "import ddtree_deploy.smoke.plan as sp\n"),
     ("ddtree_deploy.base.errors", "from ddtree_deploy.cli import app\n"),
     ("ddtree_deploy.release.port", "from . import check\nfrom ..session import plan\n"),
 ])
@@ -150,7 +150,7 @@ def test_an_import_that_climbs_is_found(module, source):
 @pytest.mark.parametrize(("module", "source"), [
     ("ddtree_deploy.fleets.rollout", "from ddtree_deploy.session import push\nfrom ddtree_deploy import __version__\n"),
     ("ddtree_deploy.session.desired", "from ddtree_deploy.session.plan import Desired\n"),
-    ("ddtree_deploy.engine.series", "from ddtree_deploy.settings.smoke_settings import parse_family_smoke\n"),
+    ("ddtree_deploy.engine.series", "from ddtree_deploy.settings.smoke import parse_family_smoke\n"),
 ])
 def test_an_import_that_goes_down_or_across_passes(module, source):
     assert upward(module, source) == []

@@ -1,5 +1,5 @@
-"""The inventory's [serve] table (serve_settings.py) and what is asked of the host's serve
-program (serve_plan.py): pure, no host. Every bad value is one line naming the file, the
+"""The inventory's [serve] table (settings/serve.py) and what is asked of the host's serve
+program (serve/plan.py): pure, no host. Every bad value is one line naming the file, the
 line and the key (toml_input's format), exit 2 before any connection."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 
 from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.cli import app
-from ddtree_deploy.serve import serve_plan
+from ddtree_deploy.serve import plan as serve_plan
 from ddtree_deploy.settings.inventory import parse_host
-from ddtree_deploy.settings.serve_settings import ServeSettings, parse_serve
-from ddtree_deploy.settings.smoke_settings import FamilySmoke
-from ddtree_deploy.smoke.smoke_plan import TREE_PROMPTS
+from ddtree_deploy.settings.serve import ServeSettings, parse_serve
+from ddtree_deploy.settings.smoke import FamilySmoke
+from ddtree_deploy.smoke.plan import TREE_PROMPTS
 
 BASE = '[ssh]\nhost = "gpu1"\n\n[host]\npython = "/opt/venv/bin/python"\n\n[serve]\n'
 GOOD = 'restart = ["sudo", "-n", "systemctl", "restart", "sglang"]\nurl = "http://127.0.0.1:30000"\n'

@@ -19,8 +19,8 @@ import pytest
 from ddtree_deploy.hostprog.agent import Agent
 from ddtree_deploy.hostprog.history import HISTORY, HISTORY_OLD
 from ddtree_deploy.hostprog.wire import iso_seconds
-from ddtree_deploy.serve import serve_plan
-from ddtree_deploy.serve.serve_plan import loaded_now
+from ddtree_deploy.serve import plan as serve_plan
+from ddtree_deploy.serve.plan import loaded_now
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 P, Q = "sglang/x.py", "sglang/y.py"

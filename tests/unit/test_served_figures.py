@@ -197,7 +197,7 @@ def test_the_json_forms_are_the_schemas():
     import jsonschema
 
     from ddtree_deploy.serve import analysis
-    from ddtree_deploy.settings.analysis_settings import AnalysisSettings
+    from ddtree_deploy.settings.analysis import AnalysisSettings
 
     defs = json.loads((Path(__file__).resolve().parent.parent.parent / "docs" / "json-schema.json").read_text())["$defs"]
 

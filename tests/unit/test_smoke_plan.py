@@ -9,9 +9,9 @@ import pytest
 
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.toml_input import TomlFile
-from ddtree_deploy.settings import smoke_settings
+from ddtree_deploy.settings import smoke as smoke_settings
 from ddtree_deploy.settings.inventory import parse_host
-from ddtree_deploy.smoke import smoke_plan, smoke_report
+from ddtree_deploy.smoke import plan as smoke_plan, report as smoke_report
 
 REPO = Path(__file__).resolve().parent.parent.parent
 SRC = "hosts/gpu1.toml"

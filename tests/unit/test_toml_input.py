@@ -118,7 +118,7 @@ def _smoke_error(parse) -> re.Match:
 
 def _host_smoke(text: str):
     """A host file's [smoke] as a command reads it: parsed with the file, checked on use."""
-    from ddtree_deploy.settings.smoke_settings import parse_settings
+    from ddtree_deploy.settings.smoke import parse_settings
 
     host = parse_host(HOST + text, name="h", source="hosts/h.toml")
     return lambda: parse_settings(host.smoke, source=host.source)
@@ -156,7 +156,7 @@ def test_smoke_tables_unknown_key_same_format_and_wording_as_the_inventory(tmp_p
 
 
 def test_a_hand_built_smoke_table_gives_the_same_format_without_a_line():
-    from ddtree_deploy.settings.smoke_settings import parse_settings
+    from ddtree_deploy.settings.smoke import parse_settings
 
     with pytest.raises(BadInput) as e:
         parse_settings({"launch": {"gpu": "no"}}, source="hosts/h.toml")

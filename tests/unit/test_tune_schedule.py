@@ -22,11 +22,11 @@ from ddtree_deploy.base.errors import BadInput
 from ddtree_deploy.cli import app
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.settings.inventory import parse_host
-from ddtree_deploy.settings.smoke_settings import family_smoke, parse_settings
-from ddtree_deploy.smoke import smoke_plan
-from ddtree_deploy.tuning import tune, tune_run
+from ddtree_deploy.settings.smoke import family_smoke, parse_settings
+from ddtree_deploy.smoke import plan as smoke_plan
+from ddtree_deploy.tuning import tune, run as tune_run
 from ddtree_deploy.tuning.tune import Config, Measure, Record, TuneOptions
-from ddtree_deploy.tuning.tune_apply import apply_launch, decide, edit_launch
+from ddtree_deploy.tuning.apply import apply_launch, decide, edit_launch
 
 REPO = Path(__file__).resolve().parent.parent.parent
 V2 = family_smoke(load_family(REPO / "patches" / "sglang-0.5.20"))

@@ -22,8 +22,8 @@ from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.base.fsutil import require_writable_folder
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.remote.program import HostProgram, ProgramSession
-from ddtree_deploy.settings import smoke_settings
-from ddtree_deploy.smoke import smoke_plan
+from ddtree_deploy.settings import smoke as smoke_settings
+from ddtree_deploy.smoke import plan as smoke_plan
 from ddtree_deploy.tuning import prompts, tune
 
 # SGLang's serving benchmark: ``sglang.benchmark.serving`` from 0.5.15 on (``sglang.bench_serving``
@@ -473,7 +473,7 @@ def tune_host(host, make_transport, opts: tune.TuneOptions, *, out_dir: Path | N
     ``sample``: the prompt file ``opts`` was made from (``opts.dataset == "prompts"``);
     ``apply_as``: what ``apply`` writes (tune_apply.decide: auto, schedule, budget)."""
     from ddtree_deploy.session import agent_link
-    from ddtree_deploy.tuning.tune_apply import check_apply_as
+    from ddtree_deploy.tuning.apply import check_apply_as
 
     tune.check_options(opts, yes=yes)
     check_apply_as(apply_as)
@@ -595,7 +595,7 @@ def _record(step: tune.Step, answer: dict) -> tune.Record:
 
 def _plot(outcome: TuneOutcome, out_dir: Path) -> None:
     try:
-        from ddtree_deploy.tuning.tune_plot import plot_png
+        from ddtree_deploy.tuning.plot import plot_png
     except ImportError as exc:  # matplotlib is the optional [tune] extra
         from ddtree_deploy.base.install import add_extra
 
@@ -607,7 +607,7 @@ def _plot(outcome: TuneOutcome, out_dir: Path) -> None:
 def apply_choice(host, opts: tune.TuneOptions, records, target: Target, apply_as: str = "auto") -> dict:
     """Write the sweep's result into the host's inventory (tune_apply.decide: the schedule or the
     one budget), and say exactly what changed, why that form, and what the schedule could not carry."""
-    from ddtree_deploy.tuning.tune_apply import apply_launch, decide
+    from ddtree_deploy.tuning.apply import apply_launch, decide
 
     plan, choice = tune.plan(opts, records), tune.choose(opts, records)
     decision = decide(apply_as, plan, choice, schedule_flag=target.family.schedule_flag,

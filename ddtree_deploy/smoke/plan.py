@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from ddtree_deploy.base.errors import BadInput
-from ddtree_deploy.settings.smoke_settings import (
+from ddtree_deploy.settings.smoke import (
     TEMPLATE_PLACEHOLDER,
     FAMILY_SMOKE_DEFAULT,
     LEVELS,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from ddtree_deploy.base.errors import DeployError
-from ddtree_deploy.smoke.smoke_plan import SmokePlan
+from ddtree_deploy.smoke.plan import SmokePlan
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ class LaunchSettings:
     # A per-batch-size budget schedule (``1:128/8,8:64/4,32:chain``: the payload's grammar,
     # settings/budget_schedule.py), sent with the family's ``schedule_flag`` instead of the
     # budget and top-K flags (the server refuses a schedule beside them). Written by
-    # ``tune --apply`` (tuning/tune_apply.py); never beside ``budget`` / ``topk``.
+    # ``tune --apply`` (tuning/apply.py); never beside ``budget`` / ``topk``.
     budget_schedule: str | None = None
     gpu: bool = True
     min_free_gib: float = 0.0

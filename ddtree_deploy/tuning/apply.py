@@ -114,7 +114,7 @@ def _read_back(text: str, *, budget, topk, schedule, source: str) -> None:
     except ImportError:  # Python 3.10 (pyproject's dependency)
         import tomli as tomllib
 
-    from ddtree_deploy.settings.smoke_settings import parse_settings
+    from ddtree_deploy.settings.smoke import parse_settings
 
     try:
         launch = parse_settings(tomllib.loads(text).get("smoke"), source=source).launch

@@ -21,7 +21,7 @@ from ddtree_deploy.base import next_step
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.base.errors import BadInput, DeployError
 from ddtree_deploy.session.plan import Desired
-from ddtree_deploy.settings.container_settings import ContainerSettings
+from ddtree_deploy.settings.container import ContainerSettings
 
 SERIES_LABEL = "io.ddtree-deploy.series"
 SERIES_ID_LABEL = "io.ddtree-deploy.series.sha256"

@@ -20,7 +20,7 @@ from ddtree_deploy.base.progress import Heartbeat
 from ddtree_deploy.hostprog.protocol import GUARD_WAIT_S
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.remote.program import CONTAINER_PROGRAM, ProgramSession
-from ddtree_deploy.settings.container_settings import ContainerSettings
+from ddtree_deploy.settings.container import ContainerSettings
 
 #: Exit code of a container host whose engine is not installed or does not answer (the
 #: same as ``image --build`` without a builder that can build).

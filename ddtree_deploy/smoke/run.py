@@ -14,8 +14,8 @@ from ddtree_deploy.base.codes import Code
 from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.remote.program import HostProgram, ProgramSession
-from ddtree_deploy.smoke.smoke_plan import START_S, SmokePlan, heartbeat_s, silence_limit
-from ddtree_deploy.smoke.smoke_report import SmokeReport, read_answer
+from ddtree_deploy.smoke.plan import START_S, SmokePlan, heartbeat_s, silence_limit
+from ddtree_deploy.smoke.report import SmokeReport, read_answer
 
 
 # Never sudo: the smoke reads files and starts a server as the SSH user.

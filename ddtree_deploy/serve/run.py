@@ -23,10 +23,10 @@ from ddtree_deploy.base.errors import DeployError
 from ddtree_deploy.base.progress import Heartbeat, Progress, quiet
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.remote.program import HostProgram, ProgramSession
-from ddtree_deploy.serve import serve_plan
+from ddtree_deploy.serve import plan as serve_plan
 from ddtree_deploy.session import agent_link, push
-from ddtree_deploy.settings.serve_settings import ServeSettings
-from ddtree_deploy.smoke.smoke_plan import START_S
+from ddtree_deploy.settings.serve import ServeSettings
+from ddtree_deploy.smoke.plan import START_S
 
 
 # Never sudo: the serve program reads /proc and runs the inventory's own restart command,
@@ -204,7 +204,7 @@ def run_restart(host, transport, request: dict, *, progress: Progress = quiet,
 
 def proof_family(journal: dict | None, patches_dir=None):
     """The FamilySmoke of the series the journal names (how its tree shows), else the default."""
-    from ddtree_deploy.settings.smoke_settings import FAMILY_SMOKE_DEFAULT, family_smoke
+    from ddtree_deploy.settings.smoke import FAMILY_SMOKE_DEFAULT, family_smoke
 
     name = (journal or {}).get("series")
     if not name:

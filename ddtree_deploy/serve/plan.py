@@ -20,9 +20,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ddtree_deploy.base import next_step
-from ddtree_deploy.settings.serve_settings import ServeSettings
-from ddtree_deploy.settings.smoke_settings import DEFAULT_PROBE, FAMILY_SMOKE_DEFAULT, FamilySmoke
-from ddtree_deploy.smoke.smoke_plan import (
+from ddtree_deploy.settings.serve import ServeSettings
+from ddtree_deploy.settings.smoke import DEFAULT_PROBE, FAMILY_SMOKE_DEFAULT, FamilySmoke
+from ddtree_deploy.smoke.plan import (
     ALGORITHM,
     LEVEL_SLACK_S,
     SERVER_INFO_S,
