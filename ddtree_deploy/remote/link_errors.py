@@ -60,12 +60,13 @@ def connect_error(label: str, host: Host, conn, exc: BaseException, jump: str | 
     unchanged = "nothing was sent to the host"
     transport = getattr(conn.client, "get_transport", lambda: None)()
     closed = transport is not None and not transport.is_active()
-    if closed and isinstance(exc, paramiko.SSHException) and "banner" not in str(exc):
+    if closed and _a_cut(exc, paramiko):
         # A link that died under paramiko surfaces as whatever it was doing next: "Authentication
         # failed." from a refused-or-cut try, "No existing session" from an authentication that
-        # began after the cut, ... A refused key leaves the connection open (the server waits
-        # for another try); a closed transport was cut, or closed by the host. Whether the key
-        # exchange had finished says which step it was.
+        # began after the cut, EOFError, a broken pipe from a write after the peer's close...
+        # A refused key leaves the connection open (the server waits for another try); a closed
+        # transport was cut, or closed by the host. Whether the key exchange had finished says
+        # which step it was.
         if getattr(transport, "initial_kex_done", True):
             return DeployError(f"{label}: the connection to {what} was closed during the authentication "
                                f"(by the network or the host); {unchanged}", code=Code.CONNECTION_LOST,
@@ -117,6 +118,18 @@ def connect_error(label: str, host: Host, conn, exc: BaseException, jump: str | 
     if isinstance(exc, EOFError) or not str(exc):
         return _closed_in_handshake(label, what, unchanged, verbose)
     return DeployError(f"{label}: cannot connect to {what}: {exc}; {unchanged}", code=Code.CONNECT, hint=verbose)
+
+
+def _a_cut(exc: BaseException, paramiko) -> bool:
+    """What a link closed under paramiko raises (on a transport that is no longer active): its
+    own errors but the missing banner (that one is said as such, below), an EOF, or the
+    socket errors of a write after the peer's close."""
+    if isinstance(exc, paramiko.SSHException):
+        return "banner" not in str(exc)
+    return isinstance(exc, EOFError) or (isinstance(exc, OSError) and exc.errno in _CUT_ERRNOS)
+
+
+_CUT_ERRNOS = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ECONNABORTED})
 
 
 def _closed_in_handshake(label: str, what: str, unchanged: str, verbose: str) -> DeployError:

@@ -106,11 +106,28 @@ def test_auth_failure(sshd, tmp_path):
     assert f"ssh -v -p {sshd.port} {sshd.user}@127.0.0.1 true" in err.hint
 
 
-def test_a_link_closed_between_the_key_exchange_and_the_login(sshd):
+def _broken_pipe() -> OSError:
+    """The error a write gets after the peer closed (what paramiko's packetizer meets when a
+    cut lands while it sends): a real EPIPE from a real socket pair."""
+    a, b = socket.socketpair()
+    b.close()
+    try:
+        for _ in range(64):
+            a.send(b"x" * 65536)
+    except OSError as exc:
+        return exc
+    finally:
+        a.close()
+    raise AssertionError("no EPIPE")
+
+
+@pytest.mark.parametrize("after", ["the login", "a write"])
+def test_a_link_closed_between_the_key_exchange_and_the_login(sshd, after):
     """A cut that lands after the key exchange and before the login: paramiko's next call, the
     authentication, raises a bare "No existing session" (CI caught it under load in the cut walk
-    of test_faults). Made here for certain with a real transport to the real sshd, closed in
-    that gap: the line says the link was closed during the authentication and nothing was sent."""
+    of test_faults), or a write after the peer's close a broken pipe. Made here for certain with
+    a real transport to the real sshd, closed in that gap: the line says the link was closed
+    during the authentication and nothing was sent."""
     import types
 
     import paramiko
@@ -125,9 +142,10 @@ def test_a_link_closed_between_the_key_exchange_and_the_login(sshd):
         transport.close()
         with pytest.raises(paramiko.SSHException) as raised:
             transport.auth_publickey(sshd.user, paramiko.Ed25519Key.from_private_key_file(str(sshd.identity)))
+    exc = raised.value if after == "the login" else _broken_pipe()
     conn = types.SimpleNamespace(user=sshd.user, host="127.0.0.1", port=sshd.port,
                                  client=types.SimpleNamespace(get_transport=lambda: transport))
-    err = connect_error("box", host, conn, raised.value)
+    err = connect_error("box", host, conn, exc)
     assert str(err).startswith(f"box: the connection to {sshd.user}@127.0.0.1:{sshd.port} was closed during "
                                "the authentication (by the network or the host); nothing was sent to the host"), err
     assert err.code == "connection-lost" and err.changed is Changed.NO
