@@ -294,6 +294,25 @@ def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the
     assert json.loads(journal.read_text())["phase"] == "deployed"
 
 
+def test_a_push_its_checks_refuse_measures_no_baseline(gate, tmp_path, monkeypatch):
+    """A doomed push (here: a release no family covers; the driver check runs on the same
+    read, before it) is refused in one line, exit 2, BEFORE the old server is measured: the
+    baseline's windows would only make the refusal come seconds later."""
+    s = gate.host("doomed1")
+    elsewhere = tmp_path / "elsewhere_series"
+    shutil.copytree(DEPLOY_SERIES, elsewhere)
+    toml = elsewhere / "patches" / "sglang-0.5.12" / "family.toml"
+    toml.write_text(toml.read_text().replace('sglang = ">=0.5.12,<0.5.13"', 'sglang = ">=0.5.13,<0.5.14"'))
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(elsewhere / "patches"))
+    r = cli("push", "--host", s.name)
+    assert r.exit_code == 2, r.output
+    assert "no family covers SGLang 0.5.12.post1" in r.stderr, r.stderr
+    # no window taken: the progress line that starts the baseline never came (the old order:
+    # "speed baseline: 3 windows of 1 s on the old server", then the refusal)
+    assert "speed baseline:" not in r.output, r.output
+    assert not (s.host.state_dir / "journal.json").exists()
+
+
 # ---------------------------------------------------------------- the load step ([analysis.load])
 
 
