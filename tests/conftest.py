@@ -62,8 +62,10 @@ if str(TESTS) not in sys.path:
 # GNU patch's result for the small deploy series, a fresh host per test (sshd_host.py) and a
 # host whose stand-in server runs under supervisord (serve_host.py). A module's own fixture of
 # the same name wins (test_container_ssh's sshd with its engine, test_lock_cmd's host), and
-# `from sshd_host import sshd` in a module still works as before. Imported after the lines
+# `from sshd_host import sshd` in a module still works as before; container_host.py: a
+# [container] host (podman, the test image) for the container modules. Imported after the lines
 # above: sshd_host imports the CLI, whose consoles take their width when first imported.
+from container_host import box, cli_env, engine  # noqa: E402,F401
 from serve_host import served  # noqa: E402,F401
 from sshd_host import host, oracle, sshd  # noqa: E402,F401
 from tune_host import tuned_host, tuned_host_0_5_23  # noqa: E402,F401
