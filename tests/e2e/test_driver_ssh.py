@@ -105,6 +105,7 @@ def test_status_says_the_driver_its_cuda_and_the_lane_it_allows(host, smi):
         "state": "found", "version": "570.124.06", "cuda": "12.8", "cuda_from": "nvidia-smi",
         "gpus": ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], "lane": "cu129",
         "newest_covered": "0.5.12.post1", "release_runs": True, "error": None, "read": None,
+        "image_cuda": None, "image_cuda_from": None, "image_runs": None,  # a venv host: no image
         "line": doc["line"],
     }
 
