@@ -150,14 +150,25 @@ SPLIT_BY_RELEASE = frozenset({
     "tests/integration/test_v2_family.py",
 })
 _RELEASE_IN_ID = re.compile(r"\[[^\]]*?(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)")
+# The modules that drive podman (tests/container_host.py): one unit of work, so that under
+# `make test` they run one after the other on one worker; podman is flaky when several run
+# at once on a machine, even with a storage each.
+PODMAN_MODULES = frozenset({
+    "tests/e2e/test_container_ssh.py",
+    "tests/e2e/test_container_driver_ssh.py",
+})
+PODMAN_UNIT = "podman: the container modules, one after the other"
 
 
 def work_unit(nodeid: str) -> str:
     """The unit of work a parallel worker takes for the test ``nodeid``: its whole module (as
     ``--dist loadfile``: module fixtures built once), or, in a module of ``SPLIT_BY_RELEASE``,
     the module's tests of the first release named in the test's parameters (its family for
-    test_v2_family: ``sglang-0.5.20-0.5.21`` is the 0.5.20 family's)."""
+    test_v2_family: ``sglang-0.5.20-0.5.21`` is the 0.5.20 family's); the ``PODMAN_MODULES``
+    together, as one."""
     path = nodeid.split("::", 1)[0]
+    if path in PODMAN_MODULES:
+        return PODMAN_UNIT
     if path in SPLIT_BY_RELEASE:
         match = _RELEASE_IN_ID.search(nodeid)
         if match:
