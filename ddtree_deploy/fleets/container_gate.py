@@ -2,13 +2,14 @@
 
 push: inspect the container (engine, container, sglang inside, the host's NVIDIA driver:
 refusals before any change) -> the driver check (session/driver_gate.py: the host's driver
-against the CUDA of the image the container runs) -> the series checked against the image's release (the family by its version) -> under the
-deploy lock: build the patched image on the host FROM the image before the series (tagged and
-kept) with ``ddtree-deploy image``'s own context -> switch (the old container stopped and kept
-aside, a twin with the same run configuration created from the new image and started) ->
-health + DDTree proof on the real server -> [the speed analysis: ``analysis_gate``, against
-``analysis_baseline`` taken before the switch] -> keep
-(the aside removed, journal ``deployed``). A failure at any step after the switch puts the
+against the CUDA of the image the container runs) -> the series checked against the image's
+release (the family by its version) -> under the deploy lock: build the patched image on
+the host FROM the image before the series (tagged and kept) with ``ddtree-deploy image``'s
+own context, its CUDA label the running image's -> switch (the old container stopped and
+kept aside, a twin with the same run configuration created from the new image and started)
+-> health + DDTree proof on the real server -> [the speed analysis: ``analysis_gate``,
+against ``analysis_baseline`` taken before the switch] -> keep (the aside removed, journal
+``deployed``). A failure at any step after the switch puts the
 old container back (the same container, so the same configuration) and waits for its health.
 
 rollback: the same switch to the kept previous image, health only, keep (``rolled-back``); an
@@ -181,7 +182,8 @@ def push_host(h, connect: Connect, want: Want, serve: ServeSettings, *, dry_run:
               break_lock: bool = False, progress: Progress = quiet,
               heartbeat: Heartbeat | None = None, analysis: AnalysisSettings | None = None) -> HostResult:
     """One container host's push (see the module doc). Raises the refusals (no container, not
-    SGLang, no engine, a release no family covers) before any change."""
+    SGLang, no engine, a driver that cannot run the image's CUDA, a release no family covers)
+    before any change."""
     s = h.container
     warned: list[str] = []  # the driver check's warning line (no nvidia-smi, --force-driver)
 
