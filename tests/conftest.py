@@ -62,8 +62,10 @@ if str(TESTS) not in sys.path:
 # GNU patch's result for the small deploy series, a fresh host per test (sshd_host.py) and a
 # host whose stand-in server runs under supervisord (serve_host.py). A module's own fixture of
 # the same name wins (test_container_ssh's sshd with its engine, test_lock_cmd's host), and
-# `from sshd_host import sshd` in a module still works as before. Imported after the lines
+# `from sshd_host import sshd` in a module still works as before; container_host.py: a
+# [container] host (podman, the test image) for the container modules. Imported after the lines
 # above: sshd_host imports the CLI, whose consoles take their width when first imported.
+from container_host import box, cli_env, engine  # noqa: E402,F401
 from serve_host import served  # noqa: E402,F401
 from sshd_host import host, oracle, sshd  # noqa: E402,F401
 from tune_host import tuned_host, tuned_host_0_5_23  # noqa: E402,F401
@@ -148,14 +150,25 @@ SPLIT_BY_RELEASE = frozenset({
     "tests/integration/test_v2_family.py",
 })
 _RELEASE_IN_ID = re.compile(r"\[[^\]]*?(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)")
+# The modules that drive podman (tests/container_host.py): one unit of work, so that under
+# `make test` they run one after the other on one worker; podman is flaky when several run
+# at once on a machine, even with a storage each.
+PODMAN_MODULES = frozenset({
+    "tests/e2e/test_container_ssh.py",
+    "tests/e2e/test_container_driver_ssh.py",
+})
+PODMAN_UNIT = "podman: the container modules, one after the other"
 
 
 def work_unit(nodeid: str) -> str:
     """The unit of work a parallel worker takes for the test ``nodeid``: its whole module (as
     ``--dist loadfile``: module fixtures built once), or, in a module of ``SPLIT_BY_RELEASE``,
     the module's tests of the first release named in the test's parameters (its family for
-    test_v2_family: ``sglang-0.5.20-0.5.21`` is the 0.5.20 family's)."""
+    test_v2_family: ``sglang-0.5.20-0.5.21`` is the 0.5.20 family's); the ``PODMAN_MODULES``
+    together, as one."""
     path = nodeid.split("::", 1)[0]
+    if path in PODMAN_MODULES:
+        return PODMAN_UNIT
     if path in SPLIT_BY_RELEASE:
         match = _RELEASE_IN_ID.search(nodeid)
         if match:

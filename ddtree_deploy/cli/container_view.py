@@ -23,6 +23,9 @@ def print_container_status(doc: dict) -> None:
     carried = doc.get("image_series")
     if carried:
         say(f"  image labels: series {carried['name']} ({_short(carried['id'])})")
+    driver = doc.get("driver")
+    if driver:  # the HOST's driver, and whether it runs the CUDA of the container's image
+        say(f"  {driver['line']}")
     say(f"  phase: {doc['phase']}: {doc['explanation']}")
     journal = doc.get("journal") or {}
     if journal.get("previous"):

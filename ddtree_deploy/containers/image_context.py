@@ -40,11 +40,14 @@ DEFAULT_STATE_DIR = "/var/lib/ddtree-deploy"
 _PKG = PACKAGE_DIR
 
 
-def labels_for(base: str, series: str, series_id: str, version: str) -> dict[str, str]:
+def labels_for(base: str, series: str, series_id: str, version: str,
+               cuda: tuple[str, str] | None = None) -> dict[str, str]:
     """OCI annotation keys (org.opencontainers.image.*) plus our own, reverse-DNS namespaced;
     ``io.ddtree-deploy.cuda``: the base's CUDA, from its tag's ``cuNNN`` or else the release's
-    CUDA lane (``.source`` says which: release/cuda_lanes.py), what a host's driver must run."""
-    cuda, source = cuda_of_image(base, version)
+    CUDA lane (``.source`` says which: release/cuda_lanes.py), what a host's driver must run.
+    ``cuda``: (CUDA, where it was read) when the caller read it from the image itself (a
+    container push: cuda_lanes.image_cuda), which the base's name may not say."""
+    cuda, source = cuda if cuda is not None else cuda_of_image(base, version)
     return {
         "org.opencontainers.image.title": f"SGLang {version} with DDTree ({series})",
         "org.opencontainers.image.description": f"{base} with the DDTree series {series} applied by ddtree-deploy",
@@ -112,13 +115,14 @@ def module_closure(start: str) -> list[str]:
 
 
 def context_files(series: Series, desired: Desired, base: str, *, state_dir: str = DEFAULT_STATE_DIR,
-                  python: str = "python3") -> tuple[dict[str, bytes], dict[str, str]]:
+                  python: str = "python3", cuda: tuple[str, str] | None = None
+                  ) -> tuple[dict[str, bytes], dict[str, str]]:
     """The build context for ``desired`` (``series`` checked against a release) FROM ``base``:
-    (path in the context -> bytes, the image's labels)."""
+    (path in the context -> bytes, the image's labels; ``cuda``: ``labels_for``'s)."""
     host = Host(name="image", python=python, ssh=None, state_dir=state_dir, keep_backups=1)
     plan = plan_push(host.name, desired, {t.path: t.pristine for t in desired.targets}, None)
     request = apply_push_request(host, new_run_id(), desired, plan, "deployed")
-    labels = labels_for(base, desired.series, desired.series_id, desired.sglang_version)
+    labels = labels_for(base, desired.series, desired.series_id, desired.sglang_version, cuda)
     files: dict[str, bytes] = {
         "ddtree/apply.py": (_PKG / "interop" / "image_apply.py").read_bytes(),
         "ddtree/agent.py": bundle.source("ddtree_deploy.hostprog.agent"),

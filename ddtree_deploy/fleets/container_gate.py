@@ -1,13 +1,15 @@
 """A ``[container]`` host's push, rollback and status: the image is the unit of rollback.
 
-push: inspect the container (engine, container, sglang inside: refusals before any change) ->
-the series checked against the image's release (the family by its version) -> under the
-deploy lock: build the patched image on the host FROM the image before the series (tagged and
-kept) with ``ddtree-deploy image``'s own context -> switch (the old container stopped and kept
-aside, a twin with the same run configuration created from the new image and started) ->
-health + DDTree proof on the real server -> [the speed analysis: ``analysis_gate``, against
-``analysis_baseline`` taken before the switch] -> keep
-(the aside removed, journal ``deployed``). A failure at any step after the switch puts the
+push: inspect the container (engine, container, sglang inside, the host's NVIDIA driver:
+refusals before any change) -> the driver check (session/driver_gate.py: the host's driver
+against the CUDA of the image the container runs) -> the series checked against the image's
+release (the family by its version) -> under the deploy lock: build the patched image on
+the host FROM the image before the series (tagged and kept) with ``ddtree-deploy image``'s
+own context, its CUDA label the running image's -> switch (the old container stopped and
+kept aside, a twin with the same run configuration created from the new image and started)
+-> health + DDTree proof on the real server -> [the speed analysis: ``analysis_gate``,
+against ``analysis_baseline`` taken before the switch] -> keep (the aside removed, journal
+``deployed``). A failure at any step after the switch puts the
 old container back (the same container, so the same configuration) and waits for its health.
 
 rollback: the same switch to the kept previous image, health only, keep (``rolled-back``); an
@@ -18,6 +20,7 @@ Calls go down: rollout -> container_gate -> containers (session, plan, context) 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 from ddtree_deploy.base import hooks, next_step
@@ -29,10 +32,13 @@ from ddtree_deploy.containers.session import SWITCH_S, ContainerSession, context
 from ddtree_deploy.containers.image_context import context_files
 from ddtree_deploy.fleets.fleet import HostResult, Kind
 from ddtree_deploy.hostprog.engine_cli import built_tag, kept_tag
+from ddtree_deploy.release.cuda_lanes import image_cuda
 from ddtree_deploy.remote import inflight
 from ddtree_deploy.serve import metrics_run, plan as serve_plan
 from ddtree_deploy.serve.bake import NONE, Bake, Baseline, bake, measure_baseline
+from ddtree_deploy.session import driver_gate
 from ddtree_deploy.session.agent_link import holder_name, new_run_id
+from ddtree_deploy.session.driver_gate import ImageCuda
 from ddtree_deploy.session.push import automatic_cause
 from ddtree_deploy.session.desired import Want
 from ddtree_deploy.settings.analysis import AnalysisSettings
@@ -124,8 +130,24 @@ def _open(h, connect: Connect, session_steps: Callable[[ContainerSession], HostR
         return session_steps(session)
 
 
-def _inspect(session: ContainerSession, paths: list[str], serve: ServeSettings | None) -> dict:
-    return session.call({"op": "inspect", "paths": paths, "health_url": serve.health_url if serve else None})
+def _inspect(session: ContainerSession, paths: list[str], serve: ServeSettings | None, *,
+             driver: bool = False) -> dict:
+    """The container program's read-only look; ``driver``: with the HOST's NVIDIA driver
+    (nvidia-smi run by the program on the host, never inside the container)."""
+    request = {"op": "inspect", "paths": paths, "health_url": serve.health_url if serve else None}
+    if driver:
+        request["driver"] = True
+    return session.call(request)
+
+
+def image_of(answer: dict, release: str | None) -> ImageCuda:
+    """The image the container runs and its CUDA (cuda_lanes.image_cuda: its CUDA_VERSION, its
+    CUDA label, its tag, else the release's lane): what the host's driver must run."""
+    container = answer.get("container") or {}
+    image = answer.get("image") or {}
+    ref = str(container.get("image_ref") or (image.get("tags") or ["?"])[0])
+    cuda, source = image_cuda(image, ref, release)
+    return ImageCuda(ref, cuda, source)
 
 
 # ---------------------------------------------------------------- status
@@ -134,13 +156,17 @@ def _inspect(session: ContainerSession, paths: list[str], serve: ServeSettings |
 def status_host(h, connect: Connect, want: Want | None, serve: ServeSettings | None, *,
                 progress: Progress = quiet) -> HostResult:
     def steps(session: ContainerSession) -> HostResult:
-        answer = _inspect(session, want.paths if want else [], serve)
+        answer = _inspect(session, want.paths if want else [], serve, driver=True)
         desired = None
         found = (answer.get("probe") or {}).get("sglang") or {}
         if want is not None and found.get("version"):
             desired = want.expected(h.name, {"sglang_version": found["version"], "package_root": found["package_root"],
                                               "files": {}})
         doc = cplan.describe(h.name, answer, h.container, desired)
+        # The host's driver and the CUDA of the image its container runs (a container present).
+        image = image_of(answer, found.get("version")) if answer.get("container") else None
+        doc["driver"] = driver_gate.status_of({"driver": answer.get("driver"), "sglang_version": found.get("version")},
+                                              image)
         doc["round_trips"] = session.round_trips
         kind = Kind.ATTENTION if doc["attention"] else Kind.READ
         return _result(h.name, kind, doc, "; ".join(a["detail"] for a in doc["attention"]), [])
@@ -156,18 +182,27 @@ def push_host(h, connect: Connect, want: Want, serve: ServeSettings, *, dry_run:
               break_lock: bool = False, progress: Progress = quiet,
               heartbeat: Heartbeat | None = None, analysis: AnalysisSettings | None = None) -> HostResult:
     """One container host's push (see the module doc). Raises the refusals (no container, not
-    SGLang, no engine, a release no family covers) before any change."""
+    SGLang, no engine, a driver that cannot run the image's CUDA, a release no family covers)
+    before any change."""
     s = h.container
+    warned: list[str] = []  # the driver check's warning line (no nvidia-smi, --force-driver)
 
     def steps(session: ContainerSession) -> HostResult:
         progress("inspect the container")
-        answer = _inspect(session, want.paths, serve)
+        answer = _inspect(session, want.paths, serve, driver=True)
         journal = answer.get("journal") or {}
         if journal.get("phase") not in (Phase.SWITCHING, Phase.SWITCHED):
             cplan.require_container(h.name, answer, s)
         found = cplan.sglang_of(h.name, answer, s) if answer.get("container") else \
             {"version": journal.get("sglang_version"), "package_root": None}
         facts = {"sglang_version": found["version"], "package_root": found["package_root"], "files": {}}
+        # The driver check, before the series is chosen: the HOST's driver against the CUDA
+        # of the image the container runs (refused: BadInput, exit 2, nothing changed).
+        progress("check the host's driver against the image's CUDA")
+        verdict = driver_gate.check(h.name, {"driver": answer.get("driver"), "sglang_version": found["version"]},
+                                    force=want.force_driver, image=image_of(answer, found["version"]))
+        if verdict.warning:
+            warned.append(verdict.warning)
         progress("resolve + check the series")
         try:
             series = want.series_for(facts)
@@ -195,7 +230,11 @@ def push_host(h, connect: Connect, want: Want, serve: ServeSettings, *, dry_run:
         return _push_steps(h, session, serve, series, desired, plan, answer, run_id, doc, lines, progress, heartbeat,
                            speed)
 
-    return _open(h, connect, steps)
+    result = _open(h, connect, steps)
+    if warned:  # said first, and in the document, as a venv host's push says it (rollout._driver_lines)
+        result.doc["driver_warning"] = warned[0]
+        result = replace(result, lines=(warned[0], *result.lines))
+    return result
 
 
 def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desired, plan: cplan.PushPlan,
@@ -206,7 +245,10 @@ def _push_steps(h, session: ContainerSession, serve: ServeSettings, series, desi
     if plan.action == "build":
         kept = kept_tag(s.name, plan.base)
         tag = built_tag(s.name, desired.series_id, run_id)
-        files, _labels = context_files(series, desired, kept, python=s.python)
+        # The build keeps the image's CUDA on what it builds (its label: what a driver must run),
+        # read from the image itself: the kept tag FROM which it builds names no CUDA.
+        image = image_of(answer, desired.sglang_version)
+        files, _labels = context_files(series, desired, kept, python=s.python, cuda=(image.cuda, image.source))
         progress(f"build the image FROM {kept}")
         built = session.call(context_request(run_id, files, base=plan.base, kept_tag=kept, tag=tag,
                                              timeout_s=s.build_timeout_s, series=desired.series,

@@ -265,24 +265,24 @@ def baseline_before_switch(host, settings: ServeSettings, analysis: AnalysisSett
     (``bake.measure_baseline``). None when this push will switch nothing: the host's journal
     already holds the series ``resolve`` (facts -> ``Desired``) wants, deployed; or its files
     are switched and await their promotion (the new code serves: that run's own baseline, in
-    the history, is the one). One read-only round trip decides. With ``[analysis.load]`` one
-    short window decides whether the load step drives the old server (``_load_plan``)."""
+    the history, is the one). One read-only round trip decides, and it runs the push's own
+    checks first (``resolve``: the driver check, then the series' choice and check), so a push
+    they refuse is refused here, in the same words, before a second of measuring. With
+    ``[analysis.load]`` one short window decides whether the load step drives the old server
+    (``_load_plan``)."""
     progress("read state (for the speed baseline)")
     try:
-        with status.reading(host, connect(host), []) as read:
+        with status.reading(host, connect(host), [], driver=True) as read:
             facts = read.facts
     except DeployError as exc:  # read-only: nothing was changed
         raise exc.known(changed=Changed.NO, step="read state") from exc
     journal = facts.get("journal") or {}
     if journal.get("phase") == Phase.SWITCHED:
+        return None  # the push finishes that run: its checks are its own, and nothing is measured here
+    progress("check the driver + resolve + check the series (before the baseline)")
+    desired = resolve(facts)  # a refusal (driver, series) ends the push here: nothing measured, nothing changed
+    if journal.get("phase") == Phase.DEPLOYED and desired.series_id == journal.get("series_id"):
         return None
-    if journal.get("phase") == Phase.DEPLOYED:
-        try:
-            desired = resolve(facts)
-        except (DeployError, BadInput):
-            desired = None  # the push itself says why, under its lock
-        if desired is None or desired.series_id == journal.get("series_id"):
-            return None
     release = facts.get("sglang_version")
     try:
         plan, not_driven = _load_plan(host, settings, analysis, connect, release, progress)

@@ -1,8 +1,9 @@
 """The host programs: stdlib-only Python that runs ON a host, with the host's interpreter.
 
 ``agent`` (the deploy agent: lock, facts, apply, journal, history), ``smoke`` (the smoke
-levels), ``serve`` (the serving processes and their restart) and ``tune`` (one server at a
-time, bench_serving) are programs; ``wire`` (JSON lines in and out, sha256, process
+levels), ``serve`` (the serving processes and their restart, the speed gate's scrapes and
+its load step: ``load``), ``tune`` (one server at a time, bench_serving) and ``container``
+(a ``[container]`` host's engine, image builds and switches) are programs; ``wire`` (JSON lines in and out, sha256, process
 identity, the one test-hook point) and the agent's job modules are what they import. None
 of them imports anything but the standard library and this room (tests/integration/test_hostprog.py).
 

@@ -11,7 +11,8 @@ the deploy lock and its fencing (lock.py), the history (history.py) and its own 
 Ops (each answer ``{"ok": true, ...}`` or ``{"ok": false, "code", "message"}``):
 
     init      state folder, container, engine: is the engine installed, does it answer
-    inspect   read-only: the container, its image, the sglang inside, the journal, the lock
+    inspect   read-only: the container, its image, the sglang inside, the journal, the lock; with
+              ``driver``, the host's NVIDIA driver (nvidia-smi on the host, outside the container)
     lock / unlock, lock_status / lock_release, history (lock.py's and history.py's own ops)
     build     under the lock: tag the base image (kept: rollback runs it), build the new image
               from the build context sent (``ddtree-deploy image``'s, FROM that tag)
@@ -41,6 +42,7 @@ import time
 
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.hostprog import engine_cli as cli
+from ddtree_deploy.hostprog import gpu_driver
 from ddtree_deploy.hostprog import smoke as sa
 from ddtree_deploy.hostprog import protocol, wire
 from ddtree_deploy.hostprog.fileops import AgentError, describe_os_error, makedirs_private, write_json_atomic
@@ -212,7 +214,8 @@ class Containers(StateFolder, Lock, History):
             return {"error": "%s in the container answered no JSON" % python, "sglang": None}
 
     def op_inspect(self, request):
-        """Read-only: the container, its image, the sglang inside, and this container's state."""
+        """Read-only: the container, its image, the sglang inside, and this container's state;
+        asked (``driver``), the host's NVIDIA driver as the host's own nvidia-smi says it."""
         self._need()
         self.need_state_dir()
         found = self.container()
@@ -227,6 +230,8 @@ class Containers(StateFolder, Lock, History):
             if request.get("health_url") and found["running"]:
                 status, _ = sa._http("GET", request["health_url"], timeout=10.0)
                 out["health"] = {"url": request["health_url"], "status": status}
+        if request.get("driver"):  # the HOST's driver (this program runs on the host, not in the container)
+            out["driver"] = gpu_driver.probe()
         if os.path.isdir(self.state_dir):
             out["journal"] = self.read_journal()
             out["lock"] = self.read_lock()
@@ -571,8 +576,12 @@ def _summary(doc):
 
 def _image_summary(doc):
     cfg = doc.get("Config") or {}
+    # ``env``: the image's CUDA_VERSION only (its CUDA, when NVIDIA's base set it), never the
+    # rest of its environment (it may hold what an operator baked in).
+    env = [e for e in cfg.get("Env") or () if isinstance(e, str) and e.startswith("CUDA_VERSION=")]
     return {"id": doc.get("Id"), "tags": doc.get("RepoTags") or [], "digests": doc.get("RepoDigests") or [],
-            "digest": doc.get("Digest"), "created": doc.get("Created"), "labels": cfg.get("Labels") or {}}
+            "digest": doc.get("Digest"), "created": doc.get("Created"), "labels": cfg.get("Labels") or {},
+            "env": env}
 
 
 def _brief(journal):

@@ -12,17 +12,20 @@ The request's ``load`` part::
      "prompts": "...",            # SGLang's ``custom`` dataset lines (tuning/prompts.custom_lines)
      "requests": 512,             # lines written (the prompts cycled): --num-prompts
      "concurrency": 16,           # --max-concurrency
-     "state_dir": "~/.ddtree-deploy", "folder": "load/<run>-<side>",   # under the state folder
+     "tag": "<run>-<side>",       # names its scratch folder (``ddtree-deploy-load-<tag>-...``)
      "ready_timeout_s": 300,      # from the start to its first measured request, at most
      "settle_s": 10,              # then this long before the first scrape (the load's ramp)
      "term_grace_s": 5}
 
 The benchmark runs as one of the toolkit's own processes (``smoke.OWN_ENV`` = ``load``: the
 serve program's discovery lists it under ``own``, never as a server), in a process group of
-its own, from a folder of its own (``<state_dir>/load/<tag>``: the prompt file, its log, its
-result file; removed when it stops: the operator's prompts are not left on the host). The
-state folder is checked as the agent checks it (hostprog/state.py) and, on a host's first
-push, made with its marker (the push's agent makes it a moment later anyway). Sending
+its own, from a private scratch folder (``tempfile.mkdtemp``: mode 0700 in the host's temp
+folder, holding the prompt file, its log, its result file; removed when it stops: the
+operator's prompts are not left on the host). It writes nothing else on the host: the speed
+gate measures its baseline BEFORE the push takes the deploy lock, so neither the state
+folder (a first push has none yet) nor anything beside SGLang's files may be touched here;
+the benchmark runs with ``PYTHONDONTWRITEBYTECODE=1`` so importing SGLang writes no
+``__pycache__`` into the release's package folder. Sending
 starts after SGLang's benchmark prints ``Starting main benchmark run`` (its warm-up request
 done); the scrapes wait for that. A run that finishes its requests before the windows end is
 started again (a short gap in the load); one that exits with an error stops the scrapes and
@@ -36,6 +39,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -67,12 +71,9 @@ class Driver(object):
 
     def __init__(self, spec):
         self.spec = spec
-        rel = str(spec["folder"])
-        if rel.startswith("/") or ".." in rel.split("/") or not rel.startswith("load/") or rel.count("/") != 1:
-            raise Failed("the load folder %r is not a folder of the state folder's load/" % rel)
-        self.state_dir = spec["state_dir"]
-        self.folder = os.path.join(os.path.normpath(os.path.expanduser(self.state_dir)), rel)
-        self.log_path = os.path.join(self.folder, "bench.log")
+        self.tag = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(spec.get("tag") or "run"))[:64]
+        self.folder = None  # the private scratch folder: made by start(), removed by stop()
+        self.log_path = None
         self.child = None
         self.runs = 0
         self.ready_s = None
@@ -85,7 +86,6 @@ class Driver(object):
     # -- the benchmark
 
     def _write_prompts(self):
-        os.makedirs(self.folder, mode=0o700, exist_ok=True)
         lines = [line for line in str(self.spec["prompts"]).splitlines() if line.strip()]
         if not lines:
             raise Failed("no prompts to send")
@@ -102,30 +102,18 @@ class Driver(object):
         argv += ["--dataset-path", path, "--num-prompts", str(count),
                  "--max-concurrency", str(int(self.spec["concurrency"])),
                  "--output-file", os.path.join(self.folder, "result.jsonl")]
-        env = dict(sa.own_env(PROGRAM), PYTHONUNBUFFERED="1")  # its lines reach the log as printed
+        # Its lines reach the log as printed; importing SGLang writes no bytecode beside its files.
+        env = dict(sa.own_env(PROGRAM, bytecode=False), PYTHONUNBUFFERED="1")
         with open(self.log_path, "ab") as log:
             # Own session and its own folder: SGLang's bench imports the INSTALLED sglang.
             self.child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True, close_fds=True, cwd=self.folder, env=env)
         self.runs += 1
 
-    def _state_folder(self):
-        """Write only into a state folder of ours: checked as the agent checks it, and made
-        with its marker when the push has not made it yet (its first push, whose agent would
-        make it a moment later); somebody's folder is refused, one line."""
-        from ddtree_deploy.hostprog.fileops import AgentError
-        from ddtree_deploy.hostprog.state import StateFolder
-
-        folder = StateFolder()
-        folder._set_state_dir(self.state_dir)
-        try:
-            folder.root = sa.package_root("sglang")
-            folder.check_state_dir(create=True)
-        except (AgentError, sa.LevelFailed) as exc:
-            raise Failed(getattr(exc, "message", None) or getattr(exc, "detail", None) or str(exc))
-
     def start(self):
-        self._state_folder()
+        # Private (0700) and its own: nothing of the host's state is touched before the lock.
+        self.folder = tempfile.mkdtemp(prefix="ddtree-deploy-load-%s-" % self.tag)
+        self.log_path = os.path.join(self.folder, "bench.log")
         self.prompt_file = self._write_prompts()
         self._launch()
         threading.Thread(target=self._watch, daemon=True).start()
@@ -188,8 +176,9 @@ class Driver(object):
             child = self.child
         if child is not None and (child.poll() is None or sa.group_pids(child.pid)):
             self.stopped.append(sa.stop_group(child, float(self.spec.get("term_grace_s", 5))))
-        tail = [line[:300] for line in sa.log_tail(self.log_path, LOG_LINES)]
-        shutil.rmtree(self.folder, ignore_errors=True)
+        tail = [line[:300] for line in sa.log_tail(self.log_path, LOG_LINES)] if self.log_path else []
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
         left = sorted({pid for s in self.stopped for pid in s["left"]})
         return {"driven": True, "runs": self.runs, "ready_s": self.ready_s, "error": self.error,
                 "killed": sum(s["killed"] for s in self.stopped), "left": left,

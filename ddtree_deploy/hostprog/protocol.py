@@ -99,7 +99,7 @@ AGENT_OPS = {
 CONTAINER_OPS = {
     "init": {"protocol": _f(int, REQ), "container": _f(dict, REQ), "state_dir": _f((str, NONE)),
              "guard_wait_s": _f(NUMBER)},
-    "inspect": {"paths": _f(list), "health_url": _f((str, NONE))},
+    "inspect": {"paths": _f(list), "health_url": _f((str, NONE)), "driver": _f(bool)},
     "lock": _LOCK,
     "unlock": {},
     "build": {"run_id": _f(str, REQ), "base": _f(str, REQ), "kept_tag": _f(str, REQ), "tag": _f(str, REQ),

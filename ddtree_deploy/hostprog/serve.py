@@ -60,7 +60,7 @@ from ddtree_deploy.hostprog import load, smoke as sa, wire
 START_SLACK_S = 0.25
 ARG_CHARS = 300  # each command-line argument kept in an answer, at most
 MAX_ARGS = 40
-BOOTSTRAP_MARK = "ddtree_agent"  # transport.BOOTSTRAP: every host program of ddtree-deploy
+BOOTSTRAP_MARK = "ddtree_agent"  # in remote/program.py BOOTSTRAP: every host program's command line
 
 
 # --------------------------------------------------------------------- processes

@@ -93,9 +93,15 @@ OWN_ENV = "DDTREE_DEPLOY_HOST_PROGRAM"
 OUTPUT_CAP = 16 << 20  # the most of a command's output read back (its end)
 
 
-def own_env(program):
-    """The environment of a process ``program`` starts for itself (OWN_ENV set)."""
-    return dict(os.environ, **{OWN_ENV: program})
+def own_env(program, bytecode=True):
+    """The environment of a process ``program`` starts for itself (OWN_ENV set). ``bytecode``
+    false: ``PYTHONDONTWRITEBYTECODE=1``, so its imports of SGLang write no ``__pycache__``
+    beside the release's files (tune's servers and benchmarks, the speed gate's load step:
+    they run outside a push's lock, and a host's files are only ever a push's to change)."""
+    env = dict(os.environ, **{OWN_ENV: program})
+    if not bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
 
 
 def run_group(argv, timeout_s, cwd=None, env=None, grace_s=5.0, own=None):
@@ -669,11 +675,12 @@ def stop_group(proc, grace_s):
             "exit_code": proc.poll()}
 
 
-def start_server(spec, evidence, own="smoke"):
+def start_server(spec, evidence, own="smoke", bytecode=True):
     """Start the server of ``spec`` (the launch level's, or one tune configuration's)
     detached in its own process group, its output appended to ``log_path``, after its
     preconditions: a GPU with ``min_free_mib`` free (unless ``gpu_check`` is false) and a
-    free port. ``own``: the host program starting it (OWN_ENV). -> the Popen; a failed
+    free port. ``own``: the host program starting it (OWN_ENV); ``bytecode``: as
+    ``own_env``'s. -> the Popen; a failed
     precondition is a LevelFailed with a ``code``."""
     host, port = spec.get("host", "127.0.0.1"), int(spec["port"])
     if spec.get("gpu_check", True):
@@ -690,7 +697,7 @@ def start_server(spec, evidence, own="smoke"):
         try:
             return subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True, env=own_env(own),
+                start_new_session=True, close_fds=True, env=own_env(own, bytecode),
             )
         except OSError as exc:
             raise LevelFailed(f"cannot start {argv[0]!r}: {exc.strerror}", evidence, code=Code.START)

@@ -31,8 +31,9 @@ figures under ``categories``. ``probe`` then asks the server for each category's
 ``meta_info`` (completion tokens / verify steps): ``category_accept``.
 
 What it touches on the host: the server and bench processes it starts (each in its own
-process group, always stopped), and ``<state_dir>/tune/``: ``lock/owner.json`` (the tune
-lock: two tunes never overlap) and ``<run_id>/`` (server and bench logs, bench results, the
+process group, always stopped, with ``PYTHONDONTWRITEBYTECODE=1``: their imports of SGLang
+write no bytecode beside the release's files, which are a push's alone), and
+``<state_dir>/tune/``: ``lock/owner.json`` (the tune lock: two tunes never overlap) and ``<run_id>/`` (server and bench logs, bench results, the
 prompt files).
 It refuses to start, and stops before the next launch, while a push or rollback holds the
 deploy lock of its install (``lock`` in the install's state folder: roots.py) or when the
@@ -198,7 +199,8 @@ class Tuner(object):
             if problem:
                 raise RunFailed(problem + ": the sweep stops here", code=Code.SERIES_CHANGED)
             try:
-                proc = sa.start_server(dict(req, gpu_check=bool(req.get("gpu_check"))), {}, own="tune")
+                proc = sa.start_server(dict(req, gpu_check=bool(req.get("gpu_check"))), {}, own="tune",
+                                       bytecode=False)
                 sa.wait_ready(proc, dict(req, poll_s=0.5), stop=self._stop_if_aborted)
             except sa.LevelFailed as exc:
                 extra = {"exit_code": exc.evidence["exit_code"]} if "exit_code" in exc.evidence else {}
@@ -287,7 +289,8 @@ class Tuner(object):
         with open(log_path, "wb") as log:
             # Own session and a neutral folder: SGLang's bench imports the INSTALLED sglang.
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, close_fds=True, cwd=out_dir, env=sa.own_env("tune"))
+                                     start_new_session=True, close_fds=True, cwd=out_dir,
+                                     env=sa.own_env("tune", bytecode=False))
         deadline = time.monotonic() + float(bench.get("timeout_s", 3600))
         try:
             while child.poll() is None:

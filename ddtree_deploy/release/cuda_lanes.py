@@ -139,11 +139,60 @@ def cuda_of_image(base: str, release: str) -> tuple[str, str]:
     """(CUDA version, where it was read) of a base image: its tag's ``cuNNN`` (``v0.5.19-cu129``:
     "12.9", "tag"), else the release's oldest lane ("release lane"); ("", "unknown") for a
     release this table does not record."""
-    tag = base.rsplit("/", 1)[-1].partition(":")[2].partition("@")[0]
-    m = _TAG_CUDA.search(tag)
-    if m:
-        return f"{int(m.group(1))}.{m.group(2)}", "tag"
+    cuda = tag_cuda(base)
+    if cuda:
+        return cuda, "tag"
     lanes = lanes_of(release)
+    return (lanes[0].cuda, "release lane") if lanes else ("", "unknown")
+
+
+def tag_cuda(ref: str) -> str | None:
+    """The CUDA an image reference's tag names (``lmsysorg/sglang:v0.5.19-cu129``: "12.9"), else None."""
+    tag = ref.rsplit("/", 1)[-1].partition(":")[2].partition("@")[0]
+    m = _TAG_CUDA.search(tag)
+    return f"{int(m.group(1))}.{m.group(2)}" if m else None
+
+
+#: The labels that say an image's CUDA: ours (``image`` and a container push write it:
+#: containers/image_context.labels_for), then NVIDIA's CUDA base images' own.
+CUDA_LABELS = ("io.ddtree-deploy.cuda", "com.nvidia.cuda.version")
+_CUDA_TEXT = re.compile(r"^\s*(\d{2})\.(\d{1,2})(?:\.\d+)*\s*$")
+
+
+def _major_minor(text: object) -> str | None:
+    """"12.9.1" / "12.9" -> "12.9"; None for anything else (an empty label, "N/A")."""
+    m = _CUDA_TEXT.match(str(text or ""))
+    return f"{int(m.group(1))}.{int(m.group(2))}" if m else None
+
+
+def image_cuda(image: dict | None, ref: str, release: str | None) -> tuple[str, str]:
+    """(CUDA version, where it was read) of the image a container runs, the first of:
+
+    - ``env CUDA_VERSION``: the variable NVIDIA's CUDA base images set (SGLang's images are
+      built on them), from the image's own configuration: what the image really carries;
+    - ``label <key>``: a CUDA label of ``CUDA_LABELS`` (ours from an earlier build);
+    - ``tag``: the ``cuNNN`` of ``ref`` or of one of the image's tags (``v0.5.19-cu129``);
+    - ``release lane``: the oldest CUDA lane SGLang ``release`` ships (LANES);
+    - ("", "unknown"): nothing says it.
+
+    ``image``: the container program's image summary (``env``, ``labels``, ``tags``)."""
+    image = image or {}
+    for entry in image.get("env") or ():
+        name, _, value = str(entry).partition("=")
+        if name == "CUDA_VERSION" and _major_minor(value):
+            return str(_major_minor(value)), "env CUDA_VERSION"
+    labels = image.get("labels") or {}
+    for key in CUDA_LABELS:
+        if _major_minor(labels.get(key)):
+            return str(_major_minor(labels.get(key))), f"label {key}"
+    for name in (ref, *(image.get("tags") or ())):
+        cuda = tag_cuda(str(name or ""))
+        if cuda:
+            return cuda, "tag"
+    try:
+        lanes = lanes_of(release) if release else ()
+    except InvalidVersion:  # a version the container's metadata got wrong: nothing known from it
+        lanes = ()
     return (lanes[0].cuda, "release lane") if lanes else ("", "unknown")
 
 
@@ -255,6 +304,23 @@ def refusal(host: str, release: str, driver: Driver, families: Sequence) -> str 
             f"SGLang {since}+ needs CUDA {need.major} (driver {floor_text(need.major)}); {covered}")
 
 
+def image_refusal(host: str, ref: str, cuda: str, source: str, driver: Driver, families: Sequence) -> str | None:
+    """Why ``driver`` cannot run a container image built for CUDA ``cuda`` (read from
+    ``source``: ``image_cuda``), one line; None when it can, or when nothing says the image's
+    CUDA (nothing known against it)."""
+    major = int(cuda.split(".")[0]) if cuda else None
+    if major is None or major not in DRIVER_FLOOR or driver.runs_major(major):
+        return None
+    newest = newest_covered(driver, families)
+    lane = driver.newest_lane()
+    covered = (f"run an image of SGLang {newest} or older with DDTree's coverage ({lane.tag} lane: CUDA "
+               f"{lane.cuda})" if newest and lane else "no release DDTree covers runs on this host")
+    supports = f"supports CUDA {driver.cuda}" if driver.cuda else "supports no CUDA this table knows"
+    return (f"{host}: its container's image {ref} is built for CUDA {cuda} (read from its {source}): driver "
+            f"{driver.branch_text} ({driver.version}) {supports}; CUDA {major} needs driver {floor_text(major)}; "
+            f"{covered}")
+
+
 def lane_summary(driver: Driver) -> str:
     """Which SGLang lanes the driver allows, in words: "the cu129 lane only (SGLang up to 0.5.19)"."""
     lane = driver.newest_lane()
@@ -267,11 +333,20 @@ def lane_summary(driver: Driver) -> str:
     return f"the {lane.tag} lane only (SGLang up to {last_release_of_major(lane.major)})"
 
 
-def driver_json(driver: Driver | None, release: str | None, families: Sequence) -> dict:
-    """status's ``driver`` object (docs/json.md, ``$defs/driver``)."""
+def driver_json(driver: Driver | None, release: str | None, families: Sequence,
+                image: tuple[str, str] | None = None) -> dict:
+    """status's ``driver`` object (docs/json.md, ``$defs/driver``). ``image``: a container
+    host's (CUDA, where it was read) of the image its container runs (``image_cuda``):
+    ``image_cuda``, ``image_cuda_from`` and ``image_runs`` (null on a venv host)."""
+    cuda, source = image if image is not None else (None, None)
+    major = int(cuda.split(".")[0]) if cuda else None
+    image_runs = (driver.runs_major(major) if driver is not None and driver.readable and major in DRIVER_FLOOR
+                  else None)
+    shown = {"image_cuda": cuda or None, "image_cuda_from": source if image is not None else None,
+             "image_runs": image_runs}
     if driver is None:
         return {"state": "not-read", "version": None, "cuda": None, "cuda_from": None, "gpus": [], "lane": None,
-                "newest_covered": None, "release_runs": None, "error": None, "read": None}
+                "newest_covered": None, "release_runs": None, "error": None, "read": None, **shown}
     state = "found" if driver.readable else ("unreadable" if driver.found else "none")
     lane = driver.newest_lane()
     return {
@@ -286,6 +361,7 @@ def driver_json(driver: Driver | None, release: str | None, families: Sequence) 
         "release_runs": driver.runs(release) if driver.readable and release else None,
         "error": driver.error,
         "read": driver.read,
+        **shown,
     }
 
 
@@ -293,12 +369,14 @@ def driver_line(doc: dict, release: str | None) -> str:
     """status's one driver line, from ``driver_json``'s object."""
     state = doc["state"]
     if state == "not-read":
-        return "driver: not read (the host's agent did not report it)"
+        return "driver: not read (the host's agent did not report it)" + _image_words(doc)
     if state == "none":
-        return "driver: none found (no nvidia-smi on the host: a CPU or demo host); push proceeds with a warning"
+        return ("driver: none found (no nvidia-smi on the host: a CPU or demo host); push proceeds with a warning"
+                + _image_words(doc))
     if state == "unreadable":
         read = f"; it printed {doc['read']!r}" if doc.get("read") else ""
-        return f"driver: unreadable: {doc['error']}{read}; push refuses this host without --force-driver"
+        return (f"driver: unreadable: {doc['error']}{read}; push refuses this host without --force-driver"
+                + _image_words(doc))
     d = Driver(found=True, version=doc["version"], cuda=doc["cuda"])
     cuda = f"CUDA {doc['cuda']}" + (" by the driver table" if doc.get("cuda_from") == "driver table" else "")
     line = f"driver: {doc['version']} ({cuda}): {lane_summary(d)}"
@@ -307,7 +385,19 @@ def driver_line(doc: dict, release: str | None) -> str:
         line += f"; SGLang {release} here needs CUDA {need.major} (driver {floor_text(need.major)})"
     if doc.get("newest_covered"):
         line += f"; newest release DDTree covers here: {doc['newest_covered']}"
-    return line
+    return line + _image_words(doc)
+
+
+def _image_words(doc: dict) -> str:
+    """A container host's image CUDA, said after the driver line (nothing on a venv host)."""
+    if doc.get("image_cuda_from") is None:
+        return ""
+    if not doc.get("image_cuda"):
+        return "; the container's image: CUDA unknown (no CUDA_VERSION, label, tag or release lane says it)"
+    said = f"; the container's image: CUDA {doc['image_cuda']} (its {doc['image_cuda_from']})"
+    if doc.get("image_runs") is False:
+        return said + ": this driver cannot run it (push refuses without --force-driver)"
+    return said + (": this driver runs it" if doc.get("image_runs") else "")
 
 
 __all__ = [
@@ -321,6 +411,10 @@ __all__ = [
     "Lane",
     "cuda_of_branch",
     "cuda_of_image",
+    "CUDA_LABELS",
+    "image_cuda",
+    "image_refusal",
+    "tag_cuda",
     "driver_from_fact",
     "driver_json",
     "driver_line",

@@ -24,9 +24,14 @@ from ddtree_deploy.remote.link import Process, ReplyError, Transport
 from ddtree_deploy.remote.link_errors import link_lost
 from ddtree_deploy.settings.inventory import Host
 
-# Read the agent (source + a JSON-line loop) from stdin and run it. Short, fixed, and
-# free of any inventory value: the interpreter path is the only thing that varies, and
-# it is quoted by shlex.join in agent_argv.
+# Any host program, not only the agent: read one line (the source's length in bytes), then
+# that many bytes of source (the program bundled with the modules it imports: bundle.py),
+# compile and run it in memory under the module name ``ddtree_agent`` (the word by which
+# hostprog/serve.py's BOOTSTRAP_MARK tells our programs' command lines), then call the
+# ``main`` it defines, whose loop reads the JSON requests that follow on the same stdin. Nothing is written on the host
+# to start it: no file, no bytecode of the program. Short, fixed, and free of any
+# inventory value: the interpreter path is the only thing that varies, and an SSH
+# transport quotes every word of the argv (remote/ssh.py remote_command: shlex.join).
 BOOTSTRAP = (
     "import sys;b=sys.stdin.buffer;g={'__name__':'ddtree_agent'};"
     "exec(compile(b.read(int(b.readline())),'ddtree_agent.py','exec'),g);g['main']()"

@@ -104,10 +104,11 @@ class Plan:
                 "concurrency": self.concurrency, "output_len": self.output_len, "module": self.module,
                 "requests": self.requests, "argv": list(self.argv), "why": self.why}
 
-    def request(self, state_dir: str, folder: str) -> dict:
-        """The ``load`` part of the serve program's ``metrics`` request."""
+    def request(self, tag: str) -> dict:
+        """The ``load`` part of the serve program's ``metrics`` request (``tag``: names the
+        benchmark's private scratch folder on the host, hostprog/load.py)."""
         return {"argv": list(self.argv), "prompts": self.text, "requests": self.requests,
-                "concurrency": self.concurrency, "state_dir": state_dir, "folder": f"load/{folder}",
+                "concurrency": self.concurrency, "tag": tag,
                 "ready_timeout_s": READY_TIMEOUT_S, "term_grace_s": TERM_GRACE_S}
 
 

@@ -22,7 +22,7 @@ from ddtree_deploy.release.metric_names import names_for
 from ddtree_deploy.serve import loadstep, metrics, run as serve_run
 from ddtree_deploy.serve.figures import ServedFigures, Unavailable
 
-_TAGS = itertools.count(1)  # the load step's folders on the host: one per request
+_TAGS = itertools.count(1)  # the load step's scratch folders on the host: one per request
 
 
 def scrape(host, transport, request: dict) -> dict:
@@ -56,7 +56,7 @@ def windows_and_answer(host, transport, *, url: str, release: str, interval_s: f
     if load is not None:
         tag = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-{next(_TAGS)}"
         # The first scrape one interval after the benchmark sends: its ramp is no window's.
-        request.update(load=dict(load.request(host.state_dir, tag), settle_s=float(interval_s)),
+        request.update(load=dict(load.request(tag), settle_s=float(interval_s)),
                        heartbeat_s=loadstep.HEARTBEAT_S)
     answer = scrape(host, transport, request)
     if load is not None:
@@ -97,7 +97,8 @@ def served_figures(host, transport, *, url: str, release: str,
 def sampler(host, connect, *, url: str, release: str | None, load: loadstep.Plan | None = None):
     """``(interval_s, scrapes) -> windows`` of the host's server (``serve/bake.py``'s ``Sampler``),
     each call over a fresh connection from ``connect(host)``; read-only on the host but for
-    ``load`` (the load step: the benchmark's folder under the state folder, removed after)."""
+    ``load`` (the load step: the benchmark's private scratch folder in the host's temp folder,
+    removed after; nothing of the host's state: this runs before a push's lock)."""
     def take(interval_s: float, scrapes: int) -> list[ServedFigures | Unavailable]:
         transport = connect(host)
         with transport:

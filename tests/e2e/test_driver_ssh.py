@@ -105,6 +105,7 @@ def test_status_says_the_driver_its_cuda_and_the_lane_it_allows(host, smi):
         "state": "found", "version": "570.124.06", "cuda": "12.8", "cuda_from": "nvidia-smi",
         "gpus": ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"], "lane": "cu129",
         "newest_covered": "0.5.12.post1", "release_runs": True, "error": None, "read": None,
+        "image_cuda": None, "image_cuda_from": None, "image_runs": None,  # a venv host: no image
         "line": doc["line"],
     }
 
@@ -153,6 +154,37 @@ def test_push_of_a_release_the_driver_cannot_run_is_refused_before_any_change(ho
     dry = cli("push", "--host", host_0523.name, "--dry-run")  # says what a push would do: the same refusal
     assert dry.exit_code == 2 and line in dry.output, dry.output
     untouched(host_0523, before)
+
+
+def test_a_push_the_driver_refuses_measures_no_speed_baseline(sshd, smi, tmp_path, monkeypatch):
+    """A served host with [analysis]: the speed gate samples the old server before the lock,
+    but a push its driver check refuses is refused first (exit 2), no window taken. The server
+    is the named STAND-IN under supervisord (tests/serve_host.py), with metrics."""
+    pytest.importorskip("supervisor", reason="supervisor (the test extra) runs the stand-in")
+    from ddtree_testkit.standin_metrics import write_names
+    from serve_host import Served
+    from sshd_host import ADDED
+
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(DEPLOY_SERIES / "patches"))
+    monkeypatch.setenv("DDTREE_DEPLOY_SNAPSHOT", str(tmp_path / "snapshot"))
+    monkeypatch.setenv("DDTREE_DEPLOY_HOSTS", str(sshd.hosts_dir))
+    names = tmp_path / "names.json"
+    write_names(names, "0.5.12.post1")
+    s = Served(sshd, tmp_path, "gpu-served", package_file=ADDED,
+               tables="\n[analysis]\nwindow_s = 3\ninterval_s = 1\nmin_samples = 3\n",
+               extra_argv=["--enable-metrics", "--metric-names", str(names), "--traffic", "2", "--accept-length", "3.0"])
+    s.sup.start()
+    try:
+        s.wait_healthy()
+        standin.install(smi, driver="520.61.05", cuda="11.8")  # CUDA 11: runs no SGLang lane
+        before = files_of(s.host)
+        result = cli("push", "--host", s.name)
+        assert result.exit_code == 2, result.output
+        assert "gpu-served: runs SGLang 0.5.12.post1: driver 520.x (520.61.05) supports CUDA 11.8" in result.output
+        assert "speed baseline:" not in result.output, result.output  # refused before any window
+        untouched(s.host, before)
+    finally:
+        s.sup.stop()
 
 
 def test_push_where_nvidia_smi_prints_no_driver_is_refused_saying_what_it_read(host, smi):

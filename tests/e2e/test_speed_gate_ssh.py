@@ -17,7 +17,9 @@ their noise figures by tests/integration/test_analysis.py and bench/analysis_ben
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -292,28 +294,153 @@ def test_ctrl_c_during_the_bake_returns_within_a_second_and_a_rerun_finishes_the
     assert json.loads(journal.read_text())["phase"] == "deployed"
 
 
+def test_a_push_its_checks_refuse_measures_no_baseline(gate, tmp_path, monkeypatch):
+    """A doomed push (here: a release no family covers; the driver check runs on the same
+    read, before it) is refused in one line, exit 2, BEFORE the old server is measured: the
+    baseline's windows would only make the refusal come seconds later."""
+    s = gate.host("doomed1")
+    elsewhere = tmp_path / "elsewhere_series"
+    shutil.copytree(DEPLOY_SERIES, elsewhere)
+    toml = elsewhere / "patches" / "sglang-0.5.12" / "family.toml"
+    toml.write_text(toml.read_text().replace('sglang = ">=0.5.12,<0.5.13"', 'sglang = ">=0.5.13,<0.5.14"'))
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(elsewhere / "patches"))
+    r = cli("push", "--host", s.name)
+    assert r.exit_code == 2, r.output
+    assert "no family covers SGLang 0.5.12.post1" in r.stderr, r.stderr
+    # no window taken: the progress line that starts the baseline never came (the old order:
+    # "speed baseline: 3 windows of 1 s on the old server", then the refusal)
+    assert "speed baseline:" not in r.output, r.output
+    assert not (s.host.state_dir / "journal.json").exists()
+
+
 # ---------------------------------------------------------------- the load step ([analysis.load])
 
 
-def load_processes() -> list[int]:
-    """This machine's processes the load step started (marked for status: never a server)."""
+def load_processes(root: Path) -> list[int]:
+    """The load step's processes (marked for status: never a server) that THIS test started:
+    run by the interpreter of its own host under ``root`` (the benchmark is ``{python} -m
+    ...`` with the host program's interpreter; its workers are that interpreter too). Other
+    tests on the machine, xdist's other workers and other checkouts run load steps of their
+    own at the same time: theirs are not this test's to count. An orphan keeps its command
+    line, so one the host program failed to stop is still found."""
+    prefix = str(root).encode() + b"/"
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"DDTREE_DEPLOY_HOST_PROGRAM=load" in (entry / "environ").read_bytes():
+            if not entry.name.isdigit():
+                continue
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0")[0]
+            if argv0.startswith(prefix) and b"DDTREE_DEPLOY_HOST_PROGRAM=load" in (entry / "environ").read_bytes():
                 found.append(int(entry.name))
         except OSError:
             continue
     return found
 
 
-def gone_within(seconds: float) -> bool:
+def gone_within(root: Path, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
-    while load_processes():
+    while load_processes(root):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
     return True
+
+
+def load_host(gate, sshd, tmp_path: Path, name: str) -> tuple[Served, Path, str]:
+    """An idle Served host (no traffic of its own) in a release venv of SGLang 0.5.12.post1
+    with ``[analysis.load]`` (8 prompts at concurrency 4, 32 output tokens): (it, its root,
+    how its figures are said to be taken)."""
+    from ddtree_deploy.sandbox import SandboxHost, hostenv
+    from tune_host import make_model
+
+    root = tmp_path / name
+    env = hostenv.make_host_env(root / "env")
+    host = SandboxHost(name=name, server=sshd, python=env.python, site=env.site_packages,
+                       state_dir=root / "state")
+    model = make_model(root / "model")  # the tokenizer the benchmark loads (the server's /v1/models id)
+    names = tmp_path / f"{name}-names.json"
+    write_names(names, RELEASE)
+    prompt_file = tmp_path / f"{name}-prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2} tok", "category": c}) + "\n"
+                                   for i, c in enumerate(["chat", "code"] * 4)))
+    load = f'\n[analysis.load]\nprompts = "{prompt_file}"\nconcurrency = 4\noutput_len = 32\n'
+    s = Served(sshd, tmp_path, name, host=host, package_file=ADDED, tables=ANALYSIS + load,
+               extra_argv=["--model-path", str(model), "--enable-metrics", "--metric-names", str(names),
+                           "--accept-length", "3.0", "--noise", "0.0"])
+    under = (f"under the load step (8 prompts of {prompt_file} at concurrency 4, 32 output tokens each "
+             "(python -m sglang.bench_serving))")
+    return s, root, under
+
+
+def tree(*folders: Path) -> dict[str, float | None]:
+    """Every path under ``folders`` (a folder that is not there: None), with its mtime."""
+    out: dict[str, float | None] = {}
+    for folder in folders:
+        if not folder.exists():
+            out[str(folder)] = None
+            continue
+        for p in folder.rglob("*"):
+            out[str(p)] = p.lstat().st_mtime
+    return out
+
+
+def _stopped(pid: int, deadline_s: float = 60.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"host program {pid} never stopped at its hook"
+        time.sleep(0.01)
+
+
+@pytest.mark.sglang_env
+def test_a_first_push_writes_nothing_on_the_host_before_its_lock(gate, sshd, tmp_path):
+    """A host never pushed to, with [analysis.load]: the speed gate's baseline (the old server's
+    windows, under SGLang's own benchmark) is taken before the push takes the deploy lock, so
+    it must leave the host as it found it: no state folder made, no scratch file left, no
+    bytecode written beside the release's files (its benchmark imports them). The host
+    programs stop before each request (the test hook ``stop_before_each_request``); at the
+    agent's ``lock`` the release venv and the state folder are compared with before the push."""
+    s, root, _under = load_host(gate, sshd, tmp_path, "first1")
+    s.sup.start()
+    log = tmp_path / "stops.log"
+    stopped = None
+    try:
+        s.wait_healthy()
+        watched = (root / "env", s.host.state_dir)
+        before = tree(*watched)
+        assert before[str(s.host.state_dir)] is None  # a first push: no state folder yet
+        console = Path(sys.executable).parent / "ddtree-deploy"
+        env = dict(os.environ, DDTREE_DEPLOY_TEST_HOOKS=json.dumps({"stop_before_each_request": str(log)}))
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # a host's shell does not forbid bytecode: nor does the test's
+        proc = subprocess.Popen([str(console), "push", "--host", s.name], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+        seen, ops, at_lock = 0, [], None
+        deadline = time.monotonic() + 300
+        while True:
+            lines = log.read_text().splitlines() if log.exists() else []
+            if len(lines) == seen:
+                if proc.poll() is not None:
+                    break
+                assert time.monotonic() < deadline, "the push did not end"
+                time.sleep(0.02)
+                continue
+            pid, op = lines[seen].split()
+            seen, stopped = seen + 1, int(pid)
+            _stopped(stopped)
+            ops.append(op)
+            if op == "lock" and at_lock is None:
+                at_lock = tree(*watched)  # the baseline, its load step and every check are done
+            os.kill(stopped, signal.SIGCONT)
+            stopped = None
+        out, err = proc.communicate(timeout=60)
+        print(err[-3000:], out)
+        assert proc.returncode == 0, out + err
+        assert "load step: the old server has no live traffic: the load step drives it" in err  # it ran
+        assert at_lock is not None, ops
+        assert at_lock == before, sorted(set(at_lock) ^ set(before)) or "modified before the lock"
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+        s.sup.stop()
 
 
 @pytest.mark.sglang_env
@@ -325,28 +452,11 @@ def test_the_load_step_drives_an_idle_server_on_both_sides(gate, sshd, tmp_path)
     during a slower build's bake: exit 130 within a second, the benchmark stopped on the host,
     status explains the host; the rerun bakes under the same load and rolls the slower build
     back. The server is the STAND-IN (its streamed /generate decodes through its speed model)."""
-    from ddtree_deploy.sandbox import SandboxHost, hostenv
-    from tune_host import make_model
-
-    root = tmp_path / "load1"
-    env = hostenv.make_host_env(root / "env")
-    host = SandboxHost(name="load1", server=sshd, python=env.python, site=env.site_packages,
-                       state_dir=root / "state")
-    model = make_model(root / "model")  # the tokenizer the benchmark loads (the server's /v1/models id)
-    names = tmp_path / "load-names.json"
-    write_names(names, RELEASE)
-    prompt_file = tmp_path / "prompts.jsonl"
-    prompt_file.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2} tok", "category": c}) + "\n"
-                                   for i, c in enumerate(["chat", "code"] * 4)))
-    load = f'\n[analysis.load]\nprompts = "{prompt_file}"\nconcurrency = 4\noutput_len = 32\n'
-    s = Served(sshd, tmp_path, "load1", host=host, package_file=ADDED, tables=ANALYSIS + load,
-               extra_argv=["--model-path", str(model), "--enable-metrics", "--metric-names", str(names),
-                           "--accept-length", "3.0", "--noise", "0.0"])
+    s, root, under = load_host(gate, sshd, tmp_path, "load1")
+    host = s.host
     s.sup.start()
     try:
         s.wait_healthy()
-        under = (f"under the load step (8 prompts of {prompt_file} at concurrency 4, 32 output tokens each "
-                 "(python -m sglang.bench_serving))")
         r = cli("push", "--host", s.name)
         print(r.stderr[-3000:], r.stdout)
         assert r.exit_code == 0, r.output
@@ -362,7 +472,7 @@ def test_the_load_step_drives_an_idle_server_on_both_sides(gate, sshd, tmp_path)
         assert baseline["speed"]["baseline"]["load"]["module"] == "sglang.bench_serving"
         text = " ".join(cli("history", "--host", s.name).stdout.split())
         assert f"{under}: promoted" in text and "baseline (live): DDTree B=8" in text, text
-        assert not load_processes()  # the benchmark's group, stopped and reaped
+        assert not load_processes(root)  # the benchmark's group, stopped and reaped
         assert not ((host.state_dir / "load").exists() and list((host.state_dir / "load").iterdir()))
 
         # Ctrl-C while the slower build's bake is under load (from the old code: rolled back first)
@@ -377,19 +487,19 @@ def test_the_load_step_drives_an_idle_server_on_both_sides(gate, sshd, tmp_path)
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             serve = json.loads(journal.read_text()).get("serve", {}) if journal.exists() else {}
             if serve.get("state") == "healthy" and json.loads(journal.read_text()).get("phase") == "switched" \
-                    and load_processes():
+                    and load_processes(root):
                 break
             time.sleep(0.1)
         # status meanwhile: the benchmark is the toolkit's own, never a server
         r = cli("status", "--host", s.name, "--json")  # (a push holds the lock: its exit is status' own)
         st = check_envelope(r.stdout, r.exit_code, "status")["hosts"][0]
-        bench = set(load_processes())
+        bench = set(load_processes(root))
         assert bench & {p["pid"] for p in st["serving"]["own"]}, (bench, st["serving"]["own"])
         assert all(p["program"] == "load" for p in st["serving"]["own"] if p["pid"] in bench)
         assert not bench & {pid for p in st["serving"]["processes"] for pid in [p["pid"], *(p.get("children") or [])]}
         assert ": load" in st["serving"]["explanation"], st["serving"]["explanation"]
         interrupted_within_a_second(proc, "the bake under load")
-        assert gone_within(15), load_processes()  # the host program stopped the benchmark's group
+        assert gone_within(root, 15), load_processes(root)  # the host program stopped the benchmark's group
         st = check_envelope(cli("status", "--host", s.name, "--json").stdout, 1, "status")["hosts"][0]
         assert st["phase"] == "switched" and st["serving"]["health"]["status"] == 200, st
         assert f"ddtree-deploy push --host {s.name}" in st["explanation"], st
@@ -400,6 +510,6 @@ def test_the_load_step_drives_an_idle_server_on_both_sides(gate, sshd, tmp_path)
         said = " ".join(r.stdout.split())
         assert "speed analysis: slower than the baseline: output tokens/s" in said and under in said, said
         assert "rolled back:" in said and s.host.read(ADDED) is None and s.healthy()
-        assert gone_within(15), load_processes()
+        assert gone_within(root, 15), load_processes(root)
     finally:
         s.sup.stop()

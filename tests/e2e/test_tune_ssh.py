@@ -31,8 +31,14 @@ from tune_host import (alive, launch_table, pids, proc_start, prompt_file, run_c
 pytestmark = [pytest.mark.sshd, pytest.mark.sglang_env]
 
 
+def bytecode_of(site) -> set[str]:
+    """Every bytecode file under the host's site-packages."""
+    return {str(p) for p in site.rglob("*.pyc")}
+
+
 def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, tmp_path):
     h = tuned_host
+    cached = bytecode_of(h["test_host"].site)
     pid_file = tmp_path / "server.pids"
     # Budget 32 "does not fit": the stand-in exits at start with CUDA's OOM message.
     inventory, port = write_inventory(h, ["--oom-budget", "32", "--pid-file", str(pid_file)])
@@ -44,6 +50,9 @@ def test_sweep_chooses_the_model_optimum_records_an_oom_and_applies(tuned_host, 
                     "--output-len", "32", "--repeats", "0", "--out", str(out), "--apply", "--json"])
     seconds = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # SGLang's bench_serving imported the release four times: no bytecode written beside it
+    # (the host's files are a push's alone; tune runs without the deploy lock)
+    assert bytecode_of(h["test_host"].site) == cached, sorted(bytecode_of(h["test_host"].site) - cached)[:5]
     doc = check_envelope(proc.stdout, proc.returncode, "tune")  # docs/json-schema.json (test_json_envelope.py)
     doc = doc["hosts"][0]  # the sweep of that host, in its entry
     runs = [(r["config"], r["stage"], r["status"]) for r in doc["runs"]]

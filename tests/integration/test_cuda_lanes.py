@@ -231,3 +231,68 @@ def test_image_base_check_names_every_host_that_cannot_run_it(tmp_path, monkeypa
     forced = check_base_for_drivers("lmsysorg/sglang:v0.5.23", "0.5.23", drivers, force=True)
     assert forced[-1].endswith("; writing it anyway (--force-driver)") and len(forced) == 2
     assert check_base_for_drivers("lmsysorg/sglang:v0.5.23", "0.5.23", {}) == []
+
+
+# ---------------------------------------------------------------- a [container] host: the image's CUDA
+
+# What the container program reports of an image (hostprog/container.py _image_summary): the
+# engine's inspect document's Config.Env (CUDA_VERSION only), Config.Labels and RepoTags.
+NVIDIA_BASED = {"env": ["CUDA_VERSION=12.9.1"], "labels": {"io.ddtree-deploy.cuda": "13.0"},
+                "tags": ["lmsysorg/sglang:v0.5.23"]}
+
+
+def test_the_image_cuda_is_read_from_its_env_then_label_then_tag_then_the_release_lane():
+    assert cl.image_cuda(NVIDIA_BASED, "lmsysorg/sglang:v0.5.23", "0.5.23") == ("12.9", "env CUDA_VERSION")
+    labelled = dict(NVIDIA_BASED, env=[])
+    assert cl.image_cuda(labelled, "x", "0.5.23") == ("13.0", "label io.ddtree-deploy.cuda")
+    nvidia = {"labels": {"com.nvidia.cuda.version": "12.8.0"}}
+    assert cl.image_cuda(nvidia, "x", "0.5.23") == ("12.8", "label com.nvidia.cuda.version")
+    # the container's image reference first, then any of the image's tags
+    assert cl.image_cuda({}, "lmsysorg/sglang:v0.5.19-cu129", "0.5.23") == ("12.9", "tag")
+    assert cl.image_cuda({"tags": ["a/b:latest", "lmsysorg/sglang:v0.5.23-cu130"]}, "sha256:1", "0.5.19") \
+        == ("13.0", "tag")
+    assert cl.image_cuda({"tags": ["a/b:latest"]}, "a/b:latest", "0.5.23") == ("13.0", "release lane")
+    assert cl.image_cuda({"tags": ["a/b:latest"]}, "a/b:latest", "0.5.19") == ("12.9", "release lane")
+    # what says nothing is skipped, not read as a CUDA: an empty label, N/A, a release unrecorded
+    blank = {"env": ["CUDA_VERSION="], "labels": {"io.ddtree-deploy.cuda": "", "com.nvidia.cuda.version": "N/A"}}
+    assert cl.image_cuda(blank, "x", "0.5.9") == ("", "unknown")
+    assert cl.image_cuda(None, "", None) == ("", "unknown")
+    assert cl.image_cuda({}, "", "not-a-version") == ("", "unknown")
+
+
+def test_the_image_refusal_is_one_line_naming_the_image_its_cuda_and_the_driver(tmp_path):
+    infos = registry(tmp_path, **{"v1": ">=0.5.12,<0.5.14", "v2-cuda12": ">=0.5.14,<0.5.20",
+                                  "v2": ">=0.5.20,<0.5.24"})
+    assert cl.image_refusal("ct1", "lmsysorg/sglang:v0.5.23", "13.0", "env CUDA_VERSION", drv("570.124.06", "12.8"),
+                            infos) == (
+        "ct1: its container's image lmsysorg/sglang:v0.5.23 is built for CUDA 13.0 (read from its env "
+        "CUDA_VERSION): driver 570.x (570.124.06) supports CUDA 12.8; CUDA 13 needs driver 580+; run an image "
+        "of SGLang 0.5.19 or older with DDTree's coverage (cu129 lane: CUDA 12.9)")
+    # the image's CUDA decides, not the release's lane: a CUDA 12 build of any release runs on 570
+    assert cl.image_refusal("ct1", "x", "12.9", "tag", drv("570.124.06", "12.8"), infos) is None
+    assert cl.image_refusal("ct1", "x", "13.0", "tag", drv("580.65.06", "13.0"), infos) is None
+    assert cl.image_refusal("ct1", "x", "", "unknown", drv("520.61.05", "11.8"), infos) is None  # nothing known
+    assert cl.image_refusal("ct1", "x", "12.9", "tag", drv("520.61.05", "11.8"), infos).endswith(
+        "CUDA 12 needs driver 525.60.13+; no release DDTree covers runs on this host")
+
+
+def test_a_container_hosts_status_says_the_image_cuda_and_whether_the_driver_runs_it(tmp_path):
+    infos = registry(tmp_path, **{"v1": ">=0.5.12,<0.5.14", "v2": ">=0.5.20,<0.5.24"})
+    doc = cl.driver_json(drv("570.124.06", "12.8"), "0.5.23", infos, ("13.0", "env CUDA_VERSION"))
+    assert (doc["image_cuda"], doc["image_cuda_from"], doc["image_runs"]) == ("13.0", "env CUDA_VERSION", False)
+    assert cl.driver_line(doc, "0.5.23").endswith(
+        "; the container's image: CUDA 13.0 (its env CUDA_VERSION): this driver cannot run it (push refuses "
+        "without --force-driver)")
+    ok = cl.driver_json(drv("570.124.06", "12.8"), "0.5.12.post1", infos, ("12.9", "tag"))
+    assert ok["image_runs"] is True
+    assert cl.driver_line(ok, "0.5.12.post1").endswith("; the container's image: CUDA 12.9 (its tag): this driver "
+                                                      "runs it")
+    none = cl.driver_json(Driver(found=False), "0.5.12.post1", infos, ("12.9", "tag"))
+    assert none["image_runs"] is None and cl.driver_line(none, "0.5.12.post1").endswith(
+        "; the container's image: CUDA 12.9 (its tag)")
+    unknown = cl.driver_json(drv("570.124.06", "12.8"), "0.5.9", infos, ("", "unknown"))
+    assert (unknown["image_cuda"], unknown["image_runs"]) == (None, None)
+    assert "the container's image: CUDA unknown" in cl.driver_line(unknown, "0.5.9")
+    venv = cl.driver_json(drv("570.124.06", "12.8"), "0.5.23", infos)  # a venv host: the three are null
+    assert (venv["image_cuda"], venv["image_cuda_from"], venv["image_runs"]) == (None, None, None)
+    assert "image" not in cl.driver_line(venv, "0.5.23")

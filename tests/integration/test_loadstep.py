@@ -75,8 +75,9 @@ def test_the_plan_is_tunes_benchmark_with_the_operators_prompts():
                              module="sglang.bench_serving")
     assert with_tok.argv[with_tok.argv.index("--tokenizer") + 1] == "/models/llama"
     assert with_tok.argv[with_tok.argv.index("--host") + 1] == "10.0.0.5"
-    request = p.request("~/.ddtree-deploy", "20261202T150000-1-1")
-    assert request["folder"] == "load/20261202T150000-1-1" and request["concurrency"] == 4
+    request = p.request("20261202T150000-1-1")
+    assert request["tag"] == "20261202T150000-1-1" and request["concurrency"] == 4
+    assert "state_dir" not in request  # the host's state is not the load step's: it runs before the lock
     assert loadstep.requests_for(50_000, 4) == 50_000 and loadstep.requests_for(3, 4096) == loadstep.MAX_REQUESTS
 
 
@@ -151,6 +152,11 @@ FAKE_BENCH = textwrap.dedent('''
     if mode == "fail":
         print("ValueError: output_len too small", flush=True)
         sys.exit(1)
+    import importlib.util, os  # as the real one imports the installed SGLang (bytecode, were it let)
+    found = os.path.join(os.path.dirname(importlib.util.find_spec("sglang").origin), "version.py")
+    spec = importlib.util.spec_from_file_location("sglang_version", found)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    open(sys.argv[2] + ".sglang", "w").write(found)
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     open(sys.argv[2], "a").write("%d %d\\n" % (__import__("os").getpid(), worker.pid))
     print("Starting main benchmark run...", flush=True)
@@ -191,16 +197,19 @@ def serve_program(tmp_path: Path, mode: str, *, scrapes: int = 2,
     script = tmp_path / "fake_bench.py"
     script.write_text(FAKE_BENCH)
     pids = tmp_path / "pids"
-    load = {"argv": [sys.executable, str(script), mode, str(pids)], "prompts": prompts.custom_lines(["a b", "c d"]),
-            "requests": 4, "concurrency": 2, "state_dir": str(tmp_path / "state"), "folder": "load/t1",
+    load = {"argv": ["{python}", str(script), mode, str(pids)], "prompts": prompts.custom_lines(["a b", "c d"]),
+            "requests": 4, "concurrency": 2, "tag": "t1",
             "ready_timeout_s": 30, "settle_s": 0, "term_grace_s": 2}
     request = {"op": "metrics", "python": sys.executable, "url": url, "interval_s": 0.5,
                "scrapes": scrapes, "timeout_s": 1, "names": [], "load": load, "heartbeat_s": 1}
-    # The host's interpreter: one with SGLang's files (the state folder is checked against its package root)
+    # The host's interpreter: one with SGLang's files; its temp folder this test's own (the
     python, _site = make_python_env(tmp_path / "env", ["sglang/version.py"])
+    # scratch folder is looked for there). A host's shell does not forbid bytecode: nor does this.
+    (tmp_path / "tmp").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     proc = subprocess.Popen([str(python), "-m", "ddtree_deploy.hostprog.serve"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**env, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path / "tmp")})
     proc.stdin.write((json.dumps(request) + "\n").encode())
     proc.stdin.flush()
     return proc, request, pids
@@ -219,7 +228,10 @@ def test_the_host_side_stops_the_whole_group_when_the_controller_goes(tmp_path, 
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
         time.sleep(0.05)
     bench, worker = map(int, pids.read_text().split())
-    assert (tmp_path / "state" / "load" / "t1" / "prompts.jsonl").read_text().count("\n") == 4  # cycled to 4
+    (scratch,) = (tmp_path / "tmp").iterdir()
+    assert scratch.name.startswith("ddtree-deploy-load-t1-") and scratch.stat().st_mode & 0o777 == 0o700
+    assert (scratch / "prompts.jsonl").read_text().count("\n") == 4  # cycled to 4
+    assert b"PYTHONDONTWRITEBYTECODE=1" in Path(f"/proc/{bench}/environ").read_bytes().split(b"\0")
     environ = Path(f"/proc/{bench}/environ").read_bytes().split(b"\0")
     assert b"DDTREE_DEPLOY_HOST_PROGRAM=load" in environ  # never a server to status
     time.sleep(0.5)
@@ -231,17 +243,19 @@ def test_the_host_side_stops_the_whole_group_when_the_controller_goes(tmp_path, 
     assert not alive(bench) and not alive(worker)  # the whole group, reaped
     assert doc["load"]["killed"] == 2 and doc["load"]["left"] == [] and doc["load"]["ready_s"] is not None
     assert doc["metrics"] == "stopped" and "the controller went away" in doc["detail"]
-    assert not (tmp_path / "state" / "load" / "t1").exists()  # the operator's prompts not left behind
-    assert (tmp_path / "state" / ".ddtree-deploy-state").is_file()  # written only into a state folder of ours
+    assert not list((tmp_path / "tmp").iterdir())  # the operator's prompts not left behind
 
 
-def test_the_host_side_refuses_somebodys_folder_as_the_state_folder(tmp_path):
-    (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "thesis.tex").write_text("not ours")
+def test_the_host_side_writes_nothing_but_its_scratch_folder(tmp_path):
+    """It runs before a push's lock: no state folder made, no bytecode beside SGLang's files."""
     proc, _, pids = serve_program(tmp_path, "ok")
     doc = answer_of(proc)
-    assert "without the .ddtree-deploy-state marker and is not a ddtree-deploy state folder" in doc["load"]["error"]
-    assert not pids.exists() and sorted(p.name for p in (tmp_path / "state").iterdir()) == ["thesis.tex"]
+    env = tmp_path / "env"
+    # it ran, and imported SGLang's files from the host's release
+    assert doc["load"]["error"] is None and pids.exists(), doc
+    assert Path(pids.read_text() and str(pids) + ".sglang").read_text().startswith(str(env))
+    assert not (tmp_path / "state").exists() and not list((tmp_path / "tmp").iterdir())
+    assert not list(env.rglob("__pycache__")), list(env.rglob("__pycache__"))
 
 
 def test_the_host_side_stops_the_benchmark_when_the_scrapes_end(tmp_path):
