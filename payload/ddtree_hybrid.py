@@ -261,7 +261,8 @@ def check(view: Any, model_config: Any, budget: int,
         flags = _gdn_flashinfer_flags(view)
         if flags:
             refusals.append(
-                f"{' and '.join(flags)} route this SGLang's GDN verify to FlashInfer, whose "
+                f"{' and '.join(flags)} {'route' if len(flags) > 1 else 'routes'} this "
+                "SGLang's GDN verify to FlashInfer, whose "
                 "kernel refuses retrieve_parent_token (a tree); use "
                 "--linear-attn-decode-backend triton --linear-attn-prefill-backend triton")
     if kind.name == "kda":

@@ -1,16 +1,18 @@
 """DDTree on hybrid targets (attention + Mamba2 / GDN / KDA layers) on the v2 families (SGLang
-0.5.17 - 0.5.23): payload/ddtree_hybrid.py, the plugin's hybrid gate and the worker's start-up.
+0.5.14 - 0.5.15.post1, 0.5.17 - 0.5.23): payload/ddtree_hybrid.py, the plugin's hybrid gate and the worker's start-up.
 
 Three layers:
 
 1. In this interpreter (no SGLang): the recurrent memory term of ``max_running_requests``
    (B + 1 intermediate states per running request) and its refusal text.
-2. The sources, in each release's wheel (0.5.17 - 0.5.23): the SGLang lines the design rests on
+2. The sources, in each release's wheel (RELEASES): the SGLang lines the design rests on
    (the tree-aware commit that EAGLE's verify runs before moving the accepted path, the hybrid
    backend's ``topk > 1`` switch, the kinds without a tree path refusing it, the chain commit of
    DFlash the negative control uses, the host checks the probe answers).
 3. In a host environment with the real release wheel plus its v2 family's series, once per
-   family (0.5.23 with sglang-0.5.20, 0.5.19, 0.5.18 and 0.5.17 with their own)
+   family (0.5.23 with sglang-0.5.20, 0.5.19, 0.5.18 and 0.5.17 with their own, 0.5.15.post1
+   with sglang-0.5.15, 0.5.14 with sglang-0.5.14; there KDA has no verify path and its case
+   is the refusal by name)
    (tests/v2_hybrid_probe.py, run with ``SGLANG_USE_CPU_ENGINE=1 TRITON_INTERPRET=1``): for GDN,
    KDA and Mamba2 (SGLang's own MambaMixer2), the worker's whole decode step on SGLang's hybrid
    pools and backends with the Triton recurrent kernels in Triton's CPU interpreter: tokens ==
@@ -111,6 +113,31 @@ def test_every_refused_kind_says_why_and_every_served_kind_has_a_backend():
     assert served == {"gdn", "mamba2", "kda"}
     for kind in hy.KINDS.values():
         assert kind.backend and (kind.tree or kind.why), kind
+
+
+def test_the_gdn_refusal_names_the_flashinfer_flags_as_sglang_falls_back():
+    # SGLang's rule (initialize_linear_attn_config): an unset decode / prefill backend follows
+    # --linear-attn-backend; either one on FlashInfer takes 0.5.14 - 0.5.15.post1's GDN verify.
+    from types import SimpleNamespace
+
+    def flags(base="triton", decode=None, prefill=None):
+        return hy._gdn_flashinfer_flags(SimpleNamespace(
+            linear_attn_backend=base, linear_attn_decode_backend=decode,
+            linear_attn_prefill_backend=prefill))
+
+    assert flags() == [] and flags(decode="triton", prefill="triton") == []
+    assert flags(base="flashinfer") == ["--linear-attn-backend flashinfer"]
+    assert flags(base="flashinfer", decode="triton") == ["--linear-attn-backend flashinfer"]
+    assert flags(base="flashinfer", decode="triton", prefill="triton") == []
+    assert flags(decode="flashinfer") == ["--linear-attn-decode-backend flashinfer"]
+    assert flags(decode="flashinfer", prefill="flashinfer") == [
+        "--linear-attn-decode-backend flashinfer", "--linear-attn-prefill-backend flashinfer"]
+
+
+def test_module_text_reads_a_source_without_importing_it_and_is_empty_when_there_is_none():
+    assert "def dumps(" in hy._module_text("json")
+    assert hy._module_text("no_such_package.no_such_module") == ""
+    assert hy._module_text("sys") == ""  # built in: no source file
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,11 +394,15 @@ def probe_results(tmp_path_factory, request) -> dict:
 
 @pytest.mark.sglang_env
 @pytest.mark.parametrize("case", _probe_module().CASES)
-def test_v2_hybrid_on_real_sglang(probe_results: dict, case: str) -> None:
+def test_v2_hybrid_on_real_sglang(probe_results: dict, case: str, request) -> None:
     result = probe_results[case]
     assert result["ok"], f"{case}:\n{result['error']}"
     print(case, json.dumps(result["facts"]))  # (pytest -rP shows the figures)
-    if case.endswith("_lossless"):
+    release = request.node.callspec.params["probe_results"]
+    if case == "kda_lossless" and release in BEFORE_TREE_ROUTING:
+        # No KDA verify path there (kda_verify_is_the_prefill_chunk): refused by name instead.
+        assert "has no tree verify path" in result["facts"]["refused"], result["facts"]
+    elif case.endswith("_lossless"):
         facts = result["facts"]
         # Every step's state was checked, and the control had steps to fail on (and did).
         assert facts["state_checks"] >= facts["steps"] and facts["off_node"] >= 1, facts
