@@ -507,13 +507,16 @@ def make_harness():
             runner = w.model_runner
             runner.token_to_kv_pool = alloc.get_kvcache()  # the HybridLinearKVPool
             runner.model_config = _hybrid_model_config(vp, target, self.kind)
-            # 0.5.14 - 0.5.15.post1's commit asks the runner's own mambaish_config (a ModelRunner
-            # property there; 0.5.17+ ask configs/hybrid_arch about the model config): SGLang's
-            # answer on this model config, through the payload's reading of it.
+            # 0.5.14 - 0.5.15.post1's commit and backends ask the runner's own kind predicates
+            # (mambaish_config, mamba2_config, ...: ModelRunner properties there; 0.5.17+ ask
+            # configs/hybrid_arch about the model config): SGLang's answers on this model
+            # config, through the payload's reading of them.
             from sglang.srt.speculative import ddtree_hybrid
 
-            runner.mambaish_config = ddtree_hybrid._hybrid_arch().mambaish_config(
-                runner.model_config)
+            arch = ddtree_hybrid._hybrid_arch()
+            for name in ddtree_hybrid._PREDICATES:
+                if callable(getattr(arch, name, None)):
+                    setattr(runner, name, getattr(arch, name)(runner.model_config))
             assert runner.mambaish_config is not None, "the target is not hybrid to SGLang"
             # (What the backends read of the runner's ServerArgs: 0.5.19 also reads unified
             # memory and the Mamba extra buffer there; 0.5.18 the verify's top-K and width too,
