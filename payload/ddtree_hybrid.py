@@ -249,6 +249,22 @@ def check(view: Any, model_config: Any, budget: int,
             ": SGLang's MambaMixer2 strides the intermediate SSM states by the step's width, the "
             "pool by the largest, so a narrower step would commit the wrong state; use one "
             "--speculative-ddtree-budget (or schedule entries of one budget) for this model")
+    if kind.name == "kda" and not _kda_has_verify_path():
+        # 0.5.14 - 0.5.15.post1: KDAAttnBackend has no verify path: a verify runs the
+        # prefill's chunk kernel over the tree's tokens in order (a tree verified as a chain).
+        raise ValueError(
+            f"{who}: this SGLang's {kind.backend} has no tree verify path (a verify runs its "
+            "prefill kernel over the tree as a chain; SGLang 0.5.17+ has one); use "
+            "--speculative-algorithm DFLASH for this model, or SGLang 0.5.17 or later."
+        )
+    if kind.name == "gdn" and not _gdn_routes_trees_to_triton():
+        flags = _gdn_flashinfer_flags(view)
+        if flags:
+            refusals.append(
+                f"{' and '.join(flags)} {'route' if len(flags) > 1 else 'routes'} this "
+                "SGLang's GDN verify to FlashInfer, whose "
+                "kernel refuses retrieve_parent_token (a tree); use "
+                "--linear-attn-decode-backend triton --linear-attn-prefill-backend triton")
     if kind.name == "kda":
         verify = _verify_backend_of_linear_attn(view)
         if verify not in KDA_TREE_VERIFY_BACKENDS:
@@ -277,6 +293,58 @@ def check(view: Any, model_config: Any, budget: int,
     if refusals:
         raise ValueError(f"{who}: " + "; ".join(refusals) + ".")
     return HybridTarget(kind=kind, config_class=name, config=recurrent)
+
+
+def _module_text(name: str) -> str:
+    """The source text of SGLang's module ``name`` ("" when it has none), found without
+    importing it: what a seam reads to learn which code path the running release has (never
+    its version number)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except ImportError:
+        return ""
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return ""
+    try:
+        with open(spec.origin, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+_GDN_BACKEND = "sglang.srt.layers.attention.linear.gdn_backend"
+_KDA_BACKEND = "sglang.srt.layers.attention.linear.kda_backend"
+
+
+def _gdn_routes_trees_to_triton(backend_text: Optional[str] = None) -> bool:
+    """Seam (API difference): 0.5.17+'s GDN backend sends every tree verify (parents set) to
+    its Triton kernel whatever the FlashInfer flags say (``tree_verify_kernel``); 0.5.14 -
+    0.5.15.post1 verify on FlashInfer whenever a FlashInfer decode or prefill backend is
+    chosen, and that kernel raises on ``retrieve_parent_token``."""
+    text = _module_text(_GDN_BACKEND) if backend_text is None else backend_text
+    return "self.tree_verify_kernel = triton_kernel" in text
+
+
+def _kda_has_verify_path(backend_text: Optional[str] = None) -> bool:
+    """Seam (API difference): 0.5.17+'s KDA backend hands its verify kernels the tree's
+    parents (``retrieve_parent_token``); 0.5.14 - 0.5.15.post1's has no verify path at all."""
+    text = _module_text(_KDA_BACKEND) if backend_text is None else backend_text
+    return "retrieve_parent_token" in text
+
+
+def _gdn_flashinfer_flags(view: Any) -> list[str]:
+    """The linear-attention flags that pick FlashInfer for the GDN decode or prefill (each
+    falls back to --linear-attn-backend, as SGLang's initialize_linear_attn_config does)."""
+    base = getattr(view, "linear_attn_backend", None)
+    flags = []
+    for side in ("decode", "prefill"):
+        own = getattr(view, f"linear_attn_{side}_backend", None)
+        if (own or base) == "flashinfer":
+            flags.append(f"--linear-attn-{side}-backend flashinfer" if own
+                         else "--linear-attn-backend flashinfer")
+    return list(dict.fromkeys(flags))
 
 
 def _extra_buffer(view: Any) -> bool:
@@ -411,19 +479,41 @@ def per_slot_state_bytes(recurrent_config: Any, attn_tp_size: int) -> int:
     """One state slot's bytes (conv + SSM state, every recurrent layer, this rank's share), as
     SGLang sizes it (``mamba2_cache_params.mamba_cache_per_req``). Usable before the runtime
     context is published: the parallel width is supplied for the duration of the read."""
+    with _config_attn_tp_width(recurrent_config, int(attn_tp_size)):
+        params = recurrent_config.mamba2_cache_params
+    return int(params.mamba_cache_per_req)
+
+
+@contextmanager
+def _config_attn_tp_width(recurrent_config: Any, attn_tp_size: int):
+    """Seam (API difference): where the recurrent config reads the attention TP width while it
+    sizes a state slot. 0.5.17+ read the runtime context's ``get_parallel().attn_tp_size``
+    (overridden here); 0.5.14 - 0.5.16's configs call ``dp_attention.get_attention_tp_size()``,
+    which asks the process groups, not initialized at argument resolution (a start-up crash):
+    answered with the width for the duration of the read."""
     from sglang.srt import runtime_context
     from sglang.srt.runtime_context import get_parallel
 
-    widths = {"attn_tp_size": int(attn_tp_size)}
+    widths: dict[str, Any] = {"attn_tp_size": attn_tp_size}
     # Seam (API difference): the CP/TP group-sharing switch, which picks the group the state
     # is split over, is a parallel field from 0.5.20; 0.5.19 splits over attention TP only.
     known = getattr(runtime_context, "_parallel_fields", None)
     known = known() if callable(known) else getattr(runtime_context, "_PARALLEL_FIELDS", ())
     if "enable_cp_tp_group_sharing" in known:
         widths["enable_cp_tp_group_sharing"] = False
+    config_module = type(recurrent_config).__module__
+    dp_attention: Any = None
+    if "dp_attention import get_attention_tp_size" in _module_text(config_module):
+        from sglang.srt.layers import dp_attention
+    asked = dp_attention.get_attention_tp_size if dp_attention is not None else None
     with get_parallel().override(**widths):
-        params = recurrent_config.mamba2_cache_params
-    return int(params.mamba_cache_per_req)
+        if dp_attention is not None:
+            dp_attention.get_attention_tp_size = lambda: attn_tp_size
+        try:
+            yield
+        finally:
+            if dp_attention is not None:
+                dp_attention.get_attention_tp_size = asked
 
 
 __all__ = [

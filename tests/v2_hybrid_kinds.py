@@ -151,6 +151,12 @@ def _mamba2_cache_params(kind, layer_ids, **shape):
         Mamba2StateShape,
     )
 
+    import inspect
+
+    if "conv_shard_groups" not in inspect.signature(Mamba2StateShape.create).parameters:
+        # 0.5.14 - 0.5.15.post1 shard the conv channels by n_groups alone (the groups'
+        # split only matters across TP ranks: one rank here).
+        shape.pop("conv_shard_groups", None)
     built = Mamba2StateShape.create(tp_world_size=1, **shape)
     assert built.conv_dim == kind.conv_dim
     return Mamba2CacheParams(shape=built, layers=list(layer_ids),

@@ -198,7 +198,8 @@ class HybridTargetWorker:
     def forward_batch_generation(self, batch=None, forward_batch=None, is_verify=False, **kw):
         import torch
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-        from sglang.srt.speculative.eagle_utils import TreeMaskMode, default_tree_mask_mode
+        from sglang.srt.speculative import eagle_utils
+        from sglang.srt.speculative.eagle_utils import TreeMaskMode
 
         fb = forward_batch
         assert is_verify and fb.forward_mode.is_target_verify()
@@ -209,7 +210,9 @@ class HybridTargetWorker:
         spec = fb.spec_info
         n, bs = spec.draft_token_num, fb.batch_size
         seq = fb.seq_lens.tolist()
-        qlen_only = default_tree_mask_mode() == TreeMaskMode.QLEN_ONLY
+        # (0.5.14 - 0.5.15.post1 have no default: EAGLE builds the full mask there.)
+        mode = getattr(eagle_utils, "default_tree_mask_mode", lambda: TreeMaskMode.FULL_MASK)()
+        qlen_only = mode == TreeMaskMode.QLEN_ONLY
         masks, off = [], 0
         for b in range(bs):
             s = int(seq[b])
@@ -266,6 +269,50 @@ def _cuda_allocations_on_cpu(torch):
         torch.zeros = zeros
 
 
+# The recurrent kernels' modules, newest location first: 0.5.16 moved them from
+# sglang/srt/layers/attention/ (0.5.14 - 0.5.15.post1) to sglang/kernels/ops/, and 0.5.23 moved
+# the recurrent one again (0.5.20 - 0.5.22 keep it under fla/).
+KERNEL_MODULES = {
+    "conv": ("sglang.kernels.ops.mamba.causal_conv1d_triton",
+             "sglang.srt.layers.attention.mamba.causal_conv1d_triton"),
+    "recurrent": ("sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent",
+                  "sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent",
+                  "sglang.srt.layers.attention.fla.fused_sigmoid_gating_recurrent"),
+    "ssu_dispatch": ("sglang.kernels.ops.mamba.triton_ops.ssu_dispatch",
+                     "sglang.srt.layers.attention.mamba.ops.ssu_dispatch"),
+    "scatter": ("sglang.kernels.ops.mamba.mamba_state_scatter_triton",
+                "sglang.srt.layers.attention.mamba.mamba_state_scatter_triton"),
+}
+
+
+def kernel_module(what):
+    """The release's module of kernel ``what`` (KERNEL_MODULES): the first location it has."""
+    import importlib
+
+    names = KERNEL_MODULES[what]
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not name.startswith(exc.name):
+                raise  # a missing dependency of a module that is there: not a location
+    raise ModuleNotFoundError(f"none of {names}")
+
+
+def _spec_settings():
+    """The speculative settings the backends read: the runtime Spec bag (0.5.17+), else the
+    global ServerArgs (0.5.14 - 0.5.15.post1), as the payload's seam answers."""
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_settings
+
+    return runtime_settings("spec")
+
+
+def _spec_override(**fields):
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override
+
+    return runtime_override(_spec_settings(), **fields)
+
+
 def _bind_gpu_recurrent_kernels():
     """SGLANG_USE_CPU_ENGINE=1 binds the recurrent backends to sgl_kernel's compiled CPU ops
     (absent here; torch.ops names are looked up at import). Give those torch.ops names raising
@@ -283,14 +330,11 @@ def _bind_gpu_recurrent_kernels():
     for name in ("fused_gdn_gating_cpu", "fused_sigmoid_gating_delta_rule_update_cpu"):
         if not hasattr(ns, name):
             setattr(ns, name, raising(name))
-    from sglang.kernels.ops.mamba import causal_conv1d_triton
+    causal_conv1d_triton = kernel_module("conv")
     from sglang.srt.layers.attention.linear import gdn_backend, kda_backend
     from sglang.srt.layers.attention.linear.kernels import gdn_triton, kda_triton
 
-    try:
-        from sglang.kernels.ops.attention.linear import fused_sigmoid_gating_recurrent as fsg
-    except ImportError:  # 0.5.20 - 0.5.22 keep it under fla/
-        from sglang.kernels.ops.attention.fla import fused_sigmoid_gating_recurrent as fsg
+    fsg = kernel_module("recurrent")
     _shim_cuda_only_host_checks()
     gdn_backend.causal_conv1d_update = causal_conv1d_triton.causal_conv1d_update
     kda_backend.causal_conv1d_update = causal_conv1d_triton.causal_conv1d_update
@@ -298,7 +342,7 @@ def _bind_gpu_recurrent_kernels():
     kda_triton.fused_sigmoid_gating_delta_rule_update = fsg.fused_sigmoid_gating_delta_rule_update
     # MambaMixer2 binds its Triton conv only on CUDA/XPU; its SSU dispatcher is initialized by
     # the scheduler from --mamba-backend (triton: the backend with the tree path).
-    from sglang.kernels.ops.mamba.triton_ops import ssu_dispatch
+    ssu_dispatch = kernel_module("ssu_dispatch")
     from sglang.srt.layers.attention.mamba import mamba as mamba_mixer
 
     mamba_mixer.causal_conv1d_update_triton = causal_conv1d_triton.causal_conv1d_update
@@ -313,9 +357,17 @@ def _shim_cuda_only_host_checks():
     context): answered as scripts/gpu_check_hybrid.py answers them for its own CPU self-test
     (``answer_cuda_only_host_lines``; tests/integration/test_v2_hybrid.py pins the lines)."""
     import torch
-    from sglang.kernels.ops.mamba import mamba_state_scatter_triton as scatter
 
-    _gpu_script().answer_cuda_only_host_lines(torch, scatter)
+    scatter = kernel_module("scatter")
+    script = _gpu_script()
+    script.answer_cuda_only_host_lines(torch, scatter)
+    # 0.5.14 - 0.5.15.post1's hybrid backend imported the launchers by name (0.5.16+ call them
+    # inside the scatter module): its names are bound to the answered launchers too.
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend as hybrid
+
+    for name in script.SHIMMED_LAUNCHERS:
+        if hasattr(hybrid, name):
+            setattr(hybrid, name, getattr(scatter, name))
 
 
 def _gpu_script():
@@ -410,10 +462,15 @@ def make_harness():
                     speculative_num_draft_tokens=self.budget + 1,
                     speculative_eagle_topk=self.topk,
                 )
+            import inspect
+
+            # (0.5.14 - 0.5.15.post1 also ask whether the KV cache is stored transposed: no.)
+            layout = ({"enable_kvcache_transpose": False} if "enable_kvcache_transpose"
+                      in inspect.signature(HybridLinearKVPool.__init__).parameters else {})
             kv = HybridLinearKVPool(
                 size=kv_slots, dtype=torch.float64, page_size=1, head_num=target.heads,
                 head_dim=target.hd, full_attention_layer_ids=full, device="cpu",
-                mamba_pool=rtp.mamba_pool, enable_memory_saver=False,
+                mamba_pool=rtp.mamba_pool, enable_memory_saver=False, **layout,
             )
             allocator = TokenToKVPoolAllocator(
                 size=kv_slots, dtype=torch.float64, device="cpu", kvcache=kv, need_sort=False)
@@ -424,11 +481,13 @@ def make_harness():
             assert page_size == 1, "hybrid targets are served at page size 1 (ddtree_hybrid)"
             slots = alloc.alloc(len(prompt))
             rtp.req_to_token[row, : len(prompt)] = slots.to(rtp.req_to_token.dtype)
-            if getattr(req, "kv", None) is None:  # 0.5.18: allocation creates the KV record
+            if getattr(req, "kv", None) is None and not hasattr(req, "kv_allocated_len"):
+                # 0.5.18: allocation creates the KV record (0.5.14 - 0.5.15.post1 have none)
                 from sglang.srt.managers.schedule_batch import ReqKvInfo
 
                 req.kv = ReqKvInfo(kv_allocated_len=len(prompt), swa_evicted_seqlen=0)
-            vp.committed_of(req).kv_committed_len = req.kv.kv_allocated_len = len(prompt)
+            vp.committed_of(req).kv_committed_len = len(prompt)
+            vp.allocated_of(req).kv_allocated_len = len(prompt)
             got = target.trace(prompt)
             hybrid = alloc.get_kvcache()
             for li, (k, v) in got["kv"].items():
@@ -444,12 +503,21 @@ def make_harness():
                 HybridLinearAttnBackend,
             )
             from sglang.srt.layers.attention.linear import utils as linear_utils
-            from sglang.srt.runtime_context import get_spec
-
             w = super().worker(target, budget, topk, block, rtp, kv, alloc, entries=entries)
             runner = w.model_runner
             runner.token_to_kv_pool = alloc.get_kvcache()  # the HybridLinearKVPool
             runner.model_config = _hybrid_model_config(vp, target, self.kind)
+            # 0.5.14 - 0.5.15.post1's commit and backends ask the runner's own kind predicates
+            # (mambaish_config, mamba2_config, ...: ModelRunner properties there; 0.5.17+ ask
+            # configs/hybrid_arch about the model config): SGLang's answers on this model
+            # config, through the payload's reading of them.
+            from sglang.srt.speculative import ddtree_hybrid
+
+            arch = ddtree_hybrid._hybrid_arch()
+            for name in ddtree_hybrid._PREDICATES:
+                if callable(getattr(arch, name, None)):
+                    setattr(runner, name, getattr(arch, name)(runner.model_config))
+            assert runner.mambaish_config is not None, "the target is not hybrid to SGLang"
             # (What the backends read of the runner's ServerArgs: 0.5.19 also reads unified
             # memory and the Mamba extra buffer there; 0.5.18 the verify's top-K and width too,
             # the same values as the spec override below; 0.5.20+ from the runtime context.)
@@ -467,8 +535,8 @@ def make_harness():
                 linear_utils.initialize_linear_attn_config(runner.server_args)
             # Built as the scheduler builds the target's backends: under the resolved DDTREE
             # spec (topk = K > 1 switches the recurrent backend's tree path on).
-            with get_spec().override(speculative_eagle_topk=topk,
-                                     speculative_num_draft_tokens=budget + 1):
+            with _spec_override(speculative_eagle_topk=topk,
+                                speculative_num_draft_tokens=budget + 1):
                 linear = self.kind.backend_class()(runner)
             assert linear.topk == topk > 1, linear.topk
             runner.attn_backend = HybridLinearAttnBackend(
@@ -487,7 +555,16 @@ def make_harness():
             control, commit DFlash's way instead (its _update_target_mamba_state_after_verify:
             the state of step accept_len - 1)."""
             torch = self.torch
-            from sglang.srt.speculative import eagle_worker_common, spec_utils
+            import importlib
+
+            from sglang.srt.speculative import spec_utils
+
+            # The module whose verify calls the commit by name: eagle_worker_common's
+            # run_eagle_verify (0.5.16+), EAGLEWorkerV2.verify (0.5.14 - 0.5.15.post1).
+            try:
+                caller = importlib.import_module("sglang.srt.speculative.eagle_worker_common")
+            except ModuleNotFoundError:
+                caller = importlib.import_module("sglang.srt.speculative.eagle_worker_v2")
 
             real = spec_utils.commit_mamba_states_after_verify
             harness = self
@@ -511,7 +588,7 @@ def make_harness():
                 return real(target_worker, batch, accept_lens, accept_index, draft_token_num,
                             *args, **kwargs)
 
-            eagle_worker_common.commit_mamba_states_after_verify = commit
+            caller.commit_mamba_states_after_verify = commit
 
         def _install_state_check(self, w, target, rtp):
             """After every decode step: each request's committed recurrent state equals the
@@ -554,17 +631,20 @@ def make_harness():
         def _track_interval_scope(self):
             """TRACK_INTERVAL where SGLang's commit reads the track grid: 0.5.19+ ask
             ``spec_utils.mamba_track_grid(page_size)`` (answered in ``_lossless``); 0.5.18 reads
-            the runtime context's ``mamba_track_interval`` itself, overridden here for the
-            step (a function it never calls would leave the crossing at the default 256)."""
+            the runtime context's ``mamba_track_interval`` itself, 0.5.14 - 0.5.15.post1 the
+            global ServerArgs' field, overridden here for the step (a function it never calls
+            would leave the crossing at the default 256)."""
             import contextlib
 
             from sglang.srt.speculative import spec_utils
 
             if not self.track or hasattr(spec_utils, "mamba_track_grid"):
                 return contextlib.nullcontext()
-            from sglang.srt.runtime_context import get_exec
+            from sglang.srt.speculative.ddtree_v2_plugin import runtime_override, runtime_settings
 
-            return get_exec().mamba.override(mamba_track_interval=TRACK_INTERVAL)
+            settings = runtime_settings("exec")  # 0.5.14 - 0.5.15.post1: the global ServerArgs
+            return runtime_override(getattr(settings, "mamba", settings),
+                                    mamba_track_interval=TRACK_INTERVAL)
 
         def _assert_state(self, rtp, slot, want, what):
             got = self.kind.pool_state(rtp.mamba_pool, slot)
@@ -672,7 +752,20 @@ def case_gdn_lossless(_):
 
 
 def case_kda_lossless(_):
-    return _lossless("kda")
+    """0.5.17+: lossless as GDN. 0.5.14 - 0.5.15.post1's KDA backend has no verify path (the
+    source pin kda_verify_is_the_prefill_chunk): there DDTREE refuses a KDA target by name,
+    on SGLang's own config of the tiny Kimi Linear folder."""
+    from sglang.srt.speculative import ddtree_hybrid as hy
+
+    if hy._kda_has_verify_path():
+        return _lossless("kda")
+    try:
+        _check_model("tiny-kimi-linear")
+    except ValueError as exc:
+        text = str(exc)
+        assert "KDAAttnBackend has no tree verify path" in text and "\n" not in text, text
+        return {"refused": text}
+    raise AssertionError("a KDA target was accepted on a release without KDA's verify path")
 
 
 def case_mamba2_lossless(_):
@@ -686,20 +779,35 @@ def case_draft_scope(_):
     vp = _probe_module()
     h = vp.Harness()
     torch = h.torch
-    from sglang.srt.runtime_context import get_spec
+    import copy
+    import importlib
+
     from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
 
     target = vp.TinyTarget(torch, seed=1)
     rtp, kv, alloc = h.pools(target, 2)
     w = h.worker(target, 10, 3, 5, rtp, kv, alloc)
-    seen = {}
+    seen, widths = {}, {}
+    target_settings = _spec_settings()
+    own_copy = not hasattr(importlib.import_module("sglang.srt.runtime_context"), "get_spec")
+    if not own_copy:
+        def draft_settings():  # 0.5.17+: the draft's backends read the runtime Spec bag
+            return _spec_settings()
+    else:
+        # 0.5.14 - 0.5.15.post1: the draft runner reads its own ServerArgs, the copy
+        # DFlashWorkerV2 makes of the target's (B + 1 wide, top-K K as resolved).
+        w.draft_model_runner.server_args = copy.copy(target_settings)
+
+        def draft_settings():
+            widths["draft"] = w.draft_model_runner.server_args.speculative_num_draft_tokens
+            return w.draft_model_runner.server_args
 
     class DraftWorker:  # stand-in: records what the draft's backends would be built under
         def init_attention_backends(self):
-            seen["backends"] = get_spec().speculative_eagle_topk
+            seen["backends"] = draft_settings().speculative_eagle_topk
 
         def init_cuda_graphs(self, capture_decode_cuda_graph=False):
-            seen["graphs"] = get_spec().speculative_eagle_topk
+            seen["graphs"] = draft_settings().speculative_eagle_topk
 
     w._draft_worker = DraftWorker()
     w.draft_parallel_layout = type("Layout", (), {"tp_group": None})()
@@ -718,13 +826,22 @@ def case_draft_scope(_):
     dfw.draft_pp_context = contextlib.nullcontext
     dfw.draft_tp_context = lambda layout: contextlib.nullcontext()
     dfw.DFlashWorkerV2.init_cuda_graphs = lambda self: seen.__setitem__(
-        "graphs", get_spec().speculative_eagle_topk)
-    with get_spec().override(speculative_eagle_topk=3, speculative_algorithm="DDTREE"):
+        "graphs", draft_settings().speculative_eagle_topk)
+    with _spec_override(speculative_eagle_topk=3, speculative_algorithm="DDTREE",
+                        speculative_num_draft_tokens=11):
+        if own_copy:  # the copy, made after resolution
+            w.draft_model_runner.server_args = copy.copy(target_settings)
         DDTreeWorkerV2.init_attention_backends(w)  # DFlash's real one, draft worker stand-in
         DDTreeWorkerV2.init_cuda_graphs(w)
-        after = get_spec().speculative_eagle_topk
+        after = target_settings.speculative_eagle_topk
+        if own_copy:  # the draft copy is back to the target's width and K after the scope
+            copy_after = (w.draft_model_runner.server_args.speculative_eagle_topk,
+                          w.draft_model_runner.server_args.speculative_num_draft_tokens)
+            assert copy_after == (3, 11), copy_after
     assert seen == {"backends": 1, "graphs": 1}, seen
     assert after == 3, after  # the target's K is untouched
+    # 0.5.14 - 0.5.15.post1: the draft's backends see its block (5), not the target's 11.
+    assert widths.get("draft", 5) == 5, widths
     Linear.topk = 1
     try:
         DDTreeWorkerV2.init_attention_backends(w)  # top-K 3, the target's backend a chain's
@@ -737,17 +854,27 @@ def case_draft_scope(_):
     return {"draft_topk": seen.get("backends"), "graphs_topk": seen.get("graphs")}
 
 
+def _reset_context():
+    """Nothing published, as at argument resolution: the runtime context's reset (0.5.17+);
+    0.5.14 - 0.5.15.post1 publish nothing there to reset (their parallel fields ask the
+    process groups, none here)."""
+    from sglang.srt import runtime_context
+
+    reset = getattr(runtime_context, "reset_context", None)
+    if reset is not None:
+        reset()
+
+
 def case_memory(_):
     """The recurrent term of max_running_requests on SGLang's own config classes: a real-size
     Qwen3-Next (SGLang's Qwen3NextConfig defaults: 80B-A3B) at TP 1/2/4 and budgets 64 / 256 on
     an H200 (141 GiB, --mem-fraction-static 0.85), and the refusal with its numbers."""
     from sglang.srt.configs import Qwen3NextConfig
-    from sglang.srt.runtime_context import reset_context
     from sglang.srt.speculative import ddtree_hybrid as hy
 
     # As at argument resolution (where the plugin computes it): nothing published, no process
     # groups (the other cases publish a CPU topology).
-    reset_context()
+    _reset_context()
 
     # Qwen3-Next-80B-A3B: 48 layers, every 4th full attention, 36 GDN layers of 16 key / 32
     # value heads of dim 128 (the class defaults, with the attention interval of its config.json).
@@ -784,51 +911,68 @@ def _resolved_fields(args) -> dict:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
 
 
+_CHECK_BASE = {"model_path": "/m", "mamba_backend": "triton", "linear_attn_backend": "triton",
+               "linear_attn_decode_backend": None, "linear_attn_prefill_backend": None,
+               "linear_attn_verify_backend": None, "enable_linear_replayssm_spec": False,
+               "page_size": 1, "disable_radix_cache": True,
+               "mamba_radix_cache_strategy": "no_buffer", "mamba_track_interval": 256}
+
+
+def _check_model(name, budget=64, **settings):
+    """ddtree_hybrid.check on SGLang's own ModelConfig of the tiny config folder ``name``."""
+    import types
+
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative import ddtree_hybrid as hy
+    from sglang.srt.speculative import ddtree_v2_plugin
+
+    models = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "models")
+    args = ServerArgs(model_path=os.path.join(models, name), device="cuda",
+                      skip_tokenizer_init=True, disable_radix_cache=True)
+    _resolved_fields(args)
+    return hy.check(types.SimpleNamespace(**{**_CHECK_BASE, **settings}),
+                    ddtree_v2_plugin.model_config(args), budget)
+
+
 def case_refusals(_):
     """ddtree_hybrid.check on SGLang's own ModelConfig of the tiny config folders, with the
     settings a CPU resolution cannot reach (SGLang refuses them first here: no FlashInfer Mamba,
     no extra buffer without a GPU platform): each a one-line refusal naming the config class,
     the reason and what to use instead; the served kinds and a pure-attention target pass."""
     import logging
-    import types
 
     logging.disable(logging.WARNING)
-    from sglang.srt.runtime_context import reset_context
-    from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative import ddtree_hybrid as hy
 
-    reset_context()
-    models = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "models")
-
-    def model(name):
-        args = ServerArgs(model_path=os.path.join(models, name), device="cuda",
-                          skip_tokenizer_init=True, disable_radix_cache=True)
-        _resolved_fields(args)
-        from sglang.srt.speculative import ddtree_v2_plugin
-
-        return ddtree_v2_plugin.model_config(args)
-
-    base = {"model_path": "/m", "mamba_backend": "triton", "linear_attn_backend": "triton",
-            "linear_attn_decode_backend": None, "linear_attn_verify_backend": None,
-            "enable_linear_replayssm_spec": False, "page_size": 1, "disable_radix_cache": True,
-            "mamba_radix_cache_strategy": "no_buffer", "mamba_track_interval": 256}
-
-    def check(name, budget=64, **settings):
-        return hy.check(types.SimpleNamespace(**{**base, **settings}), model(name), budget)
-
+    _reset_context()
+    check = _check_model
     assert check("tiny-llama") is None
+    kda = hy._kda_has_verify_path()  # 0.5.14 - 0.5.15.post1: KDA refused (case_kda_lossless)
     served = {name: check(name).kind.name
-              for name in ("tiny-qwen3-next", "tiny-nemotron-h", "tiny-kimi-linear")}
+              for name in ("tiny-qwen3-next", "tiny-nemotron-h") + ("tiny-kimi-linear",) * kda}
     assert served == {"tiny-qwen3-next": "gdn", "tiny-nemotron-h": "mamba2",
-                      "tiny-kimi-linear": "kda"}, served
+                      **({"tiny-kimi-linear": "kda"} if kda else {})}, served
     refusals = {}
-    for name, model_name, settings, want in (
+    old_gdn = () if hy._gdn_routes_trees_to_triton() else (
+        # 0.5.14 - 0.5.15.post1: a FlashInfer decode or prefill backend takes GDN's verify
+        ("gdn-flashinfer-decode", "tiny-qwen3-next", {"linear_attn_decode_backend": "flashinfer"},
+         "(Qwen3NextConfig, Gated DeltaNet): --linear-attn-decode-backend flashinfer routes this "
+         "SGLang's GDN verify to FlashInfer, whose kernel refuses retrieve_parent_token"),
+        ("gdn-flashinfer-base", "tiny-qwen3-next", {"linear_attn_backend": "flashinfer"},
+         "--linear-attn-backend flashinfer routes this SGLang's GDN verify to FlashInfer"),
+        ("gdn-flashinfer-both", "tiny-qwen3-next", {"linear_attn_decode_backend": "flashinfer",
+                                                    "linear_attn_prefill_backend": "flashinfer"},
+         "--linear-attn-decode-backend flashinfer and --linear-attn-prefill-backend flashinfer "
+         "route this SGLang's GDN verify to FlashInfer"),
+    )
+    kda_cases = () if not kda else (
+        ("kda-flashinfer-decode", "tiny-kimi-linear", {"linear_attn_decode_backend": "flashinfer"},
+         "(KimiLinearConfig, Kimi Delta Attention): the KDA verify backend flashinfer has no "
+         "tree path proven here"),)
+    for name, model_name, settings, want in old_gdn + kda_cases + (
         ("mamba2-flashinfer", "tiny-nemotron-h", {"mamba_backend": "flashinfer"},
          "(NemotronHConfig, Mamba2): --mamba-backend flashinfer has no tree path (its "
          "selective_state_update refuses retrieve_parent_token); use --mamba-backend triton."),
-        ("kda-flashinfer-decode", "tiny-kimi-linear", {"linear_attn_decode_backend": "flashinfer"},
-         "(KimiLinearConfig, Kimi Delta Attention): the KDA verify backend flashinfer has no "
-         "tree path proven here"),
         ("track-interval", "tiny-qwen3-next", {"disable_radix_cache": False,
                                                "mamba_radix_cache_strategy": "extra_buffer",
                                                "mamba_track_interval": 64},
@@ -861,11 +1005,10 @@ def case_memory_resolution(_):
     import logging
 
     logging.disable(logging.WARNING)
-    from sglang.srt.runtime_context import reset_context
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative import ddtree_v2_plugin as plugin
 
-    reset_context()
+    _reset_context()
     plugin._device_memory_mib = lambda device: 16.0
     models = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "models")
 
