@@ -339,7 +339,7 @@ def _decode_graph_sizes(configured: bool = False):
 def _decode_graph_sizes_scope(sizes):
     """A context in which decode graphs are captured for ``sizes`` only: the exec bag's
     override (0.5.18+), else the global ServerArgs' graph config replaced and restored."""
-    from sglang.srt.speculative.ddtree_v2_plugin import runtime_settings
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override, runtime_settings
 
     settings = runtime_settings("exec")
     graph = getattr(settings, "graph", None)
@@ -347,14 +347,10 @@ def _decode_graph_sizes_scope(sizes):
         with graph.override(cuda_graph_bs_decode=sizes):
             yield
         return
-    saved = settings.cuda_graph_config
-    scoped = copy.deepcopy(saved)
+    scoped = copy.deepcopy(settings.cuda_graph_config)
     scoped.decode.bs = list(sizes)
-    settings.cuda_graph_config = scoped
-    try:
+    with runtime_override(settings, cuda_graph_config=scoped):  # (0.5.16: an audited write)
         yield
-    finally:
-        settings.cuda_graph_config = saved
 
 
 def _draft_settings_scope(worker):
