@@ -457,8 +457,21 @@ def _eagle_verify(worker, batch, *, topk, num_steps, num_draft_tokens, grammar_b
         token_to_kv_pool_allocator=worker.model_runner.token_to_kv_pool_allocator,
         plan_stream=worker.plan_stream, plan_stream_ctx=worker.plan_stream_ctx, topk=topk,
         num_draft_tokens=num_draft_tokens, device=worker.device, metadata_ready_pre_pad=False,
-        finalize_tree_path=True, grammar_barrier=grammar_barrier,
+        finalize_tree_path=True, **_grammar_barrier_arg(run_eagle_verify, grammar_barrier),
         **_verify_depth(run_eagle_verify, num_steps))
+
+
+@functools.lru_cache(maxsize=8)
+def _takes_grammar_barrier(run_verify) -> bool:
+    return "grammar_barrier" in inspect.signature(inspect.unwrap(run_verify)).parameters
+
+
+def _grammar_barrier_arg(run_verify, grammar_barrier) -> dict:
+    """The scheduler's grammar barrier where ``run_eagle_verify`` takes one (0.5.17+: the
+    grammar mask is built against it); 0.5.16's takes none (its scheduler hands none: the
+    mask is built on the host from the requests' grammars, which ``generate_token_bitmask``
+    puts on the verify input itself)."""
+    return {"grammar_barrier": grammar_barrier} if _takes_grammar_barrier(run_verify) else {}
 
 
 @functools.lru_cache(maxsize=8)
