@@ -841,12 +841,17 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     # What the scheduler's spec bag holds once the plugin resolved DDTREE (budget B, verify
     # width B + 1, the draft block, per-depth K): prepare_for_decode (the family's 0005 hunk)
     # and release_kv_cache read it.
+    settings = runtime_settings("spec")
+    # Where that is the process's ServerArgs (0.5.16 and older), release_kv_cache reads the
+    # page size from it too (0.5.17+ ask the allocator): a server's equals its pool's.
+    paged = {"page_size": page_size} if hasattr(settings, "page_size") else {}
     with runtime_override(
-        runtime_settings("spec"), speculative_algorithm="DDTREE", speculative_ddtree_budget=budget,
+        settings, speculative_algorithm="DDTREE", speculative_ddtree_budget=budget,
         speculative_num_draft_tokens=budget + 1, speculative_dflash_block_size=block,
         speculative_eagle_topk=topk, speculative_ddtree_topk=topk,
         speculative_ddtree_budget_schedule=(None if schedule is None
                                             else sched.format_schedule(r.entries)),
+        **paged,
     ):
         (_overlap_loop if overlap else _sync_loop)(r)
     assert r.alloc.available_size() == free_slots0, (r.alloc.available_size(), free_slots0)
