@@ -51,11 +51,11 @@ hy = payload("ddtree_hybrid")  # payload/ddtree_hybrid.py, as SGLang imports it
 
 PROBE = REPO / "tests" / "v2_hybrid_probe.py"
 GPU_SCRIPT = REPO / "scripts" / "gpu_check_hybrid.py"
-RELEASES = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+RELEASES = ("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 PROBE_RELEASE = "0.5.23"
 # The release each v2 family's hybrid probe runs on (one probe per family).
 PROBE_TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19", "0.5.18": "sglang-0.5.18",
-                 "0.5.17": "sglang-0.5.17"}
+                 "0.5.17": "sglang-0.5.17", "0.5.16": "sglang-0.5.16"}
 
 
 def _probe_module():
@@ -120,7 +120,8 @@ SOURCE_FACTS = {
     "commit_is_tree_aware": (
         ["sglang/srt/speculative/spec_utils.py"],
         [r"def commit_mamba_states_after_verify\(",
-         r"accept_index\[req_idx, \(accept_lens - 1\)\.to\(torch\.int64\)\] - accept_indices_offset",
+         # (0.5.16 breaks the line before the offset)
+         r"accept_index\[req_idx, \(accept_lens - 1\)\.to\(torch\.int64\)\]\s*- accept_indices_offset",
          r"attn_backend\.update_mamba_state_after_mtp_verify\("]),
     # ... from run_eagle_verify, before the accepted path is moved to the front.
     "verify_commits_before_moving_the_path": (
@@ -143,9 +144,10 @@ SOURCE_FACTS = {
          r"(?s)self\.tree_verify_kernel\s*if (kwargs\.get\(\"retrieve_parent_token\"\)|"
          r"retrieve_parent_token) is not None"]),
     # KDA: FlashInfer's verify refuses topk > 1 (ddtree_hybrid refuses it first, by name).
+    # (0.5.16 has no verify backend of its own: the decode backend's kernel verifies.)
     "kda_flashinfer_is_chain_only": (
         ["sglang/srt/layers/attention/linear/kda_backend.py"],
-        [r"if verify_backend\.is_flashinfer\(\) and speculative_topk > 1:"]),
+        [r"if (verify|decode)_backend\.is_flashinfer\(\) and speculative_topk > 1:"]),
     # Mamba2: the mixer's verify passes the parents to the Triton conv and the SSU dispatcher,
     # whose FlashInfer backend refuses them.
     "mamba2_tree_path": (
