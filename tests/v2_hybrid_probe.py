@@ -444,7 +444,6 @@ def make_harness():
                 HybridLinearAttnBackend,
             )
             from sglang.srt.layers.attention.linear import utils as linear_utils
-            from sglang.srt.runtime_context import get_spec
 
             w = super().worker(target, budget, topk, block, rtp, kv, alloc, entries=entries)
             runner = w.model_runner
@@ -467,8 +466,8 @@ def make_harness():
                 linear_utils.initialize_linear_attn_config(runner.server_args)
             # Built as the scheduler builds the target's backends: under the resolved DDTREE
             # spec (topk = K > 1 switches the recurrent backend's tree path on).
-            with get_spec().override(speculative_eagle_topk=topk,
-                                     speculative_num_draft_tokens=budget + 1):
+            with _spec_override(speculative_eagle_topk=topk,
+                                speculative_num_draft_tokens=budget + 1):
                 linear = self.kind.backend_class()(runner)
             assert linear.topk == topk > 1, linear.topk
             runner.attn_backend = HybridLinearAttnBackend(
@@ -562,9 +561,11 @@ def make_harness():
 
             if not self.track or hasattr(spec_utils, "mamba_track_grid"):
                 return contextlib.nullcontext()
-            from sglang.srt.runtime_context import get_exec
+            from sglang.srt import runtime_context
 
-            return get_exec().mamba.override(mamba_track_interval=TRACK_INTERVAL)
+            if not hasattr(runtime_context, "get_exec"):  # 0.5.16: the global ServerArgs'
+                return _spec_override(mamba_track_interval=TRACK_INTERVAL)
+            return runtime_context.get_exec().mamba.override(mamba_track_interval=TRACK_INTERVAL)
 
         def _assert_state(self, rtp, slot, want, what):
             got = self.kind.pool_state(rtp.mamba_pool, slot)
@@ -679,6 +680,20 @@ def case_mamba2_lossless(_):
     return _lossless("mamba2")
 
 
+def _spec_settings():
+    """The process's speculative settings: the runtime Spec bag (0.5.17+), or the global
+    ServerArgs (0.5.16, no bags): the plugin's own seam."""
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_settings
+
+    return runtime_settings("spec")
+
+
+def _spec_override(**fields):
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override
+
+    return runtime_override(_spec_settings(), **fields)
+
+
 def case_draft_scope(_):
     """DDTreeWorkerV2.init_attention_backends / init_cuda_graphs build the DFlash draft's
     backends under speculative_eagle_topk = 1 while the resolved spec keeps K for the target,
@@ -686,20 +701,34 @@ def case_draft_scope(_):
     vp = _probe_module()
     h = vp.Harness()
     torch = h.torch
-    from sglang.srt.runtime_context import get_spec
+    import copy
+
+    from sglang.srt import runtime_context
     from sglang.srt.speculative.ddtree_worker_v2 import DDTreeWorkerV2
 
     target = vp.TinyTarget(torch, seed=1)
     rtp, kv, alloc = h.pools(target, 2)
     w = h.worker(target, 10, 3, 5, rtp, kv, alloc)
     seen = {}
+    bags = hasattr(runtime_context, "get_spec")
+    if not bags:
+        # 0.5.16: the draft's backends read the draft runner's own ServerArgs, a copy
+        # (SGLang's build_draft_tp_worker deep-copies the target's), not a Spec bag.
+        w.draft_model_runner.server_args = copy.deepcopy(_spec_settings())
+
+    def draft_topk():
+        if bags:
+            return _spec_settings().speculative_eagle_topk
+        # (the target's K stays K while the draft's is 1)
+        seen["target_during_draft"] = _spec_settings().speculative_eagle_topk
+        return w.draft_model_runner.server_args.speculative_eagle_topk
 
     class DraftWorker:  # stand-in: records what the draft's backends would be built under
         def init_attention_backends(self):
-            seen["backends"] = get_spec().speculative_eagle_topk
+            seen["backends"] = draft_topk()
 
         def init_cuda_graphs(self, capture_decode_cuda_graph=False):
-            seen["graphs"] = get_spec().speculative_eagle_topk
+            seen["graphs"] = draft_topk()
 
     w._draft_worker = DraftWorker()
     w.draft_parallel_layout = type("Layout", (), {"tp_group": None})()
@@ -718,12 +747,14 @@ def case_draft_scope(_):
     dfw.draft_pp_context = contextlib.nullcontext
     dfw.draft_tp_context = lambda layout: contextlib.nullcontext()
     dfw.DFlashWorkerV2.init_cuda_graphs = lambda self: seen.__setitem__(
-        "graphs", get_spec().speculative_eagle_topk)
-    with get_spec().override(speculative_eagle_topk=3, speculative_algorithm="DDTREE"):
+        "graphs", draft_topk())
+    with _spec_override(speculative_eagle_topk=3, speculative_algorithm="DDTREE"):
         DDTreeWorkerV2.init_attention_backends(w)  # DFlash's real one, draft worker stand-in
         DDTreeWorkerV2.init_cuda_graphs(w)
-        after = get_spec().speculative_eagle_topk
+        after = _spec_settings().speculative_eagle_topk
+    target_k = seen.pop("target_during_draft", 3)
     assert seen == {"backends": 1, "graphs": 1}, seen
+    assert target_k == 3, target_k
     assert after == 3, after  # the target's K is untouched
     Linear.topk = 1
     try:
