@@ -226,10 +226,13 @@ def model_config(record: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------
-# The running process's settings (a seam: 0.5.18+ against 0.5.14 - 0.5.15.post1). From 0.5.18
+# The running process's settings (a seam: 0.5.17+ against 0.5.14 - 0.5.16). From 0.5.17
 # on the runtime context carries them in bags (``get_spec()``, ``get_exec()``) with a scoped
-# ``override``; 0.5.14 - 0.5.15.post1 read the global ServerArgs (``get_global_server_args``),
+# ``override``; 0.5.14 - 0.5.16 read the global ServerArgs (``get_global_server_args``),
 # whose fields carry the same names, and a scoped override is a field write undone on exit.
+# 0.5.16's ServerArgs has an ``override`` too, but it is another thing: the one audited,
+# lasting mutation point after resolution (``override(source, **fields)``), with a guard on
+# bare writes (SGLANG_STRICT_CONFIG_MUTATION). So the scoped write goes through it there.
 
 
 def runtime_settings(bag: str = "spec") -> Any:
@@ -251,21 +254,36 @@ def runtime_override(settings: Any, **fields: Any):
     import contextlib
 
     override = getattr(settings, "override", None)
-    if callable(override):
+    if callable(override) and not _is_server_args(settings):
         return override(**fields)
 
     @contextlib.contextmanager
     def written():
         saved = {name: getattr(settings, name) for name in fields}
         try:
-            for name, value in fields.items():
-                setattr(settings, name, value)
+            _audited_write(settings, fields)
             yield settings
         finally:
-            for name, value in saved.items():
-                setattr(settings, name, value)
+            _audited_write(settings, saved)
 
     return written()
+
+
+def _is_server_args(settings: Any) -> bool:
+    from sglang.srt.server_args import ServerArgs
+
+    return isinstance(settings, ServerArgs)
+
+
+def _audited_write(settings: Any, fields: dict) -> None:
+    """Write ``fields`` on a ServerArgs: through its audited ``override`` where it has one
+    (0.5.16: a bare write after resolution is refused under the strict guard, and the audit
+    log names who changed what), else plain attribute writes (0.5.14 - 0.5.15.post1)."""
+    if callable(getattr(settings, "override", None)):
+        settings.override("ddtree-deploy", **fields)
+        return
+    for name, value in fields.items():
+        setattr(settings, name, value)
 
 
 def _resolved(record: Any) -> Any:

@@ -339,7 +339,7 @@ def _decode_graph_sizes(configured: bool = False):
 def _decode_graph_sizes_scope(sizes):
     """A context in which decode graphs are captured for ``sizes`` only: the exec bag's
     override (0.5.18+), else the global ServerArgs' graph config replaced and restored."""
-    from sglang.srt.speculative.ddtree_v2_plugin import runtime_settings
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override, runtime_settings
 
     settings = runtime_settings("exec")
     graph = getattr(settings, "graph", None)
@@ -347,14 +347,10 @@ def _decode_graph_sizes_scope(sizes):
         with graph.override(cuda_graph_bs_decode=sizes):
             yield
         return
-    saved = settings.cuda_graph_config
-    scoped = copy.deepcopy(saved)
+    scoped = copy.deepcopy(settings.cuda_graph_config)
     scoped.decode.bs = list(sizes)
-    settings.cuda_graph_config = scoped
-    try:
+    with runtime_override(settings, cuda_graph_config=scoped):  # (0.5.16: an audited write)
         yield
-    finally:
-        settings.cuda_graph_config = saved
 
 
 def _draft_settings_scope(worker):
@@ -461,8 +457,21 @@ def _eagle_verify(worker, batch, *, topk, num_steps, num_draft_tokens, grammar_b
         token_to_kv_pool_allocator=worker.model_runner.token_to_kv_pool_allocator,
         plan_stream=worker.plan_stream, plan_stream_ctx=worker.plan_stream_ctx, topk=topk,
         num_draft_tokens=num_draft_tokens, device=worker.device, metadata_ready_pre_pad=False,
-        finalize_tree_path=True, grammar_barrier=grammar_barrier,
+        finalize_tree_path=True, **_grammar_barrier_arg(run_eagle_verify, grammar_barrier),
         **_verify_depth(run_eagle_verify, num_steps))
+
+
+@functools.lru_cache(maxsize=8)
+def _takes_grammar_barrier(run_verify) -> bool:
+    return "grammar_barrier" in inspect.signature(inspect.unwrap(run_verify)).parameters
+
+
+def _grammar_barrier_arg(run_verify, grammar_barrier) -> dict:
+    """The scheduler's grammar barrier where ``run_eagle_verify`` takes one (0.5.17+: the
+    grammar mask is built against it); 0.5.16's takes none (its scheduler hands none: the
+    mask is built on the host from the requests' grammars, which ``generate_token_bitmask``
+    puts on the verify input itself)."""
+    return {"grammar_barrier": grammar_barrier} if _takes_grammar_barrier(run_verify) else {}
 
 
 @functools.lru_cache(maxsize=8)

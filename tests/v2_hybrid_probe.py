@@ -772,6 +772,20 @@ def case_mamba2_lossless(_):
     return _lossless("mamba2")
 
 
+def _spec_settings():
+    """The process's speculative settings: the runtime Spec bag (0.5.17+), or the global
+    ServerArgs (0.5.16, no bags): the plugin's own seam."""
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_settings
+
+    return runtime_settings("spec")
+
+
+def _spec_override(**fields):
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override
+
+    return runtime_override(_spec_settings(), **fields)
+
+
 def case_draft_scope(_):
     """DDTreeWorkerV2.init_attention_backends / init_cuda_graphs build the DFlash draft's
     backends under speculative_eagle_topk = 1 while the resolved spec keeps K for the target,
@@ -794,11 +808,13 @@ def case_draft_scope(_):
         def draft_settings():  # 0.5.17+: the draft's backends read the runtime Spec bag
             return _spec_settings()
     else:
-        # 0.5.14 - 0.5.15.post1: the draft runner reads its own ServerArgs, the copy
+        # 0.5.14 - 0.5.16: the draft runner reads its own ServerArgs, the copy
         # DFlashWorkerV2 makes of the target's (B + 1 wide, top-K K as resolved).
         w.draft_model_runner.server_args = copy.copy(target_settings)
 
         def draft_settings():
+            # (the target's K stays K while the draft's is 1)
+            seen["target_during_draft"] = _spec_settings().speculative_eagle_topk
             widths["draft"] = w.draft_model_runner.server_args.speculative_num_draft_tokens
             return w.draft_model_runner.server_args
 
@@ -838,7 +854,9 @@ def case_draft_scope(_):
             copy_after = (w.draft_model_runner.server_args.speculative_eagle_topk,
                           w.draft_model_runner.server_args.speculative_num_draft_tokens)
             assert copy_after == (3, 11), copy_after
+    target_k = seen.pop("target_during_draft", 3)
     assert seen == {"backends": 1, "graphs": 1}, seen
+    assert target_k == 3, target_k
     assert after == 3, after  # the target's K is untouched
     # 0.5.14 - 0.5.15.post1: the draft's backends see its block (5), not the target's 11.
     assert widths.get("draft", 5) == 5, widths

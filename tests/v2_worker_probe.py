@@ -841,12 +841,17 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
     # What the scheduler's spec bag holds once the plugin resolved DDTREE (budget B, verify
     # width B + 1, the draft block, per-depth K): prepare_for_decode (the family's 0005 hunk)
     # and release_kv_cache read it.
+    settings = runtime_settings("spec")
+    # Where that is the process's ServerArgs (0.5.16 and older), release_kv_cache reads the
+    # page size from it too (0.5.17+ ask the allocator): a server's equals its pool's.
+    paged = {"page_size": page_size} if hasattr(settings, "page_size") else {}
     with runtime_override(
-        runtime_settings("spec"), speculative_algorithm="DDTREE", speculative_ddtree_budget=budget,
+        settings, speculative_algorithm="DDTREE", speculative_ddtree_budget=budget,
         speculative_num_draft_tokens=budget + 1, speculative_dflash_block_size=block,
         speculative_eagle_topk=topk, speculative_ddtree_topk=topk,
         speculative_ddtree_budget_schedule=(None if schedule is None
                                             else sched.format_schedule(r.entries)),
+        **paged,
     ):
         (_overlap_loop if overlap else _sync_loop)(r)
     assert r.alloc.available_size() == free_slots0, (r.alloc.available_size(), free_slots0)
@@ -1139,8 +1144,14 @@ def _overlap_loop(r):
                 assert bonus_of(batch.spec_info).tolist() == [r.truth[i][-1] for i in active]
                 future_indices = batch.req_pool_indices
                 kw = {"on_publish": partial(fm.publish, future_indices)}
-                if r.grammar:
+                if r.grammar and _scheduler_hands_grammar_barrier():
                     kw["grammar_barrier"] = partial(_advance_grammar, r, pending)
+                elif r.grammar:
+                    # 0.5.16 and older hand no barrier: their scheduler turns overlap off
+                    # for a constrained spec decode batch (need_grammar_sync) and processes
+                    # the previous result first, so its tokens reach the FSM before this
+                    # verify builds its mask. (The lengths here still lag: the relay path.)
+                    _advance_grammar(r, pending)
                 res = _forward(r, batch, draft_input, active, **kw)
                 fm.stash(future_indices, relay_payload(res.next_draft_input))
                 launched = (list(active), res)
@@ -1166,6 +1177,14 @@ def _overlap_loop(r):
         r.restore()
     # Not vacuous: the host really lagged, and finished requests really ran one step more.
     assert stale > 0 and extra > 0, (stale, extra)
+
+
+def _scheduler_hands_grammar_barrier() -> bool:
+    """Whether this release's scheduler hands a spec worker the grammar barrier: 0.5.17+ ask
+    the algorithm (``supports_grammar_overlap``)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return hasattr(SpeculativeAlgorithm, "supports_grammar_overlap")
 
 
 def _advance_grammar(r, pending):

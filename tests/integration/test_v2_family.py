@@ -33,9 +33,10 @@ FAMILIES = {
     "sglang-0.5.19": (("0.5.19",), ("0.5.18", "0.5.20", "0.5.19rc0"), ("0.5.19",)),
     "sglang-0.5.18": (("0.5.18",), ("0.5.17", "0.5.19"), ("0.5.18",)),
     "sglang-0.5.17": (("0.5.17",), ("0.5.16", "0.5.18"), ("0.5.17",)),
+    "sglang-0.5.16": (("0.5.16",), ("0.5.15.post1", "0.5.17"), ("0.5.16",)),
 }
 # The series' hunk count where it is not 5 (one per patch).
-HUNKS = {"sglang-0.5.18": 6, "sglang-0.5.17": 6}
+HUNKS = {"sglang-0.5.18": 6, "sglang-0.5.17": 6, "sglang-0.5.16": 6}
 PER_RELEASE = [(family, version) for family, (releases, _, _) in FAMILIES.items()
                for version in releases]
 
@@ -72,7 +73,7 @@ def test_check_release_applies_and_compiles(family, version, tmp_path):
     assert report["family"] == family and report["compile_errors"] == []
     counts = report["hunks"]
     assert counts["fuzz"] == 0 and counts["failed"] == 0 and counts["already-applied"] == 0, counts
-    # (0.5.17's and 0.5.18's 0005 is two hunks: the reserve computed before their per-request
+    # (0.5.16's, 0.5.17's and 0.5.18's 0005 is two hunks: the reserve computed before their per-request
     # loop, then used.)
     assert counts["exact"] + counts["offset"] == HUNKS.get(family, 5), counts
     if version in FAMILIES[family][2]:

@@ -53,12 +53,12 @@ hy = payload("ddtree_hybrid")  # payload/ddtree_hybrid.py, as SGLang imports it
 
 PROBE = REPO / "tests" / "v2_hybrid_probe.py"
 GPU_SCRIPT = REPO / "scripts" / "gpu_check_hybrid.py"
-RELEASES = ("0.5.14", "0.5.15", "0.5.15.post1", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21",
-            "0.5.22", "0.5.23")
+RELEASES = ("0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20",
+            "0.5.21", "0.5.22", "0.5.23")
 PROBE_RELEASE = "0.5.23"
 # The release each v2 family's hybrid probe runs on (one probe per family).
 PROBE_TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19", "0.5.18": "sglang-0.5.18",
-                 "0.5.17": "sglang-0.5.17", "0.5.15.post1": "sglang-0.5.15",
+                 "0.5.17": "sglang-0.5.17", "0.5.16": "sglang-0.5.16", "0.5.15.post1": "sglang-0.5.15",
                  "0.5.14": "sglang-0.5.14"}
 
 
@@ -181,9 +181,10 @@ SOURCE_FACTS = {
          r"(?s)self\.tree_verify_kernel\s*if (kwargs\.get\(\"retrieve_parent_token\"\)|"
          r"retrieve_parent_token) is not None"]),
     # KDA: FlashInfer's verify refuses topk > 1 (ddtree_hybrid refuses it first, by name).
+    # (0.5.16 has no verify backend of its own: the decode backend's kernel verifies.)
     "kda_flashinfer_is_chain_only": (
         ["sglang/srt/layers/attention/linear/kda_backend.py"],
-        [r"if verify_backend\.is_flashinfer\(\) and speculative_topk > 1:"]),
+        [r"if (verify|decode)_backend\.is_flashinfer\(\) and speculative_topk > 1:"]),
     # 0.5.14 - 0.5.15.post1 (BEFORE_TREE_ROUTING): a FlashInfer decode or prefill backend
     # makes FlashInfer the GDN verify kernel, which raises on a tree (ddtree_hybrid refuses
     # those flags by name: _gdn_routes_trees_to_triton) ...

@@ -8,10 +8,10 @@
    and size what EAGLE hands them, must be in each release of the v2 family (0.5.21 - 0.5.23
    ship the JIT sources; 0.5.20 routes the same ops to sgl-kernel 0.4.7, whose compiled wheel
    carries no sources: its ``csrc/speculative/eagle_utils.cu`` has the same kernel with no
-   host check, see docs/patches-v2.md). 0.5.19, 0.5.18 and 0.5.17 (families sglang-0.5.19,
-   sglang-0.5.18, sglang-0.5.17) ship no tree kernel source either: they route to the compiled
-   sgl-kernel (0.4.6.post1; 0.5.17: 0.4.5), so only their Python lines and their route are
-   pinned; so do 0.5.14, 0.5.15 and 0.5.15.post1 (sgl-kernel 0.4.4; the compaction line in
+   host check, see docs/patches-v2.md). 0.5.19, 0.5.18, 0.5.17 and 0.5.16 (families
+   sglang-0.5.19, sglang-0.5.18, sglang-0.5.17, sglang-0.5.16) ship no tree kernel source
+   either: they route to the compiled sgl-kernel (0.4.6.post1; 0.5.17 and 0.5.16: 0.4.5), so
+   only their Python lines and their route are pinned; so do 0.5.14, 0.5.15 and 0.5.15.post1 (sgl-kernel 0.4.4; the compaction line in
    EAGLEWorkerV2 there, PIN_HOMES; their families are still in wip/). A release that changes
    one fails here, naming it.
 2. SGLang's Triton kernels, run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), loaded
@@ -117,6 +117,7 @@ ROUTES = {
     "0.5.14": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
     "0.5.15": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
     "0.5.15.post1": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
+    "0.5.16": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
     "0.5.17": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
     "0.5.18": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
     "0.5.19": (EAGLE_UTILS, "if _is_cuda or _is_hip or _is_musa:\n    from sgl_kernel import (\n        build_tree_kernel_efficient as sgl_build_tree_kernel_efficient,"),
@@ -179,7 +180,8 @@ def test_0_5_20_runs_sgl_kernel_0_4_7():
 
 
 @pytest.mark.parametrize("version,kernel", [("0.5.14", "0.4.4"), ("0.5.15", "0.4.4"),
-                                            ("0.5.15.post1", "0.4.4"), ("0.5.17", "0.4.5"),
+                                            ("0.5.15.post1", "0.4.4"), ("0.5.16", "0.4.5"),
+                                            ("0.5.17", "0.4.5"),
                                             ("0.5.18", "0.4.6.post1"), ("0.5.19", "0.4.6.post1")])
 def test_releases_without_a_tree_kernel_source_run_the_compiled_sgl_kernel(version, kernel):
     # Nothing of the CUDA tree builder or walks to pin in these wheels: the compiled

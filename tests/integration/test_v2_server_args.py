@@ -28,7 +28,7 @@ RELEASE = "0.5.23"
 PROBE_TAG = "PROBE-JSON:"
 # The release each v2 family is probed on (its newest): one probe per family.
 TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19", "0.5.18": "sglang-0.5.18",
-           "0.5.17": "sglang-0.5.17"}
+           "0.5.17": "sglang-0.5.17", "0.5.16": "sglang-0.5.16"}
 # Cases whose option or model the older release lacks, and what that release answers instead
 # (SGLang's own error, DDTREE or not: 0.5.19 has no draft sink or block verification, and its
 # ModelConfig cannot read a Mamba-1 config at all, with DFLASH as with DDTREE).
@@ -64,6 +64,17 @@ ELSEWHERE = {
     "0.5.17": {
         "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
         "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
+        "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
+        "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
+        # (As 0.5.18's gate: an SM100 GPU for trtllm_mha prefill.)
+        "attention-trtllm-mha": "TRTLLM MHA backend for prefill is only supported on Blackwell",
+    },
+    "0.5.16": {
+        "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
+        "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
+        # (The linear-attention verify backend and ReplaySSM arrive with 0.5.17.)
+        "hybrid-kda-flashinfer-verify": "unexpected keyword argument 'linear_attn_verify_backend'",
+        "hybrid-replayssm-spec": "unexpected keyword argument 'enable_linear_replayssm_spec'",
         "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
         "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
         # (As 0.5.18's gate: an SM100 GPU for trtllm_mha prefill.)

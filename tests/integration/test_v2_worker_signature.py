@@ -23,7 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent.parent
 WORKER = REPO / "payload" / "ddtree_worker_v2.py"
 # A release of each scheduler spelling, and each v2 family's probe release.
-RELEASES = ("0.5.14", "0.5.15.post1", "0.5.18", "0.5.19", "0.5.23")
+RELEASES = ("0.5.14", "0.5.15.post1", "0.5.16", "0.5.18", "0.5.19", "0.5.23")
 
 
 def _wheel_source(version: str, path: str) -> str:
