@@ -268,9 +268,12 @@ def check(view: Any, model_config: Any, budget: int,
     if kind.name == "kda":
         verify = _verify_backend_of_linear_attn(view)
         if verify not in KDA_TREE_VERIFY_BACKENDS:
+            # Before 0.5.17 there is no verify flag: the decode backend's kernel verifies.
+            flag = ("--linear-attn-verify-backend" if hasattr(view, "linear_attn_verify_backend")
+                    else "--linear-attn-decode-backend")
             refusals.append(
                 f"the KDA verify backend {verify} has no tree path proven here (FlashInfer's "
-                "recurrent_kda is chain-only); use --linear-attn-verify-backend triton")
+                f"recurrent_kda is chain-only); use {flag} triton")
     if getattr(view, "enable_linear_replayssm_spec", False):
         refusals.append(
             "--enable-linear-replayssm-spec verifies a linear chain only (its ring is committed "

@@ -786,6 +786,17 @@ def _spec_override(**fields):
     return runtime_override(_spec_settings(), **fields)
 
 
+def _kda_verify_flag() -> str:
+    """The flag that picks KDA's verify kernel: its own from 0.5.17, the decode backend's before."""
+    from sglang.srt.server_args import ServerArgs
+
+    models = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "models")
+    args = ServerArgs(model_path=os.path.join(models, "tiny-llama"), device="cuda",
+                      skip_tokenizer_init=True, disable_radix_cache=True)
+    return ("--linear-attn-verify-backend" if hasattr(args, "linear_attn_verify_backend")
+            else "--linear-attn-decode-backend")
+
+
 def case_draft_scope(_):
     """DDTreeWorkerV2.init_attention_backends / init_cuda_graphs build the DFlash draft's
     backends under speculative_eagle_topk = 1 while the resolved spec keeps K for the target,
@@ -948,7 +959,10 @@ def _check_model(name, budget=64, **settings):
     args = ServerArgs(model_path=os.path.join(models, name), device="cuda",
                       skip_tokenizer_init=True, disable_radix_cache=True)
     _resolved_fields(args)
-    return hy.check(types.SimpleNamespace(**{**_CHECK_BASE, **settings}),
+    # The view has the fields this release's ServerArgs has (0.5.16 and older: no verify
+    # backend of its own), as SGLang's resolved view does.
+    base = {k: v for k, v in _CHECK_BASE.items() if hasattr(args, k)}
+    return hy.check(types.SimpleNamespace(**{**base, **settings}),
                     ddtree_v2_plugin.model_config(args), budget)
 
 
@@ -986,7 +1000,8 @@ def case_refusals(_):
     kda_cases = () if not kda else (
         ("kda-flashinfer-decode", "tiny-kimi-linear", {"linear_attn_decode_backend": "flashinfer"},
          "(KimiLinearConfig, Kimi Delta Attention): the KDA verify backend flashinfer has no "
-         "tree path proven here"),)
+         "tree path proven here (FlashInfer's recurrent_kda is chain-only); use "
+         + _kda_verify_flag() + " triton"),)
     for name, model_name, settings, want in old_gdn + kda_cases + (
         ("mamba2-flashinfer", "tiny-nemotron-h", {"mamba_backend": "flashinfer"},
          "(NemotronHConfig, Mamba2): --mamba-backend flashinfer has no tree path (its "
