@@ -474,6 +474,10 @@ class DraftRunnerStandIn:
         # seq_lens_cpu) against the device's layout (DFlashVerifyInput.generate_attn_arg_
         # prefill: cumsum of seq_lens + draft_token_num); seq_lens_sum sizes kv_indices.
         assert fb.spec_info.draft_token_num == block, fb.spec_info.draft_token_num
+        if _plans_from_lagging_view():
+            _check_planning_bound(fb, bs, block)
+            out = types.SimpleNamespace(hidden_states=torch.cat(hidden))
+            return types.SimpleNamespace(logits_output=out, can_run_graph=False)
         host = torch.cumsum(fb.seq_lens_cpu[:bs].to(torch.int64), 0)
         device = torch.cumsum(fb.seq_lens[:bs].to(torch.int64) + block, 0)
         assert torch.equal(host, device), (
@@ -482,6 +486,34 @@ class DraftRunnerStandIn:
         assert fb.seq_lens_sum >= int(device[-1]) - bs * block, fb.seq_lens_sum
         out = types.SimpleNamespace(hidden_states=torch.cat(hidden))
         return types.SimpleNamespace(logits_output=out, can_run_graph=False)
+
+
+def _plans_from_lagging_view() -> bool:
+    """0.5.14: DFlash's draft input carries host planning lengths (``planning_seq_lens_cpu``),
+    because its scheduler keeps ``seq_lens_cpu`` as the lagging committed view under overlap;
+    0.5.15+ resolve the exact host lengths instead."""
+    import dataclasses
+
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+
+    return "planning_seq_lens_cpu" in {f.name for f in dataclasses.fields(DFlashDraftInputV2)}
+
+
+def _check_planning_bound(fb, bs, block):
+    """0.5.14's contract for the draft block's host lengths (its DFlash passes the planning
+    lengths, committed + speculative_num_draft_tokens, which for DDTREE is the verify width):
+    a bound on each device prefix (the host lags by at most one step's commit, at most one
+    block), never more than that width over it, and a sum that sizes the KV indices
+    (DFlashVerifyInput.generate_attn_arg_prefill: seq_lens_sum + block * bs entries)."""
+    from sglang.srt.server_args import get_global_server_args
+
+    width = int(get_global_server_args().speculative_num_draft_tokens)
+    host = fb.seq_lens_cpu[:bs].to(fb.seq_lens.dtype).tolist()
+    prefix = fb.seq_lens[:bs].tolist()
+    assert all(p <= h <= p + width for h, p in zip(host, prefix)), (
+        "the draft's host planning bound is not 0.5.14's planning bound", host, prefix, width)
+    assert fb.seq_lens_sum == sum(host) and fb.seq_lens_sum >= sum(prefix), (
+        fb.seq_lens_sum, host, prefix)
 
 
 def _draft_marginals(draft, ctx, depth):
@@ -591,6 +623,22 @@ def _give_eagle_the_cuda_route():
     sgl_kernel.verify_tree_greedy = sgl_kernel.verify_tree_greedy_cpu
 
 
+def _server_page_size(page_size):
+    """The server's page size where the release reads it from the global ServerArgs (0.5.14 -
+    0.5.15.post1: release_kv_cache aligns the over-allocation it frees to it, and the
+    allocation helpers branch on it); a server's equals its allocator's. Later releases ask
+    the cache or the allocator: nothing to set there."""
+    import contextlib
+    import inspect
+
+    from sglang.srt.mem_cache import common
+    from sglang.srt.speculative.ddtree_v2_plugin import runtime_override
+
+    if "global_server_args.page_size" not in inspect.getsource(common.release_kv_cache):
+        return contextlib.nullcontext()
+    return runtime_override(_global_server_args(), page_size=page_size)
+
+
 def _global_server_args():
     from sglang.srt.server_args import get_global_server_args
 
@@ -667,6 +715,12 @@ class StandInTargetWorker:
         # (0.5.14 - 0.5.15.post1 have no default: EAGLE builds the full mask there.)
         mode = getattr(eagle_utils, "default_tree_mask_mode", lambda: TreeMaskMode.FULL_MASK)()
         qlen_only = mode == TreeMaskMode.QLEN_ONLY
+        if _plans_from_lagging_view():
+            # 0.5.14: the verify's host lengths bound each device prefix (EAGLE plans the
+            # target forward from them; the lagging committed view would under-estimate).
+            host = fb.seq_lens_cpu[:bs].tolist()
+            assert all(h >= s for h, s in zip(host, seq)), (
+                "the verify's host lengths under-estimate the device prefix", host, seq)
         masks, prefixes, off = [], [], 0
         for b in range(bs):
             row = int(fb.req_pool_indices[b])
@@ -847,7 +901,7 @@ def run_decode(h, target, draft, prompts, max_new, budget, topk, block, sampling
         speculative_eagle_topk=topk, speculative_ddtree_topk=topk,
         speculative_ddtree_budget_schedule=(None if schedule is None
                                             else sched.format_schedule(r.entries)),
-    ):
+    ), _server_page_size(page_size):
         (_overlap_loop if overlap else _sync_loop)(r)
     assert r.alloc.available_size() == free_slots0, (r.alloc.available_size(), free_slots0)
     assert r.rtp.available_size() == free_rows0
