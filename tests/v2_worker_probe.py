@@ -1195,6 +1195,8 @@ def _overlap_loop(r):
                 kw = {"on_publish": partial(fm.publish, future_indices)}
                 if r.grammar:
                     kw["grammar_barrier"] = partial(_advance_grammar, r, pending)
+                    if _grammar_syncs_before_launch():
+                        _advance_grammar(r, pending)
                 res = _forward(r, batch, draft_input, active, **kw)
                 fm.stash(future_indices, relay_payload(res.next_draft_input))
                 launched = (list(active), res)
@@ -1220,6 +1222,17 @@ def _overlap_loop(r):
         r.restore()
     # Not vacuous: the host really lagged, and finished requests really ran one step more.
     assert stale > 0 and extra > 0, (stale, extra)
+
+
+def _grammar_syncs_before_launch() -> bool:
+    """0.5.14 - 0.5.16 have no grammar barrier: their Scheduler.is_disable_overlap_for_batch
+    turns overlap off for every speculative decode batch with a grammar (need_grammar_sync on
+    ``batch.has_grammar``), so the previous result, its FSM advance included, is processed
+    before the batch launches. 0.5.17+ ask ScheduleBatch.grammar_needs_sync and advance the
+    FSM inside the verify (the barrier)."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    return not hasattr(ScheduleBatch, "grammar_needs_sync")
 
 
 def _advance_grammar(r, pending):
