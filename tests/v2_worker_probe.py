@@ -1688,7 +1688,9 @@ def _sampling_run(h, walk, trials=LAW_TRIALS, budget=8, topk=3, seed=4):
 
         bound = sgl_kernel.tree_speculative_sampling_target_only
         sgl_kernel.tree_speculative_sampling_target_only = walk
-        restore.append(lambda: setattr(sgl_kernel, "tree_speculative_sampling_target_only", bound))
+        # (``bound`` by value: the renorm stand-ins below rebind the name in this scope.)
+        restore.append(lambda bound=bound: setattr(
+            sgl_kernel, "tree_speculative_sampling_target_only", bound))
     if (hasattr(eagle_utils, "sgl_build_tree_kernel_efficient_cpu")
             and not hasattr(eagle_utils, "sgl_build_tree_kernel_efficient")):
         # 0.5.19 routes its tree builder by the same switch (0.5.20+ build in spec_tree.py):
