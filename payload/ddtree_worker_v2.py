@@ -288,6 +288,41 @@ def _reserved_lens(draft_input):
     raise RuntimeError("DDTREE: the draft input carries no reserved host lengths.")
 
 
+def _planning_lens(draft_input):
+    """0.5.14's host planning lengths (committed + one block, kept through filter and merge by
+    its draft input), or None: 0.5.14's scheduler leaves ``seq_lens_cpu`` as the lagging
+    committed view under overlap and its DFlash plans the draft and the verify from these."""
+    lens = getattr(draft_input, "planning_seq_lens_cpu", None)
+    return None if lens is None else (lens, int(draft_input.planning_seq_lens_sum))
+
+
+def _draft_host_bound(batch, draft_input, block: int, *, out) -> int:
+    """Write the draft block's host planning lengths into ``out`` (no device read); return
+    their sum. 0.5.15+: the committed prefix (exact there) + one block. 0.5.14: the planning
+    lengths its own DFlash passes (the committed prefix lags the device by up to one block
+    there). With no host copy of seq_lens: the allocator's reservation."""
+    planning = _planning_lens(draft_input)
+    if planning is not None:
+        out.copy_(planning[0])
+        return planning[1]
+    if batch.seq_lens_cpu is not None:
+        out.copy_(batch.seq_lens_cpu)
+        out.add_(block)
+        return int(out.sum())
+    reserved, total = _reserved_lens(draft_input)
+    out.copy_(reserved)
+    return total
+
+
+def _verify_host_view(batch, draft_input) -> None:
+    """0.5.14: EAGLE's verify plans the target forward from ``batch.seq_lens_cpu``, the lagging
+    committed view under overlap (an under-estimate of the device prefix); give it the planning
+    lengths 0.5.14's DFlash verifies with. ``batch`` is the worker's own shallow copy."""
+    planning = _planning_lens(draft_input)
+    if planning is not None:
+        batch.seq_lens_cpu, batch.seq_lens_sum = planning
+
+
 def _next_decode_input(worker, bonus, new_seq_lens, draft_input):
     """DFlash's next draft input after a decode step. 0.5.15+: bonus and lengths. 0.5.14 names
     the bonus ``verified_id``, carries the allocator's reservation on (the next prepare starts
@@ -772,16 +807,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             write_virtual=cache_loc,
             read_extent=block,
         )
-        # Host-side planning bound (no device read): committed prefix + one block, or the
-        # allocator's reservation when the scheduler keeps no host copy of seq_lens.
         seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
-        if batch.seq_lens_cpu is not None:
-            seq_lens_cpu.copy_(batch.seq_lens_cpu)
-            seq_lens_cpu.add_(block)
-            seq_lens_sum = int(seq_lens_cpu.sum())
-        else:
-            reserved, seq_lens_sum = _reserved_lens(draft_input)
-            seq_lens_cpu.copy_(reserved)
+        seq_lens_sum = _draft_host_bound(batch, draft_input, block, out=seq_lens_cpu)
         forward_batch = dfw.ForwardBatch(
             forward_mode=dfw.ForwardMode.TARGET_VERIFY,
             batch_size=bs,
@@ -855,6 +882,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         # EAGLE's verify rebinds the batch's input ids, cache locs, spec_info and forward
         # mode; a shallow copy keeps the scheduler's batch as it was (UNO does the same).
         batch = copy.copy(batch)
+        _verify_host_view(batch, draft_input)
         # The CUDA builder's parent-list stride is k * (depth - 1) + 1 (ddtree_lineage).
         num_steps = lineage_depth(state.budget, k, int(tokens.shape[1]))
         batch.spec_info = _eagle_verify_input(

@@ -474,6 +474,10 @@ class DraftRunnerStandIn:
         # seq_lens_cpu) against the device's layout (DFlashVerifyInput.generate_attn_arg_
         # prefill: cumsum of seq_lens + draft_token_num); seq_lens_sum sizes kv_indices.
         assert fb.spec_info.draft_token_num == block, fb.spec_info.draft_token_num
+        if _plans_from_lagging_view():
+            _check_planning_bound(fb, bs, block)
+            out = types.SimpleNamespace(hidden_states=torch.cat(hidden))
+            return types.SimpleNamespace(logits_output=out, can_run_graph=False)
         host = torch.cumsum(fb.seq_lens_cpu[:bs].to(torch.int64), 0)
         device = torch.cumsum(fb.seq_lens[:bs].to(torch.int64) + block, 0)
         assert torch.equal(host, device), (
@@ -482,6 +486,34 @@ class DraftRunnerStandIn:
         assert fb.seq_lens_sum >= int(device[-1]) - bs * block, fb.seq_lens_sum
         out = types.SimpleNamespace(hidden_states=torch.cat(hidden))
         return types.SimpleNamespace(logits_output=out, can_run_graph=False)
+
+
+def _plans_from_lagging_view() -> bool:
+    """0.5.14: DFlash's draft input carries host planning lengths (``planning_seq_lens_cpu``),
+    because its scheduler keeps ``seq_lens_cpu`` as the lagging committed view under overlap;
+    0.5.15+ resolve the exact host lengths instead."""
+    import dataclasses
+
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+
+    return "planning_seq_lens_cpu" in {f.name for f in dataclasses.fields(DFlashDraftInputV2)}
+
+
+def _check_planning_bound(fb, bs, block):
+    """0.5.14's contract for the draft block's host lengths (its DFlash passes the planning
+    lengths, committed + speculative_num_draft_tokens, which for DDTREE is the verify width):
+    a bound on each device prefix (the host lags by at most one step's commit, at most one
+    block), never more than that width over it, and a sum that sizes the KV indices
+    (DFlashVerifyInput.generate_attn_arg_prefill: seq_lens_sum + block * bs entries)."""
+    from sglang.srt.server_args import get_global_server_args
+
+    width = int(get_global_server_args().speculative_num_draft_tokens)
+    host = fb.seq_lens_cpu[:bs].to(fb.seq_lens.dtype).tolist()
+    prefix = fb.seq_lens[:bs].tolist()
+    assert all(p <= h <= p + width for h, p in zip(host, prefix)), (
+        "the draft's host planning bound is not 0.5.14's planning bound", host, prefix, width)
+    assert fb.seq_lens_sum == sum(host) and fb.seq_lens_sum >= sum(prefix), (
+        fb.seq_lens_sum, host, prefix)
 
 
 def _draft_marginals(draft, ctx, depth):
@@ -667,6 +699,12 @@ class StandInTargetWorker:
         # (0.5.14 - 0.5.15.post1 have no default: EAGLE builds the full mask there.)
         mode = getattr(eagle_utils, "default_tree_mask_mode", lambda: TreeMaskMode.FULL_MASK)()
         qlen_only = mode == TreeMaskMode.QLEN_ONLY
+        if _plans_from_lagging_view():
+            # 0.5.14: the verify's host lengths bound each device prefix (EAGLE plans the
+            # target forward from them; the lagging committed view would under-estimate).
+            host = fb.seq_lens_cpu[:bs].tolist()
+            assert all(h >= s for h, s in zip(host, seq)), (
+                "the verify's host lengths under-estimate the device prefix", host, seq)
         masks, prefixes, off = [], [], 0
         for b in range(bs):
             row = int(fb.req_pool_indices[b])
@@ -1640,7 +1678,9 @@ def _sampling_run(h, walk, trials=LAW_TRIALS, budget=8, topk=3, seed=4):
 
         bound = sgl_kernel.tree_speculative_sampling_target_only
         sgl_kernel.tree_speculative_sampling_target_only = walk
-        restore.append(lambda: setattr(sgl_kernel, "tree_speculative_sampling_target_only", bound))
+        # (``bound`` by value: the renorm stand-ins below rebind the name in this scope.)
+        restore.append(lambda bound=bound: setattr(
+            sgl_kernel, "tree_speculative_sampling_target_only", bound))
     if (hasattr(eagle_utils, "sgl_build_tree_kernel_efficient_cpu")
             and not hasattr(eagle_utils, "sgl_build_tree_kernel_efficient")):
         # 0.5.19 routes its tree builder by the same switch (0.5.20+ build in spec_tree.py):

@@ -331,6 +331,7 @@ def test_ci_matrix_real_series(ci_wheels, tmp_path, monkeypatch):
 FAMILY_OF = {
     "0.5.12": "sglang-0.5.12", "0.5.12.post1": "sglang-0.5.12",
     "0.5.13": "sglang-0.5.13", "0.5.13.post1": "sglang-0.5.13",
+    "0.5.14": "sglang-0.5.14", "0.5.15": "sglang-0.5.15", "0.5.15.post1": "sglang-0.5.15",
     "0.5.16": "sglang-0.5.16", "0.5.17": "sglang-0.5.17", "0.5.18": "sglang-0.5.18",
     "0.5.19": "sglang-0.5.19",
     "0.5.20": "sglang-0.5.20", "0.5.21": "sglang-0.5.20", "0.5.22": "sglang-0.5.20",

@@ -34,9 +34,11 @@ FAMILIES = {
     "sglang-0.5.18": (("0.5.18",), ("0.5.17", "0.5.19"), ("0.5.18",)),
     "sglang-0.5.17": (("0.5.17",), ("0.5.16", "0.5.18"), ("0.5.17",)),
     "sglang-0.5.16": (("0.5.16",), ("0.5.15.post1", "0.5.17"), ("0.5.16",)),
+    "sglang-0.5.15": (("0.5.15", "0.5.15.post1"), ("0.5.14", "0.5.16"), ("0.5.15",)),
+    "sglang-0.5.14": (("0.5.14",), ("0.5.13.post1", "0.5.15"), ("0.5.14",)),
 }
 # The series' hunk count where it is not 5 (one per patch).
-HUNKS = {"sglang-0.5.18": 6, "sglang-0.5.17": 6, "sglang-0.5.16": 6}
+HUNKS = {"sglang-0.5.18": 6, "sglang-0.5.17": 6, "sglang-0.5.16": 6, "sglang-0.5.15": 6, "sglang-0.5.14": 6}
 PER_RELEASE = [(family, version) for family, (releases, _, _) in FAMILIES.items()
                for version in releases]
 

@@ -11,8 +11,9 @@
    host check, see docs/patches-v2.md). 0.5.19, 0.5.18, 0.5.17 and 0.5.16 (families
    sglang-0.5.19, sglang-0.5.18, sglang-0.5.17, sglang-0.5.16) ship no tree kernel source
    either: they route to the compiled sgl-kernel (0.4.6.post1; 0.5.17 and 0.5.16: 0.4.5), so
-   only their Python lines and their route are pinned; so do 0.5.14, 0.5.15 and 0.5.15.post1 (sgl-kernel 0.4.4; the compaction line in
-   EAGLEWorkerV2 there, PIN_HOMES; their families are still in wip/). A release that changes
+   only their Python lines and their route are pinned; so do 0.5.14, 0.5.15 and 0.5.15.post1
+   (sgl-kernel 0.4.4; the compaction line in EAGLEWorkerV2 there, PIN_HOMES; families
+   sglang-0.5.14, sglang-0.5.15). A release that changes
    one fails here, naming it.
 2. SGLang's Triton kernels, run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), loaded
    from the 0.5.23 wheel's own files (nothing copied into this repository), in a process of

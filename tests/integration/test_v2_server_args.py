@@ -28,7 +28,8 @@ RELEASE = "0.5.23"
 PROBE_TAG = "PROBE-JSON:"
 # The release each v2 family is probed on (its newest): one probe per family.
 TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19", "0.5.18": "sglang-0.5.18",
-           "0.5.17": "sglang-0.5.17", "0.5.16": "sglang-0.5.16"}
+           "0.5.17": "sglang-0.5.17", "0.5.16": "sglang-0.5.16", "0.5.15.post1": "sglang-0.5.15",
+           "0.5.14": "sglang-0.5.14"}
 # Cases whose option or model the older release lacks, and what that release answers instead
 # (SGLang's own error, DDTREE or not: 0.5.19 has no draft sink or block verification, and its
 # ModelConfig cannot read a Mamba-1 config at all, with DFLASH as with DDTREE).

@@ -95,7 +95,8 @@ FAMILY = REPO / "patches" / "sglang-0.5.20"
 RELEASE = "0.5.23"
 # The release each v2 family's probe runs on: one probe per family.
 TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19", "0.5.18": "sglang-0.5.18",
-           "0.5.17": "sglang-0.5.17", "0.5.16": "sglang-0.5.16"}
+           "0.5.17": "sglang-0.5.17", "0.5.16": "sglang-0.5.16", "0.5.15.post1": "sglang-0.5.15",
+           "0.5.14": "sglang-0.5.14"}
 # The v2 payload as the family installs it (sglang/srt/speculative/<name>.py).
 PAYLOAD = ("ddtree_utils", "ddtree_lineage", "ddtree_worker_v2", "ddtree_v2_plugin")
 
