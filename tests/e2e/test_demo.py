@@ -72,9 +72,9 @@ def test_the_demo_extra_is_what_make_install_puts_in_a_checkout():
 
 def test_a_release_no_family_covers_is_one_line_and_exit_2(monkeypatch, capsys):
     _no_download_nor_sandbox(monkeypatch)
-    assert demo.main(["--release", "0.5.14"]) == 2
+    assert demo.main(["--release", "0.5.11"]) == 2
     out = capsys.readouterr().out.splitlines()
-    assert out[-1].startswith("demo: cannot tell which SGLang release to use: no family covers SGLang 0.5.14"), out
+    assert out[-1].startswith("demo: cannot tell which SGLang release to use: no family covers SGLang 0.5.11"), out
 
 
 @pytest.mark.network  # the listing, fetched once into the cache (as the wheels are), then offline
@@ -109,7 +109,7 @@ def test_the_choice_skips_what_a_host_would_not_install_and_names_a_newer_uncove
     # When the newest release is covered, the screen says so.
     assert "(the newest on PyPI)" in demo.choose(listed[:3], families()).why
     with pytest.raises(BadInput, match="no SGLang release on PyPI is covered"):
-        demo.choose([_release("0.5.14"), _release("0.5.24")], families())
+        demo.choose([_release("0.5.11"), _release("0.5.24")], families())
 
 
 def test_release_picks_that_family_and_its_smoke_probe():

@@ -182,22 +182,23 @@ def test_installed_port_writes_the_users_family_outside_site_packages(installed)
     """Issue 21 item 6, as a user met it: after `pipx install`, `port --to 0.5.14` wrote a family
     with .rej files into site-packages, and `check --release 0.5.14` then picked it. Now the
     family goes to $XDG_DATA_HOME/ddtree-deploy/patches/, site-packages is byte-identical, and
-    the unfinished port is named, labelled as the user's, and never picked by its range."""
+    the unfinished port is named, labelled as the user's, and never picked by its range.
+    (Every release from 0.5.12 has a family now: the port goes to 0.5.11, which none covers.)"""
     try:
-        releases.ensure_wheel("0.5.14")
+        releases.ensure_wheel("0.5.11")
     except DeployError as exc:
-        pytest.skip(f"the 0.5.14 wheel is not cached and PyPI is unreachable: {exc.message}")
+        pytest.skip(f"the 0.5.11 wheel is not cached and PyPI is unreachable: {exc.message}")
     site = installed["site"]
     before = _hashes(site)
     assert any(name.startswith("ddtree_deploy/_data/patches/") for name in before)
-    r = _run(installed, "port", "--to", "0.5.14", "--family", "sglang-0.5.13")
-    assert r.returncode == 1, r.stdout + r.stderr  # some hunks do not land on 0.5.14
-    mine = installed["data"] / "ddtree-deploy" / "patches" / "sglang-0.5.14"
+    r = _run(installed, "port", "--to", "0.5.11", "--family", "sglang-0.5.12")
+    assert r.returncode == 1, r.stdout + r.stderr  # some hunks do not land on 0.5.11
+    mine = installed["data"] / "ddtree-deploy" / "patches" / "sglang-0.5.11"
     assert (mine / "family.toml").is_file() and list(mine.glob("*.rej")), r.stderr
-    assert r.stdout.startswith("port ") and f"family sglang-0.5.14 (yours, in {mine.parent};" in r.stdout, r.stdout
-    r = _run(installed, "check", "--release", "0.5.14")
+    assert r.stdout.startswith("port ") and f"family sglang-0.5.11 (yours, in {mine.parent};" in r.stdout, r.stdout
+    r = _run(installed, "check", "--release", "0.5.11")
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "no finished family covers SGLang 0.5.14: sglang-0.5.14 (yours" in " ".join(r.stderr.split())
+    assert "no finished family covers SGLang 0.5.11: sglang-0.5.11 (yours" in " ".join(r.stderr.split())
     # a refresh of a family the toolkit ships is refused: it would write into site-packages;
     # so is a port into it, named as a folder
     r = _run(installed, "series", "refresh", "--family", "sglang-0.5.13", "--from", str(installed["cwd"]))

@@ -310,24 +310,23 @@ def test_ci_matrix_real_series(ci_wheels, tmp_path, monkeypatch):
     for v in ("0.5.13", "0.5.13.post1"):
         assert rows[v].verdict == "ok", rows[v].to_json()
         assert rows[v].family == "sglang-0.5.13"
-    assert sum(r.verdict == "ok" for r in m.rows) == 4
-    # 0.5.14 is covered by no v1 family: "uncovered" while no newer family exists, "no family"
-    # (a gap) once a v2 family starts later; its facts say why the v1-worker series cannot follow.
-    assert rows["0.5.14"].verdict in ("uncovered", "no family")
+    # 0.5.14 is the first v2-worker release: its own family (sglang-0.5.14), not a v1 one.
+    assert rows["0.5.14"].verdict == "ok" and rows["0.5.14"].family == "sglang-0.5.14", rows["0.5.14"].to_json()
     assert rows["0.5.14"].facts.dflash_worker is DFlashWorker.V2
+    assert sum(r.verdict == "ok" for r in m.rows) == 5
     assert m.exit_code == 0
     # A release its family covers cleanly lists no files that only other families touch.
     assert "not yet added" not in rows["0.5.12"].why and "DFlash worker v1" in rows["0.5.12"].why
     # The terminal shows one table per family, with that family's own entries as columns.
     tables = {family: (header, [r[0] for r in body]) for family, header, body in m.tables()}
-    assert list(tables) == ["sglang-0.5.12", "sglang-0.5.13", None]
+    assert list(tables) == ["sglang-0.5.12", "sglang-0.5.13", "sglang-0.5.14", None]
     assert tables["sglang-0.5.12"][1] == ["0.5.12", "0.5.12.post1"]
-    assert tables[None][1] == ["0.5.11", "0.5.14"]
+    assert tables["sglang-0.5.14"][1] == ["0.5.14"]
+    assert tables[None][1] == ["0.5.11"]
     assert "0003" in tables["sglang-0.5.13"][0] and len(tables["sglang-0.5.13"][0]) == len(set(tables["sglang-0.5.13"][0]))
 
 
-#: Every release from 0.5.12 to 0.5.23 (15 on PyPI) and the family that must cover it ok;
-#: a release not named here has no family yet (issue 31 lists what is left).
+#: Every release from 0.5.12 to 0.5.23 (15 on PyPI) and the family that must cover it ok.
 FAMILY_OF = {
     "0.5.12": "sglang-0.5.12", "0.5.12.post1": "sglang-0.5.12",
     "0.5.13": "sglang-0.5.13", "0.5.13.post1": "sglang-0.5.13",
