@@ -34,6 +34,16 @@ ADDED = "sglang/srt/speculative/ddtree_deploy_test_marker.py"
 _names = itertools.count()
 
 
+def series_covering_elsewhere(tmp_path: Path) -> Path:
+    """A copy of the deploy series whose one family covers 0.5.13 only, not the sandbox's
+    0.5.12.post1: a push there is refused by its series check. Returns its patches folder."""
+    copy = tmp_path / "series_covering_elsewhere"
+    shutil.copytree(DEPLOY_SERIES, copy)
+    toml = copy / "patches" / "sglang-0.5.12" / "family.toml"
+    toml.write_text(toml.read_text().replace('sglang = ">=0.5.12,<0.5.13"', 'sglang = ">=0.5.13,<0.5.14"'))
+    return copy / "patches"
+
+
 def deploy_series_oracle(server: SSHServer, work: Path) -> tuple[dict, dict]:
     """(pristine, patched) bytes per target of the small deploy series: the release files,
     and what GNU patch makes of them (plus the file the series adds)."""

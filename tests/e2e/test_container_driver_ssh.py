@@ -15,7 +15,6 @@ parallel: run this module without xdist.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from ddtree_deploy.sandbox import SSHServer
 from ddtree_testkit import containers as ct
 from ddtree_testkit import standin_nvidia_smi as standin
 from envelope_check import check_envelope
-from sshd_host import DEPLOY_SERIES
+from sshd_host import DEPLOY_SERIES, series_covering_elsewhere
 
 CUDA12 = "localhost/ddtree-test/sglang:cuda12"  # ENV CUDA_VERSION=12.9.1 (what a -cu129 image says)
 CUDA13 = "localhost/ddtree-test/sglang:cuda13"  # ENV CUDA_VERSION=13.0.1 (an image of the cu130 lane)
@@ -113,11 +112,7 @@ def test_push_of_an_image_the_driver_cannot_run_is_refused_before_the_series(box
     assert "--force-driver" in doc["error"]["hint"]
     assert not (b.state_dir / "lock").exists() and images(engine) == before and b.inspect()["Id"] == container
     # a registry whose one family covers 0.5.13 only: still the driver's refusal, not the series'
-    elsewhere = tmp_path / "elsewhere"
-    shutil.copytree(DEPLOY_SERIES, elsewhere)
-    toml = elsewhere / "patches" / "sglang-0.5.12" / "family.toml"
-    toml.write_text(toml.read_text().replace('sglang = ">=0.5.12,<0.5.13"', 'sglang = ">=0.5.13,<0.5.14"'))
-    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(elsewhere / "patches"))
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(series_covering_elsewhere(tmp_path)))
     r = cli("push", "--host", b.name)
     assert r.returncode == 2 and "is built for CUDA 13.0" in r.stderr, r.stdout + r.stderr
     assert "no family covers" not in r.stderr

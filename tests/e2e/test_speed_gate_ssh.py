@@ -30,7 +30,7 @@ import pytest
 
 from envelope_check import check_envelope
 from serve_host import Served
-from sshd_host import ADDED, DEPLOY_SERIES, cli  # the sshd fixture: conftest.py's
+from sshd_host import ADDED, DEPLOY_SERIES, cli, series_covering_elsewhere  # the sshd fixture: conftest.py's
 
 from ddtree_testkit.standin_metrics import write_names
 
@@ -299,11 +299,7 @@ def test_a_push_its_checks_refuse_measures_no_baseline(gate, tmp_path, monkeypat
     read, before it) is refused in one line, exit 2, BEFORE the old server is measured: the
     baseline's windows would only make the refusal come seconds later."""
     s = gate.host("doomed1")
-    elsewhere = tmp_path / "elsewhere_series"
-    shutil.copytree(DEPLOY_SERIES, elsewhere)
-    toml = elsewhere / "patches" / "sglang-0.5.12" / "family.toml"
-    toml.write_text(toml.read_text().replace('sglang = ">=0.5.12,<0.5.13"', 'sglang = ">=0.5.13,<0.5.14"'))
-    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(elsewhere / "patches"))
+    monkeypatch.setenv("DDTREE_DEPLOY_PATCHES", str(series_covering_elsewhere(tmp_path)))
     r = cli("push", "--host", s.name)
     assert r.exit_code == 2, r.output
     assert "no family covers SGLang 0.5.12.post1" in r.stderr, r.stderr

@@ -33,16 +33,27 @@ TARGETS = {"0.5.23": "sglang-0.5.20", "0.5.19": "sglang-0.5.19", "0.5.18": "sgla
 # Cases whose option or model the older release lacks, and what that release answers instead
 # (SGLang's own error, DDTREE or not: 0.5.19 has no draft sink or block verification, and its
 # ModelConfig cannot read a Mamba-1 config at all, with DFLASH as with DDTREE).
-_BEFORE_0_5_16 = {
+_NO_SINK = {  # no draft sink, no block verification (0.5.19 and older)
     "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
     "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
-    "hybrid-kda-flashinfer-verify": "unexpected keyword argument 'linear_attn_verify_backend'",
-    "hybrid-replayssm-spec": "unexpected keyword argument 'enable_linear_replayssm_spec'",
+}
+_NO_MAMBA1 = {  # ModelConfig cannot read a Mamba-1 config, DFLASH as DDTREE
     "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
     "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
+}
+# (The linear-attention verify backend and ReplaySSM arrive with 0.5.17.)
+_NO_LINEAR_VERIFY = {
+    "hybrid-kda-flashinfer-verify": "unexpected keyword argument 'linear_attn_verify_backend'",
+    "hybrid-replayssm-spec": "unexpected keyword argument 'enable_linear_replayssm_spec'",
+}
+# The release's own gate (ServerArgs, before any speculative resolution) wants an SM100 GPU
+# for trtllm_mha prefill; on the SM90 stand-in it refuses first, DDTREE or DFLASH.
+_TRTLLM_SM100 = {"attention-trtllm-mha": "TRTLLM MHA backend for prefill is only supported on Blackwell"}
+_BEFORE_0_5_17 = {**_NO_SINK, **_NO_LINEAR_VERIFY, **_NO_MAMBA1, **_TRTLLM_SM100}
+_BEFORE_0_5_16 = {
+    **_BEFORE_0_5_17,
     # (No Inkling config in the release: neither SGLang nor Transformers can read the folder.)
     "hybrid-inkling": "model type `inkling_model` but Transformers does not recognize",
-    "attention-trtllm-mha": "TRTLLM MHA backend for prefill is only supported on Blackwell",
 }
 # Cases served on later releases that ddtree_hybrid refuses, by name, where the release has no
 # tree path (0.5.14 - 0.5.15.post1: KDAAttnBackend has no verify path at all).
@@ -51,40 +62,10 @@ REFUSED_THERE = {"0.5.14": _NO_KDA_VERIFY, "0.5.15.post1": _NO_KDA_VERIFY}
 ELSEWHERE = {
     "0.5.14": _BEFORE_0_5_16,
     "0.5.15.post1": _BEFORE_0_5_16,
-    "0.5.19": {
-        "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
-        "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
-        "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
-        "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
-    },
-    "0.5.18": {
-        "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
-        "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
-        "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
-        "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
-        # 0.5.18's own gate (ServerArgs, before any speculative resolution) wants an SM100 GPU
-        # for trtllm_mha prefill; on the SM90 stand-in it refuses first, DDTREE or DFLASH.
-        "attention-trtllm-mha": "TRTLLM MHA backend for prefill is only supported on Blackwell",
-    },
-    "0.5.17": {
-        "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
-        "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
-        "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
-        "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
-        # (As 0.5.18's gate: an SM100 GPU for trtllm_mha prefill.)
-        "attention-trtllm-mha": "TRTLLM MHA backend for prefill is only supported on Blackwell",
-    },
-    "0.5.16": {
-        "draft-sink": "unexpected keyword argument 'speculative_draft_sink_size'",
-        "block-verification": "unexpected keyword argument 'speculative_use_block_verification'",
-        # (The linear-attention verify backend and ReplaySSM arrive with 0.5.17.)
-        "hybrid-kda-flashinfer-verify": "unexpected keyword argument 'linear_attn_verify_backend'",
-        "hybrid-replayssm-spec": "unexpected keyword argument 'enable_linear_replayssm_spec'",
-        "hybrid-mamba1": "'MambaConfig' object has no attribute 'num_attention_heads'",
-        "hybrid-falcon-mamba": "'FalconMambaConfig' object has no attribute 'num_attention_heads'",
-        # (As 0.5.18's gate: an SM100 GPU for trtllm_mha prefill.)
-        "attention-trtllm-mha": "TRTLLM MHA backend for prefill is only supported on Blackwell",
-    },
+    "0.5.16": _BEFORE_0_5_17,
+    "0.5.17": {**_NO_SINK, **_NO_MAMBA1, **_TRTLLM_SM100},
+    "0.5.18": {**_NO_SINK, **_NO_MAMBA1, **_TRTLLM_SM100},
+    "0.5.19": {**_NO_SINK, **_NO_MAMBA1},
 }
 
 # Cases a release cannot express, and why (skipped there, with the reason).
