@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,12 @@ def chattr(flag: str, path: Path) -> None:
     r = subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"chattr {flag} refused on this file system ({r.stderr.strip()})")
+
+
+def wait_stopped(pid: int, deadline_s: float = 60.0) -> None:
+    """Wait until host program ``pid`` is stopped (SIGSTOP: state T) at its test hook
+    ``stop_before_each_request``; fails after ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"host program {pid} never stopped at its hook"
+        time.sleep(0.01)

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -30,7 +29,7 @@ from ddtree_deploy.release import releases
 from ddtree_deploy.sandbox import SSHServer
 from ddtree_testkit import containers as ct
 from envelope_check import check_envelope
-from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, deploy_series_oracle
+from sshd_host import ADDED, DEPLOY_SERIES, SPEC, UTILS, deploy_series_oracle, wait_stopped
 
 # Shared with test_container_driver_ssh.py (tests/container_host.py; its fixtures box, engine
 # and cli_env through conftest.py): this module's sshd and oracle are its own.
@@ -220,7 +219,7 @@ def test_ctrl_c_at_every_step_leaves_a_state_status_explains_and_a_rerun_finishe
             continue
         pid, op = lines[seen].split()
         pid, seen = int(pid), seen + 1
-        _wait_stopped(pid)
+        wait_stopped(pid, deadline_s=30)
         if op == step:
             break
         os.kill(pid, signal.SIGCONT)
@@ -243,13 +242,6 @@ def test_ctrl_c_at_every_step_leaves_a_state_status_explains_and_a_rerun_finishe
     doc = _wait_unlocked(b.name)
     assert doc["phase"] == "deployed" and doc["outcome"] == "fine", doc
     assert b.serving_sha() == sha256(patched[SPEC])
-
-
-def _wait_stopped(pid: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < deadline, f"process {pid} never stopped"
-        time.sleep(0.02)
 
 
 def test_a_program_killed_mid_switch_is_explained_and_finished(box, oracle, monkeypatch):

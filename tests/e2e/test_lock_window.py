@@ -28,17 +28,10 @@ from pathlib import Path
 import pytest
 
 from envelope_check import check_envelope  # noqa: E402
-from sshd_host import ADDED, cli  # noqa: E402
+from sshd_host import ADDED, cli, wait_stopped  # noqa: E402
 
 pytestmark = pytest.mark.sshd
 CONSOLE = Path(sys.executable).parent / "ddtree-deploy"
-
-
-def _stopped(pid: int, deadline_s: float = 60.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < deadline, f"agent {pid} never stopped at its hook"
-        time.sleep(0.01)
 
 
 def _owner(state_dir: Path) -> dict | None:
@@ -71,7 +64,7 @@ def probe_every_stop(name: str, state_dir: Path, argv: list[str], seconds: tuple
                 continue
             pid, op = lines[seen].split()
             seen, stopped = seen + 1, int(pid)
-            _stopped(stopped)
+            wait_stopped(stopped)
             owner = _owner(state_dir)
             held = held or (owner is not None and owner.get("command") == argv[0])
             if held:  # from the first run's lock on, until its last request: nobody else gets in

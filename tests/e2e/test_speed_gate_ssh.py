@@ -30,7 +30,7 @@ import pytest
 
 from envelope_check import check_envelope
 from serve_host import Served
-from sshd_host import ADDED, DEPLOY_SERIES, cli, series_covering_elsewhere  # the sshd fixture: conftest.py's
+from sshd_host import ADDED, DEPLOY_SERIES, cli, series_covering_elsewhere, wait_stopped  # the sshd fixture: conftest.py's
 
 from ddtree_testkit.standin_metrics import write_names
 
@@ -380,13 +380,6 @@ def tree(*folders: Path) -> dict[str, float | None]:
     return out
 
 
-def _stopped(pid: int, deadline_s: float = 60.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < deadline, f"host program {pid} never stopped at its hook"
-        time.sleep(0.01)
-
-
 @pytest.mark.sglang_env
 def test_a_first_push_writes_nothing_on_the_host_before_its_lock(gate, sshd, tmp_path):
     """A host never pushed to, with [analysis.load]: the speed gate's baseline (the old server's
@@ -421,7 +414,7 @@ def test_a_first_push_writes_nothing_on_the_host_before_its_lock(gate, sshd, tmp
                 continue
             pid, op = lines[seen].split()
             seen, stopped = seen + 1, int(pid)
-            _stopped(stopped)
+            wait_stopped(stopped)
             ops.append(op)
             if op == "lock" and at_lock is None:
                 at_lock = tree(*watched)  # the baseline, its load step and every check are done
