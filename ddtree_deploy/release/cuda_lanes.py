@@ -142,6 +142,12 @@ def cuda_of_image(base: str, release: str) -> tuple[str, str]:
     cuda = tag_cuda(base)
     if cuda:
         return cuda, "tag"
+    return _release_lane_cuda(release)
+
+
+def _release_lane_cuda(release: str) -> tuple[str, str]:
+    """(the oldest CUDA lane SGLang ``release`` ships, "release lane"); ("", "unknown") for a
+    release this table does not record."""
     lanes = lanes_of(release)
     return (lanes[0].cuda, "release lane") if lanes else ("", "unknown")
 
@@ -190,10 +196,9 @@ def image_cuda(image: dict | None, ref: str, release: str | None) -> tuple[str, 
         if cuda:
             return cuda, "tag"
     try:
-        lanes = lanes_of(release) if release else ()
+        return _release_lane_cuda(release) if release else ("", "unknown")
     except InvalidVersion:  # a version the container's metadata got wrong: nothing known from it
-        lanes = ()
-    return (lanes[0].cuda, "release lane") if lanes else ("", "unknown")
+        return "", "unknown"
 
 
 # ---------------------------------------------------------------- the host's driver
@@ -304,11 +309,16 @@ def refusal(host: str, release: str, driver: Driver, families: Sequence) -> str 
             f"SGLang {since}+ needs CUDA {need.major} (driver {floor_text(need.major)}); {covered}")
 
 
+def _cuda_major(cuda: str | None) -> int | None:
+    """"12.9" -> 12; None when nothing says the CUDA ("" or None)."""
+    return int(cuda.split(".")[0]) if cuda else None
+
+
 def image_refusal(host: str, ref: str, cuda: str, source: str, driver: Driver, families: Sequence) -> str | None:
     """Why ``driver`` cannot run a container image built for CUDA ``cuda`` (read from
     ``source``: ``image_cuda``), one line; None when it can, or when nothing says the image's
     CUDA (nothing known against it)."""
-    major = int(cuda.split(".")[0]) if cuda else None
+    major = _cuda_major(cuda)
     if major is None or major not in DRIVER_FLOOR or driver.runs_major(major):
         return None
     newest = newest_covered(driver, families)
@@ -339,7 +349,7 @@ def driver_json(driver: Driver | None, release: str | None, families: Sequence,
     host's (CUDA, where it was read) of the image its container runs (``image_cuda``):
     ``image_cuda``, ``image_cuda_from`` and ``image_runs`` (null on a venv host)."""
     cuda, source = image if image is not None else (None, None)
-    major = int(cuda.split(".")[0]) if cuda else None
+    major = _cuda_major(cuda)
     image_runs = (driver.runs_major(major) if driver is not None and driver.readable and major in DRIVER_FLOOR
                   else None)
     shown = {"image_cuda": cuda or None, "image_cuda_from": source if image is not None else None,
