@@ -497,8 +497,9 @@ def _eagle_verify(worker, batch, *, topk, num_steps, num_draft_tokens, grammar_b
 
 
 @functools.lru_cache(maxsize=8)
-def _takes_grammar_barrier(run_verify) -> bool:
-    return "grammar_barrier" in inspect.signature(inspect.unwrap(run_verify)).parameters
+def _verify_params(run_verify) -> frozenset:
+    """The parameter names of this release's ``run_eagle_verify`` (read once per function)."""
+    return frozenset(inspect.signature(inspect.unwrap(run_verify)).parameters)
 
 
 def _grammar_barrier_arg(run_verify, grammar_barrier) -> dict:
@@ -506,12 +507,7 @@ def _grammar_barrier_arg(run_verify, grammar_barrier) -> dict:
     grammar mask is built against it); 0.5.16's takes none (its scheduler hands none: the
     mask is built on the host from the requests' grammars, which ``generate_token_bitmask``
     puts on the verify input itself)."""
-    return {"grammar_barrier": grammar_barrier} if _takes_grammar_barrier(run_verify) else {}
-
-
-@functools.lru_cache(maxsize=8)
-def _takes_num_steps(run_verify) -> bool:
-    return "num_steps" in inspect.signature(inspect.unwrap(run_verify)).parameters
+    return {"grammar_barrier": grammar_barrier} if "grammar_barrier" in _verify_params(run_verify) else {}
 
 
 def _verify_depth(run_verify, depth: int) -> dict:
@@ -519,7 +515,7 @@ def _verify_depth(run_verify, depth: int) -> dict:
     ``num_steps`` (its spec-v2 logprobs read depth + 1 accepted slots per request, the width
     of ``accept_index``), given the depth the verify input was built with (its
     ``spec_steps``); 0.5.18+ read it from the verify input themselves."""
-    return {"num_steps": int(depth)} if _takes_num_steps(run_verify) else {}
+    return {"num_steps": int(depth)} if "num_steps" in _verify_params(run_verify) else {}
 
 
 class DDTreeWorkerV2(DFlashWorkerV2):
