@@ -190,6 +190,41 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return ReleaseUnits(config, log)
 
 
+# Where the suite's time goes, as CPU rather than wall time (the wall time of a test on a
+# shared 2-core machine says more about its neighbours than about it): with
+# DDTREE_TEST_CPU=FILE, each worker appends one line per unit of work (``work_unit``) to FILE,
+# "<cpu seconds>\t<wall seconds>\t<unit>", where CPU is this process's and its reaped
+# children's (the probes, the CLI processes, an sshd with its sessions once it is stopped).
+# A session fixture's cost falls on the unit that first asks for it. scripts/test_cpu.py sums
+# the file (docs/testing.md, "Where the time goes").
+_CPU_FILE = os.environ.get("DDTREE_TEST_CPU")
+_cpu_by_unit: dict[str, list[float]] = {}
+
+
+def _cpu_now() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+if _CPU_FILE:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+        import time
+
+        cpu, wall = _cpu_now(), time.monotonic()
+        yield
+        spent = _cpu_by_unit.setdefault(work_unit(item.nodeid), [0.0, 0.0])
+        spent[0] += _cpu_now() - cpu
+        spent[1] += time.monotonic() - wall
+
+    def pytest_sessionfinish(session: pytest.Session) -> None:
+        with open(_CPU_FILE, "a", encoding="utf-8") as out:
+            for unit, (cpu, wall) in _cpu_by_unit.items():
+                out.write(f"{cpu:.1f}\t{wall:.1f}\t{unit}\n")
+
+
 def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder of this whole pytest run: its basetemp, or under xdist the folder that
     holds every worker's basetemp (``pytest-N/popen-gwK``)."""
