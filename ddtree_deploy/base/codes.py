@@ -63,7 +63,7 @@ class Code:
     DRIVER_UNREADABLE = "driver-unreadable"  # nvidia-smi answered, but not with a driver version
     # restarting the host's server (serve/run.py)
     SERVE_AGENT = "serve-agent"  # the serve program failed or answered garbage
-    # the host programs' own (hostprog/smoke.py's launch level, hostprog/tune.py): a host failure, not the series'
+    # the host programs' own (hostprog/server.py's server start and stop, for the launch level and tune): a host failure, not the series'
     GPU = "gpu"  # no usable GPU (nvidia-smi missing or failing, none with the free memory asked for)
     PORT = "port"  # the server's port is taken
     START = "start"  # the server's program cannot be started

@@ -3,8 +3,8 @@ the user to run, written once, each in backticks so that it reads as a command a
 copied whole. Pure text, stdlib only (plan.py uses it, and the image build copies plan.py
 with the modules it imports).
 
-The host programs (ddtree_deploy/hostprog/, and image_apply.py) print no commands of the
-toolkit's own, or keep theirs: they run alone, without this package.
+The host programs (ddtree_deploy/hostprog/, the image build's image_apply.py among them) print
+no commands of the toolkit's own, or keep theirs: they run alone, without this package.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The one context ``ddtree-deploy image`` writes into ``--out`` (interop/image.py)
 runs (fleets/container_gate.py)::
 
     Dockerfile                  FROM the base image; COPY ddtree/; RUN apply.py; rm the staging
-    ddtree/apply.py             the in-image client (ddtree_deploy/interop/image_apply.py)
+    ddtree/apply.py             the in-image client (ddtree_deploy/hostprog/image_apply.py)
     ddtree/agent.py             the toolkit's stdlib host agent: the very source a push ships (hostprog.bundle)
     ddtree/lib/ddtree_deploy/   session/plan.py and the package modules it imports: the same drift check as push
     ddtree/apply-request.json   the agent request push would send (patched bytes, backup, journal)
@@ -124,7 +124,7 @@ def context_files(series: Series, desired: Desired, base: str, *, state_dir: str
     request = apply_push_request(host, new_run_id(), desired, plan, "deployed")
     labels = labels_for(base, desired.series, desired.series_id, desired.sglang_version, cuda)
     files: dict[str, bytes] = {
-        "ddtree/apply.py": (_PKG / "interop" / "image_apply.py").read_bytes(),
+        "ddtree/apply.py": (_PKG / "hostprog" / "image_apply.py").read_bytes(),
         "ddtree/agent.py": bundle.source("ddtree_deploy.hostprog.agent"),
         "ddtree/lib/ddtree_deploy/__init__.py":
             b'"""The pure modules of ddtree-deploy the in-image apply step needs (plan + its imports)."""\n',

@@ -43,7 +43,10 @@ import time
 from ddtree_deploy.base.codes import Code, Phase
 from ddtree_deploy.hostprog import engine_cli as cli
 from ddtree_deploy.hostprog import gpu_driver
-from ddtree_deploy.hostprog import smoke as sa
+from ddtree_deploy.hostprog import server
+# The launch smoke level's DDTree proof, reused on the switched container: smoke's own proof,
+# not its lifecycle (that is server.py's).
+from ddtree_deploy.hostprog import smoke
 from ddtree_deploy.hostprog import protocol, wire
 from ddtree_deploy.hostprog.fileops import AgentError, describe_os_error, makedirs_private, write_json_atomic
 from ddtree_deploy.hostprog.history import History
@@ -96,7 +99,7 @@ def run(argv, timeout_s=PROBE_S, ok=True):
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            sa.stop_group(proc, 5.0)
+            server.stop_group(proc, 5.0)
             rc = None
         texts = []
         for f in (out, err):
@@ -228,7 +231,7 @@ class Containers(StateFolder, Lock, History):
             out["image"] = _image_summary(doc) if doc else None
             out["probe"] = self.probe(found, request.get("paths") or [])
             if request.get("health_url") and found["running"]:
-                status, _ = sa._http("GET", request["health_url"], timeout=10.0)
+                status, _ = server.http_request("GET", request["health_url"], timeout=10.0)
                 out["health"] = {"url": request["health_url"], "status": status}
         if request.get("driver"):  # the HOST's driver (this program runs on the host, not in the container)
             out["driver"] = gpu_driver.probe()
@@ -287,7 +290,7 @@ class Containers(StateFolder, Lock, History):
                 said = [line for line in tail if "ddtree-deploy image: error:" in line]
                 raise AgentError(Code.ENGINE_FAILED, "the image build failed: %s"
                                  % (said[-1].split("error:", 1)[1].strip() if said else _why(done, 1800)),
-                                 output=sa._tail(done["out"] + done["err"], 4000))
+                                 output=server.tail(done["out"] + done["err"], 4000))
         finally:
             self.emitter.current = None
             shutil.rmtree(folder, ignore_errors=True)
@@ -440,7 +443,7 @@ class Containers(StateFolder, Lock, History):
                                         found["status"] in ("exited", "dead", "stopped")):
                     answer.update(failed="health", detail=why + self._logs(found))
                     break
-                status, _ = sa._http("GET", request["health_url"], timeout=10.0)
+                status, _ = server.http_request("GET", request["health_url"], timeout=10.0)
                 if status == 200 and why is None:
                     answer["health"] = {"url": request["health_url"], "status": status, "polls": polls,
                                         "seconds": round(time.monotonic() - started, 2)}
@@ -455,9 +458,9 @@ class Containers(StateFolder, Lock, History):
                 self.emitter.current = "proof"
                 evidence = {}
                 try:
-                    sa.prove_served(request["proof"], request["url"], evidence)
+                    smoke.prove_served(request["proof"], request["url"], evidence)
                     answer["proof"] = evidence
-                except sa.LevelFailed as exc:
+                except server.StepFailed as exc:
                     answer.update(failed="proof", detail=exc.detail, proof=dict(evidence, **exc.evidence))
             answer["healthy"] = answer["failed"] is None
             if answer["healthy"]:

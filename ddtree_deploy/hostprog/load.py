@@ -17,7 +17,7 @@ The request's ``load`` part::
      "settle_s": 10,              # then this long before the first scrape (the load's ramp)
      "term_grace_s": 5}
 
-The benchmark runs as one of the toolkit's own processes (``smoke.OWN_ENV`` = ``load``: the
+The benchmark runs as one of the toolkit's own processes (``server.OWN_ENV`` = ``load``: the
 serve program's discovery lists it under ``own``, never as a server), in a process group of
 its own, from a private scratch folder (``tempfile.mkdtemp``: mode 0700 in the host's temp
 folder, holding the prompt file, its log, its result file; removed when it stops: the
@@ -43,7 +43,7 @@ import tempfile
 import threading
 import time
 
-from ddtree_deploy.hostprog import metrics, smoke as sa
+from ddtree_deploy.hostprog import metrics, server
 
 PROGRAM = "load"  # its OWN_ENV value: what the serve program's discovery calls it
 READY_MARK = "Starting main benchmark run"  # SGLang's benchmark, 0.5.12.post1 to 0.5.23, after its warm-up
@@ -103,7 +103,7 @@ class Driver(object):
                  "--max-concurrency", str(int(self.spec["concurrency"])),
                  "--output-file", os.path.join(self.folder, "result.jsonl")]
         # Its lines reach the log as printed; importing SGLang writes no bytecode beside its files.
-        env = dict(sa.own_env(PROGRAM, bytecode=False), PYTHONUNBUFFERED="1")
+        env = dict(server.own_env(PROGRAM, bytecode=False), PYTHONUNBUFFERED="1")
         with open(self.log_path, "ab") as log:
             # Own session and its own folder: SGLang's bench imports the INSTALLED sglang.
             self.child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -142,9 +142,9 @@ class Driver(object):
                                       % float(self.spec.get("ready_timeout_s", 300)))
                         return
                     continue
-                self.stopped.append(sa.stop_group(self.child, 1.0))  # its workers too, even once it ended
+                self.stopped.append(server.stop_group(self.child, 1.0))  # its workers too, even once it ended
                 if code != 0 or self.ready_s is None:
-                    tail = sa.log_tail(self.log_path, 1)
+                    tail = server.log_tail(self.log_path, 1)
                     self.error = "the benchmark exited %s%s: %s" % (
                         code, "" if self.ready_s is not None else " before it sent a measured request",
                         (tail or ["no output"])[-1][:300])
@@ -174,9 +174,9 @@ class Driver(object):
         with self.lock:
             self.done.set()
             child = self.child
-        if child is not None and (child.poll() is None or sa.group_pids(child.pid)):
-            self.stopped.append(sa.stop_group(child, float(self.spec.get("term_grace_s", 5))))
-        tail = [line[:300] for line in sa.log_tail(self.log_path, LOG_LINES)] if self.log_path else []
+        if child is not None and (child.poll() is None or server.group_pids(child.pid)):
+            self.stopped.append(server.stop_group(child, float(self.spec.get("term_grace_s", 5))))
+        tail = [line[:300] for line in server.log_tail(self.log_path, LOG_LINES)] if self.log_path else []
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
         left = sorted({pid for s in self.stopped for pid in s["left"]})

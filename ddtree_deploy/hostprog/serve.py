@@ -3,8 +3,9 @@ and the restart of the serving server through the inventory's own command, gated
 health and on the DDTree proof.
 
 Stdlib only, run with the host's interpreter (``host.python``), shipped like every host
-program with the modules it imports (bundle.py): ``wire`` and the smoke program ``smoke``
-(its HTTP helper, its ``/server_info`` tree proof). It never changes the installed files
+program with the modules it imports (bundle.py): ``wire``, ``server`` (the command runs
+with a deadline, the HTTP request, the process-group stop) and the smoke program ``smoke``
+(its ``/server_info`` tree proof). It never changes the installed files
 and never builds a shell command: the restart and drain commands are argv lists from the
 inventory, run with ``subprocess`` as they are written.
 
@@ -38,9 +39,9 @@ systemd unit starts it, or the very file when ``python`` is no symlink), or whos
 line, working folder or mapped files lie under the package root; child processes of one
 (SGLang's scheduler and detokenizer) are counted with it. The host programs of
 ddtree-deploy themselves are not servers, nor is what they start for themselves (a smoke
-probe, the launch level's or a tune's server, bench_serving: marked by ``smoke.OWN_ENV``),
+probe, the launch level's or a tune's server, bench_serving: marked by ``server.OWN_ENV``),
 listed apart as ``own``. The drain and restart commands run in a process group of their
-own, killed and reaped whole past their timeout (``smoke.run_group``). Each process's start
+own, killed and reaped whole past their timeout (``server.run_group``). Each process's start
 time (``/proc/<pid>/stat`` against ``/proc/uptime``: 10 ms resolution) is compared with the
 newest change (ctime) of the deployed files: a server started before it runs the code the
 files held before, and must be restarted. After a restart, the server is healthy only when
@@ -53,7 +54,10 @@ import os
 import sys
 import time
 
-from ddtree_deploy.hostprog import load, smoke as sa, wire
+from ddtree_deploy.hostprog import load, server, wire
+# The launch smoke level's DDTree proof, reused on the serving server: smoke's own proof, not
+# its lifecycle (that is server.py's).
+from ddtree_deploy.hostprog import smoke
 
 # A process that started this little before the restart began is taken as started by it:
 # /proc start times have clock-tick resolution, and the two clocks are read a moment apart.
@@ -139,7 +143,7 @@ def _own_program(pid):
         environ = _read("/proc/%d/environ" % pid, 1 << 20).split(b"\0")
     except OSError:
         return None
-    mark = (sa.OWN_ENV + "=").encode()
+    mark = (server.OWN_ENV + "=").encode()
     for item in environ:
         if item.startswith(mark):
             return item[len(mark):].decode("utf-8", "replace")[:40] or "?"
@@ -222,7 +226,7 @@ def files_changed(root, files):
 
 def discover(request):
     """The serving processes (children grouped under their top process) and the last switch."""
-    root = sa.package_root(request.get("package") or "sglang")
+    root = server.package_root(request.get("package") or "sglang")
     python = request["python"]
     found, unreadable, own = scan(python, root, exclude=(os.getpid(),))
     changed, which = files_changed(root, request.get("files"))
@@ -281,7 +285,7 @@ def listening(port, pids):
 
 def health_get(spec):
     """One GET of the health URL: its status (None: nothing answered)."""
-    status, _ = sa._http("GET", spec["url"], timeout=float(spec.get("timeout_s", 10)))
+    status, _ = server.http_request("GET", spec["url"], timeout=float(spec.get("timeout_s", 10)))
     return status
 
 
@@ -311,11 +315,11 @@ def _command(step, spec):
     timeout_s = float(spec.get("timeout_s", 300))
     started = time.monotonic()
     try:
-        ran = sa.run_group(argv, timeout_s)
-    except sa.LevelFailed as exc:  # the program does not exist
+        ran = server.run_group(argv, timeout_s)
+    except server.StepFailed as exc:  # the program does not exist
         raise Failed(step, "%s command: %s" % (step, exc.detail), argv=argv)
     rc, out, stopped = ran["rc"], ran["output"], ran["stopped"]
-    done = {"argv": argv, "rc": rc, "seconds": round(time.monotonic() - started, 2), "output": sa._tail(out, 2000)}
+    done = {"argv": argv, "rc": rc, "seconds": round(time.monotonic() - started, 2), "output": server.tail(out, 2000)}
     if stopped is not None:
         done["killed"], done["left"] = stopped["killed"], stopped["left"]
     if rc is None:
@@ -397,8 +401,8 @@ def restart(request, emitter=None):
             step("proof")
             evidence = {}
             try:
-                sa.prove_served(request["proof"], request["url"], evidence)
-            except sa.LevelFailed as exc:
+                smoke.prove_served(request["proof"], request["url"], evidence)
+            except server.StepFailed as exc:
                 raise Failed("proof", exc.detail, proof=dict(evidence, **exc.evidence))
             answer["proof"] = evidence
         answer["ok"] = True
@@ -456,7 +460,7 @@ def record_end(request, answer, seconds):
         from ddtree_deploy.hostprog.agent import Agent
 
         agent = Agent(spec["state_dir"])
-        agent.root = sa.package_root(request.get("package") or "sglang")
+        agent.root = server.package_root(request.get("package") or "sglang")
         agent.need_state_dir()
         if not os.path.isfile(agent._p("journal.json")):
             return False
@@ -497,7 +501,7 @@ def main(argv=None):
             answer = LONG_OPS[op](request, emitter) if op in LONG_OPS else dict(OPS[op](request), ok=True)
             if op == "restart":
                 answer["recorded"] = record_end(request, answer, time.monotonic() - started)
-        except sa.LevelFailed as exc:  # no sglang package for this interpreter
+        except server.StepFailed as exc:  # no sglang package for this interpreter
             answer = {"ok": False, "error": exc.detail}
         except Exception as exc:  # a bug must still answer JSON, not a traceback
             answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}

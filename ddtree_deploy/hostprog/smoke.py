@@ -53,96 +53,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 
-from ddtree_deploy.base.codes import Code
-from ddtree_deploy.hostprog import wire
-
-READY_LINE = "The server is fired up and ready to roll!"
-# Output kept in an answer: enough to see the error, small enough to ship back.
-TAIL_CHARS = 4000
-
-
-class LevelFailed(Exception):
-    """One level failed; ``evidence`` is what the report shows about why; ``code`` names
-    a failure of the host rather than of the series (the tune program stops on those)."""
-
-    def __init__(self, detail, evidence=None, code=None):
-        super().__init__(detail)
-        self.detail = detail
-        self.evidence = evidence or {}
-        self.code = code
-
-
-def _tail(text, limit=TAIL_CHARS):
-    return text if len(text) <= limit else "..." + text[-limit:]
-
-
-#: Set in the environment of every process a host program starts for itself (a probe
-#: interpreter, the launch level's or a tune's server, bench_serving): inherited by their
-#: children, it tells the serve program's discovery that they are ddtree-deploy's own, never
-#: a serving SGLang (serve.scan). The inventory's restart and drain commands do not get it:
-#: a server such a command starts is the one that serves.
-OWN_ENV = "DDTREE_DEPLOY_HOST_PROGRAM"
-OUTPUT_CAP = 16 << 20  # the most of a command's output read back (its end)
-
-
-def own_env(program, bytecode=True):
-    """The environment of a process ``program`` starts for itself (OWN_ENV set). ``bytecode``
-    false: ``PYTHONDONTWRITEBYTECODE=1``, so its imports of SGLang write no ``__pycache__``
-    beside the release's files (tune's servers and benchmarks, the speed gate's load step:
-    they run outside a push's lock, and a host's files are only ever a push's to change)."""
-    env = dict(os.environ, **{OWN_ENV: program})
-    if not bytecode:
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
-
-
-def run_group(argv, timeout_s, cwd=None, env=None, grace_s=5.0, own=None):
-    """Run argv (never a shell) as the leader of a process group of its own, with a deadline.
-
-    Past the deadline the WHOLE group is stopped (TERM, then KILL: ``stop_group``) and
-    reaped, not only its first process: a child left running could act after the run that
-    started it, outside its lock and unrecorded. ``own`` (the program's name): the command
-    is the host program's own (a probe), so whatever it left in its group is stopped even
-    when it ended in time; without it (the inventory's restart and drain commands) what
-    stays in the group after the leader's exit is left alone: it may be the server.
-    Output goes to an unnamed file, not a pipe, so a process that keeps the descriptor
-    (a server started in the background) never holds the wait open.
-
-    -> {"rc": exit code or None (timed out), "output": text, "stopped": stop_group's
-    report when the group was stopped, else None}. A program that cannot be started: LevelFailed.
-    """
-    if own:
-        env = own_env(own) if env is None else dict(env, **{OWN_ENV: own})
-    with tempfile.TemporaryFile() as out:
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
-                                    env=env, start_new_session=True, close_fds=True)
-        except OSError as exc:
-            raise LevelFailed(f"cannot run {argv[0]!r}: {exc.strerror}")
-        stopped = None
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rc = None
-        if rc is None or (own and group_pids(proc.pid)):
-            stopped = stop_group(proc, grace_s)
-        size = out.seek(0, os.SEEK_END)
-        out.seek(max(0, size - OUTPUT_CAP))
-        text = out.read().decode("utf-8", "replace")
-    return {"rc": rc, "output": text, "stopped": stopped}
+from ddtree_deploy.hostprog import server, wire
+from ddtree_deploy.hostprog.server import StepFailed, tail
 
 
 def _run(argv, timeout_s, cwd=None):
     """A probe of this program's (``run_group``, own): (rc, combined output); rc None = timed out."""
-    done = run_group(argv, timeout_s, cwd, own="smoke")
+    done = server.run_group(argv, timeout_s, cwd, own="smoke")
     return done["rc"], done["output"]
 
 
@@ -153,12 +74,12 @@ def level_compile(spec):
     """Byte-compile every patched file in memory: no .pyc is written into the package."""
     files = spec.get("files") or []
     if not files:
-        raise LevelFailed("no files to compile: the request names none")
+        raise StepFailed("no files to compile: the request names none")
     evidence = {"files": len(files)}
     if spec.get("package"):
         # Package-relative paths: resolve them where THIS interpreter finds the package,
         # which is where the push put the files and where the import level imports from.
-        root = package_root(spec["package"])
+        root = server.package_root(spec["package"])
         files = [os.path.join(root, rel) for rel in files]
         evidence["root"] = root
     for path in files:
@@ -166,25 +87,17 @@ def level_compile(spec):
             with open(path, "rb") as fh:
                 source = fh.read()
         except OSError as exc:
-            raise LevelFailed(f"{path}: cannot read ({exc.strerror})", {"file": path})
+            raise StepFailed(f"{path}: cannot read ({exc.strerror})", {"file": path})
         try:
             compile(source, path, "exec", dont_inherit=True)
         except SyntaxError as exc:
-            raise LevelFailed(
+            raise StepFailed(
                 f"{path}:{exc.lineno}: {exc.msg}",
                 {"file": path, "line": exc.lineno, "text": (exc.text or "").rstrip()},
             )
         except ValueError as exc:  # e.g. null bytes
-            raise LevelFailed(f"{path}: {exc}", {"file": path})
+            raise StepFailed(f"{path}: {exc}", {"file": path})
     return f"{len(files)} files byte-compiled", evidence
-
-
-def package_root(name):
-    """The folder holding the top-level package ``name`` (found without importing it)."""
-    pkg = wire.find_package(name)
-    if pkg is None:
-        raise LevelFailed(f"this interpreter ({sys.executable}) cannot find the {name} package")
-    return os.path.dirname(pkg)
 
 
 # ---------------------------------------------------------------------- import
@@ -306,16 +219,16 @@ _IMPORT_CHILD = _RELEASE_HELPERS + _IMPORT_CHILD
 def level_import(spec):
     modules = spec.get("modules") or []
     if not modules:
-        raise LevelFailed("no modules to import: the request names none")
+        raise StepFailed("no modules to import: the request names none")
     child = {"modules": modules, "attributes": spec.get("attributes", []), "tree": spec.get("tree")}
     timeout_s = float(spec.get("timeout_s", 180))
     answer, _ = _ask_child(_IMPORT_CHILD, child, timeout_s, doing="importing", who="the import check")
     if not answer.get("ok"):
         if "attribute" in answer:
-            raise LevelFailed(
+            raise StepFailed(
                 f"{answer['module']}.{answer['attribute']} does not exist ({answer['error']})", answer
             )
-        raise LevelFailed(f"import {answer['module']} failed: {answer['error']}", answer)
+        raise StepFailed(f"import {answer['module']} failed: {answer['error']}", answer)
     attrs = ", ".join(f"{m}.{a}" for m, a in spec.get("attributes", []))
     detail = f"{len(modules)} modules imported" + (f"; {attrs} exists" if attrs else "")
     evidence = {"modules": answer["modules"], "files": answer["file"]}
@@ -331,8 +244,8 @@ def judge_tree_probe(tree, found):
     budget, flag, field = tree["budget"], tree["budget_flag"], tree["width_field"]
     evidence = {"tree": found}
     if found.get("stage") == "server_args":
-        raise LevelFailed(f"DDTREE probe: the release's ServerArgs rejects {algorithm} with {flag} {budget} "
-                          f"(tiny config folders): {found['error']}", evidence)
+        raise StepFailed(f"DDTREE probe: the release's ServerArgs rejects {algorithm} with {flag} {budget} "
+                         f"(tiny config folders): {found['error']}", evidence)
     width = found.get("width")
     if width != budget + 1:
         why = ""
@@ -341,8 +254,8 @@ def judge_tree_probe(tree, found):
         blocks = {found.get("block"), ((tree.get("configs") or {}).get("draft_model") or {}).get("block_size")}
         if width is not None and width in blocks:
             why = ": that is the draft block, so DDTREE verifies a chain (the linear DFlash path)"
-        raise LevelFailed(f"DDTREE probe: {field} resolved to {width!r}, expected {budget + 1} "
-                          f"({flag} {budget} + 1){why}", evidence)
+        raise StepFailed(f"DDTREE probe: {field} resolved to {width!r}, expected {budget + 1} "
+                         f"({flag} {budget} + 1){why}", evidence)
     said = f"{algorithm} verify width {width} = budget {budget} + 1"
     if tree.get("skip_worker"):
         return (f"{said}; worker class not checked: {tree['skip_worker']} is excluded here "
@@ -354,18 +267,18 @@ def _judge_worker(tree, found, said):
     algorithm = "DDTREE"
     evidence = {"tree": found}
     if found.get("stage") == "worker":
-        raise LevelFailed(f"DDTREE probe: SpeculativeAlgorithm.from_string({algorithm!r}).create_worker "
-                          f"failed: {found['error']}", evidence)
+        raise StepFailed(f"DDTREE probe: SpeculativeAlgorithm.from_string({algorithm!r}).create_worker "
+                         f"failed: {found['error']}", evidence)
     worker = found.get("worker") or {}
     name = f"{worker.get('module')}.{worker.get('name')}"
     expected = tree.get("worker_class")
     if expected and worker.get("name") != expected:
-        raise LevelFailed(f"DDTREE probe: {algorithm} resolves to worker class {name}, expected {expected} "
-                          "(the family's [smoke] worker_class)", evidence)
+        raise StepFailed(f"DDTREE probe: {algorithm} resolves to worker class {name}, expected {expected} "
+                         "(the family's [smoke] worker_class)", evidence)
     if not worker.get("tree"):
-        raise LevelFailed(f"DDTREE probe: {algorithm} resolves to {name}, whose {tree['marker']} is "
-                          f"{worker.get('marker')}, not True: that worker does not verify a tree "
-                          "(silently linear)", evidence)
+        raise StepFailed(f"DDTREE probe: {algorithm} resolves to {name}, whose {tree['marker']} is "
+                         f"{worker.get('marker')}, not True: that worker does not verify a tree "
+                         "(silently linear)", evidence)
     return f"{said}; {algorithm} -> {worker.get('name')} ({tree['marker']} = True)"
 
 
@@ -378,30 +291,30 @@ def _judge_hybrid_probe(tree, found):
     evidence = {"tree": found}
     where = "DDTREE probe on the tiny hybrid target (Qwen3-Next: GDN layers)"
     if got.get("stage") == "server_args":
-        raise LevelFailed(f"{where}: the release's ServerArgs rejects it: {got['error']}", evidence)
+        raise StepFailed(f"{where}: the release's ServerArgs rejects it: {got['error']}", evidence)
     if got.get("stage") == "report":
-        raise LevelFailed(f"{where}: {'.'.join(tree['hybrid']['report'])} failed: {got['error']}", evidence)
+        raise StepFailed(f"{where}: {'.'.join(tree['hybrid']['report'])} failed: {got['error']}", evidence)
     width, budget = got.get("width"), tree["budget"]
     if width != budget + 1:
-        raise LevelFailed(f"{where}: {tree['width_field']} resolved to {width!r}, expected {budget + 1}",
-                          evidence)
+        raise StepFailed(f"{where}: {tree['width_field']} resolved to {width!r}, expected {budget + 1}",
+                         evidence)
     if not got.get("report"):
-        raise LevelFailed(f"{where}: {'.'.join(tree['hybrid']['report'])} does not see a hybrid target",
-                          evidence)
+        raise StepFailed(f"{where}: {'.'.join(tree['hybrid']['report'])} does not see a hybrid target",
+                         evidence)
     return "; " + hybrid_words(got["report"], where, evidence)
 
 
 def hybrid_words(report, where, evidence):
-    """One clause for a hybrid target DDTREE serves, or LevelFailed when its recurrent tree path
+    """One clause for a hybrid target DDTREE serves, or StepFailed when its recurrent tree path
     is off (a tree verified as a chain) or the commit hook is missing."""
     topk = report.get("speculative_eagle_topk")
     chain = report.get("ddtree_topk") == 1  # top-K 1: the tree is a chain, no tree path needed
     if not report.get("tree_path") and not chain:
-        raise LevelFailed(f"{where}: speculative_eagle_topk resolved to {topk!r}, so the hybrid backend's "
-                          "recurrent tree path is off and a tree would be verified as a chain", evidence)
+        raise StepFailed(f"{where}: speculative_eagle_topk resolved to {topk!r}, so the hybrid backend's "
+                         "recurrent tree path is off and a tree would be verified as a chain", evidence)
     if not report.get("commit_hook_found"):
-        raise LevelFailed(f"{where}: {report.get('commit_hook')} is not in this release: the accepted node's "
-                          "recurrent state would not be committed", evidence)
+        raise StepFailed(f"{where}: {report.get('commit_hook')} is not in this release: the accepted node's "
+                         "recurrent state would not be committed", evidence)
     path = ("top-K 1: the tree is a chain, served by the recurrent chain path" if chain else
             f"recurrent tree path on (speculative_eagle_topk {topk} > 1)")
     return (f"hybrid {report.get('recurrent_config')} ({report.get('recurrent_kind')}): {path}, accepted "
@@ -414,10 +327,10 @@ def _ask_child(script, request, timeout_s, *, doing, who):
     with tempfile.TemporaryDirectory(prefix="ddtree-smoke-") as cwd:
         rc, out = _run([sys.executable, "-c", script, json.dumps(request)], timeout_s, cwd)
     if rc is None:
-        raise LevelFailed(f"{doing} timed out after {timeout_s:g} s", {"output": _tail(out)})
+        raise StepFailed(f"{doing} timed out after {timeout_s:g} s", {"output": tail(out)})
     answer = _last_json_line(out)
     if answer is None:
-        raise LevelFailed(f"{who} exited {rc} without an answer", {"output": _tail(out)})
+        raise StepFailed(f"{who} exited {rc} without an answer", {"output": tail(out)})
     return answer, out
 
 
@@ -466,7 +379,7 @@ def level_cli(spec):
         def check():
             try:
                 checked["result"] = _validate(validate, timeout_s)
-            except LevelFailed as exc:
+            except StepFailed as exc:
                 checked["error"] = exc
 
         worker = threading.Thread(target=check, daemon=True)
@@ -476,13 +389,13 @@ def level_cli(spec):
     if worker is not None:
         worker.join()
     if rc is None:
-        raise LevelFailed(f"{' '.join(argv[1:])} timed out after {timeout_s:g} s", {"output": _tail(out)})
+        raise StepFailed(f"{' '.join(argv[1:])} timed out after {timeout_s:g} s", {"output": tail(out)})
     if rc != 0:
-        raise LevelFailed(f"{' '.join(argv[1:])} exited {rc}", {"output": _tail(out)})
+        raise StepFailed(f"{' '.join(argv[1:])} exited {rc}", {"output": tail(out)})
     missing = [flag for flag in spec.get("expect", []) if flag not in out]
     if missing:
-        raise LevelFailed(
-            "the help does not list " + ", ".join(missing), {"missing": missing, "output": _tail(out)}
+        raise StepFailed(
+            "the help does not list " + ", ".join(missing), {"missing": missing, "output": tail(out)}
         )
     evidence = {"flags": spec.get("expect", [])}
     detail = f"help lists {len(evidence['flags'])} DDTree flags"
@@ -506,8 +419,8 @@ def _judge_hybrid_launch(validate, result):
     if not validate.get("hybrid_report"):
         return ""
     if result.get("hybrid_error"):
-        raise LevelFailed(f"{'.'.join(validate['hybrid_report'])} failed on the launch arguments: "
-                          f"{result['hybrid_error']}", {"validation": result})
+        raise StepFailed(f"{'.'.join(validate['hybrid_report'])} failed on the launch arguments: "
+                         f"{result['hybrid_error']}", {"validation": result})
     if not result.get("hybrid"):
         return ""  # a pure-attention model
     return "; " + hybrid_words(result["hybrid"], "the launch arguments", {"validation": result})
@@ -520,14 +433,14 @@ def _judge_width(width, result):
     if budget is None:
         budget = fields.get(width["budget_field"])
     if not isinstance(budget, int) or isinstance(budget, bool):
-        raise LevelFailed(f"cannot tell the DDTree budget: the inventory sets no [smoke.launch] budget and "
-                          f"ServerArgs has no {width['budget_field']} (got {budget!r}); set budget in "
-                          "[smoke.launch]", {"validation": result})
+        raise StepFailed(f"cannot tell the DDTree budget: the inventory sets no [smoke.launch] budget and "
+                         f"ServerArgs has no {width['budget_field']} (got {budget!r}); set budget in "
+                         "[smoke.launch]", {"validation": result})
     found = fields.get(width["field"])
     if found != budget + 1:
-        raise LevelFailed(f"the launch arguments resolve {width['field']} to {found!r}, expected {budget + 1} "
-                          f"({width['budget_flag']} {budget} + 1): DDTREE would not verify its tree",
-                          {"validation": result})
+        raise StepFailed(f"the launch arguments resolve {width['field']} to {found!r}, expected {budget + 1} "
+                         f"({width['budget_flag']} {budget} + 1): DDTREE would not verify its tree",
+                         {"validation": result})
     return f"verify width {found} = budget {budget} + 1"
 
 
@@ -540,8 +453,8 @@ def _validate(spec, timeout_s):
     answer, out = _ask_child(_VALIDATE_CHILD, child, timeout_s, doing=name, who=name)
     if not answer["ok"]:
         # argparse explains a bad flag on stderr before its SystemExit: keep that output.
-        answer["output"] = _tail(out)
-        raise LevelFailed(f"{name} rejects the launch arguments: {answer['error']}", answer)
+        answer["output"] = tail(out)
+        raise StepFailed(f"{name} rejects the launch arguments: {answer['error']}", answer)
     result = {"argv": spec["argv"], "fields": answer["fields"]}
     result.update({k: answer[k] for k in ("hybrid", "hybrid_error") if k in answer})
     return result
@@ -550,201 +463,22 @@ def _validate(spec, timeout_s):
 # ---------------------------------------------------------------------- launch
 
 
-def check_gpus(min_free_mib):
-    """nvidia-smi must exist and show at least one GPU with enough free memory."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        raise LevelFailed(
-            "nvidia-smi not found on the host: the launch level needs an NVIDIA GPU "
-            "(run the compile/import/cli levels only, or fix the host's driver install)",
-            {"gpus": []}, code=Code.GPU,
-        )
-    query = [exe, "--query-gpu=index,name,memory.free,memory.total", "--format=csv,noheader,nounits"]
-    rc, out = _run(query, 30)
-    if rc != 0:
-        raise LevelFailed(f"nvidia-smi failed (exit {rc}): no usable GPU", {"output": _tail(out)}, code=Code.GPU)
-    gpus = []
-    for line in out.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4 and parts[2].isdigit():
-            gpus.append({"index": parts[0], "name": parts[1], "free_mib": int(parts[2]), "total_mib": int(parts[3])})
-    if not gpus:
-        raise LevelFailed("nvidia-smi lists no GPU", {"output": _tail(out)}, code=Code.GPU)
-    if max(g["free_mib"] for g in gpus) < min_free_mib:
-        raise LevelFailed(
-            f"no GPU has {min_free_mib} MiB free (another server running?)", {"gpus": gpus}, code=Code.GPU
-        )
-    return gpus
-
-
-def _port_open(host, port):
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex((host, port)) == 0
-
-
-def _http(method, url, body=None, timeout=10.0):
-    """(status, parsed JSON or text); status None when nothing answered."""
-    # Imported here: only the launch level talks HTTP, and urllib costs the others ~0.1 s.
-    import http.client
-    import urllib.error
-    import urllib.request
-
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
-        # Nothing answered, or not with HTTP (a BadStatusLine from whatever holds the port,
-        # a URL urllib cannot use): no HTTP status, so not healthy (yet), never an abort.
-        return None, None
-    try:
-        return status, json.loads(raw.decode("utf-8", "replace") or "null")
-    except ValueError:
-        return status, raw.decode("utf-8", "replace")
-
-
-def log_tail(path, lines):
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 64 * 1024))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return text.splitlines()[-lines:]
-
-
-def group_pids(pgid):
-    """The pids still in a process group (Linux /proc; elsewhere just 'any or none')."""
-    if os.path.isdir("/proc/self"):
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    stat = fh.read().decode("utf-8", "replace")
-            except OSError:
-                continue
-            # Fields after the ")" closing the command name: state ppid pgrp ...
-            fields = stat.rsplit(")", 1)[-1].split()
-            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-                pids.append(int(entry))
-        return pids
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return []
-    except PermissionError:
-        pass
-    return [pgid]
-
-
-def stop_group(proc, grace_s):
-    """TERM the whole process group, then KILL what is left, and reap the leader; report what
-    happened: ``killed`` (how many of the group's processes were stopped), ``left`` (the pids
-    that outlived TERM and KILL: another user's, e.g. under sudo)."""
-    pgid = proc.pid  # start_new_session made the server its own group leader
-    signals = []
-    found = set(group_pids(pgid))
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        if not group_pids(pgid) and proc.poll() is not None:
-            break
-        try:
-            os.killpg(pgid, sig)
-            signals.append(sig.name)
-        except (ProcessLookupError, PermissionError):  # none left, or none of them ours to signal
-            break
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None and not group_pids(pgid):
-                break
-            time.sleep(0.1)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
-    left = group_pids(pgid)
-    return {"pgid": pgid, "signals": signals, "killed": len(found - set(left)), "left": left,
-            "exit_code": proc.poll()}
-
-
-def start_server(spec, evidence, own="smoke", bytecode=True):
-    """Start the server of ``spec`` (the launch level's, or one tune configuration's)
-    detached in its own process group, its output appended to ``log_path``, after its
-    preconditions: a GPU with ``min_free_mib`` free (unless ``gpu_check`` is false) and a
-    free port. ``own``: the host program starting it (OWN_ENV); ``bytecode``: as
-    ``own_env``'s. -> the Popen; a failed
-    precondition is a LevelFailed with a ``code``."""
-    host, port = spec.get("host", "127.0.0.1"), int(spec["port"])
-    if spec.get("gpu_check", True):
-        evidence["gpus"] = check_gpus(int(spec.get("min_free_mib", 0)))
-    else:
-        evidence["gpus"] = "not checked (the inventory says gpu = false)"
-    if _port_open(host, port):
-        # Something already answers there: probing it would test the wrong server.
-        raise LevelFailed(f"port {port} on {host} is already in use: stop that server or set another "
-                          "[smoke.launch] port", evidence, code=Code.PORT)
-    os.makedirs(os.path.dirname(spec["log_path"]) or ".", mode=0o700, exist_ok=True)
-    argv = [sys.executable if a == "{python}" else a for a in spec["argv"]]
-    with open(spec["log_path"], "ab") as log:
-        try:
-            return subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True, env=own_env(own, bytecode),
-            )
-        except OSError as exc:
-            raise LevelFailed(f"cannot start {argv[0]!r}: {exc.strerror}", evidence, code=Code.START)
-
-
-def wait_ready(proc, spec, stop=None):
-    """Until the server is ready: ``/health_generate`` 200 or the log's ready line, within
-    ``ready_timeout_s``. -> how it showed. ``stop()``, when given, is called each poll (it
-    raises to give up early: the tune program's abort)."""
-    base = f"http://{spec.get('host', '127.0.0.1')}:{int(spec['port'])}"
-    timeout_s = float(spec.get("ready_timeout_s", 900))
-    deadline = time.monotonic() + timeout_s
-    poll_s = float(spec.get("poll_s", 1.0))
-    offset = 0
-    while True:
-        if stop is not None:
-            stop()
-        code = proc.poll()
-        if code is not None:
-            raise LevelFailed(f"the server exited with code {code} before it was ready", {"exit_code": code})
-        status, _ = _http("GET", base + "/health_generate", timeout=min(10.0, poll_s + 5))
-        if status == 200:
-            return "/health_generate 200"
-        offset, seen = _scan_log(spec["log_path"], offset, READY_LINE)
-        if seen:
-            return "log line"
-        if time.monotonic() >= deadline:
-            raise LevelFailed(f"the server was not ready after {timeout_s:g} s", {"last_health_status": status})
-        time.sleep(poll_s)
-
-
 def level_launch(spec):
     host, port = spec.get("host", "127.0.0.1"), int(spec["port"])
     base = f"http://{host}:{port}"
     evidence = {"log_path": spec["log_path"], "argv": spec["argv"]}
-    proc = start_server(spec, evidence)
+    proc = server.start_server(spec, evidence, own="smoke")
     evidence["pid"] = proc.pid
     try:
         _serve_and_probe(proc, spec, base, evidence)
-    except LevelFailed as exc:
+    except StepFailed as exc:
         exc.evidence.update(evidence)
-        exc.evidence["log_tail"] = log_tail(spec["log_path"], int(spec.get("log_tail_lines", 40)))
+        exc.evidence["log_tail"] = server.log_tail(spec["log_path"], int(spec.get("log_tail_lines", 40)))
         raise
     finally:
-        evidence["stopped"] = stop_group(proc, float(spec.get("term_grace_s", 20)))
+        evidence["stopped"] = server.stop_group(proc, float(spec.get("term_grace_s", 20)))
     if evidence["stopped"]["left"]:
-        raise LevelFailed(
+        raise StepFailed(
             f"processes {evidence['stopped']['left']} outlived TERM and KILL of group {proc.pid}", evidence
         )
     return _launch_detail(evidence), evidence
@@ -752,7 +486,7 @@ def level_launch(spec):
 
 def _serve_and_probe(proc, spec, base, evidence):
     started = time.monotonic()
-    evidence["ready_by"] = wait_ready(proc, spec)
+    evidence["ready_by"] = server.wait_ready(proc, spec)
     evidence["ready_s"] = round(time.monotonic() - started, 2)
     prove_served(spec, base, evidence)
 
@@ -762,18 +496,18 @@ def prove_served(spec, base, evidence):
     (unless ``spec["probe"]`` is None), the tree prompts (``spec["tree"]["prompts"]``), then
     ``/server_info``: the algorithm, and the tree report judged (``judge_tree_report``).
     Shared by the launch level (its own server) and the serve program (the host's serving
-    server, after a restart). Raises LevelFailed; fills ``evidence``."""
+    server, after a restart). Raises StepFailed; fills ``evidence``."""
     probe = spec.get("probe", {})
     if probe is None:  # the serve program's "width" proof: no request sent to the server
         return _server_info_proof(spec, base, evidence)
     body = {"text": probe.get("text", "The capital of France is"),
             "sampling_params": {"max_new_tokens": int(probe.get("max_new_tokens", 32)), "temperature": 0.0}}
-    status, reply = _http("POST", base + "/generate", body, timeout=float(spec.get("probe_timeout_s", 120)))
+    status, reply = server.http_request("POST", base + "/generate", body, timeout=float(spec.get("probe_timeout_s", 120)))
     if status != 200 or not isinstance(reply, dict):
-        raise LevelFailed(f"POST /generate answered {status}", {"reply": _tail(str(reply))})
+        raise StepFailed(f"POST /generate answered {status}", {"reply": tail(str(reply))})
     text = reply.get("text")
     if not isinstance(text, str) or not text.strip():
-        raise LevelFailed("POST /generate returned empty text", {"reply": reply})
+        raise StepFailed("POST /generate returned empty text", {"reply": reply})
     meta = reply.get("meta_info") or {}
     evidence["probe"] = {"text": text[:200], "completion_tokens": meta.get("completion_tokens"),
                          "spec_verify_ct": meta.get("spec_verify_ct")}
@@ -783,7 +517,7 @@ def prove_served(spec, base, evidence):
     if tree and tree.get("prompts"):
         _tree_requests(tree, base, float(spec.get("probe_timeout_s", 120)), evidence)
         # A budget schedule: one batch per threshold, so every width verifies at least once.
-        status, info = _http("GET", base + "/server_info", timeout=30)
+        status, info = server.http_request("GET", base + "/server_info", timeout=30)
         for threshold in schedule_thresholds(info if status == 200 else None):
             _tree_requests(dict(tree, prompts=_cycled(tree["prompts"], threshold)), base,
                            float(spec.get("probe_timeout_s", 120)), evidence)
@@ -810,18 +544,18 @@ def _server_info_proof(spec, base, evidence):
     tree = spec.get("tree")
     info, endpoint = None, None
     for endpoint in ("/server_info", "/get_server_info"):
-        status, info = _http("GET", base + endpoint, timeout=30)
+        status, info = server.http_request("GET", base + endpoint, timeout=30)
         if status == 200 and isinstance(info, dict):
             break
         info = None
     if info is None:
-        raise LevelFailed("neither /server_info nor /get_server_info answered")
+        raise StepFailed("neither /server_info nor /get_server_info answered")
     evidence["server_info_endpoint"] = endpoint
     algorithm = info.get("speculative_algorithm")
     evidence["speculative_algorithm"] = algorithm
     expected = spec.get("expect_algorithm")
     if expected and str(algorithm).upper() != expected.upper():
-        raise LevelFailed(f"the server reports speculative_algorithm={algorithm!r}, not {expected}")
+        raise StepFailed(f"the server reports speculative_algorithm={algorithm!r}, not {expected}")
     states = info.get("internal_states") or [{}]
     if isinstance(states, list) and states and isinstance(states[0], dict):
         evidence["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
@@ -835,10 +569,10 @@ def _tree_requests(tree, base, timeout_s, evidence):
     prompts = list(tree["prompts"])
     body = {"text": prompts, "sampling_params": {"max_new_tokens": int(tree.get("max_new_tokens", 256)),
                                                  "temperature": 0.0}}
-    status, reply = _http("POST", base + "/generate", body, timeout=timeout_s)
+    status, reply = server.http_request("POST", base + "/generate", body, timeout=timeout_s)
     if status != 200 or not isinstance(reply, list):
-        raise LevelFailed(f"POST /generate with {len(prompts)} prompts (the tree check) answered {status}",
-                          {"reply": _tail(str(reply))})
+        raise StepFailed(f"POST /generate with {len(prompts)} prompts (the tree check) answered {status}",
+                         {"reply": tail(str(reply))})
     tokens = sum(int(((r or {}).get("meta_info") or {}).get("completion_tokens") or 0) for r in reply)
     sent = evidence.setdefault("tree_requests", {"prompts": 0, "completion_tokens": 0})
     sent["prompts"] += len(prompts)
@@ -855,41 +589,41 @@ def judge_tree_report(tree, info, endpoint, sent):
     states = info.get("internal_states")
     where = f"{endpoint} internal_states"
     if not isinstance(states, list) or not states or not all(isinstance(s, dict) for s in states):
-        raise LevelFailed(f"{where}: missing or not a list of objects ({_tail(repr(states), 200)}): "
-                          "the server reports no tree verify state")
+        raise StepFailed(f"{where}: missing or not a list of objects ({tail(repr(states), 200)}): "
+                         "the server reports no tree verify state")
     budget = tree.get("budget")
     if budget is None:
         budget = info.get(tree["budget_field"])
         if not isinstance(budget, int) or isinstance(budget, bool):
-            raise LevelFailed(f"{endpoint}: {tree['budget_field']} is {budget!r}, and the inventory sets no "
-                              "[smoke.launch] budget: cannot tell the verify width to expect; set budget")
+            raise StepFailed(f"{endpoint}: {tree['budget_field']} is {budget!r}, and the inventory sets no "
+                             "[smoke.launch] budget: cannot tell the verify width to expect; set budget")
     for i, state in enumerate(states):
         missing = [k for k in TREE_KEYS if k not in state]
         if missing:
-            raise LevelFailed(f"{where}[{i}] has no {', '.join(missing)}: the deployed series does not report "
-                              "its tree verify (a partial port, or a worker without the DDTree report)",
-                              {"internal_states": states})
+            raise StepFailed(f"{where}[{i}] has no {', '.join(missing)}: the deployed series does not report "
+                             "its tree verify (a partial port, or a worker without the DDTree report)",
+                             {"internal_states": states})
         if state["ddtree_verify_width"] != budget + 1:
-            raise LevelFailed(f"{where}[{i}].ddtree_verify_width is {state['ddtree_verify_width']!r}, expected "
-                              f"{budget + 1} (budget {budget} + 1): the server does not verify a DDTree tree",
-                              {"internal_states": states})
+            raise StepFailed(f"{where}[{i}].ddtree_verify_width is {state['ddtree_verify_width']!r}, expected "
+                             f"{budget + 1} (budget {budget} + 1): the server does not verify a DDTree tree",
+                             {"internal_states": states})
         expected = tree.get("worker_class")
         if not isinstance(state["ddtree_worker_class"], str) or not state["ddtree_worker_class"] or (
                 expected and state["ddtree_worker_class"] != expected):
-            raise LevelFailed(f"{where}[{i}].ddtree_worker_class is {state['ddtree_worker_class']!r}, expected "
-                              f"{expected or 'a class name'}: DDTREE is not served by the family's tree worker",
-                              {"internal_states": states})
+            raise StepFailed(f"{where}[{i}].ddtree_worker_class is {state['ddtree_worker_class']!r}, expected "
+                             f"{expected or 'a class name'}: DDTREE is not served by the family's tree worker",
+                             {"internal_states": states})
     counts = [s["ddtree_offchain_accepts"] for s in states]
     if not all(isinstance(c, int) and not isinstance(c, bool) for c in counts):
-        raise LevelFailed(f"{where}: ddtree_offchain_accepts is {counts!r}, not a count",
-                          {"internal_states": states})
+        raise StepFailed(f"{where}: ddtree_offchain_accepts is {counts!r}, not a count",
+                         {"internal_states": states})
     # Off-chain accepts are asked for only where prompts were sent to make some (the serve
     # program's "width" proof sends none: a server just restarted has verified nothing yet).
     if tree.get("prompts") and sum(counts) < 1:
-        raise LevelFailed(f"{where}: ddtree_offchain_accepts is {sum(counts)} after the probe and "
-                          f"{sent.get('prompts', 0)} more prompts ({sent.get('completion_tokens', 0)} tokens): no "
-                          "verify step accepted a path off the first-ranked chain, so no tree verify was "
-                          "seen", {"internal_states": states})
+        raise StepFailed(f"{where}: ddtree_offchain_accepts is {sum(counts)} after the probe and "
+                         f"{sent.get('prompts', 0)} more prompts ({sent.get('completion_tokens', 0)} tokens): no "
+                         "verify step accepted a path off the first-ranked chain, so no tree verify was "
+                         "seen", {"internal_states": states})
     judged = {"verify_width": budget + 1, "budget": budget, "worker_class": states[0]["ddtree_worker_class"],
               "offchain_accepts": sum(counts)}
     schedule = _judge_schedule(tree, states, where, sent)
@@ -909,29 +643,17 @@ def _judge_schedule(tree, states, where, sent):
             continue
         for entry in entries if isinstance(entries, list) else [entries]:
             if not isinstance(entry, dict) or entry.get("verify_width") != (entry.get("budget") or 0) + 1:
-                raise LevelFailed(f"{where}[{i}].ddtree_schedule entry {entry!r}: its verify width is not its "
-                                  "budget + 1", {"internal_states": states})
+                raise StepFailed(f"{where}[{i}].ddtree_schedule entry {entry!r}: its verify width is not its "
+                                 "budget + 1", {"internal_states": states})
             steps = entry.get("steps")
             if tree.get("prompts") and (not isinstance(steps, int) or steps < 1):
-                raise LevelFailed(f"{where}[{i}].ddtree_schedule: the entry from batch {entry.get('threshold')} "
-                                  f"(width {entry['verify_width']}) verified {steps!r} steps after "
-                                  f"{sent.get('prompts', 0)} prompts: not every width of the schedule ran",
-                                  {"internal_states": states})
+                raise StepFailed(f"{where}[{i}].ddtree_schedule: the entry from batch {entry.get('threshold')} "
+                                 f"(width {entry['verify_width']}) verified {steps!r} steps after "
+                                 f"{sent.get('prompts', 0)} prompts: not every width of the schedule ran",
+                                 {"internal_states": states})
             out.append({key: entry.get(key) for key in
                         ("threshold", "verify_width", "steps", "mean_accept_length")})
     return out
-
-
-def _scan_log(path, offset, needle):
-    """Look for needle in what the log gained since offset; (new offset, seen)."""
-    try:
-        with open(path, "rb") as fh:
-            # Step back a little so a line split across two reads is still seen.
-            fh.seek(max(0, offset - len(needle)))
-            chunk = fh.read()
-            return fh.tell(), needle.encode() in chunk
-    except OSError:
-        return offset, False
 
 
 def _launch_detail(evidence):
@@ -972,7 +694,7 @@ def run(request, emitter=None):
             try:
                 detail, evidence = LEVELS[name](request.get(name) or {})
                 status = "passed"
-            except LevelFailed as exc:
+            except StepFailed as exc:
                 detail, evidence, status, failed = exc.detail, exc.evidence, "failed", True
             except Exception as exc:  # an agent bug must still answer JSON, not a traceback
                 detail, evidence, status, failed = "%s: %s" % (type(exc).__name__, exc), {}, "failed", True

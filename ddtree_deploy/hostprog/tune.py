@@ -2,9 +2,9 @@
 
 Stdlib only, run with the host's interpreter, shipped like every host program with the
 modules it imports (bundle.py): ``wire`` (JSON lines, the heartbeat emitter, process
-identity) and the smoke program ``smoke``, whose launch level's helpers -- server start
-with its GPU and port checks, readiness wait, HTTP, process-group stop -- are reused, not
-copied.
+identity) and ``server``, the server lifecycle the smoke program's launch level uses too --
+server start with its GPU and port checks, readiness wait, HTTP, process-group stop --
+shared, not copied.
 
 Protocol: JSON lines on stdin, JSON lines on stdout.
 
@@ -54,7 +54,7 @@ import threading
 import time
 
 from ddtree_deploy.base.codes import Code
-from ddtree_deploy.hostprog import load, roots, smoke as sa, wire
+from ddtree_deploy.hostprog import load, roots, server, wire
 
 OOM_MARKS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "killed")
 METRICS = {  # bench_serving's result keys -> ours
@@ -199,10 +199,10 @@ class Tuner(object):
             if problem:
                 raise RunFailed(problem + ": the sweep stops here", code=Code.SERIES_CHANGED)
             try:
-                proc = sa.start_server(dict(req, gpu_check=bool(req.get("gpu_check"))), {}, own="tune",
+                proc = server.start_server(dict(req, gpu_check=bool(req.get("gpu_check"))), {}, own="tune",
                                        bytecode=False)
-                sa.wait_ready(proc, dict(req, poll_s=0.5), stop=self._stop_if_aborted)
-            except sa.LevelFailed as exc:
+                server.wait_ready(proc, dict(req, poll_s=0.5), stop=self._stop_if_aborted)
+            except server.StepFailed as exc:
                 extra = {"exit_code": exc.evidence["exit_code"]} if "exit_code" in exc.evidence else {}
                 raise RunFailed(exc.detail, code=exc.code or Code.FAILED, **extra)
             self.emit({"event": "phase", "key": req["key"], "what": "ready",
@@ -231,12 +231,12 @@ class Tuner(object):
             result.update(status="failed", error="%s: %s" % (type(exc).__name__, exc), code=Code.AGENT)
         finally:
             if proc is not None:
-                result["stopped"] = sa.stop_group(proc, float(req.get("term_grace_s", 30)))
+                result["stopped"] = server.stop_group(proc, float(req.get("term_grace_s", 30)))
                 if result["stopped"]["left"]:
                     result.update(status="failed", code=Code.LEFT_RUNNING,
                                   error="processes %s outlived TERM and KILL" % result["stopped"]["left"])
             if result.get("status") == "failed":
-                result["log_tail"] = sa.log_tail(req["log_path"], 30)
+                result["log_tail"] = server.log_tail(req["log_path"], 30)
                 if proc is not None and _looks_oom(result["log_tail"]):
                     result["error"] = "OOM: " + result["error"]
         result["seconds"] = round(time.monotonic() - started, 2)
@@ -267,7 +267,7 @@ class Tuner(object):
                 raise Aborted()
             body = {"text": texts, "sampling_params": {"max_new_tokens": int(probe["max_new_tokens"]),
                                                        "temperature": 0}}
-            status, reply = sa._http("POST", base + "/generate", body, timeout=float(probe.get("timeout_s", 600)))
+            status, reply = server.http_request("POST", base + "/generate", body, timeout=float(probe.get("timeout_s", 600)))
             replies = reply if isinstance(reply, list) else []
             tokens = sum((r.get("meta_info") or {}).get("completion_tokens") or 0 for r in replies
                          if isinstance(r, dict))
@@ -290,7 +290,7 @@ class Tuner(object):
             # Own session and a neutral folder: SGLang's bench imports the INSTALLED sglang.
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True, close_fds=True, cwd=out_dir,
-                                     env=sa.own_env("tune", bytecode=False))
+                                     env=server.own_env("tune", bytecode=False))
         deadline = time.monotonic() + float(bench.get("timeout_s", 3600))
         try:
             while child.poll() is None:
@@ -305,9 +305,9 @@ class Tuner(object):
                                     % (conc, bench.get("timeout_s")))
                 self.abort.wait(0.2)
         finally:
-            if child.poll() is None or sa.group_pids(child.pid):  # its workers too, even once it ended
-                sa.stop_group(child, 5.0)
-        tail = sa.log_tail(log_path, 15)
+            if child.poll() is None or server.group_pids(child.pid):  # its workers too, even once it ended
+                server.stop_group(child, 5.0)
+        tail = server.log_tail(log_path, 15)
         if proc.poll() is not None:
             raise RunFailed("the server exited with code %s during the benchmark at concurrency %d"
                             % (proc.poll(), conc), exit_code=proc.poll(), bench_tail=tail)
@@ -337,7 +337,7 @@ class Tuner(object):
     def _server_info(self, req):
         base = "http://%s:%s" % (req["host"], req["port"])
         for endpoint in ("/server_info", "/get_server_info"):
-            status, info = sa._http("GET", base + endpoint, timeout=30)
+            status, info = server.http_request("GET", base + endpoint, timeout=30)
             if status == 200 and isinstance(info, dict):
                 return info
         return None

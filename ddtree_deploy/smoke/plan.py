@@ -238,7 +238,7 @@ class SmokePlan:
 LEVEL_SLACK_S = 60.0
 COMPILE_S = 120.0  # the compile level has no deadline on the host: reading + compiling the files
 START_S = 60.0  # before the first level starts, and for the final answer after the last
-NVIDIA_SMI_S = 30.0  # hostprog.smoke.check_gpus
+NVIDIA_SMI_S = 30.0  # hostprog.server.check_gpus
 SERVER_INFO_S = 60.0  # /server_info, then /get_server_info: 30 s each
 HEALTH_POLL_S = 10.0  # the last readiness poll may start just before the deadline
 KILL_S = 15.0  # SIGKILL's wait (10 s) and the reap (5 s) after term_grace_s

@@ -3,8 +3,9 @@
 The decisions (grid, pruning, choice, table) are ``tune.py``'s; this module asks the
 host (``status.status``: is DDTree deployed, by which family), builds each launch's argv
 from the host's ``[smoke.launch]`` settings with the launch smoke's own template code
-(``smoke_plan.launch_argv``), ships ``hostprog/tune.py`` (with the smoke program's helpers) to
-the host, and streams each finished configuration into the local results file.
+(``smoke_plan.launch_argv``), ships ``hostprog/tune.py`` (with the server lifecycle,
+``hostprog/server.py``) to the host, and streams each finished configuration into the local
+results file.
 """
 
 from __future__ import annotations
@@ -227,8 +228,9 @@ def expected_algorithm(config: tune.Config) -> str | None:
 # ------------------------------------------------------------------ the host program
 
 
-# The tune program reuses the smoke program's launch helpers (GPU check, port check, HTTP,
-# server start and readiness, process-group stop): shipped with it (hostprog.bundle).
+# The tune program uses the server lifecycle the launch smoke level uses (hostprog/server.py:
+# GPU check, port check, HTTP, server start and readiness, process-group stop): shipped with it
+# (hostprog.bundle).
 TUNE_PROGRAM = HostProgram("ddtree_deploy.hostprog.tune", "the tune program", "tune-agent")
 
 

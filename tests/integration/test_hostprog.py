@@ -131,6 +131,48 @@ def test_the_room_stays_shippable():
     assert len(init.body) == 1 and isinstance(init.body[0].value, ast.Constant)
 
 
+def private_uses(text: str, where: str) -> list[str]:
+    """Every use in ``text`` of another host module's private name (``mod._name``, or
+    ``from ddtree_deploy.hostprog.mod import _name``), as ``where:line: mod._name``."""
+    tree = ast.parse(text)
+    modules = {}  # local name -> the host module it is bound to
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "ddtree_deploy.hostprog":
+            modules.update({a.asname or a.name: a.name for a in node.names})
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ddtree_deploy.hostprog."):
+            bad += [f"{where}:{node.lineno}: {node.module.rsplit('.', 1)[1]}.{a.name}" for a in node.names
+                    if a.name.startswith("_")]
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            bad.append(f"{where}:{node.lineno}: {modules[node.value.id]}.{node.attr}")
+    return sorted(bad, key=lambda line: int(line.split(":")[1]))
+
+
+def test_what_one_host_module_uses_of_another_is_public_there():
+    """A helper two programs share lives in a module of its own under a public name (the
+    server lifecycle in server.py), not borrowed from another program's private names."""
+    bad = [line for path in sorted(ROOM.glob("*.py"))
+           for line in private_uses(path.read_text(encoding="utf-8"), path.name)]
+    assert bad == []
+
+
+def test_the_private_use_check_catches_both_ways_in():
+    text = ("from ddtree_deploy.hostprog import smoke as sa, wire\n"
+            "from ddtree_deploy.hostprog.server import _scan_log, tail\n"
+            "sa._http('GET', 'u')\nwire.one_request(None, None)\nsa.__name__\n")
+    assert private_uses(text, "m") == ["m:2: server._scan_log", "m:3: smoke._http"]
+
+
+def test_the_server_lifecycle_travels_with_every_program_that_starts_or_asks_a_server():
+    """server.py ships with each program that uses it (bundle.shipped follows the imports);
+    the tune program, which only borrows the lifecycle, no longer ships the smoke program."""
+    for name in ("smoke", "serve", "tune", "container"):
+        assert "ddtree_deploy.hostprog.server" in bundle.shipped(f"ddtree_deploy.hostprog.{name}"), name
+    assert "ddtree_deploy.hostprog.smoke" not in bundle.shipped("ddtree_deploy.hostprog.tune")
+
+
 def test_the_bundler_refuses_what_cannot_ship():
     with pytest.raises(bundle.BundleError, match="relative import"):
         bundle.package_imports("m", "from . import wire\n")

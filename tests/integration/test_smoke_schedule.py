@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ddtree_deploy.hostprog import smoke
+from ddtree_deploy.hostprog.server import StepFailed
 
 SCHEDULE = "1:32/4,4:16/2,8:7/1"  # resolved: thresholds 1, 4, 8; widths 33, 17, 8
 
@@ -97,7 +98,7 @@ def test_every_width_of_the_schedule_is_sent_a_batch_and_judged():
 def test_a_width_that_never_verified_fails_the_proof():
     server = _Server(skip_width=17)
     try:
-        with pytest.raises(smoke.LevelFailed) as failed:
+        with pytest.raises(StepFailed) as failed:
             smoke.prove_served(_spec(), server.base, {})
     finally:
         server.close()
