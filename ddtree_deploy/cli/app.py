@@ -70,6 +70,18 @@ err = Console(stderr=True, width=_log_width())
 out = Console(highlight=False, soft_wrap=True)
 
 
+def _stderr_width() -> int | None:
+    """The columns a line on stderr may take: COLUMNS, else the terminal's; None for a log."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stderr.isatty():
+        import shutil
+
+        return shutil.get_terminal_size().columns
+    return None
+
+
 def result_width() -> int | None:
     """The columns a result line on stdout may take: the terminal's (or COLUMNS); None for a
     pipe or a log, where each line stays whole (for grep)."""
@@ -127,9 +139,13 @@ def say_error(console: Console, message: str, hint: str | None, *, internal: boo
     label = "internal error:" if internal else "error:"
     console.print(f"[bold red]{label}[/] {_escape(message)}", highlight=False, soft_wrap=True)
     if fields:
+        from ddtree_deploy.cli.text import fit, plain
+
         for line in failure_lines(message, host=fields.get("host"), step=fields.get("step"),
                                   changed=fields.get("changed") or "maybe", hint=hint):
-            console.print(_escape(line), highlight=False, soft_wrap=True)
+            # Broken between words at a terminal's width (as result lines are), whole in a log.
+            for part in fit(plain(line), _stderr_width()):
+                console.print(_escape(part), highlight=False, soft_wrap=True)
     if hint:
         console.print(f"[dim]hint:[/] {_escape(hint)}", highlight=False, soft_wrap=True)
 
