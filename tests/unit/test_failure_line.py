@@ -184,3 +184,44 @@ def test_a_self_containing_mapping_ends_at_the_depth_bound():
     loop: dict = {}
     loop["self"] = loop
     assert "nested deeper than" in json.dumps(evidence_json(loop))
+
+
+# ---------------------------------------------------------------- on stderr
+
+def _said(monkeypatch, columns: str | None, **fields) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    from ddtree_deploy.cli.app import say_error
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200, color_system=None)
+    error = DeployError(fields.pop("message"), **fields).to_json()["error"]
+    say_error(console, error["message"], error["hint"], fields=error)
+    return buffer.getvalue().splitlines()
+
+
+def test_say_error_prints_the_error_then_the_line_then_the_hint(monkeypatch):
+    got = _said(monkeypatch, None, message="ct200: the [bold]switch[/] failed", hint="check the disk",
+                host="ct200", step="switch", changed=Changed.YES)
+    assert got == ["error: ct200: the [bold]switch[/] failed",  # host text inert: no markup read
+                   f"failed at switch; host changed: yes {STATUS}",
+                   "hint: check the disk"]
+    # No host, no step: the error and its hint only, as before.
+    assert _said(monkeypatch, None, message="hosts/x.toml: bad key", hint="fix it", code="bad-input") == \
+        ["error: hosts/x.toml: bad key", "hint: fix it"]
+
+
+def test_the_line_breaks_between_words_at_a_known_width(monkeypatch):
+    fields = dict(message="connection lost", host="ct200", step="while starting the host program",
+                  changed=Changed.MAYBE)
+    whole = _said(monkeypatch, None, **fields)  # a log: the line whole, for grep
+    assert whole[1] == f"ct200: failed while starting the host program; host changed: maybe {STATUS}"
+    narrow = _said(monkeypatch, "40", **fields)
+    assert all(len(line) <= 40 for line in narrow[1:]) and len(narrow) > 2
+    assert " ".join(part.strip() for part in narrow[1:]) == whole[1]
