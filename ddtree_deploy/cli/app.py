@@ -130,10 +130,10 @@ def emit_host(name: str, document: dict, *, ok: bool = True) -> None:
 
 
 def say_error(console: Console, message: str, hint: str | None, *, internal: bool = False,
-              fields: dict | None = None) -> None:
+              fields: dict | None = None, folder: object = None) -> None:
     """The one-line error on stderr, then (``fields``: the envelope's ``error`` object) the line
-    saying where it failed and what it left on the host (cli/failure_line.py), then its hint;
-    host text inert."""
+    saying where it failed and what it left on the host (cli/failure_line.py; ``folder``: the
+    command's ``-i DIR``, for the command it names), then its hint; host text inert."""
     from ddtree_deploy.cli.failure_line import failure_lines
 
     label = "internal error:" if internal else "error:"
@@ -142,7 +142,7 @@ def say_error(console: Console, message: str, hint: str | None, *, internal: boo
         from ddtree_deploy.cli.text import fit, plain
 
         for line in failure_lines(message, host=fields.get("host"), step=fields.get("step"),
-                                  changed=fields.get("changed") or "maybe", hint=hint):
+                                  changed=fields.get("changed") or "maybe", hint=hint, folder=folder):
             # Broken between words at a terminal's width (as result lines are), whole in a log.
             for part in fit(plain(line), _stderr_width()):
                 console.print(_escape(part), highlight=False, soft_wrap=True)
@@ -176,7 +176,7 @@ def handles_errors(fn: Callable) -> Callable:
                 run.error = error
             elif kwargs.get("json_output"):  # not under the CLI's group: print the envelope now
                 envelope.write(envelope.envelope(None, command="", exit_code=exc.exit_code, error=error))
-            say_error(err, exc.message, exc.hint, fields=error)
+            say_error(err, exc.message, exc.hint, fields=error, folder=kwargs.get("inventory"))
             raise typer.Exit(exc.exit_code)
         except typer.Exit:  # typer's own exit is a RuntimeError subclass: let it through
             raise

@@ -23,7 +23,7 @@ _PHRASE_STARTS = ("while ", "during ", "before ", "after ", "at ", "in ", "on ")
 
 
 def failure_lines(message: str, *, host: str | None, step: str | None, changed: str,
-                  hint: str | None = None) -> tuple[str, ...]:
+                  hint: str | None = None, folder: object = None) -> tuple[str, ...]:
     """The line to print after ``error: <message>`` (none or one), from the error's fields.
 
     - ``<host>: `` leads it unless the message already starts with it (the line above
@@ -31,7 +31,8 @@ def failure_lines(message: str, *, host: str | None, step: str | None, changed: 
       host) already starts with ``<step>: ``.
     - Then the host's state: ``host unchanged`` (``changed`` "no"), ``host changed: maybe``
       or ``host changed: yes``, the last two with ``(run `ddtree-deploy status --host H`)``
-      unless the hint already names ``ddtree-deploy status``.
+      unless the hint already names ``ddtree-deploy status`` (with ``-i FOLDER`` when the
+      command read its hosts from ``folder``).
     - No host (a failure on this side: a local file, a release): nothing about a host's
       state; only ``failed at <step>`` when a step is known, else no line.
     """
@@ -49,7 +50,8 @@ def failure_lines(message: str, *, host: str | None, step: str | None, changed: 
         return (where,) if where else ()
     state = "host unchanged" if changed == "no" else f"host changed: {changed}"
     if changed != "no" and f"{next_step.PROG} status" not in (hint or ""):
-        state += f" (run {next_step.status(shlex.quote(host))})"
+        where_from = shlex.quote(str(folder)) if folder is not None else None
+        state += f" (run {next_step.status(shlex.quote(host), where_from)})"
     return (lead + "; ".join(part for part in (where, state) if part),)
 
 

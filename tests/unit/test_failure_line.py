@@ -78,6 +78,11 @@ def test_a_hint_that_already_says_status_is_not_repeated():
     assert got == (f"failed at apply; host changed: yes {STATUS}",)
 
 
+def test_a_command_that_read_another_inventory_folder_names_it_in_the_advice():
+    got = failure_lines("refused", host="ct200", step=None, changed="yes", folder=Path("/srv/my hosts"))
+    assert got == ("ct200: host changed: yes (run `ddtree-deploy status --host ct200 -i '/srv/my hosts'`)",)
+
+
 def test_a_host_name_that_needs_quoting_is_quoted_in_the_advice():
     got = failure_lines("refused", host="/tmp/my hosts/a.toml", step=None, changed="maybe")
     assert got == ("/tmp/my hosts/a.toml: host changed: maybe (run `ddtree-deploy status --host '/tmp/my hosts/a.toml'`)",)
