@@ -148,9 +148,9 @@ def _host_entry(h: Any, ok: bool) -> dict:
 
 
 def _summary_error(command: str, exit_code: int, hosts: list) -> dict:
-    bad = [h for h in hosts if not h.get("ok")]
     if exit_code == EXIT_INTERRUPTED:
         return error_doc("interrupted", "interrupted (Ctrl-C)", changed=Changed.MAYBE)
+    bad = [h for h in hosts if not h.get("ok")]
     if bad:
         def why(h: dict) -> str:
             return h.get("outcome") or (h.get("error") or {}).get("message") or "not ok"
