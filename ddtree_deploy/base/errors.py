@@ -93,7 +93,11 @@ class DeployError(Exception):
         return _remade, (type(self), self.args, dict(self.__dict__))
 
     def to_json(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, "hint": self.hint}}
+        """The ``--json`` ``error`` object (docs/json.md): every field, ``changed`` as its value
+        and the evidence made JSON-safe and bounded (``evidence_json``)."""
+        return {"error": {"code": self.code, "message": self.message, "hint": self.hint, "host": self.host,
+                          "step": self.step, "changed": self.changed.value,
+                          "evidence": evidence_json(self._evidence)}}
 
 
 def _remade(cls: type[DeployError], args: tuple[Any, ...], fields: dict[str, Any]) -> DeployError:
@@ -103,6 +107,67 @@ def _remade(cls: type[DeployError], args: tuple[Any, ...], fields: dict[str, Any
     Exception.__init__(new, *args)
     new.__dict__.update(fields)
     return new
+
+
+# An error's evidence in JSON: a bounded copy, so that a 40 MB agent reply or a long diff never
+# becomes a 40 MB document; each cut says what it left out. Host text stays text: a string is
+# never parsed (a reply that looks like JSON stays a string), and the JSON encoder escapes its
+# control characters, so nothing a host wrote can end a line or forge a field.
+EVIDENCE_TEXT = 2000  # characters of one string
+EVIDENCE_ITEMS = 50  # entries of one list or mapping
+EVIDENCE_DEPTH = 6  # mappings and lists nested, the evidence itself the first
+EVIDENCE_BUDGET = 20000  # characters of text in all
+
+
+def evidence_json(evidence: Mapping[str, Any]) -> dict[str, Any]:
+    """``evidence`` as JSON-safe values (pure): mappings with string keys, lists (tuples,
+    sets), str, int, bool, None and finite floats; an Enum as its value, bytes decoded
+    (invalid UTF-8 replaced), anything else as its ``str``. Bounded: the EVIDENCE_* limits,
+    each cut marked (``... (N more characters)``, a last list item ``... (N more)``, a
+    ``"..."`` key)."""
+    return _Bounded().mapping(evidence, 1)
+
+
+class _Bounded:
+    """One ``evidence_json`` walk: what is left of the text budget."""
+
+    def __init__(self) -> None:
+        self.left = EVIDENCE_BUDGET
+
+    def value(self, value: Any, depth: int) -> Any:
+        if value is None or isinstance(value, (bool, int)):
+            return value
+        if isinstance(value, float):
+            return value if value == value and abs(value) != float("inf") else str(value)  # NaN, inf: not JSON
+        if isinstance(value, Enum):
+            return self.value(value.value, depth)
+        if isinstance(value, (bytes, bytearray)):
+            return self.text(bytes(value).decode("utf-8", "replace"))
+        if isinstance(value, str):
+            return self.text(value)
+        if depth >= EVIDENCE_DEPTH:
+            return f"... (nested deeper than {EVIDENCE_DEPTH} levels)"
+        if isinstance(value, Mapping):
+            return self.mapping(value, depth + 1)
+        if isinstance(value, (list, tuple, set, frozenset)):
+            items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else list(value)
+            shown = [self.value(item, depth + 1) for item in items[:EVIDENCE_ITEMS]]
+            return shown + ([f"... ({len(items) - EVIDENCE_ITEMS} more)"] if len(items) > EVIDENCE_ITEMS else [])
+        return self.text(str(value))
+
+    def mapping(self, value: Mapping[Any, Any], depth: int) -> dict[str, Any]:
+        pairs = list(value.items())
+        out = {str(key)[:EVIDENCE_TEXT]: self.value(item, depth) for key, item in pairs[:EVIDENCE_ITEMS]}
+        if len(pairs) > EVIDENCE_ITEMS:
+            out["..."] = f"{len(pairs) - EVIDENCE_ITEMS} more"
+        return out
+
+    def text(self, text: str) -> str:
+        room = max(0, min(EVIDENCE_TEXT, self.left))
+        self.left -= min(len(text), room)
+        if len(text) <= room:
+            return text
+        return f"{text[:room]}... ({len(text) - room} more characters)"
 
 
 class BadInput(DeployError):

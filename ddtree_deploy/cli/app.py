@@ -16,7 +16,7 @@ from typing import Any, Callable
 import typer
 from rich.console import Console
 
-from ddtree_deploy.base.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput, DeployError
+from ddtree_deploy.base.errors import EXIT_BAD_INPUT, EXIT_FAILED, BadInput, Changed, DeployError
 from ddtree_deploy.cli import envelope
 
 EXIT_CODES_HELP = (
@@ -70,6 +70,18 @@ err = Console(stderr=True, width=_log_width())
 out = Console(highlight=False, soft_wrap=True)
 
 
+def _stderr_width() -> int | None:
+    """The columns a line on stderr may take: COLUMNS, else the terminal's; None for a log."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stderr.isatty():
+        import shutil
+
+        return shutil.get_terminal_size().columns
+    return None
+
+
 def result_width() -> int | None:
     """The columns a result line on stdout may take: the terminal's (or COLUMNS); None for a
     pipe or a log, where each line stays whole (for grep)."""
@@ -117,10 +129,23 @@ def emit_host(name: str, document: dict, *, ok: bool = True) -> None:
     emit_json({"hosts": [{"host": name, "ok": ok, **{k: v for k, v in document.items() if k not in ("host", "ok")}}]})
 
 
-def say_error(console: Console, message: str, hint: str | None, *, internal: bool = False) -> None:
-    """The one-line error (and its hint) on stderr; host text inert."""
+def say_error(console: Console, message: str, hint: str | None, *, internal: bool = False,
+              fields: dict | None = None, folder: object = None) -> None:
+    """The one-line error on stderr, then (``fields``: the envelope's ``error`` object) the line
+    saying where it failed and what it left on the host (cli/failure_line.py; ``folder``: the
+    command's ``-i DIR``, for the command it names), then its hint; host text inert."""
+    from ddtree_deploy.cli.failure_line import failure_lines
+
     label = "internal error:" if internal else "error:"
     console.print(f"[bold red]{label}[/] {_escape(message)}", highlight=False, soft_wrap=True)
+    if fields:
+        from ddtree_deploy.cli.text import fit, plain
+
+        for line in failure_lines(message, host=fields.get("host"), step=fields.get("step"),
+                                  changed=fields.get("changed") or "maybe", hint=hint, folder=folder):
+            # Broken between words at a terminal's width (as result lines are), whole in a log.
+            for part in fit(plain(line), _stderr_width()):
+                console.print(_escape(part), highlight=False, soft_wrap=True)
     if hint:
         console.print(f"[dim]hint:[/] {_escape(hint)}", highlight=False, soft_wrap=True)
 
@@ -128,8 +153,9 @@ def say_error(console: Console, message: str, hint: str | None, *, internal: boo
 def handles_errors(fn: Callable) -> Callable:
     """Map errors to one line on stderr (and the envelope's ``error`` with --json) and an exit code.
 
-    DeployError: its message, hint and exit code. Ctrl-C: exit 130. Any other exception is a
-    bug: one line (its type and text) and a hint, exit 1; ``DDTREE_DEPLOY_DEBUG=1`` re-raises
+    DeployError: its message, the line its host, step and ``changed`` make
+    (cli/failure_line.py), its hint and exit code; with --json its ``to_json`` error. Ctrl-C:
+    exit 130. Any other exception is a bug: one line (its type and text) and a hint, exit 1; ``DDTREE_DEPLOY_DEBUG=1`` re-raises
     it for the traceback. A command with ``-i/--inventory DIR`` (its ``inventory`` argument)
     reads its host files from DIR.
     """
@@ -145,12 +171,12 @@ def handles_errors(fn: Callable) -> Callable:
             with inventory_folder(kwargs.get("inventory")):  # -i DIR: the command's host files
                 return fn(*args, **kwargs)
         except DeployError as exc:
+            error = exc.to_json()["error"]
             if run is not None:
-                run.error = envelope.error_doc(exc.code, exc.message, exc.hint)
+                run.error = error
             elif kwargs.get("json_output"):  # not under the CLI's group: print the envelope now
-                envelope.write(envelope.envelope(None, command="", exit_code=exc.exit_code,
-                                                 error=exc.to_json()["error"]))
-            say_error(err, exc.message, exc.hint)
+                envelope.write(envelope.envelope(None, command="", exit_code=exc.exit_code, error=error))
+            say_error(err, exc.message, exc.hint, fields=error, folder=kwargs.get("inventory"))
             raise typer.Exit(exc.exit_code)
         except typer.Exit:  # typer's own exit is a RuntimeError subclass: let it through
             raise
@@ -181,7 +207,8 @@ def interrupted_error(exc: BaseException) -> dict:
     notes = inflight.notes()
     message = f"interrupted ({how})" + (": " + "; ".join(notes) if notes else "")
     hint = None if notes else "nothing was waiting on a host; rerun the command"
-    return envelope.error_doc(inflight.CODE, message, hint)
+    # MAYBE: a Ctrl-C can land after a write was sent, between two waits as well as during one.
+    return envelope.error_doc(inflight.CODE, message, hint, changed=Changed.MAYBE)
 
 
 def _escape(text: str) -> str:

@@ -34,6 +34,7 @@ except ImportError:  # older typer runs on click itself
 from typer.exceptions import Abort
 
 from ddtree_deploy.base.codes import Code
+from ddtree_deploy.base.errors import Changed
 
 SCHEMA = "ddtree-deploy/2"
 #: The envelope's own keys, in print order; a command's fields follow them.
@@ -43,17 +44,23 @@ DEBUG_ENV = "DDTREE_DEPLOY_DEBUG"
 INTERNAL_HINT = f"a bug in ddtree-deploy: rerun with {DEBUG_ENV}=1 for the traceback, and report it"
 
 
-def error_doc(code: str, message: str, hint: str | None = None) -> dict:
-    return {"code": code, "message": message, "hint": hint}
+def error_doc(code: str, message: str, hint: str | None = None, *, changed: Changed, host: str | None = None,
+              step: str | None = None, evidence: dict | None = None) -> dict:
+    """The envelope's ``error`` for a failure that is no DeployError (those give their own,
+    ``DeployError.to_json``): the same seven keys. ``changed`` has no default: each maker says
+    what it knows of the host."""
+    return {"code": code, "message": message, "hint": hint, "host": host, "step": step, "changed": changed.value,
+            "evidence": evidence or {}}
 
 
 def internal_error(exc: BaseException) -> dict:
-    """An unexpected exception as one line: its type and the first line of its text."""
+    """An unexpected exception as one line: its type and the first line of its text. ``changed``
+    is MAYBE: a bug can strike after a session sent a write, and nothing here knows whether one did."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     if len(line) > 300:
         line = line[:297] + "..."
-    return error_doc("internal", line, INTERNAL_HINT)
+    return error_doc("internal", line, INTERNAL_HINT, changed=Changed.MAYBE)
 
 
 @dataclass
@@ -142,15 +149,32 @@ def _host_entry(h: Any, ok: bool) -> dict:
 
 def _summary_error(command: str, exit_code: int, hosts: list) -> dict:
     if exit_code == EXIT_INTERRUPTED:
-        return error_doc("interrupted", "interrupted (Ctrl-C)")
+        return error_doc("interrupted", "interrupted (Ctrl-C)", changed=Changed.MAYBE)
     bad = [h for h in hosts if not h.get("ok")]
     if bad:
         def why(h: dict) -> str:
             return h.get("outcome") or (h.get("error") or {}).get("message") or "not ok"
 
         shown = "; ".join(f"{h.get('host')}: {why(h)}" for h in bad[:5]) + ("; ..." if len(bad) > 5 else "")
-        return error_doc("failed", f"{command}: {len(bad)} of {len(hosts)} host(s) not ok: {shown}")
-    return error_doc("failed", f"{command or 'ddtree-deploy'} failed (exit {exit_code}); its fields say why")
+        return error_doc("failed", f"{command}: {len(bad)} of {len(hosts)} host(s) not ok: {shown}",
+                         changed=most_changed(bad))
+    # No host failed (a failed check, matrix or port works on no host): no host was changed.
+    return error_doc("failed", f"{command or 'ddtree-deploy'} failed (exit {exit_code}); its fields say why",
+                     changed=Changed.NO)
+
+
+_CHANGED_ORDER = (Changed.NO, Changed.MAYBE, Changed.YES)
+
+
+def most_changed(hosts: list) -> Changed:
+    """The failed hosts' ``changed`` together: the most any of them says (yes over maybe over
+    no); a host whose entry carries no ``error.changed`` (a failed smoke, a host that needs
+    attention) counts as maybe: nothing says it was left untouched."""
+    said = []
+    for h in hosts:
+        value = (h.get("error") or {}).get("changed") if isinstance(h.get("error"), dict) else None
+        said.append(Changed(value) if value in {c.value for c in Changed} else Changed.MAYBE)
+    return max(said, key=_CHANGED_ORDER.index, default=Changed.NO)
 
 
 def write(document: dict) -> None:
@@ -274,7 +298,9 @@ class EnvelopeGroup(TyperGroup):
                 exc.show()
             code = Code.USAGE if isinstance(exc, UsageError) else Code.FAILED
             hint = f"see {_help_for(getattr(exc, 'ctx', None))}" if code == Code.USAGE else None
-            run.error = error_doc(code, exc.format_message(), hint)
+            # Usage errors come from click's parser, before any command body: nothing ran.
+            changed = Changed.NO if code == Code.USAGE else Changed.MAYBE
+            run.error = error_doc(code, exc.format_message(), hint, changed=changed)
             return exc.exit_code
         except Abort:
             if rich:
@@ -283,7 +309,7 @@ class EnvelopeGroup(TyperGroup):
                 rich_utils.rich_abort_error()
             else:
                 sys.stderr.write("Aborted!\n")
-            run.error = error_doc("aborted", "aborted")
+            run.error = error_doc("aborted", "aborted", changed=Changed.MAYBE)  # click's Abort: a Ctrl-C too
             return 1
         except SystemExit as exc:  # a broken pipe (click exits 1), or code that called sys.exit
             return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -305,4 +331,4 @@ def _say_internal(error: dict | None) -> None:
 
 
 __all__ = ["SCHEMA", "ENVELOPE_KEYS", "EnvelopeGroup", "Run", "current", "envelope", "error_doc",
-           "internal_error", "json_requested", "command_words", "write"]
+           "internal_error", "json_requested", "most_changed", "command_words", "write"]

@@ -24,7 +24,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ddtree_deploy.base import hooks
-from ddtree_deploy.base.errors import DeployError
+from ddtree_deploy.base.errors import Changed, DeployError
 from ddtree_deploy.cli import app
 from ddtree_deploy.engine.series import load_family
 from ddtree_deploy.remote.agent_session import AgentSession
@@ -123,6 +123,7 @@ def test_enospc_during_the_switch_switches_back(sshd, tmp_path, env, series, mon
         monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
         msg = e.value.message
         assert e.value.code == "failed-unchanged" and "host unchanged" in msg and "ENOSPC" in msg, msg
+        assert (e.value.changed, e.value.host, e.value.step) == (Changed.NO, h.name, "apply"), e.value.to_json()
         assert "dflash_utils.py" in msg and "1 file(s) already switched were switched back" in msg, msg
         assert files(h) == before and journal(h) is None
         assert not temp_files(h.site, h.state_dir), temp_files(h.site, h.state_dir)
@@ -147,6 +148,7 @@ def test_journal_write_failing_after_the_switch_switches_back(sshd, tmp_path, en
         monkeypatch.delenv(hooks.TEST_HOOKS_ENV)
         msg = e.value.message
         assert e.value.code == "failed-unchanged" and "journal failed, host unchanged" in msg and "ENOSPC" in msg, msg
+        assert (e.value.changed, e.value.host, e.value.step) == (Changed.NO, h.name, "apply"), e.value.to_json()
         # The journal named, not our temporary copy of it (nor the step twice).
         assert f"host unchanged: {h.state_dir}/journal.json: No space left on device (errno ENOSPC)" in msg, msg
         assert files(h) == before and journal(h) is None and not temp_files(h.site)
@@ -185,6 +187,7 @@ def test_failed_purge_switches_back_push_and_rollback(sshd, tmp_path, env, serie
         with pytest.raises(DeployError) as e:
             push(host, series)
         assert e.value.code == "failed-unchanged" and "EPERM" in e.value.message and pyc.name in e.value.message
+        assert (e.value.changed, e.value.host, e.value.step) == (Changed.NO, h.name, "apply"), e.value.to_json()
         assert files(h) == before and journal(h) is None and not temp_files(h.site, h.state_dir)
     finally:
         subprocess.run(["chattr", "-i", str(pyc)])
@@ -196,6 +199,7 @@ def test_failed_purge_switches_back_push_and_rollback(sshd, tmp_path, env, serie
         with pytest.raises(DeployError) as e:
             rollback(host)
         assert e.value.code == "failed-unchanged" and "EPERM" in e.value.message
+        assert (e.value.changed, e.value.host, e.value.step) == (Changed.NO, h.name, "apply"), e.value.to_json()
         assert files(h) == patched and journal(h) == deployed and not temp_files(h.site, h.state_dir)
     finally:
         subprocess.run(["chattr", "-i", str(pyc)])

@@ -332,6 +332,10 @@ def test_envelope(command, kind, request, tmp_path, monkeypatch):
     else:
         assert doc["error"]["code"] == error_code, doc["error"]
         assert doc["error"]["message"] and "\n" not in doc["error"]["message"]
+        # Every host case fails before anything is written (bad input, a refused connection),
+        # and bad input never changes anything: the error says so as a value.
+        if command in HOST_COMMANDS or kind == "bad":
+            assert doc["error"]["changed"] == "no", doc["error"]
     if command in HOST_COMMANDS:
         names = [h["host"] for h in doc["hosts"]]
         if kind == "ok":
@@ -406,6 +410,7 @@ def test_usage_error_is_one_envelope(command):
     doc = check_envelope(r.stdout, 2, command)
     assert doc["error"]["code"] == "usage" and "--no-such-option" in doc["error"]["message"]
     assert doc["error"]["hint"] == f"see ddtree-deploy {command} --help"
+    assert (doc["error"]["host"], doc["error"]["step"], doc["error"]["changed"]) == (None, None, "no")
     assert "Usage:" in r.stderr and "--no-such-option" in r.stderr
 
 
@@ -445,7 +450,9 @@ def test_an_unexpected_exception_is_one_line_and_one_envelope(monkeypatch):
     doc = check_envelope(r.stdout, 1, "history")
     assert doc["error"] == {"code": "internal", "message": "ValueError: boom: an injected defect",
                             "hint": "a bug in ddtree-deploy: rerun with DDTREE_DEPLOY_DEBUG=1 for the traceback, "
-                                    "and report it"}
+                                    "and report it",
+                            # A bug knows nothing of the host: it may have struck after a write.
+                            "host": None, "step": None, "changed": "maybe", "evidence": {}}
     assert doc["hosts"] == [{"host": "local", "ok": False, "error": doc["error"]}]
     assert "internal error: ValueError: boom" in r.stderr and "Traceback" not in r.stderr
     # Without --json: the same one line, no traceback.
@@ -493,5 +500,5 @@ def test_ctrl_c_is_exit_130_and_one_envelope(tmp_path):
         conn.close()
     assert proc.returncode == 130, stderr
     doc = check_envelope(stdout, 130, "history")
-    assert doc["error"]["code"] == "interrupted"
+    assert doc["error"]["code"] == "interrupted" and doc["error"]["changed"] == "maybe"
     assert "interrupted" in stderr and "Traceback" not in stderr

@@ -124,6 +124,18 @@ def _compile(h, rel):
     return next((h.file(rel).parent / "__pycache__").glob(Path(rel).stem + ".*.pyc"))
 
 
+def switched_back(host, failed) -> None:
+    """A switch that failed on EPERM and was switched back, as the error's fields say it (its
+    ``changed``, not a phrase that the line under ``error:`` would also print)."""
+    assert failed.exit_code == 1, failed.output
+    error = json.loads(failed.stdout)["error"]
+    assert (error["code"], error["host"], error["step"], error["changed"]) == \
+        ("failed-unchanged", host.name, "apply", "no"), error
+    assert error["message"].startswith(f"{host.name}: apply: switch failed, host unchanged: ") \
+        and "(errno EPERM)" in error["message"], error["message"]
+    assert f"error: {error['message']}\nhost unchanged\n" in failed.stderr, failed.stderr
+
+
 def test_without_hard_links_a_failed_switch_is_switched_back_from_the_copies(host, oracle, monkeypatch):
     """The switch fails after renames (an immutable .pyc cannot be purged, a real EPERM); the
     switched files go back from the copies the fallback kept: a new inode (so the copy, not a
@@ -135,8 +147,7 @@ def test_without_hard_links_a_failed_switch_is_switched_back_from_the_copies(hos
     chattr("+i", pyc)
     try:
         hooks(monkeypatch, no_hard_links=True)  # INJECTED: os.link fails with EPERM
-        failed = cli("push", "--host", host.name)
-        assert failed.exit_code == 1 and "host unchanged" in failed.output and "EPERM" in failed.output, failed.output
+        switched_back(host, cli("push", "--host", host.name, "--json"))
         assert files_of(host) == pristine and journal(host) is None
         assert not temp_files(host.site, host.state_dir)
         assert host.file(SPEC).stat().st_mode & 0o7777 == 0o640
@@ -152,8 +163,7 @@ def test_without_hard_links_a_failed_switch_is_switched_back_from_the_copies(hos
     pyc = _compile(host, UTILS)
     chattr("+i", pyc)
     try:
-        failed = cli("rollback", "--host", host.name)
-        assert failed.exit_code == 1 and "host unchanged" in failed.output and "EPERM" in failed.output, failed.output
+        switched_back(host, cli("rollback", "--host", host.name, "--json"))
         assert files_of(host) == patched and journal(host) == deployed
         assert not temp_files(host.site, host.state_dir)
         assert any(host.file(p).stat().st_ino != inodes[p] for p in TARGETS if p != ADDED)

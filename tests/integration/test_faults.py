@@ -129,20 +129,25 @@ def test_cut_connection_at_every_step_then_rerun_completes(world, capsys):
     rollback_total = proxy.relayed
     assert files(w) == w["pristine"]
 
-    faults = recoveries = 0
+    faults = recoveries = claimed_unchanged = 0
     phases_seen: set[str] = set()
     for command, total in (("push", push_total), ("rollback", rollback_total)):
         for cut in cut_points(total):
             if command == "rollback":
                 run(w, "push")  # start from a deployed host
             proxy.arm(cut)
+            before, lost = files(w), None
             try:
                 run(w, command, w["proxied"])
             except DeployError as exc:
                 assert exc.code in ("connection-lost", "connect", "auth"), exc.message
+                lost = exc
             assert proxy.cut, f"{command}: cut at {cut}/{total} bytes never happened"
             faults += 1
             wait_unlocked(w)
+            if lost is not None and lost.changed is Changed.NO:  # the error's claim, checked on the host
+                assert files(w) == before, (command, cut, lost.message)
+                claimed_unchanged += 1
             doc = check_explained(w, patched)
             phases_seen.add(doc["phase"])
             outcome = run(w, command)  # the rerun, on a good connection
@@ -153,8 +158,10 @@ def test_cut_connection_at_every_step_then_rerun_completes(world, capsys):
                 run(w, "rollback")  # back to pristine for the next cut
     with capsys.disabled():
         print(f"\nfault injection (connection cuts): {faults} faults injected, {recoveries} recoveries; "
-              f"push {push_total} B, rollback {rollback_total} B; phases seen: {sorted(phases_seen)}")
+              f"push {push_total} B, rollback {rollback_total} B; phases seen: {sorted(phases_seen)}; "
+              f"{claimed_unchanged} errors said the host unchanged, and it was")
     assert faults == recoveries == len(cut_points(push_total)) + len(cut_points(rollback_total))
+    assert claimed_unchanged, "no cut gave an error that says the host is unchanged: the check above never ran"
 
 
 @pytest.mark.parametrize(
