@@ -11,11 +11,13 @@ switch, journal) must finish even when the connection drops half-way, and no val
 from a patch, an inventory or a path may reach a shell. Here every path travels as
 JSON and is used through os.* calls only.
 
-This module is the dispatch only; each job is a module of its own, one class each, that
-``Agent`` puts together: ``state`` (the state folder, its layout and the check that it is
-ours; ``roots``: which folder of it holds this install's state), ``lock`` (the deploy lock
-and its fencing), ``facts`` (read-only: SGLang, file digests, backups), ``apply`` (keep
-drifted files, back up, stage, switch), ``journal`` and ``history``. The
+This module is the dispatch only; each job is a part of its own (a module, one class
+each), made with the parts it uses, that ``Agent`` builds in that order: ``facts``'s
+PackageRoot (the package root and its files), ``state`` (the state folder, its layout and
+the check that it is ours; ``roots``: which folder of it holds this install's state),
+``lock``'s HeldLock (this run's hold), ``history``, ``lock`` (the deploy lock and its
+fencing), ``facts`` (read-only: SGLang, file digests, backups), ``journal`` and ``apply``
+(keep drifted files, back up, stage, switch). The
 agent's error and careful file writes are ``fileops``; JSON lines, digests and the test
 hooks are ``wire``'s.
 """

@@ -3,7 +3,7 @@
 Host-side state (``state_dir``, default ``~/.ddtree-deploy``). It may be shared by several
 SGLang installs (package roots) on one machine: each root's state is a folder of its own
 (roots.py): the top level for the root named by its ``root.json``, ``roots/<key>/`` for
-every other. Per root (``_p``)::
+every other. Per root (``StateFolder.path``)::
 
     root.json             which package root this state belongs to (roots.py)
     lock/owner.json       who holds the deploy lock (taken by one atomic rename; lock.py)
@@ -21,7 +21,7 @@ every other. Per root (``_p``)::
     drifted/<id>/         files edited outside ddtree-deploy that ``--replace-drifted``
                           replaced: their bytes, as found, and manifest.json (never pruned)
 
-Shared by the roots, at the top (``_top``)::
+Shared by the roots, at the top (``StateFolder.top``)::
 
     .ddtree-deploy-state  marker written when the agent creates the folder: a folder
                           without it is never written to (see check_state_dir)
