@@ -40,14 +40,23 @@ SPACE_MARGIN = 1 << 20
 
 
 class Apply(object):
-    """Needs every other job: ``target``/``stat_file``/``list_backups`` (Facts), ``fenced``/
-    ``guarded``/``read_lock``/``lock_taker``/``sweep_leftovers`` (Lock), ``journal``/
-    ``restore_journal`` (Journal), ``record`` (History), ``hooks`` (wire.Hooks)."""
+    """The ``apply`` op. Collaborators: ``folder`` (state.StateFolder: staging, backups),
+    ``package`` (facts.PackageRoot: the files it switches), ``held`` (lock.HeldLock),
+    ``lock`` (lock.Lock: every write fenced, the sweep, who took a lost lock), ``journal``
+    (journal.Journal), ``history`` (history.History), ``hooks`` (wire.Hooks: a test's faults)."""
 
-    switch_total = 0  # how many files this apply switches (for messages)
-    # When this apply's renames began (time.time(); None: none began), for its history line:
-    # which bytes a server that started since loaded is told by it (op_switches).
-    switch_began = None
+    def __init__(self, folder, package, held, lock, journal, history, hooks):
+        self.folder = folder
+        self.package = package
+        self.held = held
+        self.lock = lock
+        self.journal = journal
+        self.history = history
+        self.hooks = hooks
+        self.switch_total = 0  # how many files this apply switches (for messages)
+        # When this apply's renames began (time.time(); None: none began), for its history line:
+        # which bytes a server that started since loaded is told by it (op_switches).
+        self.switch_began = None
 
     def op_apply(self, request):
         """``apply`` (below), recorded in the history whatever its outcome."""
@@ -86,7 +95,7 @@ class Apply(object):
         # run id) but journals a run of its own, which its history line names.
         if isinstance(request.get("automatic"), dict):  # a push's own rollback: why, and after which push
             extra["automatic"] = request["automatic"]
-        return self.record(request.get("kind") or "apply", run_id=request.get("run_id"), outcome=outcome,
+        return self.history.record(request.get("kind") or "apply", run_id=request.get("run_id"), outcome=outcome,
                            phase=phase, series=journal.get("series"), series_id=journal.get("series_id"),
                            sglang_version=journal.get("sglang_version"), files=files, switch_began=began,
                            switch_ended=ended, **extra)
@@ -105,25 +114,25 @@ class Apply(object):
         end, so the way back needs no free space) and restores the previous journal. Only
         a killed agent leaves a mixed host, with the journal at ``switching``.
         """
-        if not self.locked:
+        if not self.held.locked:
             raise AgentError(Code.PROTOCOL, "apply needs the deploy lock")
-        if self.root is None:
+        if self.package.root is None:
             raise AgentError(Code.PROTOCOL, "facts must run before apply")
         run_id = request["run_id"]
         files = request["files"]
-        targets = [(f, self.target(f["path"])) for f in files]
-        self.last_journal, self.switch_total = None, len(targets)
-        previous = wire.read_json(self._p("journal.json"))
+        targets = [(f, self.package.target(f["path"])) for f in files]
+        self.journal.last_journal, self.switch_total = None, len(targets)
+        previous = wire.read_json(self.folder.path("journal.json"))
         self.hooks.at("stop_before_apply")
         try:
             # Leftovers of dead runs first (we hold the lock): they may hold the space we need.
-            self.sweep_leftovers(set(os.path.dirname(p) for _f, p in targets))  # fenced: checks the lock
+            self.lock.sweep_leftovers(set(os.path.dirname(p) for _f, p in targets))  # fenced: checks the lock
         except AgentError as exc:
             if exc.code == Code.LOST_LOCK:
                 raise self.after_lost_lock(AgentError(Code.LOST_LOCK, "its apply"), previous, [])
             raise
         for f, _path in targets:
-            current = self.stat_file(f["path"])
+            current = self.package.stat_file(f["path"])
             have = current["sha256"] if current else None
             if have != f["expect"]:
                 raise AgentError(
@@ -135,8 +144,8 @@ class Apply(object):
         self.preflight(targets, request)
         journal = dict(request["journal"])
         journal.update(version=JOURNAL_VERSION, run_id=run_id, op=request["kind"],
-                       package_root=roots.resolved(self.root), python=sys.executable)
-        staging = self._p("staging", run_id)
+                       package_root=roots.resolved(self.package.root), python=sys.executable)
+        staging = self.folder.path("staging", run_id)
         step = "keep the drifted files"
         done = []
         drifted_backup = None
@@ -152,19 +161,19 @@ class Apply(object):
             step = "stage"
             staged = self.stage(staging, files, request.get("from_backup"))
             step = "journal"
-            self.journal(journal, "staged")
+            self.journal.write(journal, "staged")
             self.hooks.at("exit_after_staging")
-            self.journal(journal, "switching")
+            self.journal.write(journal, "switching")
             self.hooks.at("fill_after_staging")
             step = "switch"
             self.switch_began = time.time()
             switched, purged, done = self.switch_all(targets, staged)
             step = "journal"
             try:
-                self.journal(journal, request["final_phase"])
+                self.journal.write(journal, request["final_phase"])
             except OSError as exc:
                 # The files are switched but the journal cannot say so: switch them back.
-                with self.fenced("switching back after the journal write failed"):
+                with self.lock.fenced("switching back after the journal write failed"):
                     failed = switch_back(done)
                 if failed:
                     raise AgentError(Code.SWITCH_MIXED, "writing the journal failed (%s) and switching back also "
@@ -181,7 +190,7 @@ class Apply(object):
             if isinstance(exc, AgentError) and exc.code == Code.SWITCH_MIXED:
                 raise  # the journal stays `switching`: the rerun completes the switch
             try:
-                self.restore_journal(previous)
+                self.journal.restore(previous)
             except AgentError as lost:
                 if lost.code != Code.LOST_LOCK:
                     raise
@@ -200,7 +209,7 @@ class Apply(object):
             pruned = []  # the switch is done and journaled; only the pruning is left to the next run
         return {"backup_id": backup_id, "switched": switched, "purged": purged,
                 "pruned": pruned, "verified": len(targets), "drifted_backup": drifted_backup,
-                "drifted_folder": self._p("drifted", drifted_backup) if drifted_backup else None}
+                "drifted_folder": self.folder.path("drifted", drifted_backup) if drifted_backup else None}
 
     def switch_all(self, targets, staged):
         """Switch every file; on any failure switch the switched ones back (same op).
@@ -214,12 +223,12 @@ class Apply(object):
             for (f, path), src in zip(targets, staged):
                 entry = [f, path, None, False, None]
                 done.append(entry)
-                with self.fenced("switching %s" % f["path"]):
+                with self.lock.fenced("switching %s" % f["path"]):
                     pass  # checked first too: a run that lost the lock reads and copies nothing more
                 entry[2] = keep_previous(path, link=self.hooks.link)
                 tmp = self.prepare_switch(f, path, src)
                 try:
-                    with self.fenced("switching %s" % f["path"]):  # the rename, only while we hold the lock
+                    with self.lock.fenced("switching %s" % f["path"]):  # the rename, only while we hold the lock
                         if tmp is None:
                             if os.path.lexists(path):
                                 os.unlink(path)
@@ -242,7 +251,7 @@ class Apply(object):
                 fsync_dir(d)
             mismatched = []
             for f, _path in targets:
-                info = self.stat_file(f["path"])
+                info = self.package.stat_file(f["path"])
                 have = info["sha256"] if info else None
                 if have != f["want"]:
                     mismatched.append(f["path"])
@@ -261,7 +270,7 @@ class Apply(object):
                 located(exc, current)
             what = exc.message if isinstance(exc, AgentError) else describe_os_error(exc, current)
             try:
-                with self.fenced("switching back after: %s" % what):
+                with self.lock.fenced("switching back after: %s" % what):
                     failed = switch_back(done)
             except AgentError as lost:
                 if lost.code == Code.LOST_LOCK:
@@ -281,12 +290,12 @@ class Apply(object):
         after switching what ``done`` says: switched back when nobody wrote since."""
         switched = [e for e in done if e[3]]
         unchanged = True
-        with self.guarded():
-            holder = self.read_lock()
-            now = wire.read_json(self._p("journal.json"))
-            ours = self.last_journal if self.last_journal is not None else previous
+        with self.lock.guarded():
+            holder = self.lock.read_lock()
+            now = wire.read_json(self.folder.path("journal.json"))
+            ours = self.journal.last_journal if self.journal.last_journal is not None else previous
             untouched = holder is None and now == ours and all(switched_is_ours(e) for e in switched)
-            if not switched and self.last_journal is None:
+            if not switched and self.journal.last_journal is None:
                 state = "nothing on the host was changed by it"
             elif untouched:
                 failed = switch_back(done)
@@ -298,9 +307,9 @@ class Apply(object):
                 else:
                     try:
                         if previous is None:
-                            remove_quietly(self._p("journal.json"))
+                            remove_quietly(self.folder.path("journal.json"))
                         else:
-                            write_json_atomic(self._p("journal.json"), previous)
+                            write_json_atomic(self.folder.path("journal.json"), previous)
                         journal_note = "the journal restored"
                     except OSError as err:
                         journal_note = "the journal not restored (%s; status explains it)" % describe_os_error(
@@ -323,7 +332,7 @@ class Apply(object):
                 else:
                     state = "no file was switched by it; %s" % who
         message = "run %s lost the deploy lock before %s (%s); it stopped: %s" % (
-            (self.lock_owner or {}).get("run_id"), exc.message, self.lock_taker(), state)
+            (self.held.owner or {}).get("run_id"), exc.message, self.lock.lock_taker(), state)
         return AgentError(Code.LOST_LOCK, message, unchanged=unchanged, switched=len(switched))
 
     def preflight(self, targets, request):
@@ -331,7 +340,7 @@ class Apply(object):
         cannot write, immutable files, owners we cannot keep, too little space."""
         euid = os.geteuid()
         for d in sorted(set(os.path.dirname(p) for _f, p in targets)):
-            rel = os.path.relpath(d, self.root)
+            rel = os.path.relpath(d, self.package.root)
             if not os.path.isdir(d):
                 raise AgentError(Code.PREFLIGHT, "folder %s does not exist" % rel)
             if frozen(d):
@@ -376,7 +385,7 @@ class Apply(object):
         sizes = []
         blobs = None
         if request.get("from_backup"):
-            blobs = (wire.read_json(self._p("backups", request["from_backup"], "manifest.json")) or {}).get("files", {})
+            blobs = (wire.read_json(self.folder.path("backups", request["from_backup"], "manifest.json")) or {}).get("files", {})
         for f, _path in targets:
             if f["want"] is None:
                 sizes.append(0)
@@ -384,21 +393,21 @@ class Apply(object):
                 sizes.append(len(f["data"]) * 3 // 4)
             else:
                 entry = (blobs or {}).get(f["path"]) or {}
-                blob = self._p("backups", request["from_backup"], entry.get("blob") or "")
+                blob = self.folder.path("backups", request["from_backup"], entry.get("blob") or "")
                 sizes.append(os.path.getsize(blob) if os.path.isfile(blob) else 0)
         for (_f, path), size in zip(targets, sizes):
             add(os.path.dirname(path), size)  # the temporary copy beside the target
-            add(self._p(), size)  # the staged copy
+            add(self.folder.path(), size)  # the staged copy
         for f, path in targets:  # the kept copy of each drifted file it replaces
             if f["path"] in set(request.get("keep_drifted") or ()) and os.path.isfile(path):
-                add(self._p(), os.path.getsize(path))
+                add(self.folder.path(), os.path.getsize(path))
         if request.get("make_backup"):
             for entry in request.get("backup") or ():
                 if entry.get("pristine") is not None:
                     try:
-                        add(self._p(), os.path.getsize(self.target(entry["path"])))
+                        add(self.folder.path(), os.path.getsize(self.package.target(entry["path"])))
                     except OSError:
-                        add(self._p(), len(entry.get("data") or "") * 3 // 4)
+                        add(self.folder.path(), len(entry.get("data") or "") * 3 // 4)
         for _dev, (nbytes, inodes, folder) in sorted(need.items()):
             st = os.statvfs(folder)
             free = st.f_frsize * (st.f_bfree if os.geteuid() == 0 else st.f_bavail)
@@ -434,18 +443,18 @@ class Apply(object):
         install); renamed into place only while this run holds the lock (``step``: what did
         not happen otherwise). Nothing half-made stays behind. Returns the id."""
         folder_id = new_backup_id(run_id)
-        base = self._p(kind)
+        base = self.folder.path(kind)
         makedirs_private(base)
         tmp = os.path.join(base, folder_id + TMP_TAG)
         shutil.rmtree(tmp, ignore_errors=True)
         os.mkdir(tmp, 0o700)
         try:
             manifest = dict(fill(tmp), id=folder_id, created=wire.now_iso(), run_id=run_id,
-                            package_root=roots.resolved(self.root), python=sys.executable)
+                            package_root=roots.resolved(self.package.root), python=sys.executable)
             write_private(os.path.join(tmp, "manifest.json"),
                           (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
             fsync_dir(tmp)
-            with self.fenced("%s %s" % (step, folder_id)):
+            with self.lock.fenced("%s %s" % (step, folder_id)):
                 os.rename(tmp, os.path.join(base, folder_id))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # no half backup stays behind
@@ -454,15 +463,15 @@ class Apply(object):
         return folder_id
 
     def _fill_backup(self, tmp, entries, meta):
-        older = self.list_backups()
+        older = self.folder.list_backups()
         manifest_files = {}
         for i, entry in enumerate(entries):
             rel, pristine = entry["path"], entry["pristine"]
             if pristine is None:
                 manifest_files[rel] = {"sha256": None, "blob": None}
                 continue
-            path = self.target(rel)
-            info = self.stat_file(rel)
+            path = self.package.target(rel)
+            info = self.package.stat_file(rel)
             if info is not None and info["sha256"] == pristine:
                 src = path
             else:
@@ -512,18 +521,18 @@ class Apply(object):
         for manifest in reversed(backups):
             entry = manifest.get("files", {}).get(rel)
             if entry and entry.get("sha256") == sha and entry.get("blob"):
-                path = self._p("backups", manifest["id"], entry["blob"])
+                path = self.folder.path("backups", manifest["id"], entry["blob"])
                 if os.path.isfile(path) and wire.sha256_file(path) == sha:
                     return path
         return None
 
     def stage(self, staging, files, from_backup):
         """Write every wanted file under staging/<run>/ (0600) and verify its sha256."""
-        makedirs_private(self._p("staging"))
+        makedirs_private(self.folder.path("staging"))
         os.mkdir(staging, 0o700)
         manifest = None
         if from_backup:
-            manifest = wire.read_json(self._p("backups", from_backup, "manifest.json"))
+            manifest = wire.read_json(self.folder.path("backups", from_backup, "manifest.json"))
             if manifest is None:
                 raise AgentError(Code.BACKUP, "backup %s has no readable manifest" % from_backup)
         staged = []
@@ -537,7 +546,7 @@ class Apply(object):
                 entry = manifest["files"].get(f["path"]) if manifest else None
                 if not entry or not entry.get("blob"):
                     raise AgentError(Code.BACKUP, "backup %s holds no copy of %s" % (from_backup, f["path"]))
-                with open(self._p("backups", from_backup, entry["blob"]), "rb") as fh:
+                with open(self.folder.path("backups", from_backup, entry["blob"]), "rb") as fh:
                     data = fh.read()
             dest = os.path.join(staging, "%04d" % i)
             write_private(dest, data)
@@ -579,18 +588,18 @@ class Apply(object):
         return tmp
 
     def prune_backups(self, keep_n, keep=()):
-        with self.fenced("pruning old backups"):
+        with self.lock.fenced("pruning old backups"):
             return self._prune_backups(keep_n, keep)
 
     def _prune_backups(self, keep_n, keep):
-        journal = wire.read_json(self._p("journal.json")) or {}
+        journal = wire.read_json(self.folder.path("journal.json")) or {}
         protected = set(k for k in keep if k) | set([journal.get("backup_id")])
-        backups = [b["id"] for b in self.list_backups()]
+        backups = [b["id"] for b in self.folder.list_backups()]
         pruned = []
         for bid in backups[: max(0, len(backups) - keep_n)]:
             if bid in protected:
                 continue
-            shutil.rmtree(self._p("backups", bid), ignore_errors=True)
+            shutil.rmtree(self.folder.path("backups", bid), ignore_errors=True)
             pruned.append(bid)
         return pruned
 

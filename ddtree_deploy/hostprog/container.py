@@ -49,8 +49,9 @@ from ddtree_deploy.hostprog import server
 from ddtree_deploy.hostprog import smoke
 from ddtree_deploy.hostprog import protocol, wire
 from ddtree_deploy.hostprog.fileops import AgentError, describe_os_error, makedirs_private, write_json_atomic
+from ddtree_deploy.hostprog.facts import PackageRoot
 from ddtree_deploy.hostprog.history import History
-from ddtree_deploy.hostprog.lock import GUARD_WAIT_S, Lock
+from ddtree_deploy.hostprog.lock import GUARD_WAIT_S, HeldLock, Lock
 from ddtree_deploy.hostprog.state import StateFolder
 
 PROBE_S = 60.0  # an engine probe, inspect, tag, rename, rm: at most
@@ -126,29 +127,31 @@ def _why(done, timeout_s):
     return "exited %s: %s" % (done["rc"], lines[-1][:300] if lines else "no output")
 
 
-class Containers(StateFolder, Lock, History):
-    """One container program: the state folder of one container, its lock, the engine."""
-
-    def __init__(self, emitter):
-        self.emitter = emitter
-        self.state_dir = None
-        self.root = None
-        self.locked = False
-        self.lock_owner = None
-        self.hooks = wire.Hooks(None)
-        self.c = None  # the init request's container table
-        self.engine = None  # the engine CLI's path
-
-    # -- what the agent's jobs need of a "package root": here, the container's key
-
-    def legacy_is_ours(self):
-        return False  # an earlier layout's state is a venv install's, never a container's
-
-    def list_backups(self, kind="backups"):
-        return []  # (Lock's sweep) a container keeps images, not file backups
+class ContainerIdentity(PackageRoot):
+    """The container program's "package root": the container's key, set by init
+    (ContainerSettings.identity), which names its state's folder (roots.py) and its lines in
+    the history; a container host has no package files of its own."""
 
     def target(self, rel):
         raise AgentError(Code.BAD_PATH, "a container host has no package files of its own: %s" % rel)
+
+
+class Containers(object):
+    """One container program: the state folder of one container, its lock, its history (the
+    agent's parts, built the same way), the engine."""
+
+    def __init__(self, emitter):
+        self.emitter = emitter
+        self.hooks = wire.Hooks(None)
+        self.package = ContainerIdentity()
+        # An earlier layout's state is a venv install's, never a container's.
+        self.folder = StateFolder(self.package, adopt_legacy=False)
+        self.held = HeldLock()
+        self.history = History(self.folder, self.package, self.held)
+        # A container keeps images, not file backups: the lock's sweep has none to read.
+        self.lock = Lock(self.folder, self.package, self.held, self.history, lambda kind="backups": [])
+        self.c = None  # the init request's container table
+        self.engine = None  # the engine CLI's path
 
     # -- the ops
 
@@ -157,10 +160,10 @@ class Containers(StateFolder, Lock, History):
         if c.get("engine") not in cli.ENGINES or not c.get("name"):
             raise AgentError(Code.PROTOCOL, "init needs container.engine and container.name")
         self.c = c
-        self.root = "/container:%s/%s" % (c["engine"], c["name"])  # ContainerSettings.identity
-        self._set_state_dir(request.get("state_dir") or "~/.ddtree-deploy")
+        self.package.root = "/container:%s/%s" % (c["engine"], c["name"])  # ContainerSettings.identity
+        self.folder.set_state_dir(request.get("state_dir") or "~/.ddtree-deploy")
         if request.get("guard_wait_s"):
-            self.guard_wait_s = max(0.1, min(float(request["guard_wait_s"]), GUARD_WAIT_S))
+            self.lock.guard_wait_s = max(0.1, min(float(request["guard_wait_s"]), GUARD_WAIT_S))
         path = shutil.which(c["engine"])
         if path is None:
             raise AgentError(Code.NO_ENGINE, "%s is not installed on %s (not on PATH: %s)"
@@ -172,7 +175,7 @@ class Containers(StateFolder, Lock, History):
         self.engine = path
         return {"protocol": protocol.PROTOCOL, "engine": path, "host": socket.gethostname(),
                 "python": "%d.%d.%d" % sys.version_info[:3],
-                "state_dir": self.state_dir, "pid": os.getpid()}
+                "state_dir": self.folder.state_dir, "pid": os.getpid()}
 
     def _need(self):
         if self.engine is None:
@@ -220,7 +223,7 @@ class Containers(StateFolder, Lock, History):
         """Read-only: the container, its image, the sglang inside, and this container's state;
         asked (``driver``), the host's NVIDIA driver as the host's own nvidia-smi says it."""
         self._need()
-        self.need_state_dir()
+        self.folder.need_state_dir()
         found = self.container()
         out = {"container": found, "image": None, "probe": None, "aside": self.container(cli.aside_name(self.c["name"])),
                "journal": None, "lock": None, "names": None, "kept": {}, "health": None}
@@ -235,9 +238,9 @@ class Containers(StateFolder, Lock, History):
                 out["health"] = {"url": request["health_url"], "status": status}
         if request.get("driver"):  # the HOST's driver (this program runs on the host, not in the container)
             out["driver"] = gpu_driver.probe()
-        if os.path.isdir(self.state_dir):
+        if os.path.isdir(self.folder.state_dir):
             out["journal"] = self.read_journal()
-            out["lock"] = self.read_lock()
+            out["lock"] = self.lock.read_lock()
             for key in ("image", "previous"):
                 ref = (out["journal"] or {}).get(key) or {}
                 if ref.get("id"):
@@ -247,18 +250,18 @@ class Containers(StateFolder, Lock, History):
     # -- the journal (this container's; written under the lock only)
 
     def read_journal(self):
-        doc = wire.read_json(self._p("journal.json"))
+        doc = wire.read_json(self.folder.path("journal.json"))
         return doc if isinstance(doc, dict) and doc.get("kind") == "container" else None
 
     def write_journal(self, journal, phase):
         journal = dict(journal, phase=phase, updated=wire.now_iso(), version=1, kind="container",
-                       package_root=self.root, engine=self.c["engine"], container=self.c["name"])
-        with self.fenced("the journal write (phase %s)" % phase):
-            write_json_atomic(self._p("journal.json"), journal)
+                       package_root=self.package.root, engine=self.c["engine"], container=self.c["name"])
+        with self.lock.fenced("the journal write (phase %s)" % phase):
+            write_json_atomic(self.folder.path("journal.json"), journal)
         return journal
 
     def _locked(self, op):
-        if not self.locked:
+        if not self.held.locked:
             raise AgentError(Code.PROTOCOL, "%s needs the deploy lock" % op)
 
     # -- build
@@ -268,9 +271,9 @@ class Containers(StateFolder, Lock, History):
         write the build context sent, build it; the new image."""
         self._locked("build")
         base_id, kept = request["base"], request["kept_tag"]
-        with self.fenced("tagging the base image"):
+        with self.lock.fenced("tagging the base image"):
             run(cli.tag_argv(self.engine, base_id, kept))
-        folder = self._p("build", request["run_id"])
+        folder = self.folder.path("build", request["run_id"])
         shutil.rmtree(folder, ignore_errors=True)
         try:
             for rel, data in sorted(request["files"].items()):
@@ -282,7 +285,7 @@ class Containers(StateFolder, Lock, History):
                     fh.write(base64.b64decode(data))
             tag = request["tag"]
             self.emitter.current = "build"
-            with self.fenced("building the image"):
+            with self.lock.fenced("building the image"):
                 done = run(cli.build_argv(self.engine, folder, tag), timeout_s=float(request.get("timeout_s") or 1800),
                            ok=False)
             if done["rc"] != 0:
@@ -295,7 +298,7 @@ class Containers(StateFolder, Lock, History):
             self.emitter.current = None
             shutil.rmtree(folder, ignore_errors=True)
         image = _image_summary(self.inspect_one("image", tag))
-        self.record("build", outcome="ok", container=self.c["name"], base={"id": base_id, "tag": kept},
+        self.history.record("build", outcome="ok", container=self.c["name"], base={"id": base_id, "tag": kept},
                     image={"id": image["id"], "tag": tag}, series=request.get("series"),
                     series_id=request.get("series_id"))
         return {"image": image, "kept_tag": kept, "tag": tag}
@@ -315,9 +318,9 @@ class Containers(StateFolder, Lock, History):
                              "rollback to put it back, or remove it, first; nothing was changed" % aside)
         image_doc = self.inspect_one("image", current["Image"])
         config = cli.run_config(current, image_doc or {})
-        makedirs_private(self._p("containers"))
-        kept = self._p("containers", request["run_id"] + ".json")
-        with self.fenced("keeping the container's inspect document"):
+        makedirs_private(self.folder.path("containers"))
+        kept = self.folder.path("containers", request["run_id"] + ".json")
+        with self.lock.fenced("keeping the container's inspect document"):
             write_json_atomic(kept, current)
         before = self.read_journal() or {}
         to = request["image"]
@@ -335,12 +338,12 @@ class Containers(StateFolder, Lock, History):
             return self._compose_switch(journal, before, to["id"])
         created = None
         try:
-            with self.fenced("stopping the container"):
+            with self.lock.fenced("stopping the container"):
                 run(cli.stop_argv(self.engine, name, float(self.c.get("stop_timeout_s") or 30)),
                     timeout_s=float(self.c.get("stop_timeout_s") or 30) + PROBE_S)
                 run(cli.rename_argv(self.engine, name, aside))
             self.hooks.at("exit_after_rename")  # a test's kill mid-switch (wire.Hooks)
-            with self.fenced("creating the new container"):
+            with self.lock.fenced("creating the new container"):
                 created = run(cli.create_argv(self.engine, name, to["id"], config))["out"].strip().splitlines()[-1]
                 journal["switch"]["to_container"] = created
                 journal = self.write_journal(journal, Phase.SWITCHING)
@@ -356,24 +359,24 @@ class Containers(StateFolder, Lock, History):
     def _switched(self, journal):
         journal["switch"]["started"] = time.time()
         journal = self.write_journal(journal, Phase.SWITCHED)
-        self.record("switch", outcome="ok", container=self.c["name"], phase=Phase.SWITCHED,
+        self.history.record("switch", outcome="ok", container=self.c["name"], phase=Phase.SWITCHED,
                     switch=_brief_switch(journal))
         return {"journal": journal}
 
     def _journal_back(self, before):
         """The journal as it was before a switch that was undone in the same op."""
-        with self.fenced("restoring the journal"):
+        with self.lock.fenced("restoring the journal"):
             if before:
-                write_json_atomic(self._p("journal.json"), before)
-            elif os.path.exists(self._p("journal.json")):
-                os.remove(self._p("journal.json"))
+                write_json_atomic(self.folder.path("journal.json"), before)
+            elif os.path.exists(self.folder.path("journal.json")):
+                os.remove(self.folder.path("journal.json"))
 
     # -- compose: the service recreated by `compose up -d` with the image overridden (no aside)
 
     def _compose_up(self, image):
         """``compose up -d`` of the service with ``image`` (an override file of ours names it)."""
-        override = self._p("compose.override.json")
-        with self.fenced("writing the compose override"):
+        override = self.folder.path("compose.override.json")
+        with self.lock.fenced("writing the compose override"):
             write_json_atomic(override, json.loads(cli.compose_override(self.c["service"], image)))
             run(cli.compose_up_argv(self.engine, self.c["compose_file"], override, self.c["service"]),
                 timeout_s=float(self.c.get("stop_timeout_s") or 30) + 600)
@@ -467,14 +470,14 @@ class Containers(StateFolder, Lock, History):
                 answer["detail"] = _healthy_line(answer)
         finally:
             self.emitter.current = None
-        if self.locked and journal:
+        if self.held.locked and journal:
             record = {"state": "healthy" if answer["healthy"] else "unhealthy", "time": wire.now_iso(),
                       "failed": answer["failed"], "detail": answer["detail"][:500],
                       "proof": None if not request.get("proof") else "tree" if request["proof"].get("probe") else "width",
                       "run_id": journal.get("run_id")}
-            with self.fenced("recording the health check"):
+            with self.lock.fenced("recording the health check"):
                 journal = dict(self.read_journal() or journal, serve=record)
-                write_json_atomic(self._p("journal.json"), journal)
+                write_json_atomic(self.folder.path("journal.json"), journal)
         return answer
 
     def _logs(self, found):
@@ -494,7 +497,7 @@ class Containers(StateFolder, Lock, History):
         sw = journal["switch"]
         aside = sw.get("aside")
         if aside and aside in self.names():
-            with self.fenced("removing the container kept aside"):
+            with self.lock.fenced("removing the container kept aside"):
                 run(cli.rm_argv(self.engine, aside))
         phase = request["phase"]
         journal["image"] = {"id": sw["to_image"], "tag": sw.get("to_tag")}
@@ -502,7 +505,7 @@ class Containers(StateFolder, Lock, History):
         journal["container_id"] = sw.get("to_container")
         journal["automatic"] = request.get("automatic")
         journal = self.write_journal(journal, phase)
-        warning = self.record(sw["kind"], outcome="ok", container=self.c["name"], phase=phase,
+        warning = self.history.record(sw["kind"], outcome="ok", container=self.c["name"], phase=phase,
                               series=journal.get("series"), series_id=journal.get("series_id"),
                               image=journal["image"], previous=journal["previous"], serve=journal.get("serve"),
                               automatic=request.get("automatic"))
@@ -539,7 +542,7 @@ class Containers(StateFolder, Lock, History):
         name, aside = self.c["name"], sw["aside"]
         self.emitter.current = "restore"
         try:
-            with self.fenced("undoing the switch"):
+            with self.lock.fenced("undoing the switch"):
                 if self.c.get("compose_file"):
                     self._compose_up(sw["from_image"])
                     how = "the service was brought up again with the old image (compose up -d)"
@@ -561,7 +564,7 @@ class Containers(StateFolder, Lock, History):
             for key in ("series", "series_id", "sglang_version"):
                 restored[key] = back.get(key)
         restored = self.write_journal(restored, phase)
-        warning = self.record("restore", outcome="ok", container=name, phase=phase, how=how,
+        warning = self.history.record("restore", outcome="ok", container=name, phase=phase, how=how,
                               undone=restored["undone"], automatic=request.get("automatic"))
         return {"journal": restored, "how": how, "history_warning": warning}
 
@@ -613,15 +616,19 @@ def _healthy_line(answer):
     return line
 
 
-OPS = {"init": "op_init", "inspect": "op_inspect", "lock": "op_lock", "unlock": "op_unlock", "build": "op_build",
-       "switch": "op_switch", "verify": "op_verify", "keep": "op_keep", "restore": "op_restore",
+# Each request's "op" -> the part that answers it and its method (``program``: Containers itself).
+OPS = {"init": ("program", "op_init"), "inspect": ("program", "op_inspect"), "lock": ("lock", "op_lock"),
+       "unlock": ("lock", "op_unlock"), "build": ("program", "op_build"), "switch": ("program", "op_switch"),
+       "verify": ("program", "op_verify"), "keep": ("program", "op_keep"), "restore": ("program", "op_restore"),
        # `history` and `lock status/release` (session/hostlog.py): the agent's own jobs, on this state
-       "history": "op_history", "lock_status": "op_lock_status", "lock_release": "op_lock_release",
-       "speed": "op_speed"}  # the speed gate's history line (history.py's, as the agent's)
+       "history": ("history", "op_history"), "lock_status": ("lock", "op_lock_status"),
+       "lock_release": ("lock", "op_lock_release"),
+       "speed": ("history", "op_speed")}  # the speed gate's history line (history.py's, as the agent's)
 
 
 def handle(program, request):
-    fn = getattr(program, OPS.get(str(request.get("op")), ""), None)
+    part, method = OPS.get(str(request.get("op")), (None, None))
+    fn = getattr(program if part == "program" else getattr(program, part), method) if part else None
     if fn is None:
         return {"ok": False, "code": Code.PROTOCOL, "message": "unknown op %r" % (request.get("op"),)}
     try:
@@ -641,7 +648,7 @@ def serve(stdin, stdout):
     try:
         wire.answer_lines(stdin, out, program.hooks, lambda request: handle(program, request), "container")
     finally:
-        program.release()
+        program.lock.release()
         out.close()
 
 

@@ -17,11 +17,23 @@ import sys
 
 from ddtree_deploy.base.codes import Code
 from ddtree_deploy.hostprog import gpu_driver, roots, wire
-from ddtree_deploy.hostprog.fileops import TMP_TAG, AgentError
+from ddtree_deploy.hostprog.fileops import AgentError
 
 
-class Facts(object):
-    """Needs ``state_dir``/``_p``/``check_state_dir`` (StateFolder) and ``read_lock`` (Lock)."""
+class PackageRoot(object):
+    """The SGLang package root this agent works on (``root``: None until ``facts`` or a lock
+    found it), and the one way from a package-relative path to a file in it. A part of its
+    own, below the state folder and the lock, because both need it (the state folder to
+    tell an earlier layout's state, the lock to sweep the package folders) and neither may
+    need the other for it."""
+
+    def __init__(self):
+        self.root = None
+
+    def package_root(self):
+        if self.root is None:
+            self.root = find_sglang()[0]
+        return self.root
 
     def target(self, rel):
         """The absolute path of a package-relative file, refusing anything outside the root."""
@@ -42,51 +54,6 @@ class Facts(object):
             raise AgentError(Code.UNSAFE_FILE, "%s is a symlink (to %s); refusing to read or replace it"
                              % (rel, os.readlink(path)))
         return path
-
-    def op_facts(self, request):
-        """Read-only: SGLang version and root, sha256 (and optionally bytes) of files, state."""
-        self.root, version, how = find_sglang()
-        if self.state_dir:
-            self.check_state_dir(create=False)
-        paths = set(request.get("paths") or ())
-        journal = wire.read_json(self._p("journal.json")) if self.state_dir else None
-        backups = self.list_backups() if self.state_dir else []
-        drifted = self.list_drifted() if self.state_dir else []
-        if request.get("include_state_paths", True):
-            if journal:
-                paths.update(journal.get("files", {}))
-            for b in backups:
-                paths.update(b.get("files", {}))
-        files = {}
-        for rel in sorted(paths):
-            try:
-                files[rel] = self.stat_file(rel, bool(request.get("content")))
-            except AgentError as exc:
-                if exc.code != Code.UNSAFE_FILE:
-                    raise
-                # One symlinked target must not hide the others: report it, by name.
-                files[rel] = {"unsafe": exc.message}
-        lock_owner = self.read_lock() if self.state_dir else None
-        reply = {
-            "sglang_version": version,
-            "version_source": how,
-            "package_root": self.root,
-            "files": files,
-            "journal": journal,
-            "backups": backups,
-            "drifted": drifted,
-            "lock": lock_owner,
-            "state_home": self.home_dir() if self.state_dir else None,
-            "installs": self.list_installs() if self.state_dir else [],
-        }
-        if request.get("driver"):  # only when asked: nvidia-smi can take seconds
-            reply["driver"] = gpu_driver.probe()
-        return reply
-
-    def op_driver(self, request):
-        """Read-only: the host's NVIDIA driver alone (``image --host``: a host whose SGLang, if
-        any, runs in a container; no package root or state folder needed)."""
-        return {"driver": gpu_driver.probe()}
 
     def stat_file(self, rel, content=False):
         path = self.target(rel)
@@ -109,37 +76,80 @@ class Facts(object):
             info["data"] = base64.b64encode(data).decode("ascii")
         return info
 
-    def list_backups(self, kind="backups"):
-        """The manifests of this root's backups (``drifted``: of its kept edits), oldest first."""
-        out = []
-        base = self._p(kind)
-        if not os.path.isdir(base):
-            return out
-        for name in sorted(os.listdir(base)):
-            manifest = wire.read_json(os.path.join(base, name, "manifest.json"))
-            if isinstance(manifest, dict) and TMP_TAG not in name:
-                out.append(manifest)
-        return out
+
+class Facts(object):
+    """The ``facts`` and ``driver`` ops. Collaborators: ``folder`` (state.StateFolder),
+    ``package`` (PackageRoot), ``lock`` (lock.Lock: who holds the deploy lock)."""
+
+    def __init__(self, folder, package, lock):
+        self.folder = folder
+        self.package = package
+        self.lock = lock
+
+    def op_facts(self, request):
+        """Read-only: SGLang version and root, sha256 (and optionally bytes) of files, state."""
+        self.package.root, version, how = find_sglang()
+        if self.folder.state_dir:
+            self.folder.check_state_dir(create=False)
+        paths = set(request.get("paths") or ())
+        journal = wire.read_json(self.folder.path("journal.json")) if self.folder.state_dir else None
+        backups = self.folder.list_backups() if self.folder.state_dir else []
+        drifted = self.list_drifted() if self.folder.state_dir else []
+        if request.get("include_state_paths", True):
+            if journal:
+                paths.update(journal.get("files", {}))
+            for b in backups:
+                paths.update(b.get("files", {}))
+        files = {}
+        for rel in sorted(paths):
+            try:
+                files[rel] = self.package.stat_file(rel, bool(request.get("content")))
+            except AgentError as exc:
+                if exc.code != Code.UNSAFE_FILE:
+                    raise
+                # One symlinked target must not hide the others: report it, by name.
+                files[rel] = {"unsafe": exc.message}
+        lock_owner = self.lock.read_lock() if self.folder.state_dir else None
+        reply = {
+            "sglang_version": version,
+            "version_source": how,
+            "package_root": self.package.root,
+            "files": files,
+            "journal": journal,
+            "backups": backups,
+            "drifted": drifted,
+            "lock": lock_owner,
+            "state_home": self.folder.home_dir() if self.folder.state_dir else None,
+            "installs": self.list_installs() if self.folder.state_dir else [],
+        }
+        if request.get("driver"):  # only when asked: nvidia-smi can take seconds
+            reply["driver"] = gpu_driver.probe()
+        return reply
+
+    def op_driver(self, request):
+        """Read-only: the host's NVIDIA driver alone (``image --host``: a host whose SGLang, if
+        any, runs in a container; no package root or state folder needed)."""
+        return {"driver": gpu_driver.probe()}
 
     def list_drifted(self):
         """The kept edits (``drifted/<id>/``), each manifest with the folder that holds it."""
-        return [dict(m, folder=self._p("drifted", str(m.get("id")))) for m in self.list_backups("drifted")]
+        return [dict(m, folder=self.folder.path("drifted", str(m.get("id")))) for m in self.folder.list_backups("drifted")]
 
     def list_installs(self):
         """Every install with state in this state folder, for people (status lists them): its
         package root and interpreter, SGLang version, phase and series, the deploy lock's
         holder; ``this``: ours. Read-only, and only these few fields of each: nothing another
         root's state holds ever decides what this agent does."""
-        mine = self.home_dir()
+        mine = self.folder.home_dir()
         out = []
-        for folder, record in roots.installs(self.state_dir):
-            journal = wire.read_json(os.path.join(folder, "journal.json"))
+        for where, record in roots.installs(self.folder.state_dir):
+            journal = wire.read_json(os.path.join(where, "journal.json"))
             journal = journal if isinstance(journal, dict) else {}
-            lock = wire.read_json(os.path.join(folder, "lock", "owner.json")) \
-                if os.path.isdir(os.path.join(folder, "lock")) else None
+            lock = wire.read_json(os.path.join(where, "lock", "owner.json")) \
+                if os.path.isdir(os.path.join(where, "lock")) else None
             out.append({
-                "this": folder == mine,
-                "folder": folder,
+                "this": where == mine,
+                "folder": where,
                 "package_root": (record or {}).get("package_root") or journal.get("package_root"),
                 "python": (record or {}).get("python"),
                 "claimed": record is not None,

@@ -24,7 +24,15 @@ HISTORY_MAX_BYTES = 4 << 20
 
 
 class History(object):
-    """Needs ``_p``/``need_state_dir`` (StateFolder), ``lock_owner``/``locked`` (Lock), ``target`` (Facts)."""
+    """The audit history's lines and the ``speed``, ``history`` and ``switches`` ops.
+    Collaborators: ``folder`` (state.StateFolder), ``package`` (facts.PackageRoot: which
+    install a line is about, and its files for ``switches``), ``held`` (lock.HeldLock: the
+    holder each line names)."""
+
+    def __init__(self, folder, package, held):
+        self.folder = folder
+        self.package = package
+        self.held = held
 
     def op_speed(self, request):
         """Record the speed gate's figures in the history (one ``speed`` line): a push's
@@ -33,12 +41,12 @@ class History(object):
         deploy lock, like every record of what a run did; the journal is not touched. One op
         for both programs that keep a history: the agent (a [serve] host) and the container
         program (a [container] host's bake), so their ``speed`` lines are the same."""
-        if not self.locked:
+        if not self.held.locked:
             raise AgentError(Code.PROTOCOL, "speed needs the deploy lock")
         speed = request.get("speed")
         if not isinstance(speed, dict):
             raise AgentError(Code.PROTOCOL, "speed needs a speed record")
-        journal = wire.read_json(self._p("journal.json")) or {}
+        journal = wire.read_json(self.folder.path("journal.json")) or {}
         warning = self.record("speed", outcome=str(speed.get("outcome") or speed.get("stage") or "?"),
                               phase=journal.get("phase"), series=journal.get("series"),
                               series_id=journal.get("series_id"), speed=speed)
@@ -52,7 +60,7 @@ class History(object):
         One os.write of the whole line on an O_APPEND descriptor: concurrent appenders
         (a lock release beside a push) never interleave inside a line.
         """
-        owner = self.lock_owner or {}
+        owner = self.held.owner or {}
         holder = holder if holder is not None else owner.get("holder")
         entry = {
             "time": wire.now_iso(),
@@ -64,16 +72,16 @@ class History(object):
             "command": command if command is not None else owner.get("command"),
             "host": socket.gethostname(),
             # Which install the line is about (one state folder may hold several: roots.py).
-            "package_root": roots.resolved(self.root) if self.root else None,
+            "package_root": roots.resolved(self.package.root) if self.package.root else None,
             "python": sys.executable,
         }
         entry.update(fields)
         try:
             line = (json.dumps(entry, sort_keys=False) + "\n").encode()
-            path = self._p(HISTORY)
+            path = self.folder.path(HISTORY)
             try:
                 if os.lstat(path).st_size >= HISTORY_MAX_BYTES:
-                    os.rename(path, self._p(HISTORY_OLD))
+                    os.rename(path, self.folder.path(HISTORY_OLD))
             except OSError as exc:
                 if exc.errno != errno.ENOENT:  # ENOENT: nothing yet, or a concurrent rotation won
                     raise
@@ -90,7 +98,7 @@ class History(object):
             finally:
                 os.close(fd)
         except Exception as exc:  # noqa: BLE001 -- never fail the op over its record
-            what = describe_os_error(exc, self._p(HISTORY)) if isinstance(exc, OSError) else str(exc)
+            what = describe_os_error(exc, self.folder.path(HISTORY)) if isinstance(exc, OSError) else str(exc)
             return "the audit history was not written: %s" % what
         return None
 
@@ -99,7 +107,7 @@ class History(object):
         skipped (torn by a full disk or a crash, or not an entry we wrote)."""
         entries, unreadable = [], 0
         for name in (HISTORY_OLD, HISTORY):
-            path = self._p(name)
+            path = self.folder.path(name)
             if os.path.islink(path) or not os.path.isfile(path):
                 continue
             with open(path, "rb") as f:
@@ -115,12 +123,12 @@ class History(object):
 
     def op_history(self, request):
         """Read-only: the newest ``limit`` history entries, newest first."""
-        self.need_state_dir()
+        self.folder.need_state_dir()
         limit = int(request.get("limit") or 20)
         entries, unreadable = self.read_history()
         return {"entries": [doc for _name, doc in reversed(entries[-limit:])] if limit > 0 else [],
                 "total": len(entries), "unreadable": unreadable,
-                "files": [n for n in (HISTORY, HISTORY_OLD) if os.path.isfile(self._p(n))]}
+                "files": [n for n in (HISTORY, HISTORY_OLD) if os.path.isfile(self.folder.path(n))]}
 
     def op_switches(self, request):
         """Read-only: what tells whether a server that started at ``since`` (seconds, this
@@ -132,8 +140,8 @@ class History(object):
         renames' ``began``/``ended``: null on an older agent's line); ``before``: each file's
         sha256 after the newest switch that ended before ``since``; ``complete_since``: from
         when the retained history holds every switch (null: unknown)."""
-        self.need_state_dir()
-        mine = roots.resolved(self.package_root())
+        self.folder.need_state_dir()
+        mine = roots.resolved(self.package.package_root())
         since = float(request["since"])
         entries, unreadable = self.read_history()
         switches, before = [], {}
@@ -160,7 +168,7 @@ class History(object):
         current = {}
         for rel in sorted(set(request.get("paths") or ()) | set(p for w in switches for p in w["files"])):
             try:
-                path = self.target(rel)
+                path = self.package.target(rel)
                 st = os.stat(path)
                 current[rel] = {"sha256": wire.sha256_file(path), "ctime": st.st_ctime}
             except AgentError:
@@ -181,15 +189,15 @@ class History(object):
         switched from it before its first line); in a folder adopted from before the marker,
         from its first line. None: nothing tells."""
         rotated = [doc for name, doc in entries if name == HISTORY_OLD]
-        if rotated or os.path.isfile(self._p(HISTORY_OLD)):
+        if rotated or os.path.isfile(self.folder.path(HISTORY_OLD)):
             first = wire.iso_seconds(rotated[0].get("time")) if rotated else None
             return None if first is None else first + 1
-        record = self.root_record()
+        record = self.folder.root_record()
         if record is not None:
             if record.get("history_since") == 0:
                 return 0.0
         else:
-            marker = wire.read_json(self._top(STATE_MARKER))
+            marker = wire.read_json(self.folder.top(STATE_MARKER))
             if isinstance(marker, dict) and marker.get("adopted") is False:
                 return 0.0
         first = wire.iso_seconds(entries[0][1].get("time")) if entries else None
@@ -198,7 +206,7 @@ class History(object):
     def history_tail(self, nbytes=1 << 18):
         """The newest history entries (from the last ``nbytes`` of the file), newest first."""
         try:
-            with open(self._p(HISTORY), "rb") as f:
+            with open(self.folder.path(HISTORY), "rb") as f:
                 f.seek(0, os.SEEK_END)
                 f.seek(max(0, f.tell() - nbytes))
                 lines = f.read().splitlines()

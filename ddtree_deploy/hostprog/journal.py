@@ -14,29 +14,35 @@ from ddtree_deploy.hostprog.fileops import AgentError, remove_quietly, write_jso
 
 
 class Journal(object):
-    """Needs ``fenced``/``locked``/``lock_owner``/``lock_taker`` (Lock), ``_p`` (StateFolder)
-    and ``record`` (History)."""
+    """The journal's writes and the ``mark`` and ``served`` ops. Collaborators: ``folder``
+    (state.StateFolder), ``held`` (lock.HeldLock: whether this run holds the lock),
+    ``lock`` (lock.Lock: every write fenced), ``history`` (history.History)."""
 
-    last_journal = None  # the journal this run last wrote (None: none yet in this apply)
+    def __init__(self, folder, held, lock, history):
+        self.folder = folder
+        self.held = held
+        self.lock = lock
+        self.history = history
+        self.last_journal = None  # the journal this run last wrote (None: none yet in this apply)
 
-    def journal(self, journal, phase):
+    def write(self, journal, phase):
         journal["phase"] = phase
         journal["updated"] = wire.now_iso()
-        with self.fenced("the journal write (phase %s)" % phase):
-            write_json_atomic(self._p("journal.json"), journal)
+        with self.lock.fenced("the journal write (phase %s)" % phase):
+            write_json_atomic(self.folder.path("journal.json"), journal)
             self.last_journal = json.loads(json.dumps(journal))
 
-    def restore_journal(self, previous):
+    def restore(self, previous):
         """Put the journal back as it was before this op (the host is as it was): only if this
         op wrote it, and only while this run holds the lock (else AgentError lost-lock)."""
         if self.last_journal is None:
             return
-        with self.fenced("restoring the journal"):
+        with self.lock.fenced("restoring the journal"):
             try:
                 if previous is None:
-                    remove_quietly(self._p("journal.json"))
+                    remove_quietly(self.folder.path("journal.json"))
                 else:
-                    write_json_atomic(self._p("journal.json"), previous)
+                    write_json_atomic(self.folder.path("journal.json"), previous)
             except OSError:
                 pass  # it said `staged` at most, which status explains as "before any file changed"
 
@@ -47,9 +53,9 @@ class Journal(object):
         to record a failed smoke level): only for the run the caller saw, so a stale
         controller can never mark a deploy made by someone else since.
         """
-        if not self.locked:
+        if not self.held.locked:
             raise AgentError(Code.PROTOCOL, "mark needs the deploy lock")
-        journal = wire.read_json(self._p("journal.json"))
+        journal = wire.read_json(self.folder.path("journal.json"))
         if journal and journal.get("run_id") == request["run_id"] and journal.get("phase") == request["phase"] \
                 and request.get("smoke") is None:
             return {"journal": journal, "already": True}  # a rerun after a lost reply
@@ -61,15 +67,15 @@ class Journal(object):
         if request.get("smoke") is not None:
             journal["smoke"] = request["smoke"]
         try:
-            self.journal(journal, request["phase"])
+            self.write(journal, request["phase"])
         except AgentError as exc:
             if exc.code != Code.LOST_LOCK:
                 raise
             raise AgentError(Code.LOST_LOCK, "run %s lost the deploy lock before marking the journal %s (%s); nothing "
-                             "was written" % ((self.lock_owner or {}).get("run_id"), request["phase"],
-                                              self.lock_taker()), unchanged=True)
+                             "was written" % ((self.held.owner or {}).get("run_id"), request["phase"],
+                                              self.lock.lock_taker()), unchanged=True)
         reply = {"journal": journal}
-        warning = self.record("mark", outcome="ok", phase=request["phase"], marked_run=journal.get("run_id"),
+        warning = self.history.record("mark", outcome="ok", phase=request["phase"], marked_run=journal.get("run_id"),
                               series=journal.get("series"), series_id=journal.get("series_id"),
                               smoke=request.get("smoke"))
         if warning:
@@ -86,21 +92,21 @@ class Journal(object):
         Under the deploy lock, like every journal write. ``serve``: {state (restarting,
         healthy, unhealthy, interrupted), run_id (the switch whose files it serves), ...}.
         """
-        if not self.locked:
+        if not self.held.locked:
             raise AgentError(Code.PROTOCOL, "served needs the deploy lock")
         serve = request.get("serve")
         if not isinstance(serve, dict):
             raise AgentError(Code.PROTOCOL, "served needs a serve record")
-        with self.fenced("recording the server restart (%s)" % serve.get("state")):
-            journal = wire.read_json(self._p("journal.json"))
+        with self.lock.fenced("recording the server restart (%s)" % serve.get("state")):
+            journal = wire.read_json(self.folder.path("journal.json"))
             if journal and serve.get("state") != RESTARTING and _ended_here(journal, serve.get("restart_run")):
                 return {"journal": journal, "already": True}  # the serve program recorded it: said once
             if journal:
                 journal["serve"] = serve
-                write_json_atomic(self._p("journal.json"), journal)
+                write_json_atomic(self.folder.path("journal.json"), journal)
         reply = {"journal": journal}
         if request.get("history"):
-            warning = self.record("restart", outcome=serve.get("state"), phase=(journal or {}).get("phase"),
+            warning = self.history.record("restart", outcome=serve.get("state"), phase=(journal or {}).get("phase"),
                                   series=(journal or {}).get("series"), series_id=(journal or {}).get("series_id"),
                                   serve=serve)
             if warning:
@@ -116,17 +122,17 @@ class Journal(object):
         controller's own ``served`` for it afterwards finds it recorded (``already``).
         -> True when written here, False when there was nothing to write."""
         run = serve.get("restart_run")
-        with self.guarded():
-            held = self.read_lock()
+        with self.lock.guarded():
+            held = self.lock.read_lock()
             if held is not None and held.get("run_id") != run and not held.get("stale"):
                 return False  # another run acts on the host now: its journal is not ours to write
-            journal = wire.read_json(self._p("journal.json"))
+            journal = wire.read_json(self.folder.path("journal.json"))
             current = journal.get("serve") if isinstance(journal, dict) else None
             if not isinstance(current, dict) or current.get("state") != RESTARTING or current.get("restart_run") != run:
                 return False
             journal["serve"] = dict(serve, recorded_by=RECORDED_BY_HOST)
-            write_json_atomic(self._p("journal.json"), journal)
-        self.record("restart", holder=holder, run_id=run, command=command, outcome=serve.get("state"),
+            write_json_atomic(self.folder.path("journal.json"), journal)
+        self.history.record("restart", holder=holder, run_id=run, command=command, outcome=serve.get("state"),
                     phase=journal.get("phase"), series=journal.get("series"), series_id=journal.get("series_id"),
                     serve=journal["serve"])
         return True

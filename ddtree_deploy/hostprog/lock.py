@@ -47,6 +47,17 @@ def holder_is_dead(owner):
     return start is None or start != owner.get("pid_start")
 
 
+class HeldLock(object):
+    """The deploy lock as this run holds it: ``locked`` and the ``owner`` record it wrote
+    (None before the lock and after its release). A part of its own, below the lock and the
+    history, because the history names the holder in every line and the lock records its
+    breaks and releases in the history: both read this, neither needs the other for it."""
+
+    def __init__(self):
+        self.locked = False
+        self.owner = None
+
+
 class Lock(object):
     """The deploy lock's run id as a fencing token.
 
@@ -61,13 +72,21 @@ class Lock(object):
     switched files still its own): otherwise the new holder planned from the files as they
     are, and undoing them would mix the host under that run (Apply.after_lost_lock).
 
-    Needs ``_p``/``check_state_dir``/``need_state_dir`` (StateFolder), ``target``/``list_backups``
-    (Facts) and ``record``/``history_tail`` (History).
+    Collaborators: ``folder`` (state.StateFolder), ``package`` (facts.PackageRoot: the
+    package folders a sweep cleans), ``held`` (HeldLock: this run's hold, which the history
+    reads too), ``history`` (history.History: lock breaks and releases are recorded, and who
+    took a lost lock is read back). ``list_backups``: the backups whose package folders a
+    sweep cleans (the container program keeps none).
     """
 
-    locked = False
-    lock_owner = None
-    _guard_depth = 0
+    def __init__(self, folder, package, held, history, list_backups):
+        self.folder = folder
+        self.package = package
+        self.held = held
+        self.history = history
+        self.list_backups = list_backups
+        self.guard_wait_s = None  # init's, when the controller reads sooner than GUARD_WAIT_S
+        self._guard_depth = 0
 
     @contextlib.contextmanager
     def guarded(self):
@@ -79,7 +98,7 @@ class Lock(object):
             finally:
                 self._guard_depth -= 1
             return
-        fd = open_guard(self._p(GUARD), getattr(self, "guard_wait_s", None))
+        fd = open_guard(self.folder.path(GUARD), self.guard_wait_s)
         self._guard_depth = 1
         try:
             yield
@@ -88,11 +107,11 @@ class Lock(object):
             os.close(fd)  # closing the descriptor drops the flock
 
     def owns_lock(self):
-        if not self.locked or not self.lock_owner:
+        if not self.held.locked or not self.held.owner:
             return False
-        held = wire.read_json(self._p("lock", "owner.json"))
-        return (isinstance(held, dict) and held.get("run_id") == self.lock_owner["run_id"]
-                and held.get("pid") == self.lock_owner.get("pid"))
+        held = wire.read_json(self.folder.path("lock", "owner.json"))
+        return (isinstance(held, dict) and held.get("run_id") == self.held.owner["run_id"]
+                and held.get("pid") == self.held.owner.get("pid"))
 
     @contextlib.contextmanager
     def fenced(self, step):
@@ -106,9 +125,9 @@ class Lock(object):
     def lock_taker(self):
         """Who took this run's lock, from the history (the release or break of our run id),
         and who holds it now; in words."""
-        run = (self.lock_owner or {}).get("run_id")
+        run = (self.held.owner or {}).get("run_id")
         taken = "it was removed"
-        for entry in self.history_tail():
+        for entry in self.history.history_tail():
             prev = entry.get("previous")
             if entry.get("event") in ("lock-release", "lock-break") and isinstance(prev, dict) \
                     and prev.get("run_id") == run:
@@ -124,7 +143,7 @@ class Lock(object):
     def sweep_dead_runs(self):
         """Under the lock just taken: every package folder the state names (the journal's files,
         each backup's) is swept of our temporaries, with the state folder's own leftovers."""
-        journal = wire.read_json(self._p("journal.json"))
+        journal = wire.read_json(self.folder.path("journal.json"))
         paths = set()
         if isinstance(journal, dict) and isinstance(journal.get("files"), dict):
             paths.update(journal["files"])
@@ -134,7 +153,7 @@ class Lock(object):
         folders = set()
         for rel in paths:
             try:
-                folders.add(os.path.dirname(self.target(rel)))
+                folders.add(os.path.dirname(self.package.target(rel)))
             except AgentError:
                 continue  # a path that is not ours to touch (a symlink): never swept
         self.sweep_leftovers(folders)
@@ -144,18 +163,18 @@ class Lock(object):
         under the top's guard, so of two roots that find a folder unclaimed exactly one gets
         its top level. Once settled, the top's guard is never taken again for it (that guard
         is also the top install's own: no other install waits on it)."""
-        self.home = None
-        if roots.record_of(self.home_dir()) is not None:
+        self.folder.home = None
+        if roots.record_of(self.folder.home_dir()) is not None:
             return
-        fd = open_guard(self._top(GUARD))
+        fd = open_guard(self.folder.top(GUARD))
         try:
-            self.home = None
-            home = self.home_dir()
+            self.folder.home = None
+            home = self.folder.home_dir()
             if roots.record_of(home) is not None:
                 return
-            top = home == self.state_dir
+            top = home == self.folder.state_dir
             if top:
-                marker = wire.read_json(self._top(STATE_MARKER))
+                marker = wire.read_json(self.folder.top(STATE_MARKER))
                 fresh_folder = isinstance(marker, dict) and marker.get("adopted") is False
                 how = "legacy" if roots.has_state(home) else "fresh"
                 since = 0.0 if fresh_folder else None
@@ -163,17 +182,17 @@ class Lock(object):
                 makedirs_private(home)
                 how = "own"
                 # Complete from its start only when no earlier layout's state ever sat beside it.
-                since = 0.0 if (roots.record_of(self.state_dir) or {}).get("how") == "fresh" else None
+                since = 0.0 if (roots.record_of(self.folder.state_dir) or {}).get("how") == "fresh" else None
             write_json_atomic(os.path.join(home, roots.RECORD),
-                              roots.new_record(self.package_root(), sys.executable, how, since))
+                              roots.new_record(self.package.package_root(), sys.executable, how, since))
         finally:
             os.close(fd)
 
     def op_lock(self, request):
-        self.package_root()
-        self.check_state_dir(create=True)
+        self.package.package_root()
+        self.folder.check_state_dir(create=True)
         self.claim_home()
-        lock = self._p("lock")
+        lock = self.folder.path("lock")
         owner = {
             "run_id": request["run_id"],
             "holder": request.get("holder"),
@@ -184,7 +203,7 @@ class Lock(object):
             "pid_start": wire.process_start(os.getpid()),
             "boot_id": wire.boot_id(),
             # Whose lock this is: the install (and the interpreter that took it).
-            "package_root": roots.resolved(self.root),
+            "package_root": roots.resolved(self.package.root),
             "python": sys.executable,
         }
         # Build the lock complete with its owner file, then rename it into place: a
@@ -196,15 +215,15 @@ class Lock(object):
                 broke = self._take_lock(lock, owner, request)
             except OSError as exc:  # e.g. ENOSPC writing the owner file: name the lock, not our temporary
                 raise located(exc, lock)
-            self.locked = True
-            self.lock_owner = owner
+            self.held.locked = True
+            self.held.owner = owner
             tuning = self._live_tune_lock()
             if tuning:
                 # A tune's servers run the files a push or rollback would switch (the tune itself
                 # checks the deploy lock before each launch): refuse, and hold nothing.
                 self._remove_lock(lock)
-                self.locked = False
-                self.lock_owner = None
+                self.held.locked = False
+                self.held.owner = None
                 raise AgentError(Code.LOCKED, "a tune is running on this host (tune lock held); wait for it or stop it",
                                  holder=tuning, stale=False)
             # What killed runs left (temp files, staging, half-made locks and backups), in the
@@ -212,7 +231,7 @@ class Lock(object):
             self.sweep_dead_runs()
         warning = None
         if broke is not None:
-            warning = self.record("lock-break", outcome="broken" if not broke.get("stale") else "stale-taken",
+            warning = self.history.record("lock-break", outcome="broken" if not broke.get("stale") else "stale-taken",
                                   previous=broke)
         reply = {"owner": owner, "broke": broke}
         if warning:
@@ -222,7 +241,7 @@ class Lock(object):
     def _take_lock(self, lock, owner, request):
         """The atomic take (under the guard): the lock broken first when stale or asked to;
         the broken lock's owner returned (None: it was free)."""
-        tmp = self._p("lock%s%s" % (TMP_TAG, owner["run_id"]))
+        tmp = self.folder.path("lock%s%s" % (TMP_TAG, owner["run_id"]))
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             os.mkdir(tmp, 0o700)
@@ -253,11 +272,11 @@ class Lock(object):
     def _live_tune_lock(self):
         """The tune lock's owner while its process provably runs on this host and its servers
         run this root's files (an owner that does not say which root: taken as ours), else None."""
-        held = wire.read_json(self._top("tune", "lock", "owner.json"))
+        held = wire.read_json(self.folder.top("tune", "lock", "owner.json"))
         if wire.same_process(held) is not True:
             return None
         theirs = held.get("package_root")
-        return held if theirs is None or roots.resolved(theirs) == roots.resolved(self.package_root()) else None
+        return held if theirs is None or roots.resolved(theirs) == roots.resolved(self.package.package_root()) else None
 
     def _remove_lock(self, lock):
         # Rename first so a concurrent taker never sees a half-deleted lock.
@@ -275,39 +294,39 @@ class Lock(object):
         return {"released": released}
 
     def release(self):
-        if not self.locked:
+        if not self.held.locked:
             return False
         try:
             with self.guarded():
                 if self.owns_lock():  # never somebody else's: ours may have been released by force
-                    self._remove_lock(self._p("lock"))
+                    self._remove_lock(self.folder.path("lock"))
         except (OSError, AgentError):
             # No guard (a stopped agent holds it): leave the lock; once this process is gone it
             # is provably stale, and the next run takes it over.
             pass
         finally:
-            self.locked = False
+            self.held.locked = False
         return True
 
     def read_lock(self):
         """The deploy lock's owner (with ``stale``: its process provably gone), or None."""
-        if not os.path.isdir(self._p("lock")):
+        if not os.path.isdir(self.folder.path("lock")):
             return None
-        owner = wire.read_json(self._p("lock", "owner.json")) or {}
+        owner = wire.read_json(self.folder.path("lock", "owner.json")) or {}
         owner["stale"] = holder_is_dead(owner)
         return owner
 
     def op_lock_status(self, request):
         """Read-only: who holds this root's deploy lock (and the tune lock) and whether provably stale."""
-        self.need_state_dir()
-        exists = os.path.isdir(self.state_dir)
+        self.folder.need_state_dir()
+        exists = os.path.isdir(self.folder.state_dir)
         return {"lock": self.read_lock() if exists else None,
                 "tune_lock": self._live_tune_lock() if exists else None}
 
     def op_lock_release(self, request):
         """Remove the deploy lock: only a provably stale one unless ``force``; recorded."""
-        self.need_state_dir()
-        if not os.path.isdir(self.state_dir):
+        self.folder.need_state_dir()
+        if not os.path.isdir(self.folder.state_dir):
             return {"released": False, "lock": None}
         # Under the guard: the holder is never between its ownership check and its write when
         # its lock goes (it sees the release at its next write, and stops: see Lock).
@@ -315,15 +334,15 @@ class Lock(object):
             held = self.read_lock()
             if held is None:
                 return {"released": False, "lock": None}
-            if self.locked and held.get("run_id") == (self.lock_owner or {}).get("run_id"):
+            if self.held.locked and held.get("run_id") == (self.held.owner or {}).get("run_id"):
                 raise AgentError(Code.PROTOCOL, "lock_release is for somebody else's lock; this session holds it")
             if not held["stale"] and not request.get("force"):
                 raise AgentError(Code.LOCKED, "the deploy lock's process may still run (not provably stale); "
                                  "release it with --force only when you know that run is gone",
                                  holder=held, stale=False)
-            self._remove_lock(self._p("lock"))
+            self._remove_lock(self.folder.path("lock"))
         reply = {"released": True, "lock": held}
-        warning = self.record("lock-release", holder=request.get("holder"), run_id=held.get("run_id"),
+        warning = self.history.record("lock-release", holder=request.get("holder"), run_id=held.get("run_id"),
                               command="lock release", outcome="forced" if not held["stale"] else "stale-released",
                               previous=held)
         if warning:
@@ -346,16 +365,16 @@ class Lock(object):
             for name in os.listdir(d):
                 if name.startswith(".") and TMP_TAG in name:
                     remove_quietly(os.path.join(d, name))
-        shutil.rmtree(self._p("staging"), ignore_errors=True)
-        for name in os.listdir(self.home_dir()):
+        shutil.rmtree(self.folder.path("staging"), ignore_errors=True)
+        for name in os.listdir(self.folder.home_dir()):
             if TMP_TAG not in name:
                 continue
             if name.startswith(("journal.json", roots.RECORD)):
-                remove_quietly(self._p(name))
-            elif name.startswith("lock" + TMP_TAG) and not os.path.islink(self._p(name)):
-                shutil.rmtree(self._p(name), ignore_errors=True)
+                remove_quietly(self.folder.path(name))
+            elif name.startswith("lock" + TMP_TAG) and not os.path.islink(self.folder.path(name)):
+                shutil.rmtree(self.folder.path(name), ignore_errors=True)
         for kept in ("backups", "drifted"):  # half-made backups (and kept edits) of killed runs
-            folder = self._p(kept)
+            folder = self.folder.path(kept)
             if os.path.isdir(folder):
                 for name in os.listdir(folder):
                     if TMP_TAG in name:

@@ -460,12 +460,12 @@ def record_end(request, answer, seconds):
         from ddtree_deploy.hostprog.agent import Agent
 
         agent = Agent(spec["state_dir"])
-        agent.root = server.package_root(request.get("package") or "sglang")
-        agent.need_state_dir()
-        if not os.path.isfile(agent._p("journal.json")):
+        agent.package.root = server.package_root(request.get("package") or "sglang")
+        agent.folder.need_state_dir()
+        if not os.path.isfile(agent.folder.path("journal.json")):
             return False
-        return agent.record_restart_end(end_record(request, answer, seconds), holder=spec.get("holder"),
-                                        command=spec.get("command"))
+        return agent.journal.record_restart_end(end_record(request, answer, seconds), holder=spec.get("holder"),
+                                                command=spec.get("command"))
     except Exception as exc:  # noqa: BLE001 - the record is evidence: it never fails the restart
         return "not recorded here: %s: %s" % (type(exc).__name__, exc)
 

@@ -3,7 +3,7 @@
 Host-side state (``state_dir``, default ``~/.ddtree-deploy``). It may be shared by several
 SGLang installs (package roots) on one machine: each root's state is a folder of its own
 (roots.py): the top level for the root named by its ``root.json``, ``roots/<key>/`` for
-every other. Per root (``_p``)::
+every other. Per root (``StateFolder.path``)::
 
     root.json             which package root this state belongs to (roots.py)
     lock/owner.json       who holds the deploy lock (taken by one atomic rename; lock.py)
@@ -21,7 +21,7 @@ every other. Per root (``_p``)::
     drifted/<id>/         files edited outside ddtree-deploy that ``--replace-drifted``
                           replaced: their bytes, as found, and manifest.json (never pruned)
 
-Shared by the roots, at the top (``_top``)::
+Shared by the roots, at the top (``StateFolder.top``)::
 
     .ddtree-deploy-state  marker written when the agent creates the folder: a folder
                           without it is never written to (see check_state_dir)
@@ -52,30 +52,32 @@ GUARD = "lock.guard"
 
 class StateFolder(object):
     """The state folder's path (``state_dir``), the check that it is ours, and the folder of
-    this package root's state in it (``home``, ``_p``; ``_top`` for what the roots share)."""
+    this package root's state in it (``home``, ``path``; ``top`` for what the roots share).
 
-    state_dir = None
-    state_raw = None
-    root = None  # the package root (Facts), which the state folder must stay out of
-    home = None  # this root's state folder (roots.locate), once resolved
+    Collaborator: ``package`` (facts.PackageRoot), the install whose state this is.
+    ``adopt_legacy``: whether state an earlier version left at the top (no root.json) may be
+    this root's (``legacy_is_ours``); the container program's never is (it is a venv
+    install's)."""
 
-    def _set_state_dir(self, state_dir):
+    def __init__(self, package, adopt_legacy=True):
+        self.package = package
+        self.adopt_legacy = adopt_legacy
+        self.state_dir = None
+        self.state_raw = None
+        self.home = None  # this root's state folder (roots.locate), once resolved
+
+    def set_state_dir(self, state_dir):
         # Kept as given: check_state_dir refuses a relative one rather than resolving it
         # against whatever folder the SSH session starts in.
         self.state_raw = state_dir
         self.state_dir = os.path.normpath(os.path.expanduser(state_dir))
         self.home = None
 
-    def package_root(self):
-        if self.root is None:
-            self.root = find_sglang()[0]
-        return self.root
-
     def home_dir(self):
         """This root's state folder, read-only (resolved once per session; ``claim_home``
         settles it under the lock)."""
         if self.home is None:
-            self.home = roots.locate(self.state_dir, self.package_root(), self.legacy_is_ours)
+            self.home = roots.locate(self.state_dir, self.package.package_root(), self.legacy_is_ours)
         return self.home
 
     def legacy_is_ours(self):
@@ -85,8 +87,10 @@ class StateFolder(object):
         pristine, none patched; switching: some either way; drifted files do not count);
         without a journal, every backup is of our version. Several roots may agree (the
         same release, untouched): the first to take the lock gets it."""
+        if not self.adopt_legacy:
+            return False
         version = find_sglang()[1]
-        journal = wire.read_json(self._top("journal.json"))
+        journal = wire.read_json(self.top("journal.json"))
         if not isinstance(journal, dict):
             backups = os.path.join(self.state_dir, "backups")
             names = os.listdir(backups) if os.path.isdir(backups) else []
@@ -99,7 +103,7 @@ class StateFolder(object):
             if not isinstance(entry, dict):
                 continue
             try:
-                info = self.stat_file(rel)
+                info = self.package.stat_file(rel)
             except AgentError:
                 continue  # a path we do not touch (a symlink): it says nothing either way
             have = info["sha256"] if info else None
@@ -133,7 +137,7 @@ class StateFolder(object):
         elif ".." in expanded.split("/"):
             problem = "climbs with '..'"
         if problem is None:
-            root = self.root or find_sglang()[0]
+            root = self.package.root or find_sglang()[0]
             real = os.path.realpath(self.state_dir)
             real_root = os.path.realpath(root)
             if real == real_root or real.startswith(real_root + os.sep):
@@ -141,7 +145,7 @@ class StateFolder(object):
             elif real_root.startswith(real.rstrip(os.sep) + os.sep):
                 problem = "lies above the package root %s" % real_root
         if problem is None and os.path.lexists(self.state_dir):
-            marker = self._top(STATE_MARKER)
+            marker = self.top(STATE_MARKER)
             if not os.path.isdir(self.state_dir):
                 problem = "exists and is not a folder"
             elif os.path.lexists(marker):
@@ -164,16 +168,16 @@ class StateFolder(object):
     def write_marker(self, adopted):
         doc = {"tool": "ddtree-deploy", "created": wire.now_iso(), "adopted": adopted}
         try:
-            write_private(self._top(STATE_MARKER), (json.dumps(doc) + "\n").encode())
+            write_private(self.top(STATE_MARKER), (json.dumps(doc) + "\n").encode())
         except OSError as exc:
             if exc.errno != errno.EEXIST:
                 raise
 
-    def _p(self, *parts):
+    def path(self, *parts):
         """A path in this root's state folder."""
         return os.path.join(self.home_dir(), *parts)
 
-    def _top(self, *parts):
+    def top(self, *parts):
         """A path in the state folder's top level (the marker, the roots, the tune lock)."""
         return os.path.join(self.state_dir, *parts)
 
@@ -185,6 +189,18 @@ class StateFolder(object):
         if not self.state_dir:
             raise AgentError(Code.PROTOCOL, "init must run first")
         self.check_state_dir(create=False)
+
+    def list_backups(self, kind="backups"):
+        """The manifests of this root's backups (``drifted``: of its kept edits), oldest first."""
+        out = []
+        base = self.path(kind)
+        if not os.path.isdir(base):
+            return out
+        for name in sorted(os.listdir(base)):
+            manifest = wire.read_json(os.path.join(base, name, "manifest.json"))
+            if isinstance(manifest, dict) and TMP_TAG not in name:
+                out.append(manifest)
+        return out
 
 
 _BACKUP_ID = re.compile(r"^[0-9]{8}T[0-9]{6}(\.[0-9]{6})?Z-[0-9A-Za-z_-]+(" + re.escape(TMP_TAG) + r")?$")

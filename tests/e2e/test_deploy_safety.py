@@ -519,7 +519,7 @@ def test_status_reports_a_symlinked_target_instead_of_giving_up(sshd, tmp_path, 
 
 def test_snapshot_pull_stores_only_the_files_it_asked_for(sshd, tmp_path, env, monkeypatch):
     """A host whose agent answers one file more than asked (the host's interpreter runs our
-    agent, then adds a file to its facts): nothing is stored."""
+    agent, then adds a file to its facts: the Facts part's op): nothing is stored."""
     h = sshd.add_host("extra", tmp_path / "extra", files=[SPEC, UTILS])
     patched_agent = tmp_path / "extra-python"
     patched_agent.write_text(f"""#!{h.python}
@@ -527,13 +527,13 @@ import sys
 b = sys.stdin.buffer
 g = {{'__name__': 'ddtree_agent'}}
 exec(compile(b.read(int(b.readline())), 'ddtree_agent.py', 'exec'), g)
-orig = g['Agent'].op_facts
+orig = g['Facts'].op_facts
 def facts(self, request):
     out = orig(self, request)
     out['files']['sglang/evil.py'] = {{'sha256': '0' * 64, 'size': 1, 'mode': 420, 'uid': 0, 'gid': 0,
                                        'data': 'eA=='}}
     return out
-g['Agent'].op_facts = facts
+g['Facts'].op_facts = facts
 g['main']()
 """)
     patched_agent.chmod(0o755)

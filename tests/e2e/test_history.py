@@ -87,8 +87,8 @@ def test_a_failed_append_never_fails_the_push(host, oracle):
     stderr = " ".join(pushed.stderr.split())  # warnings wrap between words at the terminal's width
     assert said in stderr and "history not written: the audit" not in stderr  # said once
     a = Agent(str(host.state_dir))
-    a.root = str(host.site)  # the history is its install's (hostprog/roots.py): the root is known first
-    assert a.record("push", outcome="ok") == said
+    a.package.root = str(host.site)  # the history is its install's (hostprog/roots.py): the root is known first
+    assert a.history.record("push", outcome="ok") == said
 
 
 def test_rotation_keeps_the_newest_entries_and_the_folder_stays_ours(tmp_path, monkeypatch):
@@ -96,12 +96,12 @@ def test_rotation_keeps_the_newest_entries_and_the_folder_stays_ours(tmp_path, m
     state = tmp_path / "state"
     state.mkdir()
     a = Agent(str(state))
-    a.root = str(tmp_path / "site")  # the history is its install's; check_state_dir refuses nesting in it
+    a.package.root = str(tmp_path / "site")  # the history is its install's; check_state_dir refuses nesting in it
     for i in range(12):
-        assert a.record("mark", run_id=f"r{i}", outcome="ok") is None
+        assert a.history.record("mark", run_id=f"r{i}", outcome="ok") is None
     assert (state / "history.jsonl").stat().st_size < 600 + 300
     assert (state / "history.1.jsonl").exists()
-    doc = a.op_history({"limit": 100})
+    doc = a.history.op_history({"limit": 100})
     runs = [e["run_id"] for e in doc["entries"]]
     assert runs == [f"r{i}" for i in range(11, 11 - len(runs), -1)] and 4 <= len(runs) < 12
     assert foreign_content(str(state)) is None  # history files are the agent's own layout
@@ -111,12 +111,12 @@ def test_a_torn_line_is_skipped_and_the_next_entry_stays_whole(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
     a = Agent(str(state))
-    a.root = str(tmp_path / "site")
-    a.record("push", run_id="r1", outcome="ok")
+    a.package.root = str(tmp_path / "site")
+    a.history.record("push", run_id="r1", outcome="ok")
     with open(state / "history.jsonl", "ab") as f:
         f.write(b'{"event": "push", "run_')  # a full disk cut this append
-    a.record("rollback", run_id="r2", outcome="ok")
-    doc = a.op_history({"limit": 10})
+    a.history.record("rollback", run_id="r2", outcome="ok")
+    doc = a.history.op_history({"limit": 10})
     assert [e["run_id"] for e in doc["entries"]] == ["r2", "r1"] and doc["unreadable"] == 1
     assert oct(os.stat(state / "history.jsonl").st_mode & 0o777) == "0o600"
 
@@ -128,14 +128,14 @@ def test_a_refused_apply_is_recorded_with_its_code(tmp_path):
     site.mkdir()
     (site / "x.py").write_text("now\n")
     a = Agent(str(tmp_path / "state"))
-    a.root = str(site)
-    assert a.op_lock({"run_id": "r1", "holder": "carol@ctl-1", "command": "push"})["owner"]["run_id"] == "r1"
+    a.package.root = str(site)
+    assert a.lock.op_lock({"run_id": "r1", "holder": "carol@ctl-1", "command": "push"})["owner"]["run_id"] == "r1"
     reply = a.handle({"op": "apply", "kind": "push", "run_id": "r1", "final_phase": "deployed",
                       "files": [{"path": "x.py", "expect": "0" * 64, "want": "1" * 64, "data": ""}],
                       "journal": {"series": "s", "series_id": "f" * 64}})
-    a.release()
+    a.lock.release()
     assert reply["ok"] is False and reply["code"] == "changed" and "history_warning" not in reply
-    [entry] = a.op_history({"limit": 5})["entries"]
+    [entry] = a.history.op_history({"limit": 5})["entries"]
     assert (entry["event"], entry["outcome"], entry["phase"]) == ("push", "changed", None)
     assert entry["holder"] == "carol@ctl-1" and entry["from"] == "ctl-1" and entry["run_id"] == "r1"
     assert "x.py changed since it was read" in entry["error"]
@@ -162,11 +162,11 @@ def test_lines_of_unexpected_types_or_depth_are_skipped_and_counted(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
     a = Agent(str(state))
-    a.root = str(tmp_path / "site")
-    a.record("push", run_id="r1", outcome="ok", files={"a.py": {"from": None, "to": "1" * 64}})
+    a.package.root = str(tmp_path / "site")
+    a.history.record("push", run_id="r1", outcome="ok", files={"a.py": {"from": None, "to": "1" * 64}})
     with open(state / "history.jsonl", "ab") as f:
         f.write(b"\n".join(ODD_LINES) + b"\n")
-    a.record("rollback", run_id="r2", outcome="ok")
+    a.history.record("rollback", run_id="r2", outcome="ok")
     doc = a.handle({"op": "history", "limit": 10})
     assert doc["ok"] is True, doc
     assert [e["run_id"] for e in doc["entries"]] == ["r2", "r1"]

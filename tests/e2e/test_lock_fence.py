@@ -197,7 +197,7 @@ def _agents(tmp_path):
     out = []
     for _ in range(2):
         a = Agent(str(tmp_path / "state"))
-        a.root = str(site)
+        a.package.root = str(site)
         out.append(a)
     return out
 
@@ -205,20 +205,20 @@ def _agents(tmp_path):
 def test_a_released_run_neither_writes_nor_removes_the_new_holders_lock(tmp_path):
     a, b = _agents(tmp_path)
     assert a.handle({"op": "lock", "run_id": "ra", "holder": "alice@c1"})["ok"]
-    a.journal({"version": 1, "run_id": "ra", "op": "push"}, "staged")
+    a.journal.write({"version": 1, "run_id": "ra", "op": "push"}, "staged")
     released = b.handle({"op": "lock_release", "force": True, "holder": "bob@c2"})
     assert released["ok"] and released["lock"]["run_id"] == "ra"
     assert b.handle({"op": "lock", "run_id": "rb", "holder": "bob@c2"})["ok"]
     with pytest.raises(Exception) as lost:
-        a.journal({"version": 1, "run_id": "ra", "op": "push"}, "switching")
+        a.journal.write({"version": 1, "run_id": "ra", "op": "push"}, "switching")
     assert getattr(lost.value, "code", None) == "lost-lock"
     assert json.loads((tmp_path / "state" / "journal.json").read_text())["phase"] == "staged"
     mark = a.handle({"op": "mark", "run_id": "ra", "expect": "staged", "phase": "switched"})
     assert mark["code"] == "lost-lock" and "released by force by bob@c2" in mark["message"], mark
     assert "run rb (bob@c2, None) holds it since" in mark["message"] and mark["unchanged"] is True
-    a.release()  # at its EOF: never somebody else's lock
+    a.lock.release()  # at its EOF: never somebody else's lock
     assert json.loads((tmp_path / "state" / "lock" / "owner.json").read_text())["run_id"] == "rb"
-    b.release()
+    b.lock.release()
     assert not (tmp_path / "state" / "lock").exists()
 
 
@@ -241,7 +241,7 @@ def test_a_guard_held_too_long_is_refused_not_waited_for(tmp_path, monkeypatch):
         os.close(fd)
     assert reply["code"] == "locked" and "stayed held for 0.3 s" in reply["message"], reply
     assert (tmp_path / "state" / "lock").exists()  # nothing was released
-    a.release()
+    a.lock.release()
 
 
 def test_an_agent_stuck_in_the_guard_is_named_by_lock_release_and_push(host, oracle):

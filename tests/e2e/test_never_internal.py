@@ -197,8 +197,8 @@ def test_no_history_line_reaches_an_internal_error(lines, tmp_path_factory, monk
     state.mkdir()
     (state / ".ddtree-deploy-state").write_text("{}\n")
     agent = Agent(str(state))
-    agent.root = str(tmp / "site")
-    agent.record("push", run_id="good", outcome="ok", files={"a.py": {"from": None, "to": "1" * 64}})
+    agent.package.root = str(tmp / "site")
+    agent.history.record("push", run_id="good", outcome="ok", files={"a.py": {"from": None, "to": "1" * 64}})
     with open(state / "history.jsonl", "ab") as fh:
         fh.write(b"\n".join(lines) + b"\n")
 

@@ -220,8 +220,8 @@ def test_a_server_is_stale_when_its_bytes_differ_from_the_files_not_when_the_fil
     with open(s.host.state_dir / "history.jsonl", "ab") as fh:
         fh.write(b" " * HISTORY_MAX_BYTES + b"\n")
     agent = Agent(str(s.host.state_dir))
-    agent.root = str(s.host.site)  # the history is its install's (hostprog/roots.py)
-    agent.record("lock-release", outcome="stale-released")
+    agent.package.root = str(s.host.site)  # the history is its install's (hostprog/roots.py)
+    agent.history.record("lock-release", outcome="stale-released")
     assert (s.host.state_dir / "history.1.jsonl").exists()
     serving = serving_of(s.name)
     assert serving["state"] == "stale" and serving["processes"][0]["decided_by"] == "time", serving

@@ -12,11 +12,12 @@ import errno
 import pytest
 
 from ddtree_deploy.base.errors import DeployError, clause, prefixed
+from ddtree_deploy.hostprog.agent import OPS as AGENT_OPS
 from ddtree_deploy.hostprog.agent import Agent
 from ddtree_deploy.hostprog.fileops import describe_os_error, located
 from ddtree_deploy.remote.agent_session import AgentFailed, expect_ok
 
-OPS = sorted(name[len("op_"):] for name in dir(Agent) if name.startswith("op_"))
+OPS = sorted(AGENT_OPS)  # every op the agent dispatches, each to the part that answers it
 
 
 def repeated(message: str) -> list[str]:
@@ -38,11 +39,14 @@ def test_an_os_error_in_any_agent_op_is_named_once(op, tmp_path, monkeypatch):
     """Whatever op an OSError without a file name escapes from, the controller's message is
     ``<host>: <op>: <reason> (errno X)``: the agent gives the reason, the controller the step."""
 
-    def fails(self, request):
+    def fails(request):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(Agent, f"op_{op}", fails)
-    reply = Agent(str(tmp_path / "state")).handle({"op": op})
+    agent = Agent(str(tmp_path / "state"))
+    part_name, method = AGENT_OPS[op]
+    part = agent if part_name == "agent" else getattr(agent, part_name)
+    monkeypatch.setattr(part, method, fails)  # this agent's part answers the op by failing
+    reply = agent.handle({"op": op})
     with pytest.raises(AgentFailed) as e:
         expect_ok(reply, "h", op)
     assert e.value.message == f"h: {op}: No space left on device (errno ENOSPC)", e.value.message

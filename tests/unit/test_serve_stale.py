@@ -102,16 +102,16 @@ def test_the_agent_reads_its_record_from_the_history(tmp_path):
     (site / "sglang").mkdir(parents=True)
     (site / P).write_bytes(b"now")
     agent = Agent(str(state))
-    agent.root = str(site)
-    agent.check_state_dir(create=True)  # the marker: made by this agent
-    agent.record("push", outcome="ok", files={P: {"from": A, "to": B}}, switch_began=100.0, switch_ended=100.5)
-    agent.record("push", outcome="failed-unchanged", files={Q: {"from": A, "to": B}}, switch_began=None,
+    agent.package.root = str(site)
+    agent.folder.check_state_dir(create=True)  # the marker: made by this agent
+    agent.history.record("push", outcome="ok", files={P: {"from": A, "to": B}}, switch_began=100.0, switch_ended=100.5)
+    agent.history.record("push", outcome="failed-unchanged", files={Q: {"from": A, "to": B}}, switch_began=None,
                  switch_ended=None)  # no rename began: nothing changed
-    agent.record("rollback", outcome="ok", files={P: {"from": B, "to": C}}, switch_began=200.0, switch_ended=200.5)
+    agent.history.record("rollback", outcome="ok", files={P: {"from": B, "to": C}}, switch_began=200.0, switch_ended=200.5)
     with open(state / HISTORY, "a") as fh:  # an older agent's line: its time only
         fh.write(json.dumps({"time": "2026-01-01T00:00:00Z", "event": "push", "outcome": "ok",
                              "files": {P: {"from": C, "to": A}}}) + "\n")
-    got = agent.op_switches({"since": 150.0, "paths": [P]})
+    got = agent.history.op_switches({"since": 150.0, "paths": [P]})
     assert got["before"] == {P: B} and got["complete_since"] == 0.0
     assert [(w["event"], w["began"]) for w in got["switches"]] == [("rollback", 200.0), ("push", None)]
     assert got["current"][P]["sha256"] == hashlib.sha256(b"now").hexdigest()
@@ -119,5 +119,5 @@ def test_the_agent_reads_its_record_from_the_history(tmp_path):
 
     os.rename(state / HISTORY, state / HISTORY_OLD)  # as the rotation does
     first = json.loads((state / HISTORY_OLD).read_text().splitlines()[0])["time"]
-    got = agent.op_switches({"since": 150.0, "paths": [P]})
+    got = agent.history.op_switches({"since": 150.0, "paths": [P]})
     assert got["complete_since"] == iso_seconds(first) + 1
