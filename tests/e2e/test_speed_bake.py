@@ -10,17 +10,15 @@ tests/e2e/test_speed_gate_ssh.py.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent.parent))
-from sshd_host import cli  # noqa: E402
+from sshd_host import cli
 
-from ddtree_deploy.serve import bake  # noqa: E402
-from ddtree_deploy.serve.figures import ServedFigures, Unavailable  # noqa: E402
-from ddtree_deploy.settings.analysis import AnalysisSettings  # noqa: E402
+from ddtree_deploy.serve import bake
+from ddtree_deploy.serve.figures import ServedFigures, Unavailable
+from ddtree_deploy.settings.analysis import AnalysisSettings
 
 SETTINGS = AnalysisSettings(window_s=6, interval_s=1, min_samples=4)
 

@@ -378,8 +378,9 @@ def probe_results(tmp_path_factory, request) -> dict:
     overlay = _family_overlay(tmp_path_factory.mktemp("series"), release,
                               REPO / "patches" / PROBE_TARGETS[release])
     assert "sglang/srt/speculative/ddtree_hybrid.py" in overlay
+    # read_only: the probe only runs the env's interpreter, so the shared build serves as is
     env = make_host_env(tmp_path_factory.mktemp("host") / "v2", overlay=overlay,
-                        version=release)
+                        version=release, read_only=True)
     standin = ks.install_as_sgl_kernel(tmp_path_factory.mktemp("standin"))
     probe = _probe_module()
     run = run_python(
