@@ -96,9 +96,9 @@ class Apply(object):
         if isinstance(request.get("automatic"), dict):  # a push's own rollback: why, and after which push
             extra["automatic"] = request["automatic"]
         return self.history.record(request.get("kind") or "apply", run_id=request.get("run_id"), outcome=outcome,
-                           phase=phase, series=journal.get("series"), series_id=journal.get("series_id"),
-                           sglang_version=journal.get("sglang_version"), files=files, switch_began=began,
-                           switch_ended=ended, **extra)
+                                   phase=phase, series=journal.get("series"), series_id=journal.get("series_id"),
+                                   sglang_version=journal.get("sglang_version"), files=files, switch_began=began,
+                                   switch_ended=ended, **extra)
 
     def apply(self, request):
         """Back up (push), stage and verify, switch by rename, purge bytecode, journal.

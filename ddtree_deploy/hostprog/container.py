@@ -299,8 +299,8 @@ class Containers(object):
             shutil.rmtree(folder, ignore_errors=True)
         image = _image_summary(self.inspect_one("image", tag))
         self.history.record("build", outcome="ok", container=self.c["name"], base={"id": base_id, "tag": kept},
-                    image={"id": image["id"], "tag": tag}, series=request.get("series"),
-                    series_id=request.get("series_id"))
+                            image={"id": image["id"], "tag": tag}, series=request.get("series"),
+                            series_id=request.get("series_id"))
         return {"image": image, "kept_tag": kept, "tag": tag}
 
     # -- switch, verify, keep, restore
@@ -360,7 +360,7 @@ class Containers(object):
         journal["switch"]["started"] = time.time()
         journal = self.write_journal(journal, Phase.SWITCHED)
         self.history.record("switch", outcome="ok", container=self.c["name"], phase=Phase.SWITCHED,
-                    switch=_brief_switch(journal))
+                            switch=_brief_switch(journal))
         return {"journal": journal}
 
     def _journal_back(self, before):
@@ -506,9 +506,9 @@ class Containers(object):
         journal["automatic"] = request.get("automatic")
         journal = self.write_journal(journal, phase)
         warning = self.history.record(sw["kind"], outcome="ok", container=self.c["name"], phase=phase,
-                              series=journal.get("series"), series_id=journal.get("series_id"),
-                              image=journal["image"], previous=journal["previous"], serve=journal.get("serve"),
-                              automatic=request.get("automatic"))
+                                      series=journal.get("series"), series_id=journal.get("series_id"),
+                                      image=journal["image"], previous=journal["previous"], serve=journal.get("serve"),
+                                      automatic=request.get("automatic"))
         return {"journal": journal, "history_warning": warning}
 
     def _restore_container(self, sw, name, aside):
@@ -565,7 +565,7 @@ class Containers(object):
                 restored[key] = back.get(key)
         restored = self.write_journal(restored, phase)
         warning = self.history.record("restore", outcome="ok", container=name, phase=phase, how=how,
-                              undone=restored["undone"], automatic=request.get("automatic"))
+                                      undone=restored["undone"], automatic=request.get("automatic"))
         return {"journal": restored, "how": how, "history_warning": warning}
 
 
@@ -610,7 +610,7 @@ def _healthy_line(answer):
     tree = (answer.get("proof") or {}).get("tree")
     if tree:
         line += "; DDTREE verify width %s = budget %s + 1, %s" % (tree["verify_width"], tree["budget"],
-                                                              tree["worker_class"])
+                                                                  tree["worker_class"])
         if tree.get("offchain_accepts"):
             line += ", %d off-chain accepts" % tree["offchain_accepts"]
     return line

@@ -76,8 +76,8 @@ class Journal(object):
                                               self.lock.lock_taker()), unchanged=True)
         reply = {"journal": journal}
         warning = self.history.record("mark", outcome="ok", phase=request["phase"], marked_run=journal.get("run_id"),
-                              series=journal.get("series"), series_id=journal.get("series_id"),
-                              smoke=request.get("smoke"))
+                                      series=journal.get("series"), series_id=journal.get("series_id"),
+                                      smoke=request.get("smoke"))
         if warning:
             reply["history_warning"] = warning
         return reply
@@ -107,8 +107,8 @@ class Journal(object):
         reply = {"journal": journal}
         if request.get("history"):
             warning = self.history.record("restart", outcome=serve.get("state"), phase=(journal or {}).get("phase"),
-                                  series=(journal or {}).get("series"), series_id=(journal or {}).get("series_id"),
-                                  serve=serve)
+                                          series=(journal or {}).get("series"),
+                                          series_id=(journal or {}).get("series_id"), serve=serve)
             if warning:
                 reply["history_warning"] = warning
         return reply
@@ -133,8 +133,8 @@ class Journal(object):
             journal["serve"] = dict(serve, recorded_by=RECORDED_BY_HOST)
             write_json_atomic(self.folder.path("journal.json"), journal)
         self.history.record("restart", holder=holder, run_id=run, command=command, outcome=serve.get("state"),
-                    phase=journal.get("phase"), series=journal.get("series"), series_id=journal.get("series_id"),
-                    serve=journal["serve"])
+                            phase=journal.get("phase"), series=journal.get("series"),
+                            series_id=journal.get("series_id"), serve=journal["serve"])
         return True
 
 

@@ -232,7 +232,7 @@ class Lock(object):
         warning = None
         if broke is not None:
             warning = self.history.record("lock-break", outcome="broken" if not broke.get("stale") else "stale-taken",
-                                  previous=broke)
+                                          previous=broke)
         reply = {"owner": owner, "broke": broke}
         if warning:
             reply["history_warning"] = warning
@@ -343,8 +343,8 @@ class Lock(object):
             self._remove_lock(self.folder.path("lock"))
         reply = {"released": True, "lock": held}
         warning = self.history.record("lock-release", holder=request.get("holder"), run_id=held.get("run_id"),
-                              command="lock release", outcome="forced" if not held["stale"] else "stale-released",
-                              previous=held)
+                                      command="lock release",
+                                      outcome="forced" if not held["stale"] else "stale-released", previous=held)
         if warning:
             reply["history_warning"] = warning
         return reply

@@ -423,7 +423,7 @@ def _healthy_line(answer):
     tree = (answer.get("proof") or {}).get("tree")
     if tree:
         line += "; DDTREE verify width %s = budget %s + 1, %s" % (tree["verify_width"], tree["budget"],
-                                                              tree["worker_class"])
+                                                                  tree["worker_class"])
         if tree.get("offchain_accepts"):
             line += ", %d off-chain accepts" % tree["offchain_accepts"]
         if tree.get("schedule"):

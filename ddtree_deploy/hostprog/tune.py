@@ -200,7 +200,7 @@ class Tuner(object):
                 raise RunFailed(problem + ": the sweep stops here", code=Code.SERIES_CHANGED)
             try:
                 proc = server.start_server(dict(req, gpu_check=bool(req.get("gpu_check"))), {}, own="tune",
-                                       bytecode=False)
+                                           bytecode=False)
                 server.wait_ready(proc, dict(req, poll_s=0.5), stop=self._stop_if_aborted)
             except server.StepFailed as exc:
                 extra = {"exit_code": exc.evidence["exit_code"]} if "exit_code" in exc.evidence else {}
