@@ -56,7 +56,6 @@ from ddtree_deploy.hostprog.state import StateFolder
 
 PROBE_S = 60.0  # an engine probe, inspect, tag, rename, rm: at most
 OUTPUT_CAP = 1 << 20
-HEARTBEAT_S = 20.0
 
 # Run by the container's own interpreter: where sglang is, its version, the sha256 of the
 # files named as arguments (package-relative). Finds sglang without importing it.
@@ -608,12 +607,7 @@ def _healthy_line(answer):
     line = "healthy %.1f s after the start (container %s)" % (health["seconds"], (answer["container"] or {}).get(
         "id", "?")[:12])
     tree = (answer.get("proof") or {}).get("tree")
-    if tree:
-        line += "; DDTREE verify width %s = budget %s + 1, %s" % (tree["verify_width"], tree["budget"],
-                                                                  tree["worker_class"])
-        if tree.get("offchain_accepts"):
-            line += ", %d off-chain accepts" % tree["offchain_accepts"]
-    return line
+    return line + "; " + smoke.tree_line(tree) if tree else line
 
 
 # Each request's "op" -> the part that answers it and its method (``program``: Containers itself).
@@ -643,7 +637,7 @@ def handle(program, request):
 
 def serve(stdin, stdout):
     """Answer one JSON line per request until EOF; always release the lock at the end."""
-    out = wire.Emitter(stdout, HEARTBEAT_S)
+    out = wire.Emitter(stdout, wire.HEARTBEAT_S)
     program = Containers(out)
     try:
         wire.answer_lines(stdin, out, program.hooks, lambda request: handle(program, request), "container")

@@ -421,14 +421,7 @@ def _healthy_line(answer):
     pids = ", ".join(str(p["pid"]) for p in health.get("processes") or ()) or "none found"
     line = "healthy %.1f s after the restart (pid %s)" % (health["seconds"] + answer["restart"]["seconds"], pids)
     tree = (answer.get("proof") or {}).get("tree")
-    if tree:
-        line += "; DDTREE verify width %s = budget %s + 1, %s" % (tree["verify_width"], tree["budget"],
-                                                                  tree["worker_class"])
-        if tree.get("offchain_accepts"):
-            line += ", %d off-chain accepts" % tree["offchain_accepts"]
-        if tree.get("schedule"):
-            line += ", schedule widths %s" % "/".join(str(e["verify_width"]) for e in tree["schedule"])
-    return line
+    return line + "; " + smoke.tree_line(tree) if tree else line
 
 
 # --------------------------------------------------------------------- the restart's own record

@@ -664,14 +664,21 @@ def _launch_detail(evidence):
         parts.append(f"accept length {evidence['accept_length']}")
     if evidence.get("avg_spec_accept_length") is not None:
         parts.append(f"avg_spec_accept_length {evidence['avg_spec_accept_length']}")
-    tree = evidence.get("tree")
-    if tree:
-        parts.append(f"tree verify: width {tree['verify_width']} = budget {tree['budget']} + 1, "
-                     f"{tree['worker_class']}, {tree['offchain_accepts']} off-chain accepts")
-        if tree.get("schedule"):
-            parts.append("schedule widths " + "/".join(str(e["verify_width"]) for e in tree["schedule"])
-                         + " ran " + "/".join(str(e["steps"]) for e in tree["schedule"]) + " steps")
+    if evidence.get("tree"):
+        parts.append(tree_line(evidence["tree"]))
     return ", ".join(parts)
+
+
+def tree_line(tree):
+    """A judged tree report (``judge_tree_report``) as the words every level and restart
+    detail ends with: the smoke launch, the serve restart and the container start say it
+    alike."""
+    line = (f"DDTREE verify width {tree['verify_width']} = budget {tree['budget']} + 1, "
+            f"{tree['worker_class']}, {tree['offchain_accepts']} off-chain accepts")
+    if tree.get("schedule"):
+        line += (", schedule widths " + "/".join(str(e["verify_width"]) for e in tree["schedule"])
+                 + " ran " + "/".join(str(e["steps"]) for e in tree["schedule"]) + " steps")
+    return line
 
 
 # ------------------------------------------------------------------------ main

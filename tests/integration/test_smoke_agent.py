@@ -366,7 +366,7 @@ def test_launch_tree_verify_proven(tmp_path):
     # Stand-in arithmetic: the probe (14 tokens, 4 verifies) counts 1, each prompt (32 tokens,
     # 10 verifies) 3: what matters is that the level read the server's count after its requests.
     assert ev["tree"] == {"verify_width": 9, "budget": 8, "worker_class": "DFlashWorker", "offchain_accepts": 10}
-    assert level["detail"].endswith("tree verify: width 9 = budget 8 + 1, DFlashWorker, 10 off-chain accepts")
+    assert level["detail"].endswith("DDTREE verify width 9 = budget 8 + 1, DFlashWorker, 10 off-chain accepts")
 
 
 def test_launch_tree_budget_from_server_info_when_the_inventory_sets_none(tmp_path):
