@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ddtree_deploy.base import next_step
+from ddtree_deploy.hostprog import wire
 from ddtree_deploy.settings.serve import ServeSettings
 from ddtree_deploy.settings.smoke import DEFAULT_PROBE, FAMILY_SMOKE_DEFAULT, FamilySmoke
 from ddtree_deploy.smoke.plan import (
@@ -33,7 +34,7 @@ from ddtree_deploy.smoke.plan import (
 
 PACKAGE = "sglang"
 HEALTH_GET_S = 10.0  # one health GET, at most
-HEARTBEAT_S = 20.0  # hostprog.wire.HEARTBEAT_S unless the request says
+HEARTBEAT_S = wire.HEARTBEAT_S  # the host programs' beat, unless the request says
 
 
 def check_request(python: str, files: Sequence[str], settings: ServeSettings | None) -> dict:

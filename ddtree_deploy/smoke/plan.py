@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from ddtree_deploy.base.errors import BadInput
+from ddtree_deploy.hostprog import wire
 from ddtree_deploy.settings.smoke import (
     TEMPLATE_PLACEHOLDER,
     FAMILY_SMOKE_DEFAULT,
@@ -242,7 +243,7 @@ NVIDIA_SMI_S = 30.0  # hostprog.server.check_gpus
 SERVER_INFO_S = 60.0  # /server_info, then /get_server_info: 30 s each
 HEALTH_POLL_S = 10.0  # the last readiness poll may start just before the deadline
 KILL_S = 15.0  # SIGKILL's wait (10 s) and the reap (5 s) after term_grace_s
-HEARTBEAT_S = 20.0  # hostprog.wire.HEARTBEAT_S, unless the request sets heartbeat_s
+HEARTBEAT_S = wire.HEARTBEAT_S  # the host programs' beat, unless the request sets heartbeat_s
 SILENT_BEATS = 3  # this many heartbeats missed in a row: the link or the program is stuck
 MIN_SILENCE_S = 10.0  # never less: a loaded machine may delay a short test heartbeat a little
 
