@@ -27,7 +27,7 @@ from envelope_check import check_envelope  # noqa: E402
 from link_faults import StallProxy  # noqa: E402
 from sshd_host import DEPLOY_SERIES, SPEC, UTILS  # noqa: E402
 
-from ddtree_testkit.machine import within  # noqa: E402
+from ddtree_testkit.machine import settle, within  # noqa: E402
 
 pytestmark = pytest.mark.sshd
 CONSOLE = Path(sys.executable).parent / "ddtree-deploy"
@@ -64,13 +64,14 @@ def wait_unlocked(h, deadline_s: float = 30.0) -> None:
 
 
 def interrupt_when_stalled(w, args: list[str], stall_after: int, sig=signal.SIGINT) -> tuple:
-    """Start the CLI, let it stall at ``stall_after`` bytes, signal it; (process, seconds to exit, out, err)."""
+    """Start the CLI, let it stall at ``stall_after`` bytes, signal it; (process, seconds to exit, the
+    machine's contention just before the signal, out, err)."""
     w["proxy"].arm(stall_after)
     proc = subprocess.Popen([str(CONSOLE), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=w["env"])
     try:
         assert w["proxy"].stalled.wait(60), "the run never reached the stall point"
-        time.sleep(1.0)  # it is now waiting on the silent host
+        busy = settle(1.0)  # it is now waiting on the silent host
         assert proc.poll() is None, proc.communicate()
         t0 = time.monotonic()
         proc.send_signal(sig)
@@ -81,7 +82,7 @@ def interrupt_when_stalled(w, args: list[str], stall_after: int, sig=signal.SIGI
             proc.kill()
             proc.wait()
         w["proxy"].arm(None)
-    return proc, took, out, err
+    return proc, took, busy, out, err
 
 
 def upstream_bytes(w, *args: str) -> int:
@@ -100,9 +101,9 @@ def test_interrupt_during_a_blackholed_apply_is_exit_130_within_a_second(world, 
     assert run(w, "rollback", "--host", h.name).returncode == 0
     # The apply + unlock request is the last big write of a push: its whole request reaches
     # the host, then every answer is dropped. The controller waits for the apply's reply.
-    proc, took, out, err = interrupt_when_stalled(w, ["push", "--host", h.name, "--json"], total - 400, sig)
+    proc, took, busy, out, err = interrupt_when_stalled(w, ["push", "--host", h.name, "--json"], total - 400, sig)
     assert proc.returncode == 130, err[-2000:]
-    fast, said = within(took, WITHIN_S, "from the signal to the exit")
+    fast, said = within(took, WITHIN_S, "from the signal to the exit", busy)
     assert fast, said
     print(f"\n{signal.Signals(sig).name} during a blackholed apply: exit 130 after {took:.2f} s")
     doc = check_envelope(out, 130, "push")
@@ -125,8 +126,8 @@ def test_interrupt_during_a_blackholed_read_in_the_main_thread(world):
     for an exit status that never comes."""
     w, h = world, world["h"]
     total = upstream_bytes(w, "history", "--host", h.name)
-    proc, took, out, err = interrupt_when_stalled(w, ["history", "--host", h.name, "--json"], total - 200)
-    fast, said = within(took, WITHIN_S, "from the signal to the exit")
+    proc, took, busy, out, err = interrupt_when_stalled(w, ["history", "--host", h.name, "--json"], total - 200)
+    fast, said = within(took, WITHIN_S, "from the signal to the exit", busy)
     assert proc.returncode == 130 and fast, (proc.returncode, said, err[-2000:])
     doc = check_envelope(out, 130, "history")
     assert "interrupted waiting for init+history: no file on the host was changed" in doc["error"]["message"]
@@ -148,14 +149,14 @@ def test_sigterm_while_connecting_to_a_fleet(tmp_path):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         silent.settimeout(30)
         conns = [silent.accept()[0], silent.accept()[0]]  # both are blocked on our silence
-        time.sleep(0.5)
+        busy = settle(0.5)
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=90)
         took = time.monotonic() - t0
         for c in conns:
             c.close()
-    fast, said = within(took, WITHIN_S, "from the signal to the exit")
+    fast, said = within(took, WITHIN_S, "from the signal to the exit", busy)
     assert proc.returncode == 130 and fast, (proc.returncode, said, err[-2000:])
     doc = check_envelope(out, 130, "status")
     message = doc["error"]["message"]

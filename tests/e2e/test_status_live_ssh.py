@@ -106,7 +106,11 @@ def test_the_live_line_gives_the_models_figures_and_since_when_the_code_runs(ser
     lines = text.stdout.splitlines()
     shown = [line for line in lines if line.startswith("  live: ")]
     assert len(shown) == 1 and shown[0].startswith(f"  live: DDTree B={BUDGET}/K={TOPK}: accept length "), lines
-    assert "(window 1.0 s: two scrapes)" in shown[0] and f"(pid {pid}, restarted by run" in shown[0]
+    # The window shown is the one measured between the two scrapes' midpoints, not the one asked
+    # for: a loaded machine's slower first scrape showed 0.9 s for --window 1.
+    measured = re.search(r"\(window (\d+\.\d) s: two scrapes\)", shown[0])
+    assert measured and 0.5 <= float(measured.group(1)) <= 1.5, shown[0]
+    assert f"(pid {pid}, restarted by run" in shown[0]
     assert lines.index(shown[0]) > max(i for i, line in enumerate(lines) if line.startswith("  serving: "))
 
     # Read-only: no lock taken, no file of the state folder written.
