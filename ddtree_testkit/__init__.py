@@ -19,8 +19,9 @@ ships.
                                    engine: tests/integration/test_release_corpus.py and its bench
     ddtree_testkit.system_tools    require(tool): a test's oracle missing fails, never skips;
                                    python_3_8()
-    ddtree_testkit.machine         within(took, bound): a time bound scaled by how busy the
-                                   machine is now
+    ddtree_testkit.machine         within(took, bound, busy_before): a time bound scaled by how
+                                   busy the machine is around the interval; settle(s): a
+                                   test's pause before its signal, measuring busy_before
 
 Payload modules are SGLang drop-ins (installed as sglang/srt/speculative/<name>.py on a
 host), so on this machine they are imported as top-level modules from the payload folder
