@@ -80,7 +80,18 @@ def main() -> None:
     from ddtree_deploy.cli.app import app as typer_app
 
     load_commands(_modules_for(sys.argv[1:]))
-    typer_app()
+    try:
+        typer_app()
+    finally:
+        # The command is done; what is left is the interpreter's shutdown, whose garbage
+        # collections walk every object the imports made (typer, rich, pydantic, paramiko):
+        # about 0.1 s of each run here, 6-12% of a push + rollback (bench.push_bench --rev).
+        # Frozen objects are skipped by those passes. The atexit hooks (temporary folders'
+        # finalizers, logging's flush) still run; only an object left in a reference cycle
+        # goes unfinalized, and the CLI closes what it writes with ``with``.
+        import gc
+
+        gc.freeze()
 
 
 def __getattr__(name: str):
