@@ -113,11 +113,12 @@ def _wait_until(when, stop):
 
 
 def scrape(request, emitter=None, stop=None):
-    """``scrapes`` GETs of /metrics, ``interval_s`` apart (by the monotonic clock), then one
-    read of /server_info. A long run beats (``emitter.current``) so the controller's silence
-    limit never fires on it. ``stop`` (hostprog/load.py: the load step failed, the controller
-    went away): None, or why the scrapes stop now (``metrics: "stopped"``, its reason the
-    ``detail``), looked at between scrapes and every 0.1 s of a wait."""
+    """``scrapes`` GETs of /metrics, ``interval_s`` apart (by the monotonic clock, from the
+    first one's midpoint), then one read of /server_info. A long run beats
+    (``emitter.current``) so the controller's silence limit never fires on it. ``stop``
+    (hostprog/load.py: the load step failed, the controller went away): None, or why the
+    scrapes stop now (``metrics: "stopped"``, its reason the ``detail``), looked at between
+    scrapes and every 0.1 s of a wait."""
     base = request["url"].rstrip("/")
     interval = float(request.get("interval_s", 10))
     count = max(1, int(request.get("scrapes", 2)))
@@ -126,10 +127,14 @@ def scrape(request, emitter=None, stop=None):
     answer = {"ok": True, "url": base, "metrics": "ok", "detail": None, "scrapes": [], "server_info": None}
     if emitter is not None:
         emitter.current, emitter.started = "metrics", time.monotonic()
-    start = time.monotonic()
+    # Scrape i is due ``i x interval`` after the first scrape's midpoint, not after the start:
+    # a slow first answer (a cold server) would otherwise shorten the window between the
+    # midpoints, the one the figures divide by. So that window is never shorter than asked,
+    # and longer by at most half a later scrape's round trip.
+    anchor = time.monotonic()
     try:
         for i in range(count):
-            why = _wait_until(start + i * interval, stop)
+            why = _wait_until(anchor + i * interval, stop)
             if why:
                 answer.update(metrics="stopped", detail=why)
                 break
@@ -137,6 +142,8 @@ def scrape(request, emitter=None, stop=None):
             status, text, error = get_text(base + "/metrics", timeout)
             got = time.monotonic()
             mid = (sent + got) / 2  # the server's counters were read somewhere in between
+            if i == 0:
+                anchor = mid
             record = {"t": round(time.time() - (got - mid), 3), "mono": round(mid, 3), "status": status,
                       "text": None, "error": error}
             answer["scrapes"].append(record)
