@@ -137,6 +137,8 @@ class StateFolder(object):
         elif ".." in expanded.split("/"):
             problem = "climbs with '..'"
         if problem is None:
+            # Not package_root(): it would remember the root, and a file operation before
+            # facts must still be refused (PackageRoot.target).
             root = self.package.root or find_sglang()[0]
             real = os.path.realpath(self.state_dir)
             real_root = os.path.realpath(root)
