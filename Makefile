@@ -34,10 +34,14 @@ lint: install
 # modules per worker (their module fixtures are built once), the long modules first (the order
 # tests/conftest.py gives), and the 30 slowest tests listed.
 # pytest exits 5 when it collects no test: that is a failure here, never a pass.
+# compileall first: the CLI processes and helpers the tests start then read our bytecode,
+# where a PYTHONDONTWRITEBYTECODE=1 in the environment (this sandbox's sets one) had every one
+# of them compile the package again (9% of the CLI-heavy e2e modules' CPU; docs/testing.md).
 TEST_WORKERS ?= 4
 test: system-deps install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(PY) -m compileall -q ddtree_deploy ddtree_testkit
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc
 
 # The unit tier alone (tests/unit: no process, no sshd, no network; seconds): the quick loop
